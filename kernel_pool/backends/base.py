@@ -1,0 +1,139 @@
+"""The container backend interface, in the shape of jupyter_client's kernel provisioners.
+
+A :class:`SandboxBackend` makes sandboxes; a :class:`Sandbox` is one isolated container with
+its workspace, in which kernels are launched, watched, signalled and killed much as
+``subprocess.Popen`` does for a process. ``get_info``/``SandboxBackend.load`` let a restarted
+gateway take a running sandbox back. Backends are found through the ``replgate.backends``
+entry point group; Docker is registered there like any plugin.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from kernel_pool.config import PoolSettings, Profile
+from kernel_pool.exceptions import BackendError
+from kernel_pool.workspace import Workspace
+
+
+class SandboxSpec(BaseModel):
+    """What to create: an id, a profile and the environment the caller asked for."""
+
+    sandbox_id: str
+    profile: Profile
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class SandboxInfo(BaseModel):
+    """Everything needed to take a running sandbox back after a gateway restart."""
+
+    sandbox_id: str
+    backend: str
+    profile: str
+    container_id: str
+    workspace: str
+    socket_dir: str
+    kernel_name: str | None = None
+    kernel_ref: str | None = None
+    """The backend's handle on the running kernel process (Docker: the exec id)."""
+
+
+class CgroupUsage(BaseModel):
+    """A reading of the sandbox's cgroup."""
+
+    cpu_ns: int | None = None
+    memory_bytes: int | None = None
+    peak_memory_bytes: int | None = None
+    oom_kills: int | None = None
+
+
+class Sandbox(ABC):
+    """One isolated container with a workspace, hosting one kernel at a time."""
+
+    info: SandboxInfo
+    workspace: Workspace
+
+    @abstractmethod
+    async def launch_kernel(self) -> dict[str, Any]:
+        """Start a kernel with a fresh key, the container first if it is gone.
+
+        Returns the host-side connection info (jupyter_client's connection-file dict).
+        """
+
+    @abstractmethod
+    async def poll(self) -> int | None:
+        """The kernel process's exit code, or None while it runs."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Wait until the kernel process exits; its exit code."""
+
+    @abstractmethod
+    async def send_signal(self, signum: int) -> None:
+        """Signal the kernel process."""
+
+    @abstractmethod
+    async def kill(self, restart: bool = False) -> None:
+        """Kill every process in the sandbox. ``restart=True`` keeps container and workspace."""
+
+    async def terminate(self, restart: bool = False) -> None:
+        """Ask nicely; sandboxed code is untrusted, so by default this is :meth:`kill`."""
+        await self.kill(restart=restart)
+
+    @abstractmethod
+    async def cleanup(self, restart: bool = False) -> None:
+        """Release resources. ``restart=False`` removes the container and the workspace."""
+
+    @abstractmethod
+    async def usage(self) -> CgroupUsage:
+        """CPU time, memory and OOM kills so far; fields the backend cannot read are None."""
+
+    async def reset_peak_memory(self) -> bool:
+        """Restart the peak-memory reading, where the backend can; True if it did."""
+        return False
+
+    def get_info(self) -> SandboxInfo:
+        return self.info.model_copy()
+
+
+class SandboxBackend(ABC):
+    """Makes and finds sandboxes. One instance per pool."""
+
+    name: str
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """A running container with its workspace; no kernel yet."""
+
+    @abstractmethod
+    async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
+        """Take back a sandbox a previous gateway left running."""
+
+    @abstractmethod
+    async def list_sandboxes(self) -> list[SandboxInfo]:
+        """Sandboxes this gateway (by its owner label) has, running or not."""
+
+    @abstractmethod
+    async def remove(self, info: SandboxInfo) -> None:
+        """Remove a sandbox that is not loaded (an orphan): container and workspace."""
+
+    async def close(self) -> None:
+        """Release the backend's own resources."""
+
+
+def load_backend(name: str, settings: PoolSettings) -> SandboxBackend:
+    """The backend registered under ``name`` in the ``replgate.backends`` entry points."""
+    found = {ep.name: ep for ep in entry_points(group="replgate.backends")}
+    if name not in found:
+        raise BackendError(
+            f"no sandbox backend {name!r}; installed: {', '.join(sorted(found)) or 'none'}")
+    backend_class = found[name].load()
+    backend: SandboxBackend = backend_class(settings)
+    return backend

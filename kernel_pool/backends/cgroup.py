@@ -1,0 +1,92 @@
+"""Read a container's cgroup from the host: CPU time, memory, peak memory, OOM kills.
+
+Works with cgroup v1 (memory and cpuacct controllers) and v2 (unified). Where the files are
+not readable (a remote engine, rootless Docker) every reading is None, never an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernel_pool.backends.base import CgroupUsage
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_key(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class CgroupReader:
+    """The cgroup files of one container, located once from its init's host pid."""
+
+    def __init__(self, memory: Path | None, cpu: Path | None, unified: bool) -> None:
+        self.memory = memory
+        self.cpu = cpu
+        self.unified = unified
+
+    @classmethod
+    def for_pid(cls, pid: int) -> CgroupReader | None:
+        if pid <= 0:
+            return None
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        paths: dict[str, str] = {}
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                paths[controller] = path.lstrip("/")
+        if "memory" in paths:
+            memory = CGROUP_ROOT / "memory" / paths["memory"]
+            cpu = CGROUP_ROOT / "cpuacct" / paths.get("cpuacct", paths["memory"])
+            return cls(memory if memory.is_dir() else None, cpu if cpu.is_dir() else None, False)
+        if "" in paths:
+            unified = CGROUP_ROOT / paths[""]
+            return cls(unified, unified, True) if unified.is_dir() else None
+        return None
+
+    def read(self) -> CgroupUsage:
+        if self.unified:
+            assert self.memory is not None
+            usage_us = _read_key(self.memory / "cpu.stat", "usage_usec")
+            return CgroupUsage(
+                cpu_ns=usage_us * 1000 if usage_us is not None else None,
+                memory_bytes=_read_int(self.memory / "memory.current"),
+                peak_memory_bytes=_read_int(self.memory / "memory.peak"),
+                oom_kills=_read_key(self.memory / "memory.events", "oom_kill"),
+            )
+        return CgroupUsage(
+            cpu_ns=_read_int(self.cpu / "cpuacct.usage") if self.cpu else None,
+            memory_bytes=_read_int(self.memory / "memory.usage_in_bytes") if self.memory else None,
+            peak_memory_bytes=(_read_int(self.memory / "memory.max_usage_in_bytes")
+                               if self.memory else None),
+            oom_kills=_read_key(self.memory / "memory.oom_control", "oom_kill")
+            if self.memory else None,
+        )
+
+    def reset_peak(self) -> bool:
+        """Restart the peak reading so it covers one execution (v1, or v2 on Linux 6.12+)."""
+        if self.memory is None:
+            return False
+        target = self.memory / ("memory.peak" if self.unified else "memory.max_usage_in_bytes")
+        try:
+            target.write_text("0\n")
+        except OSError:
+            return False
+        return True

@@ -1,0 +1,337 @@
+"""The Docker backend: one hardened container per sandbox, kernels reached over ZMQ ipc.
+
+The container has no network at all; the kernel's ZMQ sockets are Unix sockets in a folder
+bind-mounted from the host (``/kernel``). Every blocking Docker SDK call runs in a worker
+thread (``anyio.to_thread``), never on the event loop. Containers carry labels naming the
+owning gateway and sandbox, so a restarted gateway finds, re-adopts or removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import docker
+import docker.errors
+from docker.types import Mount, Ulimit
+
+from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
+from kernel_pool.backends.cgroup import CgroupReader
+from kernel_pool.config import PoolSettings, Profile, parse_size
+from kernel_pool.exceptions import BackendError, KernelStartError
+from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+
+LABEL_OWNER = "io.replgate.owner"
+LABEL_SANDBOX = "io.replgate.sandbox"
+LABEL_PROFILE = "io.replgate.profile"
+KERNEL_DIR = "/kernel"
+KERNEL_COMMAND = ("python", "-m", "replgate_kernel", "-f")
+PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+# Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
+KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
+
+
+async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
+    except docker.errors.DockerException as exc:
+        raise BackendError(f"Docker engine: {exc}") from exc
+
+
+class DockerSandbox(Sandbox):
+    """One container; kernels run in it by ``docker exec`` beside the reaping PID 1."""
+
+    def __init__(self, backend: DockerBackend, info: SandboxInfo, profile: Profile,
+                 workspace: Workspace, env: dict[str, str]) -> None:
+        self._backend = backend
+        self.info = info
+        self.profile = profile
+        self.workspace = workspace
+        self._env = env
+        self._pid: int | None = None
+        self._pidfd: int | None = None
+        self._cgroup: CgroupReader | None = None
+        self._exit_code: int | None = None
+
+    @property
+    def _api(self) -> docker.APIClient:
+        return self._backend.client.api
+
+    @property
+    def _socket_dir(self) -> Path:
+        return Path(self.info.socket_dir)
+
+    async def _ensure_running(self) -> None:
+        try:
+            state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+            running = bool(state.get("Running"))
+        except BackendError:
+            running = False
+        if not running:
+            await _run(self._backend.remove_container, self.info.container_id)
+            self.info.container_id = await _run(
+                self._backend.run_container, self.info.sandbox_id, self.profile,
+                self.workspace.root, self._socket_dir, self._env)
+            self._cgroup = None
+        if self._cgroup is None:
+            state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+            self._cgroup = CgroupReader.for_pid(int(state.get("Pid") or 0))
+
+    async def launch_kernel(self) -> dict[str, Any]:
+        await self._ensure_running()
+        self._close_pidfd()
+        previous = self.info.kernel_name
+        number = int(previous[1:]) + 1 if previous else 1
+        name = f"k{number}"
+        config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}",
+                  "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
+                  "kernel_name": "python3"}
+        await anyio.to_thread.run_sync(self._write_connection_file, name, config, previous)
+        exec_id = (await _run(
+            self._api.exec_create, self.info.container_id,
+            [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
+            user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
+            stdout=False, stderr=False))["Id"]
+        await _run(self._api.exec_start, exec_id, detach=True)
+        self.info.kernel_name, self.info.kernel_ref = name, exec_id
+        self._exit_code = None
+        await self._watch(exec_id)
+        return {**config, "ip": str(self._socket_dir / name)}
+
+    def _write_connection_file(self, name: str, config: dict[str, Any],
+                               previous: str | None) -> None:
+        if previous:
+            for stale in self._socket_dir.glob(f"{previous}*"):
+                stale.unlink(missing_ok=True)
+        path = self._socket_dir / f"{name}.json"
+        path.write_text(json.dumps(config))
+        os.chmod(path, 0o600)
+        if os.geteuid() == 0:
+            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+
+    async def _watch(self, exec_id: str) -> None:
+        """Find the kernel's host pid, and a pidfd that becomes readable when it exits."""
+        for _ in range(50):
+            details = await _run(self._api.exec_inspect, exec_id)
+            if details.get("Pid") or not details.get("Running"):
+                break
+            await asyncio.sleep(0.02)
+        pid = int(details.get("Pid") or 0)
+        if not details.get("Running") or not pid:
+            self._exit_code = int(details.get("ExitCode") or -1)
+            return
+        self._pid = pid
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self._pidfd = None
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    async def poll(self) -> int | None:
+        if self._exit_code is not None:
+            return self._exit_code
+        if not self.info.kernel_ref:
+            return -1
+        details = await _run(self._api.exec_inspect, self.info.kernel_ref)
+        if details.get("Running"):
+            return None
+        self._exit_code = int(details.get("ExitCode") if details.get("ExitCode") is not None
+                              else -1)
+        return self._exit_code
+
+    async def wait(self) -> int:
+        if self._pidfd is not None:
+            loop = asyncio.get_running_loop()
+            exited: asyncio.Future[None] = loop.create_future()
+            fd = self._pidfd
+            loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+            try:
+                await exited
+            finally:
+                loop.remove_reader(fd)
+            # The engine's exec record may lag the process by a moment.
+            for _ in range(50):
+                code = await self.poll()
+                if code is not None:
+                    return code
+                await asyncio.sleep(0.02)
+            return -1
+        while (code := await self.poll()) is None:
+            await asyncio.sleep(0.5)
+        return code
+
+    async def send_signal(self, signum: int) -> None:
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, signum)
+        elif self._pid:
+            await _run(self._api.exec_create, self.info.container_id,
+                       ["/bin/sh", "-c", f"kill -{signum} -1"], user=f"{SANDBOX_UID}")
+
+    async def kill(self, restart: bool = False) -> None:
+        if restart:
+            try:
+                exec_id = (await _run(self._api.exec_create, self.info.container_id, KILL_ALL,
+                                      user=f"{SANDBOX_UID}:{SANDBOX_GID}"))["Id"]
+                await _run(self._api.exec_start, exec_id)
+            except BackendError:
+                pass  # the container is gone: launch_kernel makes a new one
+        else:
+            await _run(self._backend.remove_container, self.info.container_id)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        self._close_pidfd()
+        if restart:
+            return
+        await self._backend.remove(self.info)
+
+    async def usage(self) -> CgroupUsage:
+        if self._cgroup is None:
+            return CgroupUsage()
+        return await anyio.to_thread.run_sync(self._cgroup.read)
+
+    async def reset_peak_memory(self) -> bool:
+        if self._cgroup is None:
+            return False
+        return await anyio.to_thread.run_sync(self._cgroup.reset_peak)
+
+
+class DockerBackend(SandboxBackend):
+    """Sandboxes as Docker containers on the local engine (``DOCKER_HOST`` is honoured)."""
+
+    name = "docker"
+
+    def __init__(self, settings: PoolSettings) -> None:
+        super().__init__(settings)
+        try:
+            self.client = docker.from_env(max_pool_size=32)
+        except docker.errors.DockerException as exc:
+            raise BackendError(
+                f"cannot reach the Docker engine ({exc}); start it (./run.sh serve does) "
+                "or set DOCKER_HOST") from exc
+        self._run_dir = settings.state_dir / "run"
+        self._workspaces = settings.state_dir / "workspaces"
+
+    def _labels(self, sandbox_id: str, profile: Profile, workspace: Path,
+                socket_dir: Path) -> dict[str, str]:
+        return {LABEL_OWNER: self.settings.owner, LABEL_SANDBOX: sandbox_id,
+                LABEL_PROFILE: profile.name, "io.replgate.workspace": str(workspace),
+                "io.replgate.sockets": str(socket_dir)}
+
+    def run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
+                      socket_dir: Path, env: dict[str, str]) -> str:
+        """Start the hardened container (blocking; called in a worker thread)."""
+        memory = parse_size(profile.memory)
+        container = self.client.containers.run(
+            profile.image,
+            name=f"replgate-{sandbox_id}",
+            detach=True,
+            labels=self._labels(sandbox_id, profile, workspace, socket_dir),
+            hostname="sandbox",
+            user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+            environment=env,
+            working_dir="/workspace",
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            ipc_mode="private",
+            mem_limit=memory,
+            memswap_limit=memory,
+            mem_swappiness=0,
+            nano_cpus=int(profile.cpus * 1e9),
+            pids_limit=profile.pids,
+            ulimits=[Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+                     Ulimit(name="core", soft=0, hard=0)],
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={parse_size(profile.tmp_size)},mode=1777"},
+            shm_size="64m",
+            mounts=[Mount("/workspace", str(workspace), type="bind"),
+                    Mount(KERNEL_DIR, str(socket_dir), type="bind")],
+            oom_score_adj=500,
+        )
+        return str(container.id)
+
+    def remove_container(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        socket_dir = self._run_dir / spec.sandbox_id
+        workspace_dir = self._workspaces / spec.sandbox_id
+        if len(str(socket_dir)) > 90:
+            raise BackendError(
+                f"state dir path too long for Unix sockets ({socket_dir}); "
+                "set REPLGATE_STATE_DIR to a shorter path")
+        await anyio.to_thread.run_sync(self._make_socket_dir, socket_dir)
+        workspace = await anyio.to_thread.run_sync(
+            Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
+        try:
+            container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
+                                      workspace.root, socket_dir, spec.env)
+        except BaseException:
+            await anyio.to_thread.run_sync(self._remove_dirs, workspace, socket_dir)
+            raise
+        info = SandboxInfo(sandbox_id=spec.sandbox_id, backend=self.name,
+                           profile=spec.profile.name, container_id=container_id,
+                           workspace=str(workspace.root), socket_dir=str(socket_dir))
+        return DockerSandbox(self, info, spec.profile, workspace, spec.env)
+
+    @staticmethod
+    def _make_socket_dir(path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+            os.chmod(path, 0o700)
+        else:
+            os.chmod(path, 0o777)
+
+    @staticmethod
+    def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
+        workspace.destroy()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+    async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
+        workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
+        details = await _run(self.client.api.inspect_container, info.container_id)
+        env = dict(item.split("=", 1) for item in details["Config"].get("Env") or []
+                   if "=" in item)
+        sandbox = DockerSandbox(self, info, profile, workspace, env)
+        if info.kernel_ref:
+            await sandbox._ensure_running()
+            await sandbox._watch(info.kernel_ref)
+        return sandbox
+
+    async def list_sandboxes(self) -> list[SandboxInfo]:
+        containers = await _run(self.client.api.containers, all=True,
+                                filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
+        found = []
+        for item in containers:
+            labels = item.get("Labels") or {}
+            found.append(SandboxInfo(
+                sandbox_id=labels.get(LABEL_SANDBOX, ""), backend=self.name,
+                profile=labels.get(LABEL_PROFILE, "default"), container_id=item["Id"],
+                workspace=labels.get("io.replgate.workspace", ""),
+                socket_dir=labels.get("io.replgate.sockets", "")))
+        return found
+
+    async def remove(self, info: SandboxInfo) -> None:
+        await _run(self.remove_container, info.container_id)
+        workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
+        if info.workspace:
+            await anyio.to_thread.run_sync(self._remove_dirs, workspace, Path(info.socket_dir))
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self.client.close)

@@ -1,0 +1,73 @@
+"""Profiles (image plus limits) and pool settings: plain pydantic models with safe defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+from kernel_pool.image import DEFAULT_IMAGE
+
+
+class OutputCaps(BaseModel):
+    """What one execution may return; the rest is kept in a file in the workspace."""
+
+    stream_chars: int = Field(20_000, ge=1_000, description="stdout+stderr characters returned")
+    line_chars: int = Field(5_000, ge=100, description="characters of one line returned")
+    display_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one display's payload")
+    display_count: int = Field(50, ge=1, description="display/result outputs per execution")
+
+
+class Profile(BaseModel):
+    """A kind of sandbox: its image and the limits every container of it runs under."""
+
+    name: str = "default"
+    image: str = DEFAULT_IMAGE
+    memory: str = Field("2g", description="memory limit; swap is not allowed on top of it")
+    cpus: float = Field(1.0, gt=0, le=64)
+    pids: int = Field(256, ge=16, le=32768, description="processes and threads")
+    nofile: int = Field(1024, ge=64, le=65536, description="open files per process")
+    tmp_size: str = Field("256m", description="size of the tmpfs mounted at /tmp")
+    workspace_size: str = Field("1g", description="size cap of the session's workspace")
+    min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
+    default_timeout_s: float = Field(60.0, gt=0)
+    max_timeout_s: float = Field(3600.0, gt=0)
+    caps: OutputCaps = Field(default_factory=OutputCaps)
+
+    @field_validator("memory", "tmp_size", "workspace_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        parse_size(value)
+        return value
+
+
+class PoolSettings(BaseModel):
+    """How the pool runs; the gateway fills it from REPLGATE_* settings."""
+
+    state_dir: Path
+    profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
+    max_kernels: int = Field(8, ge=1, description="kernels of all profiles, warm and in use")
+    kernel_start_timeout_s: float = Field(60.0, gt=0)
+    interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
+    max_queued_executions: int = Field(16, ge=1)
+    idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is culled")
+    max_lifetime_s: float = Field(24 * 3600.0, gt=0)
+    cull_interval_s: float = Field(30.0, gt=0)
+    owner: str = Field("replgate", description="label value naming this gateway's containers")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_size(value: str) -> int:
+    """``'512m'`` -> bytes; raises ValueError with the accepted forms."""
+    text = value.strip().lower().removesuffix("ib").removesuffix("b") or "0"
+    unit = text[-1] if text[-1] in _UNITS else ""
+    number = text[: -1] if unit else text
+    try:
+        size = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise ValueError(f"{value!r} is not a size; use e.g. 512m or 2g") from None
+    if size <= 0:
+        raise ValueError(f"{value!r} must be positive")
+    return size

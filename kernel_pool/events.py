@@ -1,0 +1,174 @@
+"""Typed execution events, as the kernel pool yields them and the gateway streams them.
+
+One execution yields ``stdout``/``stderr``/``display``/``result``/``error`` events in the order
+the kernel produced them (plus ``clear_output`` and ``update_display`` where the code asked for
+them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+
+class ExecutionStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    DIED = "died"
+
+
+class ResourceUsage(BaseModel):
+    """What one execution cost, read from the container's cgroup (null where unreadable)."""
+
+    cpu_time_ms: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+class StreamEvent(BaseModel):
+    type: Literal["stdout", "stderr"]
+    text: str
+
+
+class DisplayEvent(BaseModel):
+    """A rich output: ``display`` (display_data) or ``result`` (the cell's value)."""
+
+    type: Literal["display", "result"]
+    data: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    display_id: str | None = None
+
+
+class UpdateDisplayEvent(BaseModel):
+    type: Literal["update_display"] = "update_display"
+    data: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    display_id: str
+
+
+class ClearOutputEvent(BaseModel):
+    type: Literal["clear_output"] = "clear_output"
+    wait: bool = False
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"] = "error"
+    ename: str
+    evalue: str
+    traceback: list[str] = Field(default_factory=list)
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    status: ExecutionStatus
+    execution_count: int | None
+    truncated: bool = False
+    restarted: bool = False
+    duration_ms: float
+    reason: str | None = None
+    """Why the execution ended abnormally (timeout, crash, out of memory), for a person."""
+    metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+
+
+OutputEvent = StreamEvent | DisplayEvent | UpdateDisplayEvent | ClearOutputEvent | ErrorEvent
+Event = Annotated[
+    StreamEvent | DisplayEvent | UpdateDisplayEvent | ClearOutputEvent | ErrorEvent | DoneEvent,
+    Field(discriminator="type"),
+]
+
+
+class Output(BaseModel):
+    type: Literal["display", "result"]
+    data: dict[str, Any]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    display_id: str | None = None
+
+
+class ExecutionError(BaseModel):
+    ename: str
+    evalue: str
+    traceback: list[str] = Field(default_factory=list)
+
+
+class Execution(BaseModel):
+    """The aggregate of one execution's events (CONTRACT.md's Execution)."""
+
+    status: ExecutionStatus
+    execution_count: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[Output] = Field(default_factory=list)
+    error: ExecutionError | None = None
+    truncated: bool = False
+    restarted: bool = False
+    duration_ms: float = 0.0
+    reason: str | None = None
+    metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+
+    @classmethod
+    def from_events(cls, events: list[Any]) -> Execution:
+        """Fold events (models or their dicts) into the aggregate, honouring clear/update."""
+        builder = ExecutionBuilder()
+        for event in events:
+            builder.add(event)
+        return builder.build()
+
+
+class ExecutionBuilder:
+    """Folds events into an :class:`Execution` as they arrive."""
+
+    def __init__(self) -> None:
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._outputs: list[Output] = []
+        self._error: ExecutionError | None = None
+        self._done: DoneEvent | None = None
+        self._clear_pending = False
+
+    def add(self, event: Any) -> None:
+        if isinstance(event, dict):
+            event = _EVENT_ADAPTER.validate_python(event)
+        if self._clear_pending and not isinstance(event, DoneEvent | ClearOutputEvent):
+            self._clear()
+        if isinstance(event, StreamEvent):
+            (self._stdout if event.type == "stdout" else self._stderr).append(event.text)
+        elif isinstance(event, DisplayEvent):
+            self._outputs.append(Output(type=event.type, data=event.data,
+                                        metadata=event.metadata, display_id=event.display_id))
+        elif isinstance(event, UpdateDisplayEvent):
+            for output in self._outputs:
+                if output.display_id == event.display_id:
+                    output.data, output.metadata = event.data, event.metadata
+        elif isinstance(event, ClearOutputEvent):
+            if event.wait:
+                self._clear_pending = True
+            else:
+                self._clear()
+        elif isinstance(event, ErrorEvent):
+            self._error = ExecutionError(ename=event.ename, evalue=event.evalue,
+                                         traceback=event.traceback)
+        elif isinstance(event, DoneEvent):
+            self._done = event
+
+    def _clear(self) -> None:
+        self._stdout.clear()
+        self._stderr.clear()
+        self._outputs.clear()
+        self._clear_pending = False
+
+    def build(self) -> Execution:
+        done = self._done or DoneEvent(status=ExecutionStatus.DIED, execution_count=None,
+                                       duration_ms=0.0, reason="execution did not finish")
+        return Execution(
+            status=done.status, execution_count=done.execution_count,
+            stdout="".join(self._stdout), stderr="".join(self._stderr),
+            outputs=list(self._outputs), error=self._error, truncated=done.truncated,
+            restarted=done.restarted, duration_ms=done.duration_ms, reason=done.reason,
+            metrics=done.metrics,
+        )
+
+
+_EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)

@@ -1,0 +1,252 @@
+"""One running kernel in one sandbox, driven over its ZMQ channels.
+
+The host side never trusts what the kernel sends: every message is signature-checked by
+jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
+on the context) and routed only by its parent's message id to the request that caused it.
+A message with no live request behind it (a forged one, or late output of a finished cell)
+is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from enum import StrEnum
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session as MessageSession
+
+from kernel_pool.backends.base import Sandbox
+from kernel_pool.config import Profile
+from kernel_pool.exceptions import KernelStartError
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+ROUTE_BUFFER = 256
+"""Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
+
+
+class KernelState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    DEAD = "dead"
+    CLOSED = "closed"
+
+
+class KernelDied:
+    """Put on a request's route when the kernel process dies under it."""
+
+    def __init__(self, reason: str, oom: bool) -> None:
+        self.reason = reason
+        self.oom = oom
+
+
+RouteItem = tuple[str, Any]
+"""(channel, message): channel is iopub, shell, control, or 'died'/'interrupt' (signals)."""
+
+
+def make_context() -> zmq.asyncio.Context:
+    """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``."""
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    context.setsockopt(zmq.LINGER, 0)
+    return context
+
+
+class Kernel:
+    """A kernel process in a sandbox, with its channels, routes and death watcher."""
+
+    def __init__(self, sandbox: Sandbox, profile: Profile, context: zmq.asyncio.Context,
+                 start_timeout_s: float) -> None:
+        self.sandbox = sandbox
+        self.profile = profile
+        self.state = KernelState.STARTING
+        self.env: dict[str, str] = {}
+        """Variables set in the kernel at hand-off and after every restart."""
+        self._context = context
+        self._start_timeout_s = start_timeout_s
+        self._routes: dict[str, asyncio.Queue[RouteItem]] = {}
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: MessageSession | None = None
+        self._oom_kills = 0
+        self._expect_exit = False
+
+    @property
+    def id(self) -> str:
+        return self.sandbox.info.sandbox_id
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.id} {self.state.value} routes={len(self._routes)}>"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Launch the kernel process and wait until it answers ``kernel_info``."""
+        self.state = KernelState.STARTING
+        self._expect_exit = False
+        connection = await self.sandbox.launch_kernel()
+        usage = await self.sandbox.usage()
+        self._oom_kills = usage.oom_kills or 0
+        self._connect(connection)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self._disconnect()
+            raise
+        self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
+        if self.env:
+            await self.set_env(self.env)
+        self.state = KernelState.READY
+
+    def _connect(self, connection: dict[str, Any]) -> None:
+        self._session = MessageSession(key=connection["key"].encode(),
+                                       signature_scheme=connection["signature_scheme"],
+                                       username="replgate")
+        base = connection["ip"]
+        kinds = {"shell": zmq.DEALER, "iopub": zmq.SUB, "control": zmq.DEALER}
+        for channel, kind in kinds.items():
+            socket = self._context.socket(kind)
+            if kind == zmq.SUB:
+                socket.setsockopt(zmq.SUBSCRIBE, b"")
+            else:
+                socket.setsockopt(zmq.IDENTITY, self._session.bsession)
+            socket.connect(f"ipc://{base}-{connection[channel + '_port']}")
+            self._sockets[channel] = socket
+            self._tasks.append(asyncio.create_task(self._read(channel, socket),
+                                                   name=f"{channel}-{self.id}"))
+
+    async def _wait_ready(self) -> None:
+        """kernel_info until answered; iopub must also be connected (its status arrives)."""
+        died = asyncio.create_task(self.sandbox.wait())
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                while True:
+                    msg_id, route = self.request("kernel_info_request", {})
+                    try:
+                        got_reply = got_iopub = False
+                        while not (got_reply and got_iopub):
+                            getter = asyncio.ensure_future(route.get())
+                            done, _ = await asyncio.wait({getter, died}, timeout=1.0,
+                                                         return_when=asyncio.FIRST_COMPLETED)
+                            if died in done:
+                                getter.cancel()
+                                raise KernelStartError(self.id, f"kernel exited ({died.result()})")
+                            if getter not in done:
+                                getter.cancel()
+                                break
+                            channel, _msg = getter.result()
+                            got_reply |= channel == "shell"
+                            got_iopub |= channel == "iopub"
+                        if got_reply and got_iopub:
+                            return
+                    finally:
+                        self.forget(msg_id)
+        except TimeoutError:
+            raise KernelStartError(self.id, f"no answer within {self._start_timeout_s}s") from None
+        finally:
+            died.cancel()
+
+    async def _read(self, channel: str, socket: zmq.asyncio.Socket) -> None:
+        assert self._session is not None
+        session = self._session
+        while True:
+            try:
+                frames = await socket.recv_multipart()
+                _idents, parts = session.feed_identities(frames)
+                msg = session.deserialize(parts)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a malformed or forged message: drop it
+                logger.warning("kernel %s: dropped a bad %s message: %s", self.id, channel, exc)
+                continue
+            parent = msg.get("parent_header") or {}
+            route = self._routes.get(parent.get("msg_id", "")) if isinstance(parent, dict) else None
+            if route is not None:
+                await route.put((channel, msg))
+
+    async def _watch(self) -> None:
+        code = await self.sandbox.wait()
+        if self._expect_exit:
+            return
+        usage = await self.sandbox.usage()
+        oom = (usage.oom_kills or 0) > self._oom_kills
+        reason = ("the kernel ran out of memory and was killed (limit "
+                  f"{self.profile.memory})" if oom else f"the kernel process exited (code {code})")
+        logger.info("kernel %s died: %s", self.id, reason)
+        self.state = KernelState.DEAD
+        for route in list(self._routes.values()):
+            with contextlib.suppress(asyncio.QueueFull):
+                route.put_nowait(("died", KernelDied(reason, oom)))
+
+    async def _disconnect(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for socket in self._sockets.values():
+            socket.close(linger=0)
+        self._sockets.clear()
+
+    async def restart(self) -> None:
+        """Kill every process in the sandbox and start a fresh kernel (new key), same files."""
+        self.state = KernelState.RESTARTING
+        self._expect_exit = True
+        await self._disconnect()
+        await self.sandbox.kill(restart=True)
+        await self.sandbox.cleanup(restart=True)
+        await self.start()
+
+    async def close(self) -> None:
+        """Remove the sandbox: container, workspace and sockets."""
+        if self.state == KernelState.CLOSED:
+            return
+        self.state = KernelState.CLOSED
+        self._expect_exit = True
+        await self._disconnect()
+        await self.sandbox.cleanup(restart=False)
+
+    # -- messaging ---------------------------------------------------------------------------
+
+    def request(self, msg_type: str, content: dict[str, Any],
+                channel: str = "shell") -> tuple[str, asyncio.Queue[RouteItem]]:
+        """Send a request; its replies and outputs arrive on the returned queue."""
+        assert self._session is not None
+        msg = self._session.msg(msg_type, content)
+        msg_id: str = msg["header"]["msg_id"]
+        route: asyncio.Queue[RouteItem] = asyncio.Queue(ROUTE_BUFFER)
+        self._routes[msg_id] = route
+        self._session.send(self._sockets[channel], msg)
+        return msg_id, route
+
+    def forget(self, msg_id: str) -> None:
+        self._routes.pop(msg_id, None)
+
+    def route(self, msg_id: str) -> asyncio.Queue[RouteItem] | None:
+        return self._routes.get(msg_id)
+
+    def interrupt(self) -> None:
+        """Ask the kernel (over the control channel) to raise KeyboardInterrupt."""
+        msg_id, _route = self.request("interrupt_request", {}, channel="control")
+        self.forget(msg_id)
+
+    async def set_env(self, env: dict[str, str]) -> None:
+        """Set environment variables in the kernel process (for the session's ``env``)."""
+        code = f"import os as _o; _o.environ.update({json.dumps(env)}); del _o"
+        msg_id, route = self.request("execute_request", {
+            "code": code, "silent": True, "store_history": False, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": False})
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                while (await route.get())[0] != "shell":
+                    pass
+        finally:
+            self.forget(msg_id)

@@ -1,0 +1,212 @@
+"""A session's workspace: a host folder, capped in size, bind-mounted at ``/workspace``.
+
+As root, each workspace is its own small ext4 filesystem on a sparse file, loop-mounted with
+nosuid,nodev, so a full disk inside one sandbox is that sandbox's problem alone. Without root
+the folder is a plain directory and the size cap is not enforced (a warning says so).
+
+Every file operation here resolves the path one component at a time with ``O_NOFOLLOW``
+relative to the workspace's own descriptor, so neither ``..``, absolute paths nor symlinks
+(even ones the sandboxed code swaps in mid-request) can reach outside.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel
+
+from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+
+
+class FileInfo(BaseModel):
+    path: str
+    size: int
+    modified: str
+
+
+def split_relative(path: str) -> list[str]:
+    """Validate an API path (relative, no ``..``) and return its components."""
+    if not path or "\x00" in path or "\\" in path or path.startswith("/"):
+        raise PathOutsideWorkspace(path)
+    parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise PathOutsideWorkspace(path)
+    return parts
+
+
+class Workspace:
+    """A workspace folder on the host. Blocking I/O: call from a worker thread."""
+
+    def __init__(self, root: Path, image: Path | None = None) -> None:
+        self.root = root
+        self.image = image
+
+    @classmethod
+    def create(cls, root: Path, size_bytes: int) -> Workspace:
+        """Make (or take back) the workspace at ``root`` with a cap of ``size_bytes``."""
+        root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            logger.warning("not root: workspace %s has no enforced size cap", root)
+            os.chmod(root, 0o777)
+            return cls(root)
+        image = root.with_suffix(".ext4")
+        if os.path.ismount(root):
+            return cls(root, image)
+        if not image.exists():
+            with open(image, "wb") as f:
+                f.truncate(size_bytes)
+            subprocess.run(
+                ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+                 "-E", f"root_owner={SANDBOX_UID}:{SANDBOX_GID}", str(image)],
+                check=True, capture_output=True,
+            )
+        _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(root)])
+        lost = root / "lost+found"
+        if lost.is_dir():
+            lost.rmdir()
+        return cls(root, image)
+
+    def destroy(self) -> None:
+        """Unmount and delete everything; afterwards no byte of the workspace remains."""
+        if os.path.ismount(self.root):
+            _run(["umount", "--lazy", str(self.root)])
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.image is not None:
+            self.image.unlink(missing_ok=True)
+
+    # -- files -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _parent_fd(self, parts: list[str], create: bool) -> Iterator[int]:
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        self._own(part, fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as exc:
+                    raise _path_error(exc, "/".join(parts)) from exc
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _own(name: str, dir_fd: int) -> None:
+        if os.geteuid() == 0:
+            os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)
+
+    def write_bytes(self, path: str, data: bytes) -> int:
+        parts = split_relative(path)
+        with self._parent_fd(parts, create=True) as dir_fd:
+            try:
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                             0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise WorkspaceError(f"{path!r} is not a regular file")
+                if os.geteuid() == 0:
+                    os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+            finally:
+                os.close(fd)
+        return len(data)
+
+    def append_text(self, path: str, text: str) -> None:
+        """Append to a file the gateway owns for the session (full text of capped output)."""
+        parts = split_relative(path)
+        with self._parent_fd(parts, create=True) as dir_fd:
+            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                         0o644, dir_fd=dir_fd)
+            try:
+                if os.geteuid() == 0:
+                    os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+                os.write(fd, text.encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        parts = split_relative(path)
+        with self._parent_fd(parts, create=False) as dir_fd:
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise WorkspaceError(f"{path!r} is not a regular file")
+                if info.st_size > limit:
+                    raise WorkspaceError(
+                        f"{path!r} is {info.st_size} bytes, over the download limit of {limit}")
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
+
+    def list_files(self) -> list[FileInfo]:
+        """Every regular file, recursively, as paths relative to the workspace."""
+        found: list[FileInfo] = []
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                try:
+                    info = os.lstat(full)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                found.append(FileInfo(
+                    path=os.path.relpath(full, self.root),
+                    size=info.st_size,
+                    modified=datetime.fromtimestamp(info.st_mtime, UTC).isoformat(),
+                ))
+        return found
+
+
+def _path_error(exc: OSError, path: str) -> WorkspaceError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+        return PathOutsideWorkspace(path)
+    if exc.errno == errno.ENOENT:
+        return WorkspaceError(f"{path!r} does not exist in the workspace")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WorkspaceError("the session's workspace is full; delete files or raise "
+                              "the profile's workspace_size")
+    if exc.errno == errno.EISDIR:
+        return WorkspaceError(f"{path!r} is a directory")
+    return WorkspaceError(f"{path!r}: {exc.strerror}")
+
+
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise WorkspaceError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")

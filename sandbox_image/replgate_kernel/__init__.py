@@ -1,0 +1,1 @@
+"""What runs inside a replgate sandbox container: the PID 1 reaper and the kernel launcher."""
