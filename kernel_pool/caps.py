@@ -1,0 +1,167 @@
+"""Output caps: what one execution may return, the rest spilled to a workspace file.
+
+Streams keep a head (shown live) and a tail (shown at the end, after a notice naming the file
+with the full text). A line longer than the line cap is cut. Displays over the size cap, or
+past the count cap, are replaced by a short notice. The limiter holds at most about the caps'
+worth of text in memory, whatever the kernel sends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from typing import Any
+
+from kernel_pool.config import OutputCaps
+from kernel_pool.events import DisplayEvent, StreamEvent, UpdateDisplayEvent
+
+SPILL_DIR = ".replgate/outputs"
+SPILL_FLUSH_CHARS = 1 << 20
+_LINES = re.compile(r"(?<=\n)")
+
+
+class OutputLimiter:
+    """Applies :class:`OutputCaps` to one execution's outputs, in arrival order."""
+
+    def __init__(self, caps: OutputCaps, spill_path: str) -> None:
+        self.caps = caps
+        self.spill_path = spill_path
+        """Workspace-relative file that receives the full stream text once a cap is hit."""
+        self.truncated = False
+        self.total_chars = 0
+        self._head_left = caps.stream_chars // 2
+        self._tail: deque[tuple[str, str]] = deque()
+        self._tail_chars = 0
+        self._line_len = {"stdout": 0, "stderr": 0}
+        self._line_cut = {"stdout": False, "stderr": False}
+        self._displays = 0
+        self._displays_dropped = 0
+        self._spilling = False
+        self._seen: list[str] = []
+        self._pending_spill: list[str] = []
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def stream(self, name: str, text: str) -> list[StreamEvent]:
+        """Events to send now for ``text`` arriving on stream ``name``."""
+        self.total_chars += len(text)
+        self._record(text)
+        text = self._cut_lines(name, text)
+        if not text:
+            return []
+        if self._head_left > 0:
+            shown, rest = text[: self._head_left], text[self._head_left :]
+            self._head_left -= len(shown)
+            if rest:
+                self._keep_tail(name, rest)
+            return [StreamEvent(type=name, text=shown)]  # type: ignore[arg-type]
+        self._keep_tail(name, text)
+        return []
+
+    def _cut_lines(self, name: str, text: str) -> str:
+        limit = self.caps.line_chars
+        pieces = []
+        for segment in _LINES.split(text):
+            if not segment:
+                continue
+            ends = segment.endswith("\n")
+            body = segment[:-1] if ends else segment
+            room = max(0, limit - self._line_len[name])
+            if len(body) <= room:
+                pieces.append(segment)
+            else:
+                pieces.append(body[:room])
+                if not self._line_cut[name]:
+                    pieces.append(" [... line truncated]")
+                    self._line_cut[name] = True
+                    self.truncated = True
+                    self._start_spill()
+                if ends:
+                    pieces.append("\n")
+            if ends:
+                self._line_len[name], self._line_cut[name] = 0, False
+            else:
+                self._line_len[name] += len(body)
+        return "".join(pieces)
+
+    def _keep_tail(self, name: str, text: str) -> None:
+        self.truncated = True
+        self._start_spill()
+        self._tail.append((name, text))
+        self._tail_chars += len(text)
+        budget = self.caps.stream_chars - self.caps.stream_chars // 2
+        while self._tail_chars - len(self._tail[0][1]) >= budget:
+            self._tail_chars -= len(self._tail.popleft()[1])
+
+    def _record(self, text: str) -> None:
+        if self._spilling:
+            self._pending_spill.append(text)
+        else:
+            self._seen.append(text)
+
+    def _start_spill(self) -> None:
+        if not self._spilling:
+            self._spilling = True
+            self._pending_spill = self._seen + self._pending_spill
+            self._seen = []
+
+    def take_spill(self, final: bool = False) -> str:
+        """Full text to append to the spill file now (batched; everything when ``final``)."""
+        if not self._spilling:
+            return ""
+        if not final and sum(map(len, self._pending_spill)) < SPILL_FLUSH_CHARS:
+            return ""
+        text, self._pending_spill = "".join(self._pending_spill), []
+        return text
+
+    def finish(self) -> list[StreamEvent]:
+        """The notice and the kept tail, to send before the execution's end."""
+        if not self.truncated:
+            return []
+        events: list[StreamEvent] = []
+        if self._tail:
+            notice = (f"\n[replgate: output truncated: {self.total_chars} characters in all, "
+                      f"about {self.caps.stream_chars} shown; full text in {self.spill_path}]\n")
+            name, first = self._tail[0]
+            excess = self._tail_chars - (self.caps.stream_chars - self.caps.stream_chars // 2)
+            if excess > 0:
+                self._tail[0] = (name, first[excess:])
+            events.append(StreamEvent(type="stderr", text=notice))
+            events.extend(StreamEvent(type=n, text=t) for n, t in self._tail)  # type: ignore[arg-type]
+        elif self._spilling:
+            events.append(StreamEvent(type="stderr", text=(
+                f"\n[replgate: long lines truncated; full text in {self.spill_path}]\n")))
+        if self._displays_dropped:
+            events.append(StreamEvent(type="stderr", text=(
+                f"[replgate: {self._displays_dropped} more displays omitted "
+                f"(limit {self.caps.display_count} per execution)]\n")))
+        return events
+
+    # -- displays ----------------------------------------------------------------------------
+
+    def display(self, event: DisplayEvent | UpdateDisplayEvent) -> DisplayEvent | UpdateDisplayEvent | None:
+        """The event to send (possibly replaced by a notice), or None to drop it."""
+        if isinstance(event, DisplayEvent):
+            if self._displays >= self.caps.display_count:
+                self._displays_dropped += 1
+                self.truncated = True
+                return None
+            self._displays += 1
+        size = payload_size(event.data) + payload_size(event.metadata)
+        if size <= self.caps.display_bytes:
+            return event
+        self.truncated = True
+        note = (f"[replgate: output of {size} bytes omitted (limit {self.caps.display_bytes} "
+                f"bytes); save large results to a file instead]")
+        return event.model_copy(update={"data": {"text/plain": note}, "metadata": {}})
+
+
+def payload_size(value: Any) -> int:
+    """Size of a MIME bundle as it would travel (JSON-encoded)."""
+    if isinstance(value, str):
+        return len(value)
+    try:
+        return len(json.dumps(value))
+    except (TypeError, ValueError):
+        return len(str(value))

@@ -1,0 +1,226 @@
+"""The execution engine: one piece of code on one kernel, from request to ``done``.
+
+It sends ``execute_request``, turns the kernel's messages into typed events, applies the output
+caps, and enforces the time limit for real: at ``timeout_s`` it interrupts; if the kernel is
+not back within the grace period it kills every process in the sandbox and starts a fresh
+kernel on the same workspace. A kernel that dies mid-execution (crash, out of memory, container
+gone) ends the execution as ``died`` and is restarted. The session stays usable either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+
+from kernel_pool.caps import SPILL_DIR, OutputLimiter
+from kernel_pool.config import OutputCaps
+from kernel_pool.events import (
+    ClearOutputEvent,
+    DisplayEvent,
+    DoneEvent,
+    ErrorEvent,
+    ExecutionStatus,
+    OutputEvent,
+    ResourceUsage,
+    StreamEvent,
+    UpdateDisplayEvent,
+)
+from kernel_pool.kernel import Kernel, KernelDied, KernelState
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[OutputEvent], None]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(map(_text, value))
+    return "" if value is None else str(value)
+
+
+def _bundle(value: Any) -> dict[str, Any]:
+    """A MIME bundle from untrusted content: string keys only."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): (v if isinstance(v, str | dict | list | int | float | bool) else str(v))
+            for k, v in value.items()}
+
+
+def translate(msg: dict[str, Any]) -> OutputEvent | None:
+    """One iopub message as an event (None for messages that carry no output)."""
+    kind = msg.get("msg_type")
+    content = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+    assert isinstance(content, dict)
+    if kind == "stream":
+        name = "stderr" if content.get("name") == "stderr" else "stdout"
+        return StreamEvent(type=name, text=_text(content.get("text")))
+    if kind in ("display_data", "execute_result", "update_display_data"):
+        transient = content.get("transient")
+        display_id = transient.get("display_id") if isinstance(transient, dict) else None
+        data, metadata = _bundle(content.get("data")), _bundle(content.get("metadata"))
+        if kind == "update_display_data":
+            if not isinstance(display_id, str):
+                return None
+            return UpdateDisplayEvent(data=data, metadata=metadata, display_id=display_id)
+        return DisplayEvent(type="result" if kind == "execute_result" else "display", data=data,
+                            metadata=metadata,
+                            display_id=display_id if isinstance(display_id, str) else None)
+    if kind == "error":
+        traceback = content.get("traceback")
+        return ErrorEvent(ename=_text(content.get("ename")), evalue=_text(content.get("evalue")),
+                          traceback=[_text(line) for line in traceback]
+                          if isinstance(traceback, list) else [])
+    if kind == "clear_output":
+        return ClearOutputEvent(wait=bool(content.get("wait")))
+    return None
+
+
+class ExecutionRun:
+    """Runs one piece of code; :meth:`run` emits its events and returns the ``done`` event."""
+
+    def __init__(self, kernel: Kernel, code: str, *, timeout_s: float, caps: OutputCaps,
+                 execution_id: str, interrupt_grace_s: float) -> None:
+        self.kernel = kernel
+        self.code = code
+        self.timeout_s = timeout_s
+        self.execution_id = execution_id
+        self.interrupt_grace_s = interrupt_grace_s
+        self.limiter = OutputLimiter(caps, f"{SPILL_DIR}/{execution_id}.txt")
+        self._route: asyncio.Queue[tuple[str, Any]] | None = None
+        self._status: ExecutionStatus | None = None
+
+    def interrupt(self) -> bool:
+        """Ask for the run to stop (status ``interrupted``); False if it is not running."""
+        if self._route is None or self._status is not None:
+            return False
+        try:
+            self._route.put_nowait(("interrupt", None))
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    async def run(self, emit: Emit) -> DoneEvent:
+        started = time.monotonic()
+        before = await self.kernel.sandbox.usage()
+        peak_reset = await self.kernel.sandbox.reset_peak_memory()
+        msg_id, route = self.kernel.request("execute_request", {
+            "code": self.code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True})
+        self._route = route
+        try:
+            done = await self._loop(route, emit, started)
+        finally:
+            self.kernel.forget(msg_id)
+            self._route = None
+        for event in self.limiter.finish():
+            emit(event)
+        await self._spill(final=True)
+        after = await self.kernel.sandbox.usage()
+        done.truncated = self.limiter.truncated
+        done.duration_ms = round((time.monotonic() - started) * 1000, 3)
+        done.metrics = ResourceUsage(
+            cpu_time_ms=(after.cpu_ns - before.cpu_ns) / 1e6
+            if after.cpu_ns is not None and before.cpu_ns is not None and not done.restarted
+            else None,
+            peak_memory_bytes=after.peak_memory_bytes if peak_reset else None)
+        return done
+
+    async def _loop(self, route: asyncio.Queue[tuple[str, Any]], emit: Emit,
+                    started: float) -> DoneEvent:
+        loop = asyncio.get_running_loop()
+        deadline = started + self.timeout_s
+        deadline_loop = loop.time() + (deadline - time.monotonic())
+        reply: dict[str, Any] | None = None
+        idle = False
+        reason: str | None = None
+        while reply is None or not idle:
+            try:
+                async with asyncio.timeout_at(deadline_loop):
+                    channel, msg = await route.get()
+            except TimeoutError:
+                if reply is not None:
+                    break  # the reply came but iopub's idle got lost: do not wait forever
+                if self._status is None:
+                    self._status = ExecutionStatus.TIMEOUT
+                    reason = f"execution exceeded timeout_s={self.timeout_s:g}"
+                    self.kernel.interrupt()
+                    deadline_loop = loop.time() + self.interrupt_grace_s
+                    continue
+                return await self._hard_restart(reason or "the kernel did not stop")
+            if channel == "interrupt":
+                if self._status is None:
+                    self._status = ExecutionStatus.INTERRUPTED
+                    reason = "interrupted on request"
+                    self.kernel.interrupt()
+                    deadline_loop = loop.time() + self.interrupt_grace_s
+                continue
+            if channel == "died":
+                assert isinstance(msg, KernelDied)
+                return await self._recover_death(msg)
+            if channel == "shell":
+                if msg.get("msg_type") == "execute_reply":
+                    reply = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+                    if not idle:
+                        # outputs still in flight on iopub: a short wait for its idle status
+                        deadline_loop = min(deadline_loop, loop.time() + 1.0)
+                continue
+            if msg.get("msg_type") == "status":
+                content = msg.get("content") or {}
+                idle = isinstance(content, dict) and content.get("execution_state") == "idle"
+                continue
+            event = translate(msg)
+            if event is not None:
+                self._emit(event, emit)
+                await self._spill()
+        assert reply is not None
+        count = reply.get("execution_count")
+        status = self._status
+        if status is None:
+            status = ExecutionStatus.OK if reply.get("status") == "ok" else ExecutionStatus.ERROR
+        return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
+                         duration_ms=0.0, reason=reason)
+
+    def _emit(self, event: OutputEvent, emit: Emit) -> None:
+        if isinstance(event, StreamEvent):
+            for piece in self.limiter.stream(event.type, event.text):
+                emit(piece)
+        elif isinstance(event, DisplayEvent | UpdateDisplayEvent):
+            capped = self.limiter.display(event)
+            if capped is not None:
+                emit(capped)
+        else:
+            emit(event)
+
+    async def _spill(self, final: bool = False) -> None:
+        text = self.limiter.take_spill(final)
+        if text:
+            workspace = self.kernel.sandbox.workspace
+            try:
+                await anyio.to_thread.run_sync(workspace.append_text, self.limiter.spill_path,
+                                               text)
+            except OSError as exc:
+                logger.warning("could not keep full output of %s: %s", self.execution_id, exc)
+
+    async def _hard_restart(self, reason: str) -> DoneEvent:
+        logger.info("kernel %s: hard restart after %s", self.kernel.id, reason)
+        await self.kernel.restart()
+        return DoneEvent(status=self._status or ExecutionStatus.TIMEOUT, execution_count=None,
+                         restarted=True, duration_ms=0.0,
+                         reason=f"{reason}; the kernel did not stop, so every process in the "
+                                "sandbox was killed and a fresh kernel started (variables lost, "
+                                "files kept)")
+
+    async def _recover_death(self, died: KernelDied) -> DoneEvent:
+        status = ExecutionStatus.DIED
+        if self.kernel.state != KernelState.CLOSED:
+            await self.kernel.restart()
+        return DoneEvent(status=status, execution_count=None, restarted=True, duration_ms=0.0,
+                         reason=f"{died.reason}; a fresh kernel was started (variables lost, "
+                                "files kept)")

@@ -1,0 +1,275 @@
+"""The warm pool: kernels started ahead of need, handed to sessions in a dictionary pop.
+
+Like httpcore's connection pool, every decision (take an idle kernel, reserve a slot to start
+one, refuse at capacity) is made in a synchronous, I/O-free step, so concurrent callers can
+never over-commit; the I/O that follows (starting a container) runs in its own task, shielded
+from a caller's cancellation, and a kernel nobody waits for any more joins the idle set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
+from kernel_pool.config import PoolSettings, Profile
+from kernel_pool.exceptions import CapacityError, ProfileNotFound, SessionNotFound
+from kernel_pool.kernel import Kernel, make_context
+from kernel_pool.session import Session
+
+logger = logging.getLogger(__name__)
+
+REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class KernelPool:
+    """Warm kernels per profile, capped in total, and the sessions that own kernels."""
+
+    def __init__(self, settings: PoolSettings, backend: SandboxBackend | None = None) -> None:
+        self.settings = settings
+        self.backend = backend or load_backend("docker", settings)
+        self._context = make_context()
+        self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
+        self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._in_use: set[Kernel] = set()
+        self._sessions: dict[str, Session] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._failures: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._refill_at: dict[str, float] = dict.fromkeys(settings.profiles, 0.0)
+        self._closing = False
+        self.on_session_closed: list[Callable[[Session, str], None]] = []
+        """Called with (session, reason) when the pool culls or closes a session."""
+        self.acquire_seconds: list[float] = []
+
+    def __repr__(self) -> str:
+        idle = sum(len(q) for q in self._idle.values())
+        starting = sum(self._starting.values())
+        return (f"<KernelPool {idle} idle, {starting} starting, {len(self._in_use)} in use, "
+                f"max {self.settings.max_kernels}>")
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        return {"idle": sum(len(q) for q in self._idle.values()),
+                "starting": sum(self._starting.values()),
+                "in_use": len(self._in_use), "sessions": len(self._sessions),
+                "max": self.settings.max_kernels}
+
+    def _total(self) -> int:
+        return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
+                + len(self._in_use))
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.settings.profiles[name]
+        except KeyError:
+            raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, keep: Callable[[SandboxInfo], bool] | None = None) -> list[SandboxInfo]:
+        """Remove sandboxes an earlier run left behind (those ``keep`` rejects), then fill.
+
+        Returns the infos of the sandboxes kept, for the caller to re-adopt.
+        """
+        kept = []
+        for info in await self.backend.list_sandboxes():
+            if keep is not None and keep(info):
+                kept.append(info)
+                continue
+            logger.info("removing orphaned sandbox %s", info.sandbox_id)
+            await self.backend.remove(info)
+        self._spawn(self._cull_loop())
+        for name in self.settings.profiles:
+            self._fill(name)
+        return kept
+
+    async def close(self) -> None:
+        """Close every session and warm kernel: nothing is left running."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for session in list(self._sessions.values()):
+            await self._close_session(session, "gateway shut down")
+        for queue in self._idle.values():
+            while queue:
+                await queue.popleft().close()
+        await self.backend.close()
+        self._context.term()
+
+    async def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until every profile has its ``min_idle`` warm kernels (for tests, benchmarks)."""
+        async with asyncio.timeout(timeout_s):
+            while any(len(self._idle[name]) < min(p.min_idle, self.settings.max_kernels)
+                      for name, p in self.settings.profiles.items()):
+                await asyncio.sleep(0.05)
+
+    # -- the decision step and the I/O -------------------------------------------------------
+
+    def _take(self, profile: str) -> Kernel | None:
+        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+        idle = self._idle[profile]
+        while idle:
+            kernel = idle.popleft()
+            if kernel.state.value == "ready":
+                self._in_use.add(kernel)
+                return kernel
+            self._spawn(kernel.close())
+        if self._total() >= self.settings.max_kernels:
+            raise CapacityError(profile, self.settings.max_kernels)
+        self._starting[profile] += 1
+        return None
+
+    async def acquire(self, profile_name: str = "default") -> Kernel:
+        """A ready kernel of the profile: warm if one is idle, else started now."""
+        profile = self.profile(profile_name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        kernel = self._take(profile.name)
+        if kernel is None:
+            task = asyncio.create_task(self._start_kernel(profile))
+            try:
+                kernel = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                task.add_done_callback(self._adopt_abandoned)
+                raise
+            self._in_use.add(kernel)
+        self._fill(profile.name)
+        self.acquire_seconds.append(loop.time() - started)
+        del self.acquire_seconds[:-1000]
+        return kernel
+
+    def _adopt_abandoned(self, task: asyncio.Task[Kernel]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            kernel = task.result()
+            if self._closing:
+                self._spawn(kernel.close())
+            else:
+                self._idle[kernel.profile.name].append(kernel)
+
+    async def _start_kernel(self, profile: Profile) -> Kernel:
+        """Start one kernel; the caller has reserved a ``_starting`` slot for it."""
+        try:
+            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
+            sandbox = await self.backend.create(spec)
+            kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+            try:
+                await kernel.start()
+            except BaseException:
+                await asyncio.shield(kernel.close())
+                raise
+            self._failures[profile.name] = 0
+            return kernel
+        except Exception:
+            self._failures[profile.name] += 1
+            raise
+        finally:
+            self._starting[profile.name] -= 1
+
+    def _fill(self, profile_name: str) -> None:
+        """Start warm kernels in the background up to ``min_idle`` (within the cap)."""
+        if self._closing:
+            return
+        profile = self.settings.profiles[profile_name]
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._refill_at[profile_name]:
+            return
+        while (len(self._idle[profile_name]) + self._starting[profile_name] < profile.min_idle
+               and self._total() < self.settings.max_kernels):
+            self._starting[profile_name] += 1
+            self._spawn(self._warm(profile))
+
+    async def _warm(self, profile: Profile) -> None:
+        try:
+            kernel = await self._start_kernel(profile)
+        except Exception as exc:
+            failures = self._failures[profile.name]
+            delay = REFILL_BACKOFF_S[min(failures, len(REFILL_BACKOFF_S)) - 1]
+            logger.error("warm kernel for profile %s failed to start (%s); retry in %ss",
+                         profile.name, exc, delay)
+            loop = asyncio.get_running_loop()
+            self._refill_at[profile.name] = loop.time() + delay
+            loop.call_later(delay, self._fill, profile.name)
+            return
+        if self._closing:
+            await kernel.close()
+            return
+        self._idle[profile.name].append(kernel)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def release(self, kernel: Kernel) -> None:
+        """A used kernel is never reused: remove its sandbox, then refill."""
+        self._in_use.discard(kernel)
+        try:
+            await asyncio.shield(kernel.close())
+        finally:
+            self._fill(kernel.profile.name)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(self, profile: str = "default", *, env: dict[str, str] | None = None,
+                             metadata: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> Session:
+        """A session on a warm kernel (a hand-off: milliseconds when one is idle)."""
+        kernel = await self.acquire(profile)
+        try:
+            if env:
+                kernel.env = dict(env)
+                await kernel.set_env(kernel.env)
+        except BaseException:
+            await self.release(kernel)
+            raise
+        session = Session(kernel, kernel.profile, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        self._sessions[session.id] = session
+        return session
+
+    def get_session(self, session_id: str) -> Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(session_id) from None
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        return dict(self._sessions)
+
+    async def delete_session(self, session_id: str) -> None:
+        """Close the session and remove its container and workspace."""
+        await self._close_session(self.get_session(session_id), "deleted")
+
+    async def _close_session(self, session: Session, reason: str) -> None:
+        if self._sessions.pop(session.id, None) is None:
+            return
+        try:
+            await session.close()
+        finally:
+            self._in_use.discard(session.kernel)
+            self._fill(session.profile.name)
+            for callback in self.on_session_closed:
+                callback(session, reason)
+
+    async def _cull_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.cull_interval_s)
+            for session in list(self._sessions.values()):
+                if session.idle_for() > self.settings.idle_ttl_s:
+                    reason = f"idle for more than {self.settings.idle_ttl_s:g}s"
+                elif session.age() > self.settings.max_lifetime_s:
+                    reason = f"older than the maximum lifetime of {self.settings.max_lifetime_s:g}s"
+                else:
+                    continue
+                logger.info("culling session %s: %s", session.id, reason)
+                await self._close_session(session, reason)

@@ -1,0 +1,246 @@
+"""A session: one kernel and its workspace, running executions one at a time, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from kernel_pool.config import PoolSettings, Profile
+from kernel_pool.events import DoneEvent, Event, Execution, ExecutionBuilder, ExecutionStatus
+from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed
+from kernel_pool.execution import ExecutionRun
+from kernel_pool.kernel import Kernel, KernelState
+
+logger = logging.getLogger(__name__)
+
+
+class SessionStatus(StrEnum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class ExecutionHandle:
+    """An execution submitted to a session: its events so far, live, and its result.
+
+    Events are kept (they are capped, so bounded) so that any number of readers, including one
+    that connects late, see the whole stream from the start.
+    """
+
+    def __init__(self, execution_id: str, code: str, timeout_s: float) -> None:
+        self.id = execution_id
+        self.code = code
+        self.timeout_s = timeout_s
+        self.events: list[Event] = []
+        self.done: DoneEvent | None = None
+        self.started_at = utcnow()
+        self.run: ExecutionRun | None = None
+        self._changed = asyncio.Event()
+        self._finished = asyncio.Event()
+
+    def _add(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, DoneEvent):
+            self.done = event
+            self._finished.set()
+        self._changed.set()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Every event of this execution, from the first, as they happen; ends after ``done``."""
+        index = 0
+        while True:
+            while index < len(self.events):
+                event = self.events[index]
+                index += 1
+                yield event
+                if isinstance(event, DoneEvent):
+                    return
+            self._changed.clear()
+            if index < len(self.events):
+                continue
+            await self._changed.wait()
+
+    async def result(self) -> Execution:
+        await self._finished.wait()
+        return self.execution()
+
+    def execution(self) -> Execution:
+        """The aggregate of the events so far."""
+        builder = ExecutionBuilder()
+        for event in self.events:
+            builder.add(event)
+        return builder.build()
+
+
+Listener = Callable[["Session", ExecutionHandle, Event | None], None]
+"""Called when an execution starts (event None) and for each of its events."""
+
+
+class Session:
+    """One kernel with its workspace. Executions queue (bounded) and run one at a time."""
+
+    def __init__(self, kernel: Kernel, profile: Profile, settings: PoolSettings, *,
+                 session_id: str | None = None, env: dict[str, str] | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.id = session_id or uuid.uuid4().hex
+        self.kernel = kernel
+        self.profile = profile
+        self.env = dict(env or {})
+        self.metadata = dict(metadata or {})
+        self.created_at = utcnow()
+        self.last_active_at = self.created_at
+        self.execution_count = 0
+        self._settings = settings
+        self._created_mono = time.monotonic()
+        self._active_mono = self._created_mono
+        self._lock = asyncio.Lock()
+        self._pending: list[ExecutionHandle] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._restarting = False
+        self.listeners: list[Listener] = []
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
+
+    @property
+    def status(self) -> SessionStatus:
+        if self._closed or self.kernel.state in (KernelState.DEAD, KernelState.CLOSED):
+            return SessionStatus.DEAD
+        if self._restarting or self.kernel.state in (KernelState.STARTING,
+                                                     KernelState.RESTARTING):
+            return SessionStatus.STARTING
+        return SessionStatus.BUSY if self._pending else SessionStatus.IDLE
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def current(self) -> ExecutionHandle | None:
+        return self._pending[0] if self._pending and self._pending[0].run else None
+
+    def idle_for(self) -> float:
+        return 0.0 if self._pending else time.monotonic() - self._active_mono
+
+    def age(self) -> float:
+        return time.monotonic() - self._created_mono
+
+    def check_timeout(self, timeout_s: float | None) -> float:
+        """The timeout to use, or InvalidRequest naming the profile's range."""
+        value = self.profile.default_timeout_s if timeout_s is None else float(timeout_s)
+        if not 0 < value <= self.profile.max_timeout_s:
+            raise InvalidRequest(
+                f"timeout_s must be above 0 and at most {self.profile.max_timeout_s:g} "
+                f"(profile {self.profile.name!r}); got {timeout_s}")
+        return value
+
+    def submit(self, code: str, timeout_s: float | None = None,
+               execution_id: str | None = None) -> ExecutionHandle:
+        """Queue ``code``; returns at once with a handle to stream or await."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        timeout = self.check_timeout(timeout_s)
+        if len(self._pending) >= self._settings.max_queued_executions:
+            raise QueueFull(self.id, self._settings.max_queued_executions)
+        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
+        self._pending.append(handle)
+        self._touch()
+        task = asyncio.create_task(self._execute(handle), name=f"exec-{handle.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return handle
+
+    async def execute(self, code: str, timeout_s: float | None = None) -> Execution:
+        """Run ``code`` and return the aggregate result."""
+        return await self.submit(code, timeout_s).result()
+
+    async def _execute(self, handle: ExecutionHandle) -> None:
+        try:
+            async with self._lock:
+                if self._closed:
+                    raise SessionClosed(self.id)
+                run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
+                                   caps=self.profile.caps, execution_id=handle.id,
+                                   interrupt_grace_s=self._settings.interrupt_grace_s)
+                handle.run = run
+                handle.started_at = utcnow()
+                self._notify(handle, None)
+                done = await run.run(lambda event: self._publish(handle, event))
+                if done.execution_count is not None:
+                    self.execution_count = done.execution_count
+                elif done.restarted:
+                    self.execution_count = 0
+                self._publish(handle, done)
+        except BaseException as exc:
+            if handle.done is None:
+                reason = ("the session was closed" if self._closed
+                          else f"internal error: {exc!r}")
+                if not isinstance(exc, asyncio.CancelledError | SessionClosed):
+                    logger.exception("execution %s failed", handle.id)
+                self._publish(handle, DoneEvent(status=ExecutionStatus.DIED, execution_count=None,
+                                                duration_ms=0.0, reason=reason))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._pending.remove(handle)
+            self._touch()
+
+    def _publish(self, handle: ExecutionHandle, event: Event) -> None:
+        handle._add(event)
+        self._notify(handle, event)
+
+    def _notify(self, handle: ExecutionHandle, event: Event | None) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self, handle, event)
+            except Exception:
+                logger.exception("session listener failed")
+
+    def _touch(self) -> None:
+        self._active_mono = time.monotonic()
+        self.last_active_at = utcnow()
+
+    def interrupt(self) -> bool:
+        """Interrupt the running execution; False when nothing was running."""
+        current = self.current
+        return bool(current and current.run and current.run.interrupt())
+
+    async def restart(self) -> None:
+        """A fresh kernel on the same workspace: variables gone, files kept."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        self.interrupt()
+        self._restarting = True
+        try:
+            async with self._lock:
+                await self.kernel.restart()
+                self.execution_count = 0
+        finally:
+            self._restarting = False
+            self._touch()
+
+    async def close(self) -> None:
+        """Stop everything and remove the sandbox (container and workspace)."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        await self.kernel.close()
