@@ -3,21 +3,62 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
+
+from gateway.settings import Settings
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": self.formatTime(record), "level": record.levelname,
+                           "logger": record.name, "message": record.getMessage()})
+
+
+def configure_logging(settings: Settings) -> None:
+    from gateway.audit import RedactSecrets
+
+    handler = logging.StreamHandler()
+    handler.addFilter(RedactSecrets())
+    handler.setFormatter(_JsonFormatter() if settings.log_json else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    overrides: dict[str, Any] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    settings = Settings(**overrides)
+    configure_logging(settings)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            log_config=None, ws_max_size=16 * 1024 * 1024,
+                            timeout_graceful_shutdown=15)
+    uvicorn.Server(config).run()
+    return 0
 
 
 def _image_build(args: argparse.Namespace) -> int:
     import docker
 
-    from gateway.settings import Settings
     from kernel_pool.exceptions import KernelPoolError
     from kernel_pool.image import build_image
 
     settings = Settings()
     try:
-        info = build_image(docker.from_env(), state_dir=Path(settings.state_dir), force=args.force,
+        info = build_image(docker.from_env(), state_dir=settings.state_dir, force=args.force,
                            log=lambda line: print(f"[replgate] {line}", file=sys.stderr))
     except KernelPoolError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
@@ -26,16 +67,52 @@ def _image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _with_audit(action: str, target: str | None) -> int:
+    from gateway.audit import AuditLog
+    from gateway.store import Store
+
+    settings = Settings()
+    if not settings.db_path.is_file():
+        print(f"replgate: no database at {settings.db_path}; set REPLGATE_STATE_DIR",
+              file=sys.stderr)
+        return 2
+    async with Store.open(settings.db_path) as store:
+        audit = await AuditLog.open(store)
+        if action == "verify":
+            result = await audit.verify()
+            print(f"{'ok' if result.ok else 'TAMPERED'}: {result.records} records")
+            for problem in result.problems:
+                print(f"  {problem}")
+            return 0 if result.ok else 1
+        count = await audit.export(target if target and target != "-" else sys.stdout)
+        print(f"exported {count} records", file=sys.stderr)
+        return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="replgate", description="A hardened, persistent Python REPL for AI agents.")
+        prog="replgate", description="A hardened, persistent Python REPL for AI agents. "
+        "Settings come from REPLGATE_* environment variables (see the README).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    image = commands.add_parser("image", help="build or inspect the sandbox image")
+    serve = commands.add_parser("serve", help="run the gateway (HTTP, WebSocket, Jupyter API)")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.set_defaults(func=_serve)
+
+    image = commands.add_parser("image", help="build the sandbox image")
     image_commands = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
     build = image_commands.add_parser("build", help="build the sandbox image unless up to date")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(func=_image_build)
+
+    audit = commands.add_parser("audit", help="check or export the audit log")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
+    verify = audit_commands.add_parser("verify", help="detect edited, deleted or reordered records")
+    verify.set_defaults(func=lambda a: asyncio.run(_with_audit("verify", None)))
+    export = audit_commands.add_parser("export", help="write the log as JSON lines")
+    export.add_argument("--output", "-o", default="-", help="file to write (default stdout)")
+    export.set_defaults(func=lambda a: asyncio.run(_with_audit("export", a.output)))
     return parser
 
 

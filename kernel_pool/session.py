@@ -125,6 +125,11 @@ class Session:
         return SessionStatus.BUSY if self._pending else SessionStatus.IDLE
 
     @property
+    def pending(self) -> int:
+        """Executions queued or running."""
+        return len(self._pending)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -1,0 +1,76 @@
+"""``create_app(settings)``: wires the routers; the lifespan owns the store and the pool."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from gateway import errors
+from gateway.audit import AuditLog
+from gateway.auth import generate_api_key, parse_api_keys_setting
+from gateway.metrics import Metrics
+from gateway.routers import files, health, sessions, ws
+from gateway.service import Gateway
+from gateway.settings import Settings
+from gateway.store import Store
+from kernel_pool.pool import KernelPool
+
+logger = logging.getLogger("replgate")
+
+KEY_FILE = "api_key"
+
+
+async def ensure_api_keys(settings: Settings, store: Store) -> None:
+    """Keys from REPLGATE_API_KEYS; without it, one key for tenant ``default`` (kept in a file)."""
+    if settings.api_keys:
+        for tenant, keys in parse_api_keys_setting(settings.api_keys).items():
+            for key in keys:
+                await store.add_api_key(tenant, key)
+        return
+    path = settings.state_dir / KEY_FILE
+    if path.is_file():
+        await store.add_api_key("default", path.read_text().strip())
+        logger.info("API key for tenant 'default' is in %s", path)
+        return
+    key = generate_api_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    await store.add_api_key("default", key)
+    print(f"replgate: created API key for tenant 'default' (kept in {path}):\n  {key}",
+          flush=True)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The gateway as an ASGI app; nothing starts until its lifespan runs."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.state_dir, 0o700)
+        async with Store.open(settings.db_path) as store:
+            await ensure_api_keys(settings, store)
+            await store.mark_unfinished_as("interrupted")
+            audit = await AuditLog.open(store)
+            pool = KernelPool(settings.pool_settings())
+            await pool.start()
+            gateway = Gateway(settings, pool, store, audit, Metrics(pool))
+            app.state.gateway = gateway
+            logger.info("replgate ready: %r", pool)
+            try:
+                yield
+            finally:
+                await gateway.drain()
+                await pool.close()
+
+    app = FastAPI(title="replgate", version="0.1.0", lifespan=lifespan,
+                  description="A hardened, persistent Python REPL for AI agents.")
+    errors.install(app)
+    for module in (health, sessions, files, ws):
+        app.include_router(module.router)
+    return app

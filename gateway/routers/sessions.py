@@ -1,0 +1,76 @@
+"""Sessions and their executions: ``/v1/sessions``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response, status
+
+from gateway.deps import GatewayDep, TenantDep
+from gateway.models import (
+    ExecuteRequest,
+    ExecutionOut,
+    ExecutionSummary,
+    InterruptOut,
+    SessionCreate,
+    SessionOut,
+)
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create_session(body: SessionCreate, tenant: TenantDep,
+                         gateway: GatewayDep) -> SessionOut:
+    """A new session on a warm kernel."""
+    return gateway.describe(await gateway.create_session(tenant, body))
+
+
+@router.get("")
+async def list_sessions(tenant: TenantDep, gateway: GatewayDep) -> list[SessionOut]:
+    return [gateway.describe(s) for s in gateway.sessions(tenant)]
+
+
+@router.get("/{session_id}")
+async def get_session(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
+    return gateway.describe(gateway.session(tenant, session_id))
+
+
+@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_session(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> Response:
+    """Stop the session; its container and workspace are removed."""
+    await gateway.delete_session(tenant, session_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{session_id}/execute")
+async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
+                  gateway: GatewayDep) -> ExecutionOut:
+    """Run code and answer with its result once it ends (stream it on the WebSocket instead)."""
+    session = gateway.session(tenant, session_id)
+    return await gateway.execute(tenant, session, body.code, body.timeout_s)
+
+
+@router.post("/{session_id}/interrupt")
+async def interrupt(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> InterruptOut:
+    return InterruptOut(interrupted=gateway.session(tenant, session_id).interrupt())
+
+
+@router.post("/{session_id}/restart")
+async def restart(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
+    """A fresh kernel on the same workspace: variables gone, files kept."""
+    return gateway.describe(await gateway.restart(tenant, session_id))
+
+
+@router.get("/{session_id}/executions")
+async def history(session_id: str, tenant: TenantDep,
+                  gateway: GatewayDep) -> list[ExecutionSummary]:
+    """Every execution of the session in order, finished ones with their results."""
+    return [ExecutionSummary.model_validate(record, from_attributes=True)
+            for record in await gateway.history(tenant, session_id)]
+
+
+@router.get("/{session_id}/notebook")
+async def notebook(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> dict[str, Any]:
+    """The session's history as an nbformat v4 notebook, outputs included."""
+    return await gateway.notebook(tenant, session_id)

@@ -1,0 +1,222 @@
+"""The gateway's use cases: tenants' sessions on the pool, recorded in the store and audit log.
+
+Routers call this and nothing below it; it is the one place that knows which tenant owns which
+session, records every execution (history for notebooks and reconnects, hash-chained audit)
+and enforces per-tenant limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import anyio.to_thread
+
+from gateway.audit import AuditLog, AuditRecord
+from gateway.errors import FileMissing, GatewayError, TooManyRequests, Unauthorized
+from gateway.metrics import Metrics
+from gateway.models import ExecutionOut, SessionCreate, SessionOut
+from gateway.notebook import NotebookCell, build_notebook
+from gateway.settings import Settings
+from gateway.store import SessionRecord, Store
+from kernel_pool.events import Event, Execution
+from kernel_pool.exceptions import SessionNotFound, WorkspaceError
+from kernel_pool.image import read_image_info
+from kernel_pool.pool import KernelPool
+from kernel_pool.session import ExecutionHandle, Session
+from kernel_pool.workspace import FileInfo
+
+logger = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Everything a request may ask of replgate, per tenant."""
+
+    def __init__(self, settings: Settings, pool: KernelPool, store: Store, audit: AuditLog,
+                 metrics: Metrics) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.store = store
+        self.audit = audit
+        self.metrics = metrics
+        self._tenant_of: dict[str, str] = {}
+        self._recorders: dict[str, asyncio.Task[Execution]] = {}
+        info = read_image_info(settings.state_dir)
+        self.image = f"{settings.image}@{info.id}" if info else settings.image
+        pool.on_session_closed.append(self._closed_by_pool)
+
+    # -- tenants -----------------------------------------------------------------------------
+
+    async def authenticate(self, token: str | None) -> str:
+        tenant = await self.store.tenant_for_key(token) if token else None
+        if tenant is None:
+            raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
+        return tenant
+
+    def session(self, tenant: str, session_id: str) -> Session:
+        """The tenant's live session; another tenant's is exactly as absent as a missing one."""
+        if self._tenant_of.get(session_id) != tenant:
+            raise SessionNotFound(session_id)
+        return self.pool.get_session(session_id)
+
+    def sessions(self, tenant: str) -> list[Session]:
+        return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
+
+    def describe(self, session: Session) -> SessionOut:
+        return SessionOut(
+            id=session.id, tenant=self._tenant_of.get(session.id, ""),
+            profile=session.profile.name, status=session.status.value,
+            execution_count=session.execution_count, created_at=session.created_at,
+            last_active_at=session.last_active_at, metadata=session.metadata)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    async def create_session(self, tenant: str, request: SessionCreate) -> Session:
+        if len(self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
+            raise TooManyRequests(
+                f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
+                "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
+        profile = self.pool.profile(request.profile)
+        if request.timeout_s is not None and request.timeout_s > profile.max_timeout_s:
+            raise GatewayError(f"timeout_s must be at most {profile.max_timeout_s:g} "
+                               f"for profile {profile.name!r}")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        session = await self.pool.create_session(profile.name, env=request.env,
+                                                 metadata=request.metadata)
+        self.metrics.acquire.observe(loop.time() - started)
+        if request.timeout_s is not None:
+            session.profile = profile.model_copy(update={"default_timeout_s": request.timeout_s})
+        self._tenant_of[session.id] = tenant
+        await self.store.create_session(SessionRecord(
+            id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
+            created_at=session.created_at, last_active_at=session.last_active_at,
+            execution_count=0, metadata=request.metadata, env=request.env,
+            sandbox=session.kernel.sandbox.get_info().model_dump(mode="json")))
+        return session
+
+    async def delete_session(self, tenant: str, session_id: str) -> None:
+        self.session(tenant, session_id)
+        await self.pool.delete_session(session_id)
+
+    def _closed_by_pool(self, session: Session, reason: str) -> None:
+        self._tenant_of.pop(session.id, None)
+        task = asyncio.get_running_loop().create_task(self.store.mark_deleted(session.id))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() and logger.error(
+            "marking session %s deleted failed: %s", session.id, t.exception()))
+
+    async def restart(self, tenant: str, session_id: str) -> Session:
+        session = self.session(tenant, session_id)
+        await session.restart()
+        await self.store.update_session(session.id, execution_count=0,
+                                        last_active_at=session.last_active_at)
+        return session
+
+    # -- executions --------------------------------------------------------------------------
+
+    def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
+               execution_id: str | None = None) -> ExecutionHandle:
+        """Queue code on the tenant's session; it is recorded and audited when it ends."""
+        if len(code.encode("utf-8", "surrogatepass")) > self.settings.max_code_bytes:
+            raise GatewayError(f"code is over the limit of {self.settings.max_code_bytes} bytes; "
+                               "put large data in a file instead", 413)
+        running = sum(s.pending for s in self.sessions(tenant))
+        if running >= self.settings.max_concurrent_executions_per_tenant:
+            raise TooManyRequests(
+                f"tenant {tenant!r} has {running} executions queued or running, the limit; "
+                "wait for some to finish")
+        handle = session.submit(code, timeout_s, execution_id=execution_id)
+        task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
+        self._recorders[handle.id] = task
+        task.add_done_callback(lambda _t: self._recorders.pop(handle.id, None))
+        return handle
+
+    async def execute(self, tenant: str, session: Session, code: str,
+                      timeout_s: float | None) -> ExecutionOut:
+        handle = self.submit(tenant, session, code, timeout_s)
+        execution = await self.recorded(handle)
+        return ExecutionOut(id=handle.id, **execution.model_dump())
+
+    async def recorded(self, handle: ExecutionHandle) -> Execution:
+        """The execution's result once it is in the history and the audit log."""
+        task = self._recorders.get(handle.id)
+        return await asyncio.shield(task) if task else await handle.result()
+
+    async def _record(self, tenant: str, session: Session, handle: ExecutionHandle) -> Execution:
+        await self.store.start_execution(handle.id, session.id, tenant, handle.code)
+        try:
+            execution = await handle.result()
+        finally:
+            execution = handle.execution()
+            await self.store.finish_execution(
+                handle.id, execution.status.value, execution.execution_count,
+                [event.model_dump(mode="json") for event in handle.events],
+                execution.model_dump(mode="json"))
+        await self.store.update_session(session.id, execution_count=session.execution_count,
+                                        last_active_at=session.last_active_at)
+        await self.audit.append(AuditRecord.for_execution(
+            tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
+            execution=execution, image=self.image,
+            limits=session.profile.model_dump(mode="json", exclude={"caps"})))
+        self.metrics.observe(execution)
+        return execution
+
+    # -- history, notebook, files ------------------------------------------------------------
+
+    async def history(self, tenant: str, session_id: str) -> list[Any]:
+        self.session(tenant, session_id)
+        return await self.store.list_executions(session_id)
+
+    async def notebook(self, tenant: str, session_id: str) -> dict[str, Any]:
+        session = self.session(tenant, session_id)
+        records = await self.store.list_executions(session_id)
+        cells = [NotebookCell(code=r.code, execution_count=r.execution_count,
+                              events=[e.model_dump(mode="json") for e in r.events],
+                              status=r.status) for r in records]
+        return build_notebook(
+            {"id": session.id, "tenant": tenant, "profile": session.profile.name,
+             "created_at": session.created_at}, cells)
+
+    async def write_file(self, tenant: str, session_id: str, path: str, data: bytes) -> int:
+        session = self.session(tenant, session_id)
+        if len(data) > self.settings.max_upload_bytes:
+            raise GatewayError(f"upload over the limit of {self.settings.max_upload_bytes} bytes",
+                               413)
+        size: int = await anyio.to_thread.run_sync(session.kernel.sandbox.workspace.write_bytes,
+                                                   path, data)
+        return size
+
+    async def read_file(self, tenant: str, session_id: str, path: str) -> bytes:
+        session = self.session(tenant, session_id)
+        try:
+            data: bytes = await anyio.to_thread.run_sync(
+                session.kernel.sandbox.workspace.read_bytes, path,
+                self.settings.max_download_bytes)
+        except WorkspaceError as exc:
+            if "does not exist" in str(exc):
+                raise FileMissing(str(exc)) from exc
+            raise
+        return data
+
+    async def list_files(self, tenant: str, session_id: str) -> list[FileInfo]:
+        session = self.session(tenant, session_id)
+        files: list[FileInfo] = await anyio.to_thread.run_sync(
+            session.kernel.sandbox.workspace.list_files)
+        return files
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Let in-flight recordings finish so nothing that ran goes unaudited."""
+        for task in list(self._recorders.values()):
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(task), 10)
+
+
+def event_frame(execution_id: str, event: Event) -> dict[str, Any]:
+    """An event as the WebSocket sends it."""
+    frame = event.model_dump(mode="json")
+    frame["execution_id"] = execution_id
+    return frame
