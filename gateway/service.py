@@ -43,6 +43,8 @@ class Gateway:
         self.metrics = metrics
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
+        self._live: dict[str, tuple[str, ExecutionHandle]] = {}
+        """Submitted executions not yet in the history as finished, for watchers' catch-up."""
         info = read_image_info(settings.state_dir)
         self.image = f"{settings.image}@{info.id}" if info else settings.image
         pool.on_session_closed.append(self._closed_by_pool)
@@ -119,7 +121,11 @@ class Gateway:
     def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
                execution_id: str | None = None) -> ExecutionHandle:
         """Queue code on the tenant's session; it is recorded and audited when it ends."""
-        if len(code.encode("utf-8", "surrogatepass")) > self.settings.max_code_bytes:
+        try:
+            size = len(code.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise GatewayError("code is not valid Unicode text (a lone surrogate escape?)") from None
+        if size > self.settings.max_code_bytes:
             raise GatewayError(f"code is over the limit of {self.settings.max_code_bytes} bytes; "
                                "put large data in a file instead", 413)
         running = sum(s.pending for s in self.sessions(tenant))
@@ -130,8 +136,15 @@ class Gateway:
         handle = session.submit(code, timeout_s, execution_id=execution_id)
         task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
         self._recorders[handle.id] = task
+        self._live[handle.id] = (session.id, handle)
         task.add_done_callback(lambda _t: self._recorders.pop(handle.id, None))
+        task.add_done_callback(lambda _t: self._live.pop(handle.id, None))
         return handle
+
+    def live_executions(self, session_id: str) -> list[ExecutionHandle]:
+        """The session's submitted executions whose finished record is not yet in the history,
+        in submission order (a watcher replays them from their handles)."""
+        return [handle for sid, handle in self._live.values() if sid == session_id]
 
     async def execute(self, tenant: str, session: Session, code: str,
                       timeout_s: float | None) -> ExecutionOut:

@@ -1,0 +1,461 @@
+"""The tamper-evident audit log: every piece of code an agent ran, in a hash chain.
+
+Each execution becomes one :class:`AuditRecord`, stored as canonical JSON in the ``audit_log``
+table of the gateway's database, row ``seq`` (1, 2, 3, ...) with
+``hash = sha256(prev_hash + record_json)`` and the first ``prev_hash`` 64 zeros. Triggers refuse
+UPDATE and DELETE, so a slip fails loudly; someone who drops the triggers and edits, deletes or
+reorders rows is caught by :meth:`AuditLog.verify`, which recomputes the chain.
+
+What the chain alone cannot show is a cut-off tail: dropping the last rows leaves a valid,
+shorter chain. So after each append the latest ``seq`` and ``hash`` go to ``audit.head`` beside
+the database (replaced atomically), and verify compares the log against it. Someone able to
+rewrite both the database and that file can still rewrite history: for that, copy the head (or
+:meth:`AuditLog.export`) somewhere they cannot reach.
+
+Records are built only from structured fields (:meth:`AuditRecord.for_execution`), never by
+parsing what the user's code printed, so no output can forge or end a record.
+
+The module also holds :func:`redact` and the :class:`RedactSecrets` logging filter, which keep
+keys out of the gateway's logs. They are never applied to audited code, which is kept verbatim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiosqlite
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.store import Store, utc_now
+from kernel_pool.events import Execution
+
+__all__ = [
+    "GENESIS_HASH",
+    "AuditEntry",
+    "AuditLog",
+    "AuditRecord",
+    "RedactSecrets",
+    "VerifyResult",
+    "canonical_json",
+    "redact",
+]
+
+logger = logging.getLogger(__name__)
+
+GENESIS_HASH = "0" * 64
+HEAD_FILE = "audit.head"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit_log (
+    seq INTEGER PRIMARY KEY,
+    record TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS audit_log_no_update BEFORE UPDATE ON audit_log
+BEGIN SELECT RAISE(ABORT, 'audit_log is append-only: UPDATE refused'); END;
+CREATE TRIGGER IF NOT EXISTS audit_log_no_delete BEFORE DELETE ON audit_log
+BEGIN SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused'); END;
+"""
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text of ``value`` that is hashed: sorted keys, no spaces, ASCII only."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _sha256(text: str) -> str:
+    # surrogatepass: code may hold a lone surrogate (from a JSON escape) and must still hash.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def chain_hash(prev_hash: str, record_json: str) -> str:
+    """``sha256(prev_hash + record_json)``, hex."""
+    return _sha256(prev_hash + record_json)
+
+
+class AuditRecord(BaseModel):
+    """What the audit log keeps of one execution."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time: str = Field(default_factory=utc_now)
+    tenant: str
+    session_id: str
+    execution_id: str
+    execution_count: int | None
+    code: str
+    code_sha256: str
+    status: str
+    duration_ms: float
+    cpu_time_ms: float | None = None
+    peak_memory_bytes: int | None = None
+    stdout_chars: int
+    stderr_chars: int
+    output_count: int
+    output_bytes: int
+    """Size in bytes of the canonical JSON that ``output_sha256`` covers."""
+    output_sha256: str
+    """sha256 of the canonical JSON of ``{"stdout", "stderr", "outputs", "error"}``."""
+    image: str | None = None
+    """The sandbox image's tag or digest."""
+    limits: dict[str, Any] = Field(default_factory=dict)
+    """The profile's limits the code ran under."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Room for later fields (policy decisions, approvals) without a schema change."""
+
+    @classmethod
+    def for_execution(
+        cls,
+        execution: Execution,
+        *,
+        code: str,
+        tenant: str,
+        session_id: str,
+        execution_id: str,
+        image: str | None = None,
+        limits: Mapping[str, Any] | None = None,
+        time: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> AuditRecord:
+        """The record of one finished execution, from its aggregate and the code it ran."""
+        shown = canonical_json({
+            "stdout": execution.stdout,
+            "stderr": execution.stderr,
+            "outputs": [output.model_dump(mode="json") for output in execution.outputs],
+            "error": None if execution.error is None else execution.error.model_dump(mode="json"),
+        })
+        return cls(
+            time=time or utc_now(),
+            tenant=tenant,
+            session_id=session_id,
+            execution_id=execution_id,
+            execution_count=execution.execution_count,
+            code=code,
+            code_sha256=_sha256(code),
+            status=execution.status.value,
+            duration_ms=execution.duration_ms,
+            cpu_time_ms=execution.metrics.cpu_time_ms,
+            peak_memory_bytes=execution.metrics.peak_memory_bytes,
+            stdout_chars=len(execution.stdout),
+            stderr_chars=len(execution.stderr),
+            output_count=len(execution.outputs),
+            output_bytes=len(shown.encode("ascii")),
+            output_sha256=_sha256(shown),
+            image=image,
+            limits=dict(limits or {}),
+            extra=dict(extra or {}),
+        )
+
+    def canonical(self) -> str:
+        """This record's canonical JSON, as stored and hashed."""
+        return canonical_json(self.model_dump(mode="json"))
+
+
+class AuditEntry(BaseModel):
+    """One stored row of the log."""
+
+    seq: int
+    prev_hash: str
+    hash: str
+    record: str
+    """The canonical JSON text exactly as hashed."""
+
+
+class VerifyResult(BaseModel):
+    """What :meth:`AuditLog.verify` found. ``problems`` name the ``seq`` they concern."""
+
+    ok: bool
+    records: int
+    problems: list[str] = Field(default_factory=list)
+    last_hash: str | None = None
+
+
+class _Head(BaseModel):
+    seq: int
+    hash: str
+
+
+class AuditLog:
+    """The append-only, hash-chained log. Make one with :meth:`open`."""
+
+    def __init__(
+        self, db: aiosqlite.Connection, head_path: Path | None, tail: tuple[int, str]
+    ) -> None:
+        self._db = db
+        self._head_path = head_path
+        self._last_seq, self._last_hash = tail
+        # One append at a time, so two records never take the same prev_hash (a fork).
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, store: Store, head_path: Path | None = None) -> AuditLog:
+        """Create the table and triggers if needed and take up the chain where it ends.
+
+        ``head_path`` defaults to ``audit.head`` beside the database.
+        """
+        db = store.connection
+        head_path = head_path or store.path.parent / HEAD_FILE
+        await db.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
+        async with db.execute("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1") as cur:
+            row = await cur.fetchone()
+        tail = (0, GENESIS_HASH) if row is None else (int(row[0]), str(row[1]))
+        try:
+            head = await _read_head(head_path)
+        except ValueError as exc:
+            logger.error("%s is unreadable (%s); run verify", head_path, exc)
+            head = None
+        if head is not None and (head.seq, head.hash) != tail and head.seq >= tail[0]:
+            # The log ends before, or differs from, the head we wrote last: rows were cut or
+            # rewritten. Chaining on from the head keeps that visible to verify() (a seq gap,
+            # a broken link) instead of letting the next append paper over it.
+            logger.error(
+                "audit log ends at seq %d but %s records seq %d; run verify",
+                tail[0], head_path, head.seq,
+            )
+            tail = (head.seq, head.hash)
+        return cls(db, head_path, tail)
+
+    def __repr__(self) -> str:
+        return f"<AuditLog {self._last_seq} records, head {self._last_hash[:12]}>"
+
+    async def append(self, record: AuditRecord) -> AuditEntry:
+        """Add a record at the end of the chain and update ``audit.head``.
+
+        Shielded: a caller cancelled mid-append cannot leave the row written but the chain's
+        tail in memory stale. An error writing the head propagates; the row is in, and the
+        head, lagging one record, is repaired by the next append.
+        """
+        return await asyncio.shield(self._append(record.canonical()))
+
+    async def _append(self, record_json: str) -> AuditEntry:
+        async with self._lock:
+            seq = self._last_seq + 1
+            prev_hash = self._last_hash
+            entry = AuditEntry(
+                seq=seq, prev_hash=prev_hash, hash=chain_hash(prev_hash, record_json),
+                record=record_json,
+            )
+            await self._db.execute_fetchall(
+                "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
+                (entry.seq, entry.record, entry.prev_hash, entry.hash),
+            )
+            self._last_seq, self._last_hash = seq, entry.hash
+            if self._head_path is not None:
+                await anyio.to_thread.run_sync(_write_head, self._head_path, seq, entry.hash)
+            return entry
+
+    async def entries(self) -> AsyncIterator[AuditEntry]:
+        """Every stored row in ``seq`` order, as stored (nothing checked)."""
+        async with self._db.execute(
+            "SELECT seq, record, prev_hash, hash FROM audit_log ORDER BY seq"
+        ) as cursor:
+            async for row in cursor:
+                yield AuditEntry(
+                    seq=row[0], record=str(row[1]), prev_hash=str(row[2]), hash=str(row[3])
+                )
+
+    async def verify(self) -> VerifyResult:
+        """Recompute the chain and compare its end with ``audit.head``.
+
+        Finds an edited record (its hash no longer matches), a deleted one (a seq gap and a
+        broken link), reordered ones (broken links), and, when ``audit.head`` exists, a cut
+        tail or a rewritten end. Without that file a cut tail shows only in ``records``:
+        nothing inside the database can tell a shortened log from a young one.
+        """
+        # Read the head first: appends write the row before the head, so every row the head
+        # names is already in the table when we scan it.
+        problems: list[str] = []
+        head_unreadable = False
+        try:
+            head = await _read_head(self._head_path)
+        except ValueError:
+            head, head_unreadable = None, True
+            problems.append(f"{self._head_path} is unreadable, so the log's end is unchecked")
+        count = 0
+        prev_seq, prev_hash = 0, GENESIS_HASH
+        hashes_at_head: str | None = None
+        async for entry in self.entries():
+            count += 1
+            if entry.seq != prev_seq + 1:
+                missing = (
+                    f"seq {prev_seq + 1}" if entry.seq == prev_seq + 2
+                    else f"seq {prev_seq + 1} to {entry.seq - 1}"
+                )
+                problems.append(f"seq {entry.seq}: follows seq {prev_seq}; {missing} missing")
+            if entry.prev_hash != prev_hash:
+                problems.append(
+                    f"seq {entry.seq}: prev_hash does not match the hash of seq {prev_seq} "
+                    "(a record before it was deleted, inserted or moved)"
+                )
+            if chain_hash(entry.prev_hash, entry.record) != entry.hash:
+                problems.append(f"seq {entry.seq}: hash does not match its record (edited)")
+            else:
+                try:
+                    json.loads(entry.record)
+                except ValueError:
+                    problems.append(f"seq {entry.seq}: record is not JSON")
+            if head is not None and entry.seq == head.seq:
+                hashes_at_head = entry.hash
+            prev_seq, prev_hash = entry.seq, entry.hash
+        if head is not None:
+            if prev_seq < head.seq:
+                problems.append(
+                    f"seq {head.seq}: missing; {self._head_path} records seq {head.seq} but the "
+                    f"log ends at seq {prev_seq} (tail cut off)"
+                )
+            elif hashes_at_head is None:
+                problems.append(f"seq {head.seq}: missing, though {self._head_path} records it")
+            elif hashes_at_head != head.hash:
+                problems.append(
+                    f"seq {head.seq}: hash differs from the one {self._head_path} records "
+                    "(the log was rewritten)"
+                )
+        elif self._head_path is not None and count and not head_unreadable:
+            problems.append(
+                f"seq {prev_seq}: {self._head_path} is missing, so a cut-off tail cannot be "
+                "ruled out"
+            )
+        return VerifyResult(
+            ok=not problems, records=count, problems=problems,
+            last_hash=prev_hash if count else None,
+        )
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The export: one JSON object per line, ``{"hash", "prev_hash", "record", "seq"}``.
+
+        ``record`` is the stored canonical JSON spliced in as is, so re-serialising it with
+        :func:`canonical_json` reproduces the hashed text for an outside check.
+        """
+        async for entry in self.entries():
+            try:
+                json.loads(entry.record)
+                record = entry.record
+            except ValueError:
+                record = json.dumps(entry.record)
+            yield (
+                f'{{"hash":"{entry.hash}","prev_hash":"{entry.prev_hash}",'
+                f'"record":{record},"seq":{entry.seq}}}\n'
+            )
+
+    async def export(self, target: TextIO | str | Path, batch: int = 500) -> int:
+        """Write :meth:`lines` to a text stream or a file path; returns the record count."""
+        if isinstance(target, str | Path):
+            path = Path(target)
+            stream: TextIO = await anyio.to_thread.run_sync(
+                lambda: path.open("w", encoding="utf-8")
+            )
+        else:
+            stream = target
+        count = 0
+        pending: list[str] = []
+        try:
+            async for line in self.lines():
+                pending.append(line)
+                count += 1
+                if len(pending) >= batch:
+                    await anyio.to_thread.run_sync(stream.writelines, pending)
+                    pending = []
+            await anyio.to_thread.run_sync(stream.writelines, pending)
+        finally:
+            if stream is not target:
+                await anyio.to_thread.run_sync(stream.close)
+        return count
+
+
+async def _read_head(path: Path | None) -> _Head | None:
+    if path is None:
+        return None
+
+    def read() -> str | None:
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    text = await anyio.to_thread.run_sync(read)
+    return None if text is None else _Head.model_validate_json(text)
+
+
+def _write_head(path: Path, seq: int, hash_: str) -> None:
+    temp = path.with_name(path.name + ".tmp")
+    with temp.open("w", encoding="utf-8") as file:
+        file.write(canonical_json({"hash": hash_, "seq": seq}) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+
+
+# -- redaction of secrets in logs ----------------------------------------------------------
+
+_REDACTED = "[REDACTED]"
+_SECRET_CHARS = r"[A-Za-z0-9+/=_\-.~]"
+_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    # Authorization headers: "Bearer <key>", and Jupyter's "token <key>".
+    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9+/=_\-.~]+"), rf"\1{_REDACTED}"),
+    (re.compile(rf"(?i)\b(token\s+){_SECRET_CHARS}{{16,}}"), rf"\1{_REDACTED}"),
+    # Query strings: ?token=..., &access_token=..., api_key=...
+    (
+        re.compile(r"(?i)([?&;](?:access_)?(?:token|api_?key|key|secret|password)=)[^&\s#\"']+"),
+        rf"\1{_REDACTED}",
+    ),
+    # Keys recognisable by their shape: ours (rg_), OpenAI-style (sk-), GitHub, Slack, AWS.
+    (re.compile(r"\brg_[A-Za-z0-9_\-]{16,}"), _REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), _REDACTED),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), _REDACTED),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), _REDACTED),
+    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), _REDACTED),
+    # password=anything; key=/secret=/token= followed by something long enough to be a secret
+    # (short values such as "key=name" are left, so logs stay readable).
+    (
+        re.compile(
+            r"(?i)(\b[\w.-]{0,40}(?:password|passwd)[\w.-]{0,40}[\"']?\s*[=:]\s*[\"']?)[^\s\"',;&]+"
+        ),
+        rf"\1{_REDACTED}",
+    ),
+    (
+        re.compile(
+            rf"(?i)(\b[\w.-]{{0,40}}(?:secret|token|key)[\w.-]{{0,40}}[\"']?\s*[=:]\s*[\"']?)"
+            rf"{_SECRET_CHARS}{{16,}}"
+        ),
+        rf"\1{_REDACTED}",
+    ),
+]
+
+
+def redact(text: str) -> str:
+    """``text`` with key-like secrets replaced by ``[REDACTED]``, for logs and error messages."""
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """A logging filter that redacts secrets in messages and tracebacks; it drops nothing.
+
+    Attach it to handlers (``handler.addFilter(RedactSecrets())``): a filter on a logger does
+    not see records propagated from its children.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        if record.exc_info and not record.exc_text:
+            # Format the traceback now, redacted; Formatter reuses exc_text when it is set.
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True

@@ -1,0 +1,125 @@
+"""Fixtures shared by every test package: a real Docker engine and a real running gateway.
+
+Nothing here mocks Docker, the kernel or the database. Tests that need the engine fail (they
+never skip) when it is missing: a green run that skipped the sandbox would prove nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.fail(f"no Docker engine answers ({exc}); run ./run.sh test, which starts one")
+    yield client
+    client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """A ``replgate serve`` subprocess with two tenants' keys and its own state and owner."""
+
+    url: str
+    state_dir: Path
+    owner: str
+    keys: dict[str, str]
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(default_factory=Path)
+
+    def headers(self, tenant: str = "alpha") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve", "--port",
+                 self.url.rsplit(":", 1)[1]],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                answer = httpx.get(f"{self.url}/healthz", timeout=1)
+                if answer.status_code == 200 and answer.json()["pool"]["idle"] >= 1:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"gateway not ready in {timeout_s}s: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.process = None
+
+
+def make_gateway(**settings: str) -> GatewayProcess:
+    """A gateway (not started) with a short state dir (Unix socket paths are short)."""
+    state_dir = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))
+    owner = f"test-{secrets.token_hex(4)}"
+    keys = {"alpha": f"rg_alpha_{secrets.token_hex(8)}", "beta": f"rg_beta_{secrets.token_hex(8)}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    env.update({
+        "REPLGATE_STATE_DIR": str(state_dir), "REPLGATE_OWNER": owner,
+        "REPLGATE_API_KEYS": ",".join(f"{t}:{k}" for t, k in keys.items()),
+        "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "6",
+        "REPLGATE_INTERRUPT_GRACE_S": "1.0", "REPLGATE_LOG_LEVEL": "info",
+    })
+    env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
+    return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,
+                          keys=keys, env=env, log_path=state_dir.with_suffix(".log"))
+
+
+def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
+    return [c.id for c in client.containers.list(
+        all=True, filters={"label": f"io.replgate.owner={owner}"})]
+
+
+@pytest.fixture(scope="session")
+def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
+    """One running ``replgate serve`` for the session; no container of it survives the run."""
+    process = make_gateway()
+    process.start()
+    yield process
+    process.stop()
+    left = containers_of(docker_client, process.owner)
+    for cid in left:
+        docker_client.api.remove_container(cid, force=True)
+    assert not left, f"gateway left containers behind: {left}"

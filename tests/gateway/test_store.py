@@ -1,0 +1,241 @@
+"""The embedded store, on real SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from gateway.store import (
+    ExecutionRecord,
+    RecordExists,
+    RecordNotFound,
+    SessionRecord,
+    Store,
+    StoreError,
+)
+from kernel_pool.backends.base import SandboxInfo
+from kernel_pool.events import (
+    DisplayEvent,
+    DoneEvent,
+    Execution,
+    ExecutionStatus,
+    StreamEvent,
+)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    async with Store.open(tmp_path / "state" / "replgate.db") as opened:
+        yield opened
+
+
+def _sandbox() -> SandboxInfo:
+    return SandboxInfo(sandbox_id="sb1", backend="docker", profile="default",
+                       container_id="c0ffee", workspace="/ws/sb1", socket_dir="/run/sb1")
+
+
+def _events() -> list[StreamEvent | DisplayEvent | DoneEvent]:
+    return [
+        StreamEvent(type="stdout", text="hi\n"),
+        DisplayEvent(type="result", data={"text/plain": "2"}),
+        DoneEvent(status=ExecutionStatus.OK, execution_count=1, duration_ms=3.5),
+    ]
+
+
+async def test_open_creates_folder_and_wal_database(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "db.sqlite"
+    store = await Store.open(path)
+    try:
+        assert path.is_file()
+        async with store.connection.execute("PRAGMA journal_mode") as cursor:
+            row = await cursor.fetchone()
+        assert row is not None and row[0] == "wal"
+    finally:
+        await store.close()
+    await store.close()  # idempotent
+
+
+async def test_open_refuses_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    with sqlite3.connect(path) as raw:
+        raw.execute("PRAGMA user_version=99")
+    raw.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        await Store.open(path)
+
+
+async def test_create_session_round_trips_json_columns(store: Store) -> None:
+    record = SessionRecord(id="s1", tenant="acme", profile="default", status="idle",
+                           metadata={"agent": "x", "n": [1, 2]}, env={"A": "1"},
+                           sandbox=_sandbox())
+    await store.create_session(record)
+    got = await store.get_session("s1")
+    assert got == record
+    assert isinstance(got.sandbox, SandboxInfo)
+    datetime.fromisoformat(got.created_at)
+
+
+async def test_create_session_refuses_duplicate_id(store: Store) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
+    with pytest.raises(RecordExists):
+        await store.create_session(SessionRecord(id="s1", tenant="other", profile="default"))
+
+
+async def test_update_session_writes_only_named_fields(store: Store) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default",
+                                             sandbox=_sandbox()))
+    updated = await store.update_session("s1", status="busy", execution_count=3, sandbox=None)
+    assert (updated.status, updated.execution_count, updated.sandbox) == ("busy", 3, None)
+    assert await store.get_session("s1") == updated
+
+
+async def test_update_session_refuses_unknown_field_and_bad_value(store: Store) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
+    with pytest.raises(ValueError, match="nope"):
+        await store.update_session("s1", nope=1)
+    with pytest.raises(ValueError):
+        await store.update_session("s1", id="s2")
+    with pytest.raises(ValueError):
+        await store.update_session("s1", execution_count=-1)
+
+
+async def test_update_session_missing_raises_not_found(store: Store) -> None:
+    with pytest.raises(RecordNotFound):
+        await store.update_session("ghost", status="idle")
+
+
+async def test_list_sessions_filters_tenant_and_deleted(store: Store) -> None:
+    for sid, tenant in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+        await store.create_session(SessionRecord(id=sid, tenant=tenant, profile="default"))
+    await store.mark_deleted("a2")
+    assert [s.id for s in await store.list_sessions(tenant="a")] == ["a1"]
+    assert [s.id for s in await store.list_sessions(tenant="a", include_deleted=True)] == [
+        "a1", "a2"]
+    assert {s.id for s in await store.list_sessions()} == {"a1", "b1"}
+    deleted = await store.get_session("a2")
+    assert deleted is not None and deleted.deleted
+    with pytest.raises(RecordNotFound):
+        await store.mark_deleted("ghost")
+
+
+async def test_start_execution_assigns_seq_per_session(store: Store) -> None:
+    starts = await asyncio.gather(
+        *(store.start_execution(f"e{i}", "s1", "acme", f"x = {i}") for i in range(5)),
+        store.start_execution("other", "s2", "acme", "pass"),
+    )
+    assert sorted(r.seq for r in starts[:5]) == [1, 2, 3, 4, 5]
+    assert starts[5].seq == 1
+    listed = await store.list_executions("s1")
+    assert [r.seq for r in listed] == [1, 2, 3, 4, 5]
+    assert all(r.status == "running" and r.result is None for r in listed)
+
+
+async def test_start_execution_refuses_duplicate_id(store: Store) -> None:
+    await store.start_execution("e1", "s1", "acme", "1")
+    with pytest.raises(RecordExists):
+        await store.start_execution("e1", "s1", "acme", "2")
+
+
+async def test_start_execution_refuses_lone_surrogate(store: Store) -> None:
+    with pytest.raises(ValueError, match="Unicode"):
+        await store.start_execution("e1", "s1", "acme", "x = '\ud800'")
+
+
+async def test_finish_execution_round_trips_events_and_result(store: Store) -> None:
+    await store.start_execution("e1", "s1", "acme", "print('hi'); 1 + 1")
+    events = _events()
+    result = Execution.from_events(events)
+    finished = await store.finish_execution("e1", ExecutionStatus.OK, 1, events, result)
+    got = await store.get_execution("e1")
+    assert got == finished
+    assert isinstance(got, ExecutionRecord)
+    assert got.status == "ok" and got.execution_count == 1 and got.finished_at is not None
+    assert got.events == events
+    assert got.result == result
+    assert got.code == "print('hi'); 1 + 1"
+
+
+async def test_finish_execution_accepts_dumped_dicts(store: Store) -> None:
+    await store.start_execution("e1", "s1", "acme", "1")
+    events = _events()
+    await store.finish_execution(
+        "e1", "ok", 1, [e.model_dump(mode="json") for e in events],
+        Execution.from_events(events).model_dump(mode="json"))
+    got = await store.get_execution("e1")
+    assert got is not None and got.events == events
+
+
+async def test_finish_execution_refuses_invalid_event(store: Store) -> None:
+    await store.start_execution("e1", "s1", "acme", "1")
+    with pytest.raises(ValueError):
+        await store.finish_execution("e1", "ok", 1, [{"type": "bogus"}], None)
+
+
+async def test_finish_execution_missing_raises_not_found(store: Store) -> None:
+    with pytest.raises(RecordNotFound):
+        await store.finish_execution("ghost", "ok", 1, [], None)
+
+
+async def test_mark_unfinished_as_sets_only_running(store: Store) -> None:
+    await store.start_execution("e1", "s1", "acme", "1")
+    await store.start_execution("e2", "s1", "acme", "2")
+    await store.finish_execution("e1", "ok", 1, [], None)
+    assert await store.mark_unfinished_as("interrupted") == 1
+    e1, e2 = await store.list_executions("s1")
+    assert (e1.status, e2.status) == ("ok", "interrupted")
+    assert e2.finished_at is not None
+    assert await store.mark_unfinished_as("interrupted") == 0
+
+
+async def test_get_missing_gives_none(store: Store) -> None:
+    assert await store.get_session("ghost") is None
+    assert await store.get_execution("ghost") is None
+    assert await store.list_executions("ghost") == []
+
+
+async def test_tenant_for_key_maps_two_tenants(store: Store) -> None:
+    await store.add_api_key("alice", "rg_alice_key")
+    await store.add_api_key("bob", "rg_bob_key")
+    await store.add_api_key("bob", "rg_bob_key")  # again: a no-op
+    assert await store.tenant_for_key("rg_alice_key") == "alice"
+    assert await store.tenant_for_key("rg_bob_key") == "bob"
+    assert await store.tenant_for_key("rg_wrong") is None
+    assert await store.tenant_for_key("") is None
+    assert await store.list_tenants() == ["alice", "bob"]
+
+
+async def test_add_api_key_stores_only_hash(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    async with Store.open(path) as store:
+        await store.add_api_key("alice", "rg_plaintext_secret")
+    assert b"rg_plaintext_secret" not in path.read_bytes()
+    with sqlite3.connect(path) as raw:
+        (key_hash,) = raw.execute("SELECT key_hash FROM api_keys").fetchone()
+    raw.close()
+    assert len(key_hash) == 64
+
+
+async def test_add_api_key_refuses_key_of_other_tenant(store: Store) -> None:
+    await store.add_api_key("alice", "rg_shared")
+    with pytest.raises(ValueError, match="alice"):
+        await store.add_api_key("bob", "rg_shared")
+    assert await store.tenant_for_key("rg_shared") == "alice"
+    with pytest.raises(ValueError):
+        await store.add_api_key("", "k")
+
+
+async def test_reopen_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    async with Store.open(path) as store:
+        await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
+        await store.start_execution("e1", "s1", "acme", "1")
+        await store.add_api_key("acme", "rg_k")
+    async with Store.open(path) as store:
+        assert await store.get_session("s1") is not None
+        assert [r.id for r in await store.list_executions("s1")] == ["e1"]
+        assert await store.tenant_for_key("rg_k") == "acme"
