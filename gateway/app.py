@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from gateway import errors
@@ -25,6 +26,23 @@ logger = logging.getLogger("replgate")
 KEY_FILE = "api_key"
 
 
+def _make_state_dir(state_dir: Path) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+
+
+def _default_key(state_dir: Path) -> tuple[str, bool]:
+    """The default tenant's key from its file, or a new one written there (and True)."""
+    path = state_dir / KEY_FILE
+    if path.is_file():
+        return path.read_text().strip(), False
+    key = generate_api_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key, True
+
+
 async def ensure_api_keys(settings: Settings, store: Store) -> None:
     """Keys from REPLGATE_API_KEYS; without it, one key for tenant ``default`` (kept in a file)."""
     if settings.api_keys:
@@ -32,18 +50,14 @@ async def ensure_api_keys(settings: Settings, store: Store) -> None:
             for key in keys:
                 await store.add_api_key(tenant, key)
         return
-    path = settings.state_dir / KEY_FILE
-    if path.is_file():
-        await store.add_api_key("default", path.read_text().strip())
-        logger.info("API key for tenant 'default' is in %s", path)
-        return
-    key = generate_api_key()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
+    key, created = await anyio.to_thread.run_sync(_default_key, settings.state_dir)
     await store.add_api_key("default", key)
-    print(f"replgate: created API key for tenant 'default' (kept in {path}):\n  {key}",
-          flush=True)
+    path = settings.state_dir / KEY_FILE
+    if created:
+        print(f"replgate: created API key for tenant 'default' (kept in {path}):\n  {key}",
+              flush=True)
+    else:
+        logger.info("API key for tenant 'default' is in %s", path)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -51,8 +65,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
-        os.chmod(settings.state_dir, 0o700)
+        await anyio.to_thread.run_sync(_make_state_dir, settings.state_dir)
         async with Store.open(settings.db_path) as store:
             await ensure_api_keys(settings, store)
             await store.mark_unfinished_as("interrupted")

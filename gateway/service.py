@@ -106,8 +106,7 @@ class Gateway:
     def _closed_by_pool(self, session: Session, reason: str) -> None:
         self._tenant_of.pop(session.id, None)
         task = asyncio.get_running_loop().create_task(self.store.mark_deleted(session.id))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() and logger.error(
-            "marking session %s deleted failed: %s", session.id, t.exception()))
+        task.add_done_callback(_log_failure)
 
     async def restart(self, tenant: str, session_id: str) -> Session:
         session = self.session(tenant, session_id)
@@ -124,7 +123,7 @@ class Gateway:
         try:
             size = len(code.encode("utf-8"))
         except UnicodeEncodeError:
-            raise GatewayError("code is not valid Unicode text (a lone surrogate escape?)") from None
+            raise GatewayError("code is not valid Unicode text (a lone surrogate?)") from None
         if size > self.settings.max_code_bytes:
             raise GatewayError(f"code is over the limit of {self.settings.max_code_bytes} bytes; "
                                "put large data in a file instead", 413)
@@ -226,6 +225,11 @@ class Gateway:
         for task in list(self._recorders.values()):
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(task), 10)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background store update failed: %s", task.exception())
 
 
 def event_frame(execution_id: str, event: Event) -> dict[str, Any]:

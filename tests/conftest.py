@@ -75,7 +75,8 @@ class GatewayProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"gateway not ready in {timeout_s}s: {self.log_path.read_text()[-3000:]}")
+        log = self.log_path.read_text()[-3000:]
+        raise RuntimeError(f"gateway not ready in {timeout_s}s: {log}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is None:

@@ -29,10 +29,9 @@ async def sid(gateway: GatewayProcess) -> AsyncIterator[str]:
         await client.delete(f"/v1/sessions/{answer.json()['id']}")
 
 
-async def collect(ws: ClientConnection, execution_id: str,
-                  timeout: float = 60) -> list[dict[str, Any]]:
+async def collect(ws: ClientConnection, execution_id: str) -> list[dict[str, Any]]:
     frames = []
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(60):
         while True:
             frame = json.loads(await ws.recv())
             if frame.get("execution_id") != execution_id:
