@@ -131,7 +131,9 @@ class ExecutionBuilder:
     def add(self, event: Any) -> None:
         if isinstance(event, dict):
             event = _EVENT_ADAPTER.validate_python(event)
-        if self._clear_pending and not isinstance(event, DoneEvent | ClearOutputEvent):
+        if self._clear_pending and not isinstance(
+            event, DoneEvent | ClearOutputEvent | UpdateDisplayEvent
+        ):
             self._clear()
         if isinstance(event, StreamEvent):
             (self._stdout if event.type == "stdout" else self._stderr).append(event.text)

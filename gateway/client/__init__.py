@@ -1,0 +1,57 @@
+"""The Python client of replgate: a persistent, sandboxed Python REPL for agents.
+
+    from gateway.client import AsyncSandbox   # or Sandbox, the same without await
+
+    async with await AsyncSandbox.create() as sbx:   # REPLGATE_URL, REPLGATE_API_KEY
+        await sbx.run_code("x = 21")
+        ex = await sbx.run_code("print(x * 2)", on_stdout=lambda e: print(e.text, end=""))
+        assert ex.status == "ok" and ex.stdout == "42\\n"
+
+It needs only httpx, websockets, pydantic and the event models of ``kernel_pool.events``.
+"""
+
+from kernel_pool.events import (
+    DisplayEvent,
+    ErrorEvent,
+    Execution,
+    ExecutionError,
+    ExecutionStatus,
+    Output,
+    StreamEvent,
+)
+
+from ._async import AsyncSandbox
+from ._errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    NotFoundError,
+    RateLimitError,
+    ReplgateError,
+    ServerError,
+    TransportError,
+)
+from ._files import AsyncFiles
+from ._models import FileInfo, SessionInfo
+from ._sync import Sandbox
+
+__all__ = [
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "DisplayEvent",
+    "ErrorEvent",
+    "Execution",
+    "ExecutionError",
+    "ExecutionStatus",
+    "FileInfo",
+    "InvalidRequestError",
+    "NotFoundError",
+    "Output",
+    "RateLimitError",
+    "ReplgateError",
+    "Sandbox",
+    "ServerError",
+    "SessionInfo",
+    "StreamEvent",
+    "TransportError",
+]

@@ -1,0 +1,188 @@
+"""Executions streamed over a session's WebSocket, with a callback per event as it arrives.
+
+One socket per sandbox, opened on first use, kept across executions and reopened when it was
+closed. Executions on it run one at a time: each sends ``{"type": "execute", "id": ...}`` and
+reads until the ``done`` event carrying that id, skipping events of any other execution (such as
+the rest of one whose caller was cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
+
+from kernel_pool.events import (
+    DisplayEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    Execution,
+    ExecutionBuilder,
+    StreamEvent,
+)
+
+from ._errors import (
+    AuthenticationError,
+    ReplgateError,
+    TransportError,
+    error_for_status,
+)
+
+StreamCallback = Callable[[StreamEvent], object]
+"""Called with each ``stdout``/``stderr`` event; may be a plain function or a coroutine function."""
+DisplayCallback = Callable[[DisplayEvent], object]
+"""Called with each ``display``/``result`` event; plain function or coroutine function."""
+ErrorCallback = Callable[[ErrorEvent], object]
+"""Called with the ``error`` event of an exception in the code; plain or coroutine function."""
+
+# A rich output (an image) arrives as one message; the gateway caps outputs, so this bound only
+# guards against a misbehaving peer, well above websockets' 1 MiB default.
+_MAX_MESSAGE_BYTES = 64 * 2**20
+_EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
+_KNOWN_TYPES = {"stdout", "stderr", "display", "result", "update_display", "clear_output",
+                "error", "done"}
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """The callbacks of one execution; each may be ``None``."""
+
+    on_stdout: StreamCallback | None = None
+    on_stderr: StreamCallback | None = None
+    on_display: DisplayCallback | None = None
+    on_error: ErrorCallback | None = None
+
+    async def dispatch(self, event: Any) -> None:
+        """Call the callback this event is for, awaiting it if it returned an awaitable."""
+        callback: Callable[[Any], object] | None = None
+        if isinstance(event, StreamEvent):
+            callback = self.on_stdout if event.type == "stdout" else self.on_stderr
+        elif isinstance(event, DisplayEvent):
+            callback = self.on_display
+        elif isinstance(event, ErrorEvent):
+            callback = self.on_error
+        if callback is not None:
+            result = callback(event)
+            if inspect.isawaitable(result):
+                await result
+
+
+class ExecutionStream:
+    """A sandbox's WebSocket, running one execution at a time."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self._url = url
+        self._headers = headers
+        self._socket: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    async def run(self, code: str, timeout_s: float | None, handlers: Handlers) -> Execution:
+        """Execute ``code``, calling ``handlers`` per event; the aggregate once ``done`` came."""
+        execution_id = str(uuid.uuid4())
+        request: dict[str, Any] = {"type": "execute", "code": code, "id": execution_id}
+        if timeout_s is not None:
+            request["timeout_s"] = timeout_s
+        builder = ExecutionBuilder()
+        async with self._lock:
+            socket = await self._send(json.dumps(request), execution_id)
+            while True:
+                event = await self._receive(socket, execution_id)
+                if event is None:
+                    continue
+                builder.add(event)
+                await handlers.dispatch(event)
+                if isinstance(event, DoneEvent):
+                    return builder.build()
+
+    async def aclose(self) -> None:
+        """Close the socket, if one is open."""
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            await socket.close()
+
+    async def _send(self, message: str, execution_id: str) -> ClientConnection:
+        socket = await self._open()
+        try:
+            await socket.send(message)
+            return socket
+        except ConnectionClosed:
+            # An idle socket the gateway or a proxy closed: send() wrote nothing, so one retry
+            # on a fresh socket cannot run the code twice.
+            self._socket = None
+        socket = await self._open()
+        try:
+            await socket.send(message)
+        except ConnectionClosed as exc:
+            self._socket = None
+            raise _closed_error(exc, execution_id) from exc
+        return socket
+
+    async def _receive(self, socket: ClientConnection, execution_id: str) -> Any:
+        try:
+            raw = await socket.recv()
+        except ConnectionClosed as exc:
+            self._socket = None
+            raise _closed_error(exc, execution_id) from exc
+        try:
+            message = json.loads(raw)
+        except ValueError as exc:
+            raise ReplgateError(f"The gateway sent a message that is not JSON: {raw!r:.200}",
+                                detail=str(raw)) from exc
+        if (not isinstance(message, dict) or message.get("execution_id") != execution_id
+                or message.get("type") not in _KNOWN_TYPES):
+            return None  # another execution's event, or a kind this client predates
+        try:
+            return _EVENTS.validate_python(message)
+        except ValidationError as exc:
+            raise ReplgateError(f"The gateway sent an event this client cannot read: {exc}",
+                                detail=message) from exc
+
+    async def _open(self) -> ClientConnection:
+        if self._socket is not None and self._socket.state is State.OPEN:
+            return self._socket
+        try:
+            self._socket = await connect(self._url, additional_headers=self._headers,
+                                         max_size=_MAX_MESSAGE_BYTES)
+        except InvalidStatus as exc:
+            raise _refused_error(exc.response.status_code, exc.response.body) from exc
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise TransportError(
+                f"Could not open the WebSocket {self._url} ({exc!r}). Check that the gateway "
+                "runs there (base_url= / REPLGATE_URL).") from exc
+        return self._socket
+
+
+def _refused_error(status_code: int, body: bytes | bytearray) -> ReplgateError:
+    try:
+        detail: Any = json.loads(body)["detail"]
+    except (ValueError, KeyError, TypeError):
+        detail = body.decode(errors="replace") or f"HTTP {status_code}"
+    if status_code == 403:
+        # The contract lets the gateway refuse a bad key at the upgrade with 403 as well as 401.
+        return AuthenticationError(
+            f"The gateway refused the WebSocket (HTTP 403: {detail}). Check the API key "
+            "(api_key= / REPLGATE_API_KEY) and that the session still exists.",
+            status_code=403, detail=detail)
+    return error_for_status(status_code, detail)
+
+
+def _closed_error(exc: ConnectionClosed, execution_id: str) -> ReplgateError:
+    code = exc.rcvd.code if exc.rcvd is not None else None
+    reason = exc.rcvd.reason if exc.rcvd is not None else ""
+    if code is not None and 4400 <= code < 4600:
+        # Application close codes mirror HTTP statuses: 4401 is 401, 4404 is 404, ...
+        return error_for_status(code - 4000, reason or f"WebSocket closed with code {code}")
+    return TransportError(
+        f"The WebSocket to the gateway closed (code {code}{': ' + reason if reason else ''}) "
+        f"before execution {execution_id} finished. The code may still be running: check "
+        "sandbox.info(), stop it with sandbox.interrupt().", detail=reason or None)
