@@ -70,13 +70,22 @@ ensure_engine() {
 
 ensure_image() { "$VENV/bin/replgate" image build; }
 
+# The web UI's tests drive Debian's Chromium (no browser download happens anywhere).
+ensure_browser() {
+  command -v chromium >/dev/null 2>&1 && return
+  say "installing Debian's chromium for the browser tests"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    chromium fonts-dejavu-core >/dev/null
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   serve)
     ensure_venv serve; ensure_engine; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_image
+    ensure_venv dev; ensure_engine; ensure_image; ensure_browser
     exec "$VENV/bin/python" -m pytest "$@" ;;
   *)
     echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args]" >&2; exit 2 ;;

@@ -15,7 +15,7 @@ from gateway import errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.metrics import Metrics
-from gateway.routers import files, health, sessions, ws
+from gateway.routers import files, health, jupyter, sessions, ui, watch, ws
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import Store
@@ -70,9 +70,14 @@ def create_app(settings: Settings) -> FastAPI:
             await ensure_api_keys(settings, store)
             await store.mark_unfinished_as("interrupted")
             audit = await AuditLog.open(store)
+            # Sessions a killed gateway left running are taken back; other containers it left
+            # (warm kernels, deleted sessions) are removed.
+            records = {r.sandbox.container_id: r for r in await store.list_sessions()
+                       if r.sandbox is not None}
             pool = KernelPool(settings.pool_settings())
-            await pool.start()
+            kept = await pool.start(keep=lambda info: info.container_id in records)
             gateway = Gateway(settings, pool, store, audit, Metrics(pool))
+            await gateway.adopt(kept, records)
             app.state.gateway = gateway
             logger.info("replgate ready: %r", pool)
             try:
@@ -84,6 +89,6 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="replgate", version="0.1.0", lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
     errors.install(app)
-    for module in (health, sessions, files, ws):
+    for module in (health, sessions, files, ws, watch, jupyter, ui):
         app.include_router(module.router)
     return app

@@ -21,6 +21,7 @@ from gateway.models import ExecutionOut, SessionCreate, SessionOut
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
+from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.events import Event, Execution
 from kernel_pool.exceptions import SessionNotFound, WorkspaceError
 from kernel_pool.image import read_image_info
@@ -75,7 +76,8 @@ class Gateway:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    async def create_session(self, tenant: str, request: SessionCreate) -> Session:
+    async def create_session(self, tenant: str, request: SessionCreate,
+                             session_id: str | None = None) -> Session:
         if len(self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
@@ -87,7 +89,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         started = loop.time()
         session = await self.pool.create_session(profile.name, env=request.env,
-                                                 metadata=request.metadata)
+                                                 metadata=request.metadata, session_id=session_id)
         self.metrics.acquire.observe(loop.time() - started)
         if request.timeout_s is not None:
             session.profile = profile.model_copy(update={"default_timeout_s": request.timeout_s})
@@ -98,6 +100,25 @@ class Gateway:
             execution_count=0, metadata=request.metadata, env=request.env,
             sandbox=session.kernel.sandbox.get_info().model_dump(mode="json")))
         return session
+
+    async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
+        """Take back the sessions a previous gateway left running; forget those that are gone."""
+        for info in kept:
+            record = records[info.container_id]
+            try:
+                session = await self.pool.adopt_session(
+                    info, session_id=record.id, env=record.env, metadata=record.metadata,
+                    created_at=record.created_at, execution_count=record.execution_count)
+            except Exception as exc:
+                logger.error("could not take back session %s: %s", record.id, exc)
+                await self.pool.backend.remove(info)
+                continue
+            self._tenant_of[session.id] = record.tenant
+            logger.info("took back session %s of tenant %s", session.id, record.tenant)
+        live = set(self.pool.sessions)
+        for record in records.values():
+            if record.id not in live:
+                await self.store.mark_deleted(record.id)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         self.session(tenant, session_id)
@@ -166,8 +187,10 @@ class Gateway:
                 handle.id, execution.status.value, execution.execution_count,
                 [event.model_dump(mode="json") for event in handle.events],
                 execution.model_dump(mode="json"))
-        await self.store.update_session(session.id, execution_count=session.execution_count,
-                                        last_active_at=session.last_active_at)
+        await self.store.update_session(
+            session.id, execution_count=session.execution_count,
+            last_active_at=session.last_active_at,
+            sandbox=session.kernel.sandbox.get_info().model_dump(mode="json"))
         await self.audit.append(AuditRecord.for_execution(
             tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
             execution=execution, image=self.image,

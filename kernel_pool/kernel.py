@@ -87,16 +87,27 @@ class Kernel:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Launch the kernel process and wait until it answers ``kernel_info``."""
+    async def start(self, attach: bool = False) -> None:
+        """Launch the kernel process and wait until it answers ``kernel_info``.
+
+        With ``attach``, connect to the kernel already running in the sandbox (one a previous
+        gateway started) and launch a fresh one only if there is none.
+        """
         self.state = KernelState.STARTING
         self._expect_exit = False
-        connection = await self.sandbox.launch_kernel()
+        connection = await self.sandbox.connection_info() if attach else None
+        attached = connection is not None
+        if connection is None:
+            connection = await self.sandbox.launch_kernel()
         usage = await self.sandbox.usage()
         self._oom_kills = usage.oom_kills or 0
         self._connect(connection)
+        if attached:
+            # Whatever it runs belonged to the gateway that died (recorded as interrupted):
+            # stop it, and ask on the control channel, which a busy kernel still answers.
+            self.interrupt()
         try:
-            await self._wait_ready()
+            await self._wait_ready("control" if attached else "shell")
         except BaseException:
             await self._disconnect()
             raise
@@ -122,13 +133,13 @@ class Kernel:
             self._tasks.append(asyncio.create_task(self._read(channel, socket),
                                                    name=f"{channel}-{self.id}"))
 
-    async def _wait_ready(self) -> None:
+    async def _wait_ready(self, channel: str) -> None:
         """kernel_info until answered; iopub must also be connected (its status arrives)."""
         died = asyncio.create_task(self.sandbox.wait())
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
-                    msg_id, route = self.request("kernel_info_request", {})
+                    msg_id, route = self.request("kernel_info_request", {}, channel)
                     try:
                         got_reply = got_iopub = False
                         while not (got_reply and got_iopub):
@@ -141,9 +152,9 @@ class Kernel:
                             if getter not in done:
                                 getter.cancel()
                                 break
-                            channel, _msg = getter.result()
-                            got_reply |= channel == "shell"
-                            got_iopub |= channel == "iopub"
+                            source, _msg = getter.result()
+                            got_reply |= source == channel
+                            got_iopub |= source == "iopub"
                         if got_reply and got_iopub:
                             return
                     finally:

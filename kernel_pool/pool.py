@@ -236,6 +236,36 @@ class KernelPool:
         self._sessions[session.id] = session
         return session
 
+    async def adopt_session(self, info: SandboxInfo, *, session_id: str,
+                            env: dict[str, str] | None = None,
+                            metadata: dict[str, Any] | None = None,
+                            created_at: str | None = None, execution_count: int = 0) -> Session:
+        """Take back a session whose sandbox a previous gateway left running (see ``start``).
+
+        Its kernel keeps its variables when it is still running; otherwise a fresh kernel starts
+        on the same workspace.
+        """
+        profile = self.profile(info.profile)
+        if self._total() >= self.settings.max_kernels:
+            raise CapacityError(profile.name, self.settings.max_kernels)
+        sandbox = await self.backend.load(info, profile)
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.env = dict(env or {})
+        self._in_use.add(kernel)
+        try:
+            await kernel.start(attach=True)
+        except BaseException:
+            self._in_use.discard(kernel)
+            await asyncio.shield(kernel.close())
+            raise
+        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        if created_at:
+            session.created_at = created_at
+        session.execution_count = execution_count
+        self._sessions[session.id] = session
+        return session
+
     def get_session(self, session_id: str) -> Session:
         try:
             return self._sessions[session_id]

@@ -64,6 +64,10 @@ class Sandbox(ABC):
         Returns the host-side connection info (jupyter_client's connection-file dict).
         """
 
+    async def connection_info(self) -> dict[str, Any] | None:
+        """The host-side connection info of the kernel running now (after ``load``), if any."""
+        return None
+
     @abstractmethod
     async def poll(self) -> int | None:
         """The kernel process's exit code, or None while it runs."""

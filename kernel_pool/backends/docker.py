@@ -106,6 +106,13 @@ class DockerSandbox(Sandbox):
         await self._watch(exec_id)
         return {**config, "ip": str(self._socket_dir / name)}
 
+    async def connection_info(self) -> dict[str, Any] | None:
+        if not self.info.kernel_name or await self.poll() is not None:
+            return None
+        path = self._socket_dir / f"{self.info.kernel_name}.json"
+        config = json.loads(await anyio.to_thread.run_sync(path.read_text))
+        return {**config, "ip": str(self._socket_dir / self.info.kernel_name)}
+
     def _write_connection_file(self, name: str, config: dict[str, Any],
                                previous: str | None) -> None:
         if previous:
@@ -304,11 +311,19 @@ class DockerBackend(SandboxBackend):
         shutil.rmtree(socket_dir, ignore_errors=True)
 
     async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
+        """Take back a running sandbox: its container, workspace and running kernel, if any."""
         workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
         details = await _run(self.client.api.inspect_container, info.container_id)
         env = dict(item.split("=", 1) for item in details["Config"].get("Env") or []
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
+        info.kernel_name, info.kernel_ref = None, None
+        for exec_id in details.get("ExecIDs") or []:
+            exec_details = await _run(self.client.api.exec_inspect, exec_id)
+            arguments = exec_details.get("ProcessConfig", {}).get("arguments") or []
+            if exec_details.get("Running") and "replgate_kernel" in arguments:
+                info.kernel_ref = exec_id
+                info.kernel_name = Path(arguments[-1]).stem
         if info.kernel_ref:
             await sandbox._ensure_running()
             await sandbox._watch(info.kernel_ref)
