@@ -10,12 +10,16 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI
+from starlette.routing import Route
 
 from gateway import errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
+from gateway.governance import Governance, load_policy
+from gateway.mcp.service import mcp_endpoint
 from gateway.metrics import Metrics
 from gateway.routers import files, health, jupyter, sessions, ui, watch, ws
+from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import Store
@@ -61,7 +65,11 @@ async def ensure_api_keys(settings: Settings, store: Store) -> None:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The gateway as an ASGI app; nothing starts until its lifespan runs."""
+    """The gateway as an ASGI app; nothing starts until its lifespan runs.
+
+    The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem).
+    """
+    policy = load_policy(settings.policy_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,14 +82,17 @@ def create_app(settings: Settings) -> FastAPI:
             # (warm kernels, deleted sessions) are removed.
             records = {r.sandbox.container_id: r for r in await store.list_sessions()
                        if r.sandbox is not None}
-            pool = KernelPool(settings.pool_settings())
+            pool = KernelPool(policy.pool_settings(settings.pool_settings()))
             kept = await pool.start(keep=lambda info: info.container_id in records)
-            gateway = Gateway(settings, pool, store, audit, Metrics(pool))
+            governance = Governance(policy, approver_keys=settings.approver_keys,
+                                    approval_timeout_s=settings.approval_timeout_s)
+            gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance)
             await gateway.adopt(kept, records)
             app.state.gateway = gateway
-            logger.info("replgate ready: %r", pool)
+            logger.info("replgate ready: %r, %r", pool, governance)
             try:
-                yield
+                async with mcp.run():  # MCP sessions end (and their sessions go) before the pool
+                    yield
             finally:
                 await gateway.drain()
                 await pool.close()
@@ -89,6 +100,9 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="replgate", version="0.1.0", lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
     errors.install(app)
+    mcp = mcp_endpoint(settings)
+    app.router.routes.append(Route("/mcp", mcp))  # MCP over streamable HTTP, same API keys
     for module in (health, sessions, files, ws, watch, jupyter, ui):
         app.include_router(module.router)
+    app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     return app

@@ -43,11 +43,47 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["port"] = args.port
     settings = Settings(**overrides)
     configure_logging(settings)
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+    from gateway.governance import PolicyError
+
+    try:
+        app = create_app(settings)
+    except PolicyError as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, ws_max_size=16 * 1024 * 1024,
                             timeout_graceful_shutdown=15)
     uvicorn.Server(config).run()
     return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    import os
+
+    import anyio
+
+    from gateway.mcp import run_stdio
+
+    # stdout carries the protocol: logs go to stderr, which MCP clients show or keep.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="replgate mcp: %(levelname)s %(name)s: %(message)s")
+    api_key = os.environ.get("REPLGATE_API_KEY") or _stored_api_key()
+    if not api_key:
+        print("replgate mcp: no API key: set REPLGATE_API_KEY to a key of the gateway "
+              "(`replgate serve` prints the one it creates)", file=sys.stderr)
+        return 2
+    anyio.run(lambda: run_stdio(base_url=args.url, api_key=api_key))
+    return 0
+
+
+def _stored_api_key() -> str | None:
+    """The key `replgate serve` created for tenant 'default' on this machine, if any."""
+    # gateway.app.KEY_FILE, not imported: the stdio server must not need the server's packages.
+    path = Settings().state_dir / "api_key"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _image_build(args: argparse.Namespace) -> int:
@@ -99,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.set_defaults(func=_serve)
+
+    mcp = commands.add_parser(
+        "mcp", help="an MCP server on stdio: a persistent sandboxed Python session as tools",
+        description="Serve MCP over stdio (for Claude Desktop, Cursor, ...): one persistent "
+        "session on a running gateway, reached at REPLGATE_URL (default http://127.0.0.1:8000) "
+        "with REPLGATE_API_KEY (default: the key `replgate serve` created on this machine). The "
+        "gateway also serves MCP over streamable HTTP at /mcp.")
+    mcp.add_argument("--url", help="the gateway's address (default: REPLGATE_URL)")
+    mcp.set_defaults(func=_mcp)
 
     image = commands.add_parser("image", help="build the sandbox image")
     image_commands = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")

@@ -24,6 +24,15 @@ class SessionCreate(Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+class BudgetOut(BaseModel):
+    """What is left of the session's budgets (policy file); null where unlimited."""
+
+    executions_left: int | None = None
+    wall_time_left_s: float | None = None
+    cpu_time_left_s: float | None = None
+    lifetime_left_s: float | None = None
+
+
 class SessionOut(BaseModel):
     id: str
     tenant: str
@@ -33,6 +42,7 @@ class SessionOut(BaseModel):
     created_at: str
     last_active_at: str
     metadata: dict[str, Any] = Field(default_factory=dict)
+    budget: BudgetOut = Field(default_factory=BudgetOut)
 
 
 class ExecuteRequest(Strict):

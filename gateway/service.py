@@ -16,6 +16,7 @@ import anyio.to_thread
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import FileMissing, GatewayError, TooManyRequests, Unauthorized
+from gateway.governance import Governance
 from gateway.metrics import Metrics
 from gateway.models import ExecutionOut, SessionCreate, SessionOut
 from gateway.notebook import NotebookCell, build_notebook
@@ -36,12 +37,14 @@ class Gateway:
     """Everything a request may ask of replgate, per tenant."""
 
     def __init__(self, settings: Settings, pool: KernelPool, store: Store, audit: AuditLog,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, governance: Governance | None = None) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
         self.audit = audit
         self.metrics = metrics
+        self.governance = governance or Governance()
+        """Policy, approvals and budgets: the gate every execution passes first."""
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
@@ -49,6 +52,7 @@ class Gateway:
         info = read_image_info(settings.state_dir)
         self.image = f"{settings.image}@{info.id}" if info else settings.image
         pool.on_session_closed.append(self._closed_by_pool)
+        pool.on_session_closed.append(self.governance.forget)
 
     # -- tenants -----------------------------------------------------------------------------
 
@@ -72,7 +76,8 @@ class Gateway:
             id=session.id, tenant=self._tenant_of.get(session.id, ""),
             profile=session.profile.name, status=session.status.value,
             execution_count=session.execution_count, created_at=session.created_at,
-            last_active_at=session.last_active_at, metadata=session.metadata)
+            last_active_at=session.last_active_at, metadata=session.metadata,
+            budget=self.governance.budget(self._tenant_of.get(session.id, ""), session))
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -153,7 +158,8 @@ class Gateway:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {running} executions queued or running, the limit; "
                 "wait for some to finish")
-        handle = session.submit(code, timeout_s, execution_id=execution_id)
+        handle = session.submit(code, timeout_s, execution_id=execution_id,
+                                gate=self.governance.gate(tenant, session))
         task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
         self._recorders[handle.id] = task
         self._live[handle.id] = (session.id, handle)
@@ -180,6 +186,7 @@ class Gateway:
     async def _record(self, tenant: str, session: Session, handle: ExecutionHandle) -> Execution:
         await self.store.start_execution(handle.id, session.id, tenant, handle.code)
         try:
+            await self.governance.follow(handle, self.store)  # pending_approval in history
             execution = await handle.result()
         finally:
             execution = handle.execution()
@@ -194,7 +201,8 @@ class Gateway:
         await self.audit.append(AuditRecord.for_execution(
             tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
             execution=execution, image=self.image,
-            limits=session.profile.model_dump(mode="json", exclude={"caps"})))
+            limits=session.profile.model_dump(mode="json", exclude={"caps"}),
+            extra=self.governance.audit_extra(handle.id)))
         self.metrics.observe(execution)
         return execution
 

@@ -59,6 +59,13 @@ class Settings(BaseSettings):
                                        description="browser origins allowed on WebSockets "
                                                    "besides the gateway's own")
 
+    # governance (gateway/governance/)
+    policy_file: Path | None = Field(None, description="TOML policy: rules, approvals, budgets, "
+                                                       "profiles (docs/policy.example.toml)")
+    approver_keys: str | None = Field(None, description="tenant:name:key triples, "
+                                                        "comma-separated: people who approve")
+    approval_timeout_s: float = Field(600.0, gt=0, description="a held execution expires after")
+
     @field_validator("memory", "tmp_size", "workspace_size")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -69,6 +76,20 @@ class Settings(BaseSettings):
     def _timeouts(self) -> Settings:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError("REPLGATE_DEFAULT_TIMEOUT_S cannot exceed REPLGATE_MAX_TIMEOUT_S")
+        return self
+
+    @model_validator(mode="after")
+    def _approver_keys(self) -> Settings:
+        if not self.approver_keys:
+            return self
+        from gateway.auth import parse_api_keys_setting
+        from gateway.governance.approvals import parse_approver_keys
+
+        approvers = {key for _, key in parse_approver_keys(self.approver_keys)}
+        agents = {k for keys in parse_api_keys_setting(self.api_keys or "").values() for k in keys}
+        if approvers & agents:
+            raise ValueError("a key is both in REPLGATE_API_KEYS and REPLGATE_APPROVER_KEYS; "
+                             "give approvers keys of their own")
         return self
 
     @property

@@ -33,6 +33,7 @@ from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.events import Event, Execution
 
 __all__ = [
+    "PENDING_APPROVAL",
     "RUNNING",
     "ExecutionRecord",
     "RecordExists",
@@ -46,6 +47,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 RUNNING = "running"
 """The status of an execution the store has started and not yet finished."""
+PENDING_APPROVAL = "pending_approval"
+"""The status of an unfinished execution held until a person approves it (governance)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -404,15 +407,23 @@ class Store:
         return [_execution_from_row(row) for row in rows]
 
     async def mark_unfinished_as(self, status: str) -> int:
-        """Give every ``running`` execution this status (at start-up, after a crash).
+        """Give every ``running`` (or ``pending_approval``) execution this status (at start-up,
+        after a crash).
 
         Returns how many there were. Their events and result stay as they were (empty).
         """
         async with self._db.execute(
-            "UPDATE executions SET status = ?, finished_at = ? WHERE status = ?",
-            (str(status), utc_now(), RUNNING),
+            "UPDATE executions SET status = ?, finished_at = ? WHERE status IN (?, ?)",
+            (str(status), utc_now(), RUNNING, PENDING_APPROVAL),
         ) as cursor:
             return cursor.rowcount
+
+    async def set_execution_status(self, execution_id: str, status: str) -> None:
+        """Change an unfinished execution's status (``running`` <-> ``pending_approval``)."""
+        await self._db.execute_fetchall(
+            "UPDATE executions SET status = ? WHERE id = ? AND finished_at IS NULL",
+            (str(status), execution_id),
+        )
 
     # -- API keys -------------------------------------------------------------------------
 

@@ -55,7 +55,7 @@ class OutputLimiter:
             self._head_left -= len(shown)
             if rest:
                 self._keep_tail(name, rest)
-            return [StreamEvent(type=name, text=shown)]  # type: ignore[arg-type]
+            return [StreamEvent(type=name, text=shown)]
         self._keep_tail(name, text)
         return []
 
@@ -128,7 +128,7 @@ class OutputLimiter:
             if excess > 0:
                 self._tail[0] = (name, first[excess:])
             events.append(StreamEvent(type="stderr", text=notice))
-            events.extend(StreamEvent(type=n, text=t) for n, t in self._tail)  # type: ignore[arg-type]
+            events.extend(StreamEvent(type=n, text=t) for n, t in self._tail)
         elif self._spilling:
             events.append(StreamEvent(type="stderr", text=(
                 f"\n[replgate: long lines truncated; full text in {self.spill_path}]\n")))
@@ -140,7 +140,8 @@ class OutputLimiter:
 
     # -- displays ----------------------------------------------------------------------------
 
-    def display(self, event: DisplayEvent | UpdateDisplayEvent) -> DisplayEvent | UpdateDisplayEvent | None:
+    def display(self, event: DisplayEvent | UpdateDisplayEvent,
+                ) -> DisplayEvent | UpdateDisplayEvent | None:
         """The event to send (possibly replaced by a notice), or None to drop it."""
         if isinstance(event, DisplayEvent):
             if self._displays >= self.caps.display_count:

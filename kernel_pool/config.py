@@ -33,11 +33,22 @@ class Profile(BaseModel):
     default_timeout_s: float = Field(60.0, gt=0)
     max_timeout_s: float = Field(3600.0, gt=0)
     caps: OutputCaps = Field(default_factory=OutputCaps)
+    egress_allow: list[str] = Field(
+        default_factory=list, description="hosts the sandbox may reach through the gateway's "
+        "filtering proxy (host, *.suffix or IP, optional :port); empty: no network at all")
 
     @field_validator("memory", "tmp_size", "workspace_size")
     @classmethod
     def _size(cls, value: str) -> str:
         parse_size(value)
+        return value
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress(cls, value: list[str]) -> list[str]:
+        from kernel_pool.egress import parse_allow
+
+        parse_allow(value)
         return value
 
 

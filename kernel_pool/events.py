@@ -3,6 +3,8 @@
 One execution yields ``stdout``/``stderr``/``display``/``result``/``error`` events in the order
 the kernel produced them (plus ``clear_output`` and ``update_display`` where the code asked for
 them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate.
+An execution a policy holds for approval starts with ``pending_approval`` and ``approval``; one
+refused before it ran (``denied``, ``budget_exceeded``) has only an ``error`` and its ``done``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class ExecutionStatus(StrEnum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     DIED = "died"
+    DENIED = "denied"
+    """Refused before it ran: a policy rule, or an approval rejected or expired."""
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """Refused before it ran: one of the session's budgets is used up."""
 
 
 class ResourceUsage(BaseModel):
@@ -73,9 +79,31 @@ class DoneEvent(BaseModel):
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
 
 
+class PendingApprovalEvent(BaseModel):
+    """The execution is held until a person with an approver key decides (or it expires)."""
+
+    type: Literal["pending_approval"] = "pending_approval"
+    approval_id: str
+    rules: list[str] = Field(default_factory=list)
+    """Ids of the policy rules that asked for approval."""
+    expires_at: str
+
+
+class ApprovalEvent(BaseModel):
+    """What became of a pending approval; ``approved`` lets the execution run."""
+
+    type: Literal["approval"] = "approval"
+    approval_id: str
+    decision: Literal["approved", "rejected", "expired"]
+    by: str | None = None
+    at: str
+    comment: str | None = None
+
+
 OutputEvent = StreamEvent | DisplayEvent | UpdateDisplayEvent | ClearOutputEvent | ErrorEvent
 Event = Annotated[
-    StreamEvent | DisplayEvent | UpdateDisplayEvent | ClearOutputEvent | ErrorEvent | DoneEvent,
+    StreamEvent | DisplayEvent | UpdateDisplayEvent | ClearOutputEvent | ErrorEvent | DoneEvent
+    | PendingApprovalEvent | ApprovalEvent,
     Field(discriminator="type"),
 ]
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.caps import SPILL_DIR, OutputLimiter
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
@@ -95,6 +96,7 @@ class ExecutionRun:
         self.limiter = OutputLimiter(caps, f"{SPILL_DIR}/{execution_id}.txt")
         self._route: asyncio.Queue[tuple[str, Any]] | None = None
         self._status: ExecutionStatus | None = None
+        self._usage_before_restart: CgroupUsage | None = None
 
     def interrupt(self) -> bool:
         """Ask for the run to stop (status ``interrupted``); False if it is not running."""
@@ -122,13 +124,13 @@ class ExecutionRun:
         for event in self.limiter.finish():
             emit(event)
         await self._spill(final=True)
-        after = await self.kernel.sandbox.usage()
+        # After a restart the cgroup may be a new container's: use the reading taken before it.
+        after = self._usage_before_restart or await self.kernel.sandbox.usage()
         done.truncated = self.limiter.truncated
         done.duration_ms = round((time.monotonic() - started) * 1000, 3)
         done.metrics = ResourceUsage(
             cpu_time_ms=(after.cpu_ns - before.cpu_ns) / 1e6
-            if after.cpu_ns is not None and before.cpu_ns is not None and not done.restarted
-            else None,
+            if after.cpu_ns is not None and before.cpu_ns is not None else None,
             peak_memory_bytes=after.peak_memory_bytes if peak_reset else None)
         return done
 
@@ -210,6 +212,7 @@ class ExecutionRun:
 
     async def _hard_restart(self, reason: str) -> DoneEvent:
         logger.info("kernel %s: hard restart after %s", self.kernel.id, reason)
+        self._usage_before_restart = await self.kernel.sandbox.usage()
         await self.kernel.restart()
         return DoneEvent(status=self._status or ExecutionStatus.TIMEOUT, execution_count=None,
                          restarted=True, duration_ms=0.0,
@@ -220,6 +223,7 @@ class ExecutionRun:
     async def _recover_death(self, died: KernelDied) -> DoneEvent:
         status = ExecutionStatus.DIED
         if self.kernel.state != KernelState.CLOSED:
+            self._usage_before_restart = await self.kernel.sandbox.usage()
             await self.kernel.restart()
         return DoneEvent(status=status, execution_count=None, restarted=True, duration_ms=0.0,
                          reason=f"{died.reason}; a fresh kernel was started (variables lost, "

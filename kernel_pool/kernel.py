@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -22,7 +23,9 @@ from jupyter_client.session import Session as MessageSession
 
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
+from kernel_pool.egress import SOCKET_NAME, EgressProxy
 from kernel_pool.exceptions import KernelStartError
+from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,9 @@ class Kernel:
         self._session: MessageSession | None = None
         self._oom_kills = 0
         self._expect_exit = False
+        self._closing: asyncio.Future[None] | None = None
+        self.egress: EgressProxy | None = None
+        """The sandbox's egress proxy, for a profile with ``egress_allow``."""
 
     @property
     def id(self) -> str:
@@ -95,6 +101,7 @@ class Kernel:
         """
         self.state = KernelState.STARTING
         self._expect_exit = False
+        await self._ensure_egress()
         connection = await self.sandbox.connection_info() if attach else None
         attached = connection is not None
         if connection is None:
@@ -200,12 +207,17 @@ class Kernel:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for socket in self._sockets.values():
-            socket.close(linger=0)
-        self._sockets.clear()
+        try:
+            if tasks:  # asyncio.wait, unlike awaiting each, lets the caller's own cancel through
+                await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is not None:
+                    logger.warning("kernel %s: %s failed: %r", self.id, task.get_name(),
+                                   task.exception())
+        finally:
+            for socket in self._sockets.values():
+                socket.close(linger=0)
+            self._sockets.clear()
 
     async def restart(self) -> None:
         """Kill every process in the sandbox and start a fresh kernel (new key), same files."""
@@ -216,13 +228,37 @@ class Kernel:
         await self.sandbox.cleanup(restart=True)
         await self.start()
 
-    async def close(self) -> None:
-        """Remove the sandbox: container, workspace and sockets."""
-        if self.state == KernelState.CLOSED:
+    async def _ensure_egress(self) -> None:
+        """Serve the profile's egress proxy before the kernel (whose launcher looks for it)."""
+        if not self.profile.egress_allow:
             return
-        self.state = KernelState.CLOSED
-        self._expect_exit = True
+        if self.egress is None:
+            self.egress = EgressProxy(Path(self.sandbox.info.socket_dir) / SOCKET_NAME,
+                                      self.profile.egress_allow, self.id,
+                                      owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
+        await self.egress.ensure()
+
+    async def close(self) -> None:
+        """Remove the sandbox: container, workspace and sockets.
+
+        The removal runs to its end even when the caller is cancelled; every call waits for it.
+        """
+        if self._closing is None:
+            self.state = KernelState.CLOSED
+            self._expect_exit = True
+            self._closing = asyncio.ensure_future(self._close())
+            self._closing.add_done_callback(self._closed)
+        await asyncio.shield(self._closing)
+
+    def _closed(self, closing: asyncio.Future[None]) -> None:
+        if not closing.cancelled() and closing.exception() is not None:
+            logger.error("kernel %s: removing its sandbox failed: %s", self.id,
+                         closing.exception())
+
+    async def _close(self) -> None:
         await self._disconnect()
+        if self.egress is not None:
+            await self.egress.close()
         await self.sandbox.cleanup(restart=False)
 
     # -- messaging ---------------------------------------------------------------------------

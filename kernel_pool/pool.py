@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
 from kernel_pool.config import PoolSettings, Profile
-from kernel_pool.exceptions import CapacityError, ProfileNotFound, SessionNotFound
+from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
 from kernel_pool.kernel import Kernel, make_context
 from kernel_pool.session import Session
 
@@ -37,6 +38,8 @@ class KernelPool:
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
         self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
         self._in_use: set[Kernel] = set()
+        self._kernels: weakref.WeakSet[Kernel] = weakref.WeakSet()
+        """Every kernel made and not yet gone, wherever it is (for ``close``: no leaks)."""
         self._sessions: dict[str, Session] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failures: dict[str, int] = dict.fromkeys(settings.profiles, 0)
@@ -102,15 +105,21 @@ class KernelPool:
         for queue in self._idle.values():
             while queue:
                 await queue.popleft().close()
+        # Kernels a cancelled task was starting or closing: close() waits for (or does) that.
+        for kernel in list(self._kernels):
+            await kernel.close()
         await self.backend.close()
         self._context.term()
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every profile has its ``min_idle`` warm kernels (for tests, benchmarks)."""
         async with asyncio.timeout(timeout_s):
-            while any(len(self._idle[name]) < min(p.min_idle, self.settings.max_kernels)
-                      for name, p in self.settings.profiles.items()):
+            while not self._ready():  # noqa: ASYNC110 (no event for this; tests, benchmarks)
                 await asyncio.sleep(0.05)
+
+    def _ready(self) -> bool:
+        return all(len(self._idle[name]) >= min(p.min_idle, self.settings.max_kernels)
+                   for name, p in self.settings.profiles.items())
 
     # -- the decision step and the I/O -------------------------------------------------------
 
@@ -131,14 +140,22 @@ class KernelPool:
     async def acquire(self, profile_name: str = "default") -> Kernel:
         """A ready kernel of the profile: warm if one is idle, else started now."""
         profile = self.profile(profile_name)
+        if self._closing:
+            raise BackendError("the kernel pool is shutting down")
         loop = asyncio.get_running_loop()
         started = loop.time()
         kernel = self._take(profile.name)
         if kernel is None:
             task = asyncio.create_task(self._start_kernel(profile))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             try:
                 kernel = await asyncio.shield(task)
             except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if task.cancelled() and not (current and current.cancelling()):
+                    raise BackendError("the kernel pool shut down while starting a kernel"
+                                       ) from None
                 task.add_done_callback(self._adopt_abandoned)
                 raise
             self._in_use.add(kernel)
@@ -161,6 +178,7 @@ class KernelPool:
             spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
             sandbox = await self.backend.create(spec)
             kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+            self._kernels.add(kernel)
             try:
                 await kernel.start()
             except BaseException:
@@ -251,6 +269,7 @@ class KernelPool:
         sandbox = await self.backend.load(info, profile)
         kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
         kernel.env = dict(env or {})
+        self._kernels.add(kernel)
         self._in_use.add(kernel)
         try:
             await kernel.start(attach=True)
@@ -283,13 +302,20 @@ class KernelPool:
     async def _close_session(self, session: Session, reason: str) -> None:
         if self._sessions.pop(session.id, None) is None:
             return
-        try:
-            await session.close()
-        finally:
-            self._in_use.discard(session.kernel)
-            self._fill(session.profile.name)
-            for callback in self.on_session_closed:
+        # Shielded: a cancelled caller (a client gone, the cull loop stopped) must not leave
+        # the sandbox half-removed; the pool's books are settled when the removal ends.
+        closing = asyncio.ensure_future(session.close())
+        closing.add_done_callback(lambda _: self._session_closed(session, reason))
+        await asyncio.shield(closing)
+
+    def _session_closed(self, session: Session, reason: str) -> None:
+        self._in_use.discard(session.kernel)
+        self._fill(session.profile.name)
+        for callback in self.on_session_closed:
+            try:
                 callback(session, reason)
+            except Exception:
+                logger.exception("on_session_closed callback failed")
 
     async def _cull_loop(self) -> None:
         while True:

@@ -7,13 +7,20 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from kernel_pool.config import PoolSettings, Profile
-from kernel_pool.events import DoneEvent, Event, Execution, ExecutionBuilder, ExecutionStatus
+from kernel_pool.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    Execution,
+    ExecutionBuilder,
+    ExecutionStatus,
+)
 from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed
 from kernel_pool.execution import ExecutionRun
 from kernel_pool.kernel import Kernel, KernelState
@@ -47,6 +54,9 @@ class ExecutionHandle:
         self.done: DoneEvent | None = None
         self.started_at = utcnow()
         self.run: ExecutionRun | None = None
+        self.gate: Gate | None = None
+        self.gating: asyncio.Task[Denial | None] | None = None
+        """The gate's task while it holds this execution (an interrupt withdraws it)."""
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
 
@@ -87,6 +97,16 @@ class ExecutionHandle:
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
 """Called when an execution starts (event None) and for each of its events."""
 
+Denial = tuple[ExecutionStatus, str, str]
+"""Why a gate refused an execution: (status, ename, evalue)."""
+Gate = Callable[[ExecutionHandle, Callable[[Event], None]], Awaitable[Denial | None]]
+"""Run under the session's lock just before the code would reach the kernel (so order is kept).
+
+It may emit events (e.g. ``pending_approval``), may wait (for a person's approval), may lower
+``handle.timeout_s``, and returns None to let the code run or a :data:`Denial` to refuse it:
+the execution then ends with an ``error`` event and a ``done`` of that status, never running.
+"""
+
 
 class Session:
     """One kernel with its workspace. Executions queue (bounded) and run one at a time."""
@@ -96,6 +116,8 @@ class Session:
                  metadata: dict[str, Any] | None = None) -> None:
         self.id = session_id or uuid.uuid4().hex
         self.kernel = kernel
+        if kernel.egress is not None:
+            kernel.egress.session_id = self.id  # egress attempts are logged with the session
         self.profile = profile
         self.env = dict(env or {})
         self.metadata = dict(metadata or {})
@@ -153,14 +175,19 @@ class Session:
         return value
 
     def submit(self, code: str, timeout_s: float | None = None,
-               execution_id: str | None = None) -> ExecutionHandle:
-        """Queue ``code``; returns at once with a handle to stream or await."""
+               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+        """Queue ``code``; returns at once with a handle to stream or await.
+
+        ``gate``, if given, decides under the session's lock whether the code runs (see
+        :data:`Gate`).
+        """
         if self._closed:
             raise SessionClosed(self.id)
         timeout = self.check_timeout(timeout_s)
         if len(self._pending) >= self._settings.max_queued_executions:
             raise QueueFull(self.id, self._settings.max_queued_executions)
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
+        handle.gate = gate
         self._pending.append(handle)
         self._touch()
         task = asyncio.create_task(self._execute(handle), name=f"exec-{handle.id}")
@@ -177,6 +204,8 @@ class Session:
             async with self._lock:
                 if self._closed:
                     raise SessionClosed(self.id)
+                if handle.gate is not None and await self._refused(handle, handle.gate):
+                    return
                 run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
                                    caps=self.profile.caps, execution_id=handle.id,
                                    interrupt_grace_s=self._settings.interrupt_grace_s)
@@ -204,6 +233,31 @@ class Session:
                 self._pending.remove(handle)
             self._touch()
 
+    async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
+        """Ask the gate; on a denial end the execution (error, done) without running it."""
+        started = time.monotonic()
+        gating = asyncio.ensure_future(gate(handle, lambda e: self._publish(handle, e)))
+        handle.gating = gating
+        try:
+            denial = await gating
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not gating.cancelled():
+                raise
+            denial = (ExecutionStatus.INTERRUPTED, "KeyboardInterrupt",
+                      "interrupted on request before it ran (it was held by the gate)")
+        finally:
+            handle.gating = None
+        if denial is None:
+            return False
+        status, ename, evalue = denial
+        self._publish(handle, ErrorEvent(ename=ename, evalue=evalue,
+                                         traceback=[f"{ename}: {evalue}"]))
+        self._publish(handle, DoneEvent(
+            status=status, execution_count=None, reason=evalue,
+            duration_ms=round((time.monotonic() - started) * 1000, 3)))
+        return True
+
     def _publish(self, handle: ExecutionHandle, event: Event) -> None:
         handle._add(event)
         self._notify(handle, event)
@@ -222,6 +276,8 @@ class Session:
     def interrupt(self) -> bool:
         """Interrupt the running execution; False when nothing was running."""
         current = self.current
+        if current is None and self._pending and self._pending[0].gating is not None:
+            return self._pending[0].gating.cancel()  # held by its gate: withdraw it
         return bool(current and current.run and current.run.interrupt())
 
     async def restart(self) -> None:

@@ -20,7 +20,7 @@ from kernel_pool.events import (
     StreamEvent,
 )
 
-from ._async import AsyncSandbox
+from ._async import AsyncSandbox, ToolSessionOf
 from ._errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -32,7 +32,9 @@ from ._errors import (
 )
 from ._files import AsyncFiles
 from ._models import FileInfo, SessionInfo
+from ._render import ImagePart, TextPart, ToolResult, render_execution
 from ._sync import Sandbox
+from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
 
 __all__ = [
     "AsyncFiles",
@@ -44,14 +46,24 @@ __all__ = [
     "ExecutionError",
     "ExecutionStatus",
     "FileInfo",
+    "ImagePart",
     "InvalidRequestError",
     "NotFoundError",
     "Output",
     "RateLimitError",
     "ReplgateError",
     "Sandbox",
+    "SandboxTools",
     "ServerError",
     "SessionInfo",
     "StreamEvent",
+    "TextPart",
+    "ToolLimits",
+    "ToolResult",
+    "ToolSession",
+    "ToolSessionOf",
+    "ToolSpec",
     "TransportError",
+    "render_execution",
+    "tool_specs",
 ]

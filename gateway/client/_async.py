@@ -12,8 +12,9 @@ from kernel_pool.events import Execution
 
 from ._errors import NotFoundError
 from ._files import AsyncFiles
-from ._models import SessionInfo
+from ._models import FileInfo, SessionInfo
 from ._stream import DisplayCallback, ErrorCallback, ExecutionStream, Handlers, StreamCallback
+from ._tools import SandboxTools
 from ._transport import EXECUTE_TIMEOUT, Transport
 
 
@@ -36,6 +37,9 @@ class AsyncSandbox:
         self._closed = False
         self.files = AsyncFiles(transport, self._path)
         """The session's workspace: ``write``, ``read``, ``list``."""
+        self.tools = SandboxTools(ToolSessionOf(self))
+        """This session as tools for a model: definitions for OpenAI and Anthropic, and
+        ``call(name, arguments)`` to run a tool call (see :class:`SandboxTools`)."""
 
     @classmethod
     async def create(cls, *, base_url: str | None = None, api_key: str | None = None,
@@ -164,3 +168,28 @@ class AsyncSandbox:
         state = "closed" if self._closed else self._info.status
         return (f"<AsyncSandbox {self._info.id} profile={self._info.profile} {state} "
                 f"at {self._transport.base_url}>")
+
+
+class ToolSessionOf:
+    """An :class:`AsyncSandbox` as the :class:`ToolSession` the tools run on."""
+
+    def __init__(self, sandbox: AsyncSandbox) -> None:
+        self._sandbox = sandbox
+
+    async def execute(self, code: str, timeout_s: float | None) -> Execution:
+        return await self._sandbox.run_code(code, timeout=timeout_s)
+
+    async def write_file(self, path: str, data: bytes) -> int:
+        return (await self._sandbox.files.write(path, data)).size
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._sandbox.files.read(path)
+
+    async def list_files(self) -> list[FileInfo]:
+        return await self._sandbox.files.list()
+
+    async def restart(self) -> None:
+        await self._sandbox.restart()
+
+    async def notebook(self) -> dict[str, Any]:
+        return await self._sandbox.notebook()

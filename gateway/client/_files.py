@@ -38,4 +38,8 @@ class AsyncFiles:
 
     def _file(self, path: str) -> str:
         # Quoted so that "?", "#" or "%" stay part of the name; "/" keeps separating folders.
-        return f"{self._base}/{quote(path, safe='/')}"
+        # "." and ".." segments are encoded too: left bare, URL normalisation would resolve them
+        # here, sending another path instead of letting the gateway refuse it (400).
+        segments = [quote(part, safe="") if part not in (".", "..") else part.replace(".", "%2E")
+                    for part in path.split("/")]
+        return f"{self._base}/{'/'.join(segments)}"

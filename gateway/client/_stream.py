@@ -3,7 +3,8 @@
 One socket per sandbox, opened on first use, kept across executions and reopened when it was
 closed. Executions on it run one at a time: each sends ``{"type": "execute", "id": ...}`` and
 reads until the ``done`` event carrying that id, skipping events of any other execution (such as
-the rest of one whose caller was cancelled).
+the rest of one whose caller was cancelled). A ``rejected`` frame for it (a refused timeout, a
+full queue, code over the size limit) raises the matching :class:`ReplgateError` at once.
 """
 
 from __future__ import annotations
@@ -138,8 +139,15 @@ class ExecutionStream:
         except ValueError as exc:
             raise ReplgateError(f"The gateway sent a message that is not JSON: {raw!r:.200}",
                                 detail=str(raw)) from exc
-        if (not isinstance(message, dict) or message.get("execution_id") != execution_id
-                or message.get("type") not in _KNOWN_TYPES):
+        if not isinstance(message, dict):
+            return None
+        if message.get("type") == "rejected" and message.get("execution_id") in (execution_id,
+                                                                                  None):
+            # The gateway refused the request instead of running it. A refusal without an id
+            # is one whose message it could not read, and this socket carries one message at
+            # a time: ours.
+            raise _rejected_error(message, execution_id)
+        if message.get("execution_id") != execution_id or message.get("type") not in _KNOWN_TYPES:
             return None  # another execution's event, or a kind this client predates
         try:
             return _EVENTS.validate_python(message)
@@ -174,6 +182,17 @@ def _refused_error(status_code: int, body: bytes | bytearray) -> ReplgateError:
             "(api_key= / REPLGATE_API_KEY) and that the session still exists.",
             status_code=403, detail=detail)
     return error_for_status(status_code, detail)
+
+
+def _rejected_error(message: dict[str, Any], execution_id: str) -> ReplgateError:
+    status = message.get("status_code")
+    detail = message.get("detail")
+    if not isinstance(status, int) or not 400 <= status < 600:
+        status = 400
+    error = error_for_status(status, detail if detail is not None else "request rejected")
+    error.message = f"Execution {execution_id} was not run: {error.message}"
+    error.args = (error.message,)
+    return error
 
 
 def _closed_error(exc: ConnectionClosed, execution_id: str) -> ReplgateError:

@@ -130,6 +130,7 @@ class SandboxBackend(ABC):
 
     async def close(self) -> None:
         """Release the backend's own resources."""
+        return None
 
 
 def load_backend(name: str, settings: PoolSettings) -> SandboxBackend:

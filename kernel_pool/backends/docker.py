@@ -9,14 +9,17 @@ owning gateway and sandbox, so a restarted gateway finds, re-adopts or removes t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
 import signal
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 import docker
@@ -26,8 +29,12 @@ from docker.types import Mount, Ulimit
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
 from kernel_pool.backends.cgroup import CgroupReader
 from kernel_pool.config import PoolSettings, Profile, parse_size
-from kernel_pool.exceptions import BackendError, KernelStartError
+from kernel_pool.exceptions import BackendError
 from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+
+logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 LABEL_OWNER = "io.replgate.owner"
 LABEL_SANDBOX = "io.replgate.sandbox"
@@ -39,11 +46,31 @@ PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
 
 
+async def _in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run a blocking call in a worker thread; a cancellation first waits for the call to end.
+
+    Cancelling a task does not stop its thread: without the wait, the clean-up after a
+    cancelled ``create`` could run before the container being made exists, and miss it.
+    """
+    call = asyncio.ensure_future(anyio.to_thread.run_sync(partial(func, *args, **kwargs)))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        if not call.cancelled():
+            call.exception()  # retrieved: the caller is cancelled, its outcome is moot
+        raise
+
+
 async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
     try:
-        return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
+        return await _in_thread(func, *args, **kwargs)
     except docker.errors.DockerException as exc:
         raise BackendError(f"Docker engine: {exc}") from exc
+
+
+def container_name(sandbox_id: str) -> str:
+    return f"replgate-{sandbox_id}"
 
 
 class DockerSandbox(Sandbox):
@@ -94,7 +121,7 @@ class DockerSandbox(Sandbox):
         config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}",
                   "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
                   "kernel_name": "python3"}
-        await anyio.to_thread.run_sync(self._write_connection_file, name, config, previous)
+        await _in_thread(self._write_connection_file, name, config, previous)
         exec_id = (await _run(
             self._api.exec_create, self.info.container_id,
             [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
@@ -110,7 +137,7 @@ class DockerSandbox(Sandbox):
         if not self.info.kernel_name or await self.poll() is not None:
             return None
         path = self._socket_dir / f"{self.info.kernel_name}.json"
-        config = json.loads(await anyio.to_thread.run_sync(path.read_text))
+        config = json.loads(await _in_thread(path.read_text))
         return {**config, "ip": str(self._socket_dir / self.info.kernel_name)}
 
     def _write_connection_file(self, name: str, config: dict[str, Any],
@@ -163,7 +190,12 @@ class DockerSandbox(Sandbox):
             loop = asyncio.get_running_loop()
             exited: asyncio.Future[None] = loop.create_future()
             fd = self._pidfd
-            loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+
+            def readable() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(fd, readable)
             try:
                 await exited
             finally:
@@ -175,7 +207,7 @@ class DockerSandbox(Sandbox):
                     return code
                 await asyncio.sleep(0.02)
             return -1
-        while (code := await self.poll()) is None:
+        while (code := await self.poll()) is None:  # noqa: ASYNC110 (no pidfd: poll the engine)
             await asyncio.sleep(0.5)
         return code
 
@@ -206,12 +238,12 @@ class DockerSandbox(Sandbox):
     async def usage(self) -> CgroupUsage:
         if self._cgroup is None:
             return CgroupUsage()
-        return await anyio.to_thread.run_sync(self._cgroup.read)
+        return await _in_thread(self._cgroup.read)
 
     async def reset_peak_memory(self) -> bool:
         if self._cgroup is None:
             return False
-        return await anyio.to_thread.run_sync(self._cgroup.reset_peak)
+        return await _in_thread(self._cgroup.reset_peak)
 
 
 class DockerBackend(SandboxBackend):
@@ -242,7 +274,7 @@ class DockerBackend(SandboxBackend):
         memory = parse_size(profile.memory)
         container = self.client.containers.run(
             profile.image,
-            name=f"replgate-{sandbox_id}",
+            name=container_name(sandbox_id),
             detach=True,
             labels=self._labels(sandbox_id, profile, workspace, socket_dir),
             hostname="sandbox",
@@ -270,10 +302,8 @@ class DockerBackend(SandboxBackend):
         return str(container.id)
 
     def remove_container(self, container_id: str) -> None:
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self.client.api.remove_container(container_id, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         socket_dir = self._run_dir / spec.sandbox_id
@@ -282,14 +312,15 @@ class DockerBackend(SandboxBackend):
             raise BackendError(
                 f"state dir path too long for Unix sockets ({socket_dir}); "
                 "set REPLGATE_STATE_DIR to a shorter path")
-        await anyio.to_thread.run_sync(self._make_socket_dir, socket_dir)
-        workspace = await anyio.to_thread.run_sync(
-            Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
         try:
+            await _in_thread(self._make_socket_dir, socket_dir)
+            workspace = await _in_thread(
+                Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
             container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
                                       workspace.root, socket_dir, spec.env)
         except BaseException:
-            await anyio.to_thread.run_sync(self._remove_dirs, workspace, socket_dir)
+            # Failed or cancelled half-way: remove whatever was made (the container by name).
+            await _in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)
             raise
         info = SandboxInfo(sandbox_id=spec.sandbox_id, backend=self.name,
                            profile=spec.profile.name, container_id=container_id,
@@ -309,6 +340,15 @@ class DockerBackend(SandboxBackend):
     def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
         workspace.destroy()
         shutil.rmtree(socket_dir, ignore_errors=True)
+
+    def _discard(self, sandbox_id: str, workspace_dir: Path, socket_dir: Path) -> None:
+        """Remove a half-made sandbox (blocking); parts that were never made are skipped."""
+        try:
+            self.remove_container(container_name(sandbox_id))
+        except docker.errors.DockerException as exc:
+            logger.warning("could not remove container of sandbox %s: %s", sandbox_id, exc)
+        self._remove_dirs(Workspace(workspace_dir, workspace_dir.with_suffix(".ext4")),
+                          socket_dir)
 
     async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
         """Take back a running sandbox: its container, workspace and running kernel, if any."""
@@ -344,9 +384,11 @@ class DockerBackend(SandboxBackend):
 
     async def remove(self, info: SandboxInfo) -> None:
         await _run(self.remove_container, info.container_id)
+        if info.sandbox_id:  # a replacement container made under the same name
+            await _run(self.remove_container, container_name(info.sandbox_id))
         workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
         if info.workspace:
-            await anyio.to_thread.run_sync(self._remove_dirs, workspace, Path(info.socket_dir))
+            await _in_thread(self._remove_dirs, workspace, Path(info.socket_dir))
 
     async def close(self) -> None:
-        await anyio.to_thread.run_sync(self.client.close)
+        await _in_thread(self.client.close)

@@ -42,7 +42,16 @@ def _chunk_stream_messages() -> None:
     OutStream._flush_buffers = chunked  # type: ignore[method-assign]
 
 
+def _start_egress() -> None:
+    """Under an egress profile, route HTTP(S) through the gateway's proxy (see egress.py)."""
+    if "-f" in sys.argv[1:-1]:
+        from replgate_kernel import egress
+
+        egress.start(os.path.dirname(sys.argv[sys.argv.index("-f") + 1]))
+
+
 def main() -> None:
+    _start_egress()
     _prepare_matplotlib()
     _preimport()
     _chunk_stream_messages()

@@ -1,0 +1,95 @@
+"""The MCP server: replgate's six tools, for stdio and for the gateway's ``/mcp`` mount alike.
+
+The tools are those of :class:`gateway.client.SandboxTools`, with the same descriptions and
+arguments as for function calling. Which session a call runs on is the :data:`Resolver`'s
+business: the stdio server has one session per process, the HTTP mount one per MCP session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+
+from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
+from gateway.client._tools import Base64Flag, Code, FileContent, FilePath, NotebookPath, TimeoutS
+
+Resolver = Callable[[Context], Awaitable[SandboxTools]]
+"""Finds the tools (bound to a session) for the connection a tool call came on."""
+
+INSTRUCTIONS = (
+    "replgate gives you a persistent Python session in a sandbox, like a Jupyter notebook that "
+    "you drive with execute_python: variables, imports and files persist between calls for "
+    "this whole connection. Upload data with upload_file, inspect results with read_file and "
+    "list_files, and export the work as a notebook with export_notebook. The sandbox has no "
+    "network access.")
+
+
+def to_call_result(result: ToolResult) -> CallToolResult:
+    """A :class:`ToolResult` as MCP content: text blocks and image blocks, in order."""
+    content: list[ContentBlock] = [
+        TextContent(type="text", text=part.text) if isinstance(part, TextPart)
+        else ImageContent(type="image", data=part.data, mime_type=part.media_type)
+        for part in result.parts]
+    return CallToolResult(content=content, is_error=result.is_error)
+
+
+def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServer[Any]:
+    """An MCP server whose tools run on the session ``resolve`` finds for each call."""
+    server: MCPServer[Any] = MCPServer("replgate", instructions=INSTRUCTIONS,
+                                       version="0.1.0", website_url=None)
+    described = {spec.name: spec.description for spec in tool_specs(limits)}
+
+    async def run(ctx: Context, call: Callable[[SandboxTools], Awaitable[ToolResult]]
+                  ) -> CallToolResult:
+        try:
+            tools = await resolve(ctx)
+            result = await call(tools)
+        except ReplgateError as exc:
+            # The gateway failed or refused: tell the model in words it can act on.
+            return CallToolResult(content=[TextContent(type="text", text=exc.message)],
+                                  is_error=True)
+        return to_call_result(result)
+
+    async def execute_python(code: Code, ctx: Context, timeout_s: TimeoutS = None
+                             ) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.execute_python(code, timeout_s))
+
+    async def upload_file(path: FilePath, content: FileContent, ctx: Context,
+                          base64: Base64Flag = False) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.upload_file(path, content, base64))
+
+    async def read_file(path: FilePath, ctx: Context, base64: Base64Flag = False
+                        ) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.read_file(path, base64))
+
+    async def list_files(ctx: Context) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.list_files())
+
+    async def restart_kernel(ctx: Context) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.restart_kernel())
+
+    async def export_notebook(ctx: Context, path: NotebookPath = None) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.export_notebook(path))
+
+    hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
+        execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
+                                        open_world_hint=False),
+        upload_file: ToolAnnotations(title="Upload a file", destructive_hint=True,
+                                     idempotent_hint=True, open_world_hint=False),
+        read_file: ToolAnnotations(title="Read a file", read_only_hint=True,
+                                   open_world_hint=False),
+        list_files: ToolAnnotations(title="List files", read_only_hint=True,
+                                    open_world_hint=False),
+        restart_kernel: ToolAnnotations(title="Restart the kernel", destructive_hint=True,
+                                        idempotent_hint=True, open_world_hint=False),
+        export_notebook: ToolAnnotations(title="Export as a notebook", destructive_hint=False,
+                                         open_world_hint=False),
+    }
+    for function, hint in hints.items():
+        name = function.__name__
+        server.add_tool(function, name=name, description=described[name], annotations=hint,
+                        structured_output=False)
+    return server

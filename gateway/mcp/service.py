@@ -1,0 +1,113 @@
+"""The MCP server on the gateway: ``/mcp``, its sessions on the in-process service.
+
+Server side only (it imports the gateway's service); ``replgate mcp`` over stdio does not need
+it. Sessions run through :class:`Gateway` directly, with no HTTP loopback. The service's errors
+are translated where they enter into the client's error tree, with the status the HTTP API
+would have answered, so the tools treat both backends alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from gateway.client import Execution, FileInfo, ReplgateError, ToolLimits
+from gateway.client._errors import error_for_status
+from gateway.errors import GatewayError, status_for
+from gateway.models import SessionCreate
+from gateway.service import Gateway
+from gateway.settings import Settings
+from kernel_pool.exceptions import KernelPoolError, SessionClosed, SessionNotFound
+
+from ._http import McpEndpoint
+from ._sessions import Backend, BackendFactory
+
+__all__ = ["McpEndpoint", "ServiceBackend", "mcp_endpoint"]
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _translated() -> AsyncIterator[None]:
+    try:
+        yield
+    except (GatewayError, KernelPoolError) as exc:
+        raise error_for_status(status_for(exc), str(exc)) from exc
+
+
+class ServiceBackend:
+    """One tenant's session, driven through :class:`Gateway` directly."""
+
+    def __init__(self, gateway: Gateway, tenant: str, session_id: str) -> None:
+        self._gateway = gateway
+        self._tenant = tenant
+        self.session_id = session_id
+
+    @classmethod
+    def factory(cls, gateway: Gateway, tenant: str) -> BackendFactory:
+        """Make each session as ``POST /v1/sessions`` would, for ``tenant``."""
+
+        async def create() -> Backend:
+            async with _translated():
+                session = await gateway.create_session(
+                    tenant, SessionCreate(metadata={"client": "mcp"}))
+            return cls(gateway, tenant, session.id)
+
+        return create
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        async with _translated():
+            return await operation()
+
+    async def execute(self, code: str, timeout_s: float | None) -> Execution:
+        async def run() -> Execution:
+            session = self._gateway.session(self._tenant, self.session_id)
+            return await self._gateway.execute(self._tenant, session, code, timeout_s)
+
+        return await self._call(run)
+
+    async def write_file(self, path: str, data: bytes) -> int:
+        return await self._call(
+            lambda: self._gateway.write_file(self._tenant, self.session_id, path, data))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._call(
+            lambda: self._gateway.read_file(self._tenant, self.session_id, path))
+
+    async def list_files(self) -> list[FileInfo]:
+        files = await self._call(lambda: self._gateway.list_files(self._tenant, self.session_id))
+        return [FileInfo.model_validate(info.model_dump()) for info in files]
+
+    async def restart(self) -> None:
+        await self._call(lambda: self._gateway.restart(self._tenant, self.session_id))
+
+    async def notebook(self) -> dict[str, Any]:
+        return await self._call(lambda: self._gateway.notebook(self._tenant, self.session_id))
+
+    async def exists(self) -> bool:
+        try:
+            self._gateway.session(self._tenant, self.session_id)
+        except KernelPoolError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        try:
+            await self._gateway.delete_session(self._tenant, self.session_id)
+        except (SessionNotFound, SessionClosed):
+            pass  # already gone, which is what closing asks for
+        except (GatewayError, KernelPoolError) as exc:
+            raise ReplgateError(f"could not delete session {self.session_id}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"<ServiceBackend {self.session_id} tenant={self._tenant}>"
+
+
+def mcp_endpoint(settings: Settings) -> McpEndpoint:
+    """The ``/mcp`` endpoint for a gateway configured by ``settings``; serve it inside
+    ``endpoint.run()`` in the app's lifespan."""
+    limits = ToolLimits(default_timeout_s=settings.default_timeout_s,
+                        max_timeout_s=settings.max_timeout_s,
+                        output_chars=settings.stream_chars)
+    return McpEndpoint(ServiceBackend.factory, limits=limits, idle_ttl_s=settings.idle_ttl_s)

@@ -1,0 +1,71 @@
+"""The web UI: the page at ``/`` and its few static files under ``/ui/``, served without auth.
+
+The page holds no secret; it asks for an API key and talks to the API like any client. Kernel
+output is untrusted: the page renders HTML and SVG only inside sandboxed iframes (opaque
+origin, so no access to the page's storage or cookies), and its Content-Security-Policy, which
+those frames inherit, allows scripts only from the page's own files or carrying this
+response's nonce, and no connection but to the gateway itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import cache
+from importlib.resources import files
+
+from fastapi import APIRouter, Response
+from fastapi.responses import HTMLResponse
+
+from gateway.errors import GatewayError
+
+router = APIRouter(include_in_schema=False)
+
+ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+NONCE_PLACEHOLDER = "{{nonce}}"
+
+
+@cache
+def _static(name: str) -> bytes:
+    return files("gateway").joinpath("static", name).read_bytes()
+
+
+def content_security_policy(nonce: str) -> str:
+    return "; ".join((
+        "default-src 'self'",
+        f"script-src 'self' 'nonce-{nonce}'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ))
+
+
+def _headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-cache", **(extra or {})}
+
+
+@router.get("/")
+def index() -> HTMLResponse:
+    """The page; each answer has a fresh nonce for the scripts of its output frames."""
+    nonce = secrets.token_urlsafe(18)
+    html = _static("index.html").decode().replace(NONCE_PLACEHOLDER, nonce)
+    return HTMLResponse(html, headers=_headers({
+        "Content-Security-Policy": content_security_policy(nonce),
+        "Cache-Control": "no-store", "X-Frame-Options": "DENY"}))
+
+
+@router.get("/ui/{name}")
+def asset(name: str) -> Response:
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise GatewayError(f"no UI file named {name!r}", 404)
+    return Response(_static(name), media_type=media_type, headers=_headers())

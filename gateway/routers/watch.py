@@ -1,0 +1,182 @@
+"""The watch WebSocket: ``/v1/sessions/{id}/watch``, a session's history then its executions live.
+
+A watcher sees every execution of the session, whoever runs it (HTTP, WebSocket, MCP, another
+browser). It first gets the history: each past execution as an ``{"type": "execution",
+"execution_id", "code", "started_at"}`` frame followed by its stored events, then a
+``{"type": "history_end"}`` frame, then live frames in the same shapes: an ``execution`` frame
+when an execution starts, then its events as the session WebSocket sends them
+(:func:`gateway.service.event_frame`). Clients send nothing (anything sent is ignored).
+
+Each watcher has a bounded queue fed by a :data:`Session.listeners <kernel_pool.session.Listener>`
+callback, which never blocks the session. A watcher that falls :data:`WATCH_BUFFER` events
+behind gets ``{"type": "lagged"}`` and the socket is closed with 1013 (try again later); it
+reconnects and gets the history again. When the session is deleted the socket closes with 4404.
+
+Catching up without gaps or repeats: the listener is attached before the history is read, and
+executions whose finished record is not yet stored are replayed from their live handles. Each
+queued event carries its position in its execution's event list, so events already sent in
+the catch-up are skipped when their live copy comes out of the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from gateway.errors import WS_CLOSE_NOT_FOUND
+from gateway.routers.ws import accept_authenticated
+from gateway.service import Gateway, event_frame
+from gateway.store import RUNNING
+from kernel_pool.events import Event
+from kernel_pool.exceptions import KernelPoolError
+from kernel_pool.session import ExecutionHandle, Session
+
+__all__ = ["WATCH_BUFFER", "WS_CLOSE_LAGGED", "Lagged", "Watcher", "router", "watch"]
+
+router = APIRouter()
+
+WATCH_BUFFER = 1024
+"""Events a watcher may fall behind before it is dropped."""
+WS_CLOSE_LAGGED = 1013
+CLOSED_POLL_S = 2.0
+"""How often a quiet watcher checks that its session still exists."""
+
+Item = tuple[ExecutionHandle, Event | None, int]
+
+
+class Lagged(Exception):
+    """The watcher fell more than its queue's size behind and missed events."""
+
+
+class Watcher:
+    """A bounded queue of one session's execution starts and events, as a session listener.
+
+    Attach it with ``session.listeners.append(watcher)``. The listener call never blocks and
+    never raises: when the queue is full the watcher is marked lagged and stops queueing, and
+    :meth:`next` raises :class:`Lagged`.
+    """
+
+    def __init__(self, maxsize: int = WATCH_BUFFER) -> None:
+        self._queue: asyncio.Queue[Item] = asyncio.Queue(maxsize)
+        self.lagged = False
+
+    def __call__(self, session: Session, handle: ExecutionHandle, event: Event | None) -> None:
+        if self.lagged:
+            return
+        try:
+            # The position is how many of the execution's events exist with this one included.
+            self._queue.put_nowait((handle, event, len(handle.events)))
+        except asyncio.QueueFull:
+            self.lagged = True
+
+    def __repr__(self) -> str:
+        return f"<Watcher queued={self._queue.qsize()} lagged={self.lagged}>"
+
+    async def next(self, timeout_s: float) -> Item | None:
+        """The next start (event None) or event; None when nothing came within ``timeout_s``."""
+        if self.lagged:
+            raise Lagged
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+
+def execution_frame(execution_id: str, code: str, started_at: str | None) -> dict[str, Any]:
+    return {"type": "execution", "execution_id": execution_id, "code": code,
+            "started_at": started_at}
+
+
+@router.websocket("/v1/sessions/{session_id}/watch")
+async def watch_socket(websocket: WebSocket, session_id: str) -> None:
+    accepted = await accept_authenticated(websocket)
+    if accepted is None:
+        return
+    gateway, tenant = accepted
+    try:
+        session = gateway.session(tenant, session_id)
+    except KernelPoolError:
+        await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
+        return
+    watcher = Watcher()
+    session.listeners.append(watcher)
+    # Taken in the same step as attaching the listener: nothing can finish in between.
+    live = [h for h in gateway.live_executions(session.id) if h.run is not None]
+    reader = asyncio.create_task(_until_disconnect(websocket))
+    sender = asyncio.create_task(watch(websocket, gateway, tenant, session, watcher, live))
+    try:
+        await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        with contextlib.suppress(ValueError):
+            session.listeners.remove(watcher)
+        for task in (reader, sender):
+            task.cancel()
+        for task in (reader, sender):
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def _until_disconnect(websocket: WebSocket) -> None:
+    with contextlib.suppress(WebSocketDisconnect):
+        while True:
+            await websocket.receive_text()
+
+
+async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: Session,
+                watcher: Watcher, live: list[ExecutionHandle]) -> None:
+    """Send the history, then what ``watcher`` queues, until lagged or the session is gone.
+
+    ``watcher`` must already be attached to ``session`` and ``live`` taken in the same step.
+    """
+    async def send(frame: dict[str, Any]) -> None:
+        await websocket.send_text(json.dumps(frame))
+
+    sent: dict[str, int] = {}
+    """Execution id -> how many of its events this watcher has been sent."""
+    live_ids = {handle.id for handle in live}
+    try:
+        records = await gateway.history(tenant, session.id)
+    except KernelPoolError:
+        await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
+        return
+    for record in records:
+        if record.id in live_ids or record.status == RUNNING:
+            continue  # replayed from its handle below, or started since: it comes live
+        await send(execution_frame(record.id, record.code, record.started_at))
+        for event in record.events:
+            await send(event_frame(record.id, event))
+        sent[record.id] = len(record.events)
+    for handle in live:
+        events = list(handle.events)
+        await send(execution_frame(handle.id, handle.code, handle.started_at))
+        for event in events:
+            await send(event_frame(handle.id, event))
+        sent[handle.id] = len(events)
+    await send({"type": "history_end"})
+
+    while True:
+        try:
+            item = await watcher.next(CLOSED_POLL_S)
+        except Lagged:
+            await send({"type": "lagged", "detail": f"this watcher fell over {WATCH_BUFFER} "
+                        "events behind; reconnect to get the history again"})
+            await websocket.close(code=WS_CLOSE_LAGGED, reason="watcher lagged")
+            return
+        if item is None:
+            if session.closed:
+                await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session was deleted")
+                return
+            continue
+        handle, event, position = item
+        if handle.id not in sent:
+            await send(execution_frame(handle.id, handle.code, handle.started_at))
+            sent[handle.id] = 0
+        if event is None or position <= sent[handle.id]:
+            continue
+        for missed in handle.events[sent[handle.id]:position]:
+            await send(event_frame(handle.id, missed))
+        sent[handle.id] = position

@@ -1,0 +1,998 @@
+/* replgate's web UI: plain JS, no dependencies, no build step.
+ *
+ * Kernel output is untrusted. Text goes into the DOM only as text nodes (never innerHTML);
+ * HTML and SVG go into iframes with sandbox="allow-scripts" and no allow-same-origin, so their
+ * scripts run in an opaque origin: no access to this page, its localStorage (the API key) or
+ * its cookies. Those frames also inherit the page's Content-Security-Policy, and add their own
+ * that forbids any network connection; their scripts run because this page gives them the
+ * nonce of its response (they are still inside the sandbox).
+ */
+"use strict";
+
+(() => {
+  const KEY_STORAGE = "replgate.apiKey";
+  const NONCE = document.currentScript ? document.currentScript.nonce : "";
+  const FRAME_MAX_HEIGHT = 1600;
+  const MIME_ORDER = [
+    "text/html", "image/svg+xml", "image/png", "image/jpeg", "image/gif",
+    "text/markdown", "text/latex", "application/json", "text/plain",
+  ];
+
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    key: null,
+    sessions: [],
+    current: null,        // id of the open session
+    watch: null,          // the open session's watch socket
+    runner: null,         // the open session's ws socket (runs code)
+    runnerQueue: [],
+    retry: 0,
+    retryTimer: null,
+    cells: new Map(),     // execution id -> cell
+    displays: new Map(),  // display id -> [output element]
+    pollTimer: null,
+  };
+
+  // -- small helpers -----------------------------------------------------------------------
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name === "text") node.textContent = value;
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function randomId() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function shortId(id) { return id.slice(0, 8); }
+
+  function formatDuration(ms) {
+    if (ms === null || ms === undefined) return "";
+    if (ms < 1000) return `${Math.round(ms)} ms`;
+    if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+    const minutes = Math.floor(ms / 60000);
+    return `${minutes} min ${Math.round((ms % 60000) / 1000)} s`;
+  }
+
+  function formatSize(bytes) {
+    if (bytes < 1024) return `${bytes} B`;
+    const units = ["KB", "MB", "GB"];
+    let value = bytes / 1024;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+    return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+  }
+
+  function ago(iso) {
+    const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (!Number.isFinite(seconds)) return "";
+    if (seconds < 60) return "just now";
+    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
+    if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
+    return `${Math.floor(seconds / 86400)} d ago`;
+  }
+
+  function toast(message, kind = "info") {
+    const node = el("div", { class: `toast toast-${kind}`, text: message });
+    $("toasts").append(node);
+    setTimeout(() => node.classList.add("leaving"), 4000);
+    setTimeout(() => node.remove(), 4400);
+  }
+
+  function saveBlob(blob, filename) {
+    const url = URL.createObjectURL(blob);
+    const link = el("a", { href: url, download: filename });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+
+  // -- API ---------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, detail) {
+      super(typeof detail === "string" ? detail : `request failed (${status})`);
+      this.status = status;
+    }
+  }
+
+  async function api(method, path, { json, body, raw } = {}) {
+    const headers = { Authorization: `Bearer ${state.key}` };
+    if (json !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(path, {
+      method, headers, body: json !== undefined ? JSON.stringify(json) : body,
+      credentials: "omit", cache: "no-store",
+    });
+    if (response.status === 401) {
+      signOut("The API key was refused. Sign in again.");
+      throw new ApiError(401, "unauthorized");
+    }
+    if (!response.ok) {
+      let detail = `${response.status} ${response.statusText}`;
+      try {
+        const payload = await response.json();
+        if (typeof payload.detail === "string") detail = payload.detail;
+      } catch (_) { /* not JSON */ }
+      throw new ApiError(response.status, detail);
+    }
+    if (raw) return response;
+    if (response.status === 204) return null;
+    return response.json();
+  }
+
+  function socketUrl(path) {
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    return `${scheme}//${location.host}${path}?token=${encodeURIComponent(state.key)}`;
+  }
+
+  function sessionPath(id) { return `/v1/sessions/${encodeURIComponent(id)}`; }
+
+  // -- sign in -----------------------------------------------------------------------------
+
+  async function start() {
+    bindUi();
+    window.addEventListener("message", onFrameMessage);
+    window.addEventListener("hashchange", () => openFromHash());
+    const stored = localStorage.getItem(KEY_STORAGE);
+    if (!stored) return showSignIn();
+    state.key = stored;
+    try {
+      await refreshSessions();
+    } catch (error) {
+      if (error.status === 401) return;
+      return showSignIn(`Could not reach the gateway: ${error.message}`);
+    }
+    showApp();
+  }
+
+  function showSignIn(message) {
+    $("app").hidden = true;
+    $("signin").hidden = false;
+    $("signin-error").textContent = message || "";
+    $("key-input").focus();
+  }
+
+  function showApp() {
+    $("signin").hidden = true;
+    $("app").hidden = false;
+    clearInterval(state.pollTimer);
+    state.pollTimer = setInterval(() => {
+      if (document.visibilityState === "visible") refreshSessions().catch(() => {});
+    }, 5000);
+    openFromHash();
+  }
+
+  async function signIn(event) {
+    event.preventDefault();
+    const key = $("key-input").value.trim();
+    if (!key) return;
+    $("signin-error").textContent = "";
+    const response = await fetch("/v1/sessions", {
+      headers: { Authorization: `Bearer ${key}` }, credentials: "omit", cache: "no-store",
+    }).catch(() => null);
+    if (!response) return showSignIn("Could not reach the gateway.");
+    if (response.status === 401) return showSignIn("That key was refused.");
+    if (!response.ok) return showSignIn(`The gateway answered ${response.status}.`);
+    state.key = key;
+    localStorage.setItem(KEY_STORAGE, key);
+    $("key-input").value = "";
+    renderSessions(await response.json());
+    showApp();
+  }
+
+  function signOut(message) {
+    localStorage.removeItem(KEY_STORAGE);
+    state.key = null;
+    closeSession();
+    clearInterval(state.pollTimer);
+    renderSessions([]);
+    showSignIn(message);
+  }
+
+  // -- sessions ----------------------------------------------------------------------------
+
+  async function refreshSessions() {
+    renderSessions(await api("GET", "/v1/sessions"));
+  }
+
+  function renderSessions(sessions) {
+    sessions.sort((a, b) => b.created_at.localeCompare(a.created_at));
+    state.sessions = sessions;
+    $("tenant").textContent = sessions.length ? `tenant ${sessions[0].tenant}` : "";
+    const list = $("session-list");
+    list.replaceChildren(...sessions.map(sessionItem));
+    $("sessions-empty").hidden = sessions.length > 0;
+    const current = sessions.find((s) => s.id === state.current);
+    if (current) setStatusBadge($("session-status"), current.status);
+    showBusy();
+  }
+
+  function sessionItem(session) {
+    const runs = session.execution_count === 1 ? "1 run" : `${session.execution_count} runs`;
+    const remove = el("button", {
+      class: "icon-button delete", type: "button", title: "Delete session",
+      "aria-label": `Delete session ${shortId(session.id)}`, text: "×",
+    });
+    remove.addEventListener("click", (event) => {
+      event.stopPropagation();
+      confirmThen(remove, () => deleteSession(session.id));
+    });
+    const item = el("li", {
+      class: `session-item${session.id === state.current ? " active" : ""}`,
+      "data-session-id": session.id, tabindex: 0, role: "button",
+    },
+    el("div", { class: "session-line" },
+      el("span", { class: "session-name mono", text: shortId(session.id) }),
+      statusBadge(session.status)),
+    el("div", { class: "session-sub muted" },
+      `${session.profile} · ${runs} · ${ago(session.created_at)}`),
+    remove);
+    item.addEventListener("click", () => { location.hash = `#/s/${session.id}`; });
+    item.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") location.hash = `#/s/${session.id}`;
+    });
+    return item;
+  }
+
+  function confirmThen(button, action) {
+    if (button.dataset.armed) {
+      delete button.dataset.armed;
+      action();
+      return;
+    }
+    button.dataset.armed = "1";
+    button.textContent = "Delete?";
+    button.classList.add("armed");
+    setTimeout(() => {
+      if (!button.isConnected) return;
+      delete button.dataset.armed;
+      button.textContent = "×";
+      button.classList.remove("armed");
+    }, 3000);
+  }
+
+  function statusBadge(status) {
+    return setStatusBadge(el("span"), status);
+  }
+
+  function setStatusBadge(node, status) {
+    node.className = `badge badge-${status}`;
+    node.textContent = status;
+    return node;
+  }
+
+  async function createSession() {
+    const button = $("new-session");
+    button.disabled = true;
+    try {
+      const session = await api("POST", "/v1/sessions", { json: {} });
+      await refreshSessions();
+      location.hash = `#/s/${session.id}`;
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not create a session: ${error.message}`, "error");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function deleteSession(id) {
+    try {
+      await api("DELETE", sessionPath(id));
+      toast(`Deleted session ${shortId(id)}`);
+    } catch (error) {
+      if (error.status !== 401 && error.status !== 404) {
+        toast(`Could not delete: ${error.message}`, "error");
+      }
+    }
+    if (id === state.current) location.hash = "";
+    await refreshSessions().catch(() => {});
+  }
+
+  function openFromHash() {
+    if (!state.key) return;
+    const match = /^#\/s\/([A-Za-z0-9_-]+)$/.exec(location.hash);
+    const id = match ? match[1] : null;
+    if (id === state.current) return;
+    closeSession();
+    if (id) openSession(id);
+  }
+
+  function openSession(id) {
+    state.current = id;
+    $("welcome").hidden = true;
+    $("session-view").hidden = false;
+    $("files-panel").hidden = false;
+    $("session-title").textContent = `Session ${shortId(id)}`;
+    $("session-title").title = id;
+    const known = state.sessions.find((s) => s.id === id);
+    setStatusBadge($("session-status"), known ? known.status : "idle");
+    for (const item of document.querySelectorAll(".session-item")) {
+      item.classList.toggle("active", item.dataset.sessionId === id);
+    }
+    connectWatch();
+    refreshFiles();
+    $("code").focus();
+  }
+
+  function closeSession() {
+    state.current = null;
+    clearTimeout(state.retryTimer);
+    for (const socket of [state.watch, state.runner]) {
+      if (socket) { socket.onclose = null; socket.close(); }
+    }
+    state.watch = null;
+    state.runner = null;
+    state.runnerQueue = [];
+    state.cells.clear();
+    state.displays.clear();
+    for (const cell of document.querySelectorAll("#transcript .cell")) cell.remove();
+    $("transcript-empty").hidden = false;
+    $("session-view").hidden = true;
+    $("files-panel").hidden = true;
+    $("welcome").hidden = false;
+    for (const item of document.querySelectorAll(".session-item.active")) {
+      item.classList.remove("active");
+    }
+  }
+
+  function sessionEnded() {
+    toast("The session has ended.", "error");
+    location.hash = "";
+    refreshSessions().catch(() => {});
+  }
+
+  // -- watching ----------------------------------------------------------------------------
+
+  function setLive(stateName, text) {
+    $("live").dataset.state = stateName;
+    $("live-text").textContent = text;
+  }
+
+  function connectWatch() {
+    const id = state.current;
+    setLive("connecting", "Connecting");
+    const socket = new WebSocket(socketUrl(`${sessionPath(id)}/watch`));
+    state.watch = socket;
+    socket.onopen = () => {
+      // The watch socket replays the whole history: start from a clean transcript.
+      for (const [executionId, cell] of state.cells) {
+        if (!cell.pending) { cell.node.remove(); state.cells.delete(executionId); }
+      }
+      state.displays.clear();
+    };
+    socket.onmessage = (message) => {
+      if (state.watch !== socket) return;
+      onWatchFrame(JSON.parse(message.data));
+    };
+    socket.onclose = (event) => {
+      if (state.watch !== socket || state.current !== id) return;
+      state.watch = null;
+      if (event.code === 4401) return signOut("The API key was refused. Sign in again.");
+      if (event.code === 4404) return sessionEnded();
+      setLive("offline", "Reconnecting");
+      const delay = Math.min(10000, 500 * 2 ** state.retry);
+      state.retry += 1;
+      state.retryTimer = setTimeout(() => { if (state.current === id) connectWatch(); }, delay);
+    };
+  }
+
+  function onWatchFrame(frame) {
+    switch (frame.type) {
+      case "history_end":
+        state.retry = 0;
+        setLive("live", "Live");
+        scrollToEnd(true);
+        return;
+      case "lagged":
+        toast("Fell behind the session's output; catching up.");
+        return;
+      case "execution":
+        startCell(frame.execution_id, frame.code, frame.started_at);
+        return;
+      default: {
+        const cell = state.cells.get(frame.execution_id);
+        if (cell) addEvent(cell, frame);
+      }
+    }
+  }
+
+  // -- running code ------------------------------------------------------------------------
+
+  function runner() {
+    if (state.runner && state.runner.readyState <= WebSocket.OPEN) return state.runner;
+    const id = state.current;
+    const socket = new WebSocket(socketUrl(`${sessionPath(id)}/ws`));
+    state.runner = socket;
+    socket.onopen = () => {
+      for (const message of state.runnerQueue.splice(0)) socket.send(JSON.stringify(message));
+    };
+    socket.onmessage = (message) => {
+      const frame = JSON.parse(message.data);
+      // Output arrives on the watch socket; this one only reports refusals.
+      if (frame.type === "rejected") {
+        const cell = frame.execution_id && state.cells.get(frame.execution_id);
+        const detail = typeof frame.detail === "string" ? frame.detail : "invalid request";
+        if (cell) rejectCell(cell, detail);
+        toast(`Not run: ${detail}`, "error");
+      }
+    };
+    socket.onclose = (event) => {
+      if (state.runner === socket) state.runner = null;
+      if (event.code === 4401) signOut("The API key was refused. Sign in again.");
+      if (event.code === 4404 && state.current === id) sessionEnded();
+    };
+    return socket;
+  }
+
+  function send(message) {
+    const socket = runner();
+    if (socket.readyState === WebSocket.OPEN) socket.send(JSON.stringify(message));
+    else state.runnerQueue.push(message);
+  }
+
+  function runCode(event) {
+    if (event) event.preventDefault();
+    const textarea = $("code");
+    const code = textarea.value;
+    if (!code.trim() || !state.current) return;
+    const id = randomId();
+    const cell = createCell(id, code);
+    cell.pending = true;
+    setCellStatus(cell, "queued");
+    $("transcript").append(cell.node);
+    $("transcript-empty").hidden = true;
+    send({ type: "execute", code, id });
+    textarea.value = "";
+    autosize();
+    scrollToEnd(true);
+  }
+
+  async function interrupt() {
+    if (!state.current) return;
+    try {
+      const answer = await api("POST", `${sessionPath(state.current)}/interrupt`);
+      if (!answer.interrupted) toast("Nothing was running.");
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not interrupt: ${error.message}`, "error");
+    }
+  }
+
+  async function restart() {
+    if (!state.current) return;
+    const button = $("restart");
+    button.disabled = true;
+    setStatusBadge($("session-status"), "starting");
+    try {
+      await api("POST", `${sessionPath(state.current)}/restart`);
+      toast("Kernel restarted: variables are gone, files kept.");
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not restart: ${error.message}`, "error");
+    } finally {
+      button.disabled = false;
+      refreshSessions().catch(() => {});
+    }
+  }
+
+  async function downloadNotebook() {
+    if (!state.current) return;
+    try {
+      const notebook = await api("GET", `${sessionPath(state.current)}/notebook`);
+      const blob = new Blob([JSON.stringify(notebook, null, 1)], { type: "application/x-ipynb+json" });
+      saveBlob(blob, `replgate-${shortId(state.current)}.ipynb`);
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not export: ${error.message}`, "error");
+    }
+  }
+
+  // -- files -------------------------------------------------------------------------------
+
+  function filePath(path) {
+    return path.split("/").map(encodeURIComponent).join("/");
+  }
+
+  async function refreshFiles() {
+    const id = state.current;
+    if (!id) return;
+    let files;
+    try {
+      files = await api("GET", `${sessionPath(id)}/files`);
+    } catch (_) {
+      return;
+    }
+    if (id !== state.current) return;
+    files.sort((a, b) => a.path.localeCompare(b.path));
+    $("file-list").replaceChildren(...files.map((file) => el("li", { class: "file-item" },
+      el("button", {
+        class: "file-link mono", type: "button", title: `Download ${file.path}`,
+        "data-path": file.path, text: file.path,
+        onclick: () => downloadFile(file.path),
+      }),
+      el("span", { class: "file-size muted", text: formatSize(file.size) }))));
+    $("files-empty").hidden = files.length > 0;
+  }
+
+  async function downloadFile(path) {
+    try {
+      const response = await api("GET", `${sessionPath(state.current)}/files/${filePath(path)}`,
+        { raw: true });
+      saveBlob(await response.blob(), path.split("/").pop());
+    } catch (error) {
+      if (error.status !== 401) toast(`Could not download ${path}: ${error.message}`, "error");
+    }
+  }
+
+  async function uploadFiles() {
+    const input = $("upload-input");
+    const id = state.current;
+    for (const file of Array.from(input.files)) {
+      try {
+        await api("PUT", `${sessionPath(id)}/files/${filePath(file.name)}`, { body: file });
+        toast(`Uploaded ${file.name}`);
+      } catch (error) {
+        if (error.status !== 401) toast(`Could not upload ${file.name}: ${error.message}`, "error");
+      }
+    }
+    input.value = "";
+    refreshFiles();
+  }
+
+  // -- cells -------------------------------------------------------------------------------
+
+  function createCell(id, code) {
+    const outputs = el("div", { class: "cell-outputs" });
+    const status = el("span", { class: "badge" });
+    const meta = el("div", { class: "cell-meta" }, status);
+    const prompt = el("div", { class: "cell-prompt mono", text: "[ ]" });
+    const codeNode = el("pre", { class: "cell-code" }, highlightPython(code));
+    const node = el("article", { class: "cell", "data-execution-id": id },
+      prompt, el("div", { class: "cell-body" }, codeNode, outputs, meta));
+    const cell = {
+      id, node, outputs, meta, status, prompt, pending: false,
+      stream: null, clearPending: false, displayNodes: [],
+    };
+    state.cells.set(id, cell);
+    return cell;
+  }
+
+  function startCell(id, code, startedAt) {
+    let cell = state.cells.get(id);
+    if (!cell) cell = createCell(id, code);
+    cell.pending = false;
+    cell.startedAt = startedAt;
+    // Started cells come before the ones still waiting to start, in the order they started.
+    const transcript = $("transcript");
+    const firstPending = Array.from(transcript.querySelectorAll(".cell"))
+      .find((node) => node !== cell.node && state.cells.get(node.dataset.executionId)?.pending);
+    transcript.insertBefore(cell.node, firstPending || null);
+    setCellStatus(cell, "running");
+    $("transcript-empty").hidden = true;
+    scrollToEnd();
+  }
+
+  function setCellStatus(cell, status, text) {
+    cell.node.dataset.status = status;
+    cell.status.className = `badge badge-${status}`;
+    cell.status.textContent = text || status;
+    if (status === "running") cell.prompt.textContent = "[*]";
+    showBusy();
+  }
+
+  function showBusy() {
+    // Between polls, the open session's status follows its cells.
+    if (!state.current) return;
+    const running = document.querySelector("#transcript .cell[data-status=running]") !== null;
+    const badges = [$("session-status"),
+      document.querySelector(`.session-item[data-session-id="${state.current}"] .badge`)];
+    for (const badge of badges) {
+      if (!badge) continue;
+      if (running) setStatusBadge(badge, "busy");
+      else if (badge.textContent === "busy") setStatusBadge(badge, "idle");
+    }
+  }
+
+  function rejectCell(cell, detail) {
+    cell.pending = false;
+    setCellStatus(cell, "rejected");
+    cell.meta.append(el("span", { class: "reason", text: detail }));
+  }
+
+  function addEvent(cell, frame) {
+    const nearBottom = isNearBottom();
+    if (cell.clearPending && frame.type !== "done" && frame.type !== "clear_output") {
+      clearCellOutputs(cell);
+    }
+    switch (frame.type) {
+      case "stdout":
+      case "stderr":
+        appendStream(cell, frame.type, frame.text);
+        break;
+      case "display":
+      case "result":
+        appendRich(cell, frame);
+        break;
+      case "update_display":
+        updateDisplay(frame);
+        break;
+      case "clear_output":
+        if (frame.wait) cell.clearPending = true;
+        else clearCellOutputs(cell);
+        break;
+      case "error":
+        appendError(cell, frame);
+        break;
+      case "done":
+        finishCell(cell, frame);
+        break;
+      default:
+        return;
+    }
+    scrollToEnd(nearBottom);
+  }
+
+  function clearCellOutputs(cell) {
+    cell.outputs.replaceChildren();
+    cell.stream = null;
+    cell.clearPending = false;
+  }
+
+  function appendStream(cell, name, text) {
+    if (!cell.stream || cell.stream.name !== name || cell.outputs.lastChild !== cell.stream.node) {
+      const node = el("pre", { class: `output stream ${name}` });
+      cell.outputs.append(node);
+      cell.stream = { name, node, text: "" };
+    }
+    cell.stream.text += text;
+    // A final newline would show as an empty last line.
+    renderAnsi(fixCarriageReturns(cell.stream.text).replace(/\n$/, ""), cell.stream.node);
+  }
+
+  function appendError(cell, frame) {
+    cell.stream = null;
+    const text = frame.traceback && frame.traceback.length
+      ? frame.traceback.join("\n")
+      : `${frame.ename}: ${frame.evalue}`;
+    const node = el("pre", { class: "output error" });
+    renderAnsi(text, node);
+    cell.outputs.append(node);
+  }
+
+  function appendRich(cell, frame) {
+    cell.stream = null;
+    const node = el("div", { class: `output rich ${frame.type}` });
+    if (frame.type === "result") node.append(el("div", { class: "out-prompt mono", text: "Out" }));
+    const body = el("div", { class: "rich-body" });
+    node.append(body);
+    renderMime(body, frame.data || {}, frame.metadata || {});
+    cell.outputs.append(node);
+    if (frame.display_id) {
+      const list = state.displays.get(frame.display_id) || [];
+      list.push(body);
+      state.displays.set(frame.display_id, list);
+    }
+  }
+
+  function updateDisplay(frame) {
+    for (const body of state.displays.get(frame.display_id) || []) {
+      body.replaceChildren();
+      renderMime(body, frame.data || {}, frame.metadata || {});
+    }
+  }
+
+  function finishCell(cell, frame) {
+    cell.pending = false;
+    setCellStatus(cell, frame.status);
+    const count = frame.execution_count;
+    cell.prompt.textContent = count === null || count === undefined ? "[ ]" : `[${count}]`;
+    cell.meta.querySelectorAll(".meta-extra").forEach((node) => node.remove());
+    cell.meta.append(el("span", { class: "duration meta-extra", text: formatDuration(frame.duration_ms) }));
+    if (frame.truncated) {
+      cell.meta.append(el("span", {
+        class: "notice truncated meta-extra",
+        text: "Output truncated: the full text is in the file named in the output.",
+      }));
+    }
+    if (frame.restarted) {
+      cell.meta.append(el("span", { class: "notice restarted meta-extra",
+        text: "Kernel restarted: variables were lost, files kept." }));
+    }
+    if (frame.reason) cell.meta.append(el("span", { class: "reason meta-extra", text: frame.reason }));
+    if (state.current) {
+      refreshFiles();
+      refreshSessions().catch(() => {});
+    }
+  }
+
+  // -- rich output -------------------------------------------------------------------------
+
+  function renderMime(container, data, metadata) {
+    const mime = MIME_ORDER.find((type) => type in data);
+    if (!mime) {
+      container.append(el("pre", { class: "output-plain muted",
+        text: `[output of type ${Object.keys(data).join(", ") || "none"} not shown]` }));
+      return;
+    }
+    const value = data[mime];
+    const meta = metadata[mime] || {};
+    if (mime === "text/html") {
+      container.append(outputFrame(String(value), "html"));
+    } else if (mime === "image/svg+xml") {
+      container.append(outputFrame(String(value), "svg"));
+    } else if (mime.startsWith("image/")) {
+      const img = el("img", { class: "output-image", alt: "image output" });
+      img.src = `data:${mime};base64,${String(value).replace(/\s+/g, "")}`;
+      if (Number.isFinite(meta.width)) img.width = meta.width;
+      if (Number.isFinite(meta.height)) img.height = meta.height;
+      container.append(img);
+    } else if (mime === "application/json") {
+      container.append(el("pre", { class: "output-plain", text: JSON.stringify(value, null, 2) }));
+    } else {
+      const pre = el("pre", { class: "output-plain" });
+      renderAnsi(String(value), pre);
+      container.append(pre);
+    }
+  }
+
+  const FRAME_STYLE = `
+    html,body{margin:0;padding:0;background:#fff;color:#1f2430;
+      font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
+    body{overflow-x:auto;overflow-y:hidden}
+    #replgate-root{display:flow-root;padding:2px 1px}
+    table{border-collapse:collapse;border:none;font-size:12px;font-variant-numeric:tabular-nums;margin:2px 0}
+    th,td{padding:4px 10px;text-align:right;border:none;white-space:nowrap}
+    thead th{border-bottom:1px solid #cfd4dd;font-weight:600}
+    tbody th{font-weight:600}
+    tbody tr:nth-child(odd){background:#f6f7f9}
+    tbody tr:hover{background:#eef1fb}
+    img,svg{max-width:100%;height:auto}`;
+
+  const FRAME_CSP = [
+    "default-src 'none'", `script-src 'nonce-${NONCE}'`, "style-src 'unsafe-inline'",
+    "img-src data: blob:", "font-src data:", "media-src data: blob:",
+    "connect-src 'none'", "form-action 'none'", "base-uri 'none'",
+  ].join("; ");
+
+  // Inside the frame: report the content's height to the page (the only thing it may say).
+  const FRAME_SCRIPT = `(function(){
+    var root=document.getElementById("replgate-root"),last=-1;
+    function post(){var h=Math.ceil(root.getBoundingClientRect().height)
+      +(document.body.scrollWidth>document.body.clientWidth?14:0);
+      if(h!==last){last=h;parent.postMessage({replgateFrameHeight:h},"*");}}
+    new ResizeObserver(post).observe(root);addEventListener("load",post);post();})();`;
+
+  function outputFrame(markup, kind) {
+    // Parse inertly (no script runs, nothing loads), give the content's scripts the nonce so
+    // they may run inside the sandbox, and serialise it into the frame's document.
+    const parsed = new DOMParser().parseFromString(
+      kind === "svg" ? `<body>${markup}</body>` : markup, "text/html");
+    for (const script of parsed.querySelectorAll("script")) script.setAttribute("nonce", NONCE);
+    const content = parsed.head.innerHTML + parsed.body.innerHTML;
+    const doc = `<!doctype html><html><head><meta charset="utf-8">`
+      + `<meta http-equiv="Content-Security-Policy" content="${FRAME_CSP}">`
+      + `<style>${FRAME_STYLE}</style></head><body><div id="replgate-root">${content}</div>`
+      + `<script nonce="${NONCE}">${FRAME_SCRIPT}</script></body></html>`;
+    const frame = el("iframe", {
+      class: `output-frame ${kind}`, sandbox: "allow-scripts", referrerpolicy: "no-referrer",
+      title: kind === "svg" ? "SVG output" : "HTML output", loading: "eager",
+    });
+    frame.srcdoc = doc;
+    frame.style.height = "40px";
+    return frame;
+  }
+
+  function onFrameMessage(event) {
+    // Only height reports from our own output frames are heeded, and only as a number.
+    const height = event.data && event.data.replgateFrameHeight;
+    if (typeof height !== "number" || !Number.isFinite(height)) return;
+    for (const frame of document.querySelectorAll("iframe.output-frame")) {
+      if (frame.contentWindow === event.source) {
+        frame.style.height = `${Math.max(16, Math.min(FRAME_MAX_HEIGHT, height))}px`;
+        frame.classList.toggle("capped", height > FRAME_MAX_HEIGHT);
+        if (frame.classList.contains("capped")) frame.setAttribute("scrolling", "yes");
+        return;
+      }
+    }
+  }
+
+  // -- ANSI escape codes -> styled spans ---------------------------------------------------
+
+  const ANSI_NAMES = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"];
+  // eslint-disable-next-line no-control-regex
+  const ANSI_RE = /\x1b\[([0-9;:?]*)([@-~])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]/g;
+
+  function ansi256(n) {
+    if (n < 16) return { name: (n < 8 ? "" : "bright-") + ANSI_NAMES[n % 8] };
+    if (n < 232) {
+      const c = n - 16;
+      const level = (v) => (v === 0 ? 0 : 55 + v * 40);
+      return { rgb: [level(Math.floor(c / 36)), level(Math.floor(c / 6) % 6), level(c % 6)] };
+    }
+    const grey = 8 + (n - 232) * 10;
+    return { rgb: [grey, grey, grey] };
+  }
+
+  function applySgr(style, params) {
+    const codes = params === "" ? [0] : params.split(/[;:]/).map((p) => (p === "" ? 0 : Number(p)));
+    for (let i = 0; i < codes.length; i += 1) {
+      const code = codes[i];
+      if (code === 0) Object.assign(style, { fg: null, bg: null, bold: false, dim: false,
+        italic: false, underline: false, inverse: false });
+      else if (code === 1) style.bold = true;
+      else if (code === 2) style.dim = true;
+      else if (code === 3) style.italic = true;
+      else if (code === 4) style.underline = true;
+      else if (code === 7) style.inverse = true;
+      else if (code === 22) { style.bold = false; style.dim = false; }
+      else if (code === 23) style.italic = false;
+      else if (code === 24) style.underline = false;
+      else if (code === 27) style.inverse = false;
+      else if (code >= 30 && code <= 37) style.fg = { name: ANSI_NAMES[code - 30] };
+      else if (code === 39) style.fg = null;
+      else if (code >= 40 && code <= 47) style.bg = { name: ANSI_NAMES[code - 40] };
+      else if (code === 49) style.bg = null;
+      else if (code >= 90 && code <= 97) style.fg = { name: `bright-${ANSI_NAMES[code - 90]}` };
+      else if (code >= 100 && code <= 107) style.bg = { name: `bright-${ANSI_NAMES[code - 100]}` };
+      else if (code === 38 || code === 48) {
+        let color = null;
+        if (codes[i + 1] === 5 && i + 2 < codes.length) {
+          color = ansi256(codes[i + 2] & 255);
+          i += 2;
+        } else if (codes[i + 1] === 2 && i + 4 < codes.length) {
+          color = { rgb: codes.slice(i + 2, i + 5).map((v) => Math.max(0, Math.min(255, v | 0))) };
+          i += 4;
+        }
+        if (code === 38) style.fg = color; else style.bg = color;
+      }
+    }
+  }
+
+  function styledSpan(text, style) {
+    let { fg, bg } = style;
+    if (style.inverse) [fg, bg] = [bg || { name: "inverse-fg" }, fg || { name: "inverse-bg" }];
+    const classes = [];
+    const span = document.createElement("span");
+    if (fg && fg.name) classes.push(`ansi-fg-${fg.name}`);
+    if (bg && bg.name) classes.push(`ansi-bg-${bg.name}`);
+    if (fg && fg.rgb) span.style.color = `rgb(${fg.rgb.join(",")})`;
+    if (bg && bg.rgb) span.style.backgroundColor = `rgb(${bg.rgb.join(",")})`;
+    if (style.bold) classes.push("ansi-bold");
+    if (style.dim) classes.push("ansi-dim");
+    if (style.italic) classes.push("ansi-italic");
+    if (style.underline) classes.push("ansi-underline");
+    span.className = classes.join(" ");
+    span.textContent = text;
+    return span;
+  }
+
+  function isPlain(style) {
+    return !style.fg && !style.bg && !style.bold && !style.dim && !style.italic
+      && !style.underline && !style.inverse;
+  }
+
+  /** Render text with ANSI SGR colours into `target` as text nodes and spans (never HTML). */
+  function renderAnsi(text, target) {
+    const style = { fg: null, bg: null, bold: false, dim: false, italic: false,
+      underline: false, inverse: false };
+    const parts = [];
+    let last = 0;
+    const emit = (chunk) => {
+      if (!chunk) return;
+      parts.push(isPlain(style) ? document.createTextNode(chunk) : styledSpan(chunk, style));
+    };
+    ANSI_RE.lastIndex = 0;
+    for (let match = ANSI_RE.exec(text); match; match = ANSI_RE.exec(text)) {
+      emit(text.slice(last, match.index));
+      last = ANSI_RE.lastIndex;
+      if (match[2] === "m") applySgr(style, match[1]);
+    }
+    emit(text.slice(last));
+    target.replaceChildren(...parts);
+  }
+
+  function fixCarriageReturns(text) {
+    // As Jupyter does: a bare \r returns to the start of the line, overwriting it.
+    return text.replace(/\r+\n/g, "\n").replace(/^.*\r+/gm, "");
+  }
+
+  // -- Python highlighting (as spans; the code is only ever text) --------------------------
+
+  const PY_KEYWORDS = new Set(("False None True and as assert async await break class continue "
+    + "def del elif else except finally for from global if import in is lambda nonlocal not or "
+    + "pass raise return try while with yield match case").split(" "));
+  const PY_BUILTINS = new Set(("print len range open int str float list dict set tuple bool "
+    + "type isinstance enumerate zip map filter sorted sum min max abs any all repr super "
+    + "object Exception ValueError TypeError KeyError RuntimeError self").split(" "));
+  const PY_TOKEN = new RegExp([
+    /(#[^\n]*)/.source,
+    /((?:\b[rRbBuUfF]{1,2})?(?:'''[\s\S]*?(?:'''|$(?![\s\S]))|"""[\s\S]*?(?:"""|$(?![\s\S]))|'(?:\\.|[^'\\\n])*'?|"(?:\\.|[^"\\\n])*"?))/.source,
+    /(\b(?:0[xXoObB][\da-fA-F_]+|\d[\d_]*(?:\.[\d_]*)?(?:[eE][+-]?\d+)?j?)\b)/.source,
+    /(@[A-Za-z_][\w.]*)/.source,
+    /([A-Za-z_]\w*)/.source,
+  ].join("|"), "g");
+
+  function highlightPython(code) {
+    const fragment = document.createDocumentFragment();
+    let last = 0;
+    let previousWord = "";
+    const span = (cls, text) => fragment.append(el("span", { class: cls, text }));
+    PY_TOKEN.lastIndex = 0;
+    for (let m = PY_TOKEN.exec(code); m; m = PY_TOKEN.exec(code)) {
+      if (m[0] === "") { PY_TOKEN.lastIndex += 1; continue; }
+      fragment.append(document.createTextNode(code.slice(last, m.index)));
+      last = PY_TOKEN.lastIndex;
+      if (m[1]) span("tok-comment", m[1]);
+      else if (m[2]) span("tok-string", m[2]);
+      else if (m[3]) span("tok-number", m[3]);
+      else if (m[4]) span("tok-decorator", m[4]);
+      else {
+        const word = m[5];
+        if (previousWord === "def" || previousWord === "class") span("tok-def", word);
+        else if (PY_KEYWORDS.has(word)) span("tok-keyword", word);
+        else if (PY_BUILTINS.has(word)) span("tok-builtin", word);
+        else fragment.append(document.createTextNode(word));
+        previousWord = word;
+        continue;
+      }
+      previousWord = "";
+    }
+    fragment.append(document.createTextNode(code.slice(last)));
+    return fragment;
+  }
+
+  // -- layout ------------------------------------------------------------------------------
+
+  function isNearBottom() {
+    const t = $("transcript");
+    return t.scrollHeight - t.scrollTop - t.clientHeight < 120;
+  }
+
+  function scrollToEnd(force) {
+    const t = $("transcript");
+    if (force || isNearBottom()) t.scrollTop = t.scrollHeight;
+  }
+
+  function autosize() {
+    const textarea = $("code");
+    textarea.style.height = "auto";
+    textarea.style.height = `${Math.min(320, Math.max(72, textarea.scrollHeight + 2))}px`;
+  }
+
+  function onCodeKey(event) {
+    if (event.key === "Enter" && (event.shiftKey || event.ctrlKey || event.metaKey)) {
+      runCode(event);
+    } else if (event.key === "Tab" && !event.shiftKey) {
+      event.preventDefault();
+      const t = event.target;
+      t.setRangeText("    ", t.selectionStart, t.selectionEnd, "end");
+      autosize();
+    }
+  }
+
+  function bindUi() {
+    $("signin-form").addEventListener("submit", signIn);
+    $("signout").addEventListener("click", () => signOut());
+    $("new-session").addEventListener("click", createSession);
+    $("composer").addEventListener("submit", runCode);
+    $("code").addEventListener("keydown", onCodeKey);
+    $("code").addEventListener("input", autosize);
+    $("interrupt").addEventListener("click", interrupt);
+    $("restart").addEventListener("click", restart);
+    $("download-notebook").addEventListener("click", downloadNotebook);
+    $("upload-input").addEventListener("change", uploadFiles);
+  }
+
+  start();
+})();

@@ -1,0 +1,419 @@
+"""Egress for allowlist profiles: a filtering HTTP proxy per sandbox, on a Unix socket.
+
+A sandbox stays ``--network none``: it has no route and no DNS. For a profile with
+``egress_allow``, the gateway process serves an HTTP proxy on ``<socket_dir>/egress.sock``
+(``/kernel/egress.sock`` inside the container); the kernel launcher forwards the container's own
+``127.0.0.1:3128`` to it and sets ``HTTP_PROXY``/``HTTPS_PROXY``. A connection that arrives on
+a sandbox's socket is that sandbox's, so every attempt is attributed to its sandbox and session
+without trusting anything the sandbox says.
+
+The proxy speaks ``CONNECT host:port`` (HTTPS and other TLS) and absolute-form plain HTTP
+(``GET http://host/path``). It lets through only hosts on the list (exact names, ``*.`` wildcards,
+IP literals; an entry without a port allows 80 and 443), resolves names itself, refuses raw IP
+addresses that are not listed, and refuses a name that resolves to a link-local, metadata,
+loopback, unspecified or multicast address unless that address is listed literally (DNS tricks
+aimed at the cloud metadata service or the gateway host). Everything else gets a 403 naming the
+reason; every attempt, allowed or not, is logged and kept (bounded) on :attr:`EgressProxy.attempts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import socket
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "egress.sock"
+DEFAULT_PORTS = (80, 443)
+HEAD_LIMIT = 16 * 1024
+HEAD_TIMEOUT_S = 15.0
+CONNECT_TIMEOUT_S = 10.0
+RESOLVE_TIMEOUT_S = 5.0
+IDLE_TIMEOUT_S = 300.0
+MAX_CONNECTIONS = 64
+ATTEMPTS_KEPT = 200
+CHUNK = 64 * 1024
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Refused as the target of a *name*, unless the address itself is on the list.
+_GUARDED = [ipaddress.ip_network(net) for net in (
+    "169.254.0.0/16", "fe80::/10",            # link-local, incl. 169.254.169.254 metadata
+    "100.100.100.200/32", "fd00:ec2::254/128",  # other clouds' metadata services
+    "127.0.0.0/8", "::1/128",                 # the gateway host itself
+    "0.0.0.0/8", "::/128",                    # unspecified
+    "224.0.0.0/4", "ff00::/8",                # multicast
+)]
+_HOST_NAME = re.compile(r"(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\.)*"
+                        r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
+_HOP_HEADERS = {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te",
+                "trailer", "upgrade"}
+
+
+class EgressAttempt(BaseModel):
+    """One connection attempt through a sandbox's proxy."""
+
+    time: str
+    sandbox_id: str
+    session_id: str | None
+    method: str
+    host: str
+    port: int | None
+    allowed: bool
+    reason: str
+    """Which entry allowed it, or why it was refused."""
+    address: str | None = None
+    """The address connected to (the proxy's own resolution)."""
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    """One ``egress_allow`` entry: a host (exact, ``*.suffix`` or IP) and an optional port."""
+
+    text: str
+    host: str
+    port: int | None
+    address: IPAddress | None
+
+    def ports(self) -> tuple[int, ...]:
+        return DEFAULT_PORTS if self.port is None else (self.port,)
+
+    def matches_name(self, name: str) -> bool:
+        if self.address is not None:
+            return False
+        if self.host.startswith("*."):
+            return name.endswith(self.host[1:]) and len(name) > len(self.host) - 1
+        return name == self.host
+
+
+def _ip(text: str) -> IPAddress | None:
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _split_host_port(text: str) -> tuple[str, str | None]:
+    """``host``, ``host:port``, ``[v6]``, ``[v6]:port`` or a bare IPv6 address."""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"{text!r}: write an IPv6 address as [address] or [address]:port")
+        return host, rest[1:] if rest else None
+    if text.count(":") > 1:
+        return text, None
+    host, colon, port = text.partition(":")
+    return host, port if colon else None
+
+
+def _port(text: str, where: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{where}: port {text!r} is not a number from 1 to 65535")
+    return int(text)
+
+
+def parse_allow(entries: Iterable[str]) -> list[AllowEntry]:
+    """Validate ``egress_allow`` entries; ValueError names the entry and the accepted forms."""
+    parsed = []
+    for raw in entries:
+        text = raw.strip().lower().rstrip(".")
+        where = f"egress_allow entry {raw!r}"
+        try:
+            host, port_text = _split_host_port(text)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        port = None if port_text is None else _port(port_text, where)
+        address = _ip(host)
+        bare = host[2:] if host.startswith("*.") else host
+        if address is None and ("*" in bare or not _HOST_NAME.fullmatch(bare)):
+            raise ValueError(
+                f"{where} is not a host: use a name (pypi.internal), a wildcard "
+                "(*.example.com) or an IP address, each with an optional :port")
+        parsed.append(AllowEntry(text=raw, host=host, port=port, address=address))
+    return parsed
+
+
+class EgressRules:
+    """The allowlist of one profile: decides, and resolves names, for each attempt."""
+
+    def __init__(self, entries: Sequence[str]) -> None:
+        self.entries = parse_allow(entries)
+        self._listed = {entry.address for entry in self.entries if entry.address is not None}
+
+    async def decide(self, host: str, port: int) -> tuple[str | None, str]:
+        """``(address, why allowed)`` or ``(None, why refused)``."""
+        name = host.strip().lower().rstrip(".")
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        if not 1 <= port <= 65535:
+            return None, f"port {port} is not valid"
+        address = _ip(name)
+        if address is not None:
+            for entry in self.entries:
+                if entry.address == address and port in entry.ports():
+                    return str(address), f"allowed by {entry.text!r}"
+            listed = address in self._listed
+            return None, (f"port {port} is not allowed for {address}" if listed else
+                          f"raw IP address {address} is not on the egress allowlist")
+        if not _HOST_NAME.fullmatch(name):
+            return None, f"{host!r} is not a valid host name"
+        with contextlib.suppress(OSError):
+            socket.inet_aton(name)  # 0x7f.1, 2130706433: an IP address in disguise
+            return None, f"{host!r} is an IP address in a non-standard form"
+        named = [entry for entry in self.entries if entry.matches_name(name)]
+        if not named:
+            return None, f"host {name} is not on the egress allowlist"
+        chosen = next((e for e in named if port in e.ports()), None)
+        if chosen is None:
+            ports = sorted({p for e in named for p in e.ports()})
+            return None, (f"port {port} is not allowed for {name} "
+                          f"(allowed: {', '.join(map(str, ports))})")
+        return await self._resolve(name, port, chosen)
+
+    async def _resolve(self, name: str, port: int, entry: AllowEntry) -> tuple[str | None, str]:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        except (OSError, TimeoutError) as exc:
+            return None, f"cannot resolve {name}: {exc or 'timed out'}"
+        guarded = []
+        for info in infos:
+            address = _ip(str(info[4][0]))
+            if address is None:
+                continue
+            if address in self._listed or not any(address in net for net in _GUARDED):
+                return str(address), f"allowed by {entry.text!r}"
+            guarded.append(str(address))
+        if guarded:
+            return None, (f"{name} resolves to {', '.join(guarded)} (link-local, metadata, "
+                          "loopback or multicast), refused unless that address is listed")
+        return None, f"cannot resolve {name}: no usable address"
+
+
+class EgressProxy:
+    """The proxy of one sandbox, listening on a Unix socket in the sandbox's socket folder."""
+
+    def __init__(self, socket_path: Path, allow: Sequence[str], sandbox_id: str, *,
+                 owner_uid: int | None = None, owner_gid: int | None = None) -> None:
+        self.socket_path = socket_path
+        self.rules = EgressRules(allow)
+        self.sandbox_id = sandbox_id
+        self.session_id: str | None = None
+        """Set when the sandbox is handed to a session (log lines and attempts carry it)."""
+        self._owner = (owner_uid, owner_gid)
+        self._server: asyncio.Server | None = None
+        self._inode: int | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._attempts: deque[EgressAttempt] = deque(maxlen=ATTEMPTS_KEPT)
+
+    def __repr__(self) -> str:
+        state = "serving" if self._server else "stopped"
+        return (f"<EgressProxy {self.sandbox_id} {state} {len(self._handlers)} open, "
+                f"{len(self.rules.entries)} allowed>")
+
+    @property
+    def attempts(self) -> list[EgressAttempt]:
+        """The latest attempts (at most ``ATTEMPTS_KEPT``), oldest first."""
+        return list(self._attempts)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _bound(self) -> bool:
+        try:
+            return self._server is not None and os.stat(self.socket_path).st_ino == self._inode
+        except OSError:
+            return False
+
+    async def ensure(self) -> None:
+        """Serve on the socket; idempotent, and re-binds if the socket file went away."""
+        if self._bound():
+            return
+        await self._stop_server()
+        self.socket_path.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path),
+                                                       limit=HEAD_LIMIT)
+        uid, gid = self._owner
+        if uid is not None and os.geteuid() == 0:
+            os.chown(self.socket_path, uid, gid if gid is not None else -1)
+            os.chmod(self.socket_path, 0o600)
+        else:
+            os.chmod(self.socket_path, 0o666)
+        self._inode = os.stat(self.socket_path).st_ino
+        logger.info("egress proxy for sandbox %s on %s: %s", self.sandbox_id, self.socket_path,
+                    ", ".join(entry.text for entry in self.rules.entries))
+
+    async def _stop_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+
+    async def close(self) -> None:
+        """Stop listening and drop every open connection."""
+        await self._stop_server()
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._inode is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.socket_path).st_ino == self._inode:
+                    self.socket_path.unlink()
+        self._inode = None
+
+    # -- one connection ----------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            if len(self._handlers) > MAX_CONNECTIONS:
+                await _answer(writer, 503, f"more than {MAX_CONNECTIONS} open connections")
+                return
+            await self._serve(reader, writer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.LimitOverrunError, ValueError):
+            await _answer(writer, 431, "request head too large")
+            return
+        except TimeoutError:
+            await _answer(writer, 408, "no request head in time")
+            return
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await _answer(writer, 400, "not an HTTP/1.x proxy request")
+            return
+        method, target, version = parts
+        try:
+            host, port, path = _target(method, target)
+        except ValueError as exc:
+            self._log(method, target, None, False, str(exc))
+            await _answer(writer, 400, str(exc))
+            return
+        address, reason = await self.rules.decide(host, port)
+        self._log(method, host, port, address is not None, reason, address)
+        if address is None:
+            await _answer(writer, 403, f"replgate egress refused {host}:{port}: {reason}")
+            return
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                up_reader, up_writer = await asyncio.open_connection(address, port, limit=CHUNK)
+        except (OSError, TimeoutError) as exc:
+            await _answer(writer, 502, f"replgate egress could not reach {host}:{port}: "
+                                       f"{exc or 'timed out'}")
+            return
+        try:
+            if method == "CONNECT":
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                up_writer.write(_origin_head(method, path, version, lines[1:], host, port))
+            await writer.drain()
+            await _pipe(reader, writer, up_reader, up_writer)
+        finally:
+            up_writer.close()
+            with contextlib.suppress(Exception):
+                await up_writer.wait_closed()
+
+    def _log(self, method: str, host: str, port: int | None, allowed: bool, reason: str,
+             address: str | None = None) -> None:
+        attempt = EgressAttempt(time=datetime.now(UTC).isoformat(), sandbox_id=self.sandbox_id,
+                                session_id=self.session_id, method=method, host=host[:300],
+                                port=port, allowed=allowed, reason=reason, address=address)
+        self._attempts.append(attempt)
+        logger.info("egress sandbox=%s session=%s %s %s:%s %s: %s", self.sandbox_id,
+                    self.session_id or "-", method[:16], attempt.host, port,
+                    "allowed" if allowed else "refused", reason)
+
+
+def _target(method: str, target: str) -> tuple[str, int, str]:
+    """(host, port, origin-form path) of a proxy request; ValueError when malformed."""
+    if method == "CONNECT":
+        host, port_text = _split_host_port(target)
+        if not host or port_text is None:
+            raise ValueError(f"CONNECT needs host:port, got {target[:100]!r}")
+        return host, _port(port_text, "CONNECT"), ""
+    if not target.lower().startswith("http://"):
+        raise ValueError("send absolute-form http:// requests, or CONNECT for https")
+    url = urlsplit(target)
+    try:
+        port = url.port or 80
+    except ValueError:
+        raise ValueError(f"bad port in {target[:100]!r}") from None
+    if not url.hostname:
+        raise ValueError(f"no host in {target[:100]!r}")
+    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    return url.hostname, port, path
+
+
+def _origin_head(method: str, path: str, version: str, header_lines: list[str], host: str,
+                 port: int) -> bytes:
+    """The request head as the origin server gets it: origin-form, no proxy headers, close."""
+    kept = [line for line in header_lines
+            if line and line.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
+    if not any(line.split(":", 1)[0].strip().lower() == "host" for line in kept):
+        kept.append(f"Host: {host}" + ("" if port == 80 else f":{port}"))
+    lines = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                data = await reader.read(CHUNK)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, TimeoutError):
+        writer.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+    await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+
+
+async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    phrases = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout",
+               431: "Request Header Fields Too Large", 502: "Bad Gateway",
+               503: "Service Unavailable"}
+    body = (reason + "\n").encode("utf-8", "replace")
+    writer.write(f"HTTP/1.1 {status} {phrases.get(status, 'Error')}\r\n"
+                 f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+                 f"X-Replgate-Egress: refused\r\nConnection: close\r\n\r\n".encode() + body)
+    with contextlib.suppress(OSError):
+        await writer.drain()

@@ -1,0 +1,530 @@
+"""The Jupyter-compatible kernel API, end to end, against real Jupyter clients.
+
+A real ``replgate serve`` (the session fixture), real sandboxes, and the Jupyter ecosystem's
+own code on the other side: jupyter_client's Session builds the messages, jupyter_server's
+framing functions speak the v1 binary subprotocol, a ``jupyter server --gateway-url`` subprocess
+proxies to replgate, and nbclient runs a notebook through jupyter_server's GatewayKernelManager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nbformat
+import pytest
+import websocket
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session as JupyterSession
+from jupyter_server.gateway.gateway_client import GatewayClient
+from jupyter_server.gateway.managers import GatewayKernelManager
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_binary_message,
+    deserialize_msg_from_ws_v1,
+    serialize_binary_message,
+    serialize_msg_to_ws_v1,
+)
+from nbclient import NotebookClient
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
+
+from gateway import jupyter_protocol
+from tests.conftest import REPO, GatewayProcess, free_port
+
+V1 = "v1.kernel.websocket.jupyter.org"
+SANDBOX_CHECK = (
+    "import os, socket\n"
+    "print('uid', os.getuid())\n"
+    "try:\n"
+    "    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
+    "    print('network: yes')\n"
+    "except OSError as exc:\n"
+    "    print('network: no', exc.errno)\n"
+)
+
+
+def token_headers(gateway: GatewayProcess, tenant: str = "alpha") -> dict[str, str]:
+    """Jupyter's scheme, as jupyter_server's gateway client sends it."""
+    return {"Authorization": f"token {gateway.keys[tenant]}"}
+
+
+@pytest.fixture(scope="module")
+def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, headers=token_headers(gateway), timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def beta(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, headers=token_headers(gateway, "beta"),
+                      timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def api(gateway: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.url, headers=token_headers(gateway),
+                                 timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def kernel_id(alpha: httpx.Client) -> Iterator[str]:
+    answer = alpha.post("/api/kernels", json={"name": "python3"})
+    assert answer.status_code == 201, answer.text
+    yield answer.json()["id"]
+    alpha.delete(f"/api/kernels/{answer.json()['id']}")
+
+
+class Channels:
+    """A client of ``/api/kernels/{id}/channels``: jupyter_client builds the messages,
+    jupyter_server's functions frame them for the v1 subprotocol."""
+
+    def __init__(self, ws: ClientConnection, binary: bool) -> None:
+        self.ws = ws
+        self.binary = binary
+        self.session = JupyterSession(key=b"", username="test")
+
+    async def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell") -> str:
+        msg = self.session.msg(msg_type, content)
+        if self.binary:
+            await self.ws.send(serialize_msg_to_ws_v1(msg, channel, self.session.pack))
+        else:
+            await self.ws.send(json.dumps({**msg, "channel": channel}, default=json_default))
+        msg_id: str = msg["header"]["msg_id"]
+        return msg_id
+
+    async def receive(self, within: float = 60) -> dict[str, Any]:
+        frame = await asyncio.wait_for(self.ws.recv(), within)
+        if self.binary:
+            assert isinstance(frame, bytes)
+            channel, parts = deserialize_msg_from_ws_v1(frame)
+            header, parent, metadata, content = (json.loads(p) for p in parts[:4])
+            return {"channel": channel, "header": header, "parent_header": parent,
+                    "metadata": metadata, "content": content, "msg_type": header["msg_type"]}
+        assert isinstance(frame, str)
+        message: dict[str, Any] = json.loads(frame)
+        return message
+
+    async def collect(self, msg_id: str, within: float = 60) -> list[dict[str, Any]]:
+        """Every message caused by ``msg_id`` until both its reply and its idle status came."""
+        got: list[dict[str, Any]] = []
+        replied = idle = False
+        deadline = time.monotonic() + within
+        while not (replied and idle):
+            message = await self.receive(deadline - time.monotonic())
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            got.append(message)
+            replied |= message["channel"] in ("shell", "control")
+            idle |= (message["msg_type"] == "status"
+                     and message["content"]["execution_state"] == "idle")
+        return got
+
+    async def execute(self, code: str, **content: Any) -> list[dict[str, Any]]:
+        msg_id = await self.send("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True, **content})
+        return await self.collect(msg_id)
+
+
+def ws_url(gateway: GatewayProcess, kernel: str) -> str:
+    return f"{gateway.url.replace('http', 'ws', 1)}/api/kernels/{kernel}/channels"
+
+
+@contextlib.asynccontextmanager
+async def channels(gateway: GatewayProcess, kernel: str, binary: bool = False,
+                   tenant: str = "alpha") -> AsyncIterator[Channels]:
+    async with connect(ws_url(gateway, kernel), additional_headers=token_headers(gateway, tenant),
+                       subprotocols=[Subprotocol(V1)] if binary else None,
+                       max_size=None) as ws:
+        yield Channels(ws, binary)
+
+
+def of_type(messages: list[dict[str, Any]], msg_type: str) -> list[dict[str, Any]]:
+    return [m for m in messages if m["msg_type"] == msg_type]
+
+
+def stdout(messages: list[dict[str, Any]]) -> str:
+    return "".join(m["content"]["text"] for m in of_type(messages, "stream")
+                   if m["content"]["name"] == "stdout")
+
+
+# -- framing -------------------------------------------------------------------------------------
+
+
+def test_frames_round_trip_with_jupyter_server_framing() -> None:
+    session = JupyterSession(key=b"")
+    request = session.msg("execute_request", {"code": "1"})
+    v1 = jupyter_protocol.decode(serialize_msg_to_ws_v1(request, "control", session.pack), True)
+    legacy = jupyter_protocol.decode(
+        serialize_binary_message({**request, "channel": "shell", "buffers": [b"x"]}), False)
+    assert (v1.channel, legacy.channel) == ("control", "shell")
+    assert v1.content == legacy.content == {"code": "1"}
+    assert v1.msg_id == legacy.msg_id == request["header"]["msg_id"] and not legacy.buffers
+    reply = jupyter_protocol.new_message("comm_msg", {"x": 1}, channel="iopub",
+                                         parent=v1.header, session="s", buffers=[b"\x00"])
+    channel, parts = deserialize_msg_from_ws_v1(jupyter_protocol.encode(reply, True))
+    assert channel == "iopub" and json.loads(parts[1])["msg_id"] == v1.msg_id
+    assert parts[4] == b"\x00"
+    assert deserialize_binary_message(jupyter_protocol.encode(reply, False))["buffers"] == [b"\x00"]
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xff" * 8, (6).to_bytes(8, "little") * 7,
+                                   (6).to_bytes(8, "little") + (99).to_bytes(8, "little") * 6])
+def test_decode_refuses_malformed_v1_frames(frame: bytes) -> None:
+    with pytest.raises(jupyter_protocol.ProtocolError):
+        jupyter_protocol.decode(frame, True)
+
+
+def test_kernel_reply_is_rebuilt_and_bounded() -> None:
+    parent = {"msg_id": "p", "msg_type": "inspect_request"}
+    huge = {"status": "ok", "data": {"text/plain": "x" * (9 * 1024 * 1024)}}
+    msg = {"header": {"msg_type": "inspect_reply", "msg_id": "k"}, "content": huge,
+           "metadata": {"m": object()}, "buffers": [b"x" * (2 * 1024 * 1024)]}
+    rebuilt = jupyter_protocol.from_kernel(msg, channel="shell", parent=parent, session="s")
+    assert rebuilt.msg_type == "inspect_reply" and rebuilt.msg_id != "k"
+    assert rebuilt.parent_header == parent
+    assert rebuilt.content["status"] == "error" and rebuilt.content["ename"] == "ReplyTooLarge"
+    assert rebuilt.buffers == [] and rebuilt.metadata == {"m": str(msg["metadata"]["m"])}
+
+
+# -- REST ----------------------------------------------------------------------------------------
+
+
+def test_kernelspecs_list_profiles_with_python3_default(alpha: httpx.Client) -> None:
+    assert alpha.get("/api").json()["version"]
+    specs = alpha.get("/api/kernelspecs").json()
+    assert specs["default"] == "python3"
+    python3 = specs["kernelspecs"]["python3"]
+    assert python3["name"] == "python3" and python3["resources"] == {}
+    assert set(python3["spec"]) >= {"argv", "display_name", "language", "interrupt_mode",
+                                    "metadata", "env"}
+    assert python3["spec"]["language"] == "python"
+    assert alpha.get("/api/kernelspecs/python3").json() == python3
+
+
+def test_kernelspec_unknown_is_404(alpha: httpx.Client) -> None:
+    assert alpha.get("/api/kernelspecs/nope").status_code == 404
+    answer = alpha.post("/api/kernels", json={"name": "nope"})
+    assert answer.status_code == 404
+    assert "nope" in answer.json()["message"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "token wrong"},
+                                     {"Authorization": "Basic abc"}])
+@pytest.mark.parametrize("path", ["/api", "/api/kernelspecs", "/api/kernels"])
+def test_api_refuses_missing_or_wrong_token(gateway: GatewayProcess, headers: dict[str, str],
+                                            path: str) -> None:
+    answer = httpx.get(f"{gateway.url}{path}", headers=headers)
+    assert answer.status_code == 401
+    assert "detail" in answer.json()
+
+
+def test_api_accepts_bearer_and_query_token(gateway: GatewayProcess) -> None:
+    key = gateway.keys["alpha"]
+    assert httpx.get(f"{gateway.url}/api/kernels",
+                     headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert httpx.get(f"{gateway.url}/api/kernels", params={"token": key}).status_code == 200
+
+
+def test_kernel_lifecycle_matches_kernel_gateway(alpha: httpx.Client) -> None:
+    answer = alpha.post("/api/kernels", json={"name": "python3", "env": {"KERNEL_GREETING": "hi"}})
+    assert answer.status_code == 201, answer.text
+    model = answer.json()
+    kid = model["id"]
+    assert set(model) == {"id", "name", "last_activity", "execution_state", "connections"}
+    assert str(uuid.UUID(kid)) == kid  # jupyter_server routes only dashed UUIDs
+    assert answer.headers["location"] == f"/api/kernels/{kid}"
+    assert model["name"] == "python3" and model["connections"] == 0
+    time.strptime(model["last_activity"], "%Y-%m-%dT%H:%M:%S.%fZ")  # the gateway client's format
+    assert alpha.get(f"/api/kernels/{kid}").json()["id"] == kid
+    assert kid in [k["id"] for k in alpha.get("/api/kernels").json()]
+    session = alpha.get(f"/v1/sessions/{kid}").json()
+    assert session["tenant"] == "alpha" and session["profile"] == "default"
+    result = alpha.post(f"/v1/sessions/{kid}/execute",
+                        json={"code": "import os; print(os.environ['KERNEL_GREETING'])"})
+    assert result.json()["stdout"] == "hi\n"
+    assert alpha.post(f"/api/kernels/{kid}/interrupt").status_code == 204
+    restarted = alpha.post(f"/api/kernels/{kid}/restart")
+    assert restarted.status_code == 200 and restarted.json()["id"] == kid
+    assert alpha.delete(f"/api/kernels/{kid}").status_code == 204
+    assert alpha.get(f"/api/kernels/{kid}").status_code == 404
+    assert kid not in [s["id"] for s in alpha.get("/v1/sessions").json()]
+
+
+def test_session_from_v1_api_is_a_kernel(alpha: httpx.Client) -> None:
+    sid = alpha.post("/v1/sessions", json={}).json()["id"]
+    try:
+        assert sid in [k["id"] for k in alpha.get("/api/kernels").json()]
+        assert alpha.get(f"/api/kernels/{sid}").json()["name"] == "python3"
+    finally:
+        alpha.delete(f"/v1/sessions/{sid}")
+
+
+def test_other_tenant_sees_kernel_as_missing(beta: httpx.Client, kernel_id: str) -> None:
+    for method, path in [("GET", ""), ("DELETE", ""), ("POST", "/interrupt"),
+                         ("POST", "/restart")]:
+        answer = beta.request(method, f"/api/kernels/{kernel_id}{path}")
+        assert answer.status_code == 404, (method, path, answer.text)
+    assert kernel_id not in [k["id"] for k in beta.get("/api/kernels").json()]
+
+
+# -- channels ------------------------------------------------------------------------------------
+
+
+async def test_channels_refuse_missing_token_or_other_tenant(gateway: GatewayProcess,
+                                                             kernel_id: str) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(ws_url(gateway, kernel_id)):
+            pass
+    assert refused.value.response.status_code == 401
+    with pytest.raises(InvalidStatus) as missing:
+        async with channels(gateway, kernel_id, tenant="beta"):
+            pass
+    assert missing.value.response.status_code == 404
+
+
+async def test_execute_over_json_streams_jupyter_messages(gateway: GatewayProcess,
+                                                          api: httpx.AsyncClient,
+                                                          kernel_id: str) -> None:
+    async with channels(gateway, kernel_id) as ch:
+        messages = await ch.execute("print('hello')\n6 * 7")
+        assert (await api.get(f"/api/kernels/{kernel_id}")).json()["connections"] == 1
+    kinds = [(m["channel"], m["msg_type"]) for m in messages]
+    assert kinds[:2] == [("iopub", "status"), ("iopub", "execute_input")]
+    assert ("iopub", "stream") in kinds and ("iopub", "execute_result") in kinds
+    assert kinds[-1] == ("iopub", "status") and messages[-1]["content"]["execution_state"] == "idle"
+    assert stdout(messages) == "hello\n"
+    (result,) = of_type(messages, "execute_result")
+    assert result["content"]["data"] == {"text/plain": "42"}
+    (reply,) = of_type(messages, "execute_reply")
+    assert reply["content"]["status"] == "ok"
+    assert reply["content"]["execution_count"] == result["content"]["execution_count"]
+    for message in messages:
+        assert message["header"]["version"] == "5.3" and message["header"]["session"]
+        assert message["header"]["msg_id"] != message["parent_header"]["msg_id"]
+    assert len({m["header"]["msg_id"] for m in messages}) == len(messages)
+    history = (await api.get(f"/v1/sessions/{kernel_id}/executions")).json()
+    assert history[-1]["code"] == "print('hello')\n6 * 7" and history[-1]["status"] == "ok"
+    notebook = (await api.get(f"/v1/sessions/{kernel_id}/notebook")).json()
+    assert notebook["cells"][-1]["outputs"][0]["text"] == "hello\n"
+
+
+async def test_execute_over_v1_subprotocol_speaks_binary(gateway: GatewayProcess,
+                                                         kernel_id: str) -> None:
+    async with channels(gateway, kernel_id, binary=True) as ch:
+        assert ch.ws.subprotocol == V1
+        messages = await ch.execute("import sys\nprint('out'); print('err', file=sys.stderr)")
+    streams = {m["content"]["name"]: m["content"]["text"] for m in of_type(messages, "stream")}
+    assert streams == {"stdout": "out\n", "stderr": "err\n"}
+    assert {m["channel"] for m in messages} == {"iopub", "shell"}
+    assert of_type(messages, "execute_reply")[0]["content"]["status"] == "ok"
+
+
+async def test_execute_error_aborts_queued_requests(gateway: GatewayProcess,
+                                                    kernel_id: str) -> None:
+    async with channels(gateway, kernel_id) as ch:
+        failing = await ch.send("execute_request", {"code": "1/0", "stop_on_error": True})
+        queued = await ch.send("execute_request", {"code": "print('never')"})
+        failed, aborted = await ch.collect(failing), await ch.collect(queued)
+        after = await ch.execute("print('runs again')")
+    (error,) = of_type(failed, "error")
+    assert error["content"]["ename"] == "ZeroDivisionError"
+    reply = of_type(failed, "execute_reply")[0]["content"]
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
+    assert of_type(aborted, "execute_reply")[0]["content"]["status"] == "aborted"
+    assert not of_type(aborted, "stream")
+    assert stdout(after) == "runs again\n"
+
+
+async def test_kernel_requests_are_relayed(gateway: GatewayProcess, kernel_id: str) -> None:
+    async with channels(gateway, kernel_id) as ch:
+        info = await ch.collect(await ch.send("kernel_info_request", {}))
+        await ch.execute("replgate_variable = 1")
+        completion = await ch.collect(await ch.send("complete_request",
+                                                    {"code": "replgate_var", "cursor_pos": 12}))
+        complete = await ch.collect(await ch.send("is_complete_request", {"code": "for x in y:"}))
+    reply = of_type(info, "kernel_info_reply")[0]
+    assert reply["channel"] == "shell" and reply["content"]["language_info"]["name"] == "python"
+    assert reply["content"]["debugger"] is False
+    assert [m["content"]["execution_state"] for m in of_type(info, "status")] == ["busy", "idle"]
+    assert "replgate_variable" in of_type(completion, "complete_reply")[0]["content"]["matches"]
+    assert of_type(complete, "is_complete_reply")[0]["content"]["status"] == "incomplete"
+
+
+async def test_interrupt_stops_running_code(gateway: GatewayProcess, api: httpx.AsyncClient,
+                                            kernel_id: str) -> None:
+    async with channels(gateway, kernel_id) as ch:
+        for via_rest in (True, False):
+            started = time.monotonic()
+            msg_id = await ch.send("execute_request", {"code": "import time; time.sleep(30)"})
+            await asyncio.sleep(1.0)
+            if via_rest:
+                answer = await api.post(f"/api/kernels/{kernel_id}/interrupt")
+                assert answer.status_code == 204
+            else:
+                await ch.send("interrupt_request", {}, channel="control")
+            messages = await ch.collect(msg_id)
+            reply = of_type(messages, "execute_reply")[0]["content"]
+            assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+            assert time.monotonic() - started < 15
+
+
+async def test_input_fails_fast_and_bad_frames_are_dropped(gateway: GatewayProcess,
+                                                           kernel_id: str) -> None:
+    async with channels(gateway, kernel_id) as ch:
+        await ch.ws.send("not json")
+        await ch.ws.send(json.dumps({"channel": "shell", "header": {"msg_type": 3}}))
+        await ch.ws.send(b"\x00\x01")
+        started = time.monotonic()
+        messages = await ch.execute("input('name? ')", allow_stdin=True)
+    assert of_type(messages, "execute_reply")[0]["content"]["status"] == "error"
+    assert time.monotonic() - started < 10
+
+
+async def test_kernel_death_is_an_error_and_kernel_recovers(gateway: GatewayProcess,
+                                                            api: httpx.AsyncClient) -> None:
+    kid = (await api.post("/api/kernels", json={})).json()["id"]
+    try:
+        async with channels(gateway, kid) as ch:
+            died = await ch.execute("import os; os._exit(1)")
+            after = await ch.execute("print('back')")
+        reply = of_type(died, "execute_reply")[0]["content"]
+        assert reply["status"] == "error" and reply["ename"] == "DeadKernelError"
+        assert of_type(died, "error")[0]["content"]["evalue"]
+        assert stdout(after) == "back\n"
+    finally:
+        await api.delete(f"/api/kernels/{kid}")
+
+
+async def test_deleting_kernel_closes_its_channels(gateway: GatewayProcess,
+                                                   api: httpx.AsyncClient) -> None:
+    kid = (await api.post("/api/kernels", json={})).json()["id"]
+    async with channels(gateway, kid) as ch:
+        assert (await api.delete(f"/api/kernels/{kid}")).status_code == 204
+        last = await ch.receive(within=30)
+        assert last["msg_type"] == "status" and last["content"]["execution_state"] == "dead"
+        await asyncio.wait_for(ch.ws.wait_closed(), 10)
+
+
+# -- real Jupyter clients --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jupyter_server(gateway: GatewayProcess) -> Iterator[tuple[str, str]]:
+    """``jupyter server --gateway-url=<replgate>`` with tenant alpha's key: (url, its token)."""
+    root = Path(tempfile.mkdtemp(prefix="rg-js-"))
+    port, token = free_port(), uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNEL_"))}
+    env.update({"JUPYTER_GATEWAY_AUTH_TOKEN": gateway.keys["alpha"],
+                "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+                "JUPYTER_DATA_DIR": str(root / "data"), "JUPYTER_CONFIG_DIR": str(root / "config")})
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - owned by the process's lifetime
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
+         f"--IdentityProvider.token={token}", f"--port={port}", "--ip=127.0.0.1",
+         "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/api/status", params={"token": token}).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url, token
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        log.close()
+
+
+async def test_jupyter_server_runs_code_in_the_sandbox(gateway: GatewayProcess,
+                                                       api: httpx.AsyncClient,
+                                                       jupyter_server: tuple[str, str]) -> None:
+    url, token = jupyter_server
+    headers = {"Authorization": f"token {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as server:
+        assert (await server.get("/api/kernelspecs")).json()["default"] == "python3"
+        answer = await server.post("/api/kernels", json={"name": "python3"})
+        assert answer.status_code == 201, answer.text
+        kid = answer.json()["id"]
+        try:
+            assert kid in [s["id"] for s in (await api.get("/v1/sessions")).json()]
+            socket_url = (f"{url.replace('http', 'ws', 1)}/api/kernels/{kid}/channels"
+                          f"?session_id={uuid.uuid4().hex}")
+            async with connect(socket_url, additional_headers=headers) as ws:
+                messages = await Channels(ws, binary=False).execute(SANDBOX_CHECK)
+        finally:
+            assert (await server.delete(f"/api/kernels/{kid}")).status_code == 204
+    lines = dict(line.split(" ", 1) for line in stdout(messages).splitlines())
+    assert int(lines["uid"]) != 0
+    assert lines["network:"].startswith("no"), lines
+    assert of_type(messages, "execute_reply")[0]["content"]["status"] == "ok"
+    assert kid not in [s["id"] for s in (await api.get("/v1/sessions")).json()]
+
+
+@pytest.fixture
+def gateway_client(gateway: GatewayProcess,
+                   monkeypatch: pytest.MonkeyPatch) -> Iterator[GatewayClient]:
+    """jupyter_server's GatewayClient pointed at replgate with tenant alpha's key.
+
+    Its GatewayKernelClient opens the channels WebSocket without the auth header (upstream
+    passes none), so the header is added to websocket-client's ``create_connection``.
+    """
+    key = gateway.keys["alpha"]
+    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")  # the client writes it to os.environ
+    monkeypatch.setattr(websocket, "create_connection", functools.partial(
+        websocket.create_connection, header=[f"Authorization: token {key}"]))
+    GatewayClient.clear_instance()
+    client = GatewayClient.instance(url=gateway.url, auth_token=key)
+    yield client
+    GatewayClient.clear_instance()
+
+
+async def test_nbclient_executes_notebook_on_gateway_kernel(api: httpx.AsyncClient,
+                                                            gateway_client: GatewayClient) -> None:
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import os\nanswer = 6 * 7\nprint('uid', os.getuid())"),
+        nbformat.v4.new_code_cell("answer"),
+        nbformat.v4.new_code_cell("from IPython.display import HTML\nHTML('<b>bold</b>')"),
+    ])
+    manager = GatewayKernelManager()
+    client = NotebookClient(notebook, km=manager, kernel_name="python3", timeout=60)
+    try:
+        await client.async_execute()
+        kid = manager.kernel_id
+        assert kid in [s["id"] for s in (await api.get("/v1/sessions")).json()]
+        exported = (await api.get(f"/v1/sessions/{kid}/notebook")).json()
+        assert [c["source"] for c in exported["cells"]] == [c.source for c in notebook.cells]
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
+        await manager.shutdown_kernel()
+    first, second, third = notebook.cells
+    assert first.outputs[0]["text"].startswith("uid ") and first.outputs[0]["text"] != "uid 0\n"
+    assert second.outputs[0]["data"]["text/plain"] == "42"
+    assert second.execution_count == 2
+    assert third.outputs[0]["data"]["text/html"] == "<b>bold</b>"
+    assert kid not in [s["id"] for s in (await api.get("/v1/sessions")).json()]

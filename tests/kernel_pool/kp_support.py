@@ -1,0 +1,81 @@
+"""Helpers for the kernel pool's tests (a module of its own: conftest is not importable)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from kernel_pool import PoolSettings, Profile, Session
+from kernel_pool.backends.docker import LABEL_OWNER
+
+OWNER = f"kptest-{secrets.token_hex(4)}"
+"""The owner label of this run's containers; pools of their own use ``OWNER-<suffix>``."""
+
+SESSION_ENV = {"REPLGATE_TEST_GREETING": "hello from the session"}
+"""The environment the shared session asks for."""
+
+
+def profiles_for_tests() -> dict[str, Profile]:
+    """Small limits, so limit tests are quick: ``default`` kept warm; ``small`` (384 MiB of
+    memory, a 64 MiB workspace) started on demand for the out-of-memory and full-disk tests."""
+    return {
+        "default": Profile(name="default", min_idle=1, memory="1g", workspace_size="256m",
+                           tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120),
+        "small": Profile(name="small", min_idle=0, memory="384m", workspace_size="64m",
+                         tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120),
+    }
+
+
+def make_settings(state_dir: Path, **overrides: Any) -> PoolSettings:
+    values: dict[str, Any] = {
+        "state_dir": state_dir, "owner": OWNER, "profiles": profiles_for_tests(), "max_kernels": 8,
+        "interrupt_grace_s": 1.0, "max_queued_executions": 4, "kernel_start_timeout_s": 60.0,
+    }
+    values.update(overrides)
+    return PoolSettings(**values)
+
+
+def owned_containers(client: docker.DockerClient, owner: str = OWNER) -> list[str]:
+    """Containers labelled with ``owner`` or, for the run's own, any ``OWNER-*`` of this run."""
+    found = client.api.containers(all=True, filters={"label": LABEL_OWNER})
+    return [c["Id"] for c in found
+            if (label := c["Labels"].get(LABEL_OWNER, "")) == owner
+            or (owner == OWNER and label.startswith(f"{OWNER}-"))]
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        return [line.split()[1] for line in mounts if line.split()[1].startswith(str(path))]
+
+
+async def run_ok(session: Session, code: str, timeout_s: float | None = None) -> str:
+    """Run ``code``; it must succeed. Its stdout."""
+    result = await session.execute(code, timeout_s)
+    assert result.status == "ok", (result.status, result.error, result.reason, result.stderr)
+    return result.stdout
+
+
+PROCESSES = """
+import os
+for _pid in sorted(p for p in os.listdir('/proc') if p.isdigit()):
+    try:
+        with open(f'/proc/{_pid}/cmdline', 'rb') as _f:
+            _cmd = _f.read().replace(b'\\0', b' ').decode().strip()
+        with open(f'/proc/{_pid}/stat') as _f:
+            _state = _f.read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        continue
+    print(_pid, _state, _cmd)
+"""
+
+
+async def processes(session: Session) -> list[tuple[int, str, str]]:
+    """(pid, state, command line) of every process in the session's container."""
+    found = []
+    for line in (await run_ok(session, PROCESSES)).splitlines():
+        pid, state, *cmd = line.split(" ", 2)
+        found.append((int(pid), state, cmd[0] if cmd else ""))
+    return found

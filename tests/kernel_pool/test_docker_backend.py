@@ -1,0 +1,239 @@
+"""The Docker backend's hardening, observed from inside the sandbox by the code it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from kernel_pool import KernelPool, Session
+from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX
+from kp_support import OWNER, SESSION_ENV, mounts_under, run_ok
+
+
+async def observe(session: Session, code: str) -> dict[str, object]:
+    """Run ``code`` that prints one JSON object; that object."""
+    output = await run_ok(session, code)
+    value = json.loads(output.strip().splitlines()[-1])
+    assert isinstance(value, dict)
+    return value
+
+
+def container_of(docker_client: docker.DockerClient, session: Session) -> dict[str, object]:
+    attrs = docker_client.api.inspect_container(session.kernel.sandbox.info.container_id)
+    assert isinstance(attrs, dict)
+    return attrs
+
+
+async def test_network_unreachable_from_sandbox(shared_session: Session) -> None:
+    seen = await observe(shared_session, """
+import json, socket
+found = {"interfaces": [name for _, name in socket.if_nameindex()]}
+try:
+    with socket.create_connection(("1.1.1.1", 53), timeout=3):
+        found["connect"] = "connected"
+except OSError as exc:
+    found["connect"] = type(exc).__name__ + ": " + str(exc)
+try:
+    socket.getaddrinfo("example.com", 443)
+    found["dns"] = "resolved"
+except OSError as exc:
+    found["dns"] = type(exc).__name__ + ": " + str(exc)
+print(json.dumps(found))
+""")
+    assert seen["interfaces"] == ["lo"]
+    assert seen["connect"] != "connected" and "unreachable" in str(seen["connect"]).lower()
+    assert seen["dns"] != "resolved"
+
+
+async def test_root_filesystem_read_only(shared_session: Session) -> None:
+    seen = await observe(shared_session, """
+import json
+found = {}
+for path in ("/usr/replgate-probe", "/etc/passwd", "/opt/venv/probe"):
+    try:
+        with open(path, "a") as f:
+            f.write("x")
+        found[path] = "written"
+    except OSError as exc:
+        found[path] = exc.errno
+print(json.dumps(found))
+""")
+    assert "written" not in seen.values(), seen
+    assert seen["/usr/replgate-probe"] == 30  # EROFS
+
+
+async def test_sandbox_runs_without_privileges(shared_session: Session) -> None:
+    seen = await observe(shared_session, """
+import json, os, resource
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+print(json.dumps({
+    "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+    "caps": {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
+    "no_new_privs": status["NoNewPrivs"].strip(),
+    "core": resource.getrlimit(resource.RLIMIT_CORE),
+    "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+    "docker_sock": any(os.path.exists(p) for p in ("/var/run/docker.sock", "/run/docker.sock")),
+}))
+""")
+    assert seen["uid"] != 0 and seen["euid"] != 0 and seen["gid"] != 0
+    assert seen["caps"] == dict.fromkeys(["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"],
+                                         "0000000000000000")
+    assert seen["no_new_privs"] == "1"
+    assert seen["core"] == [0, 0]
+    assert seen["nofile"] == [1024, 1024]
+    assert seen["docker_sock"] is False
+
+
+async def test_sandbox_mounts_no_host_path_but_its_own(shared_session: Session) -> None:
+    seen = await observe(shared_session, """
+import json
+mounts = [line.split() for line in open("/proc/self/mounts")]
+print(json.dumps({m[1]: [m[2], m[3]] for m in mounts}))
+""")
+    tmp_type, tmp_options = seen["/tmp"]  # type: ignore[misc]
+    assert tmp_type == "tmpfs" and "size=32768k" in tmp_options
+    host_backed = {path for path, (fstype, _) in seen.items()  # type: ignore[misc]
+                   if fstype not in ("proc", "tmpfs", "devpts", "mqueue", "sysfs", "cgroup",
+                                     "cgroup2", "overlay", "shm")}
+    # /workspace (the session's own ext4) and /kernel (its socket folder); Docker's own
+    # resolv.conf, hostname and hosts files are bind-mounted files, not folders of the host.
+    assert host_backed - {"/etc/resolv.conf", "/etc/hostname", "/etc/hosts"} == {
+        "/workspace", "/kernel"}
+
+
+async def test_environment_has_only_image_and_session_variables(
+        shared_session: Session, docker_client: docker.DockerClient) -> None:
+    seen = await observe(shared_session, """
+import json, os, subprocess
+child = dict(line.split("=", 1) for line in
+             subprocess.run(["env"], capture_output=True, text=True).stdout.splitlines()
+             if "=" in line)
+print(json.dumps({"kernel": dict(os.environ), "child": child}))
+""")
+    kernel_env: dict[str, str] = seen["kernel"]  # type: ignore[assignment]
+    image_env = dict(item.split("=", 1) for item in
+                     docker_client.images.get(shared_session.profile.image).attrs["Config"]["Env"])
+    # ipykernel sets these for every kernel it runs (pagers and colours), whatever the host.
+    ipykernel_env = {"PYDEVD_USE_FRAME_EVAL", "TERM", "CLICOLOR", "FORCE_COLOR",
+                     "CLICOLOR_FORCE", "PAGER", "GIT_PAGER"}
+    unexpected = set(kernel_env) - set(image_env) - ipykernel_env - set(SESSION_ENV) - {"HOSTNAME"}
+    assert not unexpected, unexpected
+    leaked = {k for k, v in os.environ.items()
+              if kernel_env.get(k) == v and image_env.get(k) != v}
+    assert not leaked, f"host variables reached the sandbox: {leaked}"
+    assert kernel_env["HOSTNAME"] != os.uname().nodename
+    for name, value in SESSION_ENV.items():
+        assert kernel_env[name] == value
+        assert seen["child"][name] == value  # type: ignore[index]
+
+
+def test_container_created_with_limits(shared_session: Session,
+                                       docker_client: docker.DockerClient) -> None:
+    attrs = container_of(docker_client, shared_session)
+    host = attrs["HostConfig"]
+    assert isinstance(host, dict)
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["Privileged"] is False
+    assert host["Memory"] == 1024**3 and host["MemorySwap"] == 1024**3
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["PidsLimit"] == 128
+    labels = attrs["Config"]["Labels"]  # type: ignore[index]
+    assert labels[LABEL_OWNER] == OWNER
+    assert labels[LABEL_SANDBOX] == shared_session.kernel.id
+
+
+async def test_pids_limit_stops_thread_and_process_bombs(session: Session) -> None:
+    seen = await observe(session, """
+import json, subprocess, threading
+found = {}
+release = threading.Event()
+threads = []
+try:
+    for _ in range(1000):
+        thread = threading.Thread(target=release.wait)
+        thread.start()
+        threads.append(thread)
+except RuntimeError as exc:
+    found["threads"] = [len(threads), str(exc)]
+release.set()
+for thread in threads:
+    thread.join()
+children = []
+try:
+    for _ in range(1000):
+        children.append(subprocess.Popen(["sleep", "60"]))
+except OSError as exc:
+    found["processes"] = [len(children), exc.errno]
+for child in children:
+    child.kill()
+    child.wait()
+print(json.dumps(found))
+""")
+    threads, processes = seen["threads"], seen["processes"]
+    assert isinstance(threads, list) and isinstance(processes, list)
+    assert 0 < threads[0] < 128
+    assert 0 < processes[0] < 128 and processes[1] == 11  # EAGAIN
+    assert await run_ok(session, "print(6 * 7)") == "42\n"
+
+
+async def test_memory_limit_kills_kernel_then_session_recovers(small_session: Session) -> None:
+    result = await small_session.execute(
+        "import numpy as np\nblocks = [np.ones(32 * 2**20 // 8) for _ in range(64)]",
+        timeout_s=60)
+    assert result.status == "died"
+    assert result.restarted is True
+    assert result.reason is not None and "out of memory" in result.reason
+    assert "384m" in result.reason
+    assert await run_ok(small_session, "print('alive')") == "alive\n"
+
+
+async def test_tmp_is_capped(shared_session: Session) -> None:
+    seen = await observe(shared_session, """
+import json, os
+written = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * 2**20)
+            f.flush()
+            written += 1
+    found = {"error": None}
+except OSError as exc:
+    found = {"error": exc.errno}
+finally:
+    os.unlink("/tmp/fill")
+found["written_mib"] = written
+print(json.dumps(found))
+""")
+    assert seen["error"] == 28  # ENOSPC
+    assert isinstance(seen["written_mib"], int) and seen["written_mib"] <= 32
+
+
+async def test_close_removes_container_and_workspace(
+        pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session = await pool.create_session()
+    await run_ok(session, "open('kept.txt', 'w').write('data')")
+    info = session.kernel.sandbox.info
+    workspace = Path(info.workspace)
+    image = workspace.with_suffix(".ext4")
+    assert (workspace / "kept.txt").read_text() == "data"
+    assert os.path.ismount(workspace) and image.exists()
+
+    await pool.delete_session(session.id)
+
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.api.inspect_container(info.container_id)
+    assert not workspace.exists() and not image.exists()
+    assert not Path(info.socket_dir).exists()
+    assert mounts_under(workspace) == []
+    loops = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+    assert loops.stdout.strip() == ""

@@ -1,0 +1,58 @@
+"""The sandbox image: built, tagged by content, non-root, with a reaping PID 1."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import docker
+
+from kernel_pool import Session
+from kernel_pool.image import (
+    DEFAULT_IMAGE,
+    IMAGE_REPOSITORY,
+    build_image,
+    content_version,
+    context_dir,
+    read_image_info,
+)
+from kp_support import processes, run_ok
+
+
+def test_image_exists_when_built(docker_client: docker.DockerClient) -> None:
+    latest = docker_client.images.get(DEFAULT_IMAGE)
+    versioned = docker_client.images.get(f"{IMAGE_REPOSITORY}:{content_version(context_dir())}")
+    assert latest.id == versioned.id
+    assert latest.labels["org.opencontainers.image.version"] == content_version(context_dir())
+
+
+def test_build_image_skips_when_up_to_date(docker_client: docker.DockerClient,
+                                           tmp_path: Path) -> None:
+    lines: list[str] = []
+    started = time.monotonic()
+    info = build_image(docker_client, state_dir=tmp_path, log=lines.append)
+    assert time.monotonic() - started < 10
+    assert lines == [], "an up-to-date image must not be rebuilt"
+    assert info.version == content_version(context_dir())
+    assert info.id == docker_client.images.get(DEFAULT_IMAGE).id
+    assert read_image_info(tmp_path) == info
+
+
+def test_image_runs_as_non_root_user(docker_client: docker.DockerClient) -> None:
+    config = docker_client.images.get(DEFAULT_IMAGE).attrs["Config"]
+    user = config["User"].split(":")[0]
+    assert user not in ("", "0", "root")
+
+
+async def test_init_reaps_orphans_when_they_exit(shared_session: Session) -> None:
+    before = await processes(shared_session)
+    assert before[0][0] == 1 and "init.py" in before[0][2], before[0]
+    # The shell exits at once; its background children become PID 1's, then exit themselves.
+    await run_ok(shared_session, "import subprocess\n"
+                 "subprocess.run(['sh', '-c', 'for i in 1 2 3 4 5; do sleep 0.2 & done; exit 0'])")
+    await asyncio.sleep(1.0)
+    after = await processes(shared_session)
+    zombies = [p for p in after if p[1] == "Z"]
+    assert zombies == [], zombies
+    assert not [p for p in after if p[2].startswith("sleep")]

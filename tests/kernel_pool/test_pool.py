@@ -1,0 +1,196 @@
+"""The warm pool: hand-off, refill, capacity, cancellation, orphans, culling.
+
+Tests that need a pool of their own give it its own owner label (``OWNER-<suffix>``): a pool's
+``start()`` removes every container of its owner, which must never reach the shared pool's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from kernel_pool import CapacityError, KernelPool, PoolSettings, Profile
+from kernel_pool.backends.base import SandboxSpec
+from kernel_pool.backends.docker import DockerBackend
+from kp_support import OWNER, make_settings, mounts_under, owned_containers, run_ok
+
+PoolFactory = Callable[..., Any]
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def own_pool(state_root: Path, docker_client: docker.DockerClient,
+                   ) -> AsyncIterator[PoolFactory]:
+    """Make pools with their own owner and state; each is closed, and proven empty, after."""
+    made: list[KernelPool] = []
+
+    def make(suffix: str, **overrides: Any) -> KernelPool:
+        owner = f"{OWNER}-{suffix}"
+        settings = make_settings(state_root / suffix, owner=owner, **overrides)
+        pool = KernelPool(settings)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        await pool.close()
+        assert owned_containers(docker_client, pool.settings.owner) == []
+        assert mounts_under(pool.settings.state_dir) == []
+
+
+def one_profile(**values: Any) -> dict[str, Profile]:
+    return {"default": Profile(name="default", workspace_size="64m", tmp_size="32m", **values)}
+
+
+def consistent(pool: KernelPool, containers: int) -> bool:
+    stats = pool.stats()
+    return containers == stats["idle"] + stats["starting"] + stats["in_use"]
+
+
+async def test_acquire_hands_off_a_warm_kernel(pool: KernelPool) -> None:
+    await pool.wait_ready()
+    warm = pool._idle["default"][0]
+    before = pool.stats()
+    started = time.perf_counter()
+    kernel = await pool.acquire()
+    elapsed = time.perf_counter() - started
+    try:
+        assert kernel is warm
+        assert elapsed < 0.05, f"a hand-off took {elapsed * 1000:.1f} ms"
+        assert pool.stats()["in_use"] == before["in_use"] + 1
+        # The refill has started at once, and brings the idle count back to min_idle.
+        assert pool.stats()["starting"] >= 1
+        await pool.wait_ready(timeout_s=60)
+        assert pool.stats()["idle"] == 1
+    finally:
+        await pool.release(kernel)
+    assert kernel.state == "closed"
+
+
+async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -> None:
+    pool = own_pool("cap", max_kernels=1, profiles=one_profile(min_idle=1))
+    await pool.start()
+    await pool.wait_ready()
+    kernel = await pool.acquire()
+    try:
+        started = time.perf_counter()
+        with pytest.raises(CapacityError) as caught:
+            await pool.acquire()
+        assert time.perf_counter() - started < 0.1, "at the cap the pool must fail fast"
+        assert caught.value.limit == 1
+        assert "REPLGATE_MAX_KERNELS" in str(caught.value)
+        assert pool.stats() == {"idle": 0, "starting": 0, "in_use": 1, "sessions": 0, "max": 1}
+    finally:
+        await pool.release(kernel)
+    await eventually(lambda: pool.stats()["idle"] == 1)
+    assert repr(pool) == "<KernelPool 1 idle, 0 starting, 0 in use, max 1>"
+
+
+async def test_cancelled_acquire_leaves_pool_consistent(
+        own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
+    pool = own_pool("cancel", max_kernels=2, profiles=one_profile(min_idle=0))
+    await pool.start()
+    owner = pool.settings.owner
+    waiter = asyncio.ensure_future(pool.acquire())
+    await eventually(lambda: len(owned_containers(docker_client, owner)) == 1, 30)
+    assert pool.stats()["starting"] == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # The start goes on; the kernel nobody waits for any more joins the idle set.
+    await eventually(lambda: pool.stats()["idle"] == 1)
+    assert pool.stats() == {"idle": 1, "starting": 0, "in_use": 0, "sessions": 0, "max": 2}
+    assert consistent(pool, len(owned_containers(docker_client, owner)))
+    started = time.perf_counter()
+    kernel = await pool.acquire()
+    assert time.perf_counter() - started < 0.05
+    await pool.release(kernel)
+    assert consistent(pool, len(owned_containers(docker_client, owner)))
+
+
+async def test_cancelled_create_session_leaks_nothing(
+        own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
+    pool = own_pool("cancel2", max_kernels=2, profiles=one_profile(min_idle=0))
+    await pool.start()
+    owner = pool.settings.owner
+    for delay in (0.05, 0.3, 1.0):
+        waiter = asyncio.ensure_future(pool.create_session(env={"A": "1"}))
+        await asyncio.sleep(delay)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        await eventually(lambda: pool.stats()["starting"] == 0)
+        stats = pool.stats()
+        assert stats["in_use"] == len(pool.sessions)
+        assert consistent(pool, len(owned_containers(docker_client, owner))), stats
+    for session_id in list(pool.sessions):
+        await pool.delete_session(session_id)
+    assert consistent(pool, len(owned_containers(docker_client, owner)))
+
+
+async def test_close_while_kernels_start_leaves_nothing(
+        own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
+    pool = own_pool("closing", max_kernels=2, profiles=one_profile(min_idle=2))
+    await pool.start()
+    await eventually(lambda: len(owned_containers(docker_client, pool.settings.owner)) >= 1, 30)
+    await pool.close()
+    assert owned_containers(docker_client, pool.settings.owner) == []
+    assert mounts_under(pool.settings.state_dir) == []
+
+
+async def test_start_removes_orphans(own_pool: PoolFactory,
+                                     docker_client: docker.DockerClient) -> None:
+    pool = own_pool("orphans", profiles=one_profile(min_idle=0))
+    # A gateway that died left two sandboxes; the next one knows only the first's session.
+    earlier = DockerBackend(pool.settings)
+    profile = pool.settings.profiles["default"]
+    kept = await earlier.create(SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile))
+    orphan = await earlier.create(SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile))
+    await earlier.close()
+
+    taken_back = await pool.start(keep=lambda info: info.sandbox_id == kept.info.sandbox_id)
+
+    assert [info.sandbox_id for info in taken_back] == [kept.info.sandbox_id]
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.api.inspect_container(orphan.info.container_id)
+    assert not Path(orphan.info.workspace).exists()
+    assert not Path(orphan.info.socket_dir).exists()
+    assert mounts_under(Path(orphan.info.workspace)) == []
+    assert docker_client.api.inspect_container(kept.info.container_id)["State"]["Running"]
+    await pool.backend.remove(taken_back[0])
+    assert owned_containers(docker_client, pool.settings.owner) == []
+    assert mounts_under(pool.settings.state_dir) == []
+
+
+async def test_cull_closes_idle_sessions(own_pool: PoolFactory) -> None:
+    pool = own_pool("cull", idle_ttl_s=1.0, cull_interval_s=0.2,
+                    profiles=one_profile(min_idle=0))
+    closed: list[tuple[str, str]] = []
+    pool.on_session_closed.append(lambda session, reason: closed.append((session.id, reason)))
+    await pool.start()
+    session = await pool.create_session()
+    await run_ok(session, "1")
+    await eventually(lambda: bool(closed), 10)
+    assert closed == [(session.id, "idle for more than 1s")]
+    assert pool.stats()["sessions"] == 0 and pool.stats()["in_use"] == 0
+
+
+def test_settings_refuse_unsafe_sizes() -> None:
+    with pytest.raises(ValueError, match="size"):
+        Profile(memory="lots")
+    with pytest.raises(ValueError):
+        PoolSettings(state_dir=Path("/tmp/x"), max_kernels=0)

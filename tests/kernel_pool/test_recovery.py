@@ -1,0 +1,57 @@
+"""Recovery: a kernel that dies (exit, out of memory, container gone) is reported and replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import docker
+
+from kernel_pool import Session
+from kernel_pool.kernel import KernelState
+from kp_support import run_ok
+
+
+async def test_os_exit_reported_died_and_recovered(session: Session) -> None:
+    await run_ok(session, "lost = 1\nopen('kept.txt', 'w').write('kept')")
+    started = time.monotonic()
+    result = await session.execute("import os\nos._exit(3)", timeout_s=60)
+    assert time.monotonic() - started < 15
+    assert result.status == "died"
+    assert result.restarted is True
+    assert result.reason is not None and "exited (code 3)" in result.reason
+    assert "memory" not in result.reason
+    after = await session.execute("lost")
+    assert after.error is not None and after.error.ename == "NameError"
+    assert await run_ok(session, "print(open('kept.txt').read())") == "kept\n"
+
+
+async def test_memory_bomb_reported_died_with_oom_reason(small_session: Session) -> None:
+    result = await small_session.execute(
+        "hoard = []\nwhile True:\n    hoard.append(bytearray(8 * 2**20))", timeout_s=60)
+    assert result.status == "died"
+    assert result.restarted is True
+    assert result.reason is not None and "ran out of memory" in result.reason
+    assert await run_ok(small_session, "print(len('recovered'))") == "9\n"
+
+
+async def test_container_killed_from_outside_reported_died(
+        session: Session, docker_client: docker.DockerClient) -> None:
+    await run_ok(session, "open('kept.txt', 'w').write('kept')")
+    old_container = session.kernel.sandbox.info.container_id
+    handle = session.submit("import time\nprint('running', flush=True)\ntime.sleep(60)",
+                            timeout_s=90)
+    async for event in handle.stream():
+        if event.type == "stdout":
+            break
+    killed_at = time.monotonic()
+    await asyncio.to_thread(docker_client.api.kill, old_container)
+    async with asyncio.timeout(3):  # detected within a second or two
+        while session.kernel.state == KernelState.READY:
+            await asyncio.sleep(0.01)
+    detected_after = time.monotonic() - killed_at
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert result.status == "died", detected_after
+    assert result.restarted is True
+    assert session.kernel.sandbox.info.container_id != old_container
+    assert await run_ok(session, "print(open('kept.txt').read())") == "kept\n"
