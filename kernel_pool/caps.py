@@ -9,7 +9,6 @@ worth of text in memory, whatever the kernel sends.
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from typing import Any
 
@@ -18,7 +17,6 @@ from kernel_pool.events import DisplayEvent, StreamEvent, UpdateDisplayEvent
 
 SPILL_DIR = ".replgate/outputs"
 SPILL_FLUSH_CHARS = 1 << 20
-_LINES = re.compile(r"(?<=\n)")
 
 
 class OutputLimiter:
@@ -61,15 +59,17 @@ class OutputLimiter:
 
     def _cut_lines(self, name: str, text: str) -> str:
         limit = self.caps.line_chars
+        lines = text.split("\n")
+        last = len(lines) - 1
+        if self._line_len[name] + len(lines[0]) <= limit and max(map(len, lines)) <= limit:
+            # The common case, checked in C: no line reaches the cap; the text passes as it is.
+            self._line_len[name] = len(lines[-1]) if last else self._line_len[name] + len(text)
+            return text
         pieces = []
-        for segment in _LINES.split(text):
-            if not segment:
-                continue
-            ends = segment.endswith("\n")
-            body = segment[:-1] if ends else segment
+        for index, body in enumerate(lines):
             room = max(0, limit - self._line_len[name])
             if len(body) <= room:
-                pieces.append(segment)
+                pieces.append(body)
             else:
                 pieces.append(body[:room])
                 if not self._line_cut[name]:
@@ -77,9 +77,8 @@ class OutputLimiter:
                     self._line_cut[name] = True
                     self.truncated = True
                     self._start_spill()
-                if ends:
-                    pieces.append("\n")
-            if ends:
+            if index < last:
+                pieces.append("\n")
                 self._line_len[name], self._line_cut[name] = 0, False
             else:
                 self._line_len[name] += len(body)

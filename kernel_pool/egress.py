@@ -242,20 +242,38 @@ class EgressProxy:
             return False
 
     async def ensure(self) -> None:
-        """Serve on the socket; idempotent, and re-binds if the socket file went away."""
+        """Serve on the socket; idempotent, and re-binds if the socket file went away.
+
+        The socket folder is writable by the sandbox, which could swap a symlink in at any
+        moment; so the socket is bound, owned and chmod-ed in a private folder beside it (the
+        gateway's alone) and then renamed into place, and no path in the sandbox's folder is
+        ever followed.
+        """
         if self._bound():
             return
         await self._stop_server()
-        self.socket_path.unlink(missing_ok=True)
-        self._server = await asyncio.start_unix_server(self._handle, path=str(self.socket_path),
+        private = self.socket_path.parent.with_name(f".{self.socket_path.parent.name}.egress")
+        private.mkdir(mode=0o700, exist_ok=True)
+        staged = private / SOCKET_NAME
+        staged.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(self._handle, path=str(staged),
                                                        limit=HEAD_LIMIT)
-        uid, gid = self._owner
-        if uid is not None and os.geteuid() == 0:
-            os.chown(self.socket_path, uid, gid if gid is not None else -1)
-            os.chmod(self.socket_path, 0o600)
-        else:
-            os.chmod(self.socket_path, 0o666)
-        self._inode = os.stat(self.socket_path).st_ino
+        try:
+            uid, gid = self._owner
+            if uid is not None and os.geteuid() == 0:
+                os.chown(staged, uid, gid if gid is not None else -1)
+                os.chmod(staged, 0o600)
+            else:
+                os.chmod(staged, 0o666)
+            self._inode = os.stat(staged).st_ino
+            os.rename(staged, self.socket_path)
+        except BaseException:
+            await self._stop_server()
+            raise
+        finally:
+            staged.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                private.rmdir()
         logger.info("egress proxy for sandbox %s on %s: %s", self.sandbox_id, self.socket_path,
                     ", ".join(entry.text for entry in self.rules.entries))
 

@@ -114,7 +114,7 @@ class Session:
     def __init__(self, kernel: Kernel, profile: Profile, settings: PoolSettings, *,
                  session_id: str | None = None, env: dict[str, str] | None = None,
                  metadata: dict[str, Any] | None = None) -> None:
-        self.id = session_id or uuid.uuid4().hex
+        self.id = session_id or str(uuid.uuid4())
         self.kernel = kernel
         if kernel.egress is not None:
             kernel.egress.session_id = self.id  # egress attempts are logged with the session

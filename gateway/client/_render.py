@@ -175,6 +175,15 @@ def _status_note(execution: Execution) -> str:
     elif status is ExecutionStatus.DIED:
         notes.append(f"[status: died] The Python process died{reason}, for instance out of "
                      "memory. Use less memory (smaller data, chunks).")
+    elif status.value == "denied":  # statuses of the gateway's policy (governance)
+        notes.append(f"[status: denied] The gateway's policy refused this code before it "
+                     f"ran{reason}. Do it another way, or ask the user.")
+    elif status.value == "budget_exceeded":
+        notes.append(f"[status: budget_exceeded] The code was not run: this session's budget "
+                     f"is used up{reason}.")
+    elif status is not ExecutionStatus.OK:
+        notes.append(f"[status: {status.value}] The execution did not complete "
+                     f"normally{reason}.")
     if execution.restarted or status is ExecutionStatus.DIED:
         notes.append(lost)
     if execution.truncated:

@@ -62,6 +62,8 @@ def main() -> None:
     config = Config()
     # No SQLite history: it costs time on every cell and nothing here reads it back.
     config.HistoryManager.enabled = False
+    # jedi takes 10+ s for a first completion on one CPU; IPython's own completer is instant.
+    config.IPCompleter.use_jedi = False
     config.IPKernelApp.matplotlib = "inline"
     config.IPKernelApp.pylab_import_all = False
     config.InlineBackend.figure_formats = {"png"}

@@ -338,6 +338,18 @@ def test_render_execution_died_says_what_was_lost() -> None:
         result.text)
 
 
+def test_render_execution_denied_by_policy_is_error_with_note() -> None:
+    execution = Execution(status="denied", reason="rule 'no-subprocess'",
+                          error=ExecutionError(ename="PolicyDenied", evalue="subprocess"))
+
+    result = render_execution(execution)
+
+    assert result.is_error
+    assert result.text.endswith("[status: denied] The gateway's policy refused this code "
+                                "before it ran (rule 'no-subprocess'). Do it another way, or "
+                                "ask the user.")
+
+
 def test_render_execution_cuts_long_result_to_head_and_tail() -> None:
     long = "".join(f"{i:06d}\n" for i in range(10_000))
     execution = Execution(status="ok", execution_count=3,

@@ -266,6 +266,25 @@ def test_approval_expired_is_denied(governed: GatewayProcess, alpha: httpx.Clien
     assert alpha.get("/v1/approvals").json() == []
 
 
+def test_interrupt_withdraws_held_execution(governed: GatewayProcess, alpha: httpx.Client,
+                                            session_id: str) -> None:
+    code = "open('withdrawn.txt', 'w'); 'needs-approval'"
+    with ThreadPoolExecutor(1) as pool:
+        running: Future[dict[str, Any]] = pool.submit(execute, alpha, session_id, code)
+        approval = wait_pending(alpha, session_id)
+        interrupted = alpha.post(f"/v1/sessions/{session_id}/interrupt")
+        assert interrupted.json() == {"interrupted": True}
+        result = running.result(30)
+    assert result["status"] == "interrupted"
+    assert not file_exists(alpha, session_id, "withdrawn.txt")
+    assert alpha.get("/v1/approvals").json() == []
+    late = httpx.post(f"{governed.url}/v1/approvals/{approval['approval_id']}/approve",
+                      headers=bearer(ALICE))
+    assert late.status_code == 409 and "withdrawn" in late.json()["detail"]
+    assert audit_extra(governed, result["id"])["approval"]["decision"] == "withdrawn"
+    assert execute(alpha, session_id, "print('still usable')")["stdout"] == "still usable\n"
+
+
 def test_approvals_refuse_missing_key(governed: GatewayProcess) -> None:
     assert httpx.get(f"{governed.url}/v1/approvals").status_code == 401
     assert httpx.post(f"{governed.url}/v1/approvals/x/approve").status_code == 401

@@ -355,14 +355,16 @@ async def test_kernel_requests_are_relayed(gateway: GatewayProcess, kernel_id: s
     async with channels(gateway, kernel_id) as ch:
         info = await ch.collect(await ch.send("kernel_info_request", {}))
         await ch.execute("replgate_variable = 1")
-        completion = await ch.collect(await ch.send("complete_request",
-                                                    {"code": "replgate_var", "cursor_pos": 12}))
+        inspection = await ch.collect(await ch.send("inspect_request", {
+            "code": "replgate_variable", "cursor_pos": 17, "detail_level": 0}))
         complete = await ch.collect(await ch.send("is_complete_request", {"code": "for x in y:"}))
     reply = of_type(info, "kernel_info_reply")[0]
     assert reply["channel"] == "shell" and reply["content"]["language_info"]["name"] == "python"
     assert reply["content"]["debugger"] is False
     assert [m["content"]["execution_state"] for m in of_type(info, "status")] == ["busy", "idle"]
-    assert "replgate_variable" in of_type(completion, "complete_reply")[0]["content"]["matches"]
+    found = of_type(inspection, "inspect_reply")[0]["content"]
+    assert found["status"] == "ok" and found["found"] is True
+    assert "int" in found["data"]["text/plain"]
     assert of_type(complete, "is_complete_reply")[0]["content"]["status"] == "incomplete"
 
 

@@ -29,6 +29,11 @@ async def sid(gateway: GatewayProcess) -> AsyncIterator[str]:
         await client.delete(f"/v1/sessions/{answer.json()['id']}")
 
 
+def stdout_of(frames: list[dict[str, Any]]) -> str:
+    """The stdout text of an execution (the kernel may split a print into several frames)."""
+    return "".join(f["text"] for f in frames if f["type"] == "stdout")
+
+
 async def collect(ws: ClientConnection, execution_id: str) -> list[dict[str, Any]]:
     frames = []
     async with asyncio.timeout(60):
@@ -49,7 +54,7 @@ async def test_ws_streams_events_as_they_happen(gateway: GatewayProcess, sid: st
         await ws.send(json.dumps({"type": "execute", "code": code, "id": "stream-1"}))
         frames = await collect(ws, "stream-1")
     types = [f["type"] for f in frames]
-    assert types[0] == "stdout" and frames[0]["text"] == "first\n"
+    assert types[0] == "stdout" and frames[0]["text"].startswith("first")
     assert types[-1] == "done" and frames[-1]["status"] == "ok"
     assert "result" in types and frames[types.index("result")]["data"]["text/plain"] == "42"
     assert frames[-1]["_at"] - frames[0]["_at"] > 1.0, "first line was not streamed early"
@@ -63,7 +68,7 @@ async def test_ws_accepts_token_query_for_browsers(gateway: GatewayProcess, sid:
     async with connect(url) as ws:
         await ws.send(json.dumps({"type": "execute", "code": "print('q')", "id": "q"}))
         frames = await collect(ws, "q")
-    assert frames[0]["text"] == "q\n"
+    assert stdout_of(frames) == "q\n"
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}])
@@ -104,7 +109,7 @@ async def test_ws_rejects_bad_messages_and_stays_open(gateway: GatewayProcess, s
         assert frame["type"] == "rejected" and frame["detail"]
         await ws.send(json.dumps({"type": "execute", "code": "print('alive')", "id": "after"}))
         frames = await collect(ws, "after")
-    assert frames[0]["text"] == "alive\n"
+    assert stdout_of(frames) == "alive\n"
 
 
 async def test_ws_interrupt_ends_execution_as_interrupted(gateway: GatewayProcess,
@@ -113,7 +118,7 @@ async def test_ws_interrupt_ends_execution_as_interrupted(gateway: GatewayProces
         await ws.send(json.dumps({"type": "execute", "code": "import time\nprint('go', flush=True)"
                                   "\ntime.sleep(30)", "id": "int-1"}))
         first = json.loads(await asyncio.wait_for(ws.recv(), 30))
-        assert first["text"] == "go\n"
+        assert first["text"].startswith("go")
         await ws.send(json.dumps({"type": "interrupt"}))
         frames = await collect(ws, "int-1")
     assert frames[-1]["status"] == "interrupted"
@@ -147,6 +152,6 @@ async def test_ws_runs_queued_executions_in_order(gateway: GatewayProcess, sid: 
         async with asyncio.timeout(60):
             while len(seen) < 5:
                 frame = json.loads(await ws.recv())
-                if frame["type"] == "stdout":
+                if frame["type"] == "stdout" and frame["text"].strip():
                     seen.append(frame["text"].strip())
     assert seen == ["0", "1", "2", "3", "4"]
