@@ -46,7 +46,7 @@ def free_port() -> int:
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -84,9 +84,9 @@ class Replgate:
                                      start_new_session=True)
         self.headers = {"Authorization": f"Bearer {self.key}"}
 
-    async def wait_idle(self, n: int, timeout: float = 300) -> None:
+    async def wait_idle(self, n: int) -> None:
         async with httpx.AsyncClient() as c:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 try:
                     pool = (await c.get(f"{self.url}/healthz")).json()["pool"]
@@ -153,8 +153,8 @@ async def kg_execute(ws: Any, code: str) -> None:
 
 async def kg_start(c: httpx.AsyncClient, url: str) -> tuple[str, Any]:
     kernel = (await c.post(f"{url}/api/kernels", json={"name": "python3"})).json()
-    ws = await websockets.connect(url.replace("http", "ws") + f"/api/kernels/{kernel['id']}/channels",
-                                  max_size=None)
+    channels = url.replace("http", "ws") + f"/api/kernels/{kernel['id']}/channels"
+    ws = await websockets.connect(channels, max_size=None)
     await ws.send(json.dumps(jmsg("kernel_info_request", {})))
     while json.loads(await ws.recv())["msg_type"] != "kernel_info_reply":
         pass
@@ -333,7 +333,7 @@ def idle_kernel_memory_mb() -> dict[str, float] | None:
                                                                  mem.get("stats", {}).get(
                                                                      "inactive_file", 0))
         rss = mem.get("stats", {}).get("total_rss") or mem.get("stats", {}).get("anon")
-        found.append(((rss or usage) / 2**20))
+        found.append((rss or usage) / 2**20)
     if not found:
         return None
     per = statistics.median(found)
@@ -417,7 +417,8 @@ def report(fig: dict[str, Any]) -> str:
             ratio = f"{s['p50'] / fig[base]['p50']:.2f}x {base}"
         return f"| {name} | {s['p50']:.2f} | {s['p95']:.2f} | {ratio} | {target} |"
 
-    lines = ["| figure (ms) | p50 | p95 | ratio (p50) | target |", "| --- | --- | --- | --- | --- |",
+    lines = ["| figure (ms) | p50 | p95 | ratio (p50) | target |",
+             "| --- | --- | --- | --- | --- |",
              row("session start, warm pool", "replgate_session_start_warm_ms",
                  "replgate_session_start_cold_ms", "< 10 ms"),
              row("session start, cold", "replgate_session_start_cold_ms", None, ""),

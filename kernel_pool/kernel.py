@@ -30,8 +30,12 @@ from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-ROUTE_BUFFER = 256
+ROUTE_BUFFER = 32
 """Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
+IOPUB_HWM = 64
+"""Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
+memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
+a stream message is at most 256 KiB, so a flood costs the host about 25 MiB at most."""
 
 
 class KernelState(StrEnum):
@@ -133,6 +137,7 @@ class Kernel:
             socket = self._context.socket(kind)
             if kind == zmq.SUB:
                 socket.setsockopt(zmq.SUBSCRIBE, b"")
+                socket.setsockopt(zmq.RCVHWM, IOPUB_HWM)
             else:
                 socket.setsockopt(zmq.IDENTITY, self._session.bsession)
             socket.connect(f"ipc://{base}-{connection[channel + '_port']}")

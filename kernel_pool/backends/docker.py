@@ -73,6 +73,20 @@ def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
 
+def _read_connection_file(path: Path) -> dict[str, Any]:
+    """A kernel's connection file, which lies in a folder the sandbox can write: read it
+    without following links and keep only well-formed values (ports must be the fixed small
+    integers, so a tampered file cannot point the gateway's socket paths elsewhere)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd) as f:
+        raw = json.loads(f.read(65536))
+    key = raw.get("key") if isinstance(raw, dict) else None
+    if not isinstance(key, str) or not key.isalnum():
+        raise BackendError(f"kernel connection file {path} is malformed")
+    return {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
+            "kernel_name": "python3"}
+
+
 class DockerSandbox(Sandbox):
     """One container; kernels run in it by ``docker exec`` beside the reaping PID 1."""
 
@@ -137,7 +151,7 @@ class DockerSandbox(Sandbox):
         if not self.info.kernel_name or await self.poll() is not None:
             return None
         path = self._socket_dir / f"{self.info.kernel_name}.json"
-        config = json.loads(await _in_thread(path.read_text))
+        config = await _in_thread(_read_connection_file, path)
         return {**config, "ip": str(self._socket_dir / self.info.kernel_name)}
 
     def _write_connection_file(self, name: str, config: dict[str, Any],
@@ -145,11 +159,16 @@ class DockerSandbox(Sandbox):
         if previous:
             for stale in self._socket_dir.glob(f"{previous}*"):
                 stale.unlink(missing_ok=True)
+        # The folder is writable by the sandbox, which may have planted a symlink at this name:
+        # remove whatever is there (unlink never follows a link) and create the file afresh,
+        # never following a link, so the gateway's privileges cannot be turned on host files.
         path = self._socket_dir / f"{name}.json"
-        path.write_text(json.dumps(config))
-        os.chmod(path, 0o600)
-        if os.geteuid() == 0:
-            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            if os.geteuid() == 0:
+                os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
+            f.write(json.dumps(config))
 
     async def _watch(self, exec_id: str) -> None:
         """Find the kernel's host pid, and a pidfd that becomes readable when it exits."""
