@@ -47,6 +47,8 @@ class Gateway:
         """Policy, approvals and budgets: the gate every execution passes first."""
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
+        self._stored: dict[str, asyncio.Event] = {}
+        """Set once an execution's final record is in the history (the audit follows)."""
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions not yet in the history as finished, for watchers' catch-up."""
         info = read_image_info(settings.state_dir)
@@ -143,9 +145,19 @@ class Gateway:
 
     # -- executions --------------------------------------------------------------------------
 
+    async def check_new_execution_id(self, execution_id: str | None) -> None:
+        """A client-chosen execution id must be new: it names the execution in the history."""
+        if execution_id is not None and (execution_id in self._live
+                                         or await self.store.get_execution(execution_id)):
+            raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
+                               409)
+
     def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
                execution_id: str | None = None) -> ExecutionHandle:
-        """Queue code on the tenant's session; it is recorded and audited when it ends."""
+        """Queue code on the tenant's session; it is recorded and audited when it ends.
+
+        A client-chosen ``execution_id`` must have passed :meth:`check_new_execution_id`.
+        """
         try:
             size = len(code.encode("utf-8"))
         except UnicodeEncodeError:
@@ -153,6 +165,9 @@ class Gateway:
         if size > self.settings.max_code_bytes:
             raise GatewayError(f"code is over the limit of {self.settings.max_code_bytes} bytes; "
                                "put large data in a file instead", 413)
+        if execution_id is not None and execution_id in self._live:
+            raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
+                               409)
         running = sum(s.pending for s in self.sessions(tenant))
         if running >= self.settings.max_concurrent_executions_per_tenant:
             raise TooManyRequests(
@@ -160,6 +175,7 @@ class Gateway:
                 "wait for some to finish")
         handle = session.submit(code, timeout_s, execution_id=execution_id,
                                 gate=self.governance.gate(tenant, session))
+        self._stored[handle.id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
         self._recorders[handle.id] = task
         self._live[handle.id] = (session.id, handle)
@@ -179,21 +195,31 @@ class Gateway:
         return ExecutionOut(id=handle.id, **execution.model_dump())
 
     async def recorded(self, handle: ExecutionHandle) -> Execution:
-        """The execution's result once it is in the history and the audit log."""
-        task = self._recorders.get(handle.id)
-        return await asyncio.shield(task) if task else await handle.result()
+        """The execution's result once it is in the history.
+
+        Its audit record is appended right after, off the caller's path: answering does not
+        wait for the chain's fsync, and ``drain`` waits for every append at shutdown.
+        """
+        stored = self._stored.get(handle.id)
+        if stored is not None:
+            await stored.wait()
+        return await handle.result()
 
     async def _record(self, tenant: str, session: Session, handle: ExecutionHandle) -> Execution:
-        await self.store.start_execution(handle.id, session.id, tenant, handle.code)
         try:
-            await self.governance.follow(handle, self.store)  # pending_approval in history
-            execution = await handle.result()
+            await self.store.start_execution(handle.id, session.id, tenant, handle.code)
+            try:
+                await self.governance.follow(handle, self.store)  # pending_approval in history
+                execution = await handle.result()
+            finally:
+                execution = handle.execution()
+                await self.store.finish_execution(
+                    handle.id, execution.status.value, execution.execution_count,
+                    [event.model_dump(mode="json") for event in handle.events],
+                    execution.model_dump(mode="json"))
         finally:
-            execution = handle.execution()
-            await self.store.finish_execution(
-                handle.id, execution.status.value, execution.execution_count,
-                [event.model_dump(mode="json") for event in handle.events],
-                execution.model_dump(mode="json"))
+            # Whatever happened to the history, nobody waiting on this execution may hang.
+            self._stored.pop(handle.id).set()
         await self.store.update_session(
             session.id, execution_count=session.execution_count,
             last_active_at=session.last_active_at,

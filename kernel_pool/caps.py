@@ -2,8 +2,10 @@
 
 Streams keep a head (shown live) and a tail (shown at the end, after a notice naming the file
 with the full text). A line longer than the line cap is cut. Displays over the size cap, or
-past the count cap, are replaced by a short notice. The limiter holds at most about the caps'
-worth of text in memory, whatever the kernel sends.
+past the count cap, are replaced by a short notice; rich outputs past the total budget (and
+errors past a few) are dropped, and an error's value and traceback are cut to the text caps.
+The limiter holds at most about the caps' worth of output in memory, whatever the kernel sends
+(the kernel is untrusted: a forged flood of updates, clears or errors counts like any output).
 """
 
 from __future__ import annotations
@@ -13,10 +15,20 @@ from collections import deque
 from typing import Any
 
 from kernel_pool.config import OutputCaps
-from kernel_pool.events import DisplayEvent, StreamEvent, UpdateDisplayEvent
+from kernel_pool.events import (
+    ClearOutputEvent,
+    DisplayEvent,
+    ErrorEvent,
+    StreamEvent,
+    UpdateDisplayEvent,
+)
 
 SPILL_DIR = ".replgate/outputs"
 SPILL_FLUSH_CHARS = 1 << 20
+EVENT_MIN_COST = 1024
+"""Bytes of the rich-output budget every kept display, update or clear costs at least."""
+ERRORS_KEPT = 4
+"""Error events kept per execution (the kernel sends one; more are forged)."""
 
 
 class OutputLimiter:
@@ -35,8 +47,12 @@ class OutputLimiter:
         self._line_cut = {"stdout": False, "stderr": False}
         self._displays = 0
         self._displays_dropped = 0
+        self._budget_left = caps.display_total_bytes
+        self._errors = 0
         self._spilling = False
         self._seen: list[str] = []
+        self.spill_incomplete = False
+        """Set when the spill file could not take everything (the workspace is full)."""
         self._pending_spill: list[str] = []
 
     # -- streams -----------------------------------------------------------------------------
@@ -119,9 +135,11 @@ class OutputLimiter:
         if not self.truncated:
             return []
         events: list[StreamEvent] = []
+        where = (f"full text in {self.spill_path}" if not self.spill_incomplete else
+                 f"its start in {self.spill_path} (the workspace is full)")
         if self._tail:
             notice = (f"\n[replgate: output truncated: {self.total_chars} characters in all, "
-                      f"about {self.caps.stream_chars} shown; full text in {self.spill_path}]\n")
+                      f"about {self.caps.stream_chars} shown; {where}]\n")
             name, first = self._tail[0]
             excess = self._tail_chars - (self.caps.stream_chars - self.caps.stream_chars // 2)
             if excess > 0:
@@ -130,11 +148,12 @@ class OutputLimiter:
             events.extend(StreamEvent(type=n, text=t) for n, t in self._tail)
         elif self._spilling:
             events.append(StreamEvent(type="stderr", text=(
-                f"\n[replgate: long lines truncated; full text in {self.spill_path}]\n")))
+                f"\n[replgate: long lines truncated; {where}]\n")))
         if self._displays_dropped:
             events.append(StreamEvent(type="stderr", text=(
                 f"[replgate: {self._displays_dropped} more displays omitted "
-                f"(limit {self.caps.display_count} per execution)]\n")))
+                f"(limit {self.caps.display_count} per execution, "
+                f"{self.caps.display_total_bytes} bytes in all)]\n")))
         return events
 
     # -- displays ----------------------------------------------------------------------------
@@ -150,11 +169,59 @@ class OutputLimiter:
             self._displays += 1
         size = payload_size(event.data) + payload_size(event.metadata)
         if size <= self.caps.display_bytes:
-            return event
+            if self._spend(size):
+                return event
+            self._displays_dropped += 1
+            return None
         self.truncated = True
         note = (f"[replgate: output of {size} bytes omitted (limit {self.caps.display_bytes} "
                 f"bytes); save large results to a file instead]")
+        if not self._spend(len(note)):
+            self._displays_dropped += 1
+            return None
         return event.model_copy(update={"data": {"text/plain": note}, "metadata": {}})
+
+    def clear(self, event: ClearOutputEvent) -> ClearOutputEvent | None:
+        """A clear_output to send, or None once the rich-output budget is spent."""
+        return event if self._spend(0) else None
+
+    def error(self, event: ErrorEvent) -> ErrorEvent | None:
+        """The error cut to the text caps (value to a line, traceback to the stream cap,
+        keeping its first and last entries), or None past the first few."""
+        if self._errors >= ERRORS_KEPT:
+            self.truncated = True
+            return None
+        self._errors += 1
+        line, budget = self.caps.line_chars, self.caps.stream_chars
+        lines = [_clip(text, line) for text in event.traceback]
+        kept = sum(map(len, lines))
+        dropped = 0
+        while kept > budget and len(lines) > 2:
+            kept -= len(lines.pop(1))
+            dropped += 1
+        if dropped:
+            lines.insert(1, f"[... {dropped} traceback entries omitted]")
+        capped = ErrorEvent(ename=_clip(event.ename, line), evalue=_clip(event.evalue, line),
+                            traceback=lines)
+        if capped != event:
+            self.truncated = True
+        return capped
+
+    def _spend(self, size: int) -> bool:
+        """Take ``size`` bytes (at least :data:`EVENT_MIN_COST`) from the rich-output budget."""
+        cost = max(size, EVENT_MIN_COST)
+        if cost > self._budget_left:
+            self.truncated = True
+            self._budget_left = 0
+            return False
+        self._budget_left -= cost
+        return True
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [... {len(text) - limit} characters truncated]"
 
 
 def payload_size(value: Any) -> int:

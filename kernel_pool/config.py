@@ -16,6 +16,9 @@ class OutputCaps(BaseModel):
     line_chars: int = Field(5_000, ge=100, description="characters of one line returned")
     display_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one display's payload")
     display_count: int = Field(50, ge=1, description="display/result outputs per execution")
+    display_total_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="payload of all rich outputs of one execution "
+        "(displays, updates, clears) together; what the gateway holds and stores for it")
 
 
 class Profile(BaseModel):

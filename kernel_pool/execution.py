@@ -5,11 +5,14 @@ caps, and enforces the time limit for real: at ``timeout_s`` it interrupts; if t
 not back within the grace period it kills every process in the sandbox and starts a fresh
 kernel on the same workspace. A kernel that dies mid-execution (crash, out of memory, container
 gone) ends the execution as ``died`` and is restarted. The session stays usable either way.
+When it ends, the processes it left detached (daemons) are killed; after a timeout or an
+interrupt, every process but the kernel is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +34,7 @@ from kernel_pool.events import (
     StreamEvent,
     UpdateDisplayEvent,
 )
+from kernel_pool.exceptions import KernelPoolError, WorkspaceError
 from kernel_pool.kernel import Kernel, KernelDied, KernelState
 
 logger = logging.getLogger(__name__)
@@ -97,15 +101,18 @@ class ExecutionRun:
         self._route: asyncio.Queue[tuple[str, Any]] | None = None
         self._status: ExecutionStatus | None = None
         self._usage_before_restart: CgroupUsage | None = None
+        self._spill_failed = False
+        self._interrupt_requested = False
 
     def interrupt(self) -> bool:
         """Ask for the run to stop (status ``interrupted``); False if it is not running."""
         if self._route is None or self._status is not None:
             return False
-        try:
+        self._interrupt_requested = True
+        # Only a wake-up: the loop checks the flag before each message, so a queue full of
+        # output (a flood) delays nothing.
+        with contextlib.suppress(asyncio.QueueFull):
             self._route.put_nowait(("interrupt", None))
-        except asyncio.QueueFull:
-            return False
         return True
 
     async def run(self, emit: Emit) -> DoneEvent:
@@ -121,9 +128,17 @@ class ExecutionRun:
         finally:
             self.kernel.forget(msg_id)
             self._route = None
+        if not done.restarted and self.kernel.state == KernelState.READY:
+            # No daemon outlives the execution that made it; after a timeout or an interrupt
+            # nothing but the kernel does (its children are what did not stop).
+            cut = done.status in (ExecutionStatus.TIMEOUT, ExecutionStatus.INTERRUPTED)
+            killed = await self.kernel.sandbox.kill_strays(keep_kernel_children=not cut)
+            if killed:
+                logger.info("execution %s: killed %d process(es) it left behind",
+                            self.execution_id, killed)
+        await self._spill(final=True)
         for event in self.limiter.finish():
             emit(event)
-        await self._spill(final=True)
         # After a restart the cgroup may be a new container's: use the reading taken before it.
         after = self._usage_before_restart or await self.kernel.sandbox.usage()
         done.truncated = self.limiter.truncated
@@ -143,10 +158,16 @@ class ExecutionRun:
         idle = False
         reason: str | None = None
         while reply is None or not idle:
-            try:
-                async with asyncio.timeout_at(deadline_loop):
-                    channel, msg = await route.get()
-            except TimeoutError:
+            # Death, interrupt and deadline are checked before every message, not only when
+            # the queue runs dry: under a flood of output it may never do so.
+            if self.kernel.death is not None:
+                return await self._recover_death(self.kernel.death)
+            if self._interrupt_requested and self._status is None:
+                self._status = ExecutionStatus.INTERRUPTED
+                reason = "interrupted on request"
+                self.kernel.interrupt()
+                deadline_loop = loop.time() + self.interrupt_grace_s
+            if loop.time() >= deadline_loop:
                 if reply is not None:
                     break  # the reply came but iopub's idle got lost: do not wait forever
                 if self._status is None:
@@ -156,16 +177,13 @@ class ExecutionRun:
                     deadline_loop = loop.time() + self.interrupt_grace_s
                     continue
                 return await self._hard_restart(reason or "the kernel did not stop")
-            if channel == "interrupt":
-                if self._status is None:
-                    self._status = ExecutionStatus.INTERRUPTED
-                    reason = "interrupted on request"
-                    self.kernel.interrupt()
-                    deadline_loop = loop.time() + self.interrupt_grace_s
+            try:
+                async with asyncio.timeout_at(deadline_loop):
+                    channel, msg = await route.get()
+            except TimeoutError:
                 continue
-            if channel == "died":
-                assert isinstance(msg, KernelDied)
-                return await self._recover_death(msg)
+            if channel in ("interrupt", "died"):
+                continue  # wake-ups; the checks above act on them
             if channel == "shell":
                 if msg.get("msg_type") == "execute_reply":
                     reply = msg.get("content") if isinstance(msg.get("content"), dict) else {}
@@ -197,17 +215,26 @@ class ExecutionRun:
             capped = self.limiter.display(event)
             if capped is not None:
                 emit(capped)
+        elif isinstance(event, ErrorEvent):
+            error = self.limiter.error(event)
+            if error is not None:
+                emit(error)
+        elif isinstance(event, ClearOutputEvent):
+            clear = self.limiter.clear(event)
+            if clear is not None:
+                emit(clear)
         else:
             emit(event)
 
     async def _spill(self, final: bool = False) -> None:
         text = self.limiter.take_spill(final)
-        if text:
+        if text and not self._spill_failed:
             workspace = self.kernel.sandbox.workspace
             try:
                 await anyio.to_thread.run_sync(workspace.append_text, self.limiter.spill_path,
                                                text)
-            except OSError as exc:
+            except (OSError, WorkspaceError) as exc:  # the workspace is full: keep what fitted
+                self._spill_failed = self.limiter.spill_incomplete = True
                 logger.warning("could not keep full output of %s: %s", self.execution_id, exc)
 
     async def _hard_restart(self, reason: str) -> DoneEvent:
@@ -224,7 +251,11 @@ class ExecutionRun:
         status = ExecutionStatus.DIED
         if self.kernel.state != KernelState.CLOSED:
             self._usage_before_restart = await self.kernel.sandbox.usage()
-            await self.kernel.restart()
+            try:
+                await self.kernel.restart()
+            except KernelPoolError as exc:  # the session stays dead; the next run tries again
+                return DoneEvent(status=status, execution_count=None, duration_ms=0.0,
+                                 reason=f"{died.reason}; starting a fresh kernel failed: {exc}")
         return DoneEvent(status=status, execution_count=None, restarted=True, duration_ms=0.0,
                          reason=f"{died.reason}; a fresh kernel was started (variables lost, "
                                 "files kept)")

@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,18 @@ RouteItem = tuple[str, Any]
 """(channel, message): channel is iopub, shell, control, or 'died'/'interrupt' (signals)."""
 
 
+class _Messages(MessageSession):
+    """jupyter_client's message session with unguessable message ids.
+
+    Its own ids are ``session_pid_counter``: code in the sandbox, which sees the id of the
+    request it runs under, could name the next one and forge its outputs ahead of time.
+    """
+
+    @property
+    def msg_id(self) -> str:
+        return secrets.token_hex(16)
+
+
 def make_context() -> zmq.asyncio.Context:
     """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``."""
     context = zmq.asyncio.Context()
@@ -85,12 +99,20 @@ class Kernel:
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
+        self._death: KernelDied | None = None
+        self.on_death: Callable[[KernelDied], None] | None = None
+        """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
         self.egress: EgressProxy | None = None
         """The sandbox's egress proxy, for a profile with ``egress_allow``."""
 
     @property
     def id(self) -> str:
         return self.sandbox.info.sandbox_id
+
+    @property
+    def death(self) -> KernelDied | None:
+        """Why the kernel process died, if it has (until the next start)."""
+        return self._death
 
     def __repr__(self) -> str:
         return f"<Kernel {self.id} {self.state.value} routes={len(self._routes)}>"
@@ -101,10 +123,21 @@ class Kernel:
         """Launch the kernel process and wait until it answers ``kernel_info``.
 
         With ``attach``, connect to the kernel already running in the sandbox (one a previous
-        gateway started) and launch a fresh one only if there is none.
+        gateway started) and launch a fresh one only if there is none. If it does not start,
+        the kernel is DEAD (a request then learns it at once) until a start succeeds.
         """
+        try:
+            await self._start(attach)
+        except BaseException as exc:
+            if self.state is KernelState.STARTING:
+                self.state = KernelState.DEAD
+                self._death = KernelDied(f"the kernel did not start ({exc})", oom=False)
+            raise
+
+    async def _start(self, attach: bool) -> None:
         self.state = KernelState.STARTING
         self._expect_exit = False
+        self._death = None
         await self._ensure_egress()
         connection = await self.sandbox.connection_info() if attach else None
         attached = connection is not None
@@ -128,7 +161,7 @@ class Kernel:
         self.state = KernelState.READY
 
     def _connect(self, connection: dict[str, Any]) -> None:
-        self._session = MessageSession(key=connection["key"].encode(),
+        self._session = _Messages(key=connection["key"].encode(),
                                        signature_scheme=connection["signature_scheme"],
                                        username="replgate")
         base = connection["ip"]
@@ -204,9 +237,15 @@ class Kernel:
                   f"{self.profile.memory})" if oom else f"the kernel process exited (code {code})")
         logger.info("kernel %s died: %s", self.id, reason)
         self.state = KernelState.DEAD
+        self._death = KernelDied(reason, oom)
         for route in list(self._routes.values()):
             with contextlib.suppress(asyncio.QueueFull):
-                route.put_nowait(("died", KernelDied(reason, oom)))
+                route.put_nowait(("died", self._death))
+        if self.on_death is not None:
+            try:
+                self.on_death(self._death)
+            except Exception:
+                logger.exception("kernel %s: on_death callback failed", self.id)
 
     async def _disconnect(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -276,7 +315,11 @@ class Kernel:
         msg_id: str = msg["header"]["msg_id"]
         route: asyncio.Queue[RouteItem] = asyncio.Queue(ROUTE_BUFFER)
         self._routes[msg_id] = route
-        self._session.send(self._sockets[channel], msg)
+        if self._death is not None:  # it died before this request: nothing will answer it
+            route.put_nowait(("died", self._death))
+        socket = self._sockets.get(channel)
+        if socket is not None:  # none after a failed start
+            self._session.send(socket, msg)
         return msg_id, route
 
     def forget(self, msg_id: str) -> None:

@@ -23,7 +23,7 @@ from kernel_pool.events import (
 )
 from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed
 from kernel_pool.execution import ExecutionRun
-from kernel_pool.kernel import Kernel, KernelState
+from kernel_pool.kernel import Kernel, KernelDied, KernelState
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class Session:
                  metadata: dict[str, Any] | None = None) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.kernel = kernel
+        kernel.on_death = self._kernel_died
         if kernel.egress is not None:
             kernel.egress.session_id = self.id  # egress attempts are logged with the session
         self.profile = profile
@@ -232,6 +233,29 @@ class Session:
             with contextlib.suppress(ValueError):
                 self._pending.remove(handle)
             self._touch()
+
+    def _kernel_died(self, died: KernelDied) -> None:
+        """The kernel died: a running execution recovers it; between executions, we do."""
+        if self._closed or self.current is not None:
+            return
+        task = asyncio.create_task(self._recover(died), name=f"recover-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _recover(self, died: KernelDied) -> None:
+        async with self._lock:
+            if self._closed or self.kernel.state != KernelState.DEAD:
+                return
+            logger.info("session %s: kernel died between executions (%s); restarting it",
+                        self.id, died.reason)
+            self._restarting = True
+            try:
+                await self.kernel.restart()
+                self.execution_count = 0
+            except Exception:
+                logger.exception("session %s: restarting its dead kernel failed", self.id)
+            finally:
+                self._restarting = False
 
     async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
         """Ask the gate; on a denial end the execution (error, done) without running it."""

@@ -120,8 +120,9 @@ class Workspace:
         parts = split_relative(path)
         with self._parent_fd(parts, create=True) as dir_fd:
             try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                             0o644, dir_fd=dir_fd)
+                # O_NONBLOCK: opening a FIFO the sandboxed code left here must fail, not hang.
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                             | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
             except OSError as exc:
                 raise _path_error(exc, path) from exc
             try:
@@ -142,12 +143,22 @@ class Workspace:
         """Append to a file the gateway owns for the session (full text of capped output)."""
         parts = split_relative(path)
         with self._parent_fd(parts, create=True) as dir_fd:
-            fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
-                         0o644, dir_fd=dir_fd)
+            # O_NONBLOCK: a FIFO the sandboxed code left at the path must not hang the gateway.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
             try:
+                fd = os.open(parts[-1], flags, 0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise WorkspaceError(f"{path!r} is not a regular file")
                 if os.geteuid() == 0:
                     os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
-                os.write(fd, text.encode("utf-8", "replace"))
+                view = memoryview(text.encode("utf-8", "replace"))
+                while view:  # a write near a full disk may be partial; the next one says why
+                    view = view[os.write(fd, view):]
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
             finally:
                 os.close(fd)
 
@@ -173,25 +184,47 @@ class Workspace:
                 os.close(fd)
 
     def list_files(self) -> list[FileInfo]:
-        """Every regular file, recursively, as paths relative to the workspace."""
-        found: list[FileInfo] = []
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                try:
-                    info = os.lstat(full)
-                except OSError:
-                    continue
-                if not stat.S_ISREG(info.st_mode):
-                    continue
-                found.append(FileInfo(
-                    path=os.path.relpath(full, self.root),
-                    size=info.st_size,
-                    modified=datetime.fromtimestamp(info.st_mtime, UTC).isoformat(),
-                ))
-        return found
+        """Every regular file, recursively, as paths relative to the workspace.
 
+        Walked with an explicit stack, not recursion: the sandboxed code chooses the depth.
+        Each folder is opened without following a link and read through its descriptor; one
+        that is not on the workspace's own file system (a link swapped in mid-walk) is skipped.
+        Names that are not UTF-8 are shown with backslash escapes (JSON cannot carry them).
+        """
+        found: list[FileInfo] = []
+        device = os.stat(self.root).st_dev
+        folders = [""]
+        while folders:
+            folder = folders.pop()
+            try:
+                fd = os.open(os.path.join(self.root, folder),
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # gone, or a path too long to open: skip it
+            subfolders = []
+            try:
+                if os.fstat(fd).st_dev != device:
+                    continue
+                with os.scandir(fd) as scan:
+                    entries = sorted(scan, key=lambda entry: entry.name)
+                for entry in entries:
+                    path = os.path.join(folder, entry.name)
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISDIR(info.st_mode):
+                        subfolders.append(path)
+                    elif stat.S_ISREG(info.st_mode):
+                        found.append(FileInfo(
+                            path=os.fsencode(path).decode("utf-8", "backslashreplace"),
+                            size=info.st_size,
+                            modified=datetime.fromtimestamp(info.st_mtime, UTC).isoformat(),
+                        ))
+            finally:
+                os.close(fd)
+            folders.extend(reversed(subfolders))
+        return found
 
 def _path_error(exc: OSError, path: str) -> WorkspaceError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):

@@ -79,7 +79,7 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
     try:
         while True:
             raw = await websocket.receive_text()
-            reply = _handle(raw, gateway, tenant, session, outbox, forwarders)
+            reply = await _handle(raw, gateway, tenant, session, outbox, forwarders)
             if reply is not None:
                 await outbox.put(reply)
     except WebSocketDisconnect:
@@ -92,7 +92,7 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
                 await task
 
 
-def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
+async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
             outbox: asyncio.Queue[dict[str, Any]],
             forwarders: set[asyncio.Task[None]]) -> dict[str, Any] | None:
     try:
@@ -104,6 +104,7 @@ def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
     if not isinstance(message, WsExecute):
         return {"type": "interrupted", "execution_id": None, "interrupted": session.interrupt()}
     try:
+        await gateway.check_new_execution_id(message.id)
         handle = gateway.submit(tenant, session, message.code, message.timeout_s, message.id)
     except (GatewayError, KernelPoolError) as exc:
         return {"type": "rejected", "execution_id": message.id, "status_code": status_for(exc),

@@ -100,6 +100,12 @@ class Sandbox(ABC):
         """Restart the peak-memory reading, where the backend can; True if it did."""
         return False
 
+    async def kill_strays(self, keep_kernel_children: bool = True) -> int:
+        """Kill the processes an execution left behind: every one but the kernel and, with
+        ``keep_kernel_children``, its descendants (daemons re-parented away are not). Returns
+        how many; backends that cannot see the processes return 0."""
+        return 0
+
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()
 

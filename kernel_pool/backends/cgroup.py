@@ -80,6 +80,11 @@ class CgroupReader:
             if self.memory else None,
         )
 
+    @property
+    def procs_file(self) -> Path | None:
+        """The file listing the host pids of every process in the container."""
+        return self.memory / "cgroup.procs" if self.memory is not None else None
+
     def reset_peak(self) -> bool:
         """Restart the peak reading so it covers one execution (v1, or v2 on Linux 6.12+)."""
         if self.memory is None:

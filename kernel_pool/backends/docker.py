@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from docker.types import Mount, Ulimit
 
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
 from kernel_pool.backends.cgroup import CgroupReader
+from kernel_pool.backends.strays import find_strays, kill_strays
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError
 from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
@@ -40,7 +42,11 @@ LABEL_OWNER = "io.replgate.owner"
 LABEL_SANDBOX = "io.replgate.sandbox"
 LABEL_PROFILE = "io.replgate.profile"
 KERNEL_DIR = "/kernel"
-KERNEL_COMMAND = ("python", "-m", "replgate_kernel", "-f")
+SOCKET_SUBDIR = "kernel"
+SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
+"""The file system of a sandbox's socket folder, as root: sockets and a connection file."""
+KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
+"""``-P``: the working directory (the workspace) is not on sys.path while the kernel starts."""
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
@@ -67,6 +73,12 @@ async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
         return await _in_thread(func, *args, **kwargs)
     except docker.errors.DockerException as exc:
         raise BackendError(f"Docker engine: {exc}") from exc
+
+
+def _mount(arguments: list[str], command: str = "mount") -> None:
+    result = subprocess.run([command, *arguments], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BackendError(f"{command} {' '.join(arguments)} failed: {result.stderr.strip()}")
 
 
 def container_name(sandbox_id: str) -> str:
@@ -100,6 +112,8 @@ class DockerSandbox(Sandbox):
         self._pid: int | None = None
         self._pidfd: int | None = None
         self._cgroup: CgroupReader | None = None
+        self._init_pid = 0
+        """The host pid of the container's PID 1 (the reaper)."""
         self._exit_code: int | None = None
 
     @property
@@ -124,7 +138,8 @@ class DockerSandbox(Sandbox):
             self._cgroup = None
         if self._cgroup is None:
             state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
-            self._cgroup = CgroupReader.for_pid(int(state.get("Pid") or 0))
+            self._init_pid = int(state.get("Pid") or 0)
+            self._cgroup = CgroupReader.for_pid(self._init_pid)
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -254,15 +269,29 @@ class DockerSandbox(Sandbox):
             return
         await self._backend.remove(self.info)
 
+    # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a
+    # disk: read on the loop, since a worker-thread hop would cost more than the read itself
+    # and sits on every execution's path.
     async def usage(self) -> CgroupUsage:
         if self._cgroup is None:
             return CgroupUsage()
-        return await _in_thread(self._cgroup.read)
+        return self._cgroup.read()
 
     async def reset_peak_memory(self) -> bool:
         if self._cgroup is None:
             return False
-        return await _in_thread(self._cgroup.reset_peak)
+        return self._cgroup.reset_peak()
+
+    async def kill_strays(self, keep_kernel_children: bool = True) -> int:
+        procs = self._cgroup.procs_file if self._cgroup is not None else None
+        if procs is None or not self._pid or not self._init_pid:
+            return 0
+        # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
+        if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children):
+            return 0
+        killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
+                                       keep_kernel_children)
+        return killed
 
 
 class DockerBackend(SandboxBackend):
@@ -325,7 +354,7 @@ class DockerBackend(SandboxBackend):
             self.client.api.remove_container(container_id, force=True, v=True)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        socket_dir = self._run_dir / spec.sandbox_id
+        socket_dir = self._run_dir / spec.sandbox_id / SOCKET_SUBDIR
         workspace_dir = self._workspaces / spec.sandbox_id
         if len(str(socket_dir)) > 90:
             raise BackendError(
@@ -348,7 +377,16 @@ class DockerBackend(SandboxBackend):
 
     @staticmethod
     def _make_socket_dir(path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+        """``run/<id>/kernel``, the sandbox's writable socket folder (its kernel binds there).
+
+        As root, ``run/<id>`` is a tiny tmpfs of its own, so the sandbox cannot fill the host's
+        disk through the folder; the gateway's private files (egress) sit beside it, out of
+        the sandbox's reach, on the same file system.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0 and not os.path.ismount(path.parent):
+            _mount(["-t", "tmpfs", "-o", SOCKET_DIR_TMPFS, "tmpfs", str(path.parent)])
+        path.mkdir(exist_ok=True)
         if os.geteuid() == 0:
             os.chown(path, SANDBOX_UID, SANDBOX_GID)
             os.chmod(path, 0o700)
@@ -358,7 +396,12 @@ class DockerBackend(SandboxBackend):
     @staticmethod
     def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
         workspace.destroy()
-        shutil.rmtree(socket_dir, ignore_errors=True)
+        # run/<id>/kernel: remove run/<id> (a tmpfs as root); an older layout had run/<id>.
+        root = socket_dir.parent if socket_dir.name == SOCKET_SUBDIR else socket_dir
+        if os.path.ismount(root):
+            with contextlib.suppress(BackendError):
+                _mount(["--lazy", str(root)], command="umount")
+        shutil.rmtree(root, ignore_errors=True)
 
     def _discard(self, sandbox_id: str, workspace_dir: Path, socket_dir: Path) -> None:
         """Remove a half-made sandbox (blocking); parts that were never made are skipped."""

@@ -1,24 +1,44 @@
-"""Start an IPython kernel tuned for replgate: ``python -m replgate_kernel -f CONNECTION_FILE``.
+"""Start an IPython kernel tuned for replgate: ``python -P -m replgate_kernel -f CONNECTION``.
 
 The heavy data libraries are imported before the kernel answers its first request, so a warm
 kernel has already paid for them; ``import pandas`` in user code is then a dictionary lookup.
 """
 
+import glob
 import importlib
 import os
 import shutil
 import sys
+import tempfile
+import threading
 
 PREIMPORTS = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot", "scipy", "PIL.Image")
 # A stream message is sent in pieces of at most this many characters, so one huge print costs
 # the gateway a bounded amount of memory per message.
 STREAM_CHUNK = 256 * 1024
+# Characters a stream may hold before the IOPub thread has sent them. A writer past that waits
+# for the send (back-pressure), so a print flood cannot fill the kernel's memory with backlog.
+STREAM_BACKLOG = 8 * 1024 * 1024
+
+
+def _private_dirs() -> None:
+    """Fresh IPython and matplotlib folders, made by this process under unguessable names.
+
+    Both are read at start-up (IPython runs its profile's start-up files and config), and /tmp
+    outlives a kernel restart: code that ran before must not be able to plant anything the next
+    kernel runs. Earlier kernels' folders are removed (no process of theirs is left).
+    """
+    for name in ("IPYTHONDIR", "MPLCONFIGDIR"):
+        prefix = f".{name.lower()}-"
+        for old in glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")):
+            shutil.rmtree(old, ignore_errors=True)
+        os.environ[name] = tempfile.mkdtemp(prefix=prefix)
 
 
 def _prepare_matplotlib() -> None:
     target = os.environ.get("MPLCONFIGDIR")
-    if target and not os.path.isdir(target):
-        shutil.copytree("/opt/replgate/mplconfig", target)
+    if target:
+        shutil.copytree("/opt/replgate/mplconfig", target, dirs_exist_ok=True)
 
 
 def _preimport() -> None:
@@ -30,9 +50,19 @@ def _preimport() -> None:
 
 
 def _chunk_stream_messages() -> None:
-    from ipykernel.iostream import OutStream
+    from ipykernel.iostream import IOPubThread, OutStream
 
     flush_buffers = OutStream._flush_buffers
+    schedule_send = IOPubThread.send_multipart
+
+    def send_multipart(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # ipykernel hands every send to the IOPub thread through a blocking in-process pipe,
+        # even a send made on that thread. One flush of a flood sends many chunks from it,
+        # before it reads the pipe again: the pipe fills and the thread waits on itself.
+        if threading.current_thread() is self.thread:
+            self._really_send(*args, **kwargs)
+        else:
+            schedule_send(self, *args, **kwargs)
 
     def chunked(self):  # type: ignore[no-untyped-def]
         for parent, data in flush_buffers(self):
@@ -40,6 +70,23 @@ def _chunk_stream_messages() -> None:
                 yield parent, data[start : start + STREAM_CHUNK]
 
     OutStream._flush_buffers = chunked  # type: ignore[method-assign]
+    IOPubThread.send_multipart = send_multipart  # type: ignore[method-assign]
+
+
+def _bound_stream_backlog() -> None:
+    from ipykernel.iostream import OutStream
+
+    write = OutStream.write
+
+    def bounded_write(self, string):  # type: ignore[no-untyped-def]
+        written = write(self, string)
+        with self._buffer_lock:
+            backlog = sum(buffer.tell() for buffer in self._buffers.values())
+        if backlog > STREAM_BACKLOG:
+            self.flush()  # waits (up to flush_timeout) until the IOPub thread has sent it
+        return written
+
+    OutStream.write = bounded_write  # type: ignore[method-assign]
 
 
 def _start_egress() -> None:
@@ -52,9 +99,11 @@ def _start_egress() -> None:
 
 def main() -> None:
     _start_egress()
+    _private_dirs()
     _prepare_matplotlib()
     _preimport()
     _chunk_stream_messages()
+    _bound_stream_backlog()
 
     from ipykernel.kernelapp import IPKernelApp
     from traitlets.config import Config
@@ -69,8 +118,14 @@ def main() -> None:
     config.InlineBackend.figure_formats = {"png"}
     config.IPKernelApp.capture_fd_output = True
     config.Application.log_level = "WARN"
+    # The workspace is the working directory. It joins sys.path (as in Jupyter, so user code
+    # imports its own modules) only once the kernel is up: the launcher runs with -P, and a
+    # file there named like a module the kernel loads at start cannot stand in for it.
+    init_path = IPKernelApp.init_path
+    IPKernelApp.init_path = lambda self: None  # type: ignore[method-assign]
     app = IPKernelApp.instance(config=config)
     app.initialize(sys.argv[1:])
+    init_path(app)
     app.start()
 
 

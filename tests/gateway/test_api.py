@@ -6,6 +6,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -261,6 +262,8 @@ def test_oversize_code_is_refused(alpha: httpx.Client, session_id: str) -> None:
 def test_audit_verify_passes_and_export_lists_code(gateway: GatewayProcess, alpha: httpx.Client,
                                                    session_id: str) -> None:
     run(alpha, session_id, "audited = 'secret-sauce-42'")
+    run(alpha, session_id, "1")  # executions run in order: the first one's record is appended
+    time.sleep(0.5)
     env = {**gateway.env}
     verify = subprocess.run([sys.executable, "-m", "gateway.cli", "audit", "verify"], env=env,
                             capture_output=True, text=True, timeout=60)

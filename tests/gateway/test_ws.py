@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -107,9 +108,20 @@ async def test_ws_rejects_bad_messages_and_stays_open(gateway: GatewayProcess, s
         await ws.send(message)
         frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert frame["type"] == "rejected" and frame["detail"]
-        await ws.send(json.dumps({"type": "execute", "code": "print('alive')", "id": "after"}))
-        frames = await collect(ws, "after")
+        after = f"after-{uuid.uuid4()}"
+        await ws.send(json.dumps({"type": "execute", "code": "print('alive')", "id": after}))
+        frames = await collect(ws, after)
     assert stdout_of(frames) == "alive\n"
+
+
+async def test_ws_rejects_reused_execution_id(gateway: GatewayProcess, sid: str) -> None:
+    async with connect(ws_url(gateway, sid), additional_headers=gateway.headers()) as ws:
+        await ws.send(json.dumps({"type": "execute", "code": "1", "id": "once"}))
+        assert (await collect(ws, "once"))[-1]["type"] == "done"
+        await ws.send(json.dumps({"type": "execute", "code": "2", "id": "once"}))
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert frame["type"] == "rejected" and frame["status_code"] == 409
+    assert "already used" in frame["detail"]
 
 
 async def test_ws_interrupt_ends_execution_as_interrupted(gateway: GatewayProcess,

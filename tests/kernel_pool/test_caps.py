@@ -64,6 +64,25 @@ def test_limiter_cuts_a_long_line() -> None:
     assert spilled == "x" * 300 + "\nnext\n"
 
 
+def test_limiter_notice_says_when_the_file_is_incomplete() -> None:
+    limiter = OutputLimiter(CAPS, "out.txt")
+    for _ in range(20):
+        limiter.stream("stdout", "w" * 99 + "\n")
+    limiter.spill_incomplete = True
+    shown = "".join(event.text for event in limiter.finish())
+    assert "its start in out.txt (the workspace is full)" in shown
+
+
+def test_limiter_cuts_lines_across_chunks() -> None:
+    limiter = OutputLimiter(CAPS, "out.txt")
+    pieces = [("stdout", "a" * 150), ("stdout", "a" * 100 + "\nb\n" + "c" * 300 + "\nd"),
+              ("stdout", "d" * 10 + "\n")]
+    shown, spilled = feed(limiter, pieces)
+    cut = " [... line truncated]"
+    assert shown.startswith("a" * 200 + cut + "\nb\n" + "c" * 200 + cut + "\n" + "d" * 11 + "\n")
+    assert spilled == "".join(text for _, text in pieces)
+
+
 def test_limiter_caps_display_count_and_size() -> None:
     limiter = OutputLimiter(CAPS, "out.txt")
     small = DisplayEvent(type="display", data={"text/plain": "ok"})

@@ -55,3 +55,16 @@ async def test_container_killed_from_outside_reported_died(
     assert result.restarted is True
     assert session.kernel.sandbox.info.container_id != old_container
     assert await run_ok(session, "print(open('kept.txt').read())") == "kept\n"
+
+
+async def test_death_between_executions_recovered_before_next(session: Session) -> None:
+    await run_ok(session, "import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()")
+    async with asyncio.timeout(5):  # noticed at once, and a fresh kernel started
+        while session.kernel.state != KernelState.DEAD and session.status != "starting":
+            await asyncio.sleep(0.01)
+    started = time.monotonic()
+    result = await session.execute("print('fresh')", timeout_s=30)
+    assert result.status == "ok", result.reason
+    assert result.stdout == "fresh\n"
+    assert result.execution_count == 1
+    assert time.monotonic() - started < 15

@@ -71,6 +71,17 @@ async def test_hard_timeout_kills_setsid_children(timeout_session: Session) -> N
     assert left == []
 
 
+async def test_timeout_stops_output_flood_keeping_state(timeout_session: Session) -> None:
+    await run_ok(timeout_session, "flood_kept = 'yes'")
+    started = time.monotonic()
+    result = await timeout_session.execute("while True:\n    print('f' * 10_000)", timeout_s=2)
+    assert time.monotonic() - started < 6, "a flood must not delay the timeout"
+    assert result.status == "timeout"
+    assert result.restarted is False
+    assert result.truncated is True
+    assert await run_ok(timeout_session, "print(flood_kept)") == "yes\n"
+
+
 async def test_interrupt_stops_running_execution(timeout_session: Session) -> None:
     assert timeout_session.interrupt() is False, "nothing runs: nothing to interrupt"
     await run_ok(timeout_session, "survives = 7")
@@ -86,6 +97,20 @@ async def test_interrupt_stops_running_execution(timeout_session: Session) -> No
     assert result.status == "interrupted"
     assert result.restarted is False
     assert await run_ok(timeout_session, "print(survives)") == "7\n"
+
+
+async def test_interrupt_stops_output_flood(timeout_session: Session) -> None:
+    handle = timeout_session.submit("while True:\n    print('i' * 100_000)", timeout_s=60)
+    async for event in handle.stream():
+        if event.type == "stdout":
+            break
+    await asyncio.sleep(0.5)  # the flood is in full swing: the host's queue is full
+    started = time.monotonic()
+    assert timeout_session.interrupt() is True
+    result = await asyncio.wait_for(handle.result(), 20)
+    assert time.monotonic() - started < 3
+    assert result.status == "interrupted"
+    assert result.restarted is False
 
 
 async def test_restart_clears_variables_and_keeps_files(timeout_session: Session) -> None:

@@ -1,0 +1,87 @@
+"""Processes an execution left behind in its sandbox, found and killed from the host.
+
+A daemon (double fork, ``setsid``) is re-parented to the container's PID 1 and would outlive
+the execution that made it. The host sees every process of the container in its cgroup, with
+the real parent of each, and none of them can leave that cgroup; so after an execution the
+gateway kills every process there that is not PID 1, the kernel, or (unless the execution was
+cut short by a timeout or an interrupt) one of the kernel's own descendants.
+
+Each kill goes through a pidfd opened after re-checking the process's start time, so a pid
+reused in between is never hit. The files read are kernel pseudo-files (microseconds).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+ROUNDS = 20
+"""Passes at most: a process forking while it is killed leaves children for the next pass."""
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of a host process, or None when it is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1]), int(fields[19])
+
+
+def _read_pids(procs_file: Path) -> list[int]:
+    try:
+        return [int(line) for line in procs_file.read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def find_strays(procs_file: Path, init_pid: int, kernel_pid: int,
+                keep_kernel_children: bool) -> dict[int, tuple[str, int, int]]:
+    """The container's processes to kill, by host pid (zombies excluded: only a wait ends them)."""
+    found = {pid: info for pid in _read_pids(procs_file) if (info := _stat(pid)) is not None}
+    strays = {}
+    for pid, info in found.items():
+        if pid in (init_pid, kernel_pid) or info[0] == "Z":
+            continue
+        if keep_kernel_children and _descends(pid, kernel_pid, found):
+            continue
+        strays[pid] = info
+    return strays
+
+
+def _descends(pid: int, ancestor: int, found: dict[int, tuple[str, int, int]]) -> bool:
+    for _ in range(len(found) + 1):
+        info = found.get(pid)
+        if info is None:
+            return False
+        pid = info[1]
+        if pid == ancestor:
+            return True
+    return False
+
+
+def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
+                keep_kernel_children: bool) -> int:
+    """Kill what :func:`find_strays` finds, pass after pass; how many were killed."""
+    killed = 0
+    for _ in range(ROUNDS):
+        strays = find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children)
+        if not strays:
+            break
+        for pid, info in strays.items():
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                now = _stat(pid)
+                if now is not None and now[2] == info[2]:  # the same process: pid not reused
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return killed
