@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from gateway.errors import WS_CLOSE_NOT_FOUND
-from gateway.routers.ws import accept_authenticated
+from gateway.routers.ws import accept_session
 from gateway.service import Gateway, event_frame
 from gateway.store import RUNNING
 from kernel_pool.events import Event
@@ -93,15 +93,10 @@ def execution_frame(execution_id: str, code: str, started_at: str | None) -> dic
 
 @router.websocket("/v1/sessions/{session_id}/watch")
 async def watch_socket(websocket: WebSocket, session_id: str) -> None:
-    accepted = await accept_authenticated(websocket)
-    if accepted is None:
+    found = await accept_session(websocket, session_id)
+    if found is None:
         return
-    gateway, tenant = accepted
-    try:
-        session = gateway.session(tenant, session_id)
-    except KernelPoolError:
-        await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
-        return
+    gateway, tenant, session = found
     watcher = Watcher()
     session.listeners.append(watcher)
     # Taken in the same step as attaching the listener: nothing can finish in between.

@@ -62,17 +62,27 @@ async def accept_authenticated(websocket: WebSocket) -> tuple[Gateway, str] | No
     return gateway, tenant
 
 
-@router.websocket("/v1/sessions/{session_id}/ws")
-async def session_socket(websocket: WebSocket, session_id: str) -> None:
+async def accept_session(websocket: WebSocket,
+                         session_id: str) -> tuple[Gateway, str, Session] | None:
+    """Accept, authenticate, and find the tenant's session (closing with 4404 when absent)."""
     accepted = await accept_authenticated(websocket)
     if accepted is None:
-        return
+        return None
     gateway, tenant = accepted
     try:
         session = gateway.session(tenant, session_id)
     except KernelPoolError:
         await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
+        return None
+    return gateway, tenant, session
+
+
+@router.websocket("/v1/sessions/{session_id}/ws")
+async def session_socket(websocket: WebSocket, session_id: str) -> None:
+    found = await accept_session(websocket, session_id)
+    if found is None:
         return
+    gateway, tenant, session = found
     outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SEND_BUFFER)
     forwarders: set[asyncio.Task[None]] = set()
     sender = asyncio.create_task(_send_all(websocket, outbox))
