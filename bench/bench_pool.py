@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.manager import start_new_async_kernel
+from jupyter_client.manager import AsyncKernelManager
 
 from kernel_pool import KernelPool, PoolSettings, Profile
 
@@ -108,10 +108,17 @@ async def bench_execute_pool(state_dir: Path, executions: int) -> dict[str, floa
         await pool.close()
 
 
-async def bench_execute_floor(executions: int) -> dict[str, float]:
-    """jupyter_client and a stock ipykernel on the host: no container, no caps, no routing."""
-    manager, client = await start_new_async_kernel(kernel_name="python3")
+async def bench_execute_floor(state_dir: Path, executions: int) -> dict[str, float]:
+    """jupyter_client and a stock ipykernel on the host: no container, no caps, no routing.
+
+    Over the same ZMQ transport as the pool's kernels (ipc)."""
+    manager = AsyncKernelManager(kernel_name="python3", transport="ipc",
+                                 ip=str(state_dir / "floor"))
+    await manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
     try:
+        await client.wait_for_ready(timeout=60)
         async def one() -> None:
             reply = await client.execute_interactive("1+1", output_hook=lambda _msg: None,
                                                      timeout=30)
@@ -125,7 +132,10 @@ async def bench_execute_floor(executions: int) -> dict[str, float]:
 
 
 def row(name: str, figure: dict[str, float], baseline: dict[str, float] | None) -> str:
-    ratio = f"{figure['p50_ms'] / baseline['p50_ms']:.2f}x" if baseline else "-"
+    ratio = "-"
+    if baseline:
+        value = figure["p50_ms"] / baseline["p50_ms"]
+        ratio = f"{value:.2f}x" if value >= 0.01 else f"1/{1 / value:,.0f}"
     return (f"{name:<38} {figure['p50_ms']:>10.2f} {figure['p95_ms']:>10.2f} {ratio:>12}"
             f" {figure['n']:>6.0f}")
 
@@ -141,9 +151,9 @@ async def main() -> None:
     try:
         acquire = await bench_acquire(state_dir, args.acquisitions, args.cold_starts)
         execute = await bench_execute_pool(state_dir, args.executions)
+        floor = await bench_execute_floor(state_dir, args.executions)
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
-    floor = await bench_execute_floor(args.executions)
 
     print(f"{'figure (ms)':<38} {'p50':>10} {'p95':>10} {'p50 ratio':>12} {'n':>6}")
     print(row("cold start (container + kernel)", acquire["cold"], None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -77,6 +78,11 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+            logger.error("%s %s failed: the database is full", request.method, request.url.path)
+            return JSONResponse({"detail": "the gateway's state directory is full (its database "
+                                 "cannot grow); delete sessions or free disk space"},
+                                status_code=507)
         logger.exception("%s %s failed unexpectedly", request.method, request.url.path)
         return JSONResponse({"detail": "internal error; see the gateway's log"}, status_code=500)
 

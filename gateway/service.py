@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from typing import Any
 
 import anyio.to_thread
@@ -23,6 +24,7 @@ from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
 from kernel_pool.backends.base import SandboxInfo
+from kernel_pool.config import parse_size
 from kernel_pool.events import Event, Execution
 from kernel_pool.exceptions import SessionNotFound, WorkspaceError
 from kernel_pool.image import read_image_info
@@ -85,6 +87,7 @@ class Gateway:
 
     async def create_session(self, tenant: str, request: SessionCreate,
                              session_id: str | None = None) -> Session:
+        self.check_disk()
         if len(self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
@@ -152,6 +155,16 @@ class Gateway:
             raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
                                409)
 
+    def check_disk(self) -> None:
+        """507 when the state directory is nearly full: nothing runs that cannot be recorded
+        (history, audit), and no workspace is made that would not fit."""
+        free = shutil.disk_usage(self.settings.state_dir).free
+        if free < parse_size(self.settings.state_min_free):
+            raise GatewayError(
+                f"the gateway's state directory is full ({free} bytes free, under "
+                f"REPLGATE_STATE_MIN_FREE={self.settings.state_min_free}); delete sessions "
+                "or free disk space", 507)
+
     def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
                execution_id: str | None = None) -> ExecutionHandle:
         """Queue code on the tenant's session; it is recorded and audited when it ends.
@@ -168,6 +181,7 @@ class Gateway:
         if execution_id is not None and execution_id in self._live:
             raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
                                409)
+        self.check_disk()
         running = sum(s.pending for s in self.sessions(tenant))
         if running >= self.settings.max_concurrent_executions_per_tenant:
             raise TooManyRequests(

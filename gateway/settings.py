@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     pids: int = Field(256, ge=16, le=32768, description="processes+threads per sandbox")
     tmp_size: str = "256m"
     workspace_size: str = Field("1g", description="size cap of each session's workspace")
+    state_min_free: str = Field("256m", description="free disk the state directory must keep: "
+                                "below it, new sessions and executions get 507")
     default_timeout_s: float = Field(60.0, gt=0)
     max_timeout_s: float = Field(3600.0, gt=0, description="largest timeout_s a request may ask")
     interrupt_grace_s: float = Field(2.0, gt=0)
@@ -66,7 +68,7 @@ class Settings(BaseSettings):
                                                         "comma-separated: people who approve")
     approval_timeout_s: float = Field(600.0, gt=0, description="a held execution expires after")
 
-    @field_validator("memory", "tmp_size", "workspace_size")
+    @field_validator("memory", "tmp_size", "workspace_size", "state_min_free")
     @classmethod
     def _size(cls, value: str) -> str:
         parse_size(value)

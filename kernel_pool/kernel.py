@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import zmq
 import zmq.asyncio
 from jupyter_client.session import Session as MessageSession
@@ -32,6 +33,9 @@ from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+LARGE_MESSAGE_BYTES = 1024 * 1024
+PARENT_HEADER_MAX_BYTES = 64 * 1024
+"""Messages over this size are checked and parsed in a worker thread, off the event loop."""
 ROUTE_BUFFER = 32
 """Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
 IOPUB_HWM = 64
@@ -72,6 +76,25 @@ class _Messages(MessageSession):
         return secrets.token_hex(16)
 
 
+def _parent_id(parts: list[bytes] | list[zmq.Frame]) -> str:
+    """The parent's message id, read from a message's frames before any check.
+
+    Only to drop at once what no request waits for: a message that names a waiting request is
+    then checked (signature) and parsed in full, so a flood of stray or forged messages costs
+    the gateway a small JSON read each, whatever their size.
+    """
+    frame = parts[2] if len(parts) >= 5 else b""
+    raw = frame.bytes if isinstance(frame, zmq.Frame) else frame
+    if not raw or len(raw) > PARENT_HEADER_MAX_BYTES:
+        return ""
+    try:
+        parent = json.loads(raw)
+    except ValueError:
+        return ""
+    msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+    return msg_id if isinstance(msg_id, str) else ""
+
+
 def make_context() -> zmq.asyncio.Context:
     """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``."""
     context = zmq.asyncio.Context()
@@ -99,6 +122,7 @@ class Kernel:
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
+        self._dropped = 0
         self._death: KernelDied | None = None
         self.on_death: Callable[[KernelDied], None] | None = None
         """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
@@ -189,13 +213,15 @@ class Kernel:
                         got_reply = got_iopub = False
                         while not (got_reply and got_iopub):
                             getter = asyncio.ensure_future(route.get())
-                            done, _ = await asyncio.wait({getter, died}, timeout=1.0,
-                                                         return_when=asyncio.FIRST_COMPLETED)
+                            try:
+                                done, _ = await asyncio.wait({getter, died}, timeout=1.0,
+                                                             return_when=asyncio.FIRST_COMPLETED)
+                            finally:  # also when cancelled or timed out: no orphan task
+                                if not getter.done():
+                                    getter.cancel()
                             if died in done:
-                                getter.cancel()
                                 raise KernelStartError(self.id, f"kernel exited ({died.result()})")
                             if getter not in done:
-                                getter.cancel()
                                 break
                             source, _msg = getter.result()
                             got_reply |= source == channel
@@ -216,11 +242,21 @@ class Kernel:
             try:
                 frames = await socket.recv_multipart()
                 _idents, parts = session.feed_identities(frames)
-                msg = session.deserialize(parts)
+                if _parent_id(parts) not in self._routes:
+                    continue  # nobody waits for it (late, stray or forged): not even checked
+                if sum(map(len, parts)) > LARGE_MESSAGE_BYTES:
+                    # Checking and parsing megabytes would hold the loop (every session's) for
+                    # a noticeable time: do it beside the loop; small messages stay inline.
+                    msg = await anyio.to_thread.run_sync(session.deserialize, parts)
+                else:
+                    msg = session.deserialize(parts)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a malformed or forged message: drop it
-                logger.warning("kernel %s: dropped a bad %s message: %s", self.id, channel, exc)
+                self._dropped += 1
+                if self._dropped <= 10 or self._dropped % 10_000 == 0:  # no log flood either
+                    logger.warning("kernel %s: dropped a bad %s message (%d so far): %s",
+                                   self.id, channel, self._dropped, exc)
                 continue
             parent = msg.get("parent_header") or {}
             route = self._routes.get(parent.get("msg_id", "")) if isinstance(parent, dict) else None

@@ -170,7 +170,7 @@ class KernelPool:
             if self._closing:
                 self._spawn(kernel.close())
             else:
-                self._idle[kernel.profile.name].append(kernel)
+                self._park(kernel)
 
     async def _start_kernel(self, profile: Profile) -> Kernel:
         """Start one kernel; the caller has reserved a ``_starting`` slot for it."""
@@ -220,7 +220,20 @@ class KernelPool:
         if self._closing:
             await kernel.close()
             return
-        self._idle[profile.name].append(kernel)
+        self._park(kernel)
+
+    def _park(self, kernel: Kernel) -> None:
+        """Make a started kernel idle; should it die there, it is replaced at once."""
+        self._idle[kernel.profile.name].append(kernel)
+        kernel.on_death = lambda _died: self._idle_died(kernel)
+
+    def _idle_died(self, kernel: Kernel) -> None:
+        idle = self._idle[kernel.profile.name]
+        if kernel in idle:
+            logger.warning("idle kernel %s died; replacing it", kernel.id)
+            idle.remove(kernel)
+            self._spawn(kernel.close())
+            self._fill(kernel.profile.name)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -1,8 +1,9 @@
 """A session's workspace: a host folder, capped in size, bind-mounted at ``/workspace``.
 
-As root, each workspace is its own small ext4 filesystem on a sparse file, loop-mounted with
-nosuid,nodev, so a full disk inside one sandbox is that sandbox's problem alone. Without root
-the folder is a plain directory and the size cap is not enforced (a warning says so).
+As root, each workspace is its own small ext4 filesystem on a file whose blocks are reserved at
+creation, loop-mounted with nosuid,nodev, so a full disk inside one sandbox is that sandbox's
+problem alone, and a full host disk refuses new workspaces instead of failing running ones.
+Without root the folder is a plain directory and the size cap is not enforced (a warning says so).
 
 Every file operation here resolves the path one component at a time with ``O_NOFOLLOW``
 relative to the workspace's own descriptor, so neither ``..``, absolute paths nor symlinks
@@ -67,11 +68,11 @@ class Workspace:
         if os.path.ismount(root):
             return cls(root, image)
         if not image.exists():
-            with open(image, "wb") as f:
-                f.truncate(size_bytes)
+            _allocate(image, size_bytes)
+            # nodiscard: mkfs would otherwise punch the reserved blocks out again.
             subprocess.run(
                 ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
-                 "-E", f"root_owner={SANDBOX_UID}:{SANDBOX_GID}", str(image)],
+                 "-E", f"root_owner={SANDBOX_UID}:{SANDBOX_GID},nodiscard", str(image)],
                 check=True, capture_output=True,
             )
         _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(root)])
@@ -225,6 +226,26 @@ class Workspace:
                 os.close(fd)
             folders.extend(reversed(subfolders))
         return found
+
+def _allocate(image: Path, size_bytes: int) -> None:
+    """Reserve every block of a workspace's image now, not as the sandbox writes.
+
+    A sparse image would let the sandboxes together promise more than the host's disk holds:
+    once it is full, a sandbox's writes are lost in the loop device (its own and the others').
+    Reserved, a full host disk shows here, at creation, as a clear error.
+    """
+    fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+    except OSError as exc:
+        image.unlink(missing_ok=True)
+        free = shutil.disk_usage(image.parent).free
+        raise WorkspaceError(
+            f"no room for a workspace of {size_bytes} bytes under {image.parent} ({free} bytes "
+            f"free: {exc.strerror}); free disk space there or lower workspace_size") from exc
+    finally:
+        os.close(fd)
+
 
 def _path_error(exc: OSError, path: str) -> WorkspaceError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):

@@ -102,6 +102,8 @@ def make_gateway(**settings: str) -> GatewayProcess:
         "REPLGATE_API_KEYS": ",".join(f"{t}:{k}" for t, k in keys.items()),
         "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "6",
         "REPLGATE_INTERRUPT_GRACE_S": "1.0", "REPLGATE_LOG_LEVEL": "info",
+        # Workspaces reserve their blocks on disk: keep the test gateways' footprint small.
+        "REPLGATE_WORKSPACE_SIZE": "256m",
     })
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,

@@ -100,7 +100,7 @@ async def watch_socket(websocket: WebSocket, session_id: str) -> None:
     watcher = Watcher()
     session.listeners.append(watcher)
     # Taken in the same step as attaching the listener: nothing can finish in between.
-    live = [h for h in gateway.live_executions(session.id) if h.run is not None]
+    live = [h for h in gateway.live_executions(session.id) if h.run is not None or h.events]
     reader = asyncio.create_task(_until_disconnect(websocket))
     sender = asyncio.create_task(watch(websocket, gateway, tenant, session, watcher, live))
     try:

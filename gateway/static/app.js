@@ -6,13 +6,23 @@
  * its cookies. Those frames also inherit the page's Content-Security-Policy, and add their own
  * that forbids any network connection; their scripts run because this page gives them the
  * nonce of its response (they are still inside the sandbox).
+ *
+ * Governance: a cell a policy holds shows what held it and Approve / Reject buttons. Those call
+ * the API with the approver key (kept apart from the API key, also in localStorage) or, without
+ * one, with the API key, which the gateway refuses (403) and the cell says so.
  */
 "use strict";
 
 (() => {
   const KEY_STORAGE = "replgate.apiKey";
+  const APPROVER_STORAGE = "replgate.approverKey";
   const NONCE = document.currentScript ? document.currentScript.nonce : "";
   const FRAME_MAX_HEIGHT = 1600;
+  const STATUS_LABELS = {
+    pending_approval: "waiting for approval",
+    budget_exceeded: "budget exceeded",
+  };
+  const REFUSED = new Set(["denied", "budget_exceeded"]);
   const MIME_ORDER = [
     "text/html", "image/svg+xml", "image/png", "image/jpeg", "image/gif",
     "text/markdown", "text/latex", "application/json", "text/plain",
@@ -21,7 +31,9 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     key: null,
+    approverKey: null,   // a person's key of REPLGATE_APPROVER_KEYS, to decide approvals
     sessions: [],
+    waiting: new Map(),  // session id -> how many of its executions wait for approval
     current: null,        // id of the open session
     watch: null,          // the open session's watch socket
     runner: null,         // the open session's ws socket (runs code)
@@ -31,6 +43,8 @@
     cells: new Map(),     // execution id -> cell
     displays: new Map(),  // display id -> [output element]
     pollTimer: null,
+    approvalsAsked: 0,   // sequence number of the latest GET /v1/approvals
+    refreshTimer: null,
   };
 
   // -- small helpers -----------------------------------------------------------------------
@@ -65,6 +79,22 @@
     if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
     const minutes = Math.floor(ms / 60000);
     return `${minutes} min ${Math.round((ms % 60000) / 1000)} s`;
+  }
+
+  function formatSeconds(seconds) {
+    const s = Math.max(0, seconds);
+    if (s < 10) return `${Number(s.toFixed(1))} s`;
+    if (s < 60) return `${Math.floor(s)} s`;
+    if (s < 600) return `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s`;
+    if (s < 3600) return `${Math.round(s / 60)} min`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+  }
+
+  function clockTime(iso) {
+    const date = new Date(iso);
+    if (Number.isNaN(date.getTime())) return "";
+    return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
   }
 
   function formatSize(bytes) {
@@ -110,14 +140,15 @@
     }
   }
 
-  async function api(method, path, { json, body, raw } = {}) {
-    const headers = { Authorization: `Bearer ${state.key}` };
+  /** Call the API with the API key, or with `key` (an approver's: its 401 signs nobody out). */
+  async function api(method, path, { json, body, raw, key } = {}) {
+    const headers = { Authorization: `Bearer ${key || state.key}` };
     if (json !== undefined) headers["Content-Type"] = "application/json";
     const response = await fetch(path, {
       method, headers, body: json !== undefined ? JSON.stringify(json) : body,
       credentials: "omit", cache: "no-store",
     });
-    if (response.status === 401) {
+    if (response.status === 401 && !key) {
       signOut("The API key was refused. Sign in again.");
       throw new ApiError(401, "unauthorized");
     }
@@ -147,6 +178,8 @@
     bindUi();
     window.addEventListener("message", onFrameMessage);
     window.addEventListener("hashchange", () => openFromHash());
+    setInterval(tickExpiries, 1000);
+    setApproverKey(localStorage.getItem(APPROVER_STORAGE));
     const stored = localStorage.getItem(KEY_STORAGE);
     if (!stored) return showSignIn();
     state.key = stored;
@@ -185,7 +218,19 @@
       headers: { Authorization: `Bearer ${key}` }, credentials: "omit", cache: "no-store",
     }).catch(() => null);
     if (!response) return showSignIn("Could not reach the gateway.");
-    if (response.status === 401) return showSignIn("That key was refused.");
+    if (response.status === 401) {
+      // An approver key opens no session, but it may decide approvals: keep it for that.
+      const asApprover = await fetch("/v1/approvals", {
+        headers: { Authorization: `Bearer ${key}` }, credentials: "omit", cache: "no-store",
+      }).catch(() => null);
+      if (asApprover && asApprover.ok) {
+        setApproverKey(key);
+        $("key-input").value = "";
+        return showSignIn("That is an approver key: it decides approvals but opens no session. "
+          + "It is kept as this browser's approver key; now sign in with an API key.");
+      }
+      return showSignIn("That key was refused.");
+    }
     if (!response.ok) return showSignIn(`The gateway answered ${response.status}.`);
     state.key = key;
     localStorage.setItem(KEY_STORAGE, key);
@@ -197,16 +242,114 @@
   function signOut(message) {
     localStorage.removeItem(KEY_STORAGE);
     state.key = null;
+    state.waiting = new Map();
+    if (message === undefined) setApproverKey(null);  // signing out on purpose forgets both
+    closeApproverPanel();
     closeSession();
+    showApproverToggle();
     clearInterval(state.pollTimer);
     renderSessions([]);
     showSignIn(message);
   }
 
+  // -- approver key ------------------------------------------------------------------------
+
+  function setApproverKey(key) {
+    state.approverKey = key || null;
+    if (key) localStorage.setItem(APPROVER_STORAGE, key);
+    else localStorage.removeItem(APPROVER_STORAGE);
+    const toggle = $("approver-toggle");
+    toggle.classList.toggle("on", Boolean(key));
+    toggle.title = key ? "Approve and reject held cells with the saved approver key"
+      : "Add an approver key to approve or reject held cells";
+    $("approver-label").textContent = key ? "Approver key set" : "Add approver key";
+    $("approver-forget").hidden = !key;
+    showApproverToggle();
+  }
+
+  /** The approver key's button shows once approvals matter here: a saved key or a held cell. */
+  function showApproverToggle() {
+    $("approver").hidden = !(state.approverKey || state.waiting.size
+      || document.querySelector("#transcript .cell-approval"));
+  }
+
+  function openApproverPanel() {
+    const panel = $("approver-panel");
+    panel.hidden = false;
+    $("approver-toggle").setAttribute("aria-expanded", "true");
+    $("approver-error").textContent = "";
+    $("approver-input").value = "";
+    $("approver-input").placeholder = state.approverKey ? "saved (paste to replace)" : "approver key";
+    $("approver-input").focus();
+  }
+
+  function closeApproverPanel() {
+    $("approver-panel").hidden = true;
+    $("approver-toggle").setAttribute("aria-expanded", "false");
+  }
+
+  async function saveApproverKey(event) {
+    event.preventDefault();
+    const key = $("approver-input").value.trim();
+    const error = $("approver-error");
+    if (!key) { error.textContent = "Paste a key first."; return; }
+    if (key === state.key) {
+      error.textContent = "That is the API key you signed in with; approvers have keys of their own.";
+      return;
+    }
+    $("approver-save").disabled = true;
+    try {
+      // Any key the gateway knows may list approvals: this catches typos, not agent keys.
+      await api("GET", "/v1/approvals", { key });
+    } catch (failure) {
+      error.textContent = failure.status === 401 ? "The gateway does not know that key."
+        : `Could not check the key: ${failure.message}`;
+      return;
+    } finally {
+      $("approver-save").disabled = false;
+    }
+    setApproverKey(key);
+    closeApproverPanel();
+    toast("Approver key saved in this browser.");
+  }
+
   // -- sessions ----------------------------------------------------------------------------
 
+  /** One refresh for a burst of changes (a history replay holds many). */
+  function refreshSoon() {
+    if (state.refreshTimer || !state.current) return;
+    state.refreshTimer = setTimeout(() => {
+      state.refreshTimer = null;
+      if (state.key) refreshSessions().catch(() => {});
+    }, 250);
+  }
+
   async function refreshSessions() {
-    renderSessions(await api("GET", "/v1/sessions"));
+    const [sessions] = await Promise.all([api("GET", "/v1/sessions"), refreshApprovals()]);
+    renderSessions(sessions);
+  }
+
+  /** The tenant's pending approvals: counts per session, and held cells of the open one. */
+  async function refreshApprovals() {
+    const asked = ++state.approvalsAsked;
+    let approvals;
+    try {
+      approvals = await api("GET", "/v1/approvals");
+    } catch (_) {
+      return;
+    }
+    if (asked !== state.approvalsAsked || !Array.isArray(approvals)) return;
+    state.waiting = new Map();
+    for (const approval of approvals) {
+      state.waiting.set(approval.session_id, (state.waiting.get(approval.session_id) || 0) + 1);
+      if (approval.session_id !== state.current) continue;
+      // A watcher that joins while a cell is held gets no pending_approval frame for it.
+      const cell = state.cells.get(approval.execution_id);
+      if (cell && !cell.approval && cell.node.dataset.status === "running") {
+        holdCell(cell, approval);
+      }
+    }
+    showApproverToggle();
   }
 
   function renderSessions(sessions) {
@@ -217,8 +360,36 @@
     list.replaceChildren(...sessions.map(sessionItem));
     $("sessions-empty").hidden = sessions.length > 0;
     const current = sessions.find((s) => s.id === state.current);
-    if (current) setStatusBadge($("session-status"), current.status);
+    if (current) {
+      setStatusBadge($("session-status"), current.status);
+      renderBudget(current.budget);
+    }
     showBusy();
+  }
+
+  const BUDGET_ITEMS = [
+    ["executions_left", (n) => (n === 1 ? "1 run" : `${n} runs`), "executions"],
+    ["wall_time_left_s", (s) => `${formatSeconds(s)} wall time`, "wall time"],
+    ["cpu_time_left_s", (s) => `${formatSeconds(s)} CPU time`, "CPU time"],
+    ["lifetime_left_s", (s) => `${formatSeconds(s)} lifetime`, "lifetime"],
+  ];
+
+  /** The open session's budget left, when its policy gives it one. */
+  function renderBudget(budget) {
+    const node = $("budget");
+    const items = [];
+    for (const [name, format, label] of BUDGET_ITEMS) {
+      const value = budget ? budget[name] : null;
+      if (typeof value !== "number" || !Number.isFinite(value)) continue;
+      const low = name === "executions_left" ? value <= 3 : value < 60;
+      items.push(el("span", {
+        class: `budget-item${value <= 0 ? " spent" : low ? " low" : ""}`,
+        "data-budget": name, title: `${label} left in this session's budget`,
+      }, format(value)));
+    }
+    node.replaceChildren(...(items.length
+      ? [el("span", { class: "budget-label", text: "Budget left" }), ...items] : []));
+    node.hidden = items.length === 0;
   }
 
   function sessionItem(session) {
@@ -237,7 +408,13 @@
     },
     el("div", { class: "session-line" },
       el("span", { class: "session-name mono", text: shortId(session.id) }),
-      statusBadge(session.status)),
+      statusBadge(session.status),
+      state.waiting.get(session.id) ? el("span", {
+        class: "badge badge-pending_approval waiting",
+        title: "Cells of this session wait for a person's approval",
+        text: state.waiting.get(session.id) === 1 ? "needs approval"
+          : `${state.waiting.get(session.id)} need approval`,
+      }) : null),
     el("div", { class: "session-sub muted" },
       `${session.profile} · ${runs} · ${ago(session.created_at)}`),
     remove);
@@ -320,6 +497,7 @@
     $("session-title").title = id;
     const known = state.sessions.find((s) => s.id === id);
     setStatusBadge($("session-status"), known ? known.status : "idle");
+    renderBudget(known ? known.budget : null);
     for (const item of document.querySelectorAll(".session-item")) {
       item.classList.toggle("active", item.dataset.sessionId === id);
     }
@@ -342,6 +520,7 @@
     for (const cell of document.querySelectorAll("#transcript .cell")) cell.remove();
     $("transcript-empty").hidden = false;
     $("session-view").hidden = true;
+    $("budget").hidden = true;
     $("files-panel").hidden = true;
     $("welcome").hidden = false;
     for (const item of document.querySelectorAll(".session-item.active")) {
@@ -396,6 +575,7 @@
         state.retry = 0;
         setLive("live", "Live");
         scrollToEnd(true);
+        refreshApprovals();
         return;
       case "lagged":
         toast("Fell behind the session's output; catching up.");
@@ -586,7 +766,7 @@
   function setCellStatus(cell, status, text) {
     cell.node.dataset.status = status;
     cell.status.className = `badge badge-${status}`;
-    cell.status.textContent = text || status;
+    cell.status.textContent = text || STATUS_LABELS[status] || status;
     if (status === "running") cell.prompt.textContent = "[*]";
     showBusy();
   }
@@ -594,7 +774,8 @@
   function showBusy() {
     // Between polls, the open session's status follows its cells.
     if (!state.current) return;
-    const running = document.querySelector("#transcript .cell[data-status=running]") !== null;
+    const running = document.querySelector(
+      "#transcript .cell:is([data-status=running], [data-status=pending_approval])") !== null;
     const badges = [$("session-status"),
       document.querySelector(`.session-item[data-session-id="${state.current}"] .badge`)];
     for (const badge of badges) {
@@ -608,6 +789,194 @@
     cell.pending = false;
     setCellStatus(cell, "rejected");
     cell.meta.append(el("span", { class: "reason", text: detail }));
+  }
+
+  // -- approvals ---------------------------------------------------------------------------
+
+  /** Show the cell as held: what held it, when that ends, and Approve / Reject. `held` is a
+   *  pending_approval frame (rule ids) or an approval of GET /v1/approvals (rule matches). */
+  function holdCell(cell, held) {
+    const id = held.approval_id;
+    if (typeof id !== "string") return;
+    if (cell.approval && cell.approval.id === id) {
+      if (!cell.approval.decided) showRules(cell, held.rules);
+      return;
+    }
+    const expires = el("span", { class: "approval-expires", "data-expires": held.expires_at,
+      title: `Expires at ${held.expires_at}` });
+    const comment = el("input", {
+      class: "approval-comment", type: "text", maxlength: 2000, "aria-label": "Comment",
+      placeholder: "Comment (optional)", autocomplete: "off", spellcheck: "false",
+    });
+    const approve = el("button", { class: "button small approve", type: "button", text: "Approve" });
+    const reject = el("button", { class: "button small reject", type: "button", text: "Reject" });
+    const error = el("div", { class: "approval-error", role: "alert", hidden: true });
+    const node = el("div", { class: "cell-approval", "data-state": "pending",
+      "data-approval-id": id },
+    el("div", { class: "approval-head" },
+      el("span", { class: "approval-icon", "aria-hidden": "true" }),
+      el("strong", { class: "approval-title", text: "Waiting for approval" }),
+      expires),
+    el("ul", { class: "approval-rules" }),
+    el("div", { class: "approval-actions" }, comment, reject, approve),
+    error);
+    cell.approval = { id, node, decided: false, approve, reject, comment, error, rules: [] };
+    approve.addEventListener("click", () => decide(cell, "approve"));
+    reject.addEventListener("click", () => decide(cell, "reject"));
+    cell.node.querySelector(".cell-approval")?.remove();
+    cell.outputs.before(node);
+    showRules(cell, held.rules);
+    updateExpiry(expires);
+    setCellStatus(cell, "pending_approval");
+    showApproverToggle();
+    // The event names the rules; the approval itself has their lines and messages.
+    if (!(held.rules || []).some((rule) => rule && typeof rule === "object")) {
+      api("GET", `/v1/approvals/${encodeURIComponent(id)}`)
+        .then((approval) => { if (cell.approval && cell.approval.id === id) showRules(cell, approval.rules); })
+        .catch(() => {});
+    }
+    refreshSoon();
+  }
+
+  /** Rules as ids (from the event) or as matches {rule, line, matched, message}. */
+  function showRules(cell, rules) {
+    if (!Array.isArray(rules) || !rules.length) return;
+    const detailed = rules.filter((rule) => rule && typeof rule === "object");
+    if (!detailed.length && cell.approval.rules.length) return;  // keep the details we have
+    cell.approval.rules = rules;
+    const list = cell.approval.node.querySelector(".approval-rules");
+    list.replaceChildren(...rules.map((rule) => {
+      if (typeof rule === "string") {
+        return el("li", {}, el("span", { class: "rule-id mono", text: rule }));
+      }
+      const where = [Number.isInteger(rule.line) ? `line ${rule.line}` : null,
+        typeof rule.matched === "string" ? rule.matched : null].filter(Boolean).join(" · ");
+      return el("li", {},
+        el("span", { class: "rule-id mono", text: String(rule.rule) }),
+        where ? el("span", { class: "rule-where mono", text: where }) : null,
+        typeof rule.message === "string" && rule.message
+          ? el("span", { class: "rule-message", text: rule.message }) : null);
+    }));
+  }
+
+  function updateExpiry(node) {
+    const left = (Date.parse(node.dataset.expires) - Date.now()) / 1000;
+    if (!Number.isFinite(left)) { node.textContent = ""; return; }
+    const at = clockTime(node.dataset.expires);
+    node.textContent = left > 0 ? `expires in ${formatSeconds(left)} (at ${at})`
+      : `expired at ${at}`;
+    node.classList.toggle("soon", left < 60);
+  }
+
+  function tickExpiries() {
+    for (const node of document.querySelectorAll(
+      "#transcript .cell-approval[data-state=pending] .approval-expires")) updateExpiry(node);
+  }
+
+  async function decide(cell, verb) {
+    const held = cell.approval;
+    if (!held || held.decided) return;
+    const { approve, reject, comment, error } = held;
+    approve.disabled = true;
+    reject.disabled = true;
+    (verb === "approve" ? approve : reject).textContent =
+      verb === "approve" ? "Approving…" : "Rejecting…";
+    error.hidden = true;
+    const text = comment.value.trim();
+    const usingApprover = Boolean(state.approverKey);
+    try {
+      const answer = await api("POST", `/v1/approvals/${encodeURIComponent(held.id)}/${verb}`, {
+        json: text ? { comment: text } : {}, key: state.approverKey || undefined,
+      });
+      // The approval frame on the watch socket says the same; whichever comes first shows.
+      showDecision(cell, { approval_id: held.id, decision: answer.status,
+        by: answer.decided_by, at: answer.decided_at, comment: answer.comment });
+    } catch (failure) {
+      if (failure.status === 401 && !usingApprover) return;  // signed out
+      approve.disabled = false;
+      reject.disabled = false;
+      approve.textContent = "Approve";
+      reject.textContent = "Reject";
+      showApprovalError(cell, failure, usingApprover, verb);
+    }
+  }
+
+  function showApprovalError(cell, failure, usingApprover, verb) {
+    const { error } = cell.approval;
+    const parts = [];
+    if (failure.status === 403) {
+      parts.push(el("span", { text: usingApprover
+        ? "The saved approver key may not decide this approval. "
+        : `Only an approver can ${verb} a held cell, and you are signed in with an agent's key. ` }));
+      parts.push(el("button", { class: "link-button", type: "button",
+        text: usingApprover ? "Change the approver key" : "Add an approver key",
+        onclick: () => openApproverPanel() }));
+      parts.push(el("span", { class: "approval-detail", text: `The gateway said: ${failure.message}` }));
+    } else if (failure.status === 401) {
+      parts.push(el("span", { text: "The gateway refused the saved approver key. " }));
+      parts.push(el("button", { class: "link-button", type: "button", text: "Change it",
+        onclick: () => openApproverPanel() }));
+    } else if (failure.status === 409) {
+      parts.push(el("span", { text: `Already decided: ${failure.message}.` }));
+    } else if (failure.status === 404) {
+      parts.push(el("span", { text: usingApprover
+        ? "The saved approver key cannot see this approval: it is another tenant's key, or the "
+          + "approval is gone (withdrawn, or the gateway restarted)."
+        : "This approval is gone: it was withdrawn, or the gateway restarted." }));
+    } else {
+      parts.push(el("span", { text: `Could not ${verb}: ${failure.message}` }));
+    }
+    error.replaceChildren(...parts);
+    error.hidden = false;
+  }
+
+  const DECISIONS = {
+    approved: "Approved",
+    rejected: "Rejected",
+    expired: "Expired",
+  };
+
+  /** The approval's decision, who made it and when, in place of the buttons. */
+  function showDecision(cell, frame) {
+    const held = cell.approval;
+    if (held && held.id !== frame.approval_id) return;
+    if (!held) {  // joined after the hold: show the decision alone
+      holdCell(cell, { approval_id: frame.approval_id, rules: [], expires_at: frame.at });
+      return showDecision(cell, frame);
+    }
+    const decision = DECISIONS[frame.decision] ? frame.decision : "expired";
+    if (held.decided === decision) return;
+    held.decided = decision;
+    const node = held.node;
+    node.dataset.state = decision;
+    const when = clockTime(frame.at);
+    const says = decision === "expired"
+      ? `Expired${when ? ` at ${when}` : ""} without a decision`
+      : `${DECISIONS[decision]}${frame.by ? ` by ${frame.by}` : ""}${when ? ` at ${when}` : ""}`;
+    const title = node.querySelector(".approval-title");
+    title.textContent = says;
+    if (frame.at) title.title = frame.at;
+    const expires = node.querySelector(".approval-expires");
+    expires.replaceChildren();
+    expires.removeAttribute("title");
+    if (frame.comment) expires.append(el("q", { class: "approval-comment-text", text: frame.comment }));
+    node.querySelector(".approval-actions")?.remove();
+    held.error.remove();
+    if (decision === "approved" && cell.node.dataset.status === "pending_approval") {
+      setCellStatus(cell, "running");
+    }
+    refreshSoon();
+  }
+
+  function withdrawApproval(cell) {
+    const held = cell.approval;
+    held.decided = "withdrawn";
+    held.node.dataset.state = "withdrawn";
+    held.node.querySelector(".approval-title").textContent = "No longer waiting: it ended before a decision";
+    held.node.querySelector(".approval-expires").replaceChildren();
+    held.node.querySelector(".approval-expires").removeAttribute("title");
+    held.node.querySelector(".approval-actions")?.remove();
+    held.error.remove();
   }
 
   function addEvent(cell, frame) {
@@ -633,6 +1002,12 @@
         break;
       case "error":
         appendError(cell, frame);
+        break;
+      case "pending_approval":
+        holdCell(cell, frame);
+        break;
+      case "approval":
+        showDecision(cell, frame);
         break;
       case "done":
         finishCell(cell, frame);
@@ -668,6 +1043,7 @@
     const node = el("pre", { class: "output error" });
     renderAnsi(text, node);
     cell.outputs.append(node);
+    cell.errorNode = node;
   }
 
   function appendRich(cell, frame) {
@@ -695,6 +1071,13 @@
   function finishCell(cell, frame) {
     cell.pending = false;
     setCellStatus(cell, frame.status);
+    if (cell.approval && !cell.approval.decided) withdrawApproval(cell);
+    const refused = REFUSED.has(frame.status);
+    if (refused && cell.errorNode && cell.outputs.contains(cell.errorNode)) {
+      // The gateway refused it (a status the kernel cannot give): its error is the reason.
+      cell.errorNode.classList.add("refusal");
+      cell.errorNode.dataset.status = frame.status;
+    }
     const count = frame.execution_count;
     cell.prompt.textContent = count === null || count === undefined ? "[ ]" : `[${count}]`;
     cell.meta.querySelectorAll(".meta-extra").forEach((node) => node.remove());
@@ -709,7 +1092,9 @@
       cell.meta.append(el("span", { class: "notice restarted meta-extra",
         text: "Kernel restarted: variables were lost, files kept." }));
     }
-    if (frame.reason) cell.meta.append(el("span", { class: "reason meta-extra", text: frame.reason }));
+    if (frame.reason && !(refused && cell.errorNode)) {
+      cell.meta.append(el("span", { class: "reason meta-extra", text: frame.reason }));
+    }
     if (state.current) {
       refreshFiles();
       refreshSessions().catch(() => {});
@@ -992,6 +1377,23 @@
     $("restart").addEventListener("click", restart);
     $("download-notebook").addEventListener("click", downloadNotebook);
     $("upload-input").addEventListener("change", uploadFiles);
+    $("approver-toggle").addEventListener("click", () => {
+      if ($("approver-panel").hidden) openApproverPanel(); else closeApproverPanel();
+    });
+    $("approver-panel").addEventListener("submit", saveApproverKey);
+    $("approver-input").addEventListener("input", () => { $("approver-error").textContent = ""; });
+    $("approver-forget").addEventListener("click", () => {
+      setApproverKey(null);
+      closeApproverPanel();
+      toast("Approver key forgotten.");
+    });
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && !$("approver-panel").hidden) closeApproverPanel();
+    });
+    document.addEventListener("click", (event) => {
+      if (!$("approver-panel").hidden && !event.target.closest(".approver")
+          && !event.target.closest(".link-button")) closeApproverPanel();
+    });
   }
 
   start();

@@ -65,9 +65,11 @@ def _descends(pid: int, ancestor: int, found: dict[int, tuple[str, int, int]]) -
 def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
                 keep_kernel_children: bool) -> int:
     """Kill what :func:`find_strays` finds, pass after pass; how many were killed."""
-    killed = 0
+    signalled: set[tuple[int, int]] = set()
     for _ in range(ROUNDS):
-        strays = find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children)
+        strays = {pid: info for pid, info in find_strays(
+            procs_file, init_pid, kernel_pid, keep_kernel_children).items()
+            if (pid, info[2]) not in signalled}  # one still dying is not a new one
         if not strays:
             break
         for pid, info in strays.items():
@@ -79,9 +81,9 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
                 now = _stat(pid)
                 if now is not None and now[2] == info[2]:  # the same process: pid not reused
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    killed += 1
+                    signalled.add((pid, info[2]))
             except OSError:
                 pass
             finally:
                 os.close(fd)
-    return killed
+    return len(signalled)

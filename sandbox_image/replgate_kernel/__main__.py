@@ -98,15 +98,24 @@ def _start_egress() -> None:
 
 
 def main() -> None:
-    _start_egress()
-    _private_dirs()
-    _prepare_matplotlib()
-    _preimport()
-    _chunk_stream_messages()
-    _bound_stream_backlog()
+    # IPython imports jedi (about 6 MiB per kernel) even with its completer off, as it is here;
+    # hide it while IPython loads, then let user code import it if it wants.
+    hide_jedi = "jedi" not in sys.modules
+    if hide_jedi:
+        sys.modules["jedi"] = None  # type: ignore[assignment]
+    try:
+        _start_egress()
+        _private_dirs()
+        _prepare_matplotlib()
+        _preimport()
+        _chunk_stream_messages()
+        _bound_stream_backlog()
 
-    from ipykernel.kernelapp import IPKernelApp
-    from traitlets.config import Config
+        from ipykernel.kernelapp import IPKernelApp
+        from traitlets.config import Config
+    finally:
+        if hide_jedi and sys.modules.get("jedi", False) is None:
+            del sys.modules["jedi"]
 
     config = Config()
     # No SQLite history: it costs time on every cell and nothing here reads it back.

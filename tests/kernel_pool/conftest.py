@@ -16,9 +16,9 @@ from pathlib import Path
 
 import docker
 import pytest
+from kp_support import SESSION_ENV, make_settings, mounts_under, owned_containers
 
 from kernel_pool import KernelPool, Session
-from kp_support import SESSION_ENV, make_settings, mounts_under, owned_containers
 
 
 @pytest.fixture(scope="session")

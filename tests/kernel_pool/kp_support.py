@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import secrets
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from kernel_pool import PoolSettings, Profile, Session
+from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.backends.docker import LABEL_OWNER
 
 OWNER = f"kptest-{secrets.token_hex(4)}"
@@ -79,3 +85,30 @@ async def processes(session: Session) -> list[tuple[int, str, str]]:
         pid, state, *cmd = line.split(" ", 2)
         found.append((int(pid), state, cmd[0] if cmd else ""))
     return found
+
+
+async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Wait until ``check()`` holds (the pool offers no event for most of these states)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+def sandbox_gone(client: docker.DockerClient, info: SandboxInfo) -> list[str]:
+    """What is left of a removed sandbox (blocking): an empty list when nothing is."""
+    left = []
+    try:
+        client.api.inspect_container(info.container_id)
+        left.append(f"container {info.container_id}")
+    except docker.errors.NotFound:
+        pass
+    image = Path(info.workspace).with_suffix(".ext4")
+    left += [str(p) for p in (Path(info.workspace), image, Path(info.socket_dir)) if p.exists()]
+    left += [f"mount {m}" for m in mounts_under(Path(info.workspace))]
+    loops = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+    left += [f"loop {line}" for line in loops.stdout.splitlines()]
+    return left
+
+
+def is_mounted(path: Path) -> bool:
+    return os.path.ismount(path)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from kp_support import run_ok
 
 from kernel_pool import KernelPool, OutputCaps, Session
 from kernel_pool.caps import OutputLimiter
 from kernel_pool.events import DisplayEvent, StreamEvent, UpdateDisplayEvent
-from kp_support import run_ok
 
 NOTICE = re.compile(r"\[replgate: output truncated: (\d+) characters in all, about \d+ shown; "
                     r"full text in (\S+)\]")

@@ -8,11 +8,11 @@ import re
 import time
 
 import pytest
+from kp_support import run_ok
 
 from kernel_pool import Session
 from kernel_pool.events import DisplayEvent, DoneEvent, StreamEvent
 from kernel_pool.exceptions import InvalidRequest, QueueFull
-from kp_support import run_ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import docker
+from kp_support import processes, run_ok
 
 from kernel_pool import Session
 from kernel_pool.image import (
@@ -17,7 +18,6 @@ from kernel_pool.image import (
     context_dir,
     read_image_info,
 )
-from kp_support import processes, run_ok
 
 
 def test_image_exists_when_built(docker_client: docker.DockerClient) -> None:

@@ -17,19 +17,21 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from kp_support import (
+    OWNER,
+    eventually,
+    make_settings,
+    mounts_under,
+    owned_containers,
+    run_ok,
+    sandbox_gone,
+)
 
 from kernel_pool import CapacityError, KernelPool, PoolSettings, Profile
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import DockerBackend
-from kp_support import OWNER, make_settings, mounts_under, owned_containers, run_ok
 
 PoolFactory = Callable[..., Any]
-
-
-async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -79,6 +81,19 @@ async def test_acquire_hands_off_a_warm_kernel(pool: KernelPool) -> None:
     finally:
         await pool.release(kernel)
     assert kernel.state == "closed"
+
+
+async def test_idle_kernel_replaced_when_it_dies(pool: KernelPool,
+                                                docker_client: docker.DockerClient) -> None:
+    await pool.wait_ready()
+    doomed = pool._idle["default"][0]
+    await asyncio.to_thread(docker_client.api.kill, doomed.sandbox.info.container_id)
+    await eventually(lambda: doomed not in pool._idle["default"], 10)
+    await pool.wait_ready(timeout_s=60)
+    assert pool._idle["default"][0] is not doomed
+    await eventually(lambda: doomed.state == "closed", 10)
+    await eventually(lambda: not doomed._closing or doomed._closing.done(), 30)
+    assert await asyncio.to_thread(sandbox_gone, docker_client, doomed.sandbox.info) == []
 
 
 async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -> None:
@@ -165,11 +180,7 @@ async def test_start_removes_orphans(own_pool: PoolFactory,
     taken_back = await pool.start(keep=lambda info: info.sandbox_id == kept.info.sandbox_id)
 
     assert [info.sandbox_id for info in taken_back] == [kept.info.sandbox_id]
-    with pytest.raises(docker.errors.NotFound):
-        docker_client.api.inspect_container(orphan.info.container_id)
-    assert not Path(orphan.info.workspace).exists()
-    assert not Path(orphan.info.socket_dir).exists()
-    assert mounts_under(Path(orphan.info.workspace)) == []
+    assert await asyncio.to_thread(sandbox_gone, docker_client, orphan.info) == []
     assert docker_client.api.inspect_container(kept.info.container_id)["State"]["Running"]
     await pool.backend.remove(taken_back[0])
     assert owned_containers(docker_client, pool.settings.owner) == []

@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from kp_support import processes, run_ok
 
 from kernel_pool import KernelPool, Session
-from kp_support import processes, run_ok
 
 SIGINT_IGNORED_LOOP = """
 import signal

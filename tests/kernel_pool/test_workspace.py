@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kp_support import mounts_under, run_ok
 
 from kernel_pool import Session
 from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
 from kernel_pool.workspace import SANDBOX_UID, Workspace
-from kp_support import mounts_under, run_ok
 
 
 @pytest.fixture

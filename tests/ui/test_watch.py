@@ -61,12 +61,23 @@ def idle_session_id(ui_gateway: GatewayProcess) -> Iterator[str]:
     yield from new_session(ui_gateway)
 
 
+def merged(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Frames with consecutive stdout pieces joined (the kernel may split one print)."""
+    out: list[dict[str, Any]] = []
+    for frame in frames:
+        if out and frame["type"] == "stdout" and out[-1]["type"] == "stdout":
+            out[-1] = {**out[-1], "text": out[-1]["text"] + frame["text"]}
+        else:
+            out.append(frame)
+    return out
+
+
 def test_watch_sends_history_then_live_executions(ui_gateway: GatewayProcess,
                                                   session_id: str) -> None:
     first = api(ui_gateway, "POST", f"/v1/sessions/{session_id}/execute",
                 json={"code": "print('one')"}).json()
     with open_watch(ui_gateway, session_id) as socket:
-        history = frames_until(socket, "history_end")
+        history = merged(frames_until(socket, "history_end"))
         assert [f["type"] for f in history] == ["execution", "stdout", "done", "history_end"]
         assert history[0] == {"type": "execution", "execution_id": first["id"],
                               "code": "print('one')", "started_at": history[0]["started_at"]}
@@ -75,7 +86,7 @@ def test_watch_sends_history_then_live_executions(ui_gateway: GatewayProcess,
 
         second = api(ui_gateway, "POST", f"/v1/sessions/{session_id}/execute",
                      json={"code": "print('two'); 1 + 1"}).json()
-        live = frames_until(socket, "done")
+        live = merged(frames_until(socket, "done"))
         assert [f["type"] for f in live] == ["execution", "stdout", "result", "done"]
         assert {f["execution_id"] for f in live} == {second["id"]}
         assert live[2]["data"]["text/plain"] == "2"
