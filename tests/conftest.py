@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,14 +117,25 @@ def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
         all=True, filters={"label": f"io.replgate.owner={owner}"})]
 
 
+@contextmanager
+def running_gateway(docker_client: docker.DockerClient,
+                    **settings: str) -> Iterator[GatewayProcess]:
+    """A started gateway; on exit it is stopped and must have left no container behind."""
+    process = make_gateway(**settings)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        left = containers_of(docker_client, process.owner)
+        for cid in left:
+            docker_client.api.remove_container(cid, force=True)
+        shutil.rmtree(process.state_dir, ignore_errors=True)
+    assert not left, f"gateway left containers behind: {left}"
+
+
 @pytest.fixture(scope="session")
 def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
     """One running ``replgate serve`` for the session; no container of it survives the run."""
-    process = make_gateway()
-    process.start()
-    yield process
-    process.stop()
-    left = containers_of(docker_client, process.owner)
-    for cid in left:
-        docker_client.api.remove_container(cid, force=True)
-    assert not left, f"gateway left containers behind: {left}"
+    with running_gateway(docker_client) as process:
+        yield process

@@ -26,7 +26,7 @@ from websockets.asyncio.client import connect
 
 from gateway.governance import decide, load_policy
 from gateway.governance.policy import BUILTIN_RULES
-from tests.conftest import GatewayProcess, containers_of, make_gateway
+from tests.conftest import GatewayProcess, make_gateway, running_gateway
 
 APPROVAL_TIMEOUT_S = 6
 ALICE = f"approver-alice-{secrets.token_hex(8)}"
@@ -89,15 +89,10 @@ def allowed_port() -> Iterator[int]:
 def governed(docker_client: docker.DockerClient, allowed_port: int) -> Iterator[GatewayProcess]:
     policy = Path(tempfile.mkdtemp(prefix="rg-pol-", dir="/tmp")) / "policy.toml"
     policy.write_text(POLICY.format(port=allowed_port))
-    process = make_gateway(policy_file=str(policy), approval_timeout_s=str(APPROVAL_TIMEOUT_S),
-                           approver_keys=f"alpha:alice:{ALICE},beta:bob:{BOB}")
-    process.start()
-    yield process
-    process.stop()
-    left = containers_of(docker_client, process.owner)
-    for cid in left:
-        docker_client.api.remove_container(cid, force=True)
-    assert not left, f"gateway left containers behind: {left}"
+    with running_gateway(docker_client, policy_file=str(policy),
+                         approval_timeout_s=str(APPROVAL_TIMEOUT_S),
+                         approver_keys=f"alpha:alice:{ALICE},beta:bob:{BOB}") as process:
+        yield process
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +128,17 @@ def execute(client: httpx.Client, sid: str, code: str, **extra: Any) -> dict[str
 
 
 def audit_extra(process: GatewayProcess, execution_id: str) -> dict[str, Any]:
-    with sqlite3.connect(f"file:{process.state_dir / 'replgate.db'}?mode=ro", uri=True) as db:
-        for (text,) in db.execute("SELECT record FROM audit_log ORDER BY seq DESC"):
-            record = json.loads(text)
-            if record["execution_id"] == execution_id:
-                extra: dict[str, Any] = record["extra"]
-                return extra
+    """The execution's audit ``extra`` (the record is appended just after the answer)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        uri = f"file:{process.state_dir / 'replgate.db'}?mode=ro"
+        with sqlite3.connect(uri, uri=True) as db:
+            for (text,) in db.execute("SELECT record FROM audit_log ORDER BY seq DESC"):
+                record = json.loads(text)
+                if record["execution_id"] == execution_id:
+                    extra: dict[str, Any] = record["extra"]
+                    return extra
+        time.sleep(0.1)
     raise AssertionError(f"no audit record for {execution_id}")
 
 

@@ -429,7 +429,7 @@ def test_output_flood_is_capped_with_bounded_gateway_memory(
     result = hostile.run(sid, OUTPUT_FLOODS[name], timeout_s=60)
     assert result["status"] == "ok" and result["truncated"] is True, brief(result)
     assert len(result["stdout"]) + len(result["stderr"]) < 30_000
-    assert "full text in .replgate/outputs/" in result["stderr"]
+    assert "in .replgate/outputs/" in result["stderr"]  # where its full text (or start) is
     assert hostile.gateway_rss() - before < 400 * 2**20
     assert hostile.healthz_ms() < 500
     hostile.usable(sid)
@@ -483,15 +483,19 @@ display(Image.fromarray(noise))
 def test_binary_garbage_and_escapes_arrive_as_text(hostile: Hostile, sid: str) -> None:
     result = hostile.run(sid, r"""
 import os, sys
-sys.stdout.write(os.urandom(200_000).decode('latin-1'))
-os.write(1, os.urandom(200_000))
+sys.stdout.write(os.urandom(3_000).decode('latin-1'))
+sys.stdout.write(bytes(range(256)).decode('latin-1'))
+sys.stdout.flush()
+os.write(1, os.urandom(3_000))
 print('\x1b[2J\x1b[H\x1b]0;owned\x07\x1b[31mred\x1b[0m \x00 nul \r\x08 \u202e rtl')
-print('lone \ud800 surrogate', 'and \udcff')
 print('END-OF-GARBAGE')
 """)
-    assert result["status"] in ("ok", "error"), brief(result)
-    assert "\x1b[31mred" in result["stdout"] + result["stderr"] or result["truncated"]
-    assert "END-OF-GARBAGE" in result["stdout"] or result["status"] == "error"
+    assert result["status"] == "ok", brief(result)
+    assert "\x1b[31mred\x1b[0m" in result["stdout"] and "\x00 nul" in result["stdout"]
+    assert "END-OF-GARBAGE" in result["stdout"]
+    # Lone surrogates cannot be encoded: the kernel says so, nothing breaks on the way.
+    surrogates = hostile.run(sid, "print('lone \\ud800 surrogate', '\\udcff')")
+    assert surrogates["status"] in ("ok", "error"), brief(surrogates)
     hostile.usable(sid)
 
 
@@ -662,7 +666,8 @@ SELF_KILLS = {
     "sigkill_self": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "exit": "import os\nos._exit(3)",
     "segfault": "import ctypes\nctypes.string_at(0)",
-    "kill_everything": "import os, signal\nos.kill(-1, signal.SIGKILL)",
+    "kill_everything": "import subprocess\nsubprocess.run(['sh', '-c', 'kill -KILL -1'])",
+    "kill_own_group": "import os, signal\nos.killpg(0, signal.SIGKILL)",
     "sigterm_pid1": "import os, signal, time\nos.kill(1, signal.SIGTERM)\ntime.sleep(10)",
     "abort": "import os\nos.abort()",
 }

@@ -10,7 +10,6 @@ running in the main thread while the browser is open, and break every async test
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import REPO, GatewayProcess, containers_of, make_gateway
+from tests.conftest import REPO, GatewayProcess, running_gateway
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -37,15 +36,8 @@ def ui_gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
 
     Two warm kernels: most tests start a session, and a cold start is the slowest step.
     """
-    process = make_gateway(min_idle="2")
-    process.start()
-    yield process
-    process.stop()
-    left = containers_of(docker_client, process.owner)
-    for cid in left:
-        docker_client.api.remove_container(cid, force=True)
-    shutil.rmtree(process.state_dir, ignore_errors=True)
-    assert not left, f"gateway left containers behind: {left}"
+    with running_gateway(docker_client, min_idle="2") as process:
+        yield process
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess, containers_of, make_gateway
+from tests.conftest import GatewayProcess, running_gateway
 from tests.ui.conftest import VIEWPORT, Ui
 
 ALICE = f"approver-alice-{secrets.token_hex(8)}"
@@ -65,17 +65,13 @@ def governed(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
     folder = Path(tempfile.mkdtemp(prefix="rg-uipol-", dir="/tmp"))
     policy = folder / "policy.toml"
     policy.write_text(POLICY)
-    process = make_gateway(min_idle="2", policy_file=str(policy), approval_timeout_s="300",
-                           approver_keys=f"alpha:alice:{ALICE}")
-    process.start()
-    yield process
-    process.stop()
-    left = containers_of(docker_client, process.owner)
-    for cid in left:
-        docker_client.api.remove_container(cid, force=True)
-    shutil.rmtree(process.state_dir, ignore_errors=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    assert not left, f"gateway left containers behind: {left}"
+    try:
+        with running_gateway(docker_client, min_idle="2", policy_file=str(policy),
+                             approval_timeout_s="300",
+                             approver_keys=f"alpha:alice:{ALICE}") as process:
+            yield process
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
