@@ -50,9 +50,11 @@ def _serve(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
+    # No permessage-deflate: compressing each small event frame costs more CPU and latency
+    # than it saves on the local or LAN links agents use (and PNGs do not compress).
     config = uvicorn.Config(app, host=settings.host, port=settings.port,
                             log_config=None, ws_max_size=16 * 1024 * 1024,
-                            timeout_graceful_shutdown=15)
+                            ws_per_message_deflate=False, timeout_graceful_shutdown=15)
     uvicorn.Server(config).run()
     return 0
 

@@ -22,7 +22,7 @@ from gateway.metrics import Metrics
 from gateway.models import ExecutionOut, SessionCreate, SessionOut
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
-from gateway.store import SessionRecord, Store
+from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import parse_size
 from kernel_pool.events import Event, Execution
@@ -49,10 +49,9 @@ class Gateway:
         """Policy, approvals and budgets: the gate every execution passes first."""
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
-        self._stored: dict[str, asyncio.Event] = {}
-        """Set once an execution's final record is in the history (the audit follows)."""
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
-        """Submitted executions not yet in the history as finished, for watchers' catch-up."""
+        """Submitted executions whose recording (history, then audit) is not over: watchers
+        catch up from them, and the history shows the finished ones before the store has them."""
         info = read_image_info(settings.state_dir)
         self.image = f"{settings.image}@{info.id}" if info else settings.image
         pool.on_session_closed.append(self._closed_by_pool)
@@ -189,7 +188,6 @@ class Gateway:
                 "wait for some to finish")
         handle = session.submit(code, timeout_s, execution_id=execution_id,
                                 gate=self.governance.gate(tenant, session))
-        self._stored[handle.id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
         self._recorders[handle.id] = task
         self._live[handle.id] = (session.id, handle)
@@ -209,35 +207,29 @@ class Gateway:
         return ExecutionOut(id=handle.id, **execution.model_dump())
 
     async def recorded(self, handle: ExecutionHandle) -> Execution:
-        """The execution's result once it is in the history.
+        """The execution's result once it has finished, and so is in the history.
 
-        Its audit record is appended right after, off the caller's path: answering does not
-        wait for the chain's fsync, and ``drain`` waits for every append at shutdown.
+        :meth:`history` shows a finished execution from its handle until the store has it, so
+        a client told "done" finds it there at once without waiting for the database; the
+        store and the audit record are written right after, off the caller's path, and
+        ``drain`` waits for them at shutdown.
         """
-        stored = self._stored.get(handle.id)
-        if stored is not None:
-            await stored.wait()
         return await handle.result()
 
     async def _record(self, tenant: str, session: Session, handle: ExecutionHandle) -> Execution:
+        await self.store.start_execution(handle.id, session.id, tenant, handle.code)
         try:
-            await self.store.start_execution(handle.id, session.id, tenant, handle.code)
-            try:
-                await self.governance.follow(handle, self.store)  # pending_approval in history
-                execution = await handle.result()
-            finally:
-                execution = handle.execution()
-                await self.store.finish_execution(
-                    handle.id, execution.status.value, execution.execution_count,
-                    [event.model_dump(mode="json") for event in handle.events],
-                    execution.model_dump(mode="json"))
+            await self.governance.follow(handle, self.store)  # pending_approval in history
+            execution = await handle.result()
         finally:
-            # Whatever happened to the history, nobody waiting on this execution may hang.
-            self._stored.pop(handle.id).set()
-        await self.store.update_session(
+            execution = handle.execution()
+            await self.store.finish_execution(handle.id, execution.status.value,
+                                              execution.execution_count, handle.events,
+                                              execution)
+        await self.store.record_activity(
             session.id, execution_count=session.execution_count,
             last_active_at=session.last_active_at,
-            sandbox=session.kernel.sandbox.get_info().model_dump(mode="json"))
+            sandbox=session.kernel.sandbox.get_info())
         await self.audit.append(AuditRecord.for_execution(
             tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
             execution=execution, image=self.image,
@@ -248,13 +240,30 @@ class Gateway:
 
     # -- history, notebook, files ------------------------------------------------------------
 
-    async def history(self, tenant: str, session_id: str) -> list[Any]:
+    async def history(self, tenant: str, session_id: str) -> list[ExecutionRecord]:
+        """The session's executions in order, each finished one with its result, including
+        those finished a moment ago whose record the store has not written yet."""
         self.session(tenant, session_id)
-        return await self.store.list_executions(session_id)
+        # Taken before the store is read: one that leaves ``_live`` meanwhile is stored by then.
+        finished = {handle.id: handle for sid, handle in list(self._live.values())
+                    if sid == session_id and handle.done is not None}
+        records = await self.store.list_executions(session_id)
+        if not finished:
+            return records
+        for index, record in enumerate(records):
+            handle = finished.pop(record.id, None)
+            if handle is not None and record.finished_at is None:
+                records[index] = _finished(record, handle)
+        for handle in finished.values():  # started and finished before the store heard of it
+            records.append(_finished(ExecutionRecord(
+                id=handle.id, session_id=session_id, tenant=tenant,
+                seq=records[-1].seq + 1 if records else 1, code=handle.code, status=RUNNING,
+                started_at=handle.started_at), handle))
+        return records
 
     async def notebook(self, tenant: str, session_id: str) -> dict[str, Any]:
         session = self.session(tenant, session_id)
-        records = await self.store.list_executions(session_id)
+        records = await self.history(tenant, session_id)
         cells = [NotebookCell(code=r.code, execution_count=r.execution_count,
                               events=[e.model_dump(mode="json") for e in r.events],
                               status=r.status) for r in records]
@@ -296,6 +305,15 @@ class Gateway:
         for task in list(self._recorders.values()):
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(task), 10)
+
+
+def _finished(record: ExecutionRecord, handle: ExecutionHandle) -> ExecutionRecord:
+    """The history record of a finished execution, from its handle."""
+    execution = handle.execution()
+    return record.model_copy(update={
+        "status": execution.status.value, "execution_count": execution.execution_count,
+        "events": list(handle.events), "result": execution,
+        "finished_at": handle.finished_at})
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

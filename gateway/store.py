@@ -22,7 +22,7 @@ from collections.abc import Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, get_args
 
 import aiosqlite
 import anyio.to_thread
@@ -158,6 +158,8 @@ class ExecutionRecord(BaseModel):
 
 
 _EVENTS: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+_EVENT_TYPES = tuple(get_args(get_args(Event)[0]))
+"""The event models (``Event`` is an annotated union of them)."""
 
 
 class _StoreOpener:
@@ -187,8 +189,12 @@ class _StoreOpener:
 class Store:
     """The gateway's SQLite database. Make one with :meth:`open`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path,
+                 reader: aiosqlite.Connection | None = None) -> None:
         self._db = db
+        self._reader = reader or db
+        """Reads that sit on a request's path (its key, an execution id's check, the history)
+        go to this second connection: under WAL they never queue behind the writer's commits."""
         self._path = path
         self._closed = False
 
@@ -209,9 +215,11 @@ class Store:
         try:
             db.row_factory = aiosqlite.Row
             await db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed audit record must survive a power cut, or audit.head (written
-            # after it) would point past the end of the log and look like tampering.
-            await db.execute("PRAGMA synchronous=FULL")
+            # NORMAL: commits are not synced one by one (the WAL stays consistent; a process
+            # crash loses nothing). The audit log syncs the files after each record it appends
+            # (audit._sync_database), before its head names it: a record, and the history
+            # written before it, are on disk then; a power cut can lose only what followed.
+            await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA busy_timeout=5000")
             async with db.execute("PRAGMA user_version") as cursor:
                 row = await cursor.fetchone()
@@ -224,16 +232,29 @@ class Store:
             await db.executescript(
                 f"BEGIN; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
             )
+            reader = await aiosqlite.connect(path, isolation_level=None)
         except BaseException:
             await db.close()
             raise
-        return cls(db, path)
+        try:
+            reader.row_factory = aiosqlite.Row
+            await reader.execute("PRAGMA query_only=ON")
+            await reader.execute("PRAGMA busy_timeout=5000")
+        except BaseException:
+            await reader.close()
+            await db.close()
+            raise
+        return cls(db, path, reader)
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""
         if not self._closed:
             self._closed = True
-            await self._db.close()
+            try:
+                if self._reader is not self._db:
+                    await self._reader.close()
+            finally:
+                await self._db.close()
 
     async def __aenter__(self) -> Store:
         return self
@@ -303,9 +324,20 @@ class Store:
             raise RecordNotFound("session", session_id)
         return _session_from_row(next(iter(rows)))
 
+    async def record_activity(self, session_id: str, *, execution_count: int,
+                              last_active_at: str, sandbox: SandboxInfo | None) -> None:
+        """After each execution: the session's count, last activity and sandbox, in one UPDATE
+        (:meth:`update_session` without its read and validation, for the hot path)."""
+        sandbox_json = None if sandbox is None else json.dumps(
+            sandbox.model_dump(mode="json"), separators=(",", ":"))
+        await self._db.execute_fetchall(
+            "UPDATE sessions SET execution_count = ?, last_active_at = ?, sandbox = ? "
+            "WHERE id = ?", (execution_count, last_active_at, sandbox_json, session_id))
+
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session with that id (deleted or not), or None."""
-        async with self._db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)) as cur:
+        async with self._reader.execute("SELECT * FROM sessions WHERE id = ?",
+                                        (session_id,)) as cur:
             row = await cur.fetchone()
         return None if row is None else _session_from_row(row)
 
@@ -321,7 +353,7 @@ class Store:
         if not include_deleted:
             clauses.append("deleted = 0")
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = await self._db.execute_fetchall(
+        rows = await self._reader.execute_fetchall(
             f"SELECT * FROM sessions {where} ORDER BY created_at, id", params
         )
         return [_session_from_row(row) for row in rows]
@@ -376,24 +408,30 @@ class Store:
         Events and result are validated before they are written (pydantic models or their
         ``model_dump(mode="json")`` dicts). :class:`RecordNotFound` if the id is unknown.
         """
-        events_json = _EVENTS.dump_json(
-            _EVENTS.validate_python([_as_plain(event) for event in events])
-        ).decode()
-        result_json = None
-        if result is not None:
-            result_json = Execution.model_validate(_as_plain(result)).model_dump_json()
+        # Models are valid by construction: only plain values are validated.
+        valid_events = (list(events) if all(isinstance(e, _EVENT_TYPES) for e in events)
+                        else _EVENTS.validate_python([_as_plain(event) for event in events]))
+        valid_result = (result if isinstance(result, Execution) or result is None
+                        else Execution.model_validate(_as_plain(result)))
         rows = await self._db.execute_fetchall(
             "UPDATE executions SET status = ?, execution_count = ?, events = ?, result = ?, "
-            "finished_at = ? WHERE id = ? RETURNING *",
-            (str(status), execution_count, events_json, result_json, utc_now(), execution_id),
+            "finished_at = ? WHERE id = ? RETURNING id, session_id, tenant, seq, code, "
+            "started_at, finished_at",
+            (str(status), execution_count, _EVENTS.dump_json(valid_events).decode(),
+             None if valid_result is None else valid_result.model_dump_json(), utc_now(),
+             execution_id),
         )
         if not rows:
             raise RecordNotFound("execution", execution_id)
-        return _execution_from_row(next(iter(rows)))
+        row = next(iter(rows))
+        # Built from what was just written, not parsed back from its JSON.
+        return ExecutionRecord.model_construct(
+            **dict(zip(row.keys(), tuple(row), strict=True)), status=str(status),
+            execution_count=execution_count, events=valid_events, result=valid_result)
 
     async def get_execution(self, execution_id: str) -> ExecutionRecord | None:
         """The execution with that id, or None."""
-        async with self._db.execute(
+        async with self._reader.execute(
             "SELECT * FROM executions WHERE id = ?", (execution_id,)
         ) as cursor:
             row = await cursor.fetchone()
@@ -401,7 +439,7 @@ class Store:
 
     async def list_executions(self, session_id: str) -> list[ExecutionRecord]:
         """A session's executions in the order it ran them."""
-        rows = await self._db.execute_fetchall(
+        rows = await self._reader.execute_fetchall(
             "SELECT * FROM executions WHERE session_id = ? ORDER BY seq", (session_id,)
         )
         return [_execution_from_row(row) for row in rows]
@@ -454,7 +492,7 @@ class Store:
         does not depend on which key (if any) matched. Tenants have few keys; this is cheap.
         """
         candidate = hash_api_key(key)
-        rows = await self._db.execute_fetchall("SELECT key_hash, tenant FROM api_keys")
+        rows = await self._reader.execute_fetchall("SELECT key_hash, tenant FROM api_keys")
         found: str | None = None
         for row in rows:
             if hmac.compare_digest(candidate, row["key_hash"]):
@@ -463,7 +501,7 @@ class Store:
 
     async def list_tenants(self) -> list[str]:
         """Tenants that have at least one key, sorted."""
-        rows = await self._db.execute_fetchall(
+        rows = await self._reader.execute_fetchall(
             "SELECT DISTINCT tenant FROM api_keys ORDER BY tenant"
         )
         return [str(row["tenant"]) for row in rows]

@@ -53,6 +53,8 @@ class ExecutionHandle:
         self.events: list[Event] = []
         self.done: DoneEvent | None = None
         self.started_at = utcnow()
+        self.finished_at: str | None = None
+        self._execution: Execution | None = None
         self.run: ExecutionRun | None = None
         self.gate: Gate | None = None
         self.gating: asyncio.Task[Denial | None] | None = None
@@ -64,6 +66,7 @@ class ExecutionHandle:
         self.events.append(event)
         if isinstance(event, DoneEvent):
             self.done = event
+            self.finished_at = utcnow()
             self._finished.set()
         self._changed.set()
 
@@ -87,11 +90,17 @@ class ExecutionHandle:
         return self.execution()
 
     def execution(self) -> Execution:
-        """The aggregate of the events so far."""
+        """The aggregate of the events so far (built once only after ``done``: its readers,
+        history, audit and every waiting client, share it and must not change it)."""
+        if self._execution is not None:
+            return self._execution
         builder = ExecutionBuilder()
         for event in self.events:
             builder.add(event)
-        return builder.build()
+        execution = builder.build()
+        if self.done is not None:
+            self._execution = execution
+        return execution
 
 
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]

@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, Sand
 from kernel_pool.backends.cgroup import CgroupReader
 from kernel_pool.backends.strays import find_strays, kill_strays
 from kernel_pool.config import PoolSettings, Profile, parse_size
-from kernel_pool.exceptions import BackendError
+from kernel_pool.exceptions import BackendError, WorkspaceError
 from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ LABEL_SANDBOX = "io.replgate.sandbox"
 LABEL_PROFILE = "io.replgate.profile"
 KERNEL_DIR = "/kernel"
 SOCKET_SUBDIR = "kernel"
+REMOVAL_WAITS = 300
+"""Tenths of a second to wait for a container's removal that is already in progress."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
@@ -179,6 +182,10 @@ class DockerSandbox(Sandbox):
         # never following a link, so the gateway's privileges cannot be turned on host files.
         path = self._socket_dir / f"{name}.json"
         path.unlink(missing_ok=True)
+        # Likewise for the socket paths the gateway will connect to (it retries until the
+        # kernel binds them): no planted link may send it to a host socket in the meantime.
+        for planted in self._socket_dir.glob(f"{name}-*"):
+            planted.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             if os.geteuid() == 0:
@@ -350,8 +357,18 @@ class DockerBackend(SandboxBackend):
         return str(container.id)
 
     def remove_container(self, container_id: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_container(container_id, force=True, v=True)
+        """Remove a container (blocking), and wait for a removal already under way (someone
+        else's ``docker rm``): a new container of the same name can only follow it."""
+        for attempt in range(REMOVAL_WAITS):
+            try:
+                self.client.api.remove_container(container_id, force=True, v=True)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409 or attempt == REMOVAL_WAITS - 1:
+                    raise
+            time.sleep(0.1)
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         socket_dir = self._run_dir / spec.sandbox_id / SOCKET_SUBDIR
@@ -362,8 +379,11 @@ class DockerBackend(SandboxBackend):
                 "set REPLGATE_STATE_DIR to a shorter path")
         try:
             await _in_thread(self._make_socket_dir, socket_dir)
-            workspace = await _in_thread(
-                Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
+            try:
+                workspace = await _in_thread(
+                    Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
+            except WorkspaceError as exc:  # no room on the host: the engine side's failure
+                raise BackendError(f"cannot make the sandbox's workspace: {exc}") from exc
             container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
                                       workspace.root, socket_dir, spec.env)
         except BaseException:

@@ -16,6 +16,8 @@ import os
 import signal
 from pathlib import Path
 
+from kernel_pool.backends.cgroup import read_pseudo_file
+
 ROUNDS = 20
 """Passes at most: a process forking while it is killed leaves children for the next pass."""
 
@@ -23,7 +25,7 @@ ROUNDS = 20
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent pid, start time) of a host process, or None when it is gone."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
+        data = read_pseudo_file(Path(f"/proc/{pid}/stat"))
     except OSError:
         return None
     fields = data[data.rindex(b")") + 2 :].split()
@@ -32,7 +34,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 def _read_pids(procs_file: Path) -> list[int]:
     try:
-        return [int(line) for line in procs_file.read_text().split()]
+        return [int(line) for line in read_pseudo_file(procs_file).split()]
     except (OSError, ValueError):
         return []
 
@@ -40,7 +42,10 @@ def _read_pids(procs_file: Path) -> list[int]:
 def find_strays(procs_file: Path, init_pid: int, kernel_pid: int,
                 keep_kernel_children: bool) -> dict[int, tuple[str, int, int]]:
     """The container's processes to kill, by host pid (zombies excluded: only a wait ends them)."""
-    found = {pid: info for pid in _read_pids(procs_file) if (info := _stat(pid)) is not None}
+    pids = _read_pids(procs_file)
+    if set(pids) <= {init_pid, kernel_pid}:
+        return {}  # the usual case: one read, nothing else to look at
+    found = {pid: info for pid in pids if (info := _stat(pid)) is not None}
     strays = {}
     for pid, info in found.items():
         if pid in (init_pid, kernel_pid) or info[0] == "Z":

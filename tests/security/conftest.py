@@ -26,6 +26,16 @@ from tests.conftest import GatewayProcess, containers_of, make_gateway
 
 LIMITS = {"memory": "512m", "pids": "128", "workspace_size": "64m", "tmp_size": "32m"}
 GRACE_S = 1.0
+REPORT = """
+def report(value):
+    import json
+    text = json.dumps(value)
+    if len(text) < 4000:
+        print(text)
+    else:
+        with open('/workspace/.report.json', 'w') as f:
+            f.write(text)
+"""
 RESTART_BUDGET_S = 25.0
 """Beyond timeout + grace: killing every process and starting a fresh kernel, on a busy host."""
 
@@ -77,8 +87,17 @@ class Hostile:
         return str(result["stdout"])
 
     def json_of(self, sid: str, code: str, timeout_s: float = 30, tenant: str = "alpha") -> Any:
-        """Run code whose last stdout line is JSON; that value."""
-        return json.loads(self.ok(sid, code, timeout_s, tenant).strip().splitlines()[-1])
+        """Run code that ends with ``report(value)``; that value.
+
+        A short report comes back on stdout; a long one (over the line cap) in a workspace
+        file, fetched through the files API.
+        """
+        stdout = self.ok(sid, REPORT + code, timeout_s, tenant)
+        if stdout.strip():
+            return json.loads(stdout.strip().splitlines()[-1])
+        answer = self.client(tenant).get(f"/v1/sessions/{sid}/files/.report.json")
+        assert answer.status_code == 200, answer.text
+        return answer.json()
 
     def usable(self, sid: str, tenant: str = "alpha") -> None:
         """The session answers a fresh execution correctly (after whatever happened)."""

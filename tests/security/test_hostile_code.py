@@ -121,7 +121,7 @@ except RuntimeError as exc:
     error = str(exc)
 count = len(threads)
 release.set()
-print(json.dumps([count, error]))
+report([count, error])
 """)
     assert 0 < found[0] < 128 and "can't start new thread" in found[1]
     assert int(hostile.cgroup_value(sid, "pids", "pids.current")) <= 128
@@ -139,7 +139,7 @@ try:
         made += 1
 except OSError as exc:
     error = exc.errno
-print(json.dumps([made, error]))
+report([made, error])
 """)
     assert 0 < found[0] < 128 and found[1] == 11  # EAGAIN at the pids limit
     hostile.usable(sid)
@@ -264,7 +264,7 @@ try:
             written += 1
 except OSError as exc:
     error = exc.errno
-print(json.dumps([written, error]))
+report([written, error])
 """)
     assert found[0] <= 64 and found[1] == 28  # ENOSPC
     assert hostile.container(sid).attrs["HostConfig"]["ShmSize"] == 64 * 2**20
@@ -285,7 +285,7 @@ try:
             written += 1
 except OSError as exc:
     error = exc.errno
-print(json.dumps([written, error]))
+report([written, error])
 """
 
 
@@ -338,7 +338,7 @@ try:
         made += 1
 except OSError as exc:
     error = exc.errno
-print(json.dumps([made, error]))
+report([made, error])
 """)
     assert 1000 < made < 100_000 and error == 28
     started = time.monotonic()
@@ -605,7 +605,7 @@ status = {line.split(':')[0]: line.split(':')[1].strip()
           for line in open('/proc/self/status') if ':' in line}
 found['status'] = {k: status[k] for k in ('Uid', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs',
                                            'Seccomp')}
-print(json.dumps(found))
+report(found)
 """
 
 # Refused by the missing capabilities, the seccomp profile or both. ptrace of PID 1 (same
@@ -652,7 +652,7 @@ for argv in (['mount', '-t', 'tmpfs', 'none', '/tmp'], ['su', '-c', 'id'],
         runs[argv[0]] = [done.returncode, done.stdout.strip()]
     except OSError as exc:
         runs[argv[0]] = [None, str(exc)]
-print(json.dumps({'setuid': setuid, 'runs': runs, 'uid': os.getuid(), 'euid': os.geteuid()}))
+report({'setuid': setuid, 'runs': runs, 'uid': os.getuid(), 'euid': os.geteuid()})
 """)
     assert found["setuid"] == []
     assert found["uid"] == found["euid"] == 1000

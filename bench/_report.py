@@ -1,0 +1,120 @@
+"""The table printed at the end of a run, and the targets it is read against."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _get(results: dict[str, Any], path: str) -> Any:
+    value: Any = results
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+# (label, figure, baseline or None)
+LATENCY_ROWS = [
+    ("session start: replgate, warm pool", "session_start.replgate_warm",
+     "session_start.replgate_cold"),
+    ("session start: kernel_pool acquire, in-process", "session_start.pool_acquire_in_process",
+     "session_start.replgate_cold"),
+    ("session start: replgate, cold (container+kernel)", "session_start.replgate_cold", None),
+    ("session start: Kernel Gateway POST /api/kernels", "session_start.kernel_gateway",
+     "session_start.replgate_cold"),
+    ("1+1: floor (jupyter_client -> host ipykernel)", "round_trip.floor", None),
+    ("1+1: kernel_pool in-process (sandboxed)", "round_trip.pool_in_process",
+     "round_trip.floor"),
+    ("1+1: replgate WebSocket", "round_trip.replgate_ws", "round_trip.floor"),
+    ("1+1: replgate HTTP", "round_trip.replgate_http", "round_trip.floor"),
+    ("1+1: Kernel Gateway WebSocket", "round_trip.kernel_gateway_ws", "round_trip.floor"),
+    ("1+1: Kernel Gateway WS + TCP_NODELAY", "round_trip.kernel_gateway_ws_nodelay",
+     "round_trip.floor"),
+    ("print -> client: floor", "streaming.floor", None),
+    ("print -> client: replgate WebSocket", "streaming.replgate_ws", "streaming.floor"),
+    ("print -> client: Kernel Gateway (NODELAY)", "streaming.kernel_gateway_ws_nodelay",
+     "streaming.floor"),
+    ("matplotlib PNG: floor", "chart.floor", None),
+    ("matplotlib PNG: replgate WebSocket", "chart.replgate_ws", "chart.floor"),
+    ("matplotlib PNG: Kernel Gateway (NODELAY)", "chart.kernel_gateway_ws_nodelay",
+     "chart.floor"),
+]
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with the measured value and whether it is met (reported, never asserted)."""
+    out = []
+
+    def add(name: str, value: float | None, goal: str, met: bool | None) -> None:
+        out.append({"target": name, "value": None if value is None else round(value, 3),
+                    "goal": goal, "met": met})
+
+    warm = _get(results, "session_start.replgate_warm.p50")
+    add("warm session start p50 (ms)", warm, "< 10", None if warm is None else warm < 10)
+    ws, floor = _get(results, "round_trip.replgate_ws.p50"), _get(results, "round_trip.floor.p50")
+    over = None if ws is None or floor is None else ws - floor
+    add("WebSocket 1+1 overhead over the floor, p50 (ms)", over, "< 1",
+        None if over is None else over < 1)
+    add("stretch: WebSocket 1+1 no slower than the floor, p50 (ms)", over, "<= 0",
+        None if over is None else over <= 0)
+    rg32 = _get(results, "throughput.32.replgate_ws.per_s")
+    floor32 = _get(results, "throughput.32.floor.per_s")
+    share = None if rg32 is None or not floor32 else rg32 / floor32
+    add("throughput at 32 sessions, share of the floor's", share, ">= 0.90",
+        None if share is None else share >= 0.9)
+    mem = _get(results, "density.uss_mib")
+    add("memory per warm kernel (MiB, USS)", mem, "< 100", None if mem is None else mem < 100)
+    peak = _get(results, "flood.peak_mib")
+    add("gateway RSS during a 100 MB flood (MiB)", peak, "< 250 MB (238 MiB)",
+        None if peak is None else peak * 2**20 < 250e6)
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [f"{'figure (ms)':<52} {'p50':>9} {'p95':>9} {'n':>5}  ratio to baseline (p50)",
+             "-" * 100]
+    for label, key, base in LATENCY_ROWS:
+        figure = _get(results, key)
+        if not figure:
+            continue
+        ratio = ""
+        baseline = _get(results, base) if base else None
+        if baseline:
+            ratio = f"{figure['p50'] / baseline['p50']:.3g}x {base.split('.')[-1]}"
+        lines.append(f"{label:<52} {figure['p50']:>9.2f} {figure['p95']:>9.2f} "
+                     f"{figure['n']:>5}  {ratio}")
+    cpu = results.get("cpu_per_execution")
+    if cpu:
+        lines += ["", f"{'CPU per 1+1 (ms)':<52} {'kernel':>9} {'server':>9} {'client':>9}"]
+        for name, value in cpu.items():
+            lines.append(f"{name:<52} {value['kernel_ms']:>9.2f} {value['server_ms']:>9.2f} "
+                         f"{value['client_ms']:>9.2f}")
+    for n, value in (results.get("throughput") or {}).items():
+        floor = value["floor"]["per_s"]
+        if n == next(iter(results["throughput"])):
+            lines += ["", f"{'throughput (executions/s)':<52} {'per_s':>9} {'x floor':>9}  "
+                          "CPU cores used: client/server/kernels"]
+        for name, figure in value.items():
+            cores = "/".join(f"{figure.get(k + '_cores', 0):.2f}"
+                             for k in ("client", "server", "kernels"))
+            lines.append(f"{n + ' sessions, ' + name:<52} {figure['per_s']:>9.1f} "
+                         f"{figure['per_s'] / floor:>9.2f}  {cores}")
+    dens = results.get("density")
+    if dens:
+        lines += ["", f"memory per idle warm kernel: {dens['uss_mib']:.1f} MiB unique (USS), "
+                      f"cgroup charge {dens['cgroup_charge_mib']:.1f} MiB, host drop "
+                      f"{dens['host_available_drop_mib']:.1f} MiB; stock host ipykernel "
+                      f"{dens['floor_kernel_uss_mib']:.1f} MiB; ~{dens['fit_in_available_memory']}"
+                      f" fit in {dens['memory_available_gib']} GiB available"]
+    fl = results.get("flood")
+    if fl:
+        lines.append(f"flood (100 MB printed): gateway RSS {fl['before_mib']:.0f} -> peak "
+                     f"{fl['peak_mib']:.0f} MiB ({fl['peak_mib'] / fl['before_mib']:.2f}x), "
+                     f"{fl['seconds']:.1f} s, status {fl['status']}, truncated {fl['truncated']}")
+    lines += ["", "targets (reported, not asserted):"]
+    for target in results.get("targets", []):
+        mark = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]
+        value = "n/a" if target["value"] is None else f"{target['value']:g}"
+        lines.append(f"  {target['target']:<58} {value:>10}  {target['goal']:<20} {mark}")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""One run: start the contenders, measure every figure, print the table, write the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import _figures as figures
+from bench._measure import load_average, machine, wait_quiet
+from bench._peers import Floor, KernelGateway, Replgate
+from bench._report import table, targets
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "throughput",
+           "density")
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    wanted = set(args.only.split(",")) if args.only else set(FIGURES)
+    sizes = figures.Sizes.make(args.quick)
+    results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
+    if args.wait_quiet:
+        results["machine"]["load_average_when_started"] = await wait_quiet(
+            args.quiet_load, args.quiet_wait_s, log)
+    started = time.monotonic()
+    stack = contextlib.AsyncExitStack()
+    async with stack:
+        log("starting the contenders")
+        replgate = Replgate(min_idle=2, max_kernels=40)
+        stack.push_async_callback(replgate.stop)
+        cold = Replgate(min_idle=0, max_kernels=4)
+        stack.push_async_callback(cold.stop)
+        kernel_gateway, kg_nodelay = KernelGateway(), KernelGateway(nodelay=True)
+        stack.push_async_callback(kernel_gateway.stop)
+        stack.push_async_callback(kg_nodelay.stop)
+        floor = await Floor.start()
+        stack.push_async_callback(floor.stop)
+        pool = await figures.in_process_pool()
+        stack.push_async_callback(pool.close)
+        await asyncio.gather(replgate.wait_idle(2), kernel_gateway.wait(), kg_nodelay.wait())
+        session = await replgate.create_session()
+        contenders = figures.Contenders(
+            replgate=replgate, session=session, socket=await replgate.connect(session),
+            floor=floor, kernel_gateway=kernel_gateway,
+            kg_kernel=await kernel_gateway.start_kernel(), kg_nodelay=kg_nodelay,
+            kg_nodelay_kernel=await kg_nodelay.start_kernel(), pool=pool,
+            pool_session=await pool.create_session())
+        for kernel in (contenders.kg_kernel, contenders.kg_nodelay_kernel):
+            await kernel.execute("%matplotlib inline")
+        await floor.execute("%matplotlib inline")
+
+        if "session_start" in wanted:
+            log("session start")
+            results["session_start"] = await figures.session_start(contenders, cold, sizes)
+        if "round_trip" in wanted:
+            log("execute round trip (interleaved)")
+            results["round_trip"] = await figures.round_trip(contenders, sizes)
+        if "cpu" in wanted:
+            log("CPU per execution")
+            results["cpu_per_execution"] = await figures.cpu_per_execution(contenders, sizes)
+        if "streaming" in wanted:
+            log("streaming")
+            results["streaming"] = await figures.streaming(contenders, sizes)
+        if "chart" in wanted:
+            log("matplotlib PNG")
+            results["chart"] = await figures.chart(contenders, sizes)
+        if "flood" in wanted:
+            log("flood")
+            results["flood"] = await figures.flood(contenders)
+        await contenders.socket.close()
+        if "throughput" in wanted:
+            results["throughput"] = {}
+            for n in sizes.throughput_sessions:
+                log(f"throughput, {n} sessions")
+                results["throughput"][str(n)] = await figures.throughput(
+                    contenders, n, sizes.throughput_s)
+        if "density" in wanted:
+            log("density")
+            results["density"] = await figures.density(contenders, sizes)
+        log("stopping the contenders")
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    results["machine"]["load_average_1min_at_end"] = load_average()
+    results["seconds"] = round(time.monotonic() - started)
+    results["targets"] = targets(results)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench",
+                                     description="replgate against the floor and Kernel Gateway")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, 1 and 8 sessions")
+    parser.add_argument("--only", help=f"comma-separated figures of {', '.join(FIGURES)}")
+    parser.add_argument("--wait-quiet", action="store_true",
+                        help="first wait for the load average to drop (see --quiet-load)")
+    parser.add_argument("--quiet-load", type=float, default=1.5)
+    parser.add_argument("--quiet-wait-s", type=float, default=600)
+    parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    print(f"\nwritten to {args.output}")

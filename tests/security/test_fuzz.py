@@ -1,0 +1,65 @@
+"""API fuzzing: schemathesis against the gateway's own OpenAPI schema, with a real key.
+
+Every operation gets examples, boundary ("coverage") cases and random valid and invalid
+inputs, a bounded number of each; the only checks are the contract's: no 500, and an answer
+within the request timeout (no hang). Executions are capped at 5 s, so fuzzed code cannot
+hold the run either.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import GatewayProcess, containers_of, make_gateway
+
+
+@pytest.fixture(scope="module")
+def fuzzed(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
+    gateway = make_gateway(max_timeout_s="5", default_timeout_s="5", max_kernels="4",
+                           min_idle="1", max_sessions_per_tenant="3",
+                           max_upload_bytes=str(2**20))
+    gateway.start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+        left = containers_of(docker_client, gateway.owner)
+        for cid in left:
+            docker_client.api.remove_container(cid, force=True)
+        assert not left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fuzzed_requests_never_get_a_server_error_or_hang(fuzzed: GatewayProcess) -> None:
+    schema = httpx.get(f"{fuzzed.url}/openapi.json").json()
+    assert len(schema["paths"]) >= 10
+    # A real session, so path parameters can also name something that exists.
+    with httpx.Client(base_url=fuzzed.url, headers=fuzzed.headers(), timeout=60) as client:
+        assert client.post("/v1/sessions", json={}).status_code == 201
+    reports = Path(tempfile.mkdtemp(prefix="rg-fuzz-"))
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "run", f"{fuzzed.url}/openapi.json",
+        "--header", f"Authorization: Bearer {fuzzed.keys['alpha']}",
+        "--checks", "not_a_server_error", "--max-examples", "30",
+        "--phases", "examples,coverage,fuzzing", "--request-timeout", "30",
+        "--max-response-time", "30", "--workers", "2", "--seed", "20261122",
+        "--generation-database", "none", "--no-color", "--report", "junit",
+        "--report-dir", str(reports), "--warnings", "off",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=840,
+                         cwd=reports)
+    summary = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, summary
+    assert "No issues found" in run.stdout or " passed" in run.stdout, summary
+    log = fuzzed.log_path.read_text(errors="replace")
+    assert "failed unexpectedly" not in log, log[log.find("failed unexpectedly") - 3000:][:6000]
+    assert httpx.get(f"{fuzzed.url}/healthz", timeout=5).status_code == 200

@@ -1,0 +1,121 @@
+"""Container posture, read back from the engine: the CIS Docker Benchmark's runtime items (5.x)
+that apply to a sandbox, for every container a gateway runs, warm or in use.
+
+The configuration is what ``docker inspect`` says, not what replgate meant to ask for; the
+kernel process's own view (capabilities, seccomp, no-new-privileges) is read from the host's
+``/proc``. Items that do not apply: 5.6 sshd (none), 5.8 privileged ports and 5.13 host
+interfaces (no network at all), 5.27 image updates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import GatewayProcess, containers_of
+from tests.security.conftest import Hostile
+
+SENSITIVE = ("/", "/boot", "/dev", "/etc", "/lib", "/proc", "/sys", "/usr", "/var/run",
+             "/run", "/var/lib/docker", "/root", "/home")
+
+
+def _containers(client: docker.DockerClient, owner: str) -> list[dict[str, Any]]:
+    found = [client.api.inspect_container(cid) for cid in containers_of(client, owner)]
+    assert found, f"no container of {owner}"
+    return found
+
+
+def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None:
+    host, settings, state = config["HostConfig"], config["Config"], config["State"]
+    name = config["Name"]
+    assert state["Running"], name
+    # 5.3 capabilities: all dropped, none added. 5.4 not privileged.
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], name
+    assert host["Privileged"] is False, name
+    # 5.5 no sensitive host folder; only the session's workspace and its socket folder.
+    binds = sorted((m["Destination"], m["Source"], m["Type"], m["RW"]) for m in config["Mounts"])
+    assert [b[0] for b in binds] == ["/kernel", "/workspace"], binds
+    for _destination, source, kind, _rw in binds:
+        assert kind == "bind" and source.startswith(str(gateway.state_dir) + "/"), source
+        assert source not in SENSITIVE and "docker.sock" not in source
+    assert not host.get("Binds") and not host.get("VolumesFrom") and not host.get("Devices")
+    # 5.9, 5.15-5.17, 5.20, 5.30, 5.31: no host namespace, no network, no Docker socket.
+    assert host["NetworkMode"] == "none"
+    assert host["PidMode"] in ("", "private") and host["IpcMode"] in ("private", "none")
+    assert host["UTSMode"] in ("", "private") and host["UsernsMode"] in ("", "private")
+    assert not host.get("PortBindings") and not host.get("PublishAllPorts")
+    assert not host.get("ExtraHosts") and not host.get("Links")
+    # 5.10-5.11, 5.28: memory (no swap on top), CPU and process limits.
+    assert host["Memory"] == memory and host["MemorySwap"] == memory, name
+    assert host["MemorySwappiness"] in (0, None)
+    assert host["NanoCpus"] > 0 or host["CpuQuota"] > 0
+    assert host["PidsLimit"] and 0 < host["PidsLimit"] <= 4096
+    assert host["OomKillDisable"] in (False, None)
+    # 5.12 read-only root; writable places are size-capped tmpfs (with nosuid, nodev).
+    assert host["ReadonlyRootfs"] is True
+    for path, options in (host.get("Tmpfs") or {}).items():
+        assert "size=" in options and "nosuid" in options and "nodev" in options, (path, options)
+    assert host["ShmSize"] <= 256 * 2**20
+    # 5.21, 5.25, 5.1/5.2: no new privileges, default seccomp, AppArmor not unconfined.
+    options = host.get("SecurityOpt") or []
+    assert "no-new-privileges" in options or "no-new-privileges:true" in options
+    assert not [o for o in options if "unconfined" in o or o.startswith("seccomp=")], options
+    assert config.get("AppArmorProfile") != "unconfined"
+    # 5.14 no restart policy that brings a container back by itself.
+    assert host["RestartPolicy"]["Name"] in ("", "no")
+    # 4.1 / 5.x: a non-root user; 5.18 ulimits: open files capped, no core dumps.
+    assert settings["User"] not in ("", "0", "root") and not settings["User"].startswith("0:")
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []}
+    assert ulimits["core"] == (0, 0) and 0 < ulimits["nofile"][1] <= 65536
+    # 5.22/5.23 no privileged exec configured, 5.26 no healthcheck needed; labels name it.
+    assert settings["Labels"]["io.replgate.owner"] == gateway.owner
+    # The kernel side, from the host's /proc: nothing to raise, seccomp in filter mode.
+    status = Path(f"/proc/{state['Pid']}/status").read_text()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["CapEff"].strip() == fields["CapPrm"].strip() == "0000000000000000"
+    assert fields["CapBnd"].strip() == "0000000000000000"
+    assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
+    assert fields["Uid"].split()[0] != "0"
+
+
+def test_posture_of_every_sandbox_of_the_hostile_gateway(hostile: Hostile) -> None:
+    sid = hostile.new_session()
+    try:
+        hostile.ok(sid, "print('in use')")
+        containers = _containers(hostile.docker, hostile.gateway.owner)
+        assert len(containers) >= 2  # one in use and the warm ones
+        for config in containers:
+            _check(config, hostile.gateway, 512 * 2**20)
+            assert config["HostConfig"]["PidsLimit"] == 128
+            assert config["HostConfig"]["Tmpfs"]["/tmp"].endswith(f"size={32 * 2**20},mode=1777")
+    finally:
+        hostile.delete(sid)
+
+
+@pytest.mark.parametrize("tenant", ["alpha", "beta"])
+def test_posture_of_every_sandbox_with_default_settings(
+        gateway: GatewayProcess, docker_client: docker.DockerClient, tenant: str) -> None:
+    with httpx.Client(base_url=gateway.url, headers=gateway.headers(tenant), timeout=120) as c:
+        sid = c.post("/v1/sessions", json={}).json()["id"]
+        try:
+            assert c.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}).status_code == 200
+            for config in _containers(docker_client, gateway.owner):
+                _check(config, gateway, 2 * 2**30)
+        finally:
+            c.delete(f"/v1/sessions/{sid}")
+
+
+def test_image_has_no_setuid_files_and_runs_as_non_root(docker_client: docker.DockerClient,
+                                                       hostile: Hostile) -> None:
+    image_name = _containers(docker_client, hostile.gateway.owner)[0]["Config"]["Image"]
+    image = docker_client.images.get(image_name)
+    assert image.attrs["Config"]["User"] not in ("", "0", "root")
+    output = docker_client.containers.run(
+        image_name, entrypoint=["/bin/sh", "-c",
+                                "find / -xdev -type f -perm /6000 2>/dev/null; echo END"],
+        network_mode="none", remove=True, user="1000:1000")
+    assert output.decode().split() == ["END"]
