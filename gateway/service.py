@@ -27,7 +27,6 @@ from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import parse_size
 from kernel_pool.events import Event, Execution
 from kernel_pool.exceptions import SessionNotFound, WorkspaceError
-from kernel_pool.image import read_image_info
 from kernel_pool.pool import KernelPool
 from kernel_pool.session import ExecutionHandle, Session
 from kernel_pool.workspace import FileInfo
@@ -52,8 +51,8 @@ class Gateway:
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions whose recording (history, then audit) is not over: watchers
         catch up from them, and the history shows the finished ones before the store has them."""
-        info = read_image_info(settings.state_dir)
-        self.image = f"{settings.image}@{info.id}" if info else settings.image
+        self.image = settings.image
+        """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
 
@@ -112,6 +111,9 @@ class Gateway:
 
     async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
         """Take back the sessions a previous gateway left running; forget those that are gone."""
+        digest = await self.pool.backend.image_digest(self.settings.image)
+        if digest:
+            self.image = f"{self.settings.image}@{digest}"
         for info in kept:
             record = records[info.container_id]
             try:

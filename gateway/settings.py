@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kernel_pool.config import OutputCaps, PoolSettings, Profile, parse_size
-from kernel_pool.image import DEFAULT_IMAGE
+from kernel_pool.image import current_image
 
 
 def default_state_dir() -> Path:
@@ -32,7 +32,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
 
     # pool
-    image: str = DEFAULT_IMAGE
+    image: str = Field(default_factory=current_image,
+                       description="sandbox image; default: the one built from this code")
     max_kernels: int = Field(8, ge=1, le=1024, description="kernels in all, warm and in use")
     min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
     memory: str = Field("2g", description="memory limit per sandbox (no swap)")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from kernel_pool.image import DEFAULT_IMAGE
+from kernel_pool.image import current_image
 
 
 class OutputCaps(BaseModel):
@@ -25,7 +25,8 @@ class Profile(BaseModel):
     """A kind of sandbox: its image and the limits every container of it runs under."""
 
     name: str = "default"
-    image: str = DEFAULT_IMAGE
+    image: str = Field(default_factory=current_image,
+                       description="sandbox image; default: the one built from this code")
     memory: str = Field("2g", description="memory limit; swap is not allowed on top of it")
     cpus: float = Field(1.0, gt=0, le=64)
     pids: int = Field(256, ge=16, le=32768, description="processes and threads")

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from kernel_pool.exceptions import ImageError
 
 IMAGE_REPOSITORY = "replgate-sandbox"
-DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:latest"
+LATEST_IMAGE = f"{IMAGE_REPOSITORY}:latest"
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "replgate-base:bookworm"
 HOST_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
@@ -50,6 +50,14 @@ def context_dir() -> Path:
         if (candidate / "Dockerfile").is_file():
             return candidate
     raise ImageError("sandbox_image/ not found next to kernel_pool; reinstall replgate")
+
+
+def current_image() -> str:
+    """The image this code runs: tagged by the hash of its ``sandbox_image/``.
+
+    Not ``:latest``, which another checkout's build may move under a running pool.
+    """
+    return f"{IMAGE_REPOSITORY}:{content_version(context_dir())}"
 
 
 def content_version(context: Path) -> str:
@@ -152,7 +160,7 @@ def build_image(
         image = client.images.get(tag)
     else:
         base = str(image.labels.get("io.replgate.base", "unknown"))
-    image.tag(IMAGE_REPOSITORY, "latest")
+    image.tag(IMAGE_REPOSITORY, "latest")  # for people; the pool uses the content tag
     info = ImageInfo(tag=tag, id=str(image.id), version=version,
                      base=str(image.labels.get("io.replgate.base", base)))
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,10 @@ class SandboxBackend(ABC):
     async def remove(self, info: SandboxInfo) -> None:
         """Remove a sandbox that is not loaded (an orphan): container and workspace."""
 
+    async def image_digest(self, image: str) -> str | None:
+        """The content id of ``image`` as the engine has it (for the audit log), if known."""
+        return None
+
     async def close(self) -> None:
         """Release the backend's own resources."""
         return None

@@ -261,6 +261,12 @@ class DockerSandbox(Sandbox):
 
     async def kill(self, restart: bool = False) -> None:
         if restart:
+            procs = self._cgroup.procs_file if self._cgroup is not None else None
+            if procs is not None and self._init_pid and procs.exists():
+                # From the host, through the container's cgroup: this needs no new process in
+                # the container, which a fork bomb at the pids limit leaves no room for.
+                await _in_thread(kill_strays, procs, self._init_pid, 0, False)
+                return
             try:
                 exec_id = (await _run(self._api.exec_create, self.info.container_id, KILL_ALL,
                                       user=f"{SANDBOX_UID}:{SANDBOX_GID}"))["Id"]
@@ -450,6 +456,13 @@ class DockerBackend(SandboxBackend):
             await sandbox._ensure_running()
             await sandbox._watch(info.kernel_ref)
         return sandbox
+
+    async def image_digest(self, image: str) -> str | None:
+        try:
+            details = await _run(self.client.api.inspect_image, image)
+        except BackendError:
+            return None
+        return str(details.get("Id")) or None
 
     async def list_sandboxes(self) -> list[SandboxInfo]:
         containers = await _run(self.client.api.containers, all=True,

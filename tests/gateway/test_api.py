@@ -273,3 +273,5 @@ def test_audit_verify_passes_and_export_lists_code(gateway: GatewayProcess, alph
     records = [json.loads(line) for line in export.stdout.splitlines() if line.strip()]
     codes = [r.get("record", r).get("code") for r in records]
     assert "audited = 'secret-sauce-42'" in codes
+    image = records[codes.index("audited = 'secret-sauce-42'")].get("record", {}).get("image")
+    assert "@sha256:" in image, "the audit record names the image by digest"

@@ -11,20 +11,19 @@ from kp_support import processes, run_ok
 
 from kernel_pool import Session
 from kernel_pool.image import (
-    DEFAULT_IMAGE,
     IMAGE_REPOSITORY,
     build_image,
     content_version,
     context_dir,
+    current_image,
     read_image_info,
 )
 
 
 def test_image_exists_when_built(docker_client: docker.DockerClient) -> None:
-    latest = docker_client.images.get(DEFAULT_IMAGE)
-    versioned = docker_client.images.get(f"{IMAGE_REPOSITORY}:{content_version(context_dir())}")
-    assert latest.id == versioned.id
-    assert latest.labels["org.opencontainers.image.version"] == content_version(context_dir())
+    assert current_image() == f"{IMAGE_REPOSITORY}:{content_version(context_dir())}"
+    image = docker_client.images.get(current_image())
+    assert image.labels["org.opencontainers.image.version"] == content_version(context_dir())
 
 
 def test_build_image_skips_when_up_to_date(docker_client: docker.DockerClient,
@@ -35,12 +34,12 @@ def test_build_image_skips_when_up_to_date(docker_client: docker.DockerClient,
     assert time.monotonic() - started < 10
     assert lines == [], "an up-to-date image must not be rebuilt"
     assert info.version == content_version(context_dir())
-    assert info.id == docker_client.images.get(DEFAULT_IMAGE).id
+    assert info.id == docker_client.images.get(current_image()).id
     assert read_image_info(tmp_path) == info
 
 
 def test_image_runs_as_non_root_user(docker_client: docker.DockerClient) -> None:
-    config = docker_client.images.get(DEFAULT_IMAGE).attrs["Config"]
+    config = docker_client.images.get(current_image()).attrs["Config"]
     user = config["User"].split(":")[0]
     assert user not in ("", "0", "root")
 

@@ -62,7 +62,7 @@ async def session_ids(gateway: GatewayProcess) -> set[str]:
 async def test_quickstart_runs_top_to_bottom(notebook_env: str, gateway: GatewayProcess) -> None:
     cells = await run_notebook("quickstart.ipynb", notebook_env)
 
-    session_id = re.search(r"<Sandbox (\w+) ", stdout(cells["connect"]))
+    session_id = re.search(r"<Sandbox ([\w-]+) ", stdout(cells["connect"]))
     assert session_id is not None
     assert stdout(cells["state"]) == "ok area = 12.566\n"
     assert stdout(cells["stream"]) == (
