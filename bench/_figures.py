@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import psutil
 
 from bench._measure import interleaved, process_cpu_s, summary, timed, uss_bytes
 from bench._peers import Floor, KernelGateway, KernelGatewayKernel, Replgate, ReplgateSocket
 from kernel_pool import KernelPool, PoolSettings, Profile
+from kernel_pool.image import build_image
 
 ONE_PLUS_ONE = "1+1"
 STREAM_CODE = ("import time\nfor _ in range({n}):\n"
@@ -66,12 +68,23 @@ class Contenders:
     pool_session: Any
 
 
-async def in_process_pool() -> KernelPool:
+def sandbox_image(log: Callable[[str], None]) -> str:
+    """The sandbox image of this checkout, built if needed: the tag ``latest`` may be another
+    checkout's (the tests of a parallel branch build it too)."""
+    client = docker.from_env()
+    try:
+        state = Path(tempfile.mkdtemp(prefix="rg-bench-image-", dir="/tmp"))
+        return build_image(client, state_dir=state, log=log).tag
+    finally:
+        client.close()
+
+
+async def in_process_pool(image: str) -> KernelPool:
     """kernel_pool on its own, in this process: the pool's share of replgate's figures."""
     state = Path(tempfile.mkdtemp(prefix="rg-bench-pool-", dir="/tmp"))
     pool = KernelPool(PoolSettings(
         state_dir=state, owner=f"bench-{secrets.token_hex(4)}", max_kernels=3,
-        profiles={"default": Profile(min_idle=1, workspace_size="256m")}))
+        profiles={"default": Profile(image=image, min_idle=1, workspace_size="256m")}))
     await pool.start()
     await pool.wait_ready(timeout_s=300)
     return pool
@@ -281,17 +294,18 @@ async def throughput(c: Contenders, sessions: int, seconds: float) -> dict[str, 
             await s.close()
         await asyncio.gather(*(rg.delete_session(sid) for sid in sids))
 
-    kg = c.kernel_gateway
-    kernels = await asyncio.gather(*(kg.start_kernel() for _ in range(sessions)))
-    kg_process = psutil.Process(kg.pid)
-    try:
-        out["kernel_gateway_ws"] = await _drive(
-            [lambda k=k: k.execute(ONE_PLUS_ONE) for k in kernels], seconds,
-            {"kernels": lambda: sum(process_cpu_s(p.pid)
-                                    for p in kg_process.children(recursive=True)),
-             "server": lambda: process_cpu_s(kg.pid)})
-    finally:
-        await asyncio.gather(*(k.close() for k in kernels))
+    for name, kg in (("kernel_gateway_ws", c.kernel_gateway),
+                     ("kernel_gateway_ws_nodelay", c.kg_nodelay)):
+        kernels = [await kg.start_kernel() for _ in range(sessions)]
+        kg_process = psutil.Process(kg.pid)
+        try:
+            out[name] = await _drive(
+                [lambda k=k: k.execute(ONE_PLUS_ONE) for k in kernels], seconds,
+                {"kernels": lambda p=kg_process: sum(process_cpu_s(child.pid)
+                                                     for child in p.children(recursive=True)),
+                 "server": lambda p=kg_process: process_cpu_s(p.pid)})
+        finally:
+            await asyncio.gather(*(k.close() for k in kernels))
     return out
 
 

@@ -71,7 +71,13 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 class Replgate:
     """``replgate serve`` in a subprocess, with its own state directory and container label."""
 
-    def __init__(self, min_idle: int, max_kernels: int) -> None:
+    image = "replgate-sandbox:latest"
+    """The sandbox image every instance runs (the bench sets it to this checkout's build)."""
+
+    def __init__(self, min_idle: int, max_kernels: int, root: Path = ROOT,
+                 image: str | None = None) -> None:
+        """``root`` and ``image``: another checkout's code and sandbox image (say, to compare
+        with an earlier version in the same run)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -82,12 +88,13 @@ class Replgate:
         env.update({"REPLGATE_STATE_DIR": str(self.state), "REPLGATE_API_KEYS": f"b:{self.key}",
                     "REPLGATE_MIN_IDLE": str(min_idle), "REPLGATE_MAX_KERNELS": str(max_kernels),
                     "REPLGATE_OWNER": self.owner, "REPLGATE_WORKSPACE_SIZE": "256m",
+                    "REPLGATE_IMAGE": image or self.image,
                     "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
                     "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256",
                     "REPLGATE_LOG_LEVEL": "warning"})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port)], env=env,
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         self.headers = {"Authorization": f"Bearer {self.key}"}
         self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=300)
@@ -276,7 +283,7 @@ class KernelGateway:
         response.raise_for_status()
         kid = str(response.json()["id"])
         ws = await websockets.connect(f"ws://127.0.0.1:{self.port}/api/kernels/{kid}/channels",
-                                      max_size=None, compression=None)
+                                      max_size=None, compression=None, open_timeout=300)
         kernel = KernelGatewayKernel(self, kid, ws)
         await kernel.request(jupyter_message("kernel_info_request", {}))
         return kernel

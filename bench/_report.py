@@ -76,42 +76,49 @@ def table(results: dict[str, Any]) -> str:
              "-" * 100]
     for label, key, base in LATENCY_ROWS:
         figure = _get(results, key)
-        if not figure:
+        if not figure or "p50" not in figure:
             continue
         ratio = ""
         baseline = _get(results, base) if base else None
-        if baseline:
+        if baseline and "p50" in baseline:
             ratio = f"{figure['p50'] / baseline['p50']:.3g}x {base.split('.')[-1]}"
         lines.append(f"{label:<52} {figure['p50']:>9.2f} {figure['p95']:>9.2f} "
                      f"{figure['n']:>5}  {ratio}")
     cpu = results.get("cpu_per_execution")
-    if cpu:
+    if cpu and "error" not in cpu:
         lines += ["", f"{'CPU per 1+1 (ms)':<52} {'kernel':>9} {'server':>9} {'client':>9}"]
         for name, value in cpu.items():
             lines.append(f"{name:<52} {value['kernel_ms']:>9.2f} {value['server_ms']:>9.2f} "
                          f"{value['client_ms']:>9.2f}")
+    lines += ["", f"{'throughput (executions/s)':<52} {'per_s':>9} {'x floor':>9}  "
+                  "CPU cores used: client/server/kernels"]
     for n, value in (results.get("throughput") or {}).items():
+        if "error" in value:
+            continue
         floor = value["floor"]["per_s"]
-        if n == next(iter(results["throughput"])):
-            lines += ["", f"{'throughput (executions/s)':<52} {'per_s':>9} {'x floor':>9}  "
-                          "CPU cores used: client/server/kernels"]
         for name, figure in value.items():
             cores = "/".join(f"{figure.get(k + '_cores', 0):.2f}"
                              for k in ("client", "server", "kernels"))
             lines.append(f"{n + ' sessions, ' + name:<52} {figure['per_s']:>9.1f} "
                          f"{figure['per_s'] / floor:>9.2f}  {cores}")
     dens = results.get("density")
-    if dens:
+    if dens and "error" not in dens:
         lines += ["", f"memory per idle warm kernel: {dens['uss_mib']:.1f} MiB unique (USS), "
                       f"cgroup charge {dens['cgroup_charge_mib']:.1f} MiB, host drop "
                       f"{dens['host_available_drop_mib']:.1f} MiB; stock host ipykernel "
                       f"{dens['floor_kernel_uss_mib']:.1f} MiB; ~{dens['fit_in_available_memory']}"
                       f" fit in {dens['memory_available_gib']} GiB available"]
     fl = results.get("flood")
-    if fl:
+    if fl and "error" not in fl:
         lines.append(f"flood (100 MB printed): gateway RSS {fl['before_mib']:.0f} -> peak "
                      f"{fl['peak_mib']:.0f} MiB ({fl['peak_mib'] / fl['before_mib']:.2f}x), "
                      f"{fl['seconds']:.1f} s, status {fl['status']}, truncated {fl['truncated']}")
+    failed = [f"{key}: {value['error']}" for key, value in results.items()
+              if isinstance(value, dict) and "error" in value]
+    failed += [f"throughput {n}: {value['error']}"
+               for n, value in (results.get("throughput") or {}).items() if "error" in value]
+    if failed:
+        lines += ["", "failed figures:", *(f"  {line}" for line in failed)]
     lines += ["", "targets (reported, not asserted):"]
     for target in results.get("targets", []):
         mark = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ def log(message: str) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     wanted = set(args.only.split(",")) if args.only else set(FIGURES)
     sizes = figures.Sizes.make(args.quick)
+    if args.sessions:
+        sizes.throughput_sessions = tuple(int(n) for n in args.sessions.split(","))
     results: dict[str, Any] = {"machine": machine(), "quick": args.quick}
     if args.wait_quiet:
         results["machine"]["load_average_when_started"] = await wait_quiet(
@@ -36,7 +39,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     stack = contextlib.AsyncExitStack()
     async with stack:
-        log("starting the contenders")
+        image = await asyncio.to_thread(figures.sandbox_image, log)
+        Replgate.image = results["machine"]["sandbox_image"] = image
+        log(f"starting the contenders (sandbox image {image})")
         replgate = Replgate(min_idle=2, max_kernels=40)
         stack.push_async_callback(replgate.stop)
         cold = Replgate(min_idle=0, max_kernels=4)
@@ -46,7 +51,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.push_async_callback(kg_nodelay.stop)
         floor = await Floor.start()
         stack.push_async_callback(floor.stop)
-        pool = await figures.in_process_pool()
+        pool = await figures.in_process_pool(image)
         stack.push_async_callback(pool.close)
         await asyncio.gather(replgate.wait_idle(2), kernel_gateway.wait(), kg_nodelay.wait())
         session = await replgate.create_session()
@@ -60,34 +65,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await kernel.execute("%matplotlib inline")
         await floor.execute("%matplotlib inline")
 
-        if "session_start" in wanted:
-            log("session start")
-            results["session_start"] = await figures.session_start(contenders, cold, sizes)
-        if "round_trip" in wanted:
-            log("execute round trip (interleaved)")
-            results["round_trip"] = await figures.round_trip(contenders, sizes)
-        if "cpu" in wanted:
-            log("CPU per execution")
-            results["cpu_per_execution"] = await figures.cpu_per_execution(contenders, sizes)
-        if "streaming" in wanted:
-            log("streaming")
-            results["streaming"] = await figures.streaming(contenders, sizes)
-        if "chart" in wanted:
-            log("matplotlib PNG")
-            results["chart"] = await figures.chart(contenders, sizes)
-        if "flood" in wanted:
-            log("flood")
-            results["flood"] = await figures.flood(contenders)
+        async def measure(name: str, key: str, figure: Awaitable[Any]) -> None:
+            log(name)
+            try:
+                results[key] = await figure
+            except Exception as exc:  # one figure failing leaves the others standing
+                log(f"{name} failed: {exc!r}")
+                results[key] = {"error": repr(exc)}
+
+        steps: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
+            ("session_start", "session start",
+             lambda: figures.session_start(contenders, cold, sizes)),
+            ("round_trip", "execute round trip (interleaved)",
+             lambda: figures.round_trip(contenders, sizes)),
+            ("cpu", "CPU per execution", lambda: figures.cpu_per_execution(contenders, sizes)),
+            ("streaming", "streaming", lambda: figures.streaming(contenders, sizes)),
+            ("chart", "matplotlib PNG", lambda: figures.chart(contenders, sizes)),
+            ("flood", "flood", lambda: figures.flood(contenders)),
+        ]
+        keys = {"cpu": "cpu_per_execution"}
+        for key, name, figure in steps:
+            if key in wanted:
+                await measure(name, keys.get(key, key), figure())
         await contenders.socket.close()
         if "throughput" in wanted:
             results["throughput"] = {}
             for n in sizes.throughput_sessions:
-                log(f"throughput, {n} sessions")
-                results["throughput"][str(n)] = await figures.throughput(
-                    contenders, n, sizes.throughput_s)
+                await measure(f"throughput, {n} sessions", "_throughput",
+                              figures.throughput(contenders, n, sizes.throughput_s))
+                results["throughput"][str(n)] = results.pop("_throughput")
         if "density" in wanted:
-            log("density")
-            results["density"] = await figures.density(contenders, sizes)
+            await measure("density", "density", figures.density(contenders, sizes))
         log("stopping the contenders")
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["load_average_1min_at_end"] = load_average()
@@ -101,6 +109,7 @@ def main() -> None:
                                      description="replgate against the floor and Kernel Gateway")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, 1 and 8 sessions")
     parser.add_argument("--only", help=f"comma-separated figures of {', '.join(FIGURES)}")
+    parser.add_argument("--sessions", help="throughput session counts, e.g. 1,8,32")
     parser.add_argument("--wait-quiet", action="store_true",
                         help="first wait for the load average to drop (see --quiet-load)")
     parser.add_argument("--quiet-load", type=float, default=1.5)

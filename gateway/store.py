@@ -22,7 +22,7 @@ from collections.abc import Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import aiosqlite
 import anyio.to_thread
@@ -409,8 +409,9 @@ class Store:
         ``model_dump(mode="json")`` dicts). :class:`RecordNotFound` if the id is unknown.
         """
         # Models are valid by construction: only plain values are validated.
-        valid_events = (list(events) if all(isinstance(e, _EVENT_TYPES) for e in events)
-                        else _EVENTS.validate_python([_as_plain(event) for event in events]))
+        valid_events: list[Event] = (
+            cast(list[Event], list(events)) if all(isinstance(e, _EVENT_TYPES) for e in events)
+            else _EVENTS.validate_python([_as_plain(event) for event in events]))
         valid_result = (result if isinstance(result, Execution) or result is None
                         else Execution.model_validate(_as_plain(result)))
         rows = await self._db.execute_fetchall(

@@ -100,6 +100,8 @@ class _Messages(MessageSession):
                    "msg_type": header["msg_type"], "parent_header": self.unpack(msg_list[2]),
                    "metadata": self.unpack(msg_list[3]), "content": self.unpack(msg_list[4]),
                    "buffers": [memoryview(b) for b in msg_list[5:]]}
+        if str(header.get("version", "")).startswith("5."):
+            return message  # the protocol spoken here: nothing to adapt
         adapted: dict[str, Any] = adapt(message)
         return adapted
 

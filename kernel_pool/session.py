@@ -58,6 +58,8 @@ class ExecutionHandle:
         self.run: ExecutionRun | None = None
         self.gate: Gate | None = None
         self.gating: asyncio.Task[Denial | None] | None = None
+        self.withdrawn: str | None = None
+        """Why it will not run after all (a restart asked while it waited in the queue)."""
         """The gate's task while it holds this execution (an interrupt withdraws it)."""
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
@@ -214,6 +216,11 @@ class Session:
             async with self._lock:
                 if self._closed:
                     raise SessionClosed(self.id)
+                if handle.withdrawn is not None:
+                    self._publish(handle, DoneEvent(
+                        status=ExecutionStatus.INTERRUPTED, execution_count=None,
+                        duration_ms=0.0, reason=handle.withdrawn))
+                    return
                 if handle.gate is not None and await self._refused(handle, handle.gate):
                     return
                 run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
@@ -317,10 +324,33 @@ class Session:
         """A fresh kernel on the same workspace: variables gone, files kept."""
         if self._closed:
             raise SessionClosed(self.id)
+        # What waits in the queue is withdrawn, so the restart does not wait for all of it
+        # to run first (up to the queue's length times the timeout); what is sent after it
+        # runs on the fresh kernel.
+        for handle in self._pending:
+            if handle.run is None and handle.gating is None:
+                handle.withdrawn = "withdrawn: the session was restarted before it ran"
         self.interrupt()
         self._restarting = True
+        # A task of the session's own: ``close`` cancels and awaits it like an execution, so
+        # a deletion during a restart neither hangs nor leaves a container made after it; and
+        # a caller that goes away does not cut the restart half-way.
+        restarting = asyncio.create_task(self._restart(), name=f"restart-{self.id}")
+        self._tasks.add(restarting)
+        restarting.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(restarting)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if restarting.cancelled() and self._closed and not (task and task.cancelling()):
+                raise SessionClosed(self.id) from None
+            raise
+
+    async def _restart(self) -> None:
         try:
             async with self._lock:
+                if self._closed:
+                    raise SessionClosed(self.id)
                 await self.kernel.restart()
                 self.execution_count = 0
         finally:

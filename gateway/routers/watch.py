@@ -142,14 +142,14 @@ async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: Se
         if record.id in live_ids or record.status == RUNNING:
             continue  # replayed from its handle below, or started since: it comes live
         await send(execution_frame(record.id, record.code, record.started_at))
-        for event in record.events:
-            await send(event_frame(record.id, event))
+        for past in record.events:
+            await send(event_frame(record.id, past))
         sent[record.id] = len(record.events)
     for handle in live:
         events = list(handle.events)
         await send(execution_frame(handle.id, handle.code, handle.started_at))
-        for event in events:
-            await send(event_frame(handle.id, event))
+        for past in events:
+            await send(event_frame(handle.id, past))
         sent[handle.id] = len(events)
     await send({"type": "history_end"})
 

@@ -14,7 +14,7 @@ from kernel_pool.backends.base import CgroupUsage
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def read_pseudo_file(path: Path) -> bytes:
+def read_pseudo_file(path: str | Path) -> bytes:
     """A small kernel pseudo-file, read with bare system calls: they are read several times
     per execution, and ``Path.read_text`` costs twice as much (a text wrapper each time)."""
     fd = os.open(path, os.O_RDONLY)
@@ -24,14 +24,18 @@ def read_pseudo_file(path: Path) -> bytes:
         os.close(fd)
 
 
-def _read_int(path: Path) -> int | None:
+def _read_int(path: str | None) -> int | None:
+    if path is None:
+        return None
     try:
         return int(read_pseudo_file(path).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _read_key(path: Path, key: str) -> int | None:
+def _read_key(path: str | None, key: str) -> int | None:
+    if path is None:
+        return None
     try:
         for line in read_pseudo_file(path).decode().splitlines():
             name, _, value = line.partition(" ")
@@ -49,6 +53,14 @@ class CgroupReader:
         self.memory = memory
         self.cpu = cpu
         self.unified = unified
+        # Every execution reads these twice: their paths are joined once, here.
+        memory_files = (("memory.current", "memory.peak", "memory.events", "cpu.stat")
+                        if unified else ("memory.usage_in_bytes", "memory.max_usage_in_bytes",
+                                         "memory.oom_control"))
+        self._files: dict[str, str] = {name: f"{memory}/{name}" for name in memory_files
+                                       if memory is not None}
+        if cpu is not None and not unified:
+            self._files["cpuacct.usage"] = f"{cpu}/cpuacct.usage"
 
     @classmethod
     def for_pid(cls, pid: int) -> CgroupReader | None:
@@ -73,22 +85,20 @@ class CgroupReader:
         return None
 
     def read(self) -> CgroupUsage:
+        files = self._files
         if self.unified:
-            assert self.memory is not None
-            usage_us = _read_key(self.memory / "cpu.stat", "usage_usec")
+            usage_us = _read_key(files.get("cpu.stat"), "usage_usec")
             return CgroupUsage(
                 cpu_ns=usage_us * 1000 if usage_us is not None else None,
-                memory_bytes=_read_int(self.memory / "memory.current"),
-                peak_memory_bytes=_read_int(self.memory / "memory.peak"),
-                oom_kills=_read_key(self.memory / "memory.events", "oom_kill"),
+                memory_bytes=_read_int(files.get("memory.current")),
+                peak_memory_bytes=_read_int(files.get("memory.peak")),
+                oom_kills=_read_key(files.get("memory.events"), "oom_kill"),
             )
         return CgroupUsage(
-            cpu_ns=_read_int(self.cpu / "cpuacct.usage") if self.cpu else None,
-            memory_bytes=_read_int(self.memory / "memory.usage_in_bytes") if self.memory else None,
-            peak_memory_bytes=(_read_int(self.memory / "memory.max_usage_in_bytes")
-                               if self.memory else None),
-            oom_kills=_read_key(self.memory / "memory.oom_control", "oom_kill")
-            if self.memory else None,
+            cpu_ns=_read_int(files.get("cpuacct.usage")),
+            memory_bytes=_read_int(files.get("memory.usage_in_bytes")),
+            peak_memory_bytes=_read_int(files.get("memory.max_usage_in_bytes")),
+            oom_kills=_read_key(files.get("memory.oom_control"), "oom_kill"),
         )
 
     @property
@@ -100,9 +110,13 @@ class CgroupReader:
         """Restart the peak reading so it covers one execution (v1, or v2 on Linux 6.12+)."""
         if self.memory is None:
             return False
-        target = self.memory / ("memory.peak" if self.unified else "memory.max_usage_in_bytes")
+        target = self._files["memory.peak" if self.unified else "memory.max_usage_in_bytes"]
         try:
-            target.write_text("0\n")
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                os.write(fd, b"0\n")
+            finally:
+                os.close(fd)
         except OSError:
             return False
         return True

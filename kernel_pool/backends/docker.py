@@ -127,13 +127,16 @@ class DockerSandbox(Sandbox):
     def _socket_dir(self) -> Path:
         return Path(self.info.socket_dir)
 
-    async def _ensure_running(self) -> None:
+    async def _running(self) -> bool:
         try:
             state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
-            running = bool(state.get("Running"))
         except BackendError:
-            running = False
-        if not running:
+            return False
+        # A container being removed (someone's `docker rm -f`) still says Running.
+        return bool(state.get("Running")) and state.get("Status") == "running"
+
+    async def _ensure_running(self) -> None:
+        if not await self._running():
             await _run(self._backend.remove_container, self.info.container_id)
             self.info.container_id = await _run(
                 self._backend.run_container, self.info.sandbox_id, self.profile,
@@ -154,12 +157,19 @@ class DockerSandbox(Sandbox):
                   "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
                   "kernel_name": "python3"}
         await _in_thread(self._write_connection_file, name, config, previous)
-        exec_id = (await _run(
-            self._api.exec_create, self.info.container_id,
-            [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
-            user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
-            stdout=False, stderr=False))["Id"]
-        await _run(self._api.exec_start, exec_id, detach=True)
+        for attempt in range(3):
+            try:
+                exec_id = (await _run(
+                    self._api.exec_create, self.info.container_id,
+                    [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
+                    user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
+                    stdout=False, stderr=False))["Id"]
+                await _run(self._api.exec_start, exec_id, detach=True)
+                break
+            except BackendError:  # stopped or removed since it was checked: remake it
+                if attempt == 2 or await self._running():
+                    raise
+                await self._ensure_running()
         self.info.kernel_name, self.info.kernel_ref = name, exec_id
         self._exit_code = None
         await self._watch(exec_id)

@@ -6,6 +6,9 @@ the real parent of each, and none of them can leave that cgroup; so after an exe
 gateway kills every process there that is not PID 1, the kernel, or (unless the execution was
 cut short by a timeout or an interrupt) one of the kernel's own descendants.
 
+The same kill, sparing only PID 1, is the hard stop of a restart: it needs no new process in
+the container (a ``docker exec``), which a fork bomb at the pids limit leaves no room for.
+
 Each kill goes through a pidfd opened after re-checking the process's start time, so a pid
 reused in between is never hit. The files read are kernel pseudo-files (microseconds).
 """

