@@ -103,7 +103,7 @@ def make_gateway(**settings: str) -> GatewayProcess:
         "REPLGATE_STATE_DIR": str(state_dir), "REPLGATE_OWNER": owner,
         "REPLGATE_API_KEYS": ",".join(f"{t}:{k}" for t, k in keys.items()),
         "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "6",
-        "REPLGATE_INTERRUPT_GRACE_S": "1.0", "REPLGATE_LOG_LEVEL": "info",
+        "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_LOG_LEVEL": "info",
         # Workspaces reserve their blocks on disk: keep the test gateways' footprint small.
         "REPLGATE_WORKSPACE_SIZE": "256m",
     })

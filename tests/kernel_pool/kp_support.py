@@ -38,7 +38,7 @@ def profiles_for_tests() -> dict[str, Profile]:
 def make_settings(state_dir: Path, **overrides: Any) -> PoolSettings:
     values: dict[str, Any] = {
         "state_dir": state_dir, "owner": OWNER, "profiles": profiles_for_tests(), "max_kernels": 8,
-        "interrupt_grace_s": 1.0, "max_queued_executions": 4, "kernel_start_timeout_s": 60.0,
+        "interrupt_grace_s": 2.0, "max_queued_executions": 4, "kernel_start_timeout_s": 60.0,
     }
     values.update(overrides)
     return PoolSettings(**values)

@@ -114,7 +114,8 @@ async def test_interrupt_stops_output_flood(timeout_session: Session) -> None:
 
 
 async def test_restart_clears_variables_and_keeps_files(timeout_session: Session) -> None:
-    await run_ok(timeout_session, "gone = 1\nopen('restart.txt', 'w').write('kept')")
+    await run_ok(timeout_session, "gone = 1\nwith open('restart.txt', 'w') as f:\n"
+                                  "    f.write('kept')")
     await timeout_session.restart()
     assert timeout_session.execution_count == 0
     result = await timeout_session.execute("gone")
