@@ -92,10 +92,12 @@ class Replgate:
                     "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
                     "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256",
                     "REPLGATE_LOG_LEVEL": "warning"})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port)], env=env,
-            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        self.log = self.state.with_suffix(".log")
+        """The gateway's own log (warnings and errors), kept after the run."""
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port)],
+                env=env, cwd=root, stdout=log, stderr=log, start_new_session=True)
         self.headers = {"Authorization": f"Bearer {self.key}"}
         self.http = httpx.AsyncClient(base_url=self.url, headers=self.headers, timeout=300)
 

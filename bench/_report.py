@@ -119,6 +119,10 @@ def table(results: dict[str, Any]) -> str:
                for n, value in (results.get("throughput") or {}).items() if "error" in value]
     if failed:
         lines += ["", "failed figures:", *(f"  {line}" for line in failed)]
+    loads = results.get("load_average_1min")
+    if loads:
+        lines += ["", "1-minute load average before/after each figure: " + "; ".join(
+            f"{name} {a:g}/{b:g}" for name, (a, b) in loads.items())]
     lines += ["", "targets (reported, not asserted):"]
     for target in results.get("targets", []):
         mark = {True: "met", False: "MISSED", None: "n/a"}[target["met"]]

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -65,13 +66,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await kernel.execute("%matplotlib inline")
         await floor.execute("%matplotlib inline")
 
+        loads: dict[str, list[float]] = results.setdefault("load_average_1min", {})
+
         async def measure(name: str, key: str, figure: Awaitable[Any]) -> None:
             log(name)
+            before = load_average()
             try:
                 results[key] = await figure
             except Exception as exc:  # one figure failing leaves the others standing
-                log(f"{name} failed: {exc!r}")
+                log(f"{name} failed: {exc!r}\n" + "".join(traceback.format_exc(limit=-6)))
                 results[key] = {"error": repr(exc)}
+            loads[name] = [round(before, 2), round(load_average(), 2)]  # before, after
 
         steps: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
             ("session_start", "session start",

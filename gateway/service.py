@@ -151,8 +151,12 @@ class Gateway:
 
     async def check_new_execution_id(self, execution_id: str | None) -> None:
         """A client-chosen execution id must be new: it names the execution in the history."""
-        if execution_id is not None and (execution_id in self._live
-                                         or await self.store.get_execution(execution_id)):
+        if execution_id is None:
+            return
+        taken = execution_id in self._live or self.store.execution_taken(execution_id)
+        if taken is None:  # the database was busy: ask it the usual way
+            taken = await self.store.get_execution(execution_id) is not None
+        if taken:
             raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
                                409)
 

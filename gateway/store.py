@@ -197,6 +197,8 @@ class Store:
         go to this second connection: under WAL they never queue behind the writer's commits."""
         self._path = path
         self._closed = False
+        self._lookup: sqlite3.Connection | None = None
+        """A plain connection for :meth:`execution_taken`, used on the event loop."""
 
     @staticmethod
     def open(path: str | Path) -> _StoreOpener:
@@ -250,6 +252,8 @@ class Store:
         """Close the connection (idempotent)."""
         if not self._closed:
             self._closed = True
+            if self._lookup is not None:
+                self._lookup.close()
             try:
                 if self._reader is not self._db:
                     await self._reader.close()
@@ -429,6 +433,27 @@ class Store:
         return ExecutionRecord.model_construct(
             **dict(zip(row.keys(), tuple(row), strict=True)), status=str(status),
             execution_count=execution_count, events=valid_events, result=valid_result)
+
+    def execution_taken(self, execution_id: str) -> bool | None:
+        """Whether an execution has this id, answered on the calling thread (the event loop);
+        None when the database is busy, and then :meth:`get_execution` answers.
+
+        A lookup by primary key takes microseconds; a hop to a connection's thread costs a few
+        hundred, and this sits on the path of every execution a client names itself. The
+        lookup never waits for a lock (no busy timeout): under WAL readers do not need one.
+        """
+        if self._closed:
+            return None
+        try:
+            if self._lookup is None:
+                self._lookup = sqlite3.connect(self._path, timeout=0, isolation_level=None,
+                                               check_same_thread=False)
+                self._lookup.execute("PRAGMA query_only=ON")
+            row = self._lookup.execute(
+                "SELECT 1 FROM executions WHERE id = ?", (execution_id,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return row is not None
 
     async def get_execution(self, execution_id: str) -> ExecutionRecord | None:
         """The execution with that id, or None."""

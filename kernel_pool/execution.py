@@ -117,13 +117,15 @@ class ExecutionRun:
 
     async def run(self, emit: Emit) -> DoneEvent:
         started = time.monotonic()
-        before = await self.kernel.sandbox.usage()
-        peak_reset = await self.kernel.sandbox.reset_peak_memory()
         msg_id, route = self.kernel.request("execute_request", {
             "code": self.code, "silent": False, "store_history": True, "user_expressions": {},
             "allow_stdin": False, "stop_on_error": True})
         self._route = route
         try:
+            # Read after sending: the readings overlap the message's way to the kernel instead
+            # of delaying it (the kernel cannot have run the code in these microseconds).
+            before = await self.kernel.sandbox.usage()
+            peak_reset = await self.kernel.sandbox.reset_peak_memory()
             done = await self._loop(route, emit, started)
         finally:
             self.kernel.forget(msg_id)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 from fastapi import APIRouter, Response
 
+from gateway import __version__
 from gateway.deps import GatewayDep
 from gateway.models import Health
 
@@ -14,7 +13,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz")
 async def healthz(gateway: GatewayDep) -> Health:
-    return Health(status="ok", version=version("replgate"), pool=gateway.pool.stats())
+    return Health(status="ok", version=__version__, pool=gateway.pool.stats())
 
 
 @router.get("/metrics")

@@ -24,7 +24,6 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from http import HTTPStatus
-from importlib.metadata import version
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Request, Response, WebSocket, status
@@ -32,6 +31,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway import __version__
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep, TenantDep
 from gateway.errors import GatewayError, status_for
@@ -165,7 +165,7 @@ def kernel_model(session: Session, app: FastAPI) -> KernelModel:
 
 @router.get("/api")
 async def api_version(tenant: TenantDep) -> dict[str, str]:
-    return {"version": version("replgate")}
+    return {"version": __version__}
 
 
 @router.get("/api/kernelspecs")

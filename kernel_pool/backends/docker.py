@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -26,6 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 import anyio.to_thread
 import docker
 import docker.errors
+import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
@@ -76,6 +78,8 @@ async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
         return await _in_thread(func, *args, **kwargs)
     except docker.errors.DockerException as exc:
         raise BackendError(f"Docker engine: {exc}") from exc
+    except requests.exceptions.RequestException as exc:  # no answer in time: a stuck engine
+        raise BackendError(f"Docker engine did not answer: {exc}") from exc
 
 
 def _mount(arguments: list[str], command: str = "mount") -> None:
@@ -330,6 +334,10 @@ class DockerBackend(SandboxBackend):
             raise BackendError(
                 f"cannot reach the Docker engine ({exc}); start it (./run.sh serve does) "
                 "or set DOCKER_HOST") from exc
+        self._lifecycle = threading.Lock()
+        """Containers are made and removed one at a time: Docker 20.10's libnetwork can
+        deadlock the whole engine on many endpoints (even ``none`` ones) created or deleted at
+        once (seen here: 50 sessions deleted together). Kernel start-up is not serialized."""
         self._run_dir = settings.state_dir / "run"
         self._workspaces = settings.state_dir / "workspaces"
 
@@ -343,6 +351,11 @@ class DockerBackend(SandboxBackend):
                       socket_dir: Path, env: dict[str, str]) -> str:
         """Start the hardened container (blocking; called in a worker thread)."""
         memory = parse_size(profile.memory)
+        with self._lifecycle:
+            return self._run_container(sandbox_id, profile, workspace, socket_dir, env, memory)
+
+    def _run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
+                       socket_dir: Path, env: dict[str, str], memory: int) -> str:
         container = self.client.containers.run(
             profile.image,
             name=container_name(sandbox_id),
@@ -377,7 +390,8 @@ class DockerBackend(SandboxBackend):
         else's ``docker rm``): a new container of the same name can only follow it."""
         for attempt in range(REMOVAL_WAITS):
             try:
-                self.client.api.remove_container(container_id, force=True, v=True)
+                with self._lifecycle:
+                    self.client.api.remove_container(container_id, force=True, v=True)
                 return
             except docker.errors.NotFound:
                 return

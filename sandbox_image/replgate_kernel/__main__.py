@@ -48,10 +48,8 @@ def _prepare_matplotlib() -> None:
 
 def _preimport() -> None:
     for name in PREIMPORTS:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)
-        except ImportError:
-            pass
 
 
 def _chunk_stream_messages() -> None:

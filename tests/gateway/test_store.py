@@ -239,3 +239,25 @@ async def test_reopen_keeps_everything(tmp_path: Path) -> None:
         assert await store.get_session("s1") is not None
         assert [r.id for r in await store.list_executions("s1")] == ["e1"]
         assert await store.tenant_for_key("rg_k") == "acme"
+
+
+async def test_execution_taken_answers_without_a_thread_hop(tmp_path: Path) -> None:
+    store = await Store.open(tmp_path / "db.sqlite")
+    try:
+        assert store.execution_taken("e1") is False
+        await store.start_execution("e1", "s1", "acme", "1")
+        assert store.execution_taken("e1") is True
+        assert store.execution_taken("e2") is False
+    finally:
+        await store.close()
+    assert store.execution_taken("e1") is None  # closed: the caller asks the usual way
+
+
+async def test_record_activity_sets_count_activity_and_sandbox(store: Store) -> None:
+    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
+    await store.record_activity("s1", execution_count=7, last_active_at="2030-01-01T00:00:00",
+                                sandbox=_sandbox())
+    got = await store.get_session("s1")
+    assert got is not None
+    assert (got.execution_count, got.last_active_at, got.sandbox) == (
+        7, "2030-01-01T00:00:00", _sandbox())

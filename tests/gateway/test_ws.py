@@ -167,3 +167,21 @@ async def test_ws_runs_queued_executions_in_order(gateway: GatewayProcess, sid: 
                 if frame["type"] == "stdout" and frame["text"].strip():
                     seen.append(frame["text"].strip())
     assert seen == ["0", "1", "2", "3", "4"]
+
+
+async def test_ws_done_execution_is_in_history_at_once(gateway: GatewayProcess,
+                                                      sid: str) -> None:
+    """The history shows an execution finished as soon as its "done" was sent, before the
+    database has it (from memory until then)."""
+    async with (connect(ws_url(gateway, sid), additional_headers=gateway.headers()) as ws,
+                httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers()) as client):
+        for n in range(5):
+            eid = f"seen-{uuid.uuid4().hex}"
+            await ws.send(json.dumps({"type": "execute", "id": eid, "code": f"print({n})"}))
+            frames = await collect(ws, eid)
+            assert frames[-1]["type"] == "done"
+            history = (await client.get(f"/v1/sessions/{sid}/executions")).json()
+            assert [h["seq"] for h in history] == sorted(h["seq"] for h in history)
+            record = next(h for h in history if h["id"] == eid)
+            assert record["status"] == "ok" and record["result"]["stdout"] == f"{n}\n"
+            assert record["finished_at"] is not None
