@@ -10,7 +10,8 @@ from gateway.auth import extract_token
 from gateway.service import Gateway
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
+    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a hop on every request
     gateway: Gateway = request.app.state.gateway
     return gateway
 

@@ -76,7 +76,7 @@ async def _ws_session(gateway: GatewayProcess, tenant: str, sid: str,
 SAMPLER = """
 import http.client, json, os, sys, time
 connection = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)
-samples = []
+samples, wakeups = [], []
 while not os.path.exists(sys.argv[2]):
     started = time.perf_counter()
     connection.request('GET', '/healthz')
@@ -84,8 +84,10 @@ while not os.path.exists(sys.argv[2]):
     answer.read()
     assert answer.status == 200
     samples.append((time.perf_counter() - started) * 1000)
+    asleep = time.perf_counter()
     time.sleep(0.05)
-print(json.dumps(samples))
+    wakeups.append((time.perf_counter() - asleep - 0.05) * 1000)
+print(json.dumps({'healthz': samples, 'wakeup': wakeups}))
 """
 
 
@@ -99,6 +101,11 @@ def _start_sampler(gateway: GatewayProcess, stop_file: Path) -> subprocess.Popen
 def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {"n": len(samples), "p50": round(statistics.median(samples), 1),
+            "p95": round(_percentile(samples, 0.95), 1), "max": round(max(samples), 1)}
 
 
 @pytest.mark.slow
@@ -137,12 +144,12 @@ async def test_load_every_output_lands_in_its_own_execution(
         report["run_s"] = round(time.monotonic() - started, 1)
         stop_file.touch()
         output, _ = await asyncio.to_thread(sampler.communicate, timeout=60)
-        samples: list[float] = json.loads(output)
+        sampled: dict[str, list[float]] = json.loads(output)
         report["executions_per_s"] = round(SESSIONS * EXECUTIONS / report["run_s"], 1)
-        report["healthz_ms"] = {"n": len(samples),
-                                "p50": round(statistics.median(samples), 1),
-                                "p95": round(_percentile(samples, 0.95), 1),
-                                "max": round(max(samples), 1)}
+        report["healthz_ms"] = _summary(sampled["healthz"])
+        # How late the sampler itself woke from its sleeps: the machine's own scheduling
+        # delay for a process outside the gateway, to read the figure above against.
+        report["sampler_wakeup_late_ms"] = _summary(sampled["wakeup"])
 
         # The stored history agrees: 50 executions per session, in order, each its own token.
         async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:
@@ -168,9 +175,10 @@ async def test_load_every_output_lands_in_its_own_execution(
         assert not left, left
         _assert_nothing_left(boxes)
         print(f"\nload: {json.dumps(report)}", file=sys.stderr)
-        # On this 2-CPU host the gateway (~5 ms of CPU per execution), 50 kernels and the
-        # 50 clients of this test share two cores at ~130 executions/s: p95 measured 100-200.
-        assert report["healthz_ms"]["p50"] < 50 and report["healthz_ms"]["p95"] < 300, report
+        # The gateway, 50 kernels and this test's 50 clients share two cores at ~170
+        # executions/s; measured p95 60-80 ms. The maximum (~150 ms) follows the machine's
+        # own scheduling delays (the sampler's late wake-ups) and is reported, not asserted.
+        assert report["healthz_ms"]["p50"] < 50 and report["healthz_ms"]["p95"] < 100, report
     finally:
         gateway.stop()
         left_over = containers_of(docker_client, gateway.owner)
