@@ -47,6 +47,10 @@ LABEL_PROFILE = "io.replgate.profile"
 KERNEL_DIR = "/kernel"
 SOCKET_SUBDIR = "kernel"
 REMOVAL_WAITS = 300
+SANDBOX_CPU_SHARES = 512
+"""Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
+its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
+gateway that serves every session. Sandboxes stay equal among themselves."""
 """Tenths of a second to wait for a container's removal that is already in progress."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
@@ -374,6 +378,7 @@ class DockerBackend(SandboxBackend):
             memswap_limit=memory,
             mem_swappiness=0,
             nano_cpus=int(profile.cpus * 1e9),
+            cpu_shares=SANDBOX_CPU_SHARES,
             pids_limit=profile.pids,
             ulimits=[Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
                      Ulimit(name="core", soft=0, hard=0)],

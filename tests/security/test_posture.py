@@ -49,10 +49,11 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert host["UTSMode"] in ("", "private") and host["UsernsMode"] in ("", "private")
     assert not host.get("PortBindings") and not host.get("PublishAllPorts")
     assert not host.get("ExtraHosts") and not host.get("Links")
-    # 5.10-5.11, 5.28: memory (no swap on top), CPU and process limits.
+    # 5.10, 5.28: memory (no swap on top), CPU and process limits.
     assert host["Memory"] == memory and host["MemorySwap"] == memory, name
     assert host["MemorySwappiness"] in (0, None)
     assert host["NanoCpus"] > 0 or host["CpuQuota"] > 0
+    assert host["CpuShares"] not in (0, 1024)  # 5.11: a CPU priority set, below the default
     assert host["PidsLimit"] and 0 < host["PidsLimit"] <= 4096
     assert host["OomKillDisable"] in (False, None)
     # 5.12 read-only root; writable places are size-capped tmpfs (with nosuid, nodev).
