@@ -278,7 +278,7 @@ async def throughput(c: Contenders, sessions: int, seconds: float) -> dict[str, 
     rg = c.replgate
     floors = await asyncio.gather(*(Floor.start() for _ in range(sessions)))
     sids: list[str] = []
-    sockets: list[Any] = []
+    sockets: list[ReplgateSocket] = []
     try:
         for first in range(0, sessions, 8):  # cold starts beyond the warm ones, 8 at a time
             sids += await asyncio.gather(*(rg.create_session()

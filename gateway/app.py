@@ -13,7 +13,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.routing import Route
 
-from gateway import errors
+from gateway import __version__, errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.governance import Governance, load_policy
@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> FastAPI:
                 await gateway.drain()
                 await pool.close()
 
-    app = FastAPI(title="replgate", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="replgate", version=__version__, lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
     errors.install(app)
     mcp = mcp_endpoint(settings)

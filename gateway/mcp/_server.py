@@ -13,6 +13,7 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 
+from gateway import __version__
 from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
 from gateway.client._tools import Base64Flag, Code, FileContent, FilePath, NotebookPath, TimeoutS
 
@@ -39,7 +40,7 @@ def to_call_result(result: ToolResult) -> CallToolResult:
 def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServer[Any]:
     """An MCP server whose tools run on the session ``resolve`` finds for each call."""
     server: MCPServer[Any] = MCPServer("replgate", instructions=INSTRUCTIONS,
-                                       version="0.1.0", website_url=None)
+                                       version=__version__, website_url=None)
     described = {spec.name: spec.description for spec in tool_specs(limits)}
 
     async def run(ctx: Context, call: Callable[[SandboxTools], Awaitable[ToolResult]]

@@ -47,11 +47,11 @@ LABEL_PROFILE = "io.replgate.profile"
 KERNEL_DIR = "/kernel"
 SOCKET_SUBDIR = "kernel"
 REMOVAL_WAITS = 300
+"""Tenths of a second to wait for a container's removal that is already in progress."""
 SANDBOX_CPU_SHARES = 512
 """Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
 gateway that serves every session. Sandboxes stay equal among themselves."""
-"""Tenths of a second to wait for a container's removal that is already in progress."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")

@@ -53,7 +53,7 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert host["Memory"] == memory and host["MemorySwap"] == memory, name
     assert host["MemorySwappiness"] in (0, None)
     assert host["NanoCpus"] > 0 or host["CpuQuota"] > 0
-    assert host["CpuShares"] not in (0, 1024)  # 5.11: a CPU priority set, below the default
+    assert 0 < host["CpuShares"] < 1024  # 5.11: a CPU priority set, below the default
     assert host["PidsLimit"] and 0 < host["PidsLimit"] <= 4096
     assert host["OomKillDisable"] in (False, None)
     # 5.12 read-only root; writable places are size-capped tmpfs (with nosuid, nodev).
