@@ -47,6 +47,8 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (pool_errors.PathOutsideWorkspace, 400),
     (pool_errors.WorkspaceError, 400),
     (pool_errors.KernelStartError, 503),
+    (pool_errors.SnapshotBudgetExceeded, 507),
+    (pool_errors.SnapshotError, 409),
     (pool_errors.BackendError, 503),
     (pool_errors.KernelPoolError, 500),
 ]

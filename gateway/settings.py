@@ -10,7 +10,13 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kernel_pool.config import OutputCaps, PoolSettings, Profile, parse_size
+from kernel_pool.config import (
+    OutputCaps,
+    PoolSettings,
+    Profile,
+    default_max_kernels,
+    parse_size,
+)
 from kernel_pool.image import current_image
 
 
@@ -34,7 +40,17 @@ class Settings(BaseSettings):
     # pool
     image: str = Field(default_factory=current_image,
                        description="sandbox image; default: the one built from this code")
-    max_kernels: int = Field(8, ge=1, le=1024, description="kernels in all, warm and in use")
+    max_kernels: int | None = Field(
+        None, ge=1, le=1024, description="running kernels in all, warm and in use (default: "
+        "one per 512 MiB of 80% of the machine's memory, 2 to 256); past it the least "
+        "recently used idle session is paused")
+    pause_after_s: float = Field(600.0, ge=0, description="an idle session is paused after "
+                                 "this long (0: never)")
+    keep_sessions_on_stop: bool = Field(
+        True, description="a stop (SIGTERM, SIGINT) leaves running sessions running and paused "
+        "ones paused, for the next start to take back; false: a stop deletes every session")
+    snapshot_budget: str = Field("20g", description="disk all paused sessions' snapshots may "
+                                 "take in the state directory")
     min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
     memory: str = Field("2g", description="memory limit per sandbox (no swap)")
     cpus: float = Field(1.0, gt=0, le=64, description="CPUs per sandbox")
@@ -69,7 +85,7 @@ class Settings(BaseSettings):
                                                         "comma-separated: people who approve")
     approval_timeout_s: float = Field(600.0, gt=0, description="a held execution expires after")
 
-    @field_validator("memory", "tmp_size", "workspace_size", "state_min_free")
+    @field_validator("memory", "tmp_size", "workspace_size", "state_min_free", "snapshot_budget")
     @classmethod
     def _size(cls, value: str) -> str:
         parse_size(value)
@@ -107,6 +123,9 @@ class Settings(BaseSettings):
             max_timeout_s=self.max_timeout_s, caps=OutputCaps(stream_chars=self.stream_chars))
         return PoolSettings(
             state_dir=self.state_dir, profiles={"default": profile},
-            max_kernels=self.max_kernels, interrupt_grace_s=self.interrupt_grace_s,
+            max_kernels=self.max_kernels or default_max_kernels(),
+            interrupt_grace_s=self.interrupt_grace_s,
+            pause_after_s=self.pause_after_s or None, snapshot_budget=self.snapshot_budget,
+            keep_sessions_on_close=self.keep_sessions_on_stop,
             max_queued_executions=self.max_queued_executions, idle_ttl_s=self.idle_ttl_s,
             max_lifetime_s=self.max_lifetime_s, owner=self.owner)

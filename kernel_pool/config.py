@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
@@ -69,9 +70,28 @@ class PoolSettings(BaseModel):
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)
     owner: str = Field("replgate", description="label value naming this gateway's containers")
+    pause_after_s: float | None = Field(
+        600.0, gt=0, description="an idle session is paused after this long (None: never)")
+    snapshot_budget: str = Field("20g", description="disk all paused sessions' snapshots may take")
+    keep_sessions_on_close: bool = Field(
+        False, description="close() leaves sessions' kernels running for the next gateway")
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def default_max_kernels(memory_bytes: int | None = None) -> int:
+    """Running kernels this machine holds: one per 512 MiB of 80% of its memory, 2 to 256.
+
+    An idle kernel with the data stack takes 90-150 MiB and a working one a few hundred; the
+    rest of the sessions wait paused on disk (see ``REPLGATE_PAUSE_AFTER_S``).
+    """
+    if memory_bytes is None:
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            memory_bytes = 4 * 1024**3
+    return max(2, min(256, int(memory_bytes * 0.8) // (512 * 1024**2)))
 
 
 def parse_size(value: str) -> int:

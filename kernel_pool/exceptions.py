@@ -10,8 +10,10 @@
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
     ├── InvalidRequest         a value out of range (timeout, code size, ...)
-    └── WorkspaceError         a file path or size the workspace refuses
-        └── PathOutsideWorkspace
+    ├── WorkspaceError         a file path or size the workspace refuses
+    │   └── PathOutsideWorkspace
+    └── SnapshotError          a pause, resume or fork could not keep or restore the state
+        └── SnapshotBudgetExceeded   no room for another snapshot
 
 An error in the user's code is not an exception here: it is data (an ``error`` event).
 """
@@ -86,3 +88,13 @@ class PathOutsideWorkspace(WorkspaceError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"path {path!r} leaves the session's workspace; use a relative path")
+
+
+class SnapshotError(KernelPoolError):
+    """A snapshot could not be taken or put back; the message says why (the ``reason``).
+
+    The session is left running, or paused with its snapshot, never in between."""
+
+
+class SnapshotBudgetExceeded(SnapshotError):
+    """The state directory has no room for another snapshot (HTTP 507)."""

@@ -52,6 +52,10 @@ class KernelState(StrEnum):
     RESTARTING = "restarting"
     DEAD = "dead"
     CLOSED = "closed"
+    PAUSED = "paused"
+    """No process and no container: the session's state is in a snapshot (see Session.pause)."""
+    DETACHED = "detached"
+    """Left running for the next gateway to take back (a shutdown that keeps sessions)."""
 
 
 class KernelDied:
@@ -337,6 +341,25 @@ class Kernel:
         await self.sandbox.kill(restart=True)
         await self.sandbox.cleanup(restart=True)
         await self.start()
+
+    async def stop(self) -> None:
+        """Stop the kernel and remove its container, keeping the workspace (for a pause);
+        :meth:`start` makes a fresh container and kernel on the same workspace."""
+        self.state = KernelState.PAUSED
+        self._expect_exit = True
+        await self._disconnect()
+        await self.sandbox.kill(restart=False)
+        await self.sandbox.cleanup(restart=True)
+
+    async def detach(self) -> None:
+        """Drop the gateway's connections and leave the kernel running, for a later gateway
+        to take back (``start(attach=True)``)."""
+        self.state = KernelState.DETACHED
+        self._expect_exit = True
+        await self._disconnect()
+        if self.egress is not None:
+            await self.egress.close()
+        await self.sandbox.cleanup(restart=True)
 
     async def _ensure_egress(self) -> None:
         """Serve the profile's egress proxy before the kernel (whose launcher looks for it)."""

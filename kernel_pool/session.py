@@ -10,9 +10,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from kernel_pool.config import PoolSettings, Profile
+import anyio.to_thread
+
+from kernel_pool._snapshot import (
+    PauseInfo,
+    SnapshotStore,
+    load_variables,
+    save_variables,
+)
+from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,
@@ -21,9 +29,10 @@ from kernel_pool.events import (
     ExecutionBuilder,
     ExecutionStatus,
 )
-from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed
+from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed, SnapshotError
 from kernel_pool.execution import ExecutionRun
 from kernel_pool.kernel import Kernel, KernelDied, KernelState
+from kernel_pool.workspace import Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +42,19 @@ class SessionStatus(StrEnum):
     IDLE = "idle"
     BUSY = "busy"
     DEAD = "dead"
+    PAUSED = "paused"
+
+
+class Lifecycle(Protocol):
+    """What a session needs from its pool to pause and resume: slots for running kernels."""
+
+    snapshots: SnapshotStore
+
+    async def reserve_slot(self, session: Session) -> None:
+        """Make room for the session's kernel to run (pausing another), or CapacityError."""
+
+    def release_slot(self, session: Session) -> None:
+        """The session's kernel stopped running (paused): its slot is free."""
 
 
 def utcnow() -> str:
@@ -145,12 +167,28 @@ class Session:
         self._closed = False
         self._restarting = False
         self.listeners: list[Listener] = []
+        self.lifecycle: Lifecycle | None = None
+        """Set by the pool: without it the session cannot pause."""
+        self.pause_info: PauseInfo | None = None
+        """What the snapshot kept, while the session is paused."""
+        self.reason: str | None = None
+        """Why the last pause, resume or fork failed (the session is running or restorable)."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
 
     @property
+    def paused(self) -> bool:
+        return self.kernel.state is KernelState.PAUSED
+
+    @property
+    def workspace(self) -> Workspace:
+        return self.kernel.sandbox.workspace
+
+    @property
     def status(self) -> SessionStatus:
+        if self.paused and not self._closed:
+            return SessionStatus.STARTING if self._pending else SessionStatus.PAUSED
         if self._closed or self.kernel.state in (KernelState.DEAD, KernelState.CLOSED):
             return SessionStatus.DEAD
         if self._restarting or self.kernel.state in (KernelState.STARTING,
@@ -223,6 +261,8 @@ class Session:
                     return
                 if handle.gate is not None and await self._refused(handle, handle.gate):
                     return
+                if self.paused and await self._resume_failed(handle):
+                    return
                 run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
                                    caps=self.profile.caps, execution_id=handle.id,
                                    interrupt_grace_s=self._settings.interrupt_grace_s)
@@ -272,6 +312,114 @@ class Session:
                 logger.exception("session %s: restarting its dead kernel failed", self.id)
             finally:
                 self._restarting = False
+
+    async def _resume_failed(self, handle: ExecutionHandle) -> bool:
+        """Resume a paused session for an execution; if it cannot, end the execution (an
+        error with the reason) and leave the session paused."""
+        try:
+            await self._resume_locked()
+            return False
+        except Exception as exc:
+            reason = f"the paused session could not be resumed: {exc}"
+            self._publish(handle, ErrorEvent(ename="ResumeError", evalue=reason,
+                                             traceback=[f"ResumeError: {reason}"]))
+            self._publish(handle, DoneEvent(status=ExecutionStatus.ERROR, execution_count=None,
+                                            duration_ms=0.0, reason=reason))
+            return True
+
+    # -- pause, resume ---------------------------------------------------------------------
+
+    async def pause(self) -> PauseInfo:
+        """Keep the session's variables in a snapshot and stop its kernel and container.
+
+        Waits for queued executions first. On any failure the session goes on running and
+        :class:`SnapshotError` (or the backend's error) says why; nothing is deleted.
+        """
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self._closed:
+                raise SessionClosed(self.id)
+            return await self._pause_locked()
+
+    async def _pause_locked(self) -> PauseInfo:
+        if self.paused and self.pause_info is not None:
+            return self.pause_info
+        if self.lifecycle is None:
+            raise SnapshotError("this session's pool cannot pause sessions")
+        if self.kernel.state is not KernelState.READY:
+            raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
+        store = self.lifecycle.snapshots
+        try:
+            raw, info = await save_variables(self.kernel, self.workspace, self._snapshot_limit)
+            info = await anyio.to_thread.run_sync(store.save, self.id, raw, info)
+        except SnapshotError as exc:
+            self.reason = f"pause failed, the session runs on: {exc}"
+            raise
+        self.pause_info = info
+        await self.kernel.stop()
+        self.lifecycle.release_slot(self)
+        self.reason = None
+        return info
+
+    @property
+    def _snapshot_limit(self) -> int:
+        """A snapshot passes through the workspace, so it is never larger than that."""
+        return parse_size(self.profile.workspace_size)
+
+    async def resume(self) -> None:
+        """Start a kernel on the workspace again and put the snapshot's variables back.
+
+        On failure the session stays paused with its snapshot (restorable) and the error
+        says why.
+        """
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self._closed:
+                raise SessionClosed(self.id)
+            await self._resume_locked()
+
+    async def _resume_locked(self) -> None:
+        if not self.paused or self.lifecycle is None:
+            return
+        store = self.lifecycle.snapshots
+        try:
+            raw = await anyio.to_thread.run_sync(store.load, self.id)
+        except SnapshotError as exc:
+            self.reason = f"resume failed, the session stays paused: {exc}"
+            raise
+        await self.lifecycle.reserve_slot(self)
+        try:
+            await self.kernel.start()
+            await load_variables(self.kernel, self.workspace, raw, reseed=False)
+        except BaseException as exc:
+            self.reason = f"resume failed, the session stays paused: {exc}"
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.kernel.stop())
+            self.kernel.state = KernelState.PAUSED
+            self.lifecycle.release_slot(self)
+            raise
+        self.pause_info = None
+        self.reason = None
+        await anyio.to_thread.run_sync(store.delete, self.id)
+
+    async def snapshot(self) -> bytes:
+        """The session's variables, pickled (for a fork); the session goes on unchanged."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self.lifecycle is None:
+                raise SnapshotError("this session's pool cannot snapshot sessions")
+            if self.paused:
+                raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
+                                                            self.id)
+                return raw
+            if self.kernel.state is not KernelState.READY:
+                raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
+            raw, _info = await save_variables(self.kernel, self.workspace,
+                                              self._snapshot_limit)
+            return raw
 
     async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
         """Ask the gate; on a denial end the execution (error, done) without running it."""
@@ -351,6 +499,10 @@ class Session:
             async with self._lock:
                 if self._closed:
                     raise SessionClosed(self.id)
+                if self.paused and self.lifecycle is not None:  # a fresh kernel: no snapshot
+                    await self.lifecycle.reserve_slot(self)
+                    self.pause_info = None
+                    await anyio.to_thread.run_sync(self.lifecycle.snapshots.delete, self.id)
                 await self.kernel.restart()
                 self.execution_count = 0
         finally:

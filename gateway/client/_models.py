@@ -14,11 +14,17 @@ class SessionInfo(BaseModel):
     tenant: str
     profile: str
     status: str
-    """``idle``, ``busy``, ``starting`` or ``dead``; kept a plain string so that a state added
-    by a newer gateway does not break an older client."""
+    """``idle``, ``busy``, ``starting``, ``dead`` or ``paused``; kept a plain string so that a
+    state added by a newer gateway does not break an older client."""
     execution_count: int
     created_at: datetime
     last_active_at: datetime
+    paused_with: str | None = None
+    """While paused: ``variables`` (the namespace was kept) or ``memory`` (the process)."""
+    not_kept: dict[str, str] | None = None
+    """While paused: variables that could not be kept, with the reason."""
+    reason: str | None = None
+    """Why the last pause, resume or fork failed."""
 
 
 class FileInfo(BaseModel):

@@ -1,6 +1,6 @@
 """replgate as tools for a model: their definitions, and a tool call turned into a result.
 
-The same six tools serve MCP (``replgate mcp``) and function calling; their arguments are the
+The same seven tools serve MCP (``replgate mcp``) and function calling; their arguments are the
 pydantic models below, their descriptions are written for a model, and :class:`SandboxTools`
 implements them once over :class:`ToolSession`, the few operations a session offers.
 
@@ -87,6 +87,14 @@ class ExportNotebookArgs(_Arguments):
     path: NotebookPath = None
 
 
+ForkCount = Annotated[int, Field(ge=1, le=16, description=(
+    "How many copies to make (1 to 16)."))]
+
+
+class ForkSessionArgs(_Arguments):
+    count: ForkCount = 1
+
+
 # -- descriptions ----------------------------------------------------------------------------
 
 
@@ -127,7 +135,7 @@ class ToolSpec:
 
 
 def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
-    """The six tools, described with ``limits``."""
+    """The seven tools, described with ``limits``."""
     lim = limits or ToolLimits()
     execute = (
         "Run Python code in a persistent, sandboxed Python (IPython) session and get back what "
@@ -174,6 +182,12 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
             "Export every execution of this session so far, in order and with its outputs, "
             "as a Jupyter notebook (nbformat 4 JSON). With path, the notebook is saved in the "
             "working directory instead of being returned."), ExportNotebookArgs),
+        ToolSpec("fork_session", (
+            "Copy this Python session: each copy starts with the same variables (random "
+            "generators reseeded, so copies draw different numbers) and a copy of the working "
+            "directory's files, and this session goes on unchanged. Returns the new sessions' "
+            "ids, to drive through replgate's HTTP API or client (this connection stays on "
+            "this session). Threads and open connections are not copied."), ForkSessionArgs),
     ]
 
 
@@ -229,13 +243,17 @@ class ToolSession(Protocol):
         """The session's history as an nbformat v4 notebook."""
         ...
 
+    async def fork(self, count: int) -> builtins.list[str]:
+        """Copies of the session (variables and files); their ids."""
+        ...
+
 
 _IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 _IMAGE_BYTES = 5 * 2**20
 
 
 class SandboxTools:
-    """The six tools over one session, for a model's tool calls.
+    """The seven tools over one session, for a model's tool calls.
 
     :meth:`call` runs a call by name with its arguments (a dict, or the JSON text OpenAI
     sends) and returns a :class:`ToolResult`. A mistake of the model (an unknown tool, bad
@@ -358,6 +376,14 @@ class SandboxTools:
         return ToolResult([TextPart(
             "The kernel was restarted: variables, imports and definitions are gone; files in "
             "the working directory are kept. Re-run imports before using them.")])
+
+    async def fork_session(self, count: int = 1) -> ToolResult:
+        """Copies of this session: their ids."""
+        ids = await self._session.fork(count)
+        listed = "\n".join(ids)
+        return ToolResult([TextPart(
+            f"Forked this session into {len(ids)} new session(s), each with this session's "
+            f"variables and files; their ids:\n{listed}")], extra={"session_ids": ids})
 
     async def export_notebook(self, path: str | None = None) -> ToolResult:
         """The session's history as a notebook: returned, or saved at ``path``."""

@@ -1,4 +1,4 @@
-"""The MCP server: replgate's six tools, for stdio and for the gateway's ``/mcp`` mount alike.
+"""The MCP server: replgate's seven tools, for stdio and for the gateway's ``/mcp`` mount alike.
 
 The tools are those of :class:`gateway.client.SandboxTools`, with the same descriptions and
 arguments as for function calling. Which session a call runs on is the :data:`Resolver`'s
@@ -15,7 +15,15 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, T
 
 from gateway import __version__
 from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
-from gateway.client._tools import Base64Flag, Code, FileContent, FilePath, NotebookPath, TimeoutS
+from gateway.client._tools import (
+    Base64Flag,
+    Code,
+    FileContent,
+    FilePath,
+    ForkCount,
+    NotebookPath,
+    TimeoutS,
+)
 
 Resolver = Callable[[Context], Awaitable[SandboxTools]]
 """Finds the tools (bound to a session) for the connection a tool call came on."""
@@ -75,6 +83,9 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
     async def export_notebook(ctx: Context, path: NotebookPath = None) -> CallToolResult:
         return await run(ctx, lambda tools: tools.export_notebook(path))
 
+    async def fork_session(ctx: Context, count: ForkCount = 1) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.fork_session(count))
+
     hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
         execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
                                         open_world_hint=False),
@@ -88,6 +99,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                                         idempotent_hint=True, open_world_hint=False),
         export_notebook: ToolAnnotations(title="Export as a notebook", destructive_hint=False,
                                          open_world_hint=False),
+        fork_session: ToolAnnotations(title="Fork the session", destructive_hint=False,
+                                      open_world_hint=False),
     }
     for function, hint in hints.items():
         name = function.__name__

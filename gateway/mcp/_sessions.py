@@ -100,6 +100,9 @@ class LazySession:
     async def notebook(self) -> dict[str, Any]:
         return await self._run(lambda backend: backend.notebook())
 
+    async def fork(self, count: int) -> list[str]:
+        return await self._run(lambda backend: backend.fork(count))
+
     async def close(self) -> None:
         """Delete the replgate session, if one was started; later calls are refused."""
         async with self._lock:

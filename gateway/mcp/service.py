@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from gateway.client import Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
 from gateway.errors import GatewayError, status_for
-from gateway.models import SessionCreate
+from gateway.models import ForkRequest, SessionCreate
 from gateway.service import Gateway
 from gateway.settings import Settings
 from kernel_pool.exceptions import KernelPoolError, SessionClosed, SessionNotFound
@@ -84,6 +84,11 @@ class ServiceBackend:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._call(lambda: self._gateway.notebook(self._tenant, self.session_id))
+
+    async def fork(self, count: int) -> list[str]:
+        children = await self._call(lambda: self._gateway.fork(
+            self._tenant, self.session_id, ForkRequest(count=count, metadata={"client": "mcp"})))
+        return [child.id for child in children]
 
     async def exists(self) -> bool:
         try:
