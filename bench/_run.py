@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import _figures as figures
+from bench._lifecycle import lifecycle
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "throughput",
-           "density")
+FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
+           "throughput", "density")
 
 
 def log(message: str) -> None:
@@ -87,6 +88,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("streaming", "streaming", lambda: figures.streaming(contenders, sizes)),
             ("chart", "matplotlib PNG", lambda: figures.chart(contenders, sizes)),
             ("flood", "flood", lambda: figures.flood(contenders)),
+            ("lifecycle", "pause, resume, fork",
+             lambda: lifecycle(replgate, cold, sizes.starts_cold)),
         ]
         keys = {"cpu": "cpu_per_execution"}
         for key, name, figure in steps:

@@ -391,6 +391,8 @@ class KernelChannels:
     # -- relayed requests --------------------------------------------------------------------
 
     async def _ready_kernel(self) -> Kernel | None:
+        if self.session.paused:  # a request that needs the kernel resumes the session
+            await self.session.resume()
         for _ in range(600):
             if self.session.closed:
                 return None
@@ -403,8 +405,8 @@ class KernelChannels:
         """Send the request to the kernel; re-emit its reply and its busy/idle status."""
         kind = request.msg_type
         reply_type = kind.removesuffix("_request") + "_reply"
-        kernel = await self._ready_kernel()
         try:
+            kernel = await self._ready_kernel()
             if kernel is None:
                 raise RuntimeError("the kernel is not running")
             # kernel_info on control is answered even while code runs (as jupyter_server does)

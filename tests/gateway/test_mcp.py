@@ -360,3 +360,19 @@ def test_import_mcp_without_server_modules() -> None:
                            check=True).stdout.strip()
 
     assert found == "[]"
+
+
+async def test_fork_session_returns_new_session_ids(mcp: Client, gateway: GatewayProcess) -> None:
+    await run(mcp, "forked_var = 'from the parent'")
+
+    forked = await mcp.call_tool("fork_session", {"count": 2})
+
+    assert not forked.is_error, texts(forked)
+    ids = texts(forked).split(":\n", 1)[1].split("\n")
+    assert len(ids) == 2
+    async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers("alpha"),
+                                 timeout=120) as http:
+        for sid in ids:
+            answer = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "forked_var"})
+            assert answer.json()["outputs"][0]["data"]["text/plain"] == "'from the parent'"
+            assert (await http.delete(f"/v1/sessions/{sid}")).status_code == 204
