@@ -55,7 +55,8 @@ class Gateway:
         """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
-        pool.on_session_paused.append(self._paused_by_pool)
+        pool.on_session_paused.append(self._lifecycle_changed)
+        pool.on_session_resumed.append(self._lifecycle_changed)
 
     # -- tenants -----------------------------------------------------------------------------
 
@@ -198,7 +199,8 @@ class Gateway:
             session.id, status=session.status.value,
             sandbox=session.kernel.sandbox.get_info().model_dump(mode="json"))
 
-    def _paused_by_pool(self, session: Session) -> None:
+    def _lifecycle_changed(self, session: Session) -> None:
+        """A pause or resume the pool made: the store learns the session's new sandbox."""
         if session.id in self._tenant_of:
             task = asyncio.get_running_loop().create_task(self._record_lifecycle(session))
             task.add_done_callback(_log_failure)

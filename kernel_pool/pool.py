@@ -51,6 +51,8 @@ class KernelPool:
         self.on_session_closed: list[Callable[[Session, str], None]] = []
         self.on_session_paused: list[Callable[[Session], None]] = []
         """Called when the pool paused a session by itself (idle, or to make room)."""
+        self.on_session_resumed: list[Callable[[Session], None]] = []
+        """Called when a paused session runs again (its sandbox may be a new one)."""
         """Called with (session, reason) when the pool culls or closes a session."""
         self.acquire_seconds: list[float] = []
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
@@ -70,6 +72,7 @@ class KernelPool:
         return {"idle": sum(len(q) for q in self._idle.values()),
                 "starting": sum(self._starting.values()),
                 "in_use": len(self._in_use), "sessions": len(self._sessions),
+                "paused": sum(s.paused for s in self._sessions.values()),
                 "max": self.settings.max_kernels}
 
     def _total(self) -> int:
@@ -295,6 +298,30 @@ class KernelPool:
     def release_slot(self, session: Session) -> None:
         """The session's kernel stopped (paused): its slot is free (Lifecycle)."""
         self._in_use.discard(session.kernel)
+
+    def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel for a paused session to resume onto, if one is idle (Lifecycle)."""
+        idle = self._idle[session.profile.name]
+        while idle:
+            kernel = idle.popleft()
+            if kernel.state is KernelState.READY:
+                self._in_use.add(kernel)
+                self._fill(session.profile.name)
+                return kernel
+            self._spawn(kernel.close())
+        return None
+
+    def give_back(self, kernel: Kernel) -> None:
+        """Remove a kernel a session no longer uses (Lifecycle)."""
+        self._spawn(self.release(kernel))
+
+    def resumed(self, session: Session) -> None:
+        """Tell the listeners that a paused session runs again (Lifecycle)."""
+        for callback in self.on_session_resumed:
+            try:
+                callback(session)
+            except Exception:
+                logger.exception("on_session_resumed callback failed")
 
     async def _make_room(self, exclude: Session | None, tried: set[str]) -> bool:
         """Free one slot: a warm kernel, else pause the least recently used idle session.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ import anyio.to_thread
 from kernel_pool._snapshot import (
     PauseInfo,
     SnapshotStore,
+    copy_workspace,
     load_variables,
     save_variables,
 )
@@ -55,6 +57,28 @@ class Lifecycle(Protocol):
 
     def release_slot(self, session: Session) -> None:
         """The session's kernel stopped running (paused): its slot is free."""
+
+    def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel of the session's profile to resume onto, if one is idle."""
+
+    def give_back(self, kernel: Kernel) -> None:
+        """Remove a kernel ``take_warm`` gave or one the session no longer uses."""
+
+    def resumed(self, session: Session) -> None:
+        """The session runs again (on a new sandbox, perhaps): the pool tells its listeners."""
+
+
+WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
+"""Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
+container on their own workspace (no copy)."""
+
+
+def _used_bytes(workspace: Workspace) -> int:
+    """What the workspace's own file system holds; without one (not root), no copy."""
+    if workspace.image is None:
+        return WARM_RESUME_MAX_BYTES + 1
+    info = os.statvfs(workspace.root)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 
 def utcnow() -> str:
@@ -389,20 +413,54 @@ class Session:
         except SnapshotError as exc:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
+        used = await anyio.to_thread.run_sync(_used_bytes, self.workspace)
+        warm = self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        try:
+            if warm is not None:
+                await self._resume_onto(warm, raw)
+            else:
+                await self._resume_in_place(raw)
+        except BaseException as exc:
+            self.reason = f"resume failed, the session stays paused: {exc}"
+            raise
+        self.pause_info = None
+        self.reason = None
+        await anyio.to_thread.run_sync(store.delete, self.id)
+        self.lifecycle.resumed(self)
+
+    async def _resume_in_place(self, raw: bytes) -> None:
+        """A new container and kernel on the session's own workspace (no copy)."""
+        assert self.lifecycle is not None
         await self.lifecycle.reserve_slot(self)
         try:
             await self.kernel.start()
             await load_variables(self.kernel, self.workspace, raw, reseed=False)
-        except BaseException as exc:
-            self.reason = f"resume failed, the session stays paused: {exc}"
+        except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.kernel.stop())
             self.kernel.state = KernelState.PAUSED
             self.lifecycle.release_slot(self)
             raise
-        self.pause_info = None
-        self.reason = None
-        await anyio.to_thread.run_sync(store.delete, self.id)
+
+    async def _resume_onto(self, warm: Kernel, raw: bytes) -> None:
+        """Onto a warm kernel: the workspace's files are copied into its workspace (small
+        workspaces only), which beats starting a container and a kernel."""
+        assert self.lifecycle is not None
+        try:
+            await anyio.to_thread.run_sync(copy_workspace, self.workspace,
+                                           warm.sandbox.workspace)
+            if self.env:
+                warm.env = dict(self.env)
+                await warm.set_env(warm.env)
+            await load_variables(warm, warm.sandbox.workspace, raw, reseed=False)
+        except BaseException:
+            self.lifecycle.give_back(warm)
+            raise
+        old, self.kernel = self.kernel, warm
+        warm.on_death = self._kernel_died
+        if warm.egress is not None:
+            warm.egress.session_id = self.id
+        self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
 
     async def snapshot(self) -> bytes:
         """The session's variables, pickled (for a fork); the session goes on unchanged."""

@@ -89,12 +89,22 @@ def test_pause_keeps_variables_and_names_what_it_could_not(alpha: httpx.Client,
 def test_pause_frees_the_kernel_and_its_container(alpha: httpx.Client, session_id: str,
                                                   lifecycle_gateway: GatewayProcess,
                                                   docker_client: docker.DockerClient) -> None:
+    def settled_count() -> int:
+        """Containers once the warm pool is full again (a resume may take a warm kernel)."""
+        deadline = time.monotonic() + 120
+        while True:
+            pool = httpx.get(f"{lifecycle_gateway.url}/healthz").json()["pool"]
+            if pool["starting"] == 0 and pool["idle"] >= 1:
+                return len(containers_of(docker_client, lifecycle_gateway.owner))
+            assert time.monotonic() < deadline, pool
+            time.sleep(0.2)
+
     run(alpha, session_id, "y = 1")
-    before = len(containers_of(docker_client, lifecycle_gateway.owner))
+    before = settled_count()
     assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
-    assert len(containers_of(docker_client, lifecycle_gateway.owner)) == before - 1
+    assert settled_count() == before - 1
     assert alpha.post(f"/v1/sessions/{session_id}/resume").status_code == 200
-    assert len(containers_of(docker_client, lifecycle_gateway.owner)) == before
+    assert settled_count() == before
 
 
 def test_files_of_a_paused_session_work_without_resuming_it(alpha: httpx.Client,
