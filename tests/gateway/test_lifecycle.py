@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import stat
+import threading
 import time
 from collections.abc import Iterator
 
@@ -282,3 +283,28 @@ def test_sessions_survive_a_stop_of_the_gateway(docker_client: docker.DockerClie
             for sid in (running, paused):
                 assert c.delete(f"/v1/sessions/{sid}").status_code == 204
 
+
+
+def test_resume_gets_503_only_when_nothing_can_be_paused(
+        docker_client: docker.DockerClient) -> None:
+    with running_gateway(docker_client, max_kernels="1", min_idle="1") as process, \
+            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
+        first = client.post("/v1/sessions", json={}).json()["id"]
+        run(client, first, "mine = 'first'")
+        assert client.post(f"/v1/sessions/{first}/pause").status_code == 200
+        second = client.post("/v1/sessions", json={}).json()["id"]
+        busy = httpx.Client(base_url=process.url, headers=process.headers(), timeout=120)
+        with busy:
+            # The only kernel is busy: it cannot be paused, so the resume cannot run.
+            running = threading.Thread(target=lambda: busy.post(
+                f"/v1/sessions/{second}/execute", json={"code": "import time; time.sleep(8)"}))
+            running.start()
+            time.sleep(2)
+            answer = client.post(f"/v1/sessions/{first}/resume")
+            running.join()
+        assert answer.status_code == 503, answer.text
+        assert "REPLGATE_MAX_KERNELS" in answer.json()["detail"]
+        assert client.get(f"/v1/sessions/{first}").json()["status"] == "paused"
+        # Once the other is idle it is paused to make room, and the first resumes.
+        assert value(client, first, "mine") == "'first'"
+        assert client.get(f"/v1/sessions/{second}").json()["status"] == "paused"
