@@ -58,7 +58,8 @@ class KernelPool:
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
                                        parse_size(settings.snapshot_budget))
         """Paused sessions' snapshots (see :mod:`kernel_pool._snapshot`)."""
-        self._pausing: set[str] = set()
+        self._held: set[str] = set()
+        """Sessions not to be paused now: being paused already, or in a fork."""
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -331,7 +332,7 @@ class KernelPool:
                 self._spawn(queue.popleft().close())
                 return True
         candidates = [s for s in self._sessions.values()
-                      if s is not exclude and s.id not in tried and s.id not in self._pausing
+                      if s is not exclude and s.id not in tried and s.id not in self._held
                       and s.status is SessionStatus.IDLE and s.lifecycle is not None]
         while candidates:
             victim = max(candidates, key=lambda s: s.idle_for())
@@ -342,14 +343,14 @@ class KernelPool:
         return False
 
     async def _pause(self, session: Session, why: str) -> bool:
-        self._pausing.add(session.id)
+        self._held.add(session.id)
         try:
             await session.pause()
         except Exception as exc:
             logger.warning("session %s: pause %s failed: %s", session.id, why, exc)
             return False
         finally:
-            self._pausing.discard(session.id)
+            self._held.discard(session.id)
         logger.info("session %s paused %s", session.id, why)
         for callback in self.on_session_paused:
             try:
@@ -385,20 +386,29 @@ class KernelPool:
         parent = self.get_session(parent_id)
         raw = await parent.snapshot()
         children: list[Session] = []
+        held = {parent.id}  # making room for a copy must not pause the parent or a copy
+        self._held |= held
 
         async def one() -> None:
             child = await self.create_session(parent.profile.name, env=parent.env,
                                               metadata=metadata)
             children.append(child)
+            held.add(child.id)
+            self._held.add(child.id)
             await anyio.to_thread.run_sync(copy_workspace, parent.workspace, child.workspace)
             await load_variables(child.kernel, child.workspace, raw, reseed=True)
 
         try:
-            await asyncio.gather(*(one() for _ in range(count)))
-        except BaseException:
-            for child in children:
-                await self._close_session(child, "its fork failed")
-            raise
+            # Every copy's outcome is awaited, so a failure leaves none half-made behind.
+            outcomes = await asyncio.gather(*(one() for _ in range(count)),
+                                            return_exceptions=True)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            if failed:
+                for child in children:
+                    await self._close_session(child, "its fork failed")
+                raise failed[0]
+        finally:
+            self._held -= held
         return children
 
     async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,
@@ -506,7 +516,7 @@ class KernelPool:
                     pause_after = self.settings.pause_after_s
                     if (pause_after is not None and session.idle_for() > pause_after
                             and session.status is SessionStatus.IDLE
-                            and session.id not in self._pausing and session.reason is None):
+                            and session.id not in self._held and session.reason is None):
                         self._spawn(self._pause(session, f"after {pause_after:g}s idle"))
                     continue
                 logger.info("culling session %s: %s", session.id, reason)

@@ -381,9 +381,13 @@ class Session:
             self.reason = f"pause failed, the session runs on: {exc}"
             raise
         self.pause_info = info
-        await self.kernel.stop()
-        self.lifecycle.release_slot(self)
         self.reason = None
+        try:
+            await self.kernel.stop()
+        except Exception as exc:  # the snapshot is written: the session is restorable
+            self.reason = f"paused, but its container could not be removed: {exc}"
+            logger.warning("session %s: %s", self.id, self.reason)
+        self.lifecycle.release_slot(self)
         return info
 
     @property
