@@ -122,6 +122,8 @@ class Gateway:
             self.image = f"{self.settings.image}@{digest}"
         for info in kept:
             record = records[info.container_id]
+            if self.pool.snapshots.info(record.id) is not None:
+                continue  # paused, its container not removed yet: taken back as paused below
             try:
                 session = await self.pool.adopt_session(
                     info, session_id=record.id, env=record.env, metadata=record.metadata,
@@ -136,6 +138,8 @@ class Gateway:
         for record in records.values():
             if record.id in live or record.sandbox is None:
                 continue
+            # A paused session (its container, if still there, runs no kernel: the next start
+            # of the session reuses or removes it).
             if self.pool.snapshots.info(record.id) is not None:  # paused: resumed when used
                 try:
                     await self.pool.adopt_paused_session(

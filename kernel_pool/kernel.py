@@ -156,6 +156,8 @@ class Kernel:
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
+        self._removal: asyncio.Future[None] | None = None
+        """The container removal a :meth:`stop` left running."""
         self._dropped = 0
         self._death: KernelDied | None = None
         self.on_death: Callable[[KernelDied], None] | None = None
@@ -193,6 +195,7 @@ class Kernel:
             raise
 
     async def _start(self, attach: bool) -> None:
+        await self.settle()
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
@@ -343,13 +346,31 @@ class Kernel:
         await self.start()
 
     async def stop(self) -> None:
-        """Stop the kernel and remove its container, keeping the workspace (for a pause);
-        :meth:`start` makes a fresh container and kernel on the same workspace."""
+        """Stop every process of the sandbox (their memory is free when this returns) and
+        remove its container in the background, keeping the workspace (for a pause).
+
+        :meth:`start` waits for that removal, then makes a fresh container and kernel on the
+        same workspace; :meth:`settle` waits for it alone.
+        """
         self.state = KernelState.PAUSED
         self._expect_exit = True
         await self._disconnect()
-        await self.sandbox.kill(restart=False)
+        await self.sandbox.kill(restart=True)
         await self.sandbox.cleanup(restart=True)
+        self._removal = asyncio.ensure_future(self.sandbox.kill(restart=False))
+        self._removal.add_done_callback(self._removed)
+
+    def _removed(self, removal: asyncio.Future[None]) -> None:
+        if not removal.cancelled() and removal.exception() is not None:
+            logger.warning("kernel %s: removing its stopped container failed (%s); the next "
+                           "start removes it", self.id, removal.exception())
+
+    async def settle(self) -> None:
+        """Wait for the container removal :meth:`stop` left running, if any."""
+        removal, self._removal = self._removal, None
+        if removal is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(removal)
 
     async def detach(self) -> None:
         """Drop the gateway's connections and leave the kernel running, for a later gateway
@@ -389,6 +410,7 @@ class Kernel:
                          closing.exception())
 
     async def _close(self) -> None:
+        await self.settle()
         await self._disconnect()
         if self.egress is not None:
             await self.egress.close()

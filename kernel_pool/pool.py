@@ -139,7 +139,9 @@ class KernelPool:
                 return
             except Exception as exc:
                 logger.warning("session %s: could not leave it running (%s)", session.id, exc)
-        if not session.paused:
+        if session.paused:
+            await session.kernel.settle()
+        else:
             await session.close()
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
