@@ -26,39 +26,35 @@ MAX_HELD_CHARS = 256 * 1024
 
 
 class LineJoiner:
-    """Holds the unfinished last line of each stream until it ends, another output comes, or
-    :data:`HOLD_S` passes (see :attr:`deadline`)."""
+    """Holds the unfinished last line of each stream until it ends, another kind of output
+    comes, or :data:`HOLD_S` passes (see :attr:`deadline`). The two streams are held apart: the
+    kernel buffers and flushes them apart too, so their order relative to each other is only
+    ever approximate."""
 
     def __init__(self) -> None:
-        self._held: dict[str, str] = {}
-        self.deadline: float | None = None
+        self._held: dict[str, tuple[str, float]] = {}
+        """Per stream: its unfinished line, and the loop time by which it goes out."""
+
+    @property
+    def deadline(self) -> float | None:
         """Loop time by which :meth:`flush` must be called, while something is held."""
+        return min((due for _, due in self._held.values()), default=None)
 
     def add(self, event: StreamEvent, now: float) -> list[StreamEvent]:
-        """Events to send now for ``event``: whole lines, in order; the rest is held."""
-        out: list[StreamEvent] = []
-        for name in [n for n in self._held if n != event.type]:
-            # the other stream's unfinished line came first: it goes first
-            out.append(StreamEvent(type=name, text=self._held.pop(name)))
-        held = self._held.pop(event.type, "")
+        """Events to send now for ``event``: its whole lines; an unfinished end is held."""
+        held, due = self._held.pop(event.type, ("", now + HOLD_S))
         text = held + event.text
         cut = text.rfind("\n") + 1
         if len(text) - cut > MAX_HELD_CHARS:
             cut = len(text)
-        if cut:
-            out.append(StreamEvent(type=event.type, text=text[:cut]))
         if cut < len(text):
-            if not held or cut or self.deadline is None:  # a new unfinished line
-                self.deadline = now + HOLD_S
-            self._held[event.type] = text[cut:]
-        else:
-            self.deadline = None
-        return out
+            # a line that goes on keeps its first deadline; a new one gets its own
+            self._held[event.type] = (text[cut:], now + HOLD_S if cut else due)
+        return [StreamEvent(type=event.type, text=text[:cut])] if cut else []
 
     def flush(self) -> list[StreamEvent]:
         """Everything held, to send before another kind of output or the end."""
         out = [StreamEvent(type=name, text=text)
-               for name, text in self._held.items()]
+               for name, (text, _) in self._held.items()]
         self._held.clear()
-        self.deadline = None
         return out
