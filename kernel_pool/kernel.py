@@ -164,6 +164,8 @@ class Kernel:
         self._iopub_tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
         self._channel_failed: str | None = None
+        self._died = asyncio.Event()
+        """Set with :attr:`death`, for waiters beside the death watcher."""
 
     @property
     def id(self) -> str:
@@ -198,6 +200,7 @@ class Kernel:
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
+        self._died.clear()
         self._channel_failed = None
         await self._ensure_egress()
         connection = await self.sandbox.connection_info() if attach else None
@@ -251,9 +254,13 @@ class Kernel:
                                                  name=f"iopub-{self.id}"), watch]
         self._tasks.extend(self._iopub_tasks)
 
-    async def _wait_ready(self, channel: str) -> None:
-        """kernel_info until answered; iopub must also be connected (its status arrives)."""
-        died = asyncio.create_task(self.sandbox.wait())
+    async def _wait_ready(self, channel: str, watched: bool = False) -> None:
+        """kernel_info until answered; iopub must also be connected (its status arrives).
+
+        ``watched``: the death watcher runs already; learn a death from it, since a second
+        waiter on the sandbox's exit would take the first one's place (one pidfd reader).
+        """
+        died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
@@ -269,7 +276,8 @@ class Kernel:
                                 if not getter.done():
                                     getter.cancel()
                             if died in done:
-                                raise KernelStartError(self.id, f"kernel exited ({died.result()})")
+                                code = "" if watched else f" ({died.result()})"
+                                raise KernelStartError(self.id, f"kernel exited{code}")
                             if getter not in done:
                                 break
                             source, _msg = getter.result()
@@ -345,7 +353,7 @@ class Kernel:
         try:
             # kernel_info on control (a busy kernel answers it there) until its status
             # arrives on the new subscription: from then on no output is lost.
-            await self._wait_ready("control")
+            await self._wait_ready("control", watched=True)
         except (KernelStartError, OSError) as exc:
             self._channel_failed = f"{reason}, and subscribing again failed ({exc})"
             logger.warning("kernel %s: %s", self.id, self._channel_failed)
@@ -369,6 +377,7 @@ class Kernel:
         logger.info("kernel %s died: %s", self.id, reason)
         self.state = KernelState.DEAD
         self._death = KernelDied(reason, oom)
+        self._died.set()
         for route in list(self._routes.values()):
             with contextlib.suppress(asyncio.QueueFull):
                 route.put_nowait(("died", self._death))

@@ -87,3 +87,14 @@ async def test_oversize_message_from_a_thread_after_the_cell_does_not_break_the_
                  "\nthreading.Thread(target=late).start()")
     await asyncio.sleep(3)  # the channel breaks while nothing runs
     await assert_next_print_whole(session)
+
+
+async def test_kernel_death_after_a_channel_recovery_is_still_noticed(session: Session) -> None:
+    await run_ok(session, "kept = [1, 2, 3]")
+    broken = await session.execute(FORGED_70MIB, timeout_s=110)
+    assert broken.status == "error" and not broken.restarted
+    died = await session.execute("import os\nos._exit(3)", timeout_s=30)
+    assert died.status == "died", died.reason
+    assert died.restarted
+    after = await session.execute("print('fresh', 'kernel', flush=True)")
+    assert after.stdout == "fresh kernel\n"

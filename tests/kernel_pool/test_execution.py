@@ -200,8 +200,7 @@ async def test_stream_never_splits_a_line_flushed_in_pieces(shared_session: Sess
         "    sys.stderr.write('warn'); sys.stderr.flush()\n"
         "    print(' !', file=sys.stderr, flush=True)")
     texts = [(e.type, e.text) async for e in handle.stream() if isinstance(e, StreamEvent)]
-    for name, text in texts:
-        assert text.endswith("\n"), texts
+    assert all(text.endswith("\n") for _, text in texts), texts
     stdout = "".join(text for name, text in texts if name == "stdout")
     assert stdout == "".join(f"step {i}\n" for i in range(20))
     assert [text for name, text in texts if name == "stderr"] == ["warn !\n"] * 20
