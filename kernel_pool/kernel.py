@@ -3,6 +3,8 @@
 The host side never trusts what the kernel sends: every message is signature-checked by
 jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
 on the context) and routed only by its parent's message id to the request that caused it.
+A message over that size breaks the output channel: its socket monitor notices, the requests in
+flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool.channel`).
 A message with no live request behind it (a forged one, or late output of a finished cell)
 is dropped.
 """
@@ -161,6 +163,7 @@ class Kernel:
         """The sandbox's egress proxy, for a profile with ``egress_allow``."""
         self.channel_breaks = 0
         """How often the output channel broke (an execution compares it before and after)."""
+        self._iopub_address = ""
         self._iopub_tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
         self._channel_failed: str | None = None
