@@ -94,3 +94,16 @@ async def test_kernel_death_after_a_channel_recovery_is_still_noticed(session: S
     assert died.restarted
     after = await session.execute("print('fresh', 'kernel', flush=True)")
     assert after.stdout == "fresh kernel\n"
+
+
+async def test_huge_display_update_is_omitted_in_place(session: Session) -> None:
+    await run_ok(session, NOISE_PNG + "kept = [1, 2, 3]")
+    result = await session.execute(
+        "handle = display('small', display_id=True)\n"
+        "handle.update(Shown(data=noise_png(2048)))\nprint('updated')", timeout_s=110)
+    assert result.status == "ok", (result.reason, result.error)
+    assert result.truncated and result.stdout == "updated\n"
+    [output] = result.outputs
+    assert output.omitted is not None and output.omitted["image/png"] > 16 * 2**20
+    assert "omitted" in output.data["text/plain"]
+    await assert_next_print_whole(session)
