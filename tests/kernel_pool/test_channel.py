@@ -60,8 +60,17 @@ async def test_huge_displays_are_omitted_and_the_session_keeps_working(
         assert output.omitted is not None
         assert output.omitted["image/png"] >= side * side * 3 * 4 // 3
         assert list(output.data) == ["text/plain"]
-        assert "omitted" in output.data["text/plain"]
+        # the kernel's notice (the host's own cap would have said it differently)
+        assert "REPLGATE_MAX_OUTPUT_BYTES" in output.data["text/plain"]
     await assert_next_print_whole(session)
+
+
+async def test_kernel_gets_the_profiles_cap_on_its_command_line(session: Session) -> None:
+    printed = await run_ok(session, "import sys\nprint(open('/proc/self/cmdline').read()"
+                                    ".split(chr(0))[1:], sys.argv)")
+    cap = session.profile.caps.display_bytes
+    assert f"--max-output-bytes={cap}" in printed
+    assert "--max-output-bytes" not in printed.split("] [")[1]  # taken out of sys.argv
 
 
 async def test_forged_oversize_message_is_reported_and_channel_recovers(
