@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,9 +34,7 @@ def configure_logging(settings: Settings) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.statelock import StartRefused, StateLock, bind_socket, socket_url
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -43,12 +42,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = Settings(**overrides)
-    configure_logging(settings)
-    from gateway.governance import PolicyError
-    from gateway.statelock import StartRefused, StateLock, bind_socket, socket_url
-
-    # The lock, then the port, before anything else: a second gateway on this state directory,
-    # or one whose port is taken, must leave the running one's sandboxes alone.
+    # The lock, then the port, before anything else (even the slow imports): a second gateway
+    # on this state directory, or one whose port is taken, must leave the running one alone.
     try:
         lock = StateLock.acquire(settings.state_dir)
     except StartRefused as exc:
@@ -60,7 +55,22 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"replgate: {exc}", file=sys.stderr)
         lock.release()
         return 1
-    lock.record_address(socket_url(sock))
+    try:
+        lock.record_address(socket_url(sock))
+        return _run_gateway(settings, sock)
+    finally:
+        sock.close()
+        lock.release()
+
+
+def _run_gateway(settings: Settings, sock: socket.socket) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.governance import PolicyError
+    from gateway.statelock import socket_url
+
+    configure_logging(settings)
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings)
@@ -71,11 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     # than it saves on the local or LAN links agents use (and PNGs do not compress).
     config = uvicorn.Config(app, log_config=None, ws_max_size=16 * 1024 * 1024,
                             ws_per_message_deflate=False, timeout_graceful_shutdown=15)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
-        lock.release()
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

@@ -4,7 +4,7 @@
 else and holds it for the life of its process: the kernel releases it when the process ends,
 however it ends, so a killed gateway never leaves a stale lock behind. The file names the
 holder (pid, then its address once the socket is bound), so a second gateway on the same
-directory can say which one is running and exit having touched nothing. The socket is bound
+directory can say which one is running and exit having touched nothing. The socket listens
 before any sandbox is taken back, so a port clash also stops a start before it changes anything.
 """
 
@@ -75,7 +75,7 @@ def _describe_holder(fd: int) -> str:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (uvicorn listens on it), or :class:`StartRefused`."""
+    """A TCP socket listening on ``host:port`` (uvicorn serves it), or :class:`StartRefused`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -83,6 +83,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         # another process listens on is still refused.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # Listening at once claims the port for good (two SO_REUSEADDR sockets may both be
+        # bound while neither listens); requests that come before the app is ready wait.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise StartRefused(

@@ -78,10 +78,22 @@ def _wait_busy(client: httpx.Client, sid: str) -> None:
     raise AssertionError("the execution never started")
 
 
-def _containers(client: docker.DockerClient, owner: str) -> dict[str, str]:
-    """Each container of ``owner``: its id and when it started (a restart changes it)."""
-    return {cid: client.api.inspect_container(cid)["State"]["StartedAt"]
-            for cid in containers_of(client, owner)}
+def _containers(client: docker.DockerClient, gateway: GatewayProcess,
+                steady: bool = True) -> dict[str, str]:
+    """The gateway's containers (its owner label, its state dir): id and start time (a restart
+    changes it); first, unless the gateway is stopped, until its pool is steady."""
+    for _ in range(1200 if steady else 0):
+        pool = httpx.get(f"{gateway.url}/healthz").json()["pool"]
+        if pool["starting"] == 0 and pool["idle"] >= 1:
+            break
+        threading.Event().wait(0.05)
+    found = {}
+    for cid in containers_of(client, gateway.env["REPLGATE_OWNER"]):
+        details = client.api.inspect_container(cid)
+        if details["Config"]["Labels"]["io.replgate.workspace"].startswith(
+                f"{gateway.state_dir}/"):
+            found[cid] = details["State"]["StartedAt"]
+    return found
 
 
 def _serve(env: dict[str, str], port: int) -> subprocess.CompletedProcess[str]:
@@ -91,7 +103,7 @@ def _serve(env: dict[str, str], port: int) -> subprocess.CompletedProcess[str]:
 
 def test_second_serve_on_same_state_dir_exits_naming_the_first(
         busy: Busy, docker_client: docker.DockerClient) -> None:
-    before = _containers(docker_client, busy.gateway.owner)
+    before = _containers(docker_client, busy.gateway)
     second = _serve(busy.gateway.env, free_port())
     assert second.returncode == 1, second.stderr
     assert second.stdout == ""
@@ -101,13 +113,13 @@ def test_second_serve_on_same_state_dir_exits_naming_the_first(
     assert f"pid {busy.gateway.process.pid}, listening on {busy.gateway.url}" in lines[0]
     assert "REPLGATE_STATE_DIR" in lines[0]
     assert busy.runner.is_alive(), "the first gateway's execution ended early"
-    assert _containers(docker_client, busy.gateway.owner) == before
+    assert _containers(docker_client, busy.gateway) == before
     busy.release_and_check()
 
 
 def test_serve_on_taken_port_exits_and_touches_nothing(
         busy: Busy, docker_client: docker.DockerClient) -> None:
-    before = _containers(docker_client, busy.gateway.owner)
+    before = _containers(docker_client, busy.gateway)
     other = make_gateway(owner=busy.gateway.owner)  # another state dir, the same owner label
     try:
         clash = _serve(other.env, int(busy.gateway.url.rsplit(":", 1)[1]))
@@ -118,21 +130,22 @@ def test_serve_on_taken_port_exits_and_touches_nothing(
     finally:
         shutil.rmtree(other.state_dir, ignore_errors=True)
     assert busy.runner.is_alive()
-    assert _containers(docker_client, busy.gateway.owner) == before
+    assert _containers(docker_client, busy.gateway) == before
     busy.release_and_check()
 
 
 def test_gateway_on_other_state_dir_with_same_owner_leaves_sandboxes_alone(
         busy: Busy, docker_client: docker.DockerClient) -> None:
-    before = _containers(docker_client, busy.gateway.owner)
+    before = _containers(docker_client, busy.gateway)
     other = make_gateway(owner=busy.gateway.owner)
     try:
         other.start()  # takes back and removes sandboxes: only those of its own state dir
-        mine = set(_containers(docker_client, busy.gateway.owner)) - set(before)
-        assert mine, "the second gateway started no warm kernel"
+        assert _containers(docker_client, other), "the second gateway started no warm kernel"
+        assert _containers(docker_client, busy.gateway) == before
         other.stop()
+        assert not _containers(docker_client, other, steady=False), "the second left some"
     finally:
         other.stop()
         shutil.rmtree(other.state_dir, ignore_errors=True)
-    assert _containers(docker_client, busy.gateway.owner) == before
+    assert _containers(docker_client, busy.gateway) == before
     busy.release_and_check()
