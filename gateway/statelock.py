@@ -48,14 +48,18 @@ class StateLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        # What the file says is only for a second gateway's message: a full disk must not stop
+        # this one (the lock itself needs no space).
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
         return cls(path, fd)
 
     def record_address(self, address: str) -> None:
         """Add the address this gateway listens on, for a second one to name."""
         # Appended, not rewritten: a reader never sees the pid line half-written.
-        os.pwrite(self._fd, f"address {address}\n".encode(), os.fstat(self._fd).st_size)
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, f"address {address}\n".encode(), os.fstat(self._fd).st_size)
 
     def release(self) -> None:
         """Give the directory up (the process's end does the same)."""
