@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
 from tests.conftest import GatewayProcess
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl -d` sends
-
-
-@pytest.fixture(scope="module")
-def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def session_id(alpha: httpx.Client) -> Iterator[str]:
-    answer = alpha.post("/v1/sessions", json={"metadata": {"purpose": "body tests"}})
-    assert answer.status_code == 201, answer.text
-    yield answer.json()["id"]
-    alpha.delete(f"/v1/sessions/{answer.json()['id']}")
 
 
 def test_create_session_without_body_uses_defaults(alpha: httpx.Client) -> None:
