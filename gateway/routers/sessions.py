@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
 from gateway.models import (
@@ -21,10 +21,10 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-async def create_session(body: SessionCreate, tenant: TenantDep,
-                         gateway: GatewayDep) -> SessionOut:
-    """A new session on a warm kernel."""
-    return gateway.describe(await gateway.create_session(tenant, body))
+async def create_session(tenant: TenantDep, gateway: GatewayDep,
+                         body: Annotated[SessionCreate | None, Body()] = None) -> SessionOut:
+    """A new session on a warm kernel; no body at all means every default."""
+    return gateway.describe(await gateway.create_session(tenant, body or SessionCreate()))
 
 
 @router.get("")
@@ -77,7 +77,7 @@ async def resume(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> Ses
 
 @router.post("/{session_id}/fork", status_code=status.HTTP_201_CREATED)
 async def fork(session_id: str, tenant: TenantDep, gateway: GatewayDep,
-               body: ForkRequest | None = None) -> list[SessionOut]:
+               body: Annotated[ForkRequest | None, Body()] = None) -> list[SessionOut]:
     """New sessions with the session's variables and a copy of its workspace."""
     children = await gateway.fork(tenant, session_id, body or ForkRequest())
     return [gateway.describe(child) for child in children]
