@@ -270,9 +270,8 @@ def test_idle_session_is_paused_after_pause_after_s(docker_client: docker.Docker
         assert value(client, sid, "kept") == "'idle'"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_sessions_survive_a_stop_of_the_gateway(docker_client: docker.DockerClient,
-                                                sig: signal.Signals) -> None:
+def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
+        docker_client: docker.DockerClient) -> None:
     with running_gateway(docker_client, keep_sessions_on_stop="true") as process:
         with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
             running = c.post("/v1/sessions", json={}).json()["id"]
@@ -281,15 +280,19 @@ def test_sessions_survive_a_stop_of_the_gateway(docker_client: docker.DockerClie
             paused = c.post("/v1/sessions", json={}).json()["id"]
             run(c, paused, "state = 'paused'")
             assert c.post(f"/v1/sessions/{paused}/pause").status_code == 200
-        process.stop(sig)
-        process.start()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            process.stop(sig)
+            process.start()
+            with httpx.Client(base_url=process.url, headers=process.headers(),
+                              timeout=120) as c:
+                assert c.get(f"/v1/sessions/{paused}").json()["status"] == "paused", sig
+                # The running kernel was left running: even a thread is still there.
+                assert value(c, running, "(state, type(t).__name__)") == \
+                    "('running', 'Thread')"
         with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
-            assert c.get(f"/v1/sessions/{paused}").json()["status"] == "paused"
-            assert value(c, running, "(state, type(t).__name__)") == "('running', 'Thread')"
             assert value(c, paused, "state") == "'paused'"
             for sid in (running, paused):
                 assert c.delete(f"/v1/sessions/{sid}").status_code == 204
-
 
 
 def test_resume_gets_503_only_when_nothing_can_be_paused(
