@@ -307,7 +307,7 @@ def test_resume_gets_503_only_when_nothing_can_be_paused(
         with busy:
             # The only kernel is busy: it cannot be paused, so the resume cannot run.
             running = threading.Thread(target=lambda: busy.post(
-                f"/v1/sessions/{second}/execute", json={"code": "import time; time.sleep(8)"}))
+                f"/v1/sessions/{second}/execute", json={"code": "import time; time.sleep(5)"}))
             running.start()
             time.sleep(2)
             answer = client.post(f"/v1/sessions/{first}/resume")
