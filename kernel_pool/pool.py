@@ -49,11 +49,11 @@ class KernelPool:
         self._refill_at: dict[str, float] = dict.fromkeys(settings.profiles, 0.0)
         self._closing = False
         self.on_session_closed: list[Callable[[Session, str], None]] = []
+        """Called with (session, reason) when the pool culls or closes a session."""
         self.on_session_paused: list[Callable[[Session], None]] = []
         """Called when the pool paused a session by itself (idle, or to make room)."""
         self.on_session_resumed: list[Callable[[Session], None]] = []
         """Called when a paused session runs again (its sandbox may be a new one)."""
-        """Called with (session, reason) when the pool culls or closes a session."""
         self.acquire_seconds: list[float] = []
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
                                        parse_size(settings.snapshot_budget))
@@ -156,15 +156,22 @@ class KernelPool:
 
     # -- the decision step and the I/O -------------------------------------------------------
 
-    def _take(self, profile: str) -> Kernel | None:
-        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+    def _pop_warm(self, profile: str) -> Kernel | None:
+        """I/O-free: a ready idle kernel, now in use, or None; dead ones are removed."""
         idle = self._idle[profile]
         while idle:
             kernel = idle.popleft()
-            if kernel.state.value == "ready":
+            if kernel.state is KernelState.READY:
                 self._in_use.add(kernel)
                 return kernel
             self._spawn(kernel.close())
+        return None
+
+    def _take(self, profile: str) -> Kernel | None:
+        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+        kernel = self._pop_warm(profile)
+        if kernel is not None:
+            return kernel
         if self._total() >= self.settings.max_kernels:
             raise CapacityError(profile, self.settings.max_kernels)
         self._starting[profile] += 1
@@ -304,15 +311,10 @@ class KernelPool:
 
     def take_warm(self, session: Session) -> Kernel | None:
         """A warm kernel for a paused session to resume onto, if one is idle (Lifecycle)."""
-        idle = self._idle[session.profile.name]
-        while idle:
-            kernel = idle.popleft()
-            if kernel.state is KernelState.READY:
-                self._in_use.add(kernel)
-                self._fill(session.profile.name)
-                return kernel
-            self._spawn(kernel.close())
-        return None
+        kernel = self._pop_warm(session.profile.name)
+        if kernel is not None:
+            self._fill(session.profile.name)
+        return kernel
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel a session no longer uses (Lifecycle)."""
