@@ -91,8 +91,8 @@ def _stored_api_key() -> str | None:
 def _image_build(args: argparse.Namespace) -> int:
     import docker
 
-    from kernel_pool.exceptions import KernelPoolError
-    from kernel_pool.image import build_image
+    from kernel_pool import KernelPoolError
+    from kernel_pool.backends.docker import build_image
 
     settings = Settings()
     try:

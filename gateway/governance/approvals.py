@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from gateway.auth import hash_api_key
-from gateway.errors import GatewayError
+from gateway.errors import Conflict, Forbidden, NotFound
 
 __all__ = [
     "Approval",
@@ -38,16 +38,12 @@ _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as REPLGATE_API_KEYS
 Status = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
 
 
-class ApprovalNotFound(GatewayError):
-    status_code = 404
+class ApprovalNotFound(NotFound):
+    """No approval of that id for this tenant."""
 
 
-class ApprovalDecided(GatewayError):
-    status_code = 409
-
-
-class Forbidden(GatewayError):
-    status_code = 403
+class ApprovalDecided(Conflict):
+    """The approval is no longer pending."""
 
 
 class Approval(BaseModel):

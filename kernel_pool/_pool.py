@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kernel_pool._kernel import Kernel, make_context
+from kernel_pool._session import Session
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
-from kernel_pool.kernel import Kernel, make_context
-from kernel_pool.session import Session
 
 logger = logging.getLogger(__name__)
 
