@@ -8,9 +8,10 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.settings import Settings
+if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
+    from gateway.settings import Settings
 
 
 class _JsonFormatter(logging.Formatter):
@@ -35,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.settings import Settings
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -81,6 +83,8 @@ def _mcp(args: argparse.Namespace) -> int:
 def _stored_api_key() -> str | None:
     """The key `replgate serve` created for tenant 'default' on this machine, if any."""
     # gateway.app.KEY_FILE, not imported: the stdio server must not need the server's packages.
+    from gateway.settings import Settings
+
     path = Settings().state_dir / "api_key"
     try:
         return path.read_text().strip() or None
@@ -91,6 +95,7 @@ def _stored_api_key() -> str | None:
 def _image_build(args: argparse.Namespace) -> int:
     import docker
 
+    from gateway.settings import Settings
     from kernel_pool import KernelPoolError
     from kernel_pool.backends.docker import build_image
 
@@ -107,6 +112,7 @@ def _image_build(args: argparse.Namespace) -> int:
 
 async def _with_audit(action: str, target: str | None) -> int:
     from gateway.audit import AuditLog
+    from gateway.settings import Settings
     from gateway.store import Store
 
     settings = Settings()

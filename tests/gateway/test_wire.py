@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,13 +20,25 @@ SERVER_ONLY = {"docker", "zmq", "fastapi", "starlette", "aiosqlite", "mcp", "jup
                "uvicorn"}
 
 
-@pytest.mark.parametrize("module", ["gateway.wire", "gateway.client"])
+@pytest.mark.parametrize("module", ["gateway.wire", "gateway.client", "gateway.cli"])
 def test_import_loads_none_of_the_servers_dependencies(module: str) -> None:
     code = f"import {module}, json, sys\nprint(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, check=True, timeout=60)
     loaded = {name.split(".")[0] for name in json.loads(done.stdout.splitlines()[-1])}
     assert loaded & SERVER_ONLY == set()
+
+
+def test_core_install_pulls_none_of_the_servers_dependencies() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[<>=\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+    core = names(project["dependencies"])
+    assert core & {"docker", "pyzmq", "mcp", "jupyter_client", "fastapi", "aiosqlite"} == set()
+    assert {"httpx", "pydantic", "websockets"} <= core
+    assert "replgate[pool,mcp]" in project["optional-dependencies"]["serve"]
 
 
 def test_all_is_sorted_and_resolves() -> None:
