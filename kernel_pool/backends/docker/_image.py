@@ -1,4 +1,4 @@
-"""Build the sandbox image and say which one the pool runs.
+"""Build the sandbox image the pool runs (its tag: :mod:`kernel_pool._sandbox_image`).
 
 The tag is a hash of ``sandbox_image/``'s files, so a changed Dockerfile or pin gives a new
 image and an unchanged one is not rebuilt. The base is picked automatically: the official slim
