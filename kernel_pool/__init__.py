@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
+    from kernel_pool._handle import Denial, ExecutionHandle, Gate
     from kernel_pool._pool import KernelPool
-    from kernel_pool._session import Denial, ExecutionHandle, Gate, Listener, Session, SessionStatus
+    from kernel_pool._session import Listener, Session, SessionStatus
     from kernel_pool._workspace import FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
@@ -124,7 +125,7 @@ _HOMES = {
     "BackendError": "kernel_pool.exceptions",
     "CapacityError": "kernel_pool.exceptions",
     "ClearOutputEvent": "kernel_pool.events",
-    "Denial": "kernel_pool._session",
+    "Denial": "kernel_pool._handle",
     "DisplayEvent": "kernel_pool.events",
     "DoneEvent": "kernel_pool.events",
     "EgressAttempt": "kernel_pool._egress",
@@ -133,13 +134,13 @@ _HOMES = {
     "Execution": "kernel_pool.events",
     "ExecutionBuilder": "kernel_pool.events",
     "ExecutionError": "kernel_pool.events",
-    "ExecutionHandle": "kernel_pool._session",
+    "ExecutionHandle": "kernel_pool._handle",
     "ExecutionIdTaken": "kernel_pool.exceptions",
     "ExecutionStatus": "kernel_pool.events",
     "FileInfo": "kernel_pool._workspace",
     "FileMissing": "kernel_pool.exceptions",
     "FileTooLarge": "kernel_pool.exceptions",
-    "Gate": "kernel_pool._session",
+    "Gate": "kernel_pool._handle",
     "ImageError": "kernel_pool.exceptions",
     "InvalidRequest": "kernel_pool.exceptions",
     "KernelPool": "kernel_pool._pool",
