@@ -16,11 +16,10 @@ from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from gateway.auth import extract_token
+from gateway.auth import extract_token, origin_allowed
 from gateway.errors import DOMAIN_ERRORS, NotFound, detail_for, error_response, status_for
 from gateway.jupyter._channels import KernelChannels
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
-from gateway.routers.ws import origin_allowed
 from gateway.service import Gateway
 from gateway.wire import KernelModel
 from kernel_pool import Profile, Session
@@ -99,7 +98,7 @@ def kernel_model(session: Session, app: FastAPI) -> KernelModel:
 async def serve_channels(websocket: WebSocket, kernel_id: str) -> None:
     """Check origin, key and kernel, then serve the channels until the client leaves."""
     gateway: Gateway = websocket.app.state.gateway
-    if not origin_allowed(websocket, gateway.settings.allowed_origins):
+    if not origin_allowed(websocket.headers, gateway.settings.allowed_origins):
         await _refuse(websocket, 403, "origin not allowed")
         return
     token = extract_token(websocket.headers.get("authorization"),

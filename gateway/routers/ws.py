@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.auth import extract_token
+from gateway.auth import extract_token, origin_allowed
 from gateway.errors import (
     DOMAIN_ERRORS,
     WS_CLOSE_FORBIDDEN_ORIGIN,
@@ -42,20 +41,11 @@ _MESSAGE = TypeAdapter(WsClientMessage)
 SEND_BUFFER = 256
 
 
-def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
-    """Browsers send Origin; it must be the gateway's own or one configured."""
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True
-    host = websocket.headers.get("host", "")
-    return urlsplit(origin).netloc == host or origin in allowed
-
-
 async def accept_authenticated(websocket: WebSocket) -> tuple[Gateway, str] | None:
     """Check origin and key before any event; close with 4403/4401 when refused."""
     gateway: Gateway = websocket.app.state.gateway
     await websocket.accept()
-    if not origin_allowed(websocket, gateway.settings.allowed_origins):
+    if not origin_allowed(websocket.headers, gateway.settings.allowed_origins):
         await websocket.close(code=WS_CLOSE_FORBIDDEN_ORIGIN, reason="origin not allowed")
         return None
     token = extract_token(websocket.headers.get("authorization"),
