@@ -122,7 +122,7 @@ class Gateway:
     async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
         """Take back the sessions a previous gateway left running; forget those that are gone."""
         image = self.settings.limits.image
-        digest = await self.pool.backend.image_digest(image)
+        digest = await self.pool.image_digest(image)
         if digest:
             self.image = f"{image}@{digest}"
         for info in kept:
@@ -133,7 +133,7 @@ class Gateway:
                     created_at=record.created_at, execution_count=record.execution_count)
             except Exception as exc:
                 logger.error("could not take back session %s: %s", record.id, exc)
-                await self.pool.backend.remove(info)
+                await self.pool.remove_sandbox(info)
                 continue
             self._tenant_of[session.id] = record.tenant
             logger.info("took back session %s of tenant %s", session.id, record.tenant)

@@ -298,6 +298,14 @@ class KernelPool:
         self._sessions[session.id] = session
         return session
 
+    async def remove_sandbox(self, info: SandboxInfo) -> None:
+        """Remove a sandbox ``start`` kept that will not be taken back: container, workspace."""
+        await self.backend.remove(info)
+
+    async def image_digest(self, image: str) -> str | None:
+        """The content id of ``image`` as the backend has it (for the audit log), if known."""
+        return await self.backend.image_digest(image)
+
     def get_session(self, session_id: str) -> Session:
         try:
             return self._sessions[session_id]
