@@ -190,7 +190,7 @@ class Gateway:
         except UnicodeEncodeError:
             raise InvalidInput("code is not valid Unicode text (a lone surrogate?)") from None
         if size > self.settings.max_code_bytes:
-            raise PayloadTooLarge("code is", self.settings.max_code_bytes,
+            raise PayloadTooLarge("code", self.settings.max_code_bytes,
                                   "; put large data in a file instead")
         if execution_id is not None and execution_id in self._live:
             raise ExecutionIdTaken(execution_id)

@@ -103,7 +103,7 @@ class PayloadTooLarge(KernelPoolError):
     def __init__(self, what: str, limit: int, hint: str = "") -> None:
         self.what = what
         self.limit = limit
-        super().__init__(f"{what} over the limit of {limit} bytes{hint}")
+        super().__init__(f"{what} is over the limit of {limit} bytes{hint}")
 
 
 class StateDirFull(KernelPoolError):
