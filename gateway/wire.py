@@ -43,7 +43,9 @@ from kernel_pool import (
 __all__ = [
     "EVENT_TYPES",
     "SESSION_STATES",
+    "Approval",
     "ApprovalEvent",
+    "ApprovalStatus",
     "BudgetOut",
     "ClearOutputEvent",
     "DecisionIn",
@@ -93,6 +95,8 @@ EVENT_TYPES: frozenset[str] = frozenset(
 """Every event ``type`` (``stdout``, ..., ``done``); a client skips frames of other types,
 which a newer gateway may send."""
 
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
+
 SESSION_STATES = ("idle", "busy", "starting", "dead")
 """What ``Session.status`` may be; a client reads it as a plain string, so that a state a
 newer gateway adds does not break it."""
@@ -123,6 +127,8 @@ class BudgetOut(BaseModel):
 
 
 class SessionOut(BaseModel):
+    """A session (CONTRACT.md's Session); the client's ``SessionInfo``."""
+
     id: str
     tenant: str
     profile: str
@@ -169,6 +175,24 @@ class DecisionIn(Strict):
     """``POST /v1/approvals/{id}/approve`` or ``/reject``: an optional comment."""
 
     comment: str | None = Field(None, max_length=2000)
+
+
+class Approval(BaseModel):
+    """One held execution and what became of it (the wire shape of ``/v1/approvals``)."""
+
+    approval_id: str
+    tenant: str
+    session_id: str
+    execution_id: str
+    code: str
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    """The policy matches that asked for approval: rule, action, message, line, matched."""
+    status: ApprovalStatus = "pending"
+    created_at: str
+    expires_at: str
+    decided_by: str | None = None
+    decided_at: str | None = None
+    comment: str | None = None
 
 
 class Health(BaseModel):
