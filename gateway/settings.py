@@ -41,6 +41,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "default_timeout_s": ("limits", "default_timeout_s"),
     "max_timeout_s": ("limits", "max_timeout_s"),
     "stream_chars": ("limits", "caps", "stream_chars"),
+    "max_output_bytes": ("limits", "caps", "display_bytes"),
     "max_kernels": ("pool", "max_kernels"),
     "interrupt_grace_s": ("pool", "interrupt_grace_s"),
     "max_queued_executions": ("pool", "max_queued_executions"),

@@ -8,10 +8,15 @@ imported: the image is named by a hash of ``sandbox_image/``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from kernel_pool._sandbox_image import current_image
+
+MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
+"""The largest per-output cap: a bundle base64-encodes and travels as one message, which must
+stay under the host's message size limit (64 MiB) with room for its envelope."""
 
 
 class OutputCaps(BaseModel):
@@ -19,11 +24,25 @@ class OutputCaps(BaseModel):
 
     stream_chars: int = Field(20_000, ge=1_000, description="stdout+stderr characters returned")
     line_chars: int = Field(5_000, ge=100, description="characters of one line returned")
-    display_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one display's payload")
+    display_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, le=MAX_OUTPUT_BYTES_LIMIT,
+        description="one display's or result's bundle; over it, a notice and `omitted` "
+        "(applied in the kernel, then again on the host)")
     display_count: int = Field(50, ge=1, description="display/result outputs per execution")
     display_total_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="payload of all rich outputs of one execution "
-        "(displays, updates, clears) together; what the gateway holds and stores for it")
+        "(displays, updates, clears) together; what the gateway holds and stores for it; "
+        "unless given, at least two outputs of display_bytes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _total_fits_two_outputs(cls, data: Any) -> Any:
+        # A raised per-output cap raises the total with it, so one capped image still fits.
+        if isinstance(data, dict) and "display_bytes" in data \
+                and "display_total_bytes" not in data:
+            default = cls.model_fields["display_total_bytes"].default
+            data = {**data, "display_total_bytes": max(2 * int(data["display_bytes"]), default)}
+        return data
 
 
 class Profile(BaseModel):
