@@ -118,3 +118,12 @@ def test_unsafe_value_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, val
     monkeypatch.setenv(name, value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_raised_output_cap_raises_the_total_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLGATE_MAX_OUTPUT_BYTES", str(32 * 2**20))
+
+    caps = Settings().pool_settings().profiles["default"].caps
+
+    assert (caps.display_bytes, caps.display_total_bytes) == (32 * 2**20, 64 * 2**20)
+    assert OutputCaps().display_total_bytes == 16 * 2**20
