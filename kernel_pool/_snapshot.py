@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio.to_thread
 from pydantic import BaseModel, Field
 
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError, WorkspaceError
-from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 
 if TYPE_CHECKING:
-    from kernel_pool.kernel import Kernel
+    from kernel_pool._kernel import Kernel
 
 try:  # zstd is faster and smaller where the module is installed; zlib is always there
     import zstandard

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace
+from kernel_pool._workspace import SANDBOX_UID, Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
-from kernel_pool.workspace import SANDBOX_UID, Workspace
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool._kernel import Kernel, KernelState, make_context
+from kernel_pool._session import Session, SessionStatus
 from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
-from kernel_pool.kernel import Kernel, KernelState, make_context
-from kernel_pool.session import Session, SessionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -472,6 +472,14 @@ class KernelPool:
         self._sessions[session.id] = session
         return session
 
+    async def remove_sandbox(self, info: SandboxInfo) -> None:
+        """Remove a sandbox ``start`` kept that will not be taken back: container, workspace."""
+        await self.backend.remove(info)
+
+    async def image_digest(self, image: str) -> str | None:
+        """The content id of ``image`` as the backend has it (for the audit log), if known."""
+        return await self.backend.image_digest(image)
+
     def get_session(self, session_id: str) -> Session:
         try:
             return self._sessions[session_id]
@@ -507,7 +515,7 @@ class KernelPool:
 
     async def _cull_loop(self) -> None:
         interval = self.settings.cull_interval_s
-        if self.settings.pause_after_s is not None:
+        if self.settings.pause_after_s:
             interval = min(interval, max(self.settings.pause_after_s / 2, 0.5))
         while True:
             await asyncio.sleep(interval)
@@ -518,7 +526,7 @@ class KernelPool:
                     reason = f"older than the maximum lifetime of {self.settings.max_lifetime_s:g}s"
                 else:
                     pause_after = self.settings.pause_after_s
-                    if (pause_after is not None and session.idle_for() > pause_after
+                    if (pause_after and session.idle_for() > pause_after
                             and session.status is SessionStatus.IDLE
                             and session.id not in self._held and session.reason is None):
                         self._spawn(self._pause(session, f"after {pause_after:g}s idle"))
