@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.settings import FLAT_NAMES, Settings
 from kernel_pool import OutputCaps, PoolLimits, Profile
 
-SIZES = {"memory", "tmp_size", "workspace_size"}
+SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
 
 
 def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
