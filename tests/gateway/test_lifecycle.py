@@ -7,12 +7,13 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import docker
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess, running_gateway
+from tests.conftest import GatewayProcess, make_gateway, running_gateway
 
 SETUP = """
 import numpy as np, threading, random
@@ -50,6 +51,21 @@ def session_id(alpha: httpx.Client) -> Iterator[str]:
     sid: str = answer.json()["id"]
     yield sid
     alpha.delete(f"/v1/sessions/{sid}")
+
+
+@contextmanager
+def gateway_client(docker_client: docker.DockerClient, **settings: str) -> Iterator[httpx.Client]:
+    """A client of tenant alpha on a gateway of its own with ``settings``."""
+    with running_gateway(docker_client, make_gateway(**settings)) as process, \
+            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
+        yield client
+
+
+def new_session(client: httpx.Client) -> str:
+    answer = client.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    sid: str = answer.json()["id"]
+    return sid
 
 
 def run(client: httpx.Client, sid: str, code: str) -> dict[str, object]:
@@ -227,9 +243,8 @@ def test_resume_of_a_corrupt_snapshot_keeps_the_session_paused(
 
 def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
         docker_client: docker.DockerClient) -> None:
-    with running_gateway(docker_client, snapshot_budget="4k") as process, \
-            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
-        sid = client.post("/v1/sessions", json={}).json()["id"]
+    with gateway_client(docker_client, snapshot_budget="4k") as client:
+        sid = new_session(client)
         run(client, sid, "import os\nbig = os.urandom(1 << 20)")
         answer = client.post(f"/v1/sessions/{sid}/pause")
         assert answer.status_code == 507, answer.text
@@ -241,11 +256,10 @@ def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
 
 def test_least_recently_used_session_is_paused_at_max_kernels(
         docker_client: docker.DockerClient) -> None:
-    with running_gateway(docker_client, max_kernels="2", min_idle="1") as process, \
-            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
-        first = client.post("/v1/sessions", json={}).json()["id"]
+    with gateway_client(docker_client, max_kernels="2", min_idle="1") as client:
+        first = new_session(client)
         run(client, first, "who = 'first'")
-        second = client.post("/v1/sessions", json={}).json()["id"]
+        second = new_session(client)
         run(client, second, "who = 'second'")
         third = client.post("/v1/sessions", json={})
         assert third.status_code == 201, third.text
@@ -259,9 +273,8 @@ def test_least_recently_used_session_is_paused_at_max_kernels(
 
 
 def test_idle_session_is_paused_after_pause_after_s(docker_client: docker.DockerClient) -> None:
-    with running_gateway(docker_client, pause_after_s="1") as process, \
-            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
-        sid = client.post("/v1/sessions", json={}).json()["id"]
+    with gateway_client(docker_client, pause_after_s="1") as client:
+        sid = new_session(client)
         run(client, sid, "kept = 'idle'")
         deadline = time.monotonic() + 30
         while client.get(f"/v1/sessions/{sid}").json()["status"] != "paused":
@@ -297,13 +310,12 @@ def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
 
 def test_resume_gets_503_only_when_nothing_can_be_paused(
         docker_client: docker.DockerClient) -> None:
-    with running_gateway(docker_client, max_kernels="1", min_idle="1") as process, \
-            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
-        first = client.post("/v1/sessions", json={}).json()["id"]
+    with gateway_client(docker_client, max_kernels="1", min_idle="1") as client:
+        first = new_session(client)
         run(client, first, "mine = 'first'")
         assert client.post(f"/v1/sessions/{first}/pause").status_code == 200
-        second = client.post("/v1/sessions", json={}).json()["id"]
-        busy = httpx.Client(base_url=process.url, headers=process.headers(), timeout=120)
+        second = new_session(client)
+        busy = httpx.Client(base_url=client.base_url, headers=client.headers, timeout=120)
         with busy:
             # The only kernel is busy: it cannot be paused, so the resume cannot run.
             running = threading.Thread(target=lambda: busy.post(
