@@ -11,7 +11,8 @@
     ├── QueueFull              too many executions waiting on one session
     ├── InvalidRequest         a value out of range (timeout, code size, ...)
     └── WorkspaceError         a file path or size the workspace refuses
-        └── PathOutsideWorkspace
+        ├── PathOutsideWorkspace
+        └── PathNotFound       nothing at that path
 
 An error in the user's code is not an exception here: it is data (an ``error`` event).
 """
@@ -86,3 +87,9 @@ class PathOutsideWorkspace(WorkspaceError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"path {path!r} leaves the session's workspace; use a relative path")
+
+
+class PathNotFound(WorkspaceError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path!r} does not exist in the workspace")
