@@ -70,6 +70,11 @@ class Gateway:
             raise SessionNotFound(session_id)
         return self.pool.get_session(session_id)
 
+    def owner(self, session_id: str) -> str | None:
+        """The tenant of a live session, for a caller that proved its right to it otherwise
+        (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
+        return self._tenant_of.get(session_id)
+
     def sessions(self, tenant: str) -> list[Session]:
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
 
