@@ -15,6 +15,7 @@ from starlette.requests import HTTPConnection
 from gateway.e2b._errors import E2BError
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
+from kernel_pool.exceptions import SessionClosed, SessionNotFound
 from kernel_pool.session import Session
 
 INTERPRETER_PORT = 49999
@@ -37,7 +38,10 @@ def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandbo
                             f"{' or '.join(str(p) for p in ports)}")
     token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
     tenant = sandboxes.owner(sandbox_id, token)
-    return tenant, gateway.session(tenant, sandbox_id)
+    try:
+        return tenant, gateway.session(tenant, sandbox_id)
+    except (SessionNotFound, SessionClosed):  # deleted a moment ago
+        raise E2BError(502, f"The sandbox {sandbox_id} was not found") from None
 
 
 def services(connection: HTTPConnection) -> tuple[Gateway, Sandboxes]:
