@@ -2,7 +2,9 @@
 
 Two figures: ``Sandbox.create`` + the first ``run_code("1+1")`` (a new session each time, from
 the warm pool), and ``run_code("1+1")`` alone on an open sandbox, interleaved. The E2B path's
-cost is what its SDK and the E2B translation add (``/e2b`` routes, NDJSON, token check).
+cost is what its SDK and the E2B translation add (``/e2b`` routes, NDJSON, token check); the
+client's HTTP ``execute`` is beside it, since E2B's ``run_code`` is one HTTP request per call
+where replgate's client keeps a WebSocket open.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ async def e2b_vs_client(replgate: Replgate, starts: int, round_trips: int) -> di
         times = await interleaved({
             "e2b_sdk": lambda: e2b.run_code(ONE_PLUS_ONE),
             "replgate_client": lambda: own.run_code(ONE_PLUS_ONE),
+            "replgate_client_http": lambda: own.execute_http(ONE_PLUS_ONE),
         }, round_trips)
     finally:
         await e2b.kill()

@@ -43,6 +43,8 @@ LATENCY_ROWS = [
     ("create + first 1+1: E2B SDK", "e2b.create_and_first_run.e2b_sdk",
      "e2b.create_and_first_run.replgate_client"),
     ("run_code 1+1: replgate client (WebSocket)", "e2b.run_code.replgate_client", None),
+    ("run_code 1+1: replgate client (HTTP execute)", "e2b.run_code.replgate_client_http",
+     "e2b.run_code.replgate_client"),
     ("run_code 1+1: E2B SDK (/e2b/sandbox/execute)", "e2b.run_code.e2b_sdk",
      "e2b.run_code.replgate_client"),
 ]

@@ -11,11 +11,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from starlette.datastructures import UploadFile
+from starlette.types import Message
 
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._paths import to_e2b, to_workspace
-from gateway.errors import GatewayError
+from gateway.routers.files import read_upload
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2BRoute,
                    include_in_schema=False)
@@ -35,25 +36,22 @@ async def download(request: Request, path: str = "") -> Response:
 async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
     tenant, session = find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
-    limit = gateway.settings.max_upload_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise GatewayError(f"upload over the limit of {limit} bytes", 413)
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise E2BError(400, "compressed uploads are not accepted; send the file as is")
+    body = await read_upload(request, gateway.settings.max_upload_bytes)
     files: list[tuple[str, bytes]] = []
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        async with request.form(max_files=1000) as form:
+        # Parsed from the body read under the limit, so a chunked upload cannot spool
+        # more than the limit to the gateway's disk first.
+        async def replay() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async with Request(request.scope, replay).form(max_files=1000) as form:
             parts = [part for _, part in form.multi_items() if isinstance(part, UploadFile)]
             for part in parts:
                 name = path if path and len(parts) == 1 else (part.filename or "")
                 files.append((name, await part.read()))
     else:
-        if request.headers.get("content-encoding", "identity") != "identity":
-            raise E2BError(400, "compressed uploads are not accepted; send the file as is")
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise GatewayError(f"upload over the limit of {limit} bytes", 413)
         files.append((path, body))
     written = []
     for name, data in files:
@@ -65,3 +63,4 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
         written.append({"name": relative.rsplit("/", 1)[-1], "type": "file",
                         "path": to_e2b(relative)})
     return written
+
