@@ -65,8 +65,12 @@ def translate(exc: Exception) -> E2BError | None:
     return None
 
 
-class E2BRoute(APIRoute):
-    """Answers every error of its endpoint in E2B's JSON shape."""
+class _TranslatingRoute(APIRoute):
+    """A route whose errors are answered by :meth:`render`, in one plane's shape."""
+
+    @staticmethod
+    def render(error: E2BError) -> Response:
+        raise NotImplementedError
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -80,24 +84,22 @@ class E2BRoute(APIRoute):
                     raise
                 if error.status >= 500:
                     logger.error("%s %s failed: %s", request.method, request.url.path, error)
-                return error_json(error.status, error.message)
+                return self.render(error)
 
         return route
 
 
-class PlainTextRoute(APIRoute):
+class E2BRoute(_TranslatingRoute):
+    """Answers every error of its endpoint in E2B's JSON shape."""
+
+    @staticmethod
+    def render(error: E2BError) -> Response:
+        return error_json(error.status, error.message)
+
+
+class PlainTextRoute(_TranslatingRoute):
     """Answers every error of its endpoint as plain text, as E2B's code interpreter does."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except Exception as exc:
-                error = translate(exc)
-                if error is None:
-                    raise
-                return Response(error.message, status_code=error.status, media_type="text/plain")
-
-        return route
+    @staticmethod
+    def render(error: E2BError) -> Response:
+        return Response(error.message, status_code=error.status, media_type="text/plain")

@@ -185,22 +185,25 @@ async def create_context(body: CreateContext, request: Request) -> dict[str, Any
                       "a context, or create another sandbox for separate state")
 
 
-@router.post("/contexts/{context_id}/restart")
-async def restart_context(context_id: str, request: Request) -> None:
-    """Restart the kernel: variables gone, files kept."""
+def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
+    """The sandbox whose one context ``context_id`` names (404 for any other id)."""
     gateway, sandboxes = services(request)
     tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     if context_id != session.id:
         raise E2BError(404, f"Context {context_id} not found")
-    await gateway.restart(tenant, session.id)
+    return tenant, session
+
+
+@router.post("/contexts/{context_id}/restart")
+async def restart_context(context_id: str, request: Request) -> None:
+    """Restart the kernel: variables gone, files kept."""
+    tenant, session = _the_context(request, context_id)
+    await services(request)[0].restart(tenant, session.id)
 
 
 @router.delete("/contexts/{context_id}")
 async def remove_context(context_id: str, request: Request) -> None:
-    gateway, sandboxes = services(request)
-    _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    if context_id != session.id:
-        raise E2BError(404, f"Context {context_id} not found")
+    _the_context(request, context_id)
     raise unsupported("removing the sandbox's only context", "kill the sandbox instead")
 
 
