@@ -82,7 +82,7 @@ class _TranslatingRoute(APIRoute):
                 error = translate(exc)
                 if error is None:
                     raise
-                if error.status >= 500:
+                if error.status >= 500 and error.status != 502:  # 502: E2B's "not found"
                     logger.error("%s %s failed: %s", request.method, request.url.path, error)
                 return self.render(error)
 

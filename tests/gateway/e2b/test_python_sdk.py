@@ -5,15 +5,17 @@ Nothing but the three environment variables points them at replgate (``e2b_env``
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 
+import docker
 import httpx
 import pytest
 from e2b import AuthenticationException, NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, running_gateway
 
 pytestmark = pytest.mark.usefixtures("e2b_env")
 
@@ -224,3 +226,27 @@ async def test_async_sandbox_runs_code_with_async_callbacks_and_files() -> None:
         assert result.text == "from async"
     finally:
         await sandbox.kill()
+
+
+def test_run_code_is_in_the_sessions_history_and_notebook(sandbox: Sandbox,
+                                                          gateway: GatewayProcess) -> None:
+    sandbox.run_code("recorded = 'in the notebook'")
+    notebook = httpx.get(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}/notebook",
+                         headers=gateway.headers("alpha")).json()
+    sources = ["".join(cell["source"]) for cell in notebook["cells"]]
+    assert "recorded = 'in the notebook'" in sources
+
+
+def test_sandbox_survives_a_gateway_restart(docker_client: docker.DockerClient) -> None:
+    with running_gateway(docker_client) as other:
+        options = {"api_key": other.keys["alpha"], "api_url": f"{other.url}/e2b",
+                   "sandbox_url": f"{other.url}/e2b/sandbox"}
+        sandbox = Sandbox.create(**options)
+        sandbox.run_code("before = 'the restart'")
+        sandbox.files.write("kept.txt", "on disk")
+        other.stop(signal.SIGKILL)  # a killed gateway's sessions are taken back at start
+        other.start()
+        # the same SDK object: its access token is still valid, the state still there
+        assert sandbox.run_code("before").text == "the restart"
+        assert sandbox.files.read("kept.txt") == "on disk"
+        Sandbox.kill(sandbox.sandbox_id, **options)
