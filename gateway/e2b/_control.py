@@ -7,7 +7,7 @@ A template name is a profile name; the SDKs' default templates run on the ``defa
 from __future__ import annotations
 
 from typing import Annotated
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
@@ -108,7 +108,9 @@ async def list_sandboxes(tenant: TenantDep, gateway: GatewayDep, sandboxes: Sand
                          metadata: str | None = None,
                          state: Annotated[list[str], Query()] = []) -> list[ListedSandbox]:  # noqa: B006
     """The tenant's sandboxes, filtered by metadata (``k=v&k2=v2``) and state."""
-    wanted = dict(parse_qsl(metadata or "", keep_blank_values=True))
+    # The SDKs quote each key and value before they urlencode the pairs: unquote once more.
+    wanted = {unquote(k): unquote(v)
+              for k, v in parse_qsl(metadata or "", keep_blank_values=True)}
     states = _state_filter(state)
     found = [sandboxes.listed(s) for s in gateway.sessions(tenant)]
     return [s for s in found

@@ -250,3 +250,17 @@ def test_sandbox_survives_a_gateway_restart(docker_client: docker.DockerClient) 
         assert sandbox.run_code("before").text == "the restart"
         assert sandbox.files.read("kept.txt") == "on disk"
         Sandbox.kill(sandbox.sandbox_id, **options)
+
+
+def test_list_filters_by_metadata() -> None:
+    from e2b import SandboxQuery
+
+    tagged = Sandbox.create(metadata={"team": "blue & green"})
+    try:
+        found = Sandbox.list(query=SandboxQuery(metadata={"team": "blue & green"})).next_items()
+        assert [s.sandbox_id for s in found] == [tagged.sandbox_id]
+        assert found[0].metadata == {"team": "blue & green"}
+        none = Sandbox.list(query=SandboxQuery(metadata={"team": "red"})).next_items()
+        assert none == []
+    finally:
+        tagged.kill()
