@@ -24,7 +24,7 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._results import END, KEEPALIVE, Translator
-from kernel_pool.events import Event
+from kernel_pool.events import DoneEvent, Event
 from kernel_pool.session import ExecutionHandle, Session
 
 logger = logging.getLogger(__name__)
@@ -122,11 +122,15 @@ class ExecutionStream(Response):
         translator = Translator()
         async for event in _with_keepalives(self.handle.stream()):
             lines = [KEEPALIVE] if event is None else translator.lines(event)
+            last = isinstance(event, DoneEvent)  # its lines and the end go in one write
+            if last:
+                lines.append(END)
             if lines:
                 body = "".join(json.dumps(line) + "\n" for line in lines).encode()
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-        await send({"type": "http.response.body", "body": (json.dumps(END) + "\n").encode(),
-                    "more_body": False})
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+            if last:
+                return
+        raise RuntimeError(f"execution {self.handle.id} ended without its done event")
 
     def _stop_if_unfinished(self) -> None:
         """The client left (its timeout, or it was stopped): stop this cell, keep the state."""
