@@ -55,7 +55,9 @@ gateway that serves every session. Sandboxes stay equal among themselves."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
-"""``-P``: the working directory (the workspace) is not on sys.path while the kernel starts."""
+"""``-P``: the working directory (the workspace) is not on sys.path while the kernel starts.
+The per-output cap (``--max-output-bytes``) goes before ``-f``, in the command line, where the
+session's code cannot raise it for the host (which applies its own caps anyway)."""
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
@@ -169,7 +171,9 @@ class DockerSandbox(Sandbox):
             try:
                 exec_id = (await _run(
                     self._api.exec_create, self.info.container_id,
-                    [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
+                    [*KERNEL_COMMAND[:-1],
+                     f"--max-output-bytes={self.profile.caps.display_bytes}",
+                     KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
                     user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
                     stdout=False, stderr=False))["Id"]
                 await _run(self._api.exec_start, exec_id, detach=True)
