@@ -86,8 +86,9 @@ class Translator:
 
     def _done(self, done: DoneEvent) -> list[dict[str, Any]]:
         lines: list[dict[str, Any]] = []
-        name = _ENDINGS.get(done.status)
-        if name is not None and not self._errored:
+        ended_badly = done.status not in (ExecutionStatus.OK, ExecutionStatus.ERROR)
+        if ended_badly and not self._errored:
+            name = _ENDINGS.get(done.status, done.status.value)
             lines.append({"type": "error", "name": name,
                           "value": done.reason or f"the execution ended: {done.status.value}",
                           "traceback": ""})
