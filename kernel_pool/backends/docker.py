@@ -500,8 +500,14 @@ class DockerBackend(SandboxBackend):
     async def list_sandboxes(self) -> list[SandboxInfo]:
         containers = await _run(self.client.api.containers, all=True,
                                 filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
+        # The owner label alone is not enough: two gateways on different state directories may
+        # share an owner (the default), and each must leave the other's sandboxes alone.
+        mine = await _in_thread(self._in_state_dir, [
+            (item.get("Labels") or {}).get("io.replgate.workspace", "") for item in containers])
         found = []
-        for item in containers:
+        for item, ours in zip(containers, mine, strict=True):
+            if not ours:
+                continue
             labels = item.get("Labels") or {}
             found.append(SandboxInfo(
                 sandbox_id=labels.get(LABEL_SANDBOX, ""), backend=self.name,
@@ -509,6 +515,12 @@ class DockerBackend(SandboxBackend):
                 workspace=labels.get("io.replgate.workspace", ""),
                 socket_dir=labels.get("io.replgate.sockets", "")))
         return found
+
+    def _in_state_dir(self, workspaces: list[str]) -> list[bool]:
+        """Which workspace paths lie in this gateway's state directory (symlinks resolved)."""
+        own = os.path.realpath(self._workspaces)
+        return [bool(path) and os.path.dirname(os.path.realpath(path)) == own
+                for path in workspaces]
 
     async def remove(self, info: SandboxInfo) -> None:
         await _run(self.remove_container, info.container_id)
