@@ -24,9 +24,9 @@ from gateway.e2b._models import (
     TimeoutRequest,
 )
 from gateway.e2b._sandboxes import Sandboxes
-from gateway.models import SessionCreate
 from gateway.service import Gateway
-from kernel_pool.session import Session
+from gateway.wire import SessionCreate
+from kernel_pool import Session
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2BRoute)
 
@@ -56,7 +56,7 @@ TenantDep = Annotated[str, Depends(get_tenant)]
 
 
 def _profile(gateway: Gateway, template: str) -> str:
-    profiles = list(gateway.pool.settings.profiles)
+    profiles = [profile.name for profile in gateway.profiles()]
     if template in profiles:
         return template
     if template in DEFAULT_TEMPLATES and "default" in profiles:

@@ -7,11 +7,10 @@ ListDir, MakeDir, Move, Remove). Watching a folder is not offered: it answers UN
 from __future__ import annotations
 
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
-import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
@@ -26,8 +25,7 @@ from gateway.e2b._connect import (
 )
 from gateway.e2b._errors import E2BError
 from gateway.e2b._paths import to_e2b, to_workspace
-from kernel_pool.exceptions import PathNotFound, WorkspaceError
-from kernel_pool.workspace import Entry, Workspace
+from kernel_pool import Entry, FileMissing, Session, WorkspaceError
 
 SERVICE = "filesystem.Filesystem"
 T = TypeVar("T")
@@ -89,16 +87,14 @@ def entry_info(entry: Entry) -> EntryInfo:
         symlink_target=entry.target)
 
 
-async def _on_workspace(operation: Callable[[Workspace], T]) -> T:
-    """Run a blocking workspace operation off the loop, its errors as Connect's."""
-    workspace = TARGET.get().session.kernel.sandbox.workspace
+async def _on_workspace(operation: Callable[[Session], Awaitable[T]]) -> T:
+    """A workspace operation of the target session, its errors as Connect's."""
     try:
-        return await anyio.to_thread.run_sync(operation, workspace)
-    except PathNotFound as exc:
+        return await operation(TARGET.get().session)
+    except FileMissing as exc:
         raise ConnectError(Code.NOT_FOUND, str(exc)) from None
     except WorkspaceError as exc:
-        code = Code.ALREADY_EXISTS if "already exists" in str(exc) else Code.INVALID_ARGUMENT
-        raise ConnectError(code, str(exc)) from None
+        raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
 
 
 def _path(path: str) -> str:
@@ -110,31 +106,31 @@ def _path(path: str) -> str:
 
 async def stat_entry(request: PathRequest) -> EntryResponse:
     path = _path(request.path)
-    return EntryResponse(entry=entry_info(await _on_workspace(lambda w: w.stat(path))))
+    return EntryResponse(entry=entry_info(await _on_workspace(lambda s: s.stat_path(path))))
 
 
 async def list_dir(request: ListDirRequest) -> ListDirResponse:
     path, depth = _path(request.path), max(1, request.depth)
-    entries = await _on_workspace(lambda w: w.list_dir(path, depth))
+    entries = await _on_workspace(lambda s: s.list_dir(path, depth))
     return ListDirResponse(entries=[entry_info(e) for e in entries])
 
 
 async def make_dir(request: PathRequest) -> EntryResponse:
     path = _path(request.path)
-    if not await _on_workspace(lambda w: w.make_dir(path)):
+    if not await _on_workspace(lambda s: s.make_dir(path)):
         raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
-    return EntryResponse(entry=entry_info(await _on_workspace(lambda w: w.stat(path))))
+    return EntryResponse(entry=entry_info(await _on_workspace(lambda s: s.stat_path(path))))
 
 
 async def move(request: MoveRequest) -> EntryResponse:
     source, destination = _path(request.source), _path(request.destination)
     return EntryResponse(entry=entry_info(
-        await _on_workspace(lambda w: w.move(source, destination))))
+        await _on_workspace(lambda s: s.move_path(source, destination))))
 
 
 async def remove(request: PathRequest) -> Empty:
     path = _path(request.path)
-    await _on_workspace(lambda w: w.remove(path))
+    await _on_workspace(lambda s: s.remove_path(path))
     return Empty()
 
 

@@ -24,8 +24,8 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._results import END, KEEPALIVE, Translator
+from kernel_pool import ExecutionHandle, Session
 from kernel_pool.events import DoneEvent, Event
-from kernel_pool.session import ExecutionHandle, Session
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class ExecutionStream(Response):
         finally:
             gone.cancel()
             pump.cancel()
-            self._stop_if_unfinished()
+            await self._stop_if_unfinished()
             for task in (pump, gone):
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await task
@@ -132,7 +132,7 @@ class ExecutionStream(Response):
                 return
         raise RuntimeError(f"execution {self.handle.id} ended without its done event")
 
-    def _stop_if_unfinished(self) -> None:
+    async def _stop_if_unfinished(self) -> None:
         """The client left (its timeout, or it was stopped): stop this cell, keep the state."""
         handle = self.handle
         if handle.done is not None:
@@ -142,7 +142,7 @@ class ExecutionStream(Response):
         elif self.session.current is handle:
             logger.info("E2B client of session %s left during execution %s; interrupting it",
                         self.session.id, handle.id)
-            self.session.interrupt()
+            await self.session.interrupt()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -26,9 +26,9 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
+from kernel_pool import Session
 from kernel_pool.config import parse_size
 from kernel_pool.exceptions import KernelPoolError
-from kernel_pool.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Sandboxes:
 
     def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
         """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
-        limit = self.gateway.settings.max_lifetime_s
+        limit = self.gateway.settings.pool.max_lifetime_s
         if seconds > limit:
             raise E2BError(400, f"timeout must be at most {limit:g} seconds "
                                 "(REPLGATE_MAX_LIFETIME_S)")
@@ -112,7 +112,7 @@ class Sandboxes:
         if ended is not None:
             return ended[0]
         created = datetime.fromisoformat(session.created_at)
-        return created + timedelta(seconds=self.gateway.settings.max_lifetime_s)
+        return created + timedelta(seconds=self.gateway.settings.pool.max_lifetime_s)
 
     # -- descriptions ------------------------------------------------------------------------
 
