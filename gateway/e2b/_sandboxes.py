@@ -81,12 +81,16 @@ class Sandboxes:
 
     # -- lifetimes ---------------------------------------------------------------------------
 
-    def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
-        """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
+    def check_timeout(self, seconds: int) -> None:
+        """E2B's 400 for a sandbox timeout past replgate's maximum session lifetime."""
         limit = self.gateway.settings.max_lifetime_s
         if seconds > limit:
             raise E2BError(400, f"timeout must be at most {limit:g} seconds "
                                 "(REPLGATE_MAX_LIFETIME_S)")
+
+    def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
+        """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
+        self.check_timeout(seconds)
         self._forget(session.id)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(seconds, self._expire, tenant, session.id)
