@@ -87,14 +87,11 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     """A new sandbox: a replgate session of the key's tenant, on the template's profile."""
     _refuse_unsupported(body)
     profile = _profile(gateway, body.template_id)
+    timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
+    sandboxes.check_timeout(timeout)
     session = await gateway.create_session(tenant, SessionCreate(
         profile=profile, env=body.env_vars, metadata=dict(body.metadata)))
-    try:
-        sandboxes.set_timeout(tenant, session, DEFAULT_TIMEOUT_S if body.timeout is None
-                              else body.timeout)
-    except E2BError:
-        await gateway.delete_session(tenant, session.id)
-        raise
+    sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
 

@@ -26,9 +26,9 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
-from kernel_pool import Session
 from kernel_pool.config import parse_size
 from kernel_pool.exceptions import KernelPoolError
+from kernel_pool.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +81,16 @@ class Sandboxes:
 
     # -- lifetimes ---------------------------------------------------------------------------
 
-    def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
-        """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
+    def check_timeout(self, seconds: int) -> None:
+        """E2B's 400 for a sandbox timeout past replgate's maximum session lifetime."""
         limit = self.gateway.settings.pool.max_lifetime_s
         if seconds > limit:
             raise E2BError(400, f"timeout must be at most {limit:g} seconds "
                                 "(REPLGATE_MAX_LIFETIME_S)")
+
+    def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
+        """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
+        self.check_timeout(seconds)
         self._forget(session.id)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(seconds, self._expire, tenant, session.id)
