@@ -5,8 +5,9 @@
     code interpreter (``/execute``) plain text, the status telling the SDK which error to raise
     Connect RPC (filesystem, process) Connect's own ``{"code": "not_found", "message": ...}``
 
-replgate's own errors (``GatewayError``, ``KernelPoolError``) and FastAPI's validation errors
-are translated here, so no E2B client ever meets replgate's ``{"detail": ...}`` shape.
+replgate's domain errors (``gateway.errors.DOMAIN_ERRORS``, with the statuses of its one table)
+and FastAPI's validation errors are translated here, so no E2B client ever meets replgate's
+``{"detail": ...}`` shape.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from gateway.errors import GatewayError, status_for
-from kernel_pool.exceptions import KernelPoolError
+from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def translate(exc: Exception) -> E2BError | None:
     """replgate's errors as E2B's; None for anything unexpected (a bug: logged, then 500)."""
     if isinstance(exc, E2BError):
         return exc
-    if isinstance(exc, GatewayError | KernelPoolError):
-        return E2BError(status_for(exc), str(exc))
+    if isinstance(exc, DOMAIN_ERRORS):
+        return E2BError(status_for(exc), str(detail_for(exc)))
     if isinstance(exc, RequestValidationError | ValidationError):
         problems = "; ".join(
             f"{'.'.join(str(p) for p in error.get('loc', ())) or 'body'}: {error.get('msg')}"
