@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _figures as figures
+from bench._e2b import e2b_vs_client
 from bench._lifecycle import lifecycle
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
@@ -22,7 +23,7 @@ from bench._report import table, targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
-           "throughput", "density")
+           "throughput", "density", "e2b")
 
 
 def log(message: str) -> None:
@@ -90,6 +91,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("flood", "flood", lambda: figures.flood(contenders)),
             ("lifecycle", "pause, resume, fork",
              lambda: lifecycle(replgate, cold, sizes.starts_cold)),
+            ("e2b", "E2B SDK against replgate's client",
+             lambda: e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips)),
         ]
         keys = {"cpu": "cpu_per_execution"}
         for key, name, figure in steps:

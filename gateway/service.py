@@ -78,6 +78,11 @@ class Gateway:
             raise SessionNotFound(session_id)
         return self.pool.get_session(session_id)
 
+    def owner(self, session_id: str) -> str | None:
+        """The tenant of a live session, for a caller that proved its right to it otherwise
+        (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
+        return self._tenant_of.get(session_id)
+
     def profiles(self) -> list[Profile]:
         """The sandbox profiles sessions may be created with."""
         return list(self.pool.settings.profiles.values())

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from kernel_pool._pool import KernelPool
     from kernel_pool._session import Listener, Session, SessionStatus
     from kernel_pool._snapshot import PauseInfo
-    from kernel_pool._workspace import FileInfo
+    from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
     from kernel_pool.events import (
@@ -79,6 +79,7 @@ __all__ = [
     "DisplayEvent",
     "DoneEvent",
     "EgressAttempt",
+    "Entry",
     "ErrorEvent",
     "Event",
     "Execution",
@@ -143,6 +144,7 @@ _HOMES = {
     "ExecutionHandle": "kernel_pool._handle",
     "ExecutionIdTaken": "kernel_pool.exceptions",
     "ExecutionStatus": "kernel_pool.events",
+    "Entry": "kernel_pool._workspace",
     "FileInfo": "kernel_pool._workspace",
     "FileMissing": "kernel_pool.exceptions",
     "FileTooLarge": "kernel_pool.exceptions",

@@ -31,7 +31,7 @@ from kernel_pool._snapshot import (
     load_variables,
     save_variables,
 )
-from kernel_pool._workspace import FileInfo, Workspace
+from kernel_pool._workspace import Entry, FileInfo, Workspace
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.events import (
@@ -563,6 +563,32 @@ class Session:
         """Every regular file of the workspace, recursively, paths relative to it."""
         files: list[FileInfo] = await anyio.to_thread.run_sync(self.workspace.list_files)
         return files
+
+    async def stat_path(self, path: str) -> Entry:
+        """What is at ``path`` (``""``: the workspace); a link is described, not followed."""
+        entry: Entry = await anyio.to_thread.run_sync(self.workspace.stat, path)
+        return entry
+
+    async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
+        """The entries under the folder ``path``, ``depth`` levels down."""
+        entries: list[Entry] = await anyio.to_thread.run_sync(self.workspace.list_dir, path,
+                                                              depth)
+        return entries
+
+    async def make_dir(self, path: str) -> bool:
+        """Create the folder and its parents; False when it already exists."""
+        made: bool = await anyio.to_thread.run_sync(self.workspace.make_dir, path)
+        return made
+
+    async def remove_path(self, path: str) -> None:
+        """Delete a file, a link or a folder with everything in it."""
+        await anyio.to_thread.run_sync(self.workspace.remove, path)
+
+    async def move_path(self, source: str, destination: str) -> Entry:
+        """Rename ``source`` to ``destination`` (its parent folders are created)."""
+        entry: Entry = await anyio.to_thread.run_sync(self.workspace.move, source,
+                                                      destination)
+        return entry
 
     # -- the sandbox ---------------------------------------------------------------------------
 

@@ -22,7 +22,13 @@ async def upload(session_id: str, path: str, request: Request, tenant: TenantDep
                  gateway: GatewayDep) -> FileWritten:
     """Write the raw request body to ``path`` (parent folders are created)."""
     gateway.session(tenant, session_id)
-    limit = gateway.settings.max_upload_bytes
+    data = await read_upload(request, gateway.settings.max_upload_bytes)
+    written = await gateway.write_file(tenant, session_id, path, data)
+    return FileWritten(path=path, size=written)
+
+
+async def read_upload(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) as soon as it is known to be over ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise upload_too_large(limit)
@@ -32,8 +38,7 @@ async def upload(session_id: str, path: str, request: Request, tenant: TenantDep
         if size > limit:
             raise upload_too_large(limit)
         chunks.append(chunk)
-    written = await gateway.write_file(tenant, session_id, path, b"".join(chunks))
-    return FileWritten(path=path, size=written)
+    return b"".join(chunks)
 
 
 @router.get("/{path:path}")

@@ -8,7 +8,7 @@ import kernel_pool
 
 EXPORTED = [
     "ApprovalEvent", "BackendError", "CapacityError", "ClearOutputEvent", "Denial",
-    "DisplayEvent", "DoneEvent", "EgressAttempt", "ErrorEvent", "Event", "Execution",
+    "DisplayEvent", "DoneEvent", "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution",
     "ExecutionBuilder", "ExecutionError", "ExecutionHandle", "ExecutionIdTaken",
     "ExecutionStatus", "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError",
     "InvalidRequest", "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable",
