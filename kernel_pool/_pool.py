@@ -190,6 +190,11 @@ class KernelPool:
                 kernel = self._take(profile.name)
                 break
             except CapacityError:
+                if self._starting[profile.name]:
+                    # A warm kernel of this profile is on its way: wait for it rather than
+                    # pause a session for a slot that is about to serve.
+                    await asyncio.sleep(0.05)
+                    continue
                 if not await self._make_room(None, tried):
                     raise
         if kernel is None:

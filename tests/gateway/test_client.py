@@ -433,6 +433,7 @@ def test_tool_specs_state_configured_limits() -> None:
 
     assert "5 s by default (timeout_s up to 30 s)" in execute.description
     assert "about 1234 characters" in execute.description
-    export = tool_specs()[-1].anthropic()["input_schema"]
+    export = next(s for s in tool_specs() if s.name == "export_notebook").anthropic()[
+        "input_schema"]
     assert export["properties"]["path"]["type"] == "string"
     assert "required" not in export
