@@ -167,7 +167,8 @@ class OutputLimiter:
                 self.truncated = True
                 return None
             self._displays += 1
-        size = payload_size(event.data) + payload_size(event.metadata)
+        chart = event.chart if isinstance(event, DisplayEvent) else None
+        size = payload_size(event.data) + payload_size(event.metadata) + payload_size(chart or {})
         if size <= self.caps.display_bytes:
             if self._spend(size):
                 return event
@@ -179,7 +180,10 @@ class OutputLimiter:
         if not self._spend(len(note)):
             self._displays_dropped += 1
             return None
-        return event.model_copy(update={"data": {"text/plain": note}, "metadata": {}})
+        update: dict[str, Any] = {"data": {"text/plain": note}, "metadata": {}}
+        if chart is not None:
+            update["chart"] = None
+        return event.model_copy(update=update)
 
     def clear(self, event: ClearOutputEvent) -> ClearOutputEvent | None:
         """A clear_output to send, or None once the rich-output budget is spent."""

@@ -9,10 +9,14 @@ refused before it ran (``denied``, ``budget_exceeded``) has only an ``error`` an
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+"""ANSI escape sequences (CSI, and the two-byte ones): Jupyter colours tracebacks with them."""
 
 
 class ExecutionStatus(StrEnum):
@@ -46,6 +50,8 @@ class DisplayEvent(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    chart: dict[str, Any] | None = None
+    """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
 
 
 class UpdateDisplayEvent(BaseModel):
@@ -65,6 +71,24 @@ class ErrorEvent(BaseModel):
     ename: str
     evalue: str
     traceback: list[str] = Field(default_factory=list)
+    text: str = ""
+    """The traceback as plain text (no ANSI colour codes); made from it when not given."""
+
+    @model_validator(mode="after")
+    def _plain(self) -> ErrorEvent:
+        if not self.text and self.traceback:
+            self.text = _ANSI.sub("", "\n".join(self.traceback))
+        return self
+
+
+class FileChange(BaseModel):
+    """A file an execution created, modified or deleted in the workspace."""
+
+    path: str = Field(min_length=1)
+    """Relative to the workspace."""
+    size: int | None = Field(None, ge=0)
+    """Bytes after the change; null for a deleted file."""
+    change: Literal["created", "modified", "deleted"]
 
 
 class DoneEvent(BaseModel):
@@ -77,6 +101,8 @@ class DoneEvent(BaseModel):
     reason: str | None = None
     """Why the execution ended abnormally (timeout, crash, out of memory), for a person."""
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+    files: list[FileChange] = Field(default_factory=list)
+    """What the code created, modified or deleted in the workspace (bounded: ``truncated``)."""
 
 
 class PendingApprovalEvent(BaseModel):
@@ -113,12 +139,16 @@ class Output(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    chart: dict[str, Any] | None = None
+    """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
 
 
 class ExecutionError(BaseModel):
     ename: str
     evalue: str
     traceback: list[str] = Field(default_factory=list)
+    text: str = ""
+    """The traceback as plain text, without Jupyter's ANSI colour codes."""
 
 
 class Execution(BaseModel):
@@ -135,6 +165,7 @@ class Execution(BaseModel):
     duration_ms: float = 0.0
     reason: str | None = None
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+    files: list[FileChange] = Field(default_factory=list)
 
     @classmethod
     def from_events(cls, events: list[Any]) -> Execution:
@@ -167,7 +198,8 @@ class ExecutionBuilder:
             (self._stdout if event.type == "stdout" else self._stderr).append(event.text)
         elif isinstance(event, DisplayEvent):
             self._outputs.append(Output(type=event.type, data=event.data,
-                                        metadata=event.metadata, display_id=event.display_id))
+                                        metadata=event.metadata, display_id=event.display_id,
+                                        chart=event.chart))
         elif isinstance(event, UpdateDisplayEvent):
             for output in self._outputs:
                 if output.display_id == event.display_id:
@@ -179,7 +211,7 @@ class ExecutionBuilder:
                 self._clear()
         elif isinstance(event, ErrorEvent):
             self._error = ExecutionError(ename=event.ename, evalue=event.evalue,
-                                         traceback=event.traceback)
+                                         traceback=event.traceback, text=event.text)
         elif isinstance(event, DoneEvent):
             self._done = event
 
@@ -197,7 +229,7 @@ class ExecutionBuilder:
             stdout="".join(self._stdout), stderr="".join(self._stderr),
             outputs=list(self._outputs), error=self._error, truncated=done.truncated,
             restarted=done.restarted, duration_ms=done.duration_ms, reason=done.reason,
-            metrics=done.metrics,
+            metrics=done.metrics, files=done.files,
         )
 
 

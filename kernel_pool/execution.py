@@ -29,6 +29,7 @@ from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,
     ExecutionStatus,
+    FileChange,
     OutputEvent,
     ResourceUsage,
     StreamEvent,
@@ -36,6 +37,7 @@ from kernel_pool.events import (
 )
 from kernel_pool.exceptions import KernelPoolError, WorkspaceError
 from kernel_pool.kernel import Kernel, KernelDied, KernelState
+from kernel_pool.results import files_from_reply, split_chart
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,9 @@ def translate(msg: dict[str, Any]) -> OutputEvent | None:
             if not isinstance(display_id, str):
                 return None
             return UpdateDisplayEvent(data=data, metadata=metadata, display_id=display_id)
+        data, chart = split_chart(data)
         return DisplayEvent(type="result" if kind == "execute_result" else "display", data=data,
-                            metadata=metadata,
+                            metadata=metadata, chart=chart,
                             display_id=display_id if isinstance(display_id, str) else None)
     if kind == "error":
         traceback = content.get("traceback")
@@ -157,6 +160,8 @@ class ExecutionRun:
         deadline = started + self.timeout_s
         deadline_loop = loop.time() + (deadline - time.monotonic())
         reply: dict[str, Any] | None = None
+        files: list[FileChange] = []
+        files_cut = False
         idle = False
         reason: str | None = None
         while reply is None or not idle:
@@ -189,6 +194,7 @@ class ExecutionRun:
             if channel == "shell":
                 if msg.get("msg_type") == "execute_reply":
                     reply = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+                    files, files_cut = files_from_reply(msg.get("metadata"))
                     if not idle:
                         # outputs still in flight on iopub: a short wait for its idle status
                         deadline_loop = min(deadline_loop, loop.time() + 1.0)
@@ -206,8 +212,10 @@ class ExecutionRun:
         status = self._status
         if status is None:
             status = ExecutionStatus.OK if reply.get("status") == "ok" else ExecutionStatus.ERROR
+        if files_cut:
+            self.limiter.truncated = True
         return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
-                         duration_ms=0.0, reason=reason)
+                         duration_ms=0.0, reason=reason, files=files)
 
     def _emit(self, event: OutputEvent, emit: Emit) -> None:
         if isinstance(event, StreamEvent):
