@@ -79,8 +79,9 @@ def _keep_box_stats() -> None:
     def bxp(self: Any, bxpstats: Any, *args: Any, **kwargs: Any) -> Any:
         drawn = draw(self, bxpstats, *args, **kwargs)
         try:
-            vertical = kwargs.get("vert", kwargs.get("orientation", "vertical"))
-            horizontal = vertical is False or vertical == "horizontal"
+            # ``orientation`` since matplotlib 3.10, ``vert`` before (None when not given)
+            horizontal = (kwargs.get("orientation") == "horizontal"
+                          or kwargs.get("vert") is False)
             kept = getattr(self, _BOXES_ATTR, [])
             kept.append((horizontal, list(bxpstats)))
             setattr(self, _BOXES_ATTR, kept)
