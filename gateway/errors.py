@@ -43,6 +43,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (pool_errors.ProfileNotFound, 400),
     (pool_errors.CapacityError, 503),
     (pool_errors.QueueFull, 429),
+    (pool_errors.TooManyCommands, 429),
     (pool_errors.InvalidRequest, 400),
     (pool_errors.PathOutsideWorkspace, 400),
     (pool_errors.WorkspaceError, 400),

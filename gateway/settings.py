@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0, description="largest timeout_s a request may ask")
     interrupt_grace_s: float = Field(2.0, gt=0)
     max_queued_executions: int = Field(16, ge=1)
+    max_commands: int = Field(4, ge=1, description="shell commands running at once per session")
     idle_ttl_s: float = Field(3600.0, gt=0, description="idle sessions are deleted after this")
     max_lifetime_s: float = Field(86400.0, gt=0)
     stream_chars: int = Field(20_000, ge=1000, description="stdout+stderr chars returned")
@@ -108,5 +109,5 @@ class Settings(BaseSettings):
         return PoolSettings(
             state_dir=self.state_dir, profiles={"default": profile},
             max_kernels=self.max_kernels, interrupt_grace_s=self.interrupt_grace_s,
-            max_queued_executions=self.max_queued_executions, idle_ttl_s=self.idle_ttl_s,
-            max_lifetime_s=self.max_lifetime_s, owner=self.owner)
+            max_queued_executions=self.max_queued_executions, max_commands=self.max_commands,
+            idle_ttl_s=self.idle_ttl_s, max_lifetime_s=self.max_lifetime_s, owner=self.owner)

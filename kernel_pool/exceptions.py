@@ -74,6 +74,14 @@ class QueueFull(KernelPoolError):
         )
 
 
+class TooManyCommands(KernelPoolError):
+    def __init__(self, session_id: str, limit: int) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id} already runs {limit} shell commands; wait for one to end, "
+            "kill one, or raise REPLGATE_MAX_COMMANDS")
+
+
 class InvalidRequest(KernelPoolError):
     """A request value is out of range; the message names the limit."""
 
