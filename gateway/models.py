@@ -67,6 +67,27 @@ class ExecutionSummary(BaseModel):
     result: Execution | None = None
 
 
+CommandEnv = dict[EnvName, Annotated[str, Field(max_length=32_768)]]
+
+
+class CommandRequest(Strict):
+    """``POST /v1/sessions/{id}/commands``: a shell command to run beside the kernel."""
+
+    cmd: str = Field(max_length=100_000, description="run as `sh -c CMD`")
+    timeout_s: Timeout | None = None
+    env: CommandEnv = Field(default_factory=dict, max_length=256,
+                            description="added to the session's environment")
+    cwd: str | None = Field(None, max_length=4096,
+                            description="folder relative to the workspace (default: its root)")
+    id: str | None = Field(None, min_length=1, max_length=128,
+                           pattern=r"^[A-Za-z0-9_.-]+$",
+                           description="a name for the command, to kill it while it runs")
+
+
+class KillOut(BaseModel):
+    killed: bool
+
+
 class InterruptOut(BaseModel):
     interrupted: bool
 
@@ -96,4 +117,17 @@ class WsInterrupt(Strict):
     type: Literal["interrupt"]
 
 
-WsClientMessage = Annotated[WsExecute | WsInterrupt, Field(discriminator="type")]
+class WsCommand(CommandRequest):
+    """Run a shell command; its output streams as ``stdout``/``stderr`` events, then ``done``
+    with ``exit_code``, each with the command's id as ``execution_id`` and ``command_id``."""
+
+    type: Literal["command"]
+
+
+class WsKillCommand(Strict):
+    type: Literal["kill_command"]
+    id: str
+
+
+WsClientMessage = Annotated[WsExecute | WsInterrupt | WsCommand | WsKillCommand,
+                            Field(discriminator="type")]

@@ -19,13 +19,14 @@ from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import FileMissing, GatewayError, TooManyRequests, Unauthorized
 from gateway.governance import Governance
 from gateway.metrics import Metrics
-from gateway.models import ExecutionOut, SessionCreate, SessionOut
+from gateway.models import CommandRequest, ExecutionOut, SessionCreate, SessionOut
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
 from kernel_pool.backends.base import SandboxInfo
+from kernel_pool.commands import CommandEmit
 from kernel_pool.config import parse_size
-from kernel_pool.events import Event, Execution
+from kernel_pool.events import CommandResult, Event, Execution
 from kernel_pool.exceptions import SessionNotFound, WorkspaceError
 from kernel_pool.pool import KernelPool
 from kernel_pool.session import ExecutionHandle, Session
@@ -243,6 +244,27 @@ class Gateway:
             extra=self.governance.audit_extra(handle.id)))
         self.metrics.observe(execution)
         return execution
+
+    # -- shell commands ----------------------------------------------------------------------
+
+    async def run_command(self, tenant: str, session: Session, request: CommandRequest,
+                          emit: CommandEmit | None = None) -> CommandResult:
+        """Run a shell command beside the session's kernel; audited like code."""
+        self.check_disk()
+        run = session.prepare_command(request.cmd, timeout_s=request.timeout_s, env=request.env,
+                                      cwd=request.cwd, command_id=request.id)
+        result = await session.run_command(run, emit)
+        record = AuditRecord.for_command(
+            result, command=request.cmd, tenant=tenant, session_id=session.id,
+            image=self.image, limits=session.profile.model_dump(mode="json", exclude={"caps"}))
+        # written even when the caller has gone away meanwhile: what ran is on the record
+        await asyncio.shield(self.audit.append(record))
+        return result
+
+    def kill_command(self, tenant: str, session_id: str, command_id: str) -> bool:
+        """Stop a running command of the session; False when none runs under that id."""
+        run = self.session(tenant, session_id).commands.get(command_id)
+        return run is not None and run.kill()
 
     # -- history, notebook, files ------------------------------------------------------------
 

@@ -16,52 +16,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from enum import StrEnum
-from typing import Literal
 
 import anyio.to_thread
-from pydantic import BaseModel
 
 from kernel_pool.backends.base import CommandProcess, Sandbox
 from kernel_pool.caps import SPILL_DIR, OutputLimiter
 from kernel_pool.config import OutputCaps
-from kernel_pool.events import StreamEvent
+from kernel_pool.events import CommandDone, CommandResult, CommandStatus, StreamEvent
 from kernel_pool.exceptions import WorkspaceError
 
 logger = logging.getLogger(__name__)
-
-
-class CommandStatus(StrEnum):
-    OK = "ok"
-    """It ran to its end (whatever its exit code)."""
-    TIMEOUT = "timeout"
-    KILLED = "killed"
-    """Stopped on request."""
-
-
-class CommandDone(BaseModel):
-    """The last event of a command (on the WebSocket: ``done`` with its ``exit_code``)."""
-
-    type: Literal["done"] = "done"
-    status: CommandStatus
-    exit_code: int | None
-    """The shell's exit status (128 + N when killed by signal N); null after a timeout or kill."""
-    truncated: bool = False
-    duration_ms: float
-    reason: str | None = None
-
-
-class CommandResult(BaseModel):
-    """CONTRACT.md's answer to ``POST /v1/sessions/{id}/commands``."""
-
-    id: str
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    truncated: bool
-    status: CommandStatus
-    duration_ms: float
-    reason: str | None = None
 
 
 CommandEmit = Callable[[StreamEvent], None]

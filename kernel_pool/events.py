@@ -2,7 +2,9 @@
 
 One execution yields ``stdout``/``stderr``/``display``/``result``/``error`` events in the order
 the kernel produced them (plus ``clear_output`` and ``update_display`` where the code asked for
-them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate.
+them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate. A shell
+command streams ``stdout``/``stderr`` events and ends with a :class:`CommandDone`;
+:class:`CommandResult` is its aggregate.
 An execution a policy holds for approval starts with ``pending_approval`` and ``approval``; one
 refused before it ran (``denied``, ``budget_exceeded``) has only an ``error`` and its ``done``.
 """
@@ -103,6 +105,39 @@ class DoneEvent(BaseModel):
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
     files: list[FileChange] = Field(default_factory=list)
     """What the code created, modified or deleted in the workspace (bounded: ``truncated``)."""
+
+
+class CommandStatus(StrEnum):
+    OK = "ok"
+    """It ran to its end (whatever its exit code)."""
+    TIMEOUT = "timeout"
+    KILLED = "killed"
+    """Stopped on request."""
+
+
+class CommandDone(BaseModel):
+    """The last event of a command (on the WebSocket: ``done`` with its ``exit_code``)."""
+
+    type: Literal["done"] = "done"
+    status: CommandStatus
+    exit_code: int | None
+    """The shell's exit status (128 + N when killed by signal N); null after a timeout or kill."""
+    truncated: bool = False
+    duration_ms: float
+    reason: str | None = None
+
+
+class CommandResult(BaseModel):
+    """CONTRACT.md's answer to ``POST /v1/sessions/{id}/commands``."""
+
+    id: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    truncated: bool
+    status: CommandStatus
+    duration_ms: float
+    reason: str | None = None
 
 
 class PendingApprovalEvent(BaseModel):

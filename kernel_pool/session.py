@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from kernel_pool.commands import CommandEmit, CommandResult, CommandRun
+from kernel_pool.commands import CommandEmit, CommandRun
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.events import (
+    CommandResult,
     DoneEvent,
     ErrorEvent,
     Event,

@@ -11,16 +11,20 @@ It needs only httpx, websockets, pydantic and the event models of ``kernel_pool.
 """
 
 from kernel_pool.events import (
+    CommandResult,
+    CommandStatus,
     DisplayEvent,
     ErrorEvent,
     Execution,
     ExecutionError,
     ExecutionStatus,
+    FileChange,
     Output,
     StreamEvent,
 )
 
 from ._async import AsyncSandbox, ToolSessionOf
+from ._commands import AsyncCommandHandle, AsyncCommands
 from ._errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -37,14 +41,19 @@ from ._sync import Sandbox
 from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
 
 __all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
     "AsyncFiles",
     "AsyncSandbox",
     "AuthenticationError",
+    "CommandResult",
+    "CommandStatus",
     "DisplayEvent",
     "ErrorEvent",
     "Execution",
     "ExecutionError",
     "ExecutionStatus",
+    "FileChange",
     "FileInfo",
     "ImagePart",
     "InvalidRequestError",

@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 
-from kernel_pool.events import Execution
+from kernel_pool.events import CommandResult, Execution
 
+from ._commands import AsyncCommands
 from ._errors import NotFoundError
 from ._files import AsyncFiles
 from ._models import FileInfo, SessionInfo
@@ -37,6 +38,8 @@ class AsyncSandbox:
         self._closed = False
         self.files = AsyncFiles(transport, self._path)
         """The session's workspace: ``write``, ``read``, ``list``."""
+        self.commands = AsyncCommands(transport, self._path)
+        """The session's shell: ``run`` (streaming, background), ``kill``."""
         self.tools = SandboxTools(ToolSessionOf(self))
         """This session as tools for a model: definitions for OpenAI and Anthropic, and
         ``call(name, arguments)`` to run a tool call (see :class:`SandboxTools`)."""
@@ -193,3 +196,7 @@ class ToolSessionOf:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._sandbox.notebook()
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        result: CommandResult = await self._sandbox.commands.run(cmd, timeout=timeout_s)
+        return result

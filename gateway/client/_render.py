@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_pool.events import Execution, ExecutionStatus, FileChange
+from kernel_pool.events import CommandResult, CommandStatus, Execution, ExecutionStatus, FileChange
 
 DEFAULT_TEXT_CHARS = 20_000
 """Characters of one text (a result, a display, a file) returned to a model."""
@@ -165,6 +165,25 @@ def render_execution(execution: Execution, *,
         parts.append(TextPart("[ok: the code ran and printed nothing]"))
     return ToolResult(parts=parts, is_error=execution.status is not ExecutionStatus.OK,
                       execution=execution)
+
+
+def render_command(result: CommandResult, *,
+                   max_chars: int = DEFAULT_TEXT_CHARS) -> ToolResult:
+    """What a model should see of a shell command; ``is_error`` only if it did not run to
+    its end (a non-zero exit code is a result to read)."""
+    parts: list[Part] = []
+    if result.stdout:
+        parts.append(TextPart(cut(result.stdout, max_chars, _RESULT_ADVICE)))
+    if result.stderr:
+        parts.append(TextPart("[stderr]\n" + cut(result.stderr, max_chars, _RESULT_ADVICE)))
+    if result.status is CommandStatus.OK:
+        parts.append(TextPart(f"[exit code {result.exit_code}]"))
+    else:
+        parts.append(TextPart(f"[status: {result.status.value}] {result.reason or ''}".strip()))
+    if result.truncated:
+        parts.append(TextPart("[truncated] The output was longer than the cap: only its head "
+                              "and tail are shown; the full text is in the file named above."))
+    return ToolResult(parts=parts, is_error=result.status is not CommandStatus.OK)
 
 
 _CHART_ADVICE = "the chart has more data than shown: read the numbers from the data in code"

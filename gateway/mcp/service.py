@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from gateway.client import Execution, FileInfo, ReplgateError, ToolLimits
+from gateway.client import CommandResult, Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
 from gateway.errors import GatewayError, status_for
-from gateway.models import SessionCreate
+from gateway.models import CommandRequest, SessionCreate
 from gateway.service import Gateway
 from gateway.settings import Settings
 from kernel_pool.exceptions import KernelPoolError, SessionClosed, SessionNotFound
@@ -84,6 +84,14 @@ class ServiceBackend:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._call(lambda: self._gateway.notebook(self._tenant, self.session_id))
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        async def run() -> CommandResult:
+            session = self._gateway.session(self._tenant, self.session_id)
+            return await self._gateway.run_command(
+                self._tenant, session, CommandRequest(cmd=cmd, timeout_s=timeout_s))
+
+        return await self._call(run)
 
     async def exists(self) -> bool:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,9 +26,15 @@ from gateway.errors import (
     GatewayError,
     status_for,
 )
-from gateway.models import WsClientMessage, WsExecute
+from gateway.models import (
+    CommandRequest,
+    WsClientMessage,
+    WsCommand,
+    WsExecute,
+    WsKillCommand,
+)
 from gateway.service import Gateway, event_frame
-from kernel_pool.events import DoneEvent
+from kernel_pool.events import CommandDone, DoneEvent, StreamEvent
 from kernel_pool.exceptions import KernelPoolError
 from kernel_pool.session import ExecutionHandle, Session
 
@@ -111,6 +118,11 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
         return {"type": "rejected", "execution_id": None, "status_code": 422,
                 "detail": json.loads(json.dumps(detail, default=str))}
+    if isinstance(message, WsKillCommand):
+        return {"type": "command_killed", "execution_id": message.id, "command_id": message.id,
+                "killed": gateway.kill_command(tenant, session.id, message.id)}
+    if isinstance(message, WsCommand):
+        return _start_command(message, gateway, tenant, session, outbox, forwarders)
     if not isinstance(message, WsExecute):
         return {"type": "interrupted", "execution_id": None, "interrupted": session.interrupt()}
     try:
@@ -120,6 +132,54 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
         return {"type": "rejected", "execution_id": message.id, "status_code": status_for(exc),
                 "detail": str(exc)}
     task = asyncio.create_task(_forward(gateway, handle, outbox))
+    forwarders.add(task)
+    task.add_done_callback(forwarders.discard)
+    return None
+
+
+def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: Session,
+                   outbox: asyncio.Queue[dict[str, Any]],
+                   forwarders: set[asyncio.Task[None]]) -> dict[str, Any] | None:
+    """Start a shell command whose events the socket streams; a refusal answers at once."""
+    request = CommandRequest(**message.model_dump(exclude={"type"}))
+    if request.id is None:
+        request.id = f"cmd-{uuid.uuid4().hex}"
+    command_id = request.id
+    # The limiter caps what a command emits, so this queue stays small without a bound.
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def emit(event: StreamEvent) -> None:
+        events.put_nowait({**event.model_dump(mode="json"), "execution_id": command_id,
+                           "command_id": command_id})
+
+    async def run() -> None:
+        try:
+            result = await gateway.run_command(tenant, session, request, emit)
+        except (GatewayError, KernelPoolError) as exc:
+            events.put_nowait({"type": "rejected", "execution_id": command_id,
+                               "command_id": command_id, "status_code": status_for(exc),
+                               "detail": str(exc)})
+        else:
+            done = CommandDone(status=result.status, exit_code=result.exit_code,
+                               truncated=result.truncated, duration_ms=result.duration_ms,
+                               reason=result.reason)
+            events.put_nowait({**done.model_dump(mode="json"), "execution_id": command_id,
+                               "command_id": command_id})
+        finally:
+            events.put_nowait(None)
+
+    async def forward() -> None:
+        runner = asyncio.create_task(run())
+        try:
+            while (frame := await events.get()) is not None:
+                await outbox.put(frame)
+        finally:
+            # a socket that closes stops the command: nobody would read its output
+            if not runner.done():
+                gateway.kill_command(tenant, session.id, command_id)
+            await asyncio.shield(runner)
+
+    task = asyncio.create_task(forward())
     forwarders.add(task)
     task.add_done_callback(forwarders.discard)
     return None

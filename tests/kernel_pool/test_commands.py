@@ -8,12 +8,8 @@ import time
 import pytest
 from kp_support import SESSION_ENV, processes, run_ok
 
-from kernel_pool import InvalidRequest, Session, SessionClosed
+from kernel_pool import KernelPoolError, Session, SessionClosed
 from kernel_pool.events import StreamEvent
-
-
-async def run(session: Session, command: str, **kwargs: object) -> object:
-    return await session.run_command(session.prepare_command(command, **kwargs))  # type: ignore[arg-type]
 
 
 async def test_command_gives_exit_code_and_output(shared_session: Session) -> None:
@@ -120,13 +116,13 @@ async def test_command_outlives_an_execution_that_ends_beside_it(session: Sessio
 @pytest.mark.parametrize(("command", "kwargs", "message"), [
     ("", {}, "cmd is empty"), ("   ", {}, "cmd is empty"),
     ("ls", {"timeout_s": 0}, "timeout_s"), ("ls", {"timeout_s": 10_000}, "timeout_s"),
-    ("ls", {"cwd": "../etc"}, "outside"),
+    ("ls", {"cwd": "../etc"}, "leaves the session's workspace"),
+    ("ls", {"cwd": "/etc"}, "leaves the session's workspace"),
 ])
 async def test_command_refuses_bad_requests(shared_session: Session, command: str,
                                             kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(Exception, match=message) as caught:
+    with pytest.raises(KernelPoolError, match=message):
         shared_session.prepare_command(command, **kwargs)  # type: ignore[arg-type]
-    assert isinstance(caught.value, InvalidRequest) or "outside" in str(caught.value)
 
 
 async def test_command_on_closed_session_is_refused(pool: object) -> None:
