@@ -238,8 +238,8 @@ class Session:
         if command_id in self.commands:
             raise InvalidRequest(f"command id {command_id!r} is already running")
         return CommandRun(self.kernel.sandbox, command, command_id=command_id,
-                          timeout_s=timeout, caps=self.profile.caps, env=dict(env or {}),
-                          cwd=folder)
+                          timeout_s=timeout, caps=self.profile.caps,
+                          env={**self.env, **(env or {})}, cwd=folder)
 
     async def run_command(self, run: CommandRun,
                           emit: CommandEmit | None = None) -> CommandResult:

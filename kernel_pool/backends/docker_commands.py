@@ -35,12 +35,14 @@ Run = Callable[..., Awaitable[Any]]
 class DockerCommand(CommandProcess):
     """One ``docker exec`` of the command wrapper."""
 
-    def __init__(self, api: Any, run: Run, exec_id: str, sock: socket.socket,
-                 running: set[int]) -> None:
+    def __init__(self, api: Any, run: Run, exec_id: str, raw: Any, running: set[int]) -> None:
         self._api = api
         self._run = run
         self._exec_id = exec_id
-        self._sock = sock
+        self._raw = raw
+        """What the SDK gave: the socket, or a file object over it that must be closed too."""
+        self._sock: socket.socket = raw._sock if hasattr(raw, "_sock") else raw
+        self._sock.setblocking(False)
         self._buffer = bytearray()
         self._eof = False
         self._running = running
@@ -55,9 +57,7 @@ class DockerCommand(CommandProcess):
                              user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=cwd,
                              environment=env, stdout=True, stderr=True, stdin=False))["Id"]
         raw = await run(api.exec_start, exec_id, socket=True)
-        sock: socket.socket = raw._sock if hasattr(raw, "_sock") else raw
-        sock.setblocking(False)
-        process = cls(api, run, exec_id, sock, running)
+        process = cls(api, run, exec_id, raw, running)
         await process._find_pid()
         return process
 
@@ -144,4 +144,5 @@ class DockerCommand(CommandProcess):
                 asyncio.get_running_loop().remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+        self._raw.close()
         self._sock.close()
