@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from kernel_pool.events import CommandDone, CommandResult
 
 from ._errors import ReplgateError, TransportError
-from ._stream import _refused_error, _rejected_error
+from ._stream import _closed_error, _refused_error, _rejected_error
 from ._transport import Transport
 
 OutputCallback = Callable[[str], object]
@@ -80,6 +80,8 @@ class AsyncCommands:
         socket = await self._open()
         try:
             await socket.send(json.dumps(request))
+        except ConnectionClosed as exc:
+            raise _closed(exc, command_id) from exc
         except BaseException:
             await socket.close()
             raise
@@ -105,6 +107,14 @@ class AsyncCommands:
                                  "the gateway runs there (base_url= / REPLGATE_URL).") from exc
 
 
+def _closed(exc: ConnectionClosed, command_id: str) -> ReplgateError:
+    code = exc.rcvd.code if exc.rcvd is not None else None
+    if code is not None and 4400 <= code < 4600:  # refused: 4404 is a 404, ...
+        return _closed_error(exc, command_id)
+    return TransportError(f"The WebSocket closed before command {command_id} ended; the "
+                          "gateway stops a command whose socket closes.")
+
+
 async def _follow(socket: ClientConnection, command_id: str,
                   on_stdout: OutputCallback | None,
                   on_stderr: OutputCallback | None) -> CommandResult:
@@ -115,9 +125,7 @@ async def _follow(socket: ClientConnection, command_id: str,
             try:
                 message = json.loads(await socket.recv())
             except ConnectionClosed as exc:
-                raise TransportError(
-                    f"The WebSocket closed before command {command_id} ended; the gateway "
-                    "stops a command whose socket closes.") from exc
+                raise _closed(exc, command_id) from exc
             if not isinstance(message, dict) or message.get("command_id") != command_id:
                 continue
             kind = message.get("type")

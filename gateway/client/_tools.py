@@ -183,6 +183,14 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
             "Export every execution of this session so far, in order and with its outputs, "
             "as a Jupyter notebook (nbformat 4 JSON). With path, the notebook is saved in the "
             "working directory instead of being returned."), ExportNotebookArgs),
+        ToolSpec("run_shell", (
+            "Run a shell command (sh -c) in the Python session's sandbox, in its working "
+            "directory, beside the Python kernel: e.g. ls -la, wc -l data.csv, head file.txt, "
+            "pip list. Returns stdout, stderr and the exit code (a non-zero exit code is a "
+            "result, not a failure of the tool). Same limits as execute_python: no network, "
+            f"the same time limit ({lim.default_timeout_s:g} s by default), output capped at "
+            f"about {lim.output_chars} characters. Background processes it starts are killed "
+            "when it ends."), RunShellArgs),
     ]
 
 
