@@ -1,0 +1,91 @@
+"""What agents read beside the outputs, through a running gateway: charts as data, the files a
+cell touched, plain tracebacks; over HTTP, the WebSocket and the client's text rendering."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.client import Execution, render_execution
+from tests.conftest import GatewayProcess
+from tests.gateway.test_ws import collect, ws_url
+
+PIE = ("import matplotlib.pyplot as plt\n"
+       "fig, ax = plt.subplots()\n"
+       "ax.pie([30, 70], labels=['cats', 'dogs'])\n"
+       "ax.set_title('Pets')\n"
+       "plt.show()")
+
+
+@pytest.fixture(scope="module")
+def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sid(alpha: httpx.Client) -> Iterator[str]:
+    answer = alpha.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    yield answer.json()["id"]
+    alpha.delete(f"/v1/sessions/{answer.json()['id']}")
+
+
+def execute(client: httpx.Client, sid: str, code: str) -> dict[str, object]:
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, object] = answer.json()
+    return result
+
+
+def test_http_execution_carries_chart_beside_png(alpha: httpx.Client, sid: str) -> None:
+    result = execute(alpha, sid, PIE)
+    (figure,) = result["outputs"]  # type: ignore[misc]
+    assert "image/png" in figure["data"]
+    chart = figure["chart"]
+    assert (chart["type"], chart["title"]) == ("pie", "Pets")
+    assert [(e["label"], round(e["angle"])) for e in chart["elements"]] == [
+        ("cats", 108), ("dogs", 252)]
+
+
+def test_http_execution_lists_files_touched(alpha: httpx.Client, sid: str) -> None:
+    alpha.put(f"/v1/sessions/{sid}/files/uploaded.csv", content=b"a\n1\n")
+    result = execute(alpha, sid, "import os\nopen('made.txt', 'w').write('hello')\n"
+                                 "os.remove('uploaded.csv')")
+    assert result["files"] == [
+        {"path": "made.txt", "size": 5, "change": "created"},
+        {"path": "uploaded.csv", "size": None, "change": "deleted"}]
+
+
+def test_http_execution_error_has_plain_text(alpha: httpx.Client, sid: str) -> None:
+    result = execute(alpha, sid, "import json\njson.loads('{bad')")
+    error = result["error"]
+    assert any("\x1b[" in line for line in error["traceback"])  # type: ignore[index]
+    assert "\x1b" not in error["text"]  # type: ignore[index]
+    assert "JSONDecodeError" in error["text"]  # type: ignore[index]
+    assert "json.loads('{bad')" in error["text"]  # type: ignore[index]
+
+
+async def test_ws_events_carry_chart_files_and_text(gateway: GatewayProcess, sid: str) -> None:
+    code = PIE + "\nopen('ws.txt', 'w').write('x')\nraise RuntimeError('after the plot')"
+    async with connect(ws_url(gateway, sid), additional_headers=gateway.headers()) as ws:
+        await ws.send(json.dumps({"type": "execute", "code": code, "id": "results-1"}))
+        frames = await collect(ws, "results-1")
+    by_type = {frame["type"]: frame for frame in frames}
+    assert by_type["display"]["chart"]["type"] == "pie"
+    assert "RuntimeError: after the plot" in by_type["error"]["text"]
+    assert by_type["done"]["files"] == [{"path": "ws.txt", "size": 1, "change": "created"}]
+
+
+def test_client_rendering_shows_chart_data_files_and_plain_traceback(alpha: httpx.Client,
+                                                                     sid: str) -> None:
+    execution = Execution.model_validate(execute(
+        alpha, sid, PIE + "\nopen('render.txt', 'w').write('abc')\n1 / 0"))
+    text = render_execution(execution).text
+    assert '"type":"pie"' in text and '"label":"cats"' in text
+    assert "created render.txt (3 bytes)" in text
+    assert "ZeroDivisionError" in text and "\x1b" not in text
