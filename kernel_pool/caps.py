@@ -11,8 +11,11 @@ The limiter holds at most about the caps' worth of output in memory, whatever th
 from __future__ import annotations
 
 import json
+import logging
 from collections import deque
 from typing import Any
+
+import anyio.to_thread
 
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
@@ -22,6 +25,10 @@ from kernel_pool.events import (
     StreamEvent,
     UpdateDisplayEvent,
 )
+from kernel_pool.exceptions import WorkspaceError
+from kernel_pool.workspace import Workspace
+
+logger = logging.getLogger(__name__)
 
 SPILL_DIR = ".replgate/outputs"
 SPILL_FLUSH_CHARS = 1 << 20
@@ -220,6 +227,18 @@ class OutputLimiter:
             return False
         self._budget_left -= cost
         return True
+
+
+async def spill(limiter: OutputLimiter, workspace: Workspace, final: bool = False) -> None:
+    """Append what the limiter has for its spill file to it, off the event loop. A workspace
+    that is full keeps what fitted, and the limiter's notice says so."""
+    text = limiter.take_spill(final)
+    if text and not limiter.spill_incomplete:
+        try:
+            await anyio.to_thread.run_sync(workspace.append_text, limiter.spill_path, text)
+        except (OSError, WorkspaceError) as exc:
+            limiter.spill_incomplete = True
+            logger.warning("could not keep the full output in %s: %s", limiter.spill_path, exc)
 
 
 def _clip(text: str, limit: int) -> str:

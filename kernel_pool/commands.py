@@ -13,20 +13,13 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 
-import anyio.to_thread
-
 from kernel_pool.backends.base import CommandProcess, Sandbox
-from kernel_pool.caps import SPILL_DIR, OutputLimiter
+from kernel_pool.caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import CommandDone, CommandResult, CommandStatus, StreamEvent
-from kernel_pool.exceptions import WorkspaceError
-
-logger = logging.getLogger(__name__)
-
 
 CommandEmit = Callable[[StreamEvent], None]
 
@@ -47,7 +40,6 @@ class CommandRun:
         self.stderr: list[str] = []
         self._process: CommandProcess | None = None
         self._kill_requested = asyncio.Event()
-        self._spill_failed = False
 
     def kill(self) -> bool:
         """Ask the command to stop (status ``killed``); False once it has ended."""
@@ -127,14 +119,7 @@ class CommandRun:
         (self.stdout if event.type == "stdout" else self.stderr).append(event.text)
 
     async def _spill(self, final: bool = False) -> None:
-        text = self.limiter.take_spill(final)
-        if text and not self._spill_failed:
-            try:
-                await anyio.to_thread.run_sync(self.sandbox.workspace.append_text,
-                                               self.limiter.spill_path, text)
-            except (OSError, WorkspaceError) as exc:  # the workspace is full: keep what fitted
-                self._spill_failed = self.limiter.spill_incomplete = True
-                logger.warning("could not keep full output of command %s: %s", self.id, exc)
+        await spill(self.limiter, self.sandbox.workspace, final)
 
     def result(self, done: CommandDone) -> CommandResult:
         """The aggregate answer, once :meth:`run` returned ``done``."""

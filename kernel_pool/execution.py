@@ -18,10 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
-
 from kernel_pool.backends.base import CgroupUsage
-from kernel_pool.caps import SPILL_DIR, OutputLimiter
+from kernel_pool.caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -35,7 +33,7 @@ from kernel_pool.events import (
     StreamEvent,
     UpdateDisplayEvent,
 )
-from kernel_pool.exceptions import KernelPoolError, WorkspaceError
+from kernel_pool.exceptions import KernelPoolError
 from kernel_pool.kernel import Kernel, KernelDied, KernelState
 from kernel_pool.results import files_from_reply, split_chart
 
@@ -104,7 +102,6 @@ class ExecutionRun:
         self._route: asyncio.Queue[tuple[str, Any]] | None = None
         self._status: ExecutionStatus | None = None
         self._usage_before_restart: CgroupUsage | None = None
-        self._spill_failed = False
         self._interrupt_requested = False
 
     def interrupt(self) -> bool:
@@ -237,15 +234,7 @@ class ExecutionRun:
             emit(event)
 
     async def _spill(self, final: bool = False) -> None:
-        text = self.limiter.take_spill(final)
-        if text and not self._spill_failed:
-            workspace = self.kernel.sandbox.workspace
-            try:
-                await anyio.to_thread.run_sync(workspace.append_text, self.limiter.spill_path,
-                                               text)
-            except (OSError, WorkspaceError) as exc:  # the workspace is full: keep what fitted
-                self._spill_failed = self.limiter.spill_incomplete = True
-                logger.warning("could not keep full output of %s: %s", self.execution_id, exc)
+        await spill(self.limiter, self.kernel.sandbox.workspace, final)
 
     async def _hard_restart(self, reason: str) -> DoneEvent:
         logger.info("kernel %s: hard restart after %s", self.kernel.id, reason)

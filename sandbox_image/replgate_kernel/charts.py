@@ -169,6 +169,10 @@ def _point_chart(ax: Any, kind: str, elements: list[dict[str, Any]]) -> dict[str
         chart[f"{name}_ticks"] = [_value(axis, _round(tick)) for tick in ticks]
         chart[f"{name}_tick_labels"] = labels
         chart[f"{name}_scale"] = _scale(axis, getattr(ax, f"get_{name}scale")())
+    return _with_elements(chart, elements)
+
+
+def _with_elements(chart: dict[str, Any], elements: list[dict[str, Any]]) -> dict[str, Any]:
     chart["elements"] = elements[:MAX_ELEMENTS]
     if len(elements) > MAX_ELEMENTS:
         chart["truncated"] = True
@@ -235,20 +239,14 @@ def _bar_chart(ax: Any, containers: list[Any]) -> dict[str, Any]:
                              "value": _number(value)})
     if horizontal:
         _swap_axes(chart)
-    chart["elements"] = elements[:MAX_ELEMENTS]
-    if len(elements) > MAX_ELEMENTS:
-        chart["truncated"] = True
-    return chart
+    return _with_elements(chart, elements)
 
 
 def _pie_chart(ax: Any, wedges: list[Any]) -> dict[str, Any]:
     elements = [{"label": _series_label(w.get_label(), "Slice", number),
                  "angle": _number(abs(w.theta2 - w.theta1)), "radius": _number(w.r)}
-                for number, w in enumerate(wedges[:MAX_ELEMENTS], 1)]
-    chart = {"type": "pie", "title": _text(ax.get_title()) or None, "elements": elements}
-    if len(wedges) > MAX_ELEMENTS:
-        chart["truncated"] = True
-    return chart
+                for number, w in enumerate(wedges[:MAX_ELEMENTS + 1], 1)]
+    return _with_elements({"type": "pie", "title": _text(ax.get_title()) or None}, elements)
 
 
 def _box_chart(ax: Any, drawn: list[tuple[bool, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -265,10 +263,7 @@ def _box_chart(ax: Any, drawn: list[tuple[bool, list[dict[str, Any]]]]) -> dict[
                 "max": _number(box.get("whishi")), "outliers": fliers})
     if horizontal:
         _swap_axes(chart)
-    chart["elements"] = elements[:MAX_ELEMENTS]
-    if len(elements) > MAX_ELEMENTS:
-        chart["truncated"] = True
-    return chart
+    return _with_elements(chart, elements)
 
 
 # -- axes: ticks, scales, values ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Run one shell command for the gateway: ``python -I -S command.py CMD``, started by ``docker exec``.
+"""Run one shell command for the gateway: ``python -I -S command.py CMD`` (a ``docker exec``).
 
 ``sh -c CMD`` runs in a process group and session of its own, on this process's stdout and
 stderr (no copy in between). When the shell exits, or when the gateway stops the command

@@ -25,6 +25,7 @@ import errno
 import os
 import stat
 import struct
+from collections.abc import Callable, Iterator
 from typing import Any
 
 METADATA_KEY = "replgate_files"
@@ -130,22 +131,9 @@ class InotifyTracker:
     def _watch_tree(self, relative: str, created: _Changes | None) -> None:
         """Watch a folder and those under it; with ``created``, record its files as new
         (made before the watch could see them)."""
-        stack = [relative]
-        while stack:
-            folder = stack.pop()
-            self._watch(folder)
-            try:
-                entries = list(os.scandir(os.path.join(self.root, folder)))
-            except OSError:
-                continue
-            for entry in entries:
-                path = os.path.join(folder, entry.name) if folder else entry.name
-                if path == IGNORED:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(path)
-                elif created is not None:
-                    created.add(path, False, True)
+        for path, entry in _walk(self.root, relative, self._watch):
+            if created is not None and not entry.is_dir(follow_symlinks=False):
+                created.add(path, False, True)
 
     def start(self) -> None:
         """Forget what changed until now (between executions: not the next one's doing)."""
@@ -209,27 +197,16 @@ class SnapshotTracker:
 
     def _snapshot(self) -> tuple[dict[str, tuple[int, int]], bool]:
         found: dict[str, tuple[int, int]] = {}
-        stack = [""]
-        while stack:
-            folder = stack.pop()
+        for path, entry in _walk(self.root, "", None):
             try:
-                entries = list(os.scandir(os.path.join(self.root, folder)))
+                if entry.is_dir(follow_symlinks=False):
+                    continue
+                info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            for entry in entries:
-                path = os.path.join(folder, entry.name) if folder else entry.name
-                if path == IGNORED:
-                    continue
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(path)
-                        continue
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                found[path] = (info.st_mtime_ns, info.st_size)
-                if len(found) >= MAX_SNAPSHOT:
-                    return found, True
+            found[path] = (info.st_mtime_ns, info.st_size)
+            if len(found) >= MAX_SNAPSHOT:
+                return found, True
         return found, False
 
     def start(self) -> None:
@@ -248,6 +225,29 @@ class SnapshotTracker:
         for path in self._before.keys() - after.keys():
             changes.add(path, True, False)
         return changes.report(self.root)
+
+
+def _walk(root: str, start: str, on_folder: Callable[[str], None] | None,
+          ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """(relative path, entry) of everything under ``start``, folders included, but the
+    gateway's own; ``on_folder`` is called with each folder before it is listed."""
+    stack = [start]
+    while stack:
+        folder = stack.pop()
+        if on_folder is not None:
+            on_folder(folder)
+        try:
+            entries = list(os.scandir(os.path.join(root, folder)))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(folder, entry.name) if folder else entry.name
+            if path == IGNORED:
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(path)
+            yield path, entry
 
 
 def tracker(root: str) -> InotifyTracker | SnapshotTracker:
