@@ -89,3 +89,13 @@ def test_client_rendering_shows_chart_data_files_and_plain_traceback(alpha: http
     assert '"type":"pie"' in text and '"label":"cats"' in text
     assert "created render.txt (3 bytes)" in text
     assert "ZeroDivisionError" in text and "\x1b" not in text
+
+
+def test_notebook_export_keeps_chart_and_files(alpha: httpx.Client, sid: str) -> None:
+    execute(alpha, sid, PIE + "\nopen('nb.txt', 'w').write('n')")
+    notebook = alpha.get(f"/v1/sessions/{sid}/notebook").json()
+    cell = notebook["cells"][-1]
+    (figure,) = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
+    assert figure["data"]["application/vnd.replgate.chart+json"]["type"] == "pie"
+    assert cell["metadata"]["replgate"]["files"] == [
+        {"path": "nb.txt", "size": 1, "change": "created"}]
