@@ -64,6 +64,10 @@ class CommandRun:
                 while await process.read() is not None:  # what it wrote until it stopped
                     pass
             exit_code = await process.wait() if status is CommandStatus.OK else None
+        except BaseException:
+            # cancelled (the gateway stops) or failed: the command must not run on unseen
+            await asyncio.shield(process.kill())
+            raise
         finally:
             with contextlib.suppress(Exception):
                 await process.close()

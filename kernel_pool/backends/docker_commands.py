@@ -58,7 +58,11 @@ class DockerCommand(CommandProcess):
                              environment=env, stdout=True, stderr=True, stdin=False))["Id"]
         raw = await run(api.exec_start, exec_id, socket=True)
         process = cls(api, run, exec_id, raw, running)
-        await process._find_pid()
+        try:
+            await process._find_pid()
+        except BaseException:
+            await process.close()
+            raise
         return process
 
     async def _find_pid(self) -> None:
@@ -112,13 +116,18 @@ class DockerCommand(CommandProcess):
             if not receiving.done():
                 return b""
             return receiving.result()
-        except OSError:
+        except (OSError, ValueError):  # closed: ValueError for a socket closed by kill()
             return b""
         finally:
             receiving.cancel()
 
     async def kill(self) -> None:
-        if self._pidfd is None or self._exited.done():
+        if self._exited.done():
+            return
+        if self._pidfd is None:
+            # Its pid could not be had: stop reading it; the clean-up after the next
+            # execution kills it like any process left behind.
+            self._sock.close()
             return
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
