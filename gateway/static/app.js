@@ -1055,7 +1055,7 @@
     renderMime(body, frame.data || {}, frame.metadata || {});
     if (frame.chart && frame.data && frame.data["image/png"]) {
       const table = chartTable(frame.chart);
-      if (table) node.append(table);
+      if (table) body.append(table);  // under the image, in the output's own column
     }
     cell.outputs.append(node);
     if (frame.display_id) {
