@@ -1117,7 +1117,7 @@
         file.change === "deleted"
           ? el("span", { class: "mono", text: file.path })
           : el("button", {
-            class: "file-link mono", type: "button", title: `Download ${file.path}`,
+            class: "touched-link mono", type: "button", title: `Download ${file.path}`,
             "data-path": file.path, text: file.path, onclick: () => downloadFile(file.path),
           }),
         el("span", { class: "muted", text: file.change === "deleted"

@@ -4,7 +4,6 @@ cell touched, plain tracebacks; over HTTP, the WebSocket and the client's text r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -22,17 +21,8 @@ PIE = ("import matplotlib.pyplot as plt\n"
 
 
 @pytest.fixture(scope="module")
-def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def sid(alpha: httpx.Client) -> Iterator[str]:
-    answer = alpha.post("/v1/sessions", json={})
-    assert answer.status_code == 201, answer.text
-    yield answer.json()["id"]
-    alpha.delete(f"/v1/sessions/{answer.json()['id']}")
+def sid(alpha_session: str) -> str:
+    return alpha_session
 
 
 def execute(client: httpx.Client, sid: str, code: str) -> dict[str, object]:

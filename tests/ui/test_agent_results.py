@@ -17,7 +17,7 @@ async def test_cell_lists_touched_files_as_download_links(ui: Ui, tmp_path: Path
                               "open('out/report.txt', 'w').write('the report')\n"
                               "os.remove('old.txt')")
     touched = cell.locator(".touched")
-    link = touched.locator("button.file-link[data-path='out/report.txt']")
+    link = touched.locator("button.touched-link[data-path='out/report.txt']")
     assert await link.inner_text() == "out/report.txt"
     assert "created" in await touched.locator(".touched-file.created").inner_text()
     deleted = touched.locator(".touched-file.deleted")
