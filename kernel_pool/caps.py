@@ -174,6 +174,8 @@ class OutputLimiter:
                 self.truncated = True
                 return None
             self._displays += 1
+        if event.omitted:  # the kernel replaced it already (its own copy of this cap)
+            self.truncated = True
         chart = event.chart if isinstance(event, DisplayEvent) else None
         size = payload_size(event.data) + payload_size(event.metadata) + payload_size(chart or {})
         if size <= self.caps.display_bytes:
@@ -182,12 +184,14 @@ class OutputLimiter:
             self._displays_dropped += 1
             return None
         self.truncated = True
+        omitted = {mime: payload_size(value) for mime, value in event.data.items()}
         note = (f"[replgate: output of {size} bytes omitted (limit {self.caps.display_bytes} "
                 f"bytes); save large results to a file instead]")
         if not self._spend(len(note)):
             self._displays_dropped += 1
             return None
-        update: dict[str, Any] = {"data": {"text/plain": note}, "metadata": {}}
+        update: dict[str, Any] = {"data": {"text/plain": note}, "metadata": {},
+                                  "omitted": omitted}
         if chart is not None:
             update["chart"] = None
         return event.model_copy(update=update)

@@ -54,6 +54,9 @@ class DisplayEvent(BaseModel):
     display_id: str | None = None
     chart: dict[str, Any] | None = None
     """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
+    omitted: dict[str, int] | None = None
+    """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
+    only a ``text/plain`` notice)."""
 
 
 class UpdateDisplayEvent(BaseModel):
@@ -61,6 +64,8 @@ class UpdateDisplayEvent(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str
+    omitted: dict[str, int] | None = None
+    """As :attr:`DisplayEvent.omitted`."""
 
 
 class ClearOutputEvent(BaseModel):
@@ -176,6 +181,9 @@ class Output(BaseModel):
     display_id: str | None = None
     chart: dict[str, Any] | None = None
     """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
+    omitted: dict[str, int] | None = None
+    """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
+    only a ``text/plain`` notice)."""
 
 
 class ExecutionError(BaseModel):
@@ -234,11 +242,12 @@ class ExecutionBuilder:
         elif isinstance(event, DisplayEvent):
             self._outputs.append(Output(type=event.type, data=event.data,
                                         metadata=event.metadata, display_id=event.display_id,
-                                        chart=event.chart))
+                                        chart=event.chart, omitted=event.omitted))
         elif isinstance(event, UpdateDisplayEvent):
             for output in self._outputs:
                 if output.display_id == event.display_id:
                     output.data, output.metadata = event.data, event.metadata
+                    output.omitted = event.omitted
         elif isinstance(event, ClearOutputEvent):
             if event.wait:
                 self._clear_pending = True

@@ -7,7 +7,7 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -19,8 +19,12 @@ from tests.gateway.test_ws import collect, ws_url
 
 
 @pytest.fixture(scope="module")
-def sid(alpha_session: str) -> str:
-    return alpha_session
+def sid(alpha: httpx.Client) -> Iterator[str]:
+    """A session with ``SESSION_VAR`` in its environment, which commands see too."""
+    answer = alpha.post("/v1/sessions", json={"env": {"SESSION_VAR": "from-session"}})
+    assert answer.status_code == 201, answer.text
+    yield answer.json()["id"]
+    alpha.delete(f"/v1/sessions/{answer.json()['id']}")
 
 
 @pytest.fixture(scope="module")

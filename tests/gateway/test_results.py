@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import pytest
 from websockets.asyncio.client import connect
 
 from gateway.client import Execution, render_execution
@@ -20,20 +19,15 @@ PIE = ("import matplotlib.pyplot as plt\n"
        "plt.show()")
 
 
-@pytest.fixture(scope="module")
-def sid(alpha_session: str) -> str:
-    return alpha_session
-
-
-def execute(client: httpx.Client, sid: str, code: str) -> dict[str, object]:
-    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+def execute(client: httpx.Client, session_id: str, code: str) -> dict[str, object]:
+    answer = client.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
     assert answer.status_code == 200, answer.text
     result: dict[str, object] = answer.json()
     return result
 
 
-def test_http_execution_carries_chart_beside_png(alpha: httpx.Client, sid: str) -> None:
-    result = execute(alpha, sid, PIE)
+def test_http_execution_carries_chart_beside_png(alpha: httpx.Client, session_id: str) -> None:
+    result = execute(alpha, session_id, PIE)
     (figure,) = result["outputs"]  # type: ignore[misc]
     assert "image/png" in figure["data"]
     chart = figure["chart"]
@@ -42,17 +36,17 @@ def test_http_execution_carries_chart_beside_png(alpha: httpx.Client, sid: str) 
         ("cats", 108), ("dogs", 252)]
 
 
-def test_http_execution_lists_files_touched(alpha: httpx.Client, sid: str) -> None:
-    alpha.put(f"/v1/sessions/{sid}/files/uploaded.csv", content=b"a\n1\n")
-    result = execute(alpha, sid, "import os\nopen('made.txt', 'w').write('hello')\n"
+def test_http_execution_lists_files_touched(alpha: httpx.Client, session_id: str) -> None:
+    alpha.put(f"/v1/sessions/{session_id}/files/uploaded.csv", content=b"a\n1\n")
+    result = execute(alpha, session_id, "import os\nopen('made.txt', 'w').write('hello')\n"
                                  "os.remove('uploaded.csv')")
     assert result["files"] == [
         {"path": "made.txt", "size": 5, "change": "created"},
         {"path": "uploaded.csv", "size": None, "change": "deleted"}]
 
 
-def test_http_execution_error_has_plain_text(alpha: httpx.Client, sid: str) -> None:
-    result = execute(alpha, sid, "import json\njson.loads('{bad')")
+def test_http_execution_error_has_plain_text(alpha: httpx.Client, session_id: str) -> None:
+    result = execute(alpha, session_id, "import json\njson.loads('{bad')")
     error = result["error"]
     assert any("\x1b[" in line for line in error["traceback"])  # type: ignore[index]
     assert "\x1b" not in error["text"]  # type: ignore[index]
@@ -60,9 +54,10 @@ def test_http_execution_error_has_plain_text(alpha: httpx.Client, sid: str) -> N
     assert "json.loads('{bad')" in error["text"]  # type: ignore[index]
 
 
-async def test_ws_events_carry_chart_files_and_text(gateway: GatewayProcess, sid: str) -> None:
+async def test_ws_events_carry_chart_files_and_text(gateway: GatewayProcess,
+                                                   session_id: str) -> None:
     code = PIE + "\nopen('ws.txt', 'w').write('x')\nraise RuntimeError('after the plot')"
-    async with connect(ws_url(gateway, sid), additional_headers=gateway.headers()) as ws:
+    async with connect(ws_url(gateway, session_id), additional_headers=gateway.headers()) as ws:
         await ws.send(json.dumps({"type": "execute", "code": code, "id": "results-1"}))
         frames = await collect(ws, "results-1")
     by_type = {frame["type"]: frame for frame in frames}
@@ -72,18 +67,18 @@ async def test_ws_events_carry_chart_files_and_text(gateway: GatewayProcess, sid
 
 
 def test_client_rendering_shows_chart_data_files_and_plain_traceback(alpha: httpx.Client,
-                                                                     sid: str) -> None:
+                                                                     session_id: str) -> None:
     execution = Execution.model_validate(execute(
-        alpha, sid, PIE + "\nopen('render.txt', 'w').write('abc')\n1 / 0"))
+        alpha, session_id, PIE + "\nopen('render.txt', 'w').write('abc')\n1 / 0"))
     text = render_execution(execution).text
     assert '"type":"pie"' in text and '"label":"cats"' in text
     assert "created render.txt (3 bytes)" in text
     assert "ZeroDivisionError" in text and "\x1b" not in text
 
 
-def test_notebook_export_keeps_chart_and_files(alpha: httpx.Client, sid: str) -> None:
-    execute(alpha, sid, PIE + "\nopen('nb.txt', 'w').write('n')")
-    notebook = alpha.get(f"/v1/sessions/{sid}/notebook").json()
+def test_notebook_export_keeps_chart_and_files(alpha: httpx.Client, session_id: str) -> None:
+    execute(alpha, session_id, PIE + "\nopen('nb.txt', 'w').write('n')")
+    notebook = alpha.get(f"/v1/sessions/{session_id}/notebook").json()
     cell = notebook["cells"][-1]
     (figure,) = [o for o in cell["outputs"] if "image/png" in o.get("data", {})]
     assert figure["data"]["application/vnd.replgate.chart+json"]["type"] == "pie"
