@@ -34,7 +34,7 @@ MAX_REPORTED = 1000
 MAX_TRACKED = 20_000
 """Paths followed during one execution; past it only the first are reported (truncated)."""
 MAX_SNAPSHOT = 5_000
-"""Files the fallback compares (two walks of 5,000 files cost about 0.3 s in a one-CPU sandbox,
+"""Files the fallback compares (two walks of 5,000 files cost 0.1 to 0.3 s in a one-CPU sandbox,
 bench/files_touched.py); past it, it gives up and reports an empty, truncated list."""
 IGNORED = ".replgate"
 
