@@ -4,8 +4,17 @@ table under its image (real Chromium, real gateway, real kernels)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.ui.conftest import Ui
+
+
+async def new_session_page(ui: Ui) -> Any:
+    """A signed-in page on a new session of its own."""
+    session_id = await ui.create_session()
+    page = await ui.signed_in_page()
+    await ui.open_session(page, session_id)
+    return page
 
 
 async def test_cell_lists_touched_files_as_download_links(ui: Ui, tmp_path: Path) -> None:
@@ -32,9 +41,7 @@ async def test_cell_lists_touched_files_as_download_links(ui: Ui, tmp_path: Path
 
 
 async def test_chart_data_shows_as_table_under_image(ui: Ui) -> None:
-    session_id = await ui.create_session()
-    page = await ui.signed_in_page()
-    await ui.open_session(page, session_id)
+    page = await new_session_page(ui)
     cell = await ui.run(page, "import matplotlib.pyplot as plt\n"
                               "fig, ax = plt.subplots(figsize=(4, 3))\n"
                               "ax.bar(['north', 'south', 'east'], [12, 7.5, 3], label='sales')\n"
@@ -54,9 +61,7 @@ async def test_chart_data_shows_as_table_under_image(ui: Ui) -> None:
 
 
 async def test_chart_of_subplots_shows_a_table_per_part(ui: Ui) -> None:
-    session_id = await ui.create_session()
-    page = await ui.signed_in_page()
-    await ui.open_session(page, session_id)
+    page = await new_session_page(ui)
     cell = await ui.run(page, "import matplotlib.pyplot as plt\n"
                               "fig, (a, b) = plt.subplots(1, 2, figsize=(6, 3))\n"
                               "a.plot([0, 1], [2, 3], label='rise')\n"
