@@ -78,7 +78,8 @@ class CommandRequest(Strict):
     env: CommandEnv = Field(default_factory=dict, max_length=256,
                             description="added to the session's environment")
     cwd: str | None = Field(None, max_length=4096,
-                            description="folder relative to the workspace (default: its root)")
+                            description="folder relative to the workspace, or under /workspace "
+                            "(default: its root)")
     id: str | None = Field(None, min_length=1, max_length=128,
                            pattern=r"^[A-Za-z0-9_.-]+$",
                            description="a name for the command, to kill it while it runs")

@@ -231,6 +231,8 @@ class Session:
         if "\x00" in command:
             raise InvalidRequest("cmd contains a NUL character, which a shell cannot take")
         timeout = self.check_timeout(timeout_s)
+        if cwd is not None and (cwd == "/workspace" or cwd.startswith("/workspace/")):
+            cwd = cwd.removeprefix("/workspace").lstrip("/")  # the path as the sandbox sees it
         folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
         if len(self.commands) >= self._settings.max_commands:
             raise TooManyCommands(self.id, self._settings.max_commands)

@@ -28,6 +28,9 @@ async def test_command_runs_in_workspace_as_sandbox_user_with_env(
         cwd="sub"))
     assert result.stdout.splitlines() == [
         "/workspace/sub", "1000", f"hi|{SESSION_ENV['REPLGATE_TEST_GREETING']}"]
+    absolute = await shared_session.run_command(shared_session.prepare_command(
+        "pwd", cwd="/workspace/sub"))
+    assert absolute.stdout == "/workspace/sub\n"
 
 
 async def test_command_has_no_network(shared_session: Session) -> None:
