@@ -24,7 +24,7 @@ from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import Store
-from kernel_pool.pool import KernelPool
+from kernel_pool import KernelPool
 
 logger = logging.getLogger("replgate")
 

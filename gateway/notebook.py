@@ -18,7 +18,8 @@ import nbformat.v4
 from nbformat import NotebookNode
 from pydantic import BaseModel, Field, TypeAdapter
 
-from kernel_pool.events import (
+from kernel_pool import (
+    CHART_MIME,
     ClearOutputEvent,
     DisplayEvent,
     DoneEvent,
@@ -27,7 +28,6 @@ from kernel_pool.events import (
     StreamEvent,
     UpdateDisplayEvent,
 )
-from kernel_pool.results import CHART_MIME
 
 _KERNELSPEC = {"name": "python3", "display_name": "Python 3 (replgate sandbox)",
                "language": "python"}

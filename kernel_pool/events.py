@@ -21,6 +21,11 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 """ANSI escape sequences (CSI, and the two-byte ones): Jupyter colours tracebacks with them."""
 
 
+CHART_MIME = "application/vnd.replgate.chart+json"
+"""The MIME type under which the sandbox adds a figure's chart to its display bundle (and under
+which a notebook export keeps it); on the wire the chart is the output's ``chart``."""
+
+
 class ExecutionStatus(StrEnum):
     OK = "ok"
     ERROR = "error"

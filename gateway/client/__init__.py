@@ -7,10 +7,11 @@
         ex = await sbx.run_code("print(x * 2)", on_stdout=lambda e: print(e.text, end=""))
         assert ex.status == "ok" and ex.stdout == "42\\n"
 
-It needs only httpx, websockets, pydantic and the event models of ``kernel_pool.events``.
+It needs only httpx, websockets and pydantic: its models are the wire's (:mod:`gateway.wire`),
+the same the gateway serves.
 """
 
-from kernel_pool.events import (
+from gateway.wire import (
     CommandResult,
     CommandStatus,
     DisplayEvent,
@@ -19,9 +20,12 @@ from kernel_pool.events import (
     ExecutionError,
     ExecutionStatus,
     FileChange,
+    FileInfo,
+    FileWritten,
     Output,
     StreamEvent,
 )
+from gateway.wire import SessionOut as SessionInfo
 
 from ._async import AsyncSandbox, ToolSessionOf
 from ._commands import AsyncCommandHandle, AsyncCommands
@@ -35,7 +39,6 @@ from ._errors import (
     TransportError,
 )
 from ._files import AsyncFiles
-from ._models import FileInfo, SessionInfo
 from ._render import ImagePart, TextPart, ToolResult, render_execution
 from ._sync import Sandbox
 from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
@@ -55,6 +58,7 @@ __all__ = [
     "ExecutionStatus",
     "FileChange",
     "FileInfo",
+    "FileWritten",
     "ImagePart",
     "InvalidRequestError",
     "NotFoundError",

@@ -18,7 +18,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from kernel_pool.events import CommandDone, CommandResult
+from gateway.wire import CommandDone, CommandResult
 
 from ._errors import ReplgateError, TransportError
 from ._stream import _closed_error, _refused_error, _rejected_error
@@ -126,9 +126,12 @@ async def _follow(socket: ClientConnection, command_id: str,
                 message = json.loads(await socket.recv())
             except ConnectionClosed as exc:
                 raise _closed(exc, command_id) from exc
-            if not isinstance(message, dict) or message.get("command_id") != command_id:
+            if not isinstance(message, dict):
                 continue
             kind = message.get("type")
+            if message.get("command_id") != command_id and not (
+                    kind == "rejected" and message.get("execution_id") == command_id):
+                continue
             if kind == "rejected":
                 raise _rejected_error(message, command_id, "Command")
             if kind in out and isinstance(message.get("text"), str):

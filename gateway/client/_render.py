@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_pool.events import CommandResult, CommandStatus, Execution, ExecutionStatus, FileChange
+from gateway.wire import CommandResult, CommandStatus, Execution, ExecutionStatus, FileChange
 
 DEFAULT_TEXT_CHARS = 20_000
 """Characters of one text (a result, a display, a file) returned to a model."""

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
-from gateway.models import (
+from gateway.wire import (
     CommandRequest,
+    CommandResult,
     ExecuteRequest,
     ExecutionOut,
     ExecutionSummary,
@@ -17,7 +18,6 @@ from gateway.models import (
     SessionCreate,
     SessionOut,
 )
-from kernel_pool.events import CommandResult
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -71,7 +71,7 @@ async def kill_command(session_id: str, command_id: str, tenant: TenantDep,
 
 @router.post("/{session_id}/interrupt")
 async def interrupt(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> InterruptOut:
-    return InterruptOut(interrupted=gateway.session(tenant, session_id).interrupt())
+    return InterruptOut(interrupted=await gateway.interrupt(tenant, session_id))
 
 
 @router.post("/{session_id}/restart")

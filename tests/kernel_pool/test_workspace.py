@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from kp_support import mounts_under, run_ok
 
-from kernel_pool import Session
-from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
-from kernel_pool.workspace import SANDBOX_UID, Workspace
+from kernel_pool import PathOutsideWorkspace, Session, WorkspaceError
+from kernel_pool._workspace import SANDBOX_UID, Workspace
 
 
 @pytest.fixture

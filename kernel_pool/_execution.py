@@ -18,9 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
+from kernel_pool._channel import STALL_S
+from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._lines import LineJoiner
+from kernel_pool._results import files_from_reply, split_chart
 from kernel_pool.backends.base import CgroupUsage
-from kernel_pool.caps import SPILL_DIR, OutputLimiter, spill
-from kernel_pool.channel import STALL_S
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -35,9 +38,6 @@ from kernel_pool.events import (
     UpdateDisplayEvent,
 )
 from kernel_pool.exceptions import KernelPoolError
-from kernel_pool.kernel import Kernel, KernelDied, KernelState
-from kernel_pool.lines import LineJoiner
-from kernel_pool.results import files_from_reply, split_chart
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool._workspace import Workspace
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -26,7 +27,6 @@ from kernel_pool.events import (
     UpdateDisplayEvent,
 )
 from kernel_pool.exceptions import WorkspaceError
-from kernel_pool.workspace import Workspace
 
 logger = logging.getLogger(__name__)
 

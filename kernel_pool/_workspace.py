@@ -25,7 +25,13 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel
 
-from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
+from kernel_pool.exceptions import (
+    FileMissing,
+    FileTooLarge,
+    PathOutsideWorkspace,
+    WorkspaceError,
+    WorkspaceFull,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +181,7 @@ class Workspace:
                 if not stat.S_ISREG(info.st_mode):
                     raise WorkspaceError(f"{path!r} is not a regular file")
                 if info.st_size > limit:
-                    raise WorkspaceError(
-                        f"{path!r} is {info.st_size} bytes, over the download limit of {limit}")
+                    raise FileTooLarge(path, info.st_size, limit)
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
                     chunks.append(chunk)
@@ -251,10 +256,9 @@ def _path_error(exc: OSError, path: str) -> WorkspaceError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
         return PathOutsideWorkspace(path)
     if exc.errno == errno.ENOENT:
-        return WorkspaceError(f"{path!r} does not exist in the workspace")
+        return FileMissing(path)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return WorkspaceError("the session's workspace is full; delete files or raise "
-                              "the profile's workspace_size")
+        return WorkspaceFull()
     if exc.errno == errno.EISDIR:
         return WorkspaceError(f"{path!r} is a directory")
     return WorkspaceError(f"{path!r}: {exc.strerror}")

@@ -16,8 +16,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool.backends.base import CommandProcess, Sandbox
-from kernel_pool.caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import CommandDone, CommandResult, CommandStatus, StreamEvent
 

@@ -15,9 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from kernel_pool.events import FileChange
+from kernel_pool.events import CHART_MIME, FileChange
 
-CHART_MIME = "application/vnd.replgate.chart+json"
 FILES_KEY = "replgate_files"
 MAX_FILES = 1000
 """File changes kept per execution (the sandbox sends at most as many)."""

@@ -19,8 +19,8 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import CommandProcess
-from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID
 
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
 KILL_GRACE_S = 2.0
