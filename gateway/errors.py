@@ -44,6 +44,7 @@ from kernel_pool import (
     SessionClosed,
     SessionNotFound,
     StateDirFull,
+    TooManyCommands,
     WorkspaceError,
 )
 
@@ -109,6 +110,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (ExecutionIdTaken, 409),
     (PayloadTooLarge, 413),
     (QueueFull, 429),
+    (TooManyCommands, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -45,6 +45,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "max_kernels": ("pool", "max_kernels"),
     "interrupt_grace_s": ("pool", "interrupt_grace_s"),
     "max_queued_executions": ("pool", "max_queued_executions"),
+    "max_commands": ("pool", "max_commands"),
     "idle_ttl_s": ("pool", "idle_ttl_s"),
     "max_lifetime_s": ("pool", "max_lifetime_s"),
     "owner": ("pool", "owner"),

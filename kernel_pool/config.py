@@ -95,6 +95,7 @@ class PoolLimits(BaseModel):
     kernel_start_timeout_s: float = Field(60.0, gt=0)
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
+    max_commands: int = Field(4, ge=1, description="shell commands running at once per session")
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is culled")
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)

@@ -1,4 +1,4 @@
-"""The MCP server: replgate's six tools, for stdio and for the gateway's ``/mcp`` mount alike.
+"""The MCP server: replgate's seven tools, for stdio and for the gateway's ``/mcp`` mount alike.
 
 The tools are those of :class:`gateway.client.SandboxTools`, with the same descriptions and
 arguments as for function calling. Which session a call runs on is the :data:`Resolver`'s
@@ -15,7 +15,15 @@ from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, T
 
 from gateway import __version__
 from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
-from gateway.client._tools import Base64Flag, Code, FileContent, FilePath, NotebookPath, TimeoutS
+from gateway.client._tools import (
+    Base64Flag,
+    Code,
+    FileContent,
+    FilePath,
+    NotebookPath,
+    ShellCommand,
+    TimeoutS,
+)
 
 Resolver = Callable[[Context], Awaitable[SandboxTools]]
 """Finds the tools (bound to a session) for the connection a tool call came on."""
@@ -24,8 +32,8 @@ INSTRUCTIONS = (
     "replgate gives you a persistent Python session in a sandbox, like a Jupyter notebook that "
     "you drive with execute_python: variables, imports and files persist between calls for "
     "this whole connection. Upload data with upload_file, inspect results with read_file and "
-    "list_files, and export the work as a notebook with export_notebook. The sandbox has no "
-    "network access.")
+    "list_files, run shell commands with run_shell, and export the work as a notebook with "
+    "export_notebook. The sandbox has no network access.")
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
@@ -75,6 +83,10 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
     async def export_notebook(ctx: Context, path: NotebookPath = None) -> CallToolResult:
         return await run(ctx, lambda tools: tools.export_notebook(path))
 
+    async def run_shell(cmd: ShellCommand, ctx: Context, timeout_s: TimeoutS = None
+                        ) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.run_shell(cmd, timeout_s))
+
     hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
         execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
                                         open_world_hint=False),
@@ -88,6 +100,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                                         idempotent_hint=True, open_world_hint=False),
         export_notebook: ToolAnnotations(title="Export as a notebook", destructive_hint=False,
                                          open_world_hint=False),
+        run_shell: ToolAnnotations(title="Run a shell command", destructive_hint=True,
+                                   open_world_hint=False),
     }
     for function, hint in hints.items():
         name = function.__name__

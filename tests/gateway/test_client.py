@@ -264,7 +264,7 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     anthropic = sandbox.tools.anthropic()
 
     names = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-             "export_notebook"]
+             "export_notebook", "run_shell"]
     assert [tool["function"]["name"] for tool in openai] == names
     assert [tool["name"] for tool in anthropic] == names
     execute = openai[0]
@@ -414,6 +414,7 @@ def test_tool_specs_state_configured_limits() -> None:
 
     assert "5 s by default (timeout_s up to 30 s)" in execute.description
     assert "about 1234 characters" in execute.description
-    export = tool_specs()[-1].anthropic()["input_schema"]
+    export = next(s for s in tool_specs() if s.name == "export_notebook").anthropic()[
+        "input_schema"]
     assert export["properties"]["path"]["type"] == "string"
     assert "required" not in export

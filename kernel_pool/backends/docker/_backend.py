@@ -31,8 +31,16 @@ import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
-from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
+from kernel_pool.backends.base import (
+    CgroupUsage,
+    CommandProcess,
+    Sandbox,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+)
 from kernel_pool.backends.docker._cgroup import CgroupReader
+from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._strays import find_strays, kill_strays
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
@@ -128,6 +136,8 @@ class DockerSandbox(Sandbox):
         self._init_pid = 0
         """The host pid of the container's PID 1 (the reaper)."""
         self._exit_code: int | None = None
+        self._commands: set[int] = set()
+        """Host pids of the shell commands' wrappers running now."""
 
     @property
     def _api(self) -> docker.APIClient:
@@ -321,12 +331,19 @@ class DockerSandbox(Sandbox):
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid or not self._init_pid:
             return 0
+        spared = frozenset(self._commands)
         # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
-        if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children):
+        if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0
         killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
-                                       keep_kernel_children)
+                                       keep_kernel_children, spared)
         return killed
+
+    async def start_command(self, command: str, *, env: dict[str, str],
+                            cwd: str) -> CommandProcess:
+        return await DockerCommand.start(
+            self._api, _run, self.info.container_id, command, env=env,
+            cwd=f"/workspace/{cwd}".rstrip("/"), running=self._commands)
 
 
 class DockerBackend(SandboxBackend):
