@@ -6,6 +6,7 @@ Nothing reads the environment at import time: ``Settings()`` does, when the CLI 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +35,8 @@ class Settings(BaseSettings):
     # pool
     image: str = Field(default_factory=current_image,
                        description="sandbox image; default: the one built from this code")
+    runtime: Literal["runc", "gvisor"] = Field(
+        "runc", description="isolation of the default profile: runc or gvisor (runsc)")
     max_kernels: int = Field(8, ge=1, le=1024, description="kernels in all, warm and in use")
     min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
     memory: str = Field("2g", description="memory limit per sandbox (no swap)")
@@ -101,9 +104,10 @@ class Settings(BaseSettings):
 
     def pool_settings(self) -> PoolSettings:
         profile = Profile(
-            name="default", image=self.image, memory=self.memory, cpus=self.cpus,
-            pids=self.pids, tmp_size=self.tmp_size, workspace_size=self.workspace_size,
-            min_idle=self.min_idle, default_timeout_s=self.default_timeout_s,
+            name="default", image=self.image, runtime=self.runtime, memory=self.memory,
+            cpus=self.cpus, pids=self.pids, tmp_size=self.tmp_size,
+            workspace_size=self.workspace_size, min_idle=self.min_idle,
+            default_timeout_s=self.default_timeout_s,
             max_timeout_s=self.max_timeout_s, caps=OutputCaps(stream_chars=self.stream_chars))
         return PoolSettings(
             state_dir=self.state_dir, profiles={"default": profile},
