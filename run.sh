@@ -51,7 +51,7 @@ ensure_venv() {
 # and apt reads trixie's package list from a folder of its own, not from the host's sources.
 RUNSC=/usr/local/bin/runsc
 RUNSC_SUITE=trixie
-RUNSC_ARGS='["--network=none", "--host-uds=create", "--oci-seccomp"]'
+RUNSC_ARGS='["--network=none", "--host-uds=create"]'
 DAEMON_JSON=/etc/docker/daemon.json
 OWNED_ENGINE=/run/replgate-dockerd.pid  # dockerd that this script started (its pid)
 

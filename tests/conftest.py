@@ -25,6 +25,9 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
+"""The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
+under runc, then the hostile-code and posture suites again with ``REPLGATE_TEST_RUNTIME=gvisor``."""
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +108,7 @@ def make_gateway(**settings: str) -> GatewayProcess:
         "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "6",
         "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_LOG_LEVEL": "info",
         # Workspaces reserve their blocks on disk: keep the test gateways' footprint small.
-        "REPLGATE_WORKSPACE_SIZE": "256m",
+        "REPLGATE_WORKSPACE_SIZE": "256m", "REPLGATE_RUNTIME": TEST_RUNTIME,
     })
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,

@@ -24,12 +24,11 @@ from kernel_pool.config import Profile
 
 ENGINE_RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
 """A profile's ``runtime`` -> the name the Docker engine knows the OCI runtime by."""
-GVISOR_ARGS = ("--network=none", "--host-uds=create", "--oci-seccomp")
+GVISOR_ARGS = ("--network=none", "--host-uds=create")
 """runsc arguments the engine must pass: no network stack of its own (the sandbox has no network
-anyway, and runsc cannot set one up in an engine's root network namespace); Unix sockets bound
-in the sandbox made visible on the host (the kernel's ZMQ sockets in the bind-mounted socket
-folder); and Docker's seccomp profile applied inside gVisor too, as under runc (runsc ignores
-it otherwise), so a syscall refused under runc is refused under gVisor as well."""
+anyway, and runsc cannot set one up in an engine's root network namespace), and Unix sockets
+bound in the sandbox made visible on the host (the kernel's ZMQ sockets in the bind-mounted
+socket folder; without it they never appear on the host)."""
 RUNSC_PATH = "/usr/local/bin/runsc"
 """Where ``./run.sh`` installs Debian's runsc."""
 DAEMON_JSON = (f'"runtimes": {{"runsc": {{"path": "{RUNSC_PATH}", "runtimeArgs": '

@@ -84,9 +84,9 @@ def test_fork_bomb_stays_under_pids_limit(hostile: Hostile, sid: str) -> None:
     try:
         result = hostile.run(sid, "import os\nwhile True:\n    os.fork()", timeout_s=5)
         assert result["status"] in ("error", "timeout", "died"), brief(result)
-        peak = int(hostile.cgroup_value(sid, "pids", "pids.max"))
+        peak = hostile.pids_limit(sid)
         assert peak == 128
-        assert int(hostile.cgroup_value(sid, "pids", "pids.current")) <= 128
+        assert hostile.pids_current(sid) <= 128
         hostile.usable(other)  # another session is unaffected
         # A restart leaves nothing but init and a fresh kernel.
         assert hostile.client().post(f"/v1/sessions/{sid}/restart").status_code == 200
@@ -126,7 +126,7 @@ release.set()
 report([count, error])
 """)
     assert 0 < found[0] < 128 and "can't start new thread" in found[1]
-    assert int(hostile.cgroup_value(sid, "pids", "pids.current")) <= 128
+    assert hostile.pids_current(sid) <= 128
     hostile.usable(sid)
 
 
@@ -145,7 +145,7 @@ report([made, error])
 """)
     assert 0 < found[0] < 128 and found[1] == 11  # EAGAIN at the pids limit
     hostile.usable(sid)
-    assert int(hostile.cgroup_value(sid, "pids", "pids.current")) <= 128
+    assert hostile.pids_current(sid) <= 128
     assert hostile.client().post(f"/v1/sessions/{sid}/restart").status_code == 200
     assert len(hostile.host_processes(sid)) == 2
 
