@@ -102,13 +102,14 @@ def make_gateway(**settings: str) -> GatewayProcess:
     owner = f"test-{secrets.token_hex(4)}"
     keys = {"alpha": f"rg_alpha_{secrets.token_hex(8)}", "beta": f"rg_beta_{secrets.token_hex(8)}"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    env["REPLGATE_RUNTIME"] = TEST_RUNTIME
     env.update({
         "REPLGATE_STATE_DIR": str(state_dir), "REPLGATE_OWNER": owner,
         "REPLGATE_API_KEYS": ",".join(f"{t}:{k}" for t, k in keys.items()),
         "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "6",
         "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_LOG_LEVEL": "info",
         # Workspaces reserve their blocks on disk: keep the test gateways' footprint small.
-        "REPLGATE_WORKSPACE_SIZE": "256m", "REPLGATE_RUNTIME": TEST_RUNTIME,
+        "REPLGATE_WORKSPACE_SIZE": "256m",
     })
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,

@@ -284,10 +284,10 @@ class DockerSandbox(Sandbox):
 
     async def kill(self, restart: bool = False) -> None:
         if restart and self.profile.runtime == "gvisor":
-            # The cgroup holds gVisor's own processes, not the sandboxed ones: stop those
-            # through runsc; if that cannot be done, replace the container (the workspace stays).
-            if self._runsc is None or not await _in_thread(self._runsc.kill_all_but_init):
-                await _run(self._backend.remove_container, self.info.container_id)
+            # The cgroup holds gVisor's own processes, not the sandboxed ones: the hard stop
+            # replaces the container (a fresh gVisor kernel; launch_kernel makes it, the
+            # workspace stays), which no swarm of processes inside can slow down.
+            await _run(self._backend.remove_container, self.info.container_id)
             return
         if restart:
             procs = self._cgroup.procs_file if self._cgroup is not None else None
@@ -328,7 +328,12 @@ class DockerSandbox(Sandbox):
         if self.profile.runtime == "gvisor":
             if self._runsc is None:
                 return 0
-            gone: int = await _in_thread(self._runsc.kill_strays, keep_kernel_children)
+            gone: int | None = await _in_thread(self._runsc.kill_strays, keep_kernel_children)
+            if gone is None:  # a swarm: stop everything; the kernel's death is then handled
+                logger.warning("sandbox %s: a swarm of processes outlived the execution; "
+                               "replacing the sandbox", self.info.sandbox_id)
+                await _run(self._backend.remove_container, self.info.container_id)
+                return 0
             return gone
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid or not self._init_pid:

@@ -3,10 +3,12 @@ sandbox's processes, seen and killed from the host through ``runsc``.
 
 Under gVisor the sandboxed processes are not host processes: the container's cgroup holds the
 gVisor kernel (the sentry), its file proxy (the gofer) and their helper processes, and killing
-any of those kills the whole sandbox. So the per-execution clean-up and the hard stop of a
-restart ask ``runsc ps`` for the processes the sentry runs, and kill them one by one with
+any of those kills the whole sandbox. So the per-execution clean-up asks ``runsc ps`` for
+the processes the sentry runs and kills the few an execution left behind one by one with
 ``runsc kill --pid``, from the host: no ``docker exec`` (which a sandbox at its process limit
-leaves no room for) and nothing the sandboxed code can intercept.
+leaves no room for) and nothing the sandboxed code can intercept. The hard stop of a restart,
+and the clean-up after a swarm of processes, replace the whole container instead: gVisor's
+kernel goes with it, and the workspace stays.
 
 gVisor's process ids are handed out in increasing order and not reused until the space wraps,
 so a pid read from ``runsc ps`` and killed a few milliseconds later is the same process.
@@ -36,8 +38,10 @@ DAEMON_JSON = (f'"runtimes": {{"runsc": {{"path": "{RUNSC_PATH}", "runtimeArgs":
 HOST_PIDS_HEADROOM = 128
 """Host processes and threads the sentry and gofer may use beyond two per sandboxed task."""
 RUNSC_TIMEOUT_S = 10.0
-ROUNDS = 20
+ROUNDS = 3
 """Passes of ps-and-kill at most: a process forking while it is killed leaves children."""
+FEW_STRAYS = 8
+"""Strays killed one by one (a runsc call each, ~20 ms); more is a swarm (see kill_strays)."""
 
 
 def host_pids_limit(profile: Profile) -> int:
@@ -113,34 +117,29 @@ class Runsc:
     def kill(self, pid: int) -> bool:
         return self._call("kill", "--pid", str(pid), self.container_id, "KILL").returncode == 0
 
-    def kill_strays(self, keep_kernel_children: bool) -> int:
+    def kill_strays(self, keep_kernel_children: bool) -> int | None:
         """Kill every process but PID 1 and the processes the engine started (parent 0: the
-        kernel), and with ``keep_kernel_children`` their descendants; how many were killed."""
+        kernel), and with ``keep_kernel_children`` their descendants; how many were killed.
+
+        None when that is not a few daemons but a swarm (a fork bomb re-forks faster than
+        processes are killed one runsc call at a time): the caller replaces the sandbox.
+        """
         killed: set[int] = set()
         for _ in range(ROUNDS):
             found = self.processes()
             if found is None:
                 break
-            strays = [pid for pid in strays_of(found, keep_kernel_children) if pid not in killed]
+            strays = strays_of(found, keep_kernel_children)
             if not strays:
                 break
+            if len(strays) > FEW_STRAYS:
+                return None
             for pid in strays:
                 if self.kill(pid):
                     killed.add(pid)
+        else:
+            return None
         return len(killed)
-
-    def kill_all_but_init(self) -> bool:
-        """The hard stop of a restart: every process but PID 1. False if some survived."""
-        for _ in range(ROUNDS):
-            found = self.processes()
-            if found is None:
-                return False
-            rest = [pid for pid in found if pid != 1]
-            if not rest:
-                return True
-            for pid in rest:
-                self.kill(pid)
-        return False
 
 
 def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[int]:
