@@ -242,11 +242,21 @@ class DockerSandbox(Sandbox):
             return self._exit_code
         if not self.info.kernel_ref:
             return -1
-        details = await _run(self._api.exec_inspect, self.info.kernel_ref)
+        try:
+            details = await _in_thread(self._api.exec_inspect, self.info.kernel_ref)
+        except docker.errors.NotFound:
+            # Its container was removed (a gVisor sandbox's hard stop replaces it): the
+            # engine forgets its execs, and the kernel was killed with it.
+            self._exit_code = -signal.SIGKILL
+            return self._exit_code
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"Docker engine: {exc}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"Docker engine did not answer: {exc}") from exc
         if details.get("Running"):
             return None
-        self._exit_code = int(details.get("ExitCode") if details.get("ExitCode") is not None
-                              else -1)
+        code = details.get("ExitCode")
+        self._exit_code = int(code) if code is not None else -1
         return self._exit_code
 
     async def wait(self) -> int:

@@ -129,7 +129,8 @@ class Runsc:
             found = self.processes()
             if found is None:
                 break
-            strays = strays_of(found, keep_kernel_children)
+            # A killed child stays listed (a zombie) until the kernel reaps it: not a new one.
+            strays = [pid for pid in strays_of(found, keep_kernel_children) if pid not in killed]
             if not strays:
                 break
             if len(strays) > FEW_STRAYS:

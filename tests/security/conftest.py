@@ -127,8 +127,17 @@ class Hostile:
         return info
 
     def container(self, sid: str) -> Any:
-        """The session's container, by its name (stable when the container is replaced)."""
-        return self.docker.containers.get(f"replgate-{self.sandbox(sid)['sandbox_id']}")
+        """The session's container, by its name (stable when the container is replaced; under
+        gVisor a hard stop replaces it, so a replacement being made is waited for)."""
+        name = f"replgate-{self.sandbox(sid)['sandbox_id']}"
+        deadline = time.monotonic() + RESTART_BUDGET_S
+        while True:
+            try:
+                return self.docker.containers.get(name)
+            except docker.errors.NotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def runtime(self, sid: str) -> str:
         """The OCI runtime the engine runs the session's container with (runc or runsc)."""

@@ -83,14 +83,15 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
     if host["Runtime"] == "runsc":
-        # The host process is gVisor's kernel (the sentry): seccomp-confined, in namespaces of
-        # its own, without the capabilities that would matter on the host; the sandboxed
-        # processes are its tasks, not host processes. Their limit is RLIMIT_NPROC inside.
+        # The host process is gVisor's kernel (the sentry): seccomp-confined, in a user
+        # namespace and mount, IPC, UTS and network namespaces of its own (its capabilities
+        # are that user namespace's), none of the ones that would matter even there. The
+        # sandboxed processes are its tasks, numbered by it, not host processes.
         effective = int(fields["CapEff"], 16)
         assert not effective & (1 << CAP_SYS_ADMIN | 1 << CAP_NET_ADMIN | 1 << CAP_SYS_MODULE)
-        for namespace in ("pid", "mnt", "ipc", "uts", "net"):
+        for namespace in ("user", "mnt", "ipc", "uts", "net"):
             assert (Path(f"/proc/{state['Pid']}/ns/{namespace}").readlink()
-                    != Path(f"/proc/1/ns/{namespace}").readlink()), namespace
+                    != Path(f"/proc/self/ns/{namespace}").readlink()), namespace
         return
     # The kernel side, from the host's /proc: nothing to raise, seccomp in filter mode.
     assert fields["CapEff"].strip() == fields["CapPrm"].strip() == "0000000000000000"
