@@ -107,6 +107,10 @@ class Hostile:
         status = self.client(tenant).get(f"/v1/sessions/{sid}").json()["status"]
         assert status == "idle", status
 
+    def restart(self, sid: str, tenant: str = "alpha") -> None:
+        answer = self.client(tenant).post(f"/v1/sessions/{sid}/restart")
+        assert answer.status_code == 200, answer.text
+
     def healthz_ms(self) -> float:
         started = time.perf_counter()
         answer = self.client().get("/healthz")
