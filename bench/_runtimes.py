@@ -33,6 +33,15 @@ async def _time(action: Callable[[], Awaitable[Any]]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+async def _session_start(rg: Replgate) -> float:
+    """Milliseconds to create a session (then deleted, untimed)."""
+    start = time.perf_counter()
+    sid = await rg.create_session()
+    elapsed = (time.perf_counter() - start) * 1000
+    await rg.delete_session(sid)
+    return elapsed
+
+
 async def _executed(rg: Replgate, sid: str, code: str) -> None:
     result = await rg.http_execute(sid, code)
     if result["status"] != "ok":
@@ -59,14 +68,7 @@ async def runtimes(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
             for runtime, rg in warm.items():
                 await rg.wait_idle(2)
                 await asyncio.sleep(0.2)  # the refill's Docker calls are over
-                sid = ""
-
-                async def create(rg: Replgate = rg) -> None:
-                    nonlocal sid
-                    sid = await rg.create_session()
-
-                timings["warm_start"][runtime].append(await _time(create))
-                await rg.delete_session(sid)
+                timings["warm_start"][runtime].append(await _session_start(rg))
 
         sessions = {r: await rg.create_session() for r, rg in warm.items()}
         for runtime, rg in warm.items():  # the first execution of a kernel is not the figure
@@ -95,14 +97,7 @@ async def runtimes(sizes: Sizes, log: Callable[[str], None]) -> dict[str, Any]:
         log("runtimes: cold session start")
         for _ in range(sizes.starts_cold):
             for runtime, rg in cold.items():
-                sid = ""
-
-                async def create_cold(rg: Replgate = rg) -> None:
-                    nonlocal sid
-                    sid = await rg.create_session()
-
-                timings["cold_start"][runtime].append(await _time(create_cold))
-                await rg.delete_session(sid)
+                timings["cold_start"][runtime].append(await _session_start(rg))
     results: dict[str, Any] = {name: {r: summary(v) for r, v in by_runtime.items()}
                                for name, by_runtime in timings.items()}
     results["memory_per_warm_kernel_mib"] = memory
