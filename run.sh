@@ -148,13 +148,22 @@ ensure_browser() {
     chromium fonts-dejavu-core >/dev/null
 }
 
+# tests/test_readme.py runs the README's shell examples as written: they use curl and jq.
+ensure_readme_tools() {
+  command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 && return
+  say "installing Debian's curl and jq for the README's examples"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    curl jq >/dev/null
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   serve)
     ensure_venv serve; ensure_engine; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_image; ensure_browser
+    ensure_venv dev; ensure_engine; ensure_image; ensure_browser; ensure_readme_tools
     exec "$VENV/bin/python" -m pytest "$@" ;;
   *)
     echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args]" >&2; exit 2 ;;

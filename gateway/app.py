@@ -13,7 +13,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.routing import Route
 
-from gateway import __version__, errors
+from gateway import __version__, bodies, errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.governance import Governance, load_policy
@@ -106,6 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="replgate", version=__version__, lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
     errors.install(app)
+    bodies.install(app)
     mcp = mcp_endpoint(settings)
     app.router.routes.append(Route("/mcp", mcp))  # MCP over streamable HTTP, same API keys
     for module in (health, sessions, files, ws, watch, jupyter, ui):

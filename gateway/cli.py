@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,9 +34,7 @@ def configure_logging(settings: Settings) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
+    from gateway.statelock import StartRefused, StateLock, bind_socket, socket_url
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -42,9 +42,36 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = Settings(**overrides)
-    configure_logging(settings)
-    from gateway.governance import PolicyError
+    # The lock, then the port, before anything else (even the slow imports): a second gateway
+    # on this state directory, or one whose port is taken, must leave the running one alone.
+    try:
+        lock = StateLock.acquire(settings.state_dir)
+    except StartRefused as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 1
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except StartRefused as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        lock.release()
+        return 1
+    try:
+        lock.record_address(socket_url(sock))
+        return _run_gateway(settings, sock)
+    finally:
+        sock.close()
+        lock.release()
 
+
+def _run_gateway(settings: Settings, sock: socket.socket) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.governance import PolicyError
+    from gateway.statelock import socket_url
+
+    configure_logging(settings)
+    logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings)
     except PolicyError as exc:
@@ -52,16 +79,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
     # than it saves on the local or LAN links agents use (and PNGs do not compress).
-    config = uvicorn.Config(app, host=settings.host, port=settings.port,
-                            log_config=None, ws_max_size=16 * 1024 * 1024,
+    config = uvicorn.Config(app, log_config=None, ws_max_size=16 * 1024 * 1024,
                             ws_per_message_deflate=False, timeout_graceful_shutdown=15)
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    import os
-
     import anyio
 
     from gateway.mcp import run_stdio

@@ -11,7 +11,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kernel_pool.config import OutputCaps, PoolSettings, Profile, parse_size
+from kernel_pool.config import (
+    MAX_OUTPUT_BYTES_LIMIT,
+    OutputCaps,
+    PoolSettings,
+    Profile,
+    parse_size,
+)
 from kernel_pool.image import current_image
 
 
@@ -53,6 +59,10 @@ class Settings(BaseSettings):
     idle_ttl_s: float = Field(3600.0, gt=0, description="idle sessions are deleted after this")
     max_lifetime_s: float = Field(86400.0, gt=0)
     stream_chars: int = Field(20_000, ge=1000, description="stdout+stderr chars returned")
+    max_output_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, le=MAX_OUTPUT_BYTES_LIMIT,
+        description="bytes of one display's or result's bundle: a larger one is replaced, "
+                    "inside the sandbox, by a notice and `omitted` sizes")
     owner: str = Field("replgate", description="container label naming this gateway")
 
     # requests
@@ -107,8 +117,11 @@ class Settings(BaseSettings):
             name="default", image=self.image, runtime=self.runtime, memory=self.memory,
             cpus=self.cpus, pids=self.pids, tmp_size=self.tmp_size,
             workspace_size=self.workspace_size, min_idle=self.min_idle,
-            default_timeout_s=self.default_timeout_s,
-            max_timeout_s=self.max_timeout_s, caps=OutputCaps(stream_chars=self.stream_chars))
+            default_timeout_s=self.default_timeout_s, max_timeout_s=self.max_timeout_s,
+            caps=OutputCaps(
+                stream_chars=self.stream_chars, display_bytes=self.max_output_bytes,
+                display_total_bytes=max(2 * self.max_output_bytes,
+                                        OutputCaps().display_total_bytes)))
         return PoolSettings(
             state_dir=self.state_dir, profiles={"default": profile},
             max_kernels=self.max_kernels, interrupt_grace_s=self.interrupt_grace_s,

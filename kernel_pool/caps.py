@@ -167,6 +167,8 @@ class OutputLimiter:
                 self.truncated = True
                 return None
             self._displays += 1
+        if event.omitted:  # the kernel replaced it already (its own copy of this cap)
+            self.truncated = True
         size = payload_size(event.data) + payload_size(event.metadata)
         if size <= self.caps.display_bytes:
             if self._spend(size):
@@ -174,12 +176,14 @@ class OutputLimiter:
             self._displays_dropped += 1
             return None
         self.truncated = True
+        omitted = {mime: payload_size(value) for mime, value in event.data.items()}
         note = (f"[replgate: output of {size} bytes omitted (limit {self.caps.display_bytes} "
                 f"bytes); save large results to a file instead]")
         if not self._spend(len(note)):
             self._displays_dropped += 1
             return None
-        return event.model_copy(update={"data": {"text/plain": note}, "metadata": {}})
+        return event.model_copy(update={"data": {"text/plain": note}, "metadata": {},
+                                        "omitted": omitted})
 
     def clear(self, event: ClearOutputEvent) -> ClearOutputEvent | None:
         """A clear_output to send, or None once the rich-output budget is spent."""

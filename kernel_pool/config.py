@@ -9,13 +9,20 @@ from pydantic import BaseModel, Field, field_validator
 
 from kernel_pool.image import current_image
 
+MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
+"""The largest per-output cap: a bundle base64-encodes and travels as one message, which must
+stay under the host's message size limit (64 MiB) with room for its envelope."""
+
 
 class OutputCaps(BaseModel):
     """What one execution may return; the rest is kept in a file in the workspace."""
 
     stream_chars: int = Field(20_000, ge=1_000, description="stdout+stderr characters returned")
     line_chars: int = Field(5_000, ge=100, description="characters of one line returned")
-    display_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="one display's payload")
+    display_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, le=MAX_OUTPUT_BYTES_LIMIT,
+        description="one display's or result's bundle; over it, a notice and `omitted` "
+        "(applied in the kernel, then again on the host)")
     display_count: int = Field(50, ge=1, description="display/result outputs per execution")
     display_total_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="payload of all rich outputs of one execution "

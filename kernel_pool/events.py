@@ -46,6 +46,9 @@ class DisplayEvent(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    omitted: dict[str, int] | None = None
+    """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
+    only a ``text/plain`` notice)."""
 
 
 class UpdateDisplayEvent(BaseModel):
@@ -53,6 +56,8 @@ class UpdateDisplayEvent(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str
+    omitted: dict[str, int] | None = None
+    """As :attr:`DisplayEvent.omitted`."""
 
 
 class ClearOutputEvent(BaseModel):
@@ -113,6 +118,9 @@ class Output(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    omitted: dict[str, int] | None = None
+    """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
+    only a ``text/plain`` notice)."""
 
 
 class ExecutionError(BaseModel):
@@ -167,11 +175,13 @@ class ExecutionBuilder:
             (self._stdout if event.type == "stdout" else self._stderr).append(event.text)
         elif isinstance(event, DisplayEvent):
             self._outputs.append(Output(type=event.type, data=event.data,
-                                        metadata=event.metadata, display_id=event.display_id))
+                                        metadata=event.metadata, display_id=event.display_id,
+                                        omitted=event.omitted))
         elif isinstance(event, UpdateDisplayEvent):
             for output in self._outputs:
                 if output.display_id == event.display_id:
                     output.data, output.metadata = event.data, event.metadata
+                    output.omitted = event.omitted
         elif isinstance(event, ClearOutputEvent):
             if event.wait:
                 self._clear_pending = True

@@ -22,6 +22,7 @@ import anyio.to_thread
 
 from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.caps import SPILL_DIR, OutputLimiter
+from kernel_pool.channel import STALL_S
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -36,6 +37,7 @@ from kernel_pool.events import (
 )
 from kernel_pool.exceptions import KernelPoolError, WorkspaceError
 from kernel_pool.kernel import Kernel, KernelDied, KernelState
+from kernel_pool.lines import LineJoiner
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,14 @@ def _bundle(value: Any) -> dict[str, Any]:
             for k, v in value.items()}
 
 
+def _omitted(value: Any) -> dict[str, int] | None:
+    """The kernel's ``omitted`` sizes, from untrusted content: string keys, int sizes."""
+    if not isinstance(value, dict) or not value:
+        return None
+    return {str(k): v if isinstance(v, int) and not isinstance(v, bool) else 0
+            for k, v in list(value.items())[:64]}
+
+
 def translate(msg: dict[str, Any]) -> OutputEvent | None:
     """One iopub message as an event (None for messages that carry no output)."""
     kind = msg.get("msg_type")
@@ -70,13 +80,16 @@ def translate(msg: dict[str, Any]) -> OutputEvent | None:
         transient = content.get("transient")
         display_id = transient.get("display_id") if isinstance(transient, dict) else None
         data, metadata = _bundle(content.get("data")), _bundle(content.get("metadata"))
+        omitted = _omitted(content.get("omitted"))
         if kind == "update_display_data":
             if not isinstance(display_id, str):
                 return None
-            return UpdateDisplayEvent(data=data, metadata=metadata, display_id=display_id)
+            return UpdateDisplayEvent(data=data, metadata=metadata, display_id=display_id,
+                                      omitted=omitted)
         return DisplayEvent(type="result" if kind == "execute_result" else "display", data=data,
                             metadata=metadata,
-                            display_id=display_id if isinstance(display_id, str) else None)
+                            display_id=display_id if isinstance(display_id, str) else None,
+                            omitted=omitted)
     if kind == "error":
         traceback = content.get("traceback")
         return ErrorEvent(ename=_text(content.get("ename")), evalue=_text(content.get("evalue")),
@@ -103,6 +116,11 @@ class ExecutionRun:
         self._usage_before_restart: CgroupUsage | None = None
         self._spill_failed = False
         self._interrupt_requested = False
+        self._errors = 0
+        """Error outputs the kernel sent: with any, the status is ``error`` (a display
+        formatter that raised leaves the reply ``ok``)."""
+        self._lines = LineJoiner()
+        self._restart_reason: str | None = None
 
     def interrupt(self) -> bool:
         """Ask for the run to stop (status ``interrupted``); False if it is not running."""
@@ -117,6 +135,14 @@ class ExecutionRun:
 
     async def run(self, emit: Emit) -> DoneEvent:
         started = time.monotonic()
+        broken = await self.kernel.channel_ready()
+        if broken is not None and self.kernel.death is None:
+            # The output channel could not be re-established after it broke: a fresh kernel
+            # is the only way to have this execution's output arrive whole.
+            self._usage_before_restart = await self.kernel.sandbox.usage()
+            await self.kernel.restart()
+            self._restart_reason = (f"{broken}; a fresh kernel was started before this "
+                                    "execution (variables lost, files kept)")
         msg_id, route = self.kernel.request("execute_request", {
             "code": self.code, "silent": False, "store_history": True, "user_expressions": {},
             "allow_stdin": False, "stop_on_error": True})
@@ -130,6 +156,11 @@ class ExecutionRun:
         finally:
             self.kernel.forget(msg_id)
             self._route = None
+        for piece in self._lines.flush():
+            self._emit_stream(piece, emit)
+        if self._restart_reason is not None and not done.restarted:
+            done.restarted = True
+            done.reason = "; ".join(filter(None, [self._restart_reason, done.reason]))
         if not done.restarted and self.kernel.state == KernelState.READY:
             # No daemon outlives the execution that made it; after a timeout or an interrupt
             # nothing but the kernel does (its children are what did not stop).
@@ -156,6 +187,7 @@ class ExecutionRun:
         loop = asyncio.get_running_loop()
         deadline = started + self.timeout_s
         deadline_loop = loop.time() + (deadline - time.monotonic())
+        breaks = self.kernel.channel_breaks
         reply: dict[str, Any] | None = None
         idle = False
         reason: str | None = None
@@ -164,6 +196,8 @@ class ExecutionRun:
             # the queue runs dry: under a flood of output it may never do so.
             if self.kernel.death is not None:
                 return await self._recover_death(self.kernel.death)
+            if reply is not None and self.kernel.channel_breaks != breaks:
+                break  # its idle status may have been lost with the channel: do not wait for it
             if self._interrupt_requested and self._status is None:
                 self._status = ExecutionStatus.INTERRUPTED
                 reason = "interrupted on request"
@@ -171,7 +205,12 @@ class ExecutionRun:
                 deadline_loop = loop.time() + self.interrupt_grace_s
             if loop.time() >= deadline_loop:
                 if reply is not None:
-                    break  # the reply came but iopub's idle got lost: do not wait forever
+                    # The reply came but the output channel stayed silent, its idle status
+                    # never came: output may be lost. Subscribe afresh; not ``ok``.
+                    self.kernel.recover_channel(
+                        f"the kernel's output channel stalled (no end of output within "
+                        f"{STALL_S:g}s of the reply)")
+                    break
                 if self._status is None:
                     self._status = ExecutionStatus.TIMEOUT
                     reason = f"execution exceeded timeout_s={self.timeout_s:g}"
@@ -179,20 +218,27 @@ class ExecutionRun:
                     deadline_loop = loop.time() + self.interrupt_grace_s
                     continue
                 return await self._hard_restart(reason or "the kernel did not stop")
+            wake = deadline_loop if self._lines.deadline is None else min(deadline_loop,
+                                                                         self._lines.deadline)
             try:
-                async with asyncio.timeout_at(deadline_loop):
+                async with asyncio.timeout_at(wake):
                     channel, msg = await route.get()
             except TimeoutError:
+                if self._lines.deadline is not None and loop.time() >= self._lines.deadline:
+                    for piece in self._lines.flush():
+                        self._emit_stream(piece, emit)
                 continue
-            if channel in ("interrupt", "died"):
+            if channel in ("interrupt", "died", "channel"):
                 continue  # wake-ups; the checks above act on them
             if channel == "shell":
                 if msg.get("msg_type") == "execute_reply":
                     reply = msg.get("content") if isinstance(msg.get("content"), dict) else {}
                     if not idle:
-                        # outputs still in flight on iopub: a short wait for its idle status
-                        deadline_loop = min(deadline_loop, loop.time() + 1.0)
+                        # outputs still in flight on iopub: a wait for its idle status
+                        deadline_loop = min(deadline_loop, loop.time() + STALL_S)
                 continue
+            if reply is not None:  # output still arrives: the channel is alive, wait on
+                deadline_loop = max(deadline_loop, loop.time() + STALL_S)
             if msg.get("msg_type") == "status":
                 content = msg.get("content") or {}
                 idle = isinstance(content, dict) and content.get("execution_state") == "idle"
@@ -204,20 +250,48 @@ class ExecutionRun:
         assert reply is not None
         count = reply.get("execution_count")
         status = self._status
+        if self.kernel.channel_breaks != breaks:
+            return await self._channel_lost(count if isinstance(count, int) else None, emit)
         if status is None:
-            status = ExecutionStatus.OK if reply.get("status") == "ok" else ExecutionStatus.ERROR
+            status = (ExecutionStatus.OK if reply.get("status") == "ok" and not self._errors
+                      else ExecutionStatus.ERROR)
         return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
                          duration_ms=0.0, reason=reason)
 
+    async def _channel_lost(self, count: int | None, emit: Emit) -> DoneEvent:
+        """End an execution part of whose output was lost with a broken channel: ``error``,
+        and the channel re-established (else a fresh kernel) for the next one."""
+        broken = await self.kernel.channel_ready()
+        if broken is None:
+            reason = ("the kernel's output channel broke or stalled during this execution, so "
+                      "part of its output was lost; the channel was re-established (variables "
+                      "kept)")
+            self._emit_stream(StreamEvent(type="stderr", text=f"\n[replgate: {reason}]\n"), emit)
+            return DoneEvent(status=self._status or ExecutionStatus.ERROR,
+                             execution_count=count, duration_ms=0.0, reason=reason)
+        if self.kernel.death is not None:
+            return await self._recover_death(self.kernel.death)
+        self._usage_before_restart = await self.kernel.sandbox.usage()
+        await self.kernel.restart()
+        return DoneEvent(status=ExecutionStatus.ERROR, execution_count=None, restarted=True,
+                         duration_ms=0.0,
+                         reason=f"{broken}; part of the output was lost and a fresh kernel was "
+                                "started (variables lost, files kept)")
+
     def _emit(self, event: OutputEvent, emit: Emit) -> None:
         if isinstance(event, StreamEvent):
-            for piece in self.limiter.stream(event.type, event.text):
-                emit(piece)
-        elif isinstance(event, DisplayEvent | UpdateDisplayEvent):
+            now = asyncio.get_running_loop().time()
+            for piece in self._lines.add(event, now):
+                self._emit_stream(piece, emit)
+            return
+        for piece in self._lines.flush():  # an unfinished line goes before what followed it
+            self._emit_stream(piece, emit)
+        if isinstance(event, DisplayEvent | UpdateDisplayEvent):
             capped = self.limiter.display(event)
             if capped is not None:
                 emit(capped)
         elif isinstance(event, ErrorEvent):
+            self._errors += 1
             error = self.limiter.error(event)
             if error is not None:
                 emit(error)
@@ -227,6 +301,10 @@ class ExecutionRun:
                 emit(clear)
         else:
             emit(event)
+
+    def _emit_stream(self, event: StreamEvent, emit: Emit) -> None:
+        for piece in self.limiter.stream(event.type, event.text):
+            emit(piece)
 
     async def _spill(self, final: bool = False) -> None:
         text = self.limiter.take_spill(final)

@@ -3,6 +3,8 @@
 The host side never trusts what the kernel sends: every message is signature-checked by
 jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
 on the context) and routed only by its parent's message id to the request that caused it.
+A message over that size breaks the output channel: its socket monitor notices, the requests in
+flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool.channel`).
 A message with no live request behind it (a forged one, or late output of a finished cell)
 is dropped.
 """
@@ -27,6 +29,7 @@ from jupyter_client.adapter import adapt
 from jupyter_client.session import Session as MessageSession
 
 from kernel_pool.backends.base import Sandbox
+from kernel_pool.channel import wait_disconnect
 from kernel_pool.config import Profile
 from kernel_pool.egress import SOCKET_NAME, EgressProxy
 from kernel_pool.exceptions import KernelStartError
@@ -158,6 +161,14 @@ class Kernel:
         """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
         self.egress: EgressProxy | None = None
         """The sandbox's egress proxy, for a profile with ``egress_allow``."""
+        self.channel_breaks = 0
+        """How often the output channel broke (an execution compares it before and after)."""
+        self._iopub_address = ""
+        self._iopub_tasks: list[asyncio.Task[None]] = []
+        self._recovering: asyncio.Task[None] | None = None
+        self._channel_failed: str | None = None
+        self._died = asyncio.Event()
+        """Set with :attr:`death`, for waiters beside the death watcher."""
 
     @property
     def id(self) -> str:
@@ -192,6 +203,8 @@ class Kernel:
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
+        self._died.clear()
+        self._channel_failed = None
         await self._ensure_egress()
         connection = await self.sandbox.connection_info() if attach else None
         attached = connection is not None
@@ -220,21 +233,37 @@ class Kernel:
                                        username="replgate")
         base = connection["ip"]
         kinds = {"shell": zmq.DEALER, "iopub": zmq.SUB, "control": zmq.DEALER}
+        self._iopub_address = f"ipc://{base}-{connection['iopub_port']}"
         for channel, kind in kinds.items():
-            socket = self._context.socket(kind)
             if kind == zmq.SUB:
-                socket.setsockopt(zmq.SUBSCRIBE, b"")
-                socket.setsockopt(zmq.RCVHWM, IOPUB_HWM)
-            else:
-                socket.setsockopt(zmq.IDENTITY, self._session.bsession)
+                self._connect_iopub()
+                continue
+            socket = self._context.socket(kind)
+            socket.setsockopt(zmq.IDENTITY, self._session.bsession)
             socket.connect(f"ipc://{base}-{connection[channel + '_port']}")
             self._sockets[channel] = socket
             self._tasks.append(asyncio.create_task(self._read(channel, socket),
                                                    name=f"{channel}-{self.id}"))
 
-    async def _wait_ready(self, channel: str) -> None:
-        """kernel_info until answered; iopub must also be connected (its status arrives)."""
-        died = asyncio.create_task(self.sandbox.wait())
+    def _connect_iopub(self) -> None:
+        """Subscribe to the kernel's output, with a watch on the connection (see channel.py)."""
+        socket = self._context.socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.setsockopt(zmq.RCVHWM, IOPUB_HWM)
+        watch = asyncio.create_task(self._watch_iopub(socket), name=f"iopub-watch-{self.id}")
+        socket.connect(self._iopub_address)
+        self._sockets["iopub"] = socket
+        self._iopub_tasks = [asyncio.create_task(self._read("iopub", socket),
+                                                 name=f"iopub-{self.id}"), watch]
+        self._tasks.extend(self._iopub_tasks)
+
+    async def _wait_ready(self, channel: str, watched: bool = False) -> None:
+        """kernel_info until answered; iopub must also be connected (its status arrives).
+
+        ``watched``: the death watcher runs already; learn a death from it, since a second
+        waiter on the sandbox's exit would take the first one's place (one pidfd reader).
+        """
+        died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
@@ -250,7 +279,8 @@ class Kernel:
                                 if not getter.done():
                                     getter.cancel()
                             if died in done:
-                                raise KernelStartError(self.id, f"kernel exited ({died.result()})")
+                                code = "" if watched else f" ({died.result()})"
+                                raise KernelStartError(self.id, f"kernel exited{code}")
                             if getter not in done:
                                 break
                             source, _msg = getter.result()
@@ -293,6 +323,52 @@ class Kernel:
             if route is not None:
                 await route.put((channel, msg))
 
+    async def _watch_iopub(self, socket: zmq.asyncio.Socket) -> None:
+        reason = await wait_disconnect(socket)
+        if socket is self._sockets.get("iopub") and self.state is KernelState.READY:
+            self.recover_channel(reason)
+
+    def recover_channel(self, reason: str) -> None:
+        """The output channel broke or stalled: tell the requests in flight, and subscribe
+        afresh (the kernel and its variables stay). :meth:`channel_ready` waits for it."""
+        if self._recovering is not None and not self._recovering.done():
+            return
+        self.channel_breaks += 1
+        logger.warning("kernel %s: %s; subscribing again", self.id, reason)
+        for route in list(self._routes.values()):
+            with contextlib.suppress(asyncio.QueueFull):
+                route.put_nowait(("channel", reason))
+        self._recovering = asyncio.create_task(self._resubscribe(reason),
+                                               name=f"iopub-recover-{self.id}")
+        self._tasks.append(self._recovering)
+
+    async def _resubscribe(self, reason: str) -> None:
+        old = self._iopub_tasks
+        for task in old:
+            task.cancel()
+        if old:
+            await asyncio.wait(old)
+        self._tasks = [task for task in self._tasks if task not in old]
+        socket = self._sockets.pop("iopub", None)
+        if socket is not None:
+            socket.close(linger=0)
+        self._connect_iopub()
+        try:
+            # kernel_info on control (a busy kernel answers it there) until its status
+            # arrives on the new subscription: from then on no output is lost.
+            await self._wait_ready("control", watched=True)
+        except (KernelStartError, OSError) as exc:
+            self._channel_failed = f"{reason}, and subscribing again failed ({exc})"
+            logger.warning("kernel %s: %s", self.id, self._channel_failed)
+
+    async def channel_ready(self) -> str | None:
+        """Wait for a re-subscription under way; why the channel is still broken, if it is
+        (the caller then restarts the kernel)."""
+        recovering = self._recovering
+        if recovering is not None and not recovering.done():
+            await asyncio.wait([recovering])
+        return self._channel_failed
+
     async def _watch(self) -> None:
         code = await self.sandbox.wait()
         if self._expect_exit:
@@ -304,6 +380,7 @@ class Kernel:
         logger.info("kernel %s died: %s", self.id, reason)
         self.state = KernelState.DEAD
         self._death = KernelDied(reason, oom)
+        self._died.set()
         for route in list(self._routes.values()):
             with contextlib.suppress(asyncio.QueueFull):
                 route.put_nowait(("died", self._death))

@@ -122,10 +122,11 @@ def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
 
 
 @contextmanager
-def running_gateway(docker_client: docker.DockerClient,
+def running_gateway(docker_client: docker.DockerClient, process: GatewayProcess | None = None,
                     **settings: str) -> Iterator[GatewayProcess]:
-    """A started gateway; on exit it is stopped and must have left no container behind."""
-    process = make_gateway(**settings)
+    """A started gateway (``process``, else a new one with ``settings``); on exit it is stopped
+    and must have left no container behind."""
+    process = process or make_gateway(**settings)
     process.start()
     try:
         yield process

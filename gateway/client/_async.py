@@ -87,17 +87,20 @@ class AsyncSandbox:
                        on_display: DisplayCallback | None = None,
                        on_error: ErrorCallback | None = None,
                        timeout: float | None = None,  # noqa: ASYNC109  (see docstring)
+                       whole_lines: bool = True,
                        ) -> Execution:
         """Run ``code`` in the session's kernel, streaming its events over the WebSocket.
 
         Each callback (a function or a coroutine function) gets the typed event as it arrives:
-        ``on_display`` gets ``display`` and ``result`` events. ``timeout`` (seconds) overrides
-        the session's time limit, which the gateway enforces (the answer is then
-        ``status == "timeout"``). Returns the aggregate once the execution is done. Cancelling
+        ``on_display`` gets ``display`` and ``result`` events. ``on_stdout``/``on_stderr`` get
+        whole lines (an unfinished one once the code ends it, or at the next display, error or
+        the end); ``whole_lines=False`` passes each text as the gateway sent it. ``timeout``
+        (seconds) overrides the session's time limit, which the gateway enforces (the answer is
+        then ``status == "timeout"``). Returns the aggregate once the execution is done. Cancelling
         the call does not stop the code in the kernel: use :meth:`interrupt` for that.
         """
         handlers = Handlers(on_stdout=on_stdout, on_stderr=on_stderr, on_display=on_display,
-                            on_error=on_error)
+                            on_error=on_error, whole_lines=whole_lines)
         return await self._stream.run(code, timeout, handlers)
 
     async def execute_http(self, code: str, *,

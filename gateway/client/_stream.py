@@ -14,7 +14,7 @@ import inspect
 import json
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -56,15 +56,38 @@ _KNOWN_TYPES = {"stdout", "stderr", "display", "result", "update_display", "clea
 
 @dataclass(frozen=True)
 class Handlers:
-    """The callbacks of one execution; each may be ``None``."""
+    """The callbacks of one execution; each may be ``None``.
+
+    With ``whole_lines`` (the default), ``on_stdout``/``on_stderr`` get whole lines only: an
+    unfinished line waits for its end, for the next display or error, or for the execution's
+    end. Without it they get the gateway's events as they come (an unfinished line the code
+    left for a while, such as a progress indicator, then shows at once).
+    """
 
     on_stdout: StreamCallback | None = None
     on_stderr: StreamCallback | None = None
     on_display: DisplayCallback | None = None
     on_error: ErrorCallback | None = None
+    whole_lines: bool = True
+    _held: dict[str, str] = field(default_factory=dict, repr=False)
 
     async def dispatch(self, event: Any) -> None:
         """Call the callback this event is for, awaiting it if it returned an awaitable."""
+        if isinstance(event, StreamEvent) and self.whole_lines:
+            text = self._held.pop(event.type, "") + event.text
+            cut = text.rfind("\n") + 1
+            if cut < len(text):
+                self._held[event.type] = text[cut:]
+            if not cut:
+                return
+            event = StreamEvent(type=event.type, text=text[:cut])
+        elif self._held:  # what is left of a line goes before what came after it
+            for name, text in list(self._held.items()):
+                del self._held[name]
+                await self._call(StreamEvent(type=name, text=text))
+        await self._call(event)
+
+    async def _call(self, event: Any) -> None:
         callback: Callable[[Any], object] | None = None
         if isinstance(event, StreamEvent):
             callback = self.on_stdout if event.type == "stdout" else self.on_stderr

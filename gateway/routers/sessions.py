@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
 from gateway.models import (
@@ -20,10 +20,10 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-async def create_session(body: SessionCreate, tenant: TenantDep,
-                         gateway: GatewayDep) -> SessionOut:
-    """A new session on a warm kernel."""
-    return gateway.describe(await gateway.create_session(tenant, body))
+async def create_session(tenant: TenantDep, gateway: GatewayDep,
+                         body: Annotated[SessionCreate | None, Body()] = None) -> SessionOut:
+    """A new session on a warm kernel; no body at all means every default."""
+    return gateway.describe(await gateway.create_session(tenant, body or SessionCreate()))
 
 
 @router.get("")

@@ -128,7 +128,7 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     async def list_sandboxes(self) -> list[SandboxInfo]:
-        """Sandboxes this gateway (by its owner label) has, running or not."""
+        """Sandboxes of this gateway (its owner label, in its state directory), running or not."""
 
     @abstractmethod
     async def remove(self, info: SandboxInfo) -> None:

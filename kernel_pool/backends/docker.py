@@ -56,7 +56,9 @@ gateway that serves every session. Sandboxes stay equal among themselves."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
-"""``-P``: the working directory (the workspace) is not on sys.path while the kernel starts."""
+"""``-P``: the working directory (the workspace) is not on sys.path while the kernel starts.
+The per-output cap (``--max-output-bytes``) goes before ``-f``, in the command line, where the
+session's code cannot raise it for the host (which applies its own caps anyway)."""
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
@@ -174,7 +176,9 @@ class DockerSandbox(Sandbox):
             try:
                 exec_id = (await _run(
                     self._api.exec_create, self.info.container_id,
-                    [*KERNEL_COMMAND, f"{KERNEL_DIR}/{name}.json"],
+                    [*KERNEL_COMMAND[:-1],
+                     f"--max-output-bytes={self.profile.caps.display_bytes}",
+                     KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
                     user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
                     stdout=False, stderr=False))["Id"]
                 await _run(self._api.exec_start, exec_id, detach=True)
@@ -541,8 +545,14 @@ class DockerBackend(SandboxBackend):
     async def list_sandboxes(self) -> list[SandboxInfo]:
         containers = await _run(self.client.api.containers, all=True,
                                 filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
+        # The owner label alone is not enough: two gateways on different state directories may
+        # share an owner (the default), and each must leave the other's sandboxes alone.
+        mine = await _in_thread(self._in_state_dir, [
+            (item.get("Labels") or {}).get("io.replgate.workspace", "") for item in containers])
         found = []
-        for item in containers:
+        for item, ours in zip(containers, mine, strict=True):
+            if not ours:
+                continue
             labels = item.get("Labels") or {}
             found.append(SandboxInfo(
                 sandbox_id=labels.get(LABEL_SANDBOX, ""), backend=self.name,
@@ -550,6 +560,12 @@ class DockerBackend(SandboxBackend):
                 workspace=labels.get("io.replgate.workspace", ""),
                 socket_dir=labels.get("io.replgate.sockets", "")))
         return found
+
+    def _in_state_dir(self, workspaces: list[str]) -> list[bool]:
+        """Which workspace paths lie in this gateway's state directory (symlinks resolved)."""
+        own = os.path.realpath(self._workspaces)
+        return [bool(path) and os.path.dirname(os.path.realpath(path)) == own
+                for path in workspaces]
 
     async def remove(self, info: SandboxInfo) -> None:
         await _run(self.remove_container, info.container_id)

@@ -21,6 +21,8 @@ PREIMPORTS = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot", "scipy", "PI
 # A stream message is sent in pieces of at most this many characters, so one huge print costs
 # the gateway a bounded amount of memory per message.
 STREAM_CHUNK = 256 * 1024
+# Bytes of one rich output's bundle when the host gives no --max-output-bytes (its default).
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 # Characters a stream may hold before the IOPub thread has sent them. A writer past that waits
 # for the send (back-pressure), so a print flood cannot fill the kernel's memory with backlog.
 STREAM_BACKLOG = 8 * 1024 * 1024
@@ -194,6 +196,9 @@ def _without_unused_modules() -> Iterator[None]:
 
 
 def main() -> None:
+    from replgate_kernel import outputs
+
+    max_output_bytes = outputs.take_option(sys.argv) or MAX_OUTPUT_BYTES
     with _without_unused_modules():
         _start_egress()
         _private_dirs()
@@ -202,6 +207,7 @@ def main() -> None:
         _chunk_stream_messages()
         _bound_stream_backlog()
         _lighter_cells()
+        outputs.install(max_output_bytes)
 
         from ipykernel.kernelapp import IPKernelApp
         from traitlets.config import Config

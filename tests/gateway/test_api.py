@@ -17,23 +17,9 @@ from tests.conftest import GatewayProcess
 
 
 @pytest.fixture(scope="module")
-def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def beta(gateway: GatewayProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gateway.url, headers=gateway.headers("beta"), timeout=60) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def session_id(alpha: httpx.Client) -> Iterator[str]:
-    answer = alpha.post("/v1/sessions", json={"metadata": {"purpose": "api tests"}})
-    assert answer.status_code == 201, answer.text
-    yield answer.json()["id"]
-    alpha.delete(f"/v1/sessions/{answer.json()['id']}")
 
 
 def run(client: httpx.Client, sid: str, code: str, **extra: object) -> dict[str, object]:

@@ -80,6 +80,34 @@ async def test_run_code_streams_events_to_sync_and_async_callbacks(sandbox: Asyn
     assert returned - stdout[0][0] > 0.7  # "first" arrived while the code still ran
 
 
+async def test_run_code_gives_callbacks_whole_lines_of_a_print_flushed_in_pieces(
+        sandbox: AsyncSandbox) -> None:
+    # A flush inside one print (a kernel flush timer firing between its words) sent "step" and
+    # " 1\n" as two events; the quickstart notebook's live output then read "live: steplive:  1".
+    code = ("import sys\nfor i in range(10):\n    sys.stdout.write('step'); sys.stdout.flush()\n"
+            "    print('', i, flush=True)")
+    printed: list[str] = []
+    execution = await sandbox.run_code(code, on_stdout=lambda event: printed.append(event.text))
+    assert execution.status == "ok"
+    assert printed == [f"step {i}\n" for i in range(10)]
+
+
+async def test_run_code_holds_an_unfinished_line_for_callbacks_unless_asked(
+        sandbox: AsyncSandbox) -> None:
+    code = "import time\nprint('working', end='', flush=True)\ntime.sleep(0.5)\nprint(' done')"
+    lines: list[str] = []
+    await sandbox.run_code(code, on_stdout=lambda event: lines.append(event.text))
+    assert lines == ["working done\n"]
+    raw: list[str] = []
+    await sandbox.run_code(code, on_stdout=lambda event: raw.append(event.text),
+                           whole_lines=False)
+    assert raw == ["working", " done\n"]
+    tail: list[str] = []
+    await sandbox.run_code("print('no newline at the end', end='')",
+                           on_stdout=lambda event: tail.append(event.text))
+    assert tail == ["no newline at the end"]
+
+
 async def test_run_code_keeps_state_between_calls(sandbox: AsyncSandbox) -> None:
     await sandbox.run_code("import math\nstate_radius = 2.0")
 

@@ -180,3 +180,37 @@ async def test_submit_raises_queue_full_beyond_limit(shared_session: Session) ->
 def test_submit_rejects_timeout_out_of_range(shared_session: Session, timeout_s: float) -> None:
     with pytest.raises(InvalidRequest, match="timeout_s"):
         shared_session.submit("1", timeout_s=timeout_s)
+
+
+async def test_execute_reports_error_when_a_display_formatter_raises(
+        shared_session: Session) -> None:
+    result = await shared_session.execute(
+        "class Broken:\n    def _repr_html_(self):\n        raise ValueError('no html')\nBroken()")
+    assert result.error is not None
+    assert result.error.ename == "ValueError"
+    assert result.status == "error"
+
+
+async def test_stream_never_splits_a_line_flushed_in_pieces(shared_session: Session) -> None:
+    # Each flush sends what is buffered, so this sends "step" and " 1\n" as two messages: the
+    # way a flush timer falling inside print('step', 1, flush=True) splits it.
+    handle = shared_session.submit(
+        "import sys\nfor i in range(20):\n    sys.stdout.write('step'); sys.stdout.flush()\n"
+        "    sys.stdout.write(f' {i}\\n'); sys.stdout.flush()\n"
+        "    sys.stderr.write('warn'); sys.stderr.flush()\n"
+        "    print(' !', file=sys.stderr, flush=True)")
+    texts = [(e.type, e.text) async for e in handle.stream() if isinstance(e, StreamEvent)]
+    assert all(text.endswith("\n") for _, text in texts), texts
+    stdout = "".join(text for name, text in texts if name == "stdout")
+    assert stdout == "".join(f"step {i}\n" for i in range(20))
+    assert [text for name, text in texts if name == "stderr"] == ["warn !\n"] * 20
+
+
+async def test_stream_sends_an_unfinished_line_after_a_moment(shared_session: Session) -> None:
+    handle = shared_session.submit(
+        "import time\nprint('working', end='', flush=True)\ntime.sleep(1.0)\nprint(' done')")
+    started = time.monotonic()
+    arrivals = [(time.monotonic() - started, e) async for e in handle.stream()
+                if isinstance(e, StreamEvent)]
+    assert [e.text for _, e in arrivals] == ["working", " done\n"]
+    assert arrivals[1][0] - arrivals[0][0] > 0.5, "a progress indicator shows while it runs"

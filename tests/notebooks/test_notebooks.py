@@ -65,7 +65,7 @@ async def test_quickstart_runs_top_to_bottom(notebook_env: str, gateway: Gateway
     session_id = re.search(r"<Sandbox ([\w-]+) ", stdout(cells["connect"]))
     assert session_id is not None
     assert stdout(cells["state"]) == "ok area = 12.566\n"
-    streamed = stdout(cells["stream"])  # one print may arrive as two events ("step 0", "\n")
+    streamed = stdout(cells["stream"])  # each print reaches on_stdout whole, as one line
     assert [line for line in streamed.splitlines() if "step" in line] == [
         "live: step 0", "live: step 1", "live: step 2"]
     assert streamed.endswith("error KeyError 'b'\n")

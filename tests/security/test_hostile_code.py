@@ -493,6 +493,63 @@ display(Image.fromarray(noise))
     hostile.usable(sid)
 
 
+HUGE_RICH_OUTPUTS = {
+    # name: (pixels per side, images shown); stored uncompressed, base64 adds a third
+    "one_48mib_png": (4096, 1),
+    "six_12mib_pngs": (2048, 6),
+}
+
+
+@pytest.mark.parametrize("name", list(HUGE_RICH_OUTPUTS))
+def test_huge_rich_outputs_are_omitted_and_the_session_goes_on(hostile: Hostile, sid: str,
+                                                                name: str) -> None:
+    side, count = HUGE_RICH_OUTPUTS[name]
+    db = hostile.gateway.state_dir / "replgate.db"
+    stored_before = db.stat().st_size + _wal(db)
+    rss_before = hostile.gateway_rss()
+    hostile.ok(sid, "kept = 'state before'")
+    result = hostile.run(sid, f"""
+import io, numpy as np
+from PIL import Image
+from IPython.display import Image as Shown, display
+pixels = np.random.default_rng(1).integers(0, 256, ({side}, {side}, 3), dtype=np.uint8)
+buffer = io.BytesIO()
+Image.fromarray(pixels).save(buffer, format="PNG", compress_level=0)
+for i in range({count}):
+    print("showing", i)
+    display(Shown(data=buffer.getvalue()))
+print("all shown")
+""", timeout_s=120)
+    assert result["status"] == "ok" and result["truncated"] is True, brief(result)
+    assert result["stdout"] == "".join(f"showing {i}\n" for i in range(count)) + "all shown\n"
+    assert len(result["outputs"]) == count
+    for output in result["outputs"]:
+        assert list(output["data"]) == ["text/plain"]
+        assert output["omitted"]["image/png"] > side * side * 3 * 4 // 3
+    # Neither the history nor the audit log keeps the images, and the gateway never held them.
+    assert db.stat().st_size + _wal(db) - stored_before < 8 * 2**20
+    assert hostile.gateway_rss() - rss_before < 200 * 2**20
+    hostile.usable(sid)
+    assert hostile.ok(sid, "print(kept)") == "state before\n"
+
+
+def test_forged_oversize_output_message_is_reported_and_the_channel_recovers(
+        hostile: Hostile, sid: str) -> None:
+    hostile.ok(sid, "kept = 'state before'")
+    result = hostile.run(sid, """
+kernel = get_ipython().kernel
+for kind in ("stream", "display_data"):
+    content = ({"name": "stdout", "text": "x" * (70 * 2**20)} if kind == "stream"
+               else {"data": {"text/plain": "y" * (70 * 2**20)}, "metadata": {}})
+    kernel.session.send(kernel.iopub_socket, kind, content, parent=kernel.get_parent())
+print("after")
+""", timeout_s=120)
+    assert result["status"] == "error", brief(result)
+    assert "output channel" in (result["reason"] or ""), brief(result)
+    hostile.usable(sid)
+    assert hostile.ok(sid, "print(kept)") == "state before\n"
+
+
 def test_binary_garbage_and_escapes_arrive_as_text(hostile: Hostile, sid: str) -> None:
     result = hostile.run(sid, r"""
 import os, sys
