@@ -148,6 +148,21 @@ ensure_browser() {
     chromium fonts-dejavu-core >/dev/null
 }
 
+# E2B's JS SDK is tested under node with the versions locked in tests/gateway/e2b/js.
+ensure_node() {
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    say "installing Debian's nodejs for the E2B JS SDK tests"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      nodejs npm >/dev/null
+  fi
+  local js=tests/gateway/e2b/js
+  if [ ! -d "$js/node_modules/@e2b/code-interpreter" ]; then
+    say "installing the E2B JS SDK (npm ci in $js)"
+    npm ci --prefix "$js" --no-audit --no-fund --loglevel=error
+  fi
+}
+
 # tests/test_readme.py runs the README's shell examples as written: they use curl and jq.
 ensure_readme_tools() {
   command -v curl >/dev/null 2>&1 && command -v jq >/dev/null 2>&1 && return
@@ -163,7 +178,7 @@ case "$cmd" in
     ensure_venv serve; ensure_engine; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_image; ensure_browser; ensure_readme_tools
+    ensure_venv dev; ensure_engine; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
     exec "$VENV/bin/python" -m pytest "$@" ;;
   *)
     echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args]" >&2; exit 2 ;;

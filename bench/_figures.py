@@ -19,7 +19,7 @@ import psutil
 from bench._measure import interleaved, process_cpu_s, summary, timed, uss_bytes
 from bench._peers import Floor, KernelGateway, KernelGatewayKernel, Replgate, ReplgateSocket
 from kernel_pool import KernelPool, PoolSettings, Profile
-from kernel_pool.image import build_image
+from kernel_pool.backends.docker import build_image
 
 ONE_PLUS_ONE = "1+1"
 STREAM_CODE = ("import time\nfor _ in range({n}):\n"

@@ -32,7 +32,7 @@ import httpx
 import websockets
 from jupyter_client.manager import AsyncKernelManager
 
-from kernel_pool.backends.cgroup import CgroupReader, read_pseudo_file
+from kernel_pool.backends.docker._cgroup import CgroupReader, read_pseudo_file
 
 ROOT = Path(__file__).resolve().parent.parent
 OWNER_LABEL = "io.replgate.owner"

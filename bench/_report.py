@@ -39,6 +39,14 @@ LATENCY_ROWS = [
     ("matplotlib PNG: replgate WebSocket", "chart.replgate_ws", "chart.floor"),
     ("matplotlib PNG: Kernel Gateway (NODELAY)", "chart.kernel_gateway_ws_nodelay",
      "chart.floor"),
+    ("create + first 1+1: replgate client", "e2b.create_and_first_run.replgate_client", None),
+    ("create + first 1+1: E2B SDK", "e2b.create_and_first_run.e2b_sdk",
+     "e2b.create_and_first_run.replgate_client"),
+    ("run_code 1+1: replgate client (WebSocket)", "e2b.run_code.replgate_client", None),
+    ("run_code 1+1: replgate client (HTTP execute)", "e2b.run_code.replgate_client_http",
+     "e2b.run_code.replgate_client"),
+    ("run_code 1+1: E2B SDK (/e2b/sandbox/execute)", "e2b.run_code.e2b_sdk",
+     "e2b.run_code.replgate_client"),
 ]
 
 
@@ -68,6 +76,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     gvisor_warm = _get(results, "runtimes.warm_start.gvisor.p50")
     add("gVisor warm session start p50 (ms)", gvisor_warm, "<= 10",
         None if gvisor_warm is None else gvisor_warm <= 10)
+    added = _get(results, "e2b.run_code_added_p50_ms")
+    add("E2B SDK run_code over replgate's client, p50 (ms)", added, "<= 2",
+        None if added is None else added <= 2)
     peak = _get(results, "flood.peak_mib")
     add("gateway RSS during a 100 MB flood (MiB)", peak, "< 250 MB (238 MiB)",
         None if peak is None else peak * 2**20 < 250e6)

@@ -13,7 +13,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.routing import Route
 
-from gateway import __version__, bodies, errors
+from gateway import __version__, bodies, e2b, errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.governance import Governance, load_policy
@@ -24,7 +24,7 @@ from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import Store
-from kernel_pool.pool import KernelPool
+from kernel_pool import KernelPool
 
 logger = logging.getLogger("replgate")
 
@@ -95,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
             gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance)
             await gateway.adopt(kept, records)
             app.state.gateway = gateway
+            await e2b.start(app, gateway)
             logger.info("replgate ready: %r, %r", pool, governance)
             try:
                 async with mcp.run():  # MCP sessions end (and their sessions go) before the pool
@@ -112,4 +113,5 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (health, sessions, files, ws, watch, jupyter, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
+    e2b.install(app)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
     return app

@@ -36,7 +36,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.store import Store, utc_now
-from kernel_pool.events import Execution
+from kernel_pool import Execution
 
 __all__ = [
     "GENESIS_HASH",

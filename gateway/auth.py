@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 __all__ = [
     "API_KEY_PREFIX",
     "extract_token",
     "generate_api_key",
     "hash_api_key",
+    "origin_allowed",
     "parse_api_keys_setting",
 ]
 
@@ -100,3 +103,11 @@ def extract_token(authorization_header: str | None, query_token: str | None) -> 
     if query_token and query_token.strip():
         return query_token.strip()
     return None
+
+
+def origin_allowed(headers: Mapping[str, str], allowed: list[str]) -> bool:
+    """A WebSocket's ``Origin`` (browsers send one) is the gateway's own or a configured one."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == headers.get("host", "") or origin in allowed

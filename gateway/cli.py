@@ -10,9 +10,10 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.settings import Settings
+if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
+    from gateway.settings import Settings
 
 
 class _JsonFormatter(logging.Formatter):
@@ -34,6 +35,7 @@ def configure_logging(settings: Settings) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
     from gateway.statelock import StartRefused, StateLock, bind_socket, socket_url
 
     overrides: dict[str, Any] = {}
@@ -105,6 +107,8 @@ def _mcp(args: argparse.Namespace) -> int:
 def _stored_api_key() -> str | None:
     """The key `replgate serve` created for tenant 'default' on this machine, if any."""
     # gateway.app.KEY_FILE, not imported: the stdio server must not need the server's packages.
+    from gateway.settings import Settings
+
     path = Settings().state_dir / "api_key"
     try:
         return path.read_text().strip() or None
@@ -115,8 +119,9 @@ def _stored_api_key() -> str | None:
 def _image_build(args: argparse.Namespace) -> int:
     import docker
 
-    from kernel_pool.exceptions import KernelPoolError
-    from kernel_pool.image import build_image
+    from gateway.settings import Settings
+    from kernel_pool import KernelPoolError
+    from kernel_pool.backends.docker import build_image
 
     settings = Settings()
     try:
@@ -140,6 +145,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 async def _with_audit(action: str, target: str | None) -> int:
     from gateway.audit import AuditLog
+    from gateway.settings import Settings
     from gateway.store import Store
 
     settings = Settings()

@@ -12,7 +12,7 @@ import docker.errors
 
 from gateway.governance import PolicyError, load_policy
 from gateway.settings import Settings
-from kernel_pool.backends.gvisor import missing_runtime
+from kernel_pool.backends.docker import missing_runtime
 
 
 def diagnose(settings: Settings) -> list[tuple[bool, str]]:

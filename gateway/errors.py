@@ -1,91 +1,200 @@
-"""Domain errors to HTTP statuses and WebSocket close codes, in one place."""
+"""What can go wrong at the gateway, and the one table saying what each answer is.
+
+The gateway's own errors (the pool's are in :mod:`kernel_pool.exceptions`, the store's in
+:mod:`gateway.store`); none carries an HTTP status: :data:`STATUS_BY_ERROR` maps every domain
+error to one, and WebSocket close codes mirror them (4000 + status)::
+
+    GatewayError
+    ├── Unauthorized        missing or wrong API key
+    ├── Forbidden           an action the caller's key may not take
+    ├── NotFound            an approval, kernelspec or UI file that does not exist
+    ├── Conflict            the request contradicts what is already so (an approval decided)
+    ├── TooManyRequests     a per-tenant limit is reached
+    ├── InvalidInput        a value the API refuses (out of range, not text)
+    └── MalformedMessage    a WebSocket message that is not JSON or not a known shape
+
+Raise sites name the error and say the sentence; the status is chosen here, by class, never by
+the message's text.
+"""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from kernel_pool import exceptions as pool_errors
+from gateway.store import RecordExists, RecordNotFound, StoreError
+from kernel_pool import (
+    BackendError,
+    CapacityError,
+    ExecutionIdTaken,
+    FileMissing,
+    ImageError,
+    InvalidRequest,
+    KernelPoolError,
+    KernelStartError,
+    KernelUnavailable,
+    PayloadTooLarge,
+    ProfileNotFound,
+    QueueFull,
+    SessionClosed,
+    SessionNotFound,
+    StateDirFull,
+    WorkspaceError,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
-    """An error the gateway itself raises, with the HTTP status it maps to."""
+    """Base of the gateway's own errors; the message is the answer's ``detail``."""
 
-    status_code = 400
-
-    def __init__(self, detail: str, status_code: int | None = None) -> None:
+    def __init__(self, detail: Any) -> None:
         super().__init__(detail)
         self.detail = detail
-        if status_code is not None:
-            self.status_code = status_code
 
 
 class Unauthorized(GatewayError):
-    status_code = 401
+    """No key, or one the gateway does not know."""
+
+
+class Forbidden(GatewayError):
+    """The key is known but may not do this (an agent key deciding an approval)."""
+
+
+class NotFound(GatewayError):
+    """Something other than a session that does not exist (those are SessionNotFound)."""
+
+
+class Conflict(GatewayError):
+    """The request contradicts what is already so."""
 
 
 class TooManyRequests(GatewayError):
-    status_code = 429
+    """A per-tenant limit (sessions, running executions) is reached; retry later."""
 
 
-class FileMissing(GatewayError):
-    status_code = 404
+class InvalidInput(GatewayError):
+    """A value the API refuses; the sentence names the limit or the expected form."""
 
 
-STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
-    (pool_errors.SessionNotFound, 404),
-    (pool_errors.SessionClosed, 404),
-    (pool_errors.ProfileNotFound, 400),
-    (pool_errors.CapacityError, 503),
-    (pool_errors.QueueFull, 429),
-    (pool_errors.InvalidRequest, 400),
-    (pool_errors.PathOutsideWorkspace, 400),
-    (pool_errors.WorkspaceError, 400),
-    (pool_errors.KernelStartError, 503),
-    (pool_errors.BackendError, 503),
-    (pool_errors.KernelPoolError, 500),
-]
+class MalformedMessage(GatewayError):
+    """A WebSocket message that is not JSON, or not one of the messages the socket takes;
+    ``detail`` may be pydantic's list of validation errors."""
 
-WS_CLOSE_UNAUTHORIZED = 4401
+
+DOMAIN_ERRORS = (GatewayError, KernelPoolError, StoreError)
+"""What a request may fail with on purpose; anything else is a bug (500, logged)."""
+
+STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
+    # the gateway's own
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+    (MalformedMessage, 422),
+    (TooManyRequests, 429),
+    (InvalidInput, 400),
+    # the pool's (most specific first: the first match wins)
+    (SessionNotFound, 404),
+    (SessionClosed, 404),
+    (FileMissing, 404),
+    (ProfileNotFound, 400),
+    (InvalidRequest, 400),
+    (WorkspaceError, 400),
+    (ExecutionIdTaken, 409),
+    (PayloadTooLarge, 413),
+    (QueueFull, 429),
+    (CapacityError, 503),
+    (KernelStartError, 503),
+    (KernelUnavailable, 503),
+    (BackendError, 503),
+    (ImageError, 503),
+    (StateDirFull, 507),
+    # the store's
+    (RecordNotFound, 404),
+    (RecordExists, 409),
+    (StoreError, 503),
+)
+"""Domain error -> HTTP status: the one place statuses are chosen."""
+
+RETRY_LATER = frozenset({429, 503, 507})
+"""Statuses answered with ``Retry-After``."""
+
 WS_CLOSE_FORBIDDEN_ORIGIN = 4403
-WS_CLOSE_NOT_FOUND = 4404
+WS_CLOSE_LAGGED = 1013
+"""A watcher that fell behind: "try again later" (RFC 6455)."""
 
 
-def status_for(exc: Exception) -> int:
-    if isinstance(exc, GatewayError):
-        return exc.status_code
+def status_for(exc: BaseException) -> int:
+    """The HTTP status of a domain error; 500 for anything else."""
     for kind, status in STATUS_BY_ERROR:
         if isinstance(exc, kind):
             return status
+    if isinstance(exc, sqlite3.Error):
+        return _sqlite_status(exc)
     return 500
+
+
+def close_code_for(exc: BaseException) -> int:
+    """The WebSocket close code of a domain error: 4000 + its HTTP status (4404, 4401, ...)."""
+    return 4000 + status_for(exc)
+
+
+def detail_for(exc: BaseException) -> Any:
+    """The ``detail`` of an error answer: the error's own sentence (or validation list)."""
+    if isinstance(exc, GatewayError):
+        return exc.detail
+    if isinstance(exc, sqlite3.Error):
+        return _sqlite_detail(exc)
+    return str(exc)
+
+
+def _sqlite_status(exc: sqlite3.Error) -> int:
+    return 507 if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL else 503
+
+
+def _sqlite_detail(exc: sqlite3.Error) -> str:
+    if _sqlite_status(exc) == 507:
+        return ("the gateway's state directory is full (its database cannot grow); delete "
+                "sessions or free disk space")
+    return "the gateway's database is unavailable right now; retry in a few seconds"
+
+
+def headers_for(status: int) -> dict[str, str] | None:
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if status in RETRY_LATER:
+        return {"Retry-After": "5"}
+    return None
+
+
+def error_response(exc: BaseException, **extra: Any) -> JSONResponse:
+    """The JSON answer ``{"detail": ..., **extra}`` for a domain error."""
+    status = status_for(exc)
+    return JSONResponse({"detail": detail_for(exc), **extra}, status_code=status,
+                        headers=headers_for(status))
 
 
 def install(app: FastAPI) -> None:
     """Register the handlers that turn our errors into JSON ``{"detail": ...}`` answers."""
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        status = status_for(exc)
-        headers = {"Retry-After": "5"} if status in (429, 503) else None
-        if status == 401:
-            headers = {"WWW-Authenticate": "Bearer"}
-        if status >= 500:
+        if status_for(exc) >= 500:
             logger.error("%s %s failed: %s", request.method, request.url.path, exc)
-        return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
+        return error_response(exc)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
-            logger.error("%s %s failed: the database is full", request.method, request.url.path)
-            return JSONResponse({"detail": "the gateway's state directory is full (its database "
-                                 "cannot grow); delete sessions or free disk space"},
-                                status_code=507)
+        if isinstance(exc, sqlite3.Error):
+            logger.error("%s %s failed: the database: %s", request.method, request.url.path, exc)
+            return error_response(exc)
         logger.exception("%s %s failed unexpectedly", request.method, request.url.path)
         return JSONResponse({"detail": "internal error; see the gateway's log"}, status_code=500)
 
-    app.add_exception_handler(GatewayError, handle)
-    app.add_exception_handler(pool_errors.KernelPoolError, handle)
+    for kind in DOMAIN_ERRORS:
+        app.add_exception_handler(kind, handle)
     app.add_exception_handler(Exception, unexpected)

@@ -8,8 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kernel_pool.events import Execution
-from kernel_pool.pool import KernelPool
+from kernel_pool import Execution, KernelPool
 
 
 class _PoolCollector(Collector):

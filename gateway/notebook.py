@@ -18,7 +18,7 @@ import nbformat.v4
 from nbformat import NotebookNode
 from pydantic import BaseModel, Field, TypeAdapter
 
-from kernel_pool.events import (
+from kernel_pool import (
     ClearOutputEvent,
     DisplayEvent,
     DoneEvent,

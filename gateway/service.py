@@ -13,23 +13,29 @@ import logging
 import shutil
 from typing import Any
 
-import anyio.to_thread
-
 from gateway.audit import AuditLog, AuditRecord
-from gateway.errors import FileMissing, GatewayError, TooManyRequests, Unauthorized
+from gateway.errors import InvalidInput, TooManyRequests, Unauthorized
 from gateway.governance import Governance
 from gateway.metrics import Metrics
-from gateway.models import ExecutionOut, SessionCreate, SessionOut
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
-from kernel_pool.backends.base import SandboxInfo
-from kernel_pool.config import parse_size
-from kernel_pool.events import Event, Execution
-from kernel_pool.exceptions import SessionNotFound, WorkspaceError
-from kernel_pool.pool import KernelPool
-from kernel_pool.session import ExecutionHandle, Session
-from kernel_pool.workspace import FileInfo
+from gateway.wire import ExecutionOut, SessionCreate, SessionOut
+from kernel_pool import (
+    EgressAttempt,
+    Execution,
+    ExecutionHandle,
+    ExecutionIdTaken,
+    FileInfo,
+    KernelPool,
+    PayloadTooLarge,
+    Profile,
+    SandboxInfo,
+    Session,
+    SessionNotFound,
+    StateDirFull,
+    parse_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class Gateway:
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions whose recording (history, then audit) is not over: watchers
         catch up from them, and the history shows the finished ones before the store has them."""
-        self.image = settings.image
+        self.image = settings.limits.image
         """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
@@ -69,6 +75,15 @@ class Gateway:
         if self._tenant_of.get(session_id) != tenant:
             raise SessionNotFound(session_id)
         return self.pool.get_session(session_id)
+
+    def owner(self, session_id: str) -> str | None:
+        """The tenant of a live session, for a caller that proved its right to it otherwise
+        (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
+        return self._tenant_of.get(session_id)
+
+    def profiles(self) -> list[Profile]:
+        """The sandbox profiles sessions may be created with."""
+        return list(self.pool.settings.profiles.values())
 
     def sessions(self, tenant: str) -> list[Session]:
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
@@ -92,7 +107,7 @@ class Gateway:
                 "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
         profile = self.pool.profile(request.profile)
         if request.timeout_s is not None and request.timeout_s > profile.max_timeout_s:
-            raise GatewayError(f"timeout_s must be at most {profile.max_timeout_s:g} "
+            raise InvalidInput(f"timeout_s must be at most {profile.max_timeout_s:g} "
                                f"for profile {profile.name!r}")
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -106,14 +121,15 @@ class Gateway:
             id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
             created_at=session.created_at, last_active_at=session.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
-            sandbox=session.kernel.sandbox.get_info().model_dump(mode="json")))
+            sandbox=session.sandbox_info().model_dump(mode="json")))
         return session
 
     async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
         """Take back the sessions a previous gateway left running; forget those that are gone."""
-        digest = await self.pool.backend.image_digest(self.settings.image)
+        image = self.settings.limits.image
+        digest = await self.pool.image_digest(image)
         if digest:
-            self.image = f"{self.settings.image}@{digest}"
+            self.image = f"{image}@{digest}"
         for info in kept:
             record = records[info.container_id]
             try:
@@ -122,7 +138,7 @@ class Gateway:
                     created_at=record.created_at, execution_count=record.execution_count)
             except Exception as exc:
                 logger.error("could not take back session %s: %s", record.id, exc)
-                await self.pool.backend.remove(info)
+                await self.pool.remove_sandbox(info)
                 continue
             self._tenant_of[session.id] = record.tenant
             logger.info("took back session %s of tenant %s", session.id, record.tenant)
@@ -157,18 +173,16 @@ class Gateway:
         if taken is None:  # the database was busy: ask it the usual way
             taken = await self.store.get_execution(execution_id) is not None
         if taken:
-            raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
-                               409)
+            raise ExecutionIdTaken(execution_id)
 
     def check_disk(self) -> None:
         """507 when the state directory is nearly full: nothing runs that cannot be recorded
         (history, audit), and no workspace is made that would not fit."""
         free = shutil.disk_usage(self.settings.state_dir).free
         if free < parse_size(self.settings.state_min_free):
-            raise GatewayError(
-                f"the gateway's state directory is full ({free} bytes free, under "
-                f"REPLGATE_STATE_MIN_FREE={self.settings.state_min_free}); delete sessions "
-                "or free disk space", 507)
+            raise StateDirFull(free, f"under REPLGATE_STATE_MIN_FREE="
+                               f"{self.settings.state_min_free}); delete sessions or free disk "
+                               "space")
 
     def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
                execution_id: str | None = None) -> ExecutionHandle:
@@ -179,13 +193,12 @@ class Gateway:
         try:
             size = len(code.encode("utf-8"))
         except UnicodeEncodeError:
-            raise GatewayError("code is not valid Unicode text (a lone surrogate?)") from None
+            raise InvalidInput("code is not valid Unicode text (a lone surrogate?)") from None
         if size > self.settings.max_code_bytes:
-            raise GatewayError(f"code is over the limit of {self.settings.max_code_bytes} bytes; "
-                               "put large data in a file instead", 413)
+            raise PayloadTooLarge("code", self.settings.max_code_bytes,
+                                  "; put large data in a file instead")
         if execution_id is not None and execution_id in self._live:
-            raise GatewayError(f"execution id {execution_id!r} is already used; send a new one",
-                               409)
+            raise ExecutionIdTaken(execution_id)
         self.check_disk()
         running = sum(s.pending for s in self.sessions(tenant))
         if running >= self.settings.max_concurrent_executions_per_tenant:
@@ -235,7 +248,7 @@ class Gateway:
         await self.store.record_activity(
             session.id, execution_count=session.execution_count,
             last_active_at=session.last_active_at,
-            sandbox=session.kernel.sandbox.get_info())
+            sandbox=session.sandbox_info())
         await self.audit.append(AuditRecord.for_execution(
             tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
             execution=execution, image=self.image,
@@ -280,29 +293,21 @@ class Gateway:
     async def write_file(self, tenant: str, session_id: str, path: str, data: bytes) -> int:
         session = self.session(tenant, session_id)
         if len(data) > self.settings.max_upload_bytes:
-            raise GatewayError(f"upload over the limit of {self.settings.max_upload_bytes} bytes",
-                               413)
-        size: int = await anyio.to_thread.run_sync(session.kernel.sandbox.workspace.write_bytes,
-                                                   path, data)
-        return size
+            raise upload_too_large(self.settings.max_upload_bytes)
+        return await session.write_file(path, data)
 
     async def read_file(self, tenant: str, session_id: str, path: str) -> bytes:
-        session = self.session(tenant, session_id)
-        try:
-            data: bytes = await anyio.to_thread.run_sync(
-                session.kernel.sandbox.workspace.read_bytes, path,
-                self.settings.max_download_bytes)
-        except WorkspaceError as exc:
-            if "does not exist" in str(exc):
-                raise FileMissing(str(exc)) from exc
-            raise
-        return data
+        return await self.session(tenant, session_id).read_file(
+            path, self.settings.max_download_bytes)
 
     async def list_files(self, tenant: str, session_id: str) -> list[FileInfo]:
-        session = self.session(tenant, session_id)
-        files: list[FileInfo] = await anyio.to_thread.run_sync(
-            session.kernel.sandbox.workspace.list_files)
-        return files
+        return await self.session(tenant, session_id).list_files()
+
+    def egress_attempts(self, tenant: str, session_id: str) -> list[EgressAttempt]:
+        return self.session(tenant, session_id).egress_attempts()
+
+    async def interrupt(self, tenant: str, session_id: str) -> bool:
+        return await self.session(tenant, session_id).interrupt()
 
     # -- shutdown ----------------------------------------------------------------------------
 
@@ -327,8 +332,5 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         logger.error("background store update failed: %s", task.exception())
 
 
-def event_frame(execution_id: str, event: Event) -> dict[str, Any]:
-    """An event as the WebSocket sends it."""
-    frame = event.model_dump(mode="json")
-    frame["execution_id"] = execution_id
-    return frame
+def upload_too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge("upload", limit)

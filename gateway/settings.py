@@ -1,34 +1,80 @@
 """Gateway settings, from ``REPLGATE_*`` environment variables. Every one has a default.
 
-Nothing reads the environment at import time: ``Settings()`` does, when the CLI builds the app.
+Nested with ``__``: the pool's own models are fields here, so each of their settings is
+reachable from the environment and its default is stated once, in :mod:`kernel_pool.config`::
+
+    REPLGATE_POOL__MAX_KERNELS=16             PoolLimits (kernels, clocks, owner label)
+    REPLGATE_LIMITS__MEMORY=4g                the default Profile (image, limits, timeouts)
+    REPLGATE_LIMITS__CAPS__STREAM_CHARS=50000 its OutputCaps
+
+The flat names the README documents (``REPLGATE_MAX_KERNELS``, ``REPLGATE_MEMORY``, ...) keep
+working (:data:`FLAT_NAMES`); where both are set, the nested one wins. Nothing reads the
+environment at import time: ``Settings()`` does, when the CLI builds the app.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from kernel_pool.config import (
-    MAX_OUTPUT_BYTES_LIMIT,
-    OutputCaps,
-    PoolSettings,
-    Profile,
-    parse_size,
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
 )
-from kernel_pool.image import current_image
+
+from kernel_pool import PoolLimits, PoolSettings, Profile, parse_size
+
+ENV_PREFIX = "REPLGATE_"
+
+FLAT_NAMES: dict[str, tuple[str, ...]] = {
+    "image": ("limits", "image"),
+    "min_idle": ("limits", "min_idle"),
+    "runtime": ("limits", "runtime"),
+    "memory": ("limits", "memory"),
+    "cpus": ("limits", "cpus"),
+    "pids": ("limits", "pids"),
+    "tmp_size": ("limits", "tmp_size"),
+    "workspace_size": ("limits", "workspace_size"),
+    "default_timeout_s": ("limits", "default_timeout_s"),
+    "max_timeout_s": ("limits", "max_timeout_s"),
+    "stream_chars": ("limits", "caps", "stream_chars"),
+    "max_output_bytes": ("limits", "caps", "display_bytes"),
+    "max_kernels": ("pool", "max_kernels"),
+    "interrupt_grace_s": ("pool", "interrupt_grace_s"),
+    "max_queued_executions": ("pool", "max_queued_executions"),
+    "idle_ttl_s": ("pool", "idle_ttl_s"),
+    "max_lifetime_s": ("pool", "max_lifetime_s"),
+    "owner": ("pool", "owner"),
+}
+"""``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 
 
 def default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "replgate"
 
 
-class Settings(BaseSettings):
-    """Configuration of ``replgate serve``; each field is ``REPLGATE_<NAME>`` in the environment."""
+class _FlatNames(PydanticBaseSettingsSource):
+    """The flat ``REPLGATE_*`` names of :data:`FLAT_NAMES`, read from the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="REPLGATE_", extra="ignore")
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads the names itself
+
+    def __call__(self) -> dict[str, Any]:
+        environ = {key.upper(): value for key, value in os.environ.items()}
+        return {name: environ[ENV_PREFIX + name.upper()] for name in FLAT_NAMES
+                if ENV_PREFIX + name.upper() in environ}
+
+
+class Settings(BaseSettings):
+    """Configuration of ``replgate serve``; each field is ``REPLGATE_<NAME>`` in the environment,
+    nested fields ``REPLGATE_<NAME>__<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
+                                      extra="ignore")
 
     host: str = Field("127.0.0.1", description="address to bind; 127.0.0.1 keeps it local")
     port: int = Field(8000, ge=0, le=65535)
@@ -38,32 +84,13 @@ class Settings(BaseSettings):
     log_json: bool = Field(False, description="log as JSON lines")
     log_level: str = "info"
 
-    # pool
-    image: str = Field(default_factory=current_image,
-                       description="sandbox image; default: the one built from this code")
-    runtime: Literal["runc", "gvisor"] = Field(
-        "runc", description="isolation of the default profile: runc or gvisor (runsc)")
-    max_kernels: int = Field(8, ge=1, le=1024, description="kernels in all, warm and in use")
-    min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
-    memory: str = Field("2g", description="memory limit per sandbox (no swap)")
-    cpus: float = Field(1.0, gt=0, le=64, description="CPUs per sandbox")
-    pids: int = Field(256, ge=16, le=32768, description="processes+threads per sandbox")
-    tmp_size: str = "256m"
-    workspace_size: str = Field("1g", description="size cap of each session's workspace")
+    # the pool
+    pool: PoolLimits = Field(default_factory=PoolLimits,
+                             description="kernels in all, clocks, the containers' owner label")
+    limits: Profile = Field(default_factory=Profile,
+                            description="the default profile: image, limits, timeouts, caps")
     state_min_free: str = Field("256m", description="free disk the state directory must keep: "
                                 "below it, new sessions and executions get 507")
-    default_timeout_s: float = Field(60.0, gt=0)
-    max_timeout_s: float = Field(3600.0, gt=0, description="largest timeout_s a request may ask")
-    interrupt_grace_s: float = Field(2.0, gt=0)
-    max_queued_executions: int = Field(16, ge=1)
-    idle_ttl_s: float = Field(3600.0, gt=0, description="idle sessions are deleted after this")
-    max_lifetime_s: float = Field(86400.0, gt=0)
-    stream_chars: int = Field(20_000, ge=1000, description="stdout+stderr chars returned")
-    max_output_bytes: int = Field(
-        8 * 1024 * 1024, ge=1024, le=MAX_OUTPUT_BYTES_LIMIT,
-        description="bytes of one display's or result's bundle: a larger one is replaced, "
-                    "inside the sandbox, by a notice and `omitted` sizes")
-    owner: str = Field("replgate", description="container label naming this gateway")
 
     # requests
     max_code_bytes: int = Field(1_000_000, ge=1, description="largest code of one execution")
@@ -82,17 +109,42 @@ class Settings(BaseSettings):
                                                         "comma-separated: people who approve")
     approval_timeout_s: float = Field(600.0, gt=0, description="a held execution expires after")
 
-    @field_validator("memory", "tmp_size", "workspace_size", "state_min_free")
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FlatNames(settings_cls), dotenv_settings,
+                file_secret_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_names(cls, data: Any) -> Any:
+        """Move flat names (from the environment or keyword arguments) to their nested place,
+        unless the nested setting is given too."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, path in FLAT_NAMES.items():
+            if name not in data:
+                continue
+            value = data.pop(name)
+            parent = data
+            for key in path[:-1]:
+                child = parent.get(key)
+                child = dict(child) if isinstance(child, dict) else (
+                    child.model_dump(exclude_unset=True) if child is not None else {})
+                parent[key] = child
+                parent = child
+            parent.setdefault(path[-1], value)
+        return data
+
+    @field_validator("state_min_free")
     @classmethod
     def _size(cls, value: str) -> str:
         parse_size(value)
         return value
-
-    @model_validator(mode="after")
-    def _timeouts(self) -> Settings:
-        if self.default_timeout_s > self.max_timeout_s:
-            raise ValueError("REPLGATE_DEFAULT_TIMEOUT_S cannot exceed REPLGATE_MAX_TIMEOUT_S")
-        return self
 
     @model_validator(mode="after")
     def _approver_keys(self) -> Settings:
@@ -113,17 +165,6 @@ class Settings(BaseSettings):
         return self.state_dir / "replgate.db"
 
     def pool_settings(self) -> PoolSettings:
-        profile = Profile(
-            name="default", image=self.image, runtime=self.runtime, memory=self.memory,
-            cpus=self.cpus, pids=self.pids, tmp_size=self.tmp_size,
-            workspace_size=self.workspace_size, min_idle=self.min_idle,
-            default_timeout_s=self.default_timeout_s, max_timeout_s=self.max_timeout_s,
-            caps=OutputCaps(
-                stream_chars=self.stream_chars, display_bytes=self.max_output_bytes,
-                display_total_bytes=max(2 * self.max_output_bytes,
-                                        OutputCaps().display_total_bytes)))
-        return PoolSettings(
-            state_dir=self.state_dir, profiles={"default": profile},
-            max_kernels=self.max_kernels, interrupt_grace_s=self.interrupt_grace_s,
-            max_queued_executions=self.max_queued_executions, idle_ttl_s=self.idle_ttl_s,
-            max_lifetime_s=self.max_lifetime_s, owner=self.owner)
+        profile = self.limits.model_copy(update={"name": "default"})
+        return PoolSettings(state_dir=self.state_dir, profiles={"default": profile},
+                            **self.pool.model_dump())

@@ -29,8 +29,7 @@ import anyio.to_thread
 from pydantic import BaseModel, Field, TypeAdapter
 
 from gateway.auth import hash_api_key
-from kernel_pool.backends.base import SandboxInfo
-from kernel_pool.events import Event, Execution
+from kernel_pool import Event, Execution, SandboxInfo
 
 __all__ = [
     "PENDING_APPROVAL",

@@ -8,37 +8,181 @@ Usable on its own from any async Python::
     result = await session.execute("1 + 1")   # Execution(status="ok", outputs=[...])
     await pool.close()
 
-Names are imported lazily, so ``kernel_pool.events`` stays light (pydantic only) for clients.
+This package is kernel_pool's public face: the names below, pinned by
+``tests/kernel_pool/test_exported_members.py``; its ``_modules`` are private. Names are imported
+on first use, so ``from kernel_pool import Execution`` loads the event models (pydantic only)
+and neither ZMQ nor the Docker SDK: the client of the gateway relies on it.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
+if TYPE_CHECKING:
+    from kernel_pool._egress import EgressAttempt
+    from kernel_pool._handle import Denial, ExecutionHandle, Gate
+    from kernel_pool._pool import KernelPool
+    from kernel_pool._session import Listener, Session, SessionStatus
+    from kernel_pool._workspace import Entry, FileInfo
+    from kernel_pool.backends.base import SandboxInfo
+    from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
+    from kernel_pool.events import (
+        ApprovalEvent,
+        ClearOutputEvent,
+        DisplayEvent,
+        DoneEvent,
+        ErrorEvent,
+        Event,
+        Execution,
+        ExecutionBuilder,
+        ExecutionError,
+        ExecutionStatus,
+        Output,
+        OutputEvent,
+        PendingApprovalEvent,
+        ResourceUsage,
+        StreamEvent,
+        UpdateDisplayEvent,
+    )
+    from kernel_pool.exceptions import (
+        BackendError,
+        CapacityError,
+        ExecutionIdTaken,
+        FileMissing,
+        FileTooLarge,
+        ImageError,
+        InvalidRequest,
+        KernelPoolError,
+        KernelStartError,
+        KernelUnavailable,
+        PathOutsideWorkspace,
+        PayloadTooLarge,
+        ProfileNotFound,
+        QueueFull,
+        SessionClosed,
+        SessionNotFound,
+        StateDirFull,
+        WorkspaceError,
+        WorkspaceFull,
+    )
+
+__all__ = [
+    "ApprovalEvent",
+    "BackendError",
+    "CapacityError",
+    "ClearOutputEvent",
+    "Denial",
+    "DisplayEvent",
+    "DoneEvent",
+    "EgressAttempt",
+    "Entry",
+    "ErrorEvent",
+    "Event",
+    "Execution",
+    "ExecutionBuilder",
+    "ExecutionError",
+    "ExecutionHandle",
+    "ExecutionIdTaken",
+    "ExecutionStatus",
+    "FileInfo",
+    "FileMissing",
+    "FileTooLarge",
+    "Gate",
+    "ImageError",
+    "InvalidRequest",
+    "KernelPool",
+    "KernelPoolError",
+    "KernelStartError",
+    "KernelUnavailable",
+    "Listener",
+    "Output",
+    "OutputCaps",
+    "OutputEvent",
+    "PathOutsideWorkspace",
+    "PayloadTooLarge",
+    "PendingApprovalEvent",
+    "PoolLimits",
+    "PoolSettings",
+    "Profile",
+    "ProfileNotFound",
+    "QueueFull",
+    "ResourceUsage",
+    "SandboxInfo",
+    "Session",
+    "SessionClosed",
+    "SessionNotFound",
+    "SessionStatus",
+    "StateDirFull",
+    "StreamEvent",
+    "UpdateDisplayEvent",
+    "WorkspaceError",
+    "WorkspaceFull",
+    "parse_size",
+]
+
+_HOMES = {
+    "ApprovalEvent": "kernel_pool.events",
     "BackendError": "kernel_pool.exceptions",
     "CapacityError": "kernel_pool.exceptions",
+    "ClearOutputEvent": "kernel_pool.events",
+    "Denial": "kernel_pool._handle",
+    "DisplayEvent": "kernel_pool.events",
+    "DoneEvent": "kernel_pool.events",
+    "EgressAttempt": "kernel_pool._egress",
+    "ErrorEvent": "kernel_pool.events",
     "Event": "kernel_pool.events",
     "Execution": "kernel_pool.events",
-    "ExecutionHandle": "kernel_pool.session",
+    "ExecutionBuilder": "kernel_pool.events",
+    "ExecutionError": "kernel_pool.events",
+    "ExecutionHandle": "kernel_pool._handle",
+    "ExecutionIdTaken": "kernel_pool.exceptions",
     "ExecutionStatus": "kernel_pool.events",
+    "Entry": "kernel_pool._workspace",
+    "FileInfo": "kernel_pool._workspace",
+    "FileMissing": "kernel_pool.exceptions",
+    "FileTooLarge": "kernel_pool.exceptions",
+    "Gate": "kernel_pool._handle",
+    "ImageError": "kernel_pool.exceptions",
     "InvalidRequest": "kernel_pool.exceptions",
-    "KernelPool": "kernel_pool.pool",
+    "KernelPool": "kernel_pool._pool",
     "KernelPoolError": "kernel_pool.exceptions",
+    "KernelStartError": "kernel_pool.exceptions",
+    "KernelUnavailable": "kernel_pool.exceptions",
+    "Listener": "kernel_pool._session",
+    "Output": "kernel_pool.events",
     "OutputCaps": "kernel_pool.config",
+    "OutputEvent": "kernel_pool.events",
+    "PathOutsideWorkspace": "kernel_pool.exceptions",
+    "PayloadTooLarge": "kernel_pool.exceptions",
+    "PendingApprovalEvent": "kernel_pool.events",
+    "PoolLimits": "kernel_pool.config",
     "PoolSettings": "kernel_pool.config",
     "Profile": "kernel_pool.config",
+    "ProfileNotFound": "kernel_pool.exceptions",
     "QueueFull": "kernel_pool.exceptions",
-    "Session": "kernel_pool.session",
+    "ResourceUsage": "kernel_pool.events",
+    "SandboxInfo": "kernel_pool.backends.base",
+    "Session": "kernel_pool._session",
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",
-    "SessionStatus": "kernel_pool.session",
+    "SessionStatus": "kernel_pool._session",
+    "StateDirFull": "kernel_pool.exceptions",
+    "StreamEvent": "kernel_pool.events",
+    "UpdateDisplayEvent": "kernel_pool.events",
+    "WorkspaceError": "kernel_pool.exceptions",
+    "WorkspaceFull": "kernel_pool.exceptions",
+    "parse_size": "kernel_pool.config",
 }
-__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
+    if name not in _HOMES:
         raise AttributeError(f"module 'kernel_pool' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # found once; later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

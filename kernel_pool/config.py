@@ -1,13 +1,18 @@
-"""Profiles (image plus limits) and pool settings: plain pydantic models with safe defaults."""
+"""Profiles (image plus limits) and pool settings: plain pydantic models with safe defaults.
+
+Each default is stated here once; the gateway's settings nest these models (so every one of
+them is reachable from the environment) instead of restating them. No container engine is
+imported: the image is named by a hash of ``sandbox_image/``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from kernel_pool.image import current_image
+from kernel_pool._sandbox_image import current_image
 
 MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
 """The largest per-output cap: a bundle base64-encodes and travels as one message, which must
@@ -26,7 +31,18 @@ class OutputCaps(BaseModel):
     display_count: int = Field(50, ge=1, description="display/result outputs per execution")
     display_total_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="payload of all rich outputs of one execution "
-        "(displays, updates, clears) together; what the gateway holds and stores for it")
+        "(displays, updates, clears) together; what the gateway holds and stores for it; "
+        "unless given, at least two outputs of display_bytes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _total_fits_two_outputs(cls, data: Any) -> Any:
+        # A raised per-output cap raises the total with it, so one capped image still fits.
+        if isinstance(data, dict) and "display_bytes" in data \
+                and "display_total_bytes" not in data:
+            default = cls.model_fields["display_total_bytes"].default
+            data = {**data, "display_total_bytes": max(2 * int(data["display_bytes"]), default)}
+        return data
 
 
 class Profile(BaseModel):
@@ -61,18 +77,24 @@ class Profile(BaseModel):
     @field_validator("egress_allow")
     @classmethod
     def _egress(cls, value: list[str]) -> list[str]:
-        from kernel_pool.egress import parse_allow
+        from kernel_pool._egress import parse_allow
 
         parse_allow(value)
         return value
 
+    @model_validator(mode="after")
+    def _timeouts(self) -> Profile:
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError(f"default_timeout_s ({self.default_timeout_s:g}) cannot exceed "
+                             f"max_timeout_s ({self.max_timeout_s:g})")
+        return self
 
-class PoolSettings(BaseModel):
-    """How the pool runs; the gateway fills it from REPLGATE_* settings."""
 
-    state_dir: Path
-    profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
-    max_kernels: int = Field(8, ge=1, description="kernels of all profiles, warm and in use")
+class PoolLimits(BaseModel):
+    """How the pool runs: its caps and clocks (the gateway's ``REPLGATE_POOL__*``)."""
+
+    max_kernels: int = Field(8, ge=1, le=1024,
+                             description="kernels of all profiles, warm and in use")
     kernel_start_timeout_s: float = Field(60.0, gt=0)
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
@@ -80,6 +102,14 @@ class PoolSettings(BaseModel):
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)
     owner: str = Field("replgate", description="label value naming this gateway's containers")
+
+
+class PoolSettings(PoolLimits):
+    """Everything a :class:`~kernel_pool.KernelPool` needs: where it keeps state, its
+    profiles, and its :class:`PoolLimits`."""
+
+    state_dir: Path
+    profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}

@@ -4,16 +4,25 @@
     ├── ImageError             the sandbox image cannot be built or found
     ├── BackendError           the container engine failed or is unreachable
     ├── ProfileNotFound        no profile of that name
-    ├── CapacityError          the pool is at max_kernels (HTTP 503/429 at the gateway)
+    ├── CapacityError          the pool is at max_kernels
     ├── KernelStartError       a kernel did not come up
+    ├── KernelUnavailable      the session's kernel is not running (closed, or did not come back)
     ├── SessionNotFound        no such session (or not yours)
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
-    ├── InvalidRequest         a value out of range (timeout, code size, ...)
+    ├── ExecutionIdTaken       a caller-chosen execution id is already used
+    ├── InvalidRequest         a value out of range (timeout, ...)
+    ├── PayloadTooLarge        code or an upload over its size limit
+    ├── StateDirFull           the state directory (database, workspaces) has no room left
     └── WorkspaceError         a file path or size the workspace refuses
-        └── PathOutsideWorkspace
+        ├── PathOutsideWorkspace
+        ├── FileMissing        no such file in the workspace
+        ├── FileTooLarge       a file over the download limit
+        └── WorkspaceFull      the workspace's size cap is reached
 
-An error in the user's code is not an exception here: it is data (an ``error`` event).
+An error in the user's code is not an exception here: it is data (an ``error`` event). Each
+error carries the ids and figures it names; the gateway maps the classes to HTTP statuses in
+one table (``gateway/errors.py``), never by their message.
 """
 
 from __future__ import annotations
@@ -53,6 +62,12 @@ class KernelStartError(KernelPoolError):
         super().__init__(f"kernel in sandbox {sandbox_id} did not start: {reason}")
 
 
+class KernelUnavailable(KernelPoolError):
+    def __init__(self, session_id: str, reason: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"the kernel of session {session_id} is not running: {reason}")
+
+
 class SessionNotFound(KernelPoolError):
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
@@ -74,8 +89,27 @@ class QueueFull(KernelPoolError):
         )
 
 
+class ExecutionIdTaken(KernelPoolError):
+    def __init__(self, execution_id: str) -> None:
+        self.execution_id = execution_id
+        super().__init__(f"execution id {execution_id!r} is already used; send a new one")
+
+
 class InvalidRequest(KernelPoolError):
     """A request value is out of range; the message names the limit."""
+
+
+class PayloadTooLarge(KernelPoolError):
+    def __init__(self, what: str, limit: int, hint: str = "") -> None:
+        self.what = what
+        self.limit = limit
+        super().__init__(f"{what} is over the limit of {limit} bytes{hint}")
+
+
+class StateDirFull(KernelPoolError):
+    def __init__(self, free: int, detail: str) -> None:
+        self.free = free
+        super().__init__(f"the gateway's state directory is full ({free} bytes free, {detail})")
 
 
 class WorkspaceError(KernelPoolError):
@@ -86,3 +120,23 @@ class PathOutsideWorkspace(WorkspaceError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"path {path!r} leaves the session's workspace; use a relative path")
+
+
+class FileMissing(WorkspaceError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path!r} does not exist in the workspace")
+
+
+class FileTooLarge(WorkspaceError):
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        self.path = path
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{path!r} is {size} bytes, over the download limit of {limit}")
+
+
+class WorkspaceFull(WorkspaceError):
+    def __init__(self) -> None:
+        super().__init__("the session's workspace is full; delete files or raise the profile's "
+                         "workspace_size")

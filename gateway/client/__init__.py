@@ -7,18 +7,22 @@
         ex = await sbx.run_code("print(x * 2)", on_stdout=lambda e: print(e.text, end=""))
         assert ex.status == "ok" and ex.stdout == "42\\n"
 
-It needs only httpx, websockets, pydantic and the event models of ``kernel_pool.events``.
+It needs only httpx, websockets and pydantic: its models are the wire's (:mod:`gateway.wire`),
+the same the gateway serves.
 """
 
-from kernel_pool.events import (
+from gateway.wire import (
     DisplayEvent,
     ErrorEvent,
     Execution,
     ExecutionError,
     ExecutionStatus,
+    FileInfo,
+    FileWritten,
     Output,
     StreamEvent,
 )
+from gateway.wire import SessionOut as SessionInfo
 
 from ._async import AsyncSandbox, ToolSessionOf
 from ._errors import (
@@ -31,7 +35,6 @@ from ._errors import (
     TransportError,
 )
 from ._files import AsyncFiles
-from ._models import FileInfo, SessionInfo
 from ._render import ImagePart, TextPart, ToolResult, render_execution
 from ._sync import Sandbox
 from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
@@ -46,6 +49,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionStatus",
     "FileInfo",
+    "FileWritten",
     "ImagePart",
     "InvalidRequestError",
     "NotFoundError",

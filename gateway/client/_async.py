@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 
-from kernel_pool.events import Execution
+from gateway.wire import Execution, FileInfo
+from gateway.wire import SessionOut as SessionInfo
 
 from ._errors import NotFoundError
 from ._files import AsyncFiles
-from ._models import FileInfo, SessionInfo
 from ._stream import DisplayCallback, ErrorCallback, ExecutionStream, Handlers, StreamCallback
 from ._tools import SandboxTools
 from ._transport import EXECUTE_TIMEOUT, Transport

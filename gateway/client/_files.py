@@ -5,7 +5,8 @@ from __future__ import annotations
 import builtins
 from urllib.parse import quote
 
-from ._models import FileInfo
+from gateway.wire import FileInfo, FileWritten
+
 from ._transport import Transport
 
 
@@ -20,11 +21,11 @@ class AsyncFiles:
         self._transport = transport
         self._base = f"{session_path}/files"
 
-    async def write(self, path: str, data: bytes | str) -> FileInfo:
+    async def write(self, path: str, data: bytes | str) -> FileWritten:
         """Create or replace ``path`` (parent folders too); ``str`` data is written as UTF-8."""
         content = data.encode() if isinstance(data, str) else data
         response = await self._transport.request("PUT", self._file(path), content=content)
-        return FileInfo.model_validate(response.json())
+        return FileWritten.model_validate(response.json())
 
     async def read(self, path: str) -> bytes:
         """The content of ``path``; :class:`NotFoundError` if there is no such file."""

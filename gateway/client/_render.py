@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel_pool.events import Execution, ExecutionStatus
+from gateway.wire import Execution, ExecutionStatus
 
 DEFAULT_TEXT_CHARS = 20_000
 """Characters of one text (a result, a display, a file) returned to a model."""

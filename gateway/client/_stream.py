@@ -17,19 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.protocol import State
 
-from kernel_pool.events import (
+from gateway.wire import (
+    EVENT_TYPES,
     DisplayEvent,
     DoneEvent,
     ErrorEvent,
-    Event,
+    EventFrame,
     Execution,
     ExecutionBuilder,
     StreamEvent,
+    WsExecute,
 )
 
 from ._errors import (
@@ -49,9 +51,6 @@ ErrorCallback = Callable[[ErrorEvent], object]
 # A rich output (an image) arrives as one message; the gateway caps outputs, so this bound only
 # guards against a misbehaving peer, well above websockets' 1 MiB default.
 _MAX_MESSAGE_BYTES = 64 * 2**20
-_EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
-_KNOWN_TYPES = {"stdout", "stderr", "display", "result", "update_display", "clear_output",
-                "error", "done"}
 
 
 @dataclass(frozen=True)
@@ -113,12 +112,12 @@ class ExecutionStream:
     async def run(self, code: str, timeout_s: float | None, handlers: Handlers) -> Execution:
         """Execute ``code``, calling ``handlers`` per event; the aggregate once ``done`` came."""
         execution_id = str(uuid.uuid4())
-        request: dict[str, Any] = {"type": "execute", "code": code, "id": execution_id}
-        if timeout_s is not None:
-            request["timeout_s"] = timeout_s
+        # Not validated here: the gateway judges the values, and its answer names the limit.
+        request = WsExecute.model_construct(type="execute", code=code, id=execution_id,
+                                            timeout_s=timeout_s)
         builder = ExecutionBuilder()
         async with self._lock:
-            socket = await self._send(json.dumps(request), execution_id)
+            socket = await self._send(request.model_dump_json(exclude_none=True), execution_id)
             while True:
                 event = await self._receive(socket, execution_id)
                 if event is None:
@@ -170,10 +169,10 @@ class ExecutionStream:
             # is one whose message it could not read, and this socket carries one message at
             # a time: ours.
             raise _rejected_error(message, execution_id)
-        if message.get("execution_id") != execution_id or message.get("type") not in _KNOWN_TYPES:
+        if message.get("execution_id") != execution_id or message.get("type") not in EVENT_TYPES:
             return None  # another execution's event, or a kind this client predates
         try:
-            return _EVENTS.validate_python(message)
+            return EventFrame.model_validate(message).event
         except ValidationError as exc:
             raise ReplgateError(f"The gateway sent an event this client cannot read: {exc}",
                                 detail=message) from exc

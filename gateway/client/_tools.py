@@ -23,10 +23,9 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kernel_pool.events import Execution
+from gateway.wire import Execution, FileInfo
 
 from ._errors import InvalidRequestError, NotFoundError
-from ._models import FileInfo
 from ._render import (
     DEFAULT_TEXT_CHARS,
     ImagePart,

@@ -13,12 +13,13 @@ import re
 import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from gateway.auth import hash_api_key
-from gateway.errors import GatewayError
+from gateway.errors import Conflict, Forbidden, NotFound
+from gateway.wire import Approval, ApprovalStatus
 
 __all__ = [
     "Approval",
@@ -35,37 +36,12 @@ DECIDED_KEPT = 1000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as REPLGATE_API_KEYS' tenants
 
-Status = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
+class ApprovalNotFound(NotFound):
+    """No approval of that id for this tenant."""
 
 
-class ApprovalNotFound(GatewayError):
-    status_code = 404
-
-
-class ApprovalDecided(GatewayError):
-    status_code = 409
-
-
-class Forbidden(GatewayError):
-    status_code = 403
-
-
-class Approval(BaseModel):
-    """One held execution and what became of it (the wire shape of ``/v1/approvals``)."""
-
-    approval_id: str
-    tenant: str
-    session_id: str
-    execution_id: str
-    code: str
-    rules: list[dict[str, Any]] = Field(default_factory=list)
-    """The policy matches that asked for approval: rule, action, message, line, matched."""
-    status: Status = "pending"
-    created_at: str
-    expires_at: str
-    decided_by: str | None = None
-    decided_at: str | None = None
-    comment: str | None = None
+class ApprovalDecided(Conflict):
+    """The approval is no longer pending."""
 
 
 class Approver(BaseModel):
@@ -158,7 +134,7 @@ class ApprovalBook:
             raise
         return approval
 
-    def _close(self, approval: Approval, status: Status, by: str | None,
+    def _close(self, approval: Approval, status: ApprovalStatus, by: str | None,
                comment: str | None) -> None:
         entry = self._pending.pop(approval.approval_id, None)
         if entry is None:

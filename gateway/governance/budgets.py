@@ -11,9 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gateway.governance.policy import Budgets
-from gateway.models import BudgetOut
-from kernel_pool.events import DoneEvent, Event
-from kernel_pool.session import ExecutionHandle, Session
+from gateway.wire import BudgetOut
+from kernel_pool import DoneEvent, Event, ExecutionHandle, Session
 
 __all__ = ["BudgetTracker"]
 
@@ -48,7 +47,7 @@ class BudgetTracker:
         return any(value is not None for value in self.limits.model_dump().values())
 
     def listener(self, session: Session, handle: ExecutionHandle, event: Event | None) -> None:
-        """A :data:`kernel_pool.session.Listener`: counts each execution that ran, at its end."""
+        """A :data:`kernel_pool._session.Listener`: counts each execution that ran, at its end."""
         if isinstance(event, DoneEvent) and handle.run is not None:
             self.executions += 1
             wall = event.duration_ms / 1000

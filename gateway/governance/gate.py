@@ -24,15 +24,18 @@ from gateway.governance.analysis import Match, decide
 from gateway.governance.approvals import ApprovalBook, ApproverKeys, parse_approver_keys
 from gateway.governance.budgets import BudgetTracker
 from gateway.governance.policy import Policy
-from gateway.models import BudgetOut
 from gateway.store import PENDING_APPROVAL, RUNNING, Store
-from kernel_pool.events import (
+from gateway.wire import BudgetOut
+from kernel_pool import (
     ApprovalEvent,
+    Denial,
     Event,
+    ExecutionHandle,
     ExecutionStatus,
+    Gate,
     PendingApprovalEvent,
+    Session,
 )
-from kernel_pool.session import Denial, ExecutionHandle, Gate, Session
 
 __all__ = ["PENDING_APPROVAL", "Governance"]
 

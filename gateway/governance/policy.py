@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kernel_pool.config import PoolSettings, Profile
+from kernel_pool import PoolSettings, Profile
 
 __all__ = [
     "BUILTIN_RULES",

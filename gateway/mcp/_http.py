@@ -32,7 +32,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.auth import extract_token
 from gateway.client import ReplgateError, SandboxTools, ToolLimits
-from gateway.errors import GatewayError
+from gateway.errors import DOMAIN_ERRORS, error_response
 
 from ._server import build_server
 from ._sessions import BackendFactory, LazySession
@@ -106,9 +106,8 @@ class McpEndpoint:
         gateway: Gateway = scope["app"].state.gateway
         try:
             tenant = await gateway.authenticate(extract_token(headers.get("authorization"), None))
-        except GatewayError as exc:
-            response = JSONResponse({"detail": exc.detail}, status_code=exc.status_code,
-                                    headers={"WWW-Authenticate": "Bearer"})
+        except DOMAIN_ERRORS as exc:
+            response = error_response(exc)
             await response(scope, receive, send)
             return
         version = headers.get("mcp-protocol-version")

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 from gateway.client import Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
-from gateway.errors import GatewayError, status_for
-from gateway.models import SessionCreate
+from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
 from gateway.service import Gateway
 from gateway.settings import Settings
-from kernel_pool.exceptions import KernelPoolError, SessionClosed, SessionNotFound
+from gateway.wire import SessionCreate
+from kernel_pool import KernelPoolError, SessionClosed, SessionNotFound
 
 from ._http import McpEndpoint
 from ._sessions import Backend, BackendFactory
@@ -32,8 +32,8 @@ T = TypeVar("T")
 async def _translated() -> AsyncIterator[None]:
     try:
         yield
-    except (GatewayError, KernelPoolError) as exc:
-        raise error_for_status(status_for(exc), str(exc)) from exc
+    except DOMAIN_ERRORS as exc:
+        raise error_for_status(status_for(exc), detail_for(exc)) from exc
 
 
 class ServiceBackend:
@@ -76,8 +76,7 @@ class ServiceBackend:
             lambda: self._gateway.read_file(self._tenant, self.session_id, path))
 
     async def list_files(self) -> list[FileInfo]:
-        files = await self._call(lambda: self._gateway.list_files(self._tenant, self.session_id))
-        return [FileInfo.model_validate(info.model_dump()) for info in files]
+        return await self._call(lambda: self._gateway.list_files(self._tenant, self.session_id))
 
     async def restart(self) -> None:
         await self._call(lambda: self._gateway.restart(self._tenant, self.session_id))
@@ -97,7 +96,7 @@ class ServiceBackend:
             await self._gateway.delete_session(self._tenant, self.session_id)
         except (SessionNotFound, SessionClosed):
             pass  # already gone, which is what closing asks for
-        except (GatewayError, KernelPoolError) as exc:
+        except DOMAIN_ERRORS as exc:
             raise ReplgateError(f"could not delete session {self.session_id}: {exc}") from exc
 
     def __repr__(self) -> str:
@@ -107,7 +106,7 @@ class ServiceBackend:
 def mcp_endpoint(settings: Settings) -> McpEndpoint:
     """The ``/mcp`` endpoint for a gateway configured by ``settings``; serve it inside
     ``endpoint.run()`` in the app's lifespan."""
-    limits = ToolLimits(default_timeout_s=settings.default_timeout_s,
-                        max_timeout_s=settings.max_timeout_s,
-                        output_chars=settings.stream_chars)
-    return McpEndpoint(ServiceBackend.factory, limits=limits, idle_ttl_s=settings.idle_ttl_s)
+    limits = ToolLimits(default_timeout_s=settings.limits.default_timeout_s,
+                        max_timeout_s=settings.limits.max_timeout_s,
+                        output_chars=settings.limits.caps.stream_chars)
+    return McpEndpoint(ServiceBackend.factory, limits=limits, idle_ttl_s=settings.pool.idle_ttl_s)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
-from gateway.errors import GatewayError
-from gateway.models import FileWritten
-from kernel_pool.workspace import FileInfo
+from gateway.service import upload_too_large
+from gateway.wire import FileInfo, FileWritten
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/files", tags=["files"])
 
@@ -23,18 +22,23 @@ async def upload(session_id: str, path: str, request: Request, tenant: TenantDep
                  gateway: GatewayDep) -> FileWritten:
     """Write the raw request body to ``path`` (parent folders are created)."""
     gateway.session(tenant, session_id)
-    limit = gateway.settings.max_upload_bytes
+    data = await read_upload(request, gateway.settings.max_upload_bytes)
+    written = await gateway.write_file(tenant, session_id, path, data)
+    return FileWritten(path=path, size=written)
+
+
+async def read_upload(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) as soon as it is known to be over ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(f"upload over the limit of {limit} bytes", 413)
+        raise upload_too_large(limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise GatewayError(f"upload over the limit of {limit} bytes", 413)
+            raise upload_too_large(limit)
         chunks.append(chunk)
-    written = await gateway.write_file(tenant, session_id, path, b"".join(chunks))
-    return FileWritten(path=path, size=written)
+    return b"".join(chunks)
 
 
 @router.get("/{path:path}")

@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep, TenantDep
-from gateway.governance import Approval, Approver, Forbidden
-from kernel_pool.egress import EgressAttempt
+from gateway.errors import Forbidden
+from gateway.governance import Approval, Approver
+from gateway.wire import DecisionIn, EgressAttempt
 
 router = APIRouter(tags=["governance"])
 
@@ -22,12 +23,6 @@ router = APIRouter(tags=["governance"])
 class Caller(BaseModel):
     tenant: str
     approver: Approver | None = None
-
-
-class DecisionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    comment: str | None = Field(None, max_length=2000)
 
 
 async def get_caller(request: Request, gateway: GatewayDep,
@@ -84,5 +79,4 @@ async def reject(approval_id: str, caller: CallerDep, gateway: GatewayDep,
 async def egress_log(session_id: str, tenant: TenantDep,
                      gateway: GatewayDep) -> list[EgressAttempt]:
     """The session's latest connection attempts through its egress proxy (empty without one)."""
-    proxy = gateway.session(tenant, session_id).kernel.egress
-    return proxy.attempts if proxy is not None else []
+    return gateway.egress_attempts(tenant, session_id)

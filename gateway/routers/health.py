@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from gateway import __version__
 from gateway.deps import GatewayDep
-from gateway.models import Health
+from gateway.wire import Health
 
 router = APIRouter(tags=["health"])
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
-from gateway.models import (
+from gateway.wire import (
     ExecuteRequest,
     ExecutionOut,
     ExecutionSummary,
@@ -53,7 +53,7 @@ async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
 
 @router.post("/{session_id}/interrupt")
 async def interrupt(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> InterruptOut:
-    return InterruptOut(interrupted=gateway.session(tenant, session_id).interrupt())
+    return InterruptOut(interrupted=await gateway.interrupt(tenant, session_id))
 
 
 @router.post("/{session_id}/restart")

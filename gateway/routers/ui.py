@@ -16,7 +16,7 @@ from importlib.resources import files
 from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
 
-from gateway.errors import GatewayError
+from gateway.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 
@@ -67,5 +67,5 @@ def index() -> HTMLResponse:
 def asset(name: str) -> Response:
     media_type = ASSETS.get(name)
     if media_type is None:
-        raise GatewayError(f"no UI file named {name!r}", 404)
+        raise NotFound(f"no UI file named {name!r}")
     return Response(_static(name), media_type=media_type, headers=_headers())

@@ -5,9 +5,9 @@ browser). It first gets the history: each past execution as an ``{"type": "execu
 "execution_id", "code", "started_at"}`` frame followed by its stored events, then a
 ``{"type": "history_end"}`` frame, then live frames in the same shapes: an ``execution`` frame
 when an execution starts, then its events as the session WebSocket sends them
-(:func:`gateway.service.event_frame`). Clients send nothing (anything sent is ignored).
+(:class:`gateway.wire.EventFrame`). Clients send nothing (anything sent is ignored).
 
-Each watcher has a bounded queue fed by a :data:`Session.listeners <kernel_pool.session.Listener>`
+Each watcher has a bounded queue fed by a :data:`Session.listeners <kernel_pool.Listener>`
 callback, which never blocks the session. A watcher that falls :data:`WATCH_BUFFER` events
 behind gets ``{"type": "lagged"}`` and the socket is closed with 1013 (try again later); it
 reconnects and gets the history again. When the session is deleted the socket closes with 4404.
@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from gateway.errors import WS_CLOSE_NOT_FOUND
+from gateway.errors import DOMAIN_ERRORS, WS_CLOSE_LAGGED, close_code_for
 from gateway.routers.ws import accept_session
-from gateway.service import Gateway, event_frame
+from gateway.service import Gateway
 from gateway.store import RUNNING
-from kernel_pool.events import Event
-from kernel_pool.exceptions import KernelPoolError
-from kernel_pool.session import ExecutionHandle, Session
+from gateway.wire import (
+    Event,
+    EventFrame,
+    ExecutionStartFrame,
+    Frame,
+    HistoryEndFrame,
+    LaggedFrame,
+)
+from kernel_pool import ExecutionHandle, Session, SessionClosed
 
 __all__ = ["WATCH_BUFFER", "WS_CLOSE_LAGGED", "Lagged", "Watcher", "router", "watch"]
 
@@ -41,7 +45,6 @@ router = APIRouter()
 
 WATCH_BUFFER = 1024
 """Events a watcher may fall behind before it is dropped."""
-WS_CLOSE_LAGGED = 1013
 CLOSED_POLL_S = 2.0
 """How often a quiet watcher checks that its session still exists."""
 
@@ -86,11 +89,6 @@ class Watcher:
             return None
 
 
-def execution_frame(execution_id: str, code: str, started_at: str | None) -> dict[str, Any]:
-    return {"type": "execution", "execution_id": execution_id, "code": code,
-            "started_at": started_at}
-
-
 @router.websocket("/v1/sessions/{session_id}/watch")
 async def watch_socket(websocket: WebSocket, session_id: str) -> None:
     found = await accept_session(websocket, session_id)
@@ -127,51 +125,55 @@ async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: Se
 
     ``watcher`` must already be attached to ``session`` and ``live`` taken in the same step.
     """
-    async def send(frame: dict[str, Any]) -> None:
-        await websocket.send_text(json.dumps(frame))
+    async def send(frame: Frame) -> None:
+        await websocket.send_text(frame.text())
 
     sent: dict[str, int] = {}
     """Execution id -> how many of its events this watcher has been sent."""
     live_ids = {handle.id for handle in live}
     try:
         records = await gateway.history(tenant, session.id)
-    except KernelPoolError:
-        await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
+    except DOMAIN_ERRORS as exc:
+        await websocket.close(code=close_code_for(exc), reason="session not found")
         return
     for record in records:
         if record.id in live_ids or record.status == RUNNING:
             continue  # replayed from its handle below, or started since: it comes live
-        await send(execution_frame(record.id, record.code, record.started_at))
+        await send(ExecutionStartFrame(execution_id=record.id, code=record.code,
+                                       started_at=record.started_at))
         for past in record.events:
-            await send(event_frame(record.id, past))
+            await send(EventFrame(execution_id=record.id, event=past))
         sent[record.id] = len(record.events)
     for handle in live:
         events = list(handle.events)
-        await send(execution_frame(handle.id, handle.code, handle.started_at))
+        await send(ExecutionStartFrame(execution_id=handle.id, code=handle.code,
+                                       started_at=handle.started_at))
         for past in events:
-            await send(event_frame(handle.id, past))
+            await send(EventFrame(execution_id=handle.id, event=past))
         sent[handle.id] = len(events)
-    await send({"type": "history_end"})
+    await send(HistoryEndFrame())
 
     while True:
         try:
             item = await watcher.next(CLOSED_POLL_S)
         except Lagged:
-            await send({"type": "lagged", "detail": f"this watcher fell over {WATCH_BUFFER} "
-                        "events behind; reconnect to get the history again"})
+            await send(LaggedFrame(detail=f"this watcher fell over {WATCH_BUFFER} events "
+                                   "behind; reconnect to get the history again"))
             await websocket.close(code=WS_CLOSE_LAGGED, reason="watcher lagged")
             return
         if item is None:
             if session.closed:
-                await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session was deleted")
+                await websocket.close(code=close_code_for(SessionClosed(session.id)),
+                                      reason="session was deleted")
                 return
             continue
         handle, event, position = item
         if handle.id not in sent:
-            await send(execution_frame(handle.id, handle.code, handle.started_at))
+            await send(ExecutionStartFrame(execution_id=handle.id, code=handle.code,
+                                           started_at=handle.started_at))
             sent[handle.id] = 0
         if event is None or position <= sent[handle.id]:
             continue
         for missed in handle.events[sent[handle.id]:position]:
-            await send(event_frame(handle.id, missed))
+            await send(EventFrame(execution_id=handle.id, event=missed))
         sent[handle.id] = position

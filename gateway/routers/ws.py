@@ -11,53 +11,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.auth import extract_token
+from gateway.auth import extract_token, origin_allowed
 from gateway.errors import (
+    DOMAIN_ERRORS,
     WS_CLOSE_FORBIDDEN_ORIGIN,
-    WS_CLOSE_NOT_FOUND,
-    WS_CLOSE_UNAUTHORIZED,
-    GatewayError,
+    MalformedMessage,
+    close_code_for,
+    detail_for,
     status_for,
 )
-from gateway.models import WsClientMessage, WsExecute
-from gateway.service import Gateway, event_frame
-from kernel_pool.events import DoneEvent
-from kernel_pool.exceptions import KernelPoolError
-from kernel_pool.session import ExecutionHandle, Session
+from gateway.service import Gateway
+from gateway.wire import (
+    DoneEvent,
+    EventFrame,
+    Frame,
+    InterruptedFrame,
+    RejectedFrame,
+    WsClientMessage,
+    WsExecute,
+)
+from kernel_pool import ExecutionHandle, Session
 
 router = APIRouter()
 _MESSAGE = TypeAdapter(WsClientMessage)
 SEND_BUFFER = 256
 
 
-def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
-    """Browsers send Origin; it must be the gateway's own or one configured."""
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True
-    host = websocket.headers.get("host", "")
-    return urlsplit(origin).netloc == host or origin in allowed
-
-
 async def accept_authenticated(websocket: WebSocket) -> tuple[Gateway, str] | None:
     """Check origin and key before any event; close with 4403/4401 when refused."""
     gateway: Gateway = websocket.app.state.gateway
     await websocket.accept()
-    if not origin_allowed(websocket, gateway.settings.allowed_origins):
+    if not origin_allowed(websocket.headers, gateway.settings.allowed_origins):
         await websocket.close(code=WS_CLOSE_FORBIDDEN_ORIGIN, reason="origin not allowed")
         return None
     token = extract_token(websocket.headers.get("authorization"),
                           websocket.query_params.get("token"))
     try:
         tenant = await gateway.authenticate(token)
-    except GatewayError:
-        await websocket.close(code=WS_CLOSE_UNAUTHORIZED, reason="missing or wrong API key")
+    except DOMAIN_ERRORS as exc:
+        await websocket.close(code=close_code_for(exc), reason="missing or wrong API key")
         return None
     return gateway, tenant
 
@@ -71,8 +67,8 @@ async def accept_session(websocket: WebSocket,
     gateway, tenant = accepted
     try:
         session = gateway.session(tenant, session_id)
-    except KernelPoolError:
-        await websocket.close(code=WS_CLOSE_NOT_FOUND, reason="session not found")
+    except DOMAIN_ERRORS as exc:
+        await websocket.close(code=close_code_for(exc), reason="session not found")
         return None
     return gateway, tenant, session
 
@@ -83,7 +79,7 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
     if found is None:
         return
     gateway, tenant, session = found
-    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SEND_BUFFER)
+    outbox: asyncio.Queue[Frame] = asyncio.Queue(SEND_BUFFER)
     forwarders: set[asyncio.Task[None]] = set()
     sender = asyncio.create_task(_send_all(websocket, outbox))
     try:
@@ -103,39 +99,42 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
 
 
 async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
-            outbox: asyncio.Queue[dict[str, Any]],
-            forwarders: set[asyncio.Task[None]]) -> dict[str, Any] | None:
+                  outbox: asyncio.Queue[Frame], forwarders: set[asyncio.Task[None]]
+                  ) -> Frame | None:
     try:
         message = _MESSAGE.validate_python(json.loads(raw))
     except (ValueError, ValidationError) as exc:
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
-        return {"type": "rejected", "execution_id": None, "status_code": 422,
-                "detail": json.loads(json.dumps(detail, default=str))}
+        return _rejected(None, MalformedMessage(json.loads(json.dumps(detail, default=str))))
     if not isinstance(message, WsExecute):
-        return {"type": "interrupted", "execution_id": None, "interrupted": session.interrupt()}
+        return InterruptedFrame(interrupted=await session.interrupt())
     try:
         await gateway.check_new_execution_id(message.id)
         handle = gateway.submit(tenant, session, message.code, message.timeout_s, message.id)
-    except (GatewayError, KernelPoolError) as exc:
-        return {"type": "rejected", "execution_id": message.id, "status_code": status_for(exc),
-                "detail": str(exc)}
+    except DOMAIN_ERRORS as exc:
+        return _rejected(message.id, exc)
     task = asyncio.create_task(_forward(gateway, handle, outbox))
     forwarders.add(task)
     task.add_done_callback(forwarders.discard)
     return None
 
 
+def _rejected(execution_id: str | None, exc: BaseException) -> RejectedFrame:
+    return RejectedFrame(execution_id=execution_id, status_code=status_for(exc),
+                         detail=detail_for(exc))
+
+
 async def _forward(gateway: Gateway, handle: ExecutionHandle,
-                   outbox: asyncio.Queue[dict[str, Any]]) -> None:
+                   outbox: asyncio.Queue[Frame]) -> None:
     async for event in handle.stream():
         if isinstance(event, DoneEvent):
             # "done" only once the execution is in the history, so a reconnecting client
             # that was told it finished always finds it there.
             await gateway.recorded(handle)
-        await outbox.put(event_frame(handle.id, event))
+        await outbox.put(EventFrame(execution_id=handle.id, event=event))
 
 
-async def _send_all(websocket: WebSocket, outbox: asyncio.Queue[dict[str, Any]]) -> None:
+async def _send_all(websocket: WebSocket, outbox: asyncio.Queue[Frame]) -> None:
     while True:
         frame = await outbox.get()
-        await websocket.send_text(json.dumps(frame))
+        await websocket.send_text(frame.text())

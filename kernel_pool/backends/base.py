@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from kernel_pool._workspace import Workspace
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.exceptions import BackendError
-from kernel_pool.workspace import Workspace
 
 
 class SandboxSpec(BaseModel):

@@ -23,7 +23,7 @@ from gateway.audit import (
     redact,
 )
 from gateway.store import Store
-from kernel_pool.events import (
+from kernel_pool import (
     DisplayEvent,
     DoneEvent,
     ErrorEvent,

@@ -41,7 +41,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from gateway import jupyter_protocol
+from gateway.jupyter import protocol as jupyter_protocol
 from tests.conftest import REPO, GatewayProcess, free_port
 
 V1 = "v1.kernel.websocket.jupyter.org"

@@ -18,12 +18,12 @@ from gateway.store import (
     Store,
     StoreError,
 )
-from kernel_pool.backends.base import SandboxInfo
-from kernel_pool.events import (
+from kernel_pool import (
     DisplayEvent,
     DoneEvent,
     Execution,
     ExecutionStatus,
+    SandboxInfo,
     StreamEvent,
 )
 

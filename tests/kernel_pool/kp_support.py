@@ -13,8 +13,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from kernel_pool import PoolSettings, Profile, Session
-from kernel_pool.backends.base import SandboxInfo
+from kernel_pool import PoolSettings, Profile, SandboxInfo, Session
 from kernel_pool.backends.docker import LABEL_OWNER
 
 OWNER = f"kptest-{secrets.token_hex(4)}"

@@ -12,9 +12,15 @@ import psutil
 import pytest
 from kp_support import run_ok
 
-from kernel_pool import KernelPool, OutputCaps, Session
-from kernel_pool.caps import OutputLimiter
-from kernel_pool.events import DisplayEvent, StreamEvent, UpdateDisplayEvent
+from kernel_pool import (
+    DisplayEvent,
+    KernelPool,
+    OutputCaps,
+    Session,
+    StreamEvent,
+    UpdateDisplayEvent,
+)
+from kernel_pool._caps import OutputLimiter
 
 NOTICE = re.compile(r"\[replgate: output truncated: (\d+) characters in all, about \d+ shown; "
                     r"full text in (\S+)\]")

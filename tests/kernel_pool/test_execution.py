@@ -10,9 +10,7 @@ import time
 import pytest
 from kp_support import run_ok
 
-from kernel_pool import Session
-from kernel_pool.events import DisplayEvent, DoneEvent, StreamEvent
-from kernel_pool.exceptions import InvalidRequest, QueueFull
+from kernel_pool import DisplayEvent, DoneEvent, InvalidRequest, QueueFull, Session, StreamEvent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

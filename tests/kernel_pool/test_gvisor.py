@@ -1,4 +1,4 @@
-"""The gVisor runtime's engine check and its process clean-up rules (kernel_pool.backends.gvisor).
+"""The gVisor runtime's engine check and its process clean-up rules (docker._gvisor).
 
 The check reads the real engine's ``docker info``; the engine as configured by ./run.sh has
 runsc registered, so the missing cases take that real answer and remove from it.
@@ -12,7 +12,12 @@ from typing import Any
 import docker
 import pytest
 
-from kernel_pool.backends.gvisor import GVISOR_ARGS, host_pids_limit, missing_runtime, strays_of
+from kernel_pool.backends.docker._gvisor import (
+    GVISOR_ARGS,
+    host_pids_limit,
+    missing_runtime,
+    strays_of,
+)
 from kernel_pool.config import Profile
 
 

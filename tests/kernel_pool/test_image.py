@@ -10,14 +10,8 @@ import docker
 from kp_support import processes, run_ok
 
 from kernel_pool import Session
-from kernel_pool.image import (
-    IMAGE_REPOSITORY,
-    build_image,
-    content_version,
-    context_dir,
-    current_image,
-    read_image_info,
-)
+from kernel_pool._sandbox_image import IMAGE_REPOSITORY, content_version, context_dir
+from kernel_pool.backends.docker import build_image, current_image, read_image_info
 
 
 def test_image_exists_when_built(docker_client: docker.DockerClient) -> None:

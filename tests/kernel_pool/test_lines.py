@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kernel_pool._lines import HOLD_S, MAX_HELD_CHARS, LineJoiner
 from kernel_pool.events import StreamEvent
-from kernel_pool.lines import HOLD_S, MAX_HELD_CHARS, LineJoiner
 
 
 def out(type_: str, text: str) -> StreamEvent:

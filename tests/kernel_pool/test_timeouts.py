@@ -83,7 +83,7 @@ async def test_timeout_stops_output_flood_keeping_state(timeout_session: Session
 
 
 async def test_interrupt_stops_running_execution(timeout_session: Session) -> None:
-    assert timeout_session.interrupt() is False, "nothing runs: nothing to interrupt"
+    assert await timeout_session.interrupt() is False, "nothing runs: nothing to interrupt"
     await run_ok(timeout_session, "survives = 7")
     handle = timeout_session.submit("import time\nprint('sleeping', flush=True)\n"
                                     "time.sleep(60)", timeout_s=90)
@@ -91,7 +91,7 @@ async def test_interrupt_stops_running_execution(timeout_session: Session) -> No
         if event.type == "stdout":
             break
     started = time.monotonic()
-    assert timeout_session.interrupt() is True
+    assert await timeout_session.interrupt() is True
     result = await asyncio.wait_for(handle.result(), 10)
     assert time.monotonic() - started < 3
     assert result.status == "interrupted"
@@ -106,7 +106,7 @@ async def test_interrupt_stops_output_flood(timeout_session: Session) -> None:
             break
     await asyncio.sleep(0.5)  # the flood is in full swing: the host's queue is full
     started = time.monotonic()
-    assert timeout_session.interrupt() is True
+    assert await timeout_session.interrupt() is True
     result = await asyncio.wait_for(handle.result(), 20)
     assert time.monotonic() - started < 3
     assert result.status == "interrupted"

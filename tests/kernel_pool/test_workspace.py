@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from kp_support import mounts_under, run_ok
 
-from kernel_pool import Session
-from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
-from kernel_pool.workspace import SANDBOX_UID, Workspace
+from kernel_pool import PathOutsideWorkspace, Session, WorkspaceError
+from kernel_pool._workspace import SANDBOX_UID, Workspace
 
 
 @pytest.fixture
@@ -118,3 +117,35 @@ print(json.dumps(found))
     await run_ok(small_session, "import os\nos.remove('fill.bin')")
     assert await run_ok(small_session, "open('ok.txt', 'w').write('fits again')\n"
                         "print(open('ok.txt').read())") == "fits again\n"
+
+
+def test_folder_operations_never_follow_a_link_out(workspace: Workspace,
+                                                   tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("host")
+    os.symlink(outside, workspace.root / "link")
+    workspace.write_bytes("a/b.txt", b"x")
+    listed = {entry.path: entry.kind for entry in workspace.list_dir("", depth=5)}
+    assert listed == {"a": "dir", "a/b.txt": "file", "link": "symlink"}
+    assert workspace.stat("link").target == str(outside)
+    for escape in (lambda: workspace.list_dir("link"), lambda: workspace.stat("link/secret.txt"),
+                   lambda: workspace.move("link/secret.txt", "stolen.txt"),
+                   lambda: workspace.remove("link/secret.txt"),
+                   lambda: workspace.make_dir("link/new")):
+        with pytest.raises(WorkspaceError):
+            escape()
+    workspace.remove("link")  # the link goes, what it pointed to stays
+    assert (outside / "secret.txt").read_text() == "host"
+
+
+def test_make_dir_move_and_remove_a_tree(workspace: Workspace) -> None:
+    assert workspace.make_dir("r/2026")
+    assert not workspace.make_dir("r/2026")
+    workspace.write_bytes("r/draft.txt", b"d")
+    moved = workspace.move("r/draft.txt", "r/2026/final/draft.txt")
+    assert (moved.path, moved.kind, moved.size) == ("r/2026/final/draft.txt", "file", 1)
+    workspace.remove("r")
+    assert workspace.list_dir("") == []
+    with pytest.raises(WorkspaceError):
+        workspace.remove("")

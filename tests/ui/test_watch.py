@@ -14,8 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from gateway.routers.watch import WS_CLOSE_LAGGED, Lagged, Watcher, watch
-from kernel_pool.events import DoneEvent, ExecutionStatus, StreamEvent
-from kernel_pool.session import ExecutionHandle
+from kernel_pool import DoneEvent, ExecutionHandle, ExecutionStatus, StreamEvent
 from tests.conftest import GatewayProcess
 
 

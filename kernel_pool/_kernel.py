@@ -4,7 +4,7 @@ The host side never trusts what the kernel sends: every message is signature-che
 jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
 on the context) and routed only by its parent's message id to the request that caused it.
 A message over that size breaks the output channel: its socket monitor notices, the requests in
-flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool.channel`).
+flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool._channel`).
 A message with no live request behind it (a forged one, or late output of a finished cell)
 is dropped.
 """
@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,12 @@ import zmq.asyncio
 from jupyter_client.adapter import adapt
 from jupyter_client.session import Session as MessageSession
 
+from kernel_pool._channel import wait_disconnect
+from kernel_pool._egress import SOCKET_NAME, EgressProxy
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import Sandbox
-from kernel_pool.channel import wait_disconnect
 from kernel_pool.config import Profile
-from kernel_pool.egress import SOCKET_NAME, EgressProxy
 from kernel_pool.exceptions import KernelStartError
-from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,9 @@ class Kernel:
                  start_timeout_s: float) -> None:
         self.sandbox = sandbox
         self.profile = profile
-        self.state = KernelState.STARTING
+        self.settled = asyncio.Event()
+        """Set while the kernel is not starting or restarting (ready, dead or closed)."""
+        self._state = KernelState.STARTING
         self.env: dict[str, str] = {}
         """Variables set in the kernel at hand-off and after every restart."""
         self._context = context
@@ -173,6 +175,18 @@ class Kernel:
     @property
     def id(self) -> str:
         return self.sandbox.info.sandbox_id
+
+    @property
+    def state(self) -> KernelState:
+        return self._state
+
+    @state.setter
+    def state(self, state: KernelState) -> None:
+        self._state = state
+        if state in (KernelState.STARTING, KernelState.RESTARTING):
+            self.settled.clear()
+        else:
+            self.settled.set()
 
     @property
     def death(self) -> KernelDied | None:
@@ -464,6 +478,42 @@ class Kernel:
         if socket is not None:  # none after a failed start
             self._session.send(socket, msg)
         return msg_id, route
+
+    async def relay(self, msg_type: str, content: dict[str, Any], channel: str,
+                    timeout_s: float) -> AsyncIterator[RouteItem]:
+        """Send one request; yield its reply and the iopub messages under it, as parsed.
+
+        Ends once both the reply and the kernel's ``idle`` status came, at ``timeout_s`` (one
+        second after the reply when its idle got lost), or when the kernel dies (``death``).
+        """
+        reply_type = msg_type.removesuffix("_request") + "_reply"
+        msg_id, route = self.request(msg_type, content, channel)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        replied = idle = False
+        try:
+            while not (replied and idle):
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        source, msg = await route.get()
+                except TimeoutError:
+                    return
+                if source == "died":
+                    return
+                if not isinstance(msg, dict):
+                    continue
+                kind = msg.get("msg_type")
+                if source in ("shell", "control"):
+                    if kind != reply_type or replied:
+                        continue
+                    replied = True
+                    deadline = min(deadline, loop.time() + 1.0)
+                elif source == "iopub" and kind == "status":
+                    status = msg.get("content")
+                    idle = isinstance(status, dict) and status.get("execution_state") == "idle"
+                yield source, msg
+        finally:
+            self.forget(msg_id)
 
     def forget(self, msg_id: str) -> None:
         self._routes.pop(msg_id, None)

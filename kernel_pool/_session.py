@@ -1,4 +1,10 @@
-"""A session: one kernel and its workspace, running executions one at a time, in order."""
+"""A session: one kernel and its workspace, running executions one at a time, in order.
+
+:class:`Session` is what callers above kernel_pool hold: every capability they use (execute,
+interrupt, restart, relay raw Jupyter messages, workspace files, sandbox facts) is an async
+method here, and the blocking I/O behind them runs in worker threads inside kernel_pool. New
+lifecycle capabilities (pause, resume, fork, commands) join the kernel's section below.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,32 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from typing import Any
 
+import anyio.to_thread
+
+from kernel_pool._egress import EgressAttempt
+from kernel_pool._execution import ExecutionRun
+from kernel_pool._handle import ExecutionHandle, Gate, utcnow
+from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._workspace import Entry, FileInfo, Workspace
+from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,
     Event,
     Execution,
-    ExecutionBuilder,
     ExecutionStatus,
 )
-from kernel_pool.exceptions import InvalidRequest, QueueFull, SessionClosed
-from kernel_pool.execution import ExecutionRun
-from kernel_pool.kernel import Kernel, KernelDied, KernelState
+from kernel_pool.exceptions import (
+    InvalidRequest,
+    KernelUnavailable,
+    QueueFull,
+    SessionClosed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,89 +50,8 @@ class SessionStatus(StrEnum):
     DEAD = "dead"
 
 
-def utcnow() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-class ExecutionHandle:
-    """An execution submitted to a session: its events so far, live, and its result.
-
-    Events are kept (they are capped, so bounded) so that any number of readers, including one
-    that connects late, see the whole stream from the start.
-    """
-
-    def __init__(self, execution_id: str, code: str, timeout_s: float) -> None:
-        self.id = execution_id
-        self.code = code
-        self.timeout_s = timeout_s
-        self.events: list[Event] = []
-        self.done: DoneEvent | None = None
-        self.started_at = utcnow()
-        self.finished_at: str | None = None
-        self._execution: Execution | None = None
-        self.run: ExecutionRun | None = None
-        self.gate: Gate | None = None
-        self.gating: asyncio.Task[Denial | None] | None = None
-        self.withdrawn: str | None = None
-        """Why it will not run after all (a restart asked while it waited in the queue)."""
-        """The gate's task while it holds this execution (an interrupt withdraws it)."""
-        self._changed = asyncio.Event()
-        self._finished = asyncio.Event()
-
-    def _add(self, event: Event) -> None:
-        self.events.append(event)
-        if isinstance(event, DoneEvent):
-            self.done = event
-            self.finished_at = utcnow()
-            self._finished.set()
-        self._changed.set()
-
-    async def stream(self) -> AsyncIterator[Event]:
-        """Every event of this execution, from the first, as they happen; ends after ``done``."""
-        index = 0
-        while True:
-            while index < len(self.events):
-                event = self.events[index]
-                index += 1
-                yield event
-                if isinstance(event, DoneEvent):
-                    return
-            self._changed.clear()
-            if index < len(self.events):
-                continue
-            await self._changed.wait()
-
-    async def result(self) -> Execution:
-        await self._finished.wait()
-        return self.execution()
-
-    def execution(self) -> Execution:
-        """The aggregate of the events so far (built once only after ``done``: its readers,
-        history, audit and every waiting client, share it and must not change it)."""
-        if self._execution is not None:
-            return self._execution
-        builder = ExecutionBuilder()
-        for event in self.events:
-            builder.add(event)
-        execution = builder.build()
-        if self.done is not None:
-            self._execution = execution
-        return execution
-
-
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
 """Called when an execution starts (event None) and for each of its events."""
-
-Denial = tuple[ExecutionStatus, str, str]
-"""Why a gate refused an execution: (status, ename, evalue)."""
-Gate = Callable[[ExecutionHandle, Callable[[Event], None]], Awaitable[Denial | None]]
-"""Run under the session's lock just before the code would reach the kernel (so order is kept).
-
-It may emit events (e.g. ``pending_approval``), may wait (for a person's approval), may lower
-``handle.timeout_s``, and returns None to let the code run or a :data:`Denial` to refuse it:
-the execution then ends with an ``error`` event and a ``done`` of that status, never running.
-"""
-
 
 class Session:
     """One kernel with its workspace. Executions queue (bounded) and run one at a time."""
@@ -185,6 +119,8 @@ class Session:
                 f"timeout_s must be above 0 and at most {self.profile.max_timeout_s:g} "
                 f"(profile {self.profile.name!r}); got {timeout_s}")
         return value
+
+    # -- executions ----------------------------------------------------------------------------
 
     def submit(self, code: str, timeout_s: float | None = None,
                execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
@@ -318,8 +254,14 @@ class Session:
         self._active_mono = time.monotonic()
         self.last_active_at = utcnow()
 
-    def interrupt(self) -> bool:
-        """Interrupt the running execution; False when nothing was running."""
+    # -- the kernel ----------------------------------------------------------------------------
+
+    async def interrupt(self) -> bool:
+        """Interrupt the running execution (or withdraw one its gate holds); False when
+        nothing was running."""
+        return self._interrupt()
+
+    def _interrupt(self) -> bool:
         current = self.current
         if current is None and self._pending and self._pending[0].gating is not None:
             return self._pending[0].gating.cancel()  # held by its gate: withdraw it
@@ -335,7 +277,7 @@ class Session:
         for handle in self._pending:
             if handle.run is None and handle.gating is None:
                 handle.withdrawn = "withdrawn: the session was restarted before it ran"
-        self.interrupt()
+        self._interrupt()
         self._restarting = True
         # A task of the session's own: ``close`` cancels and awaits it like an execution, so
         # a deletion during a restart neither hangs nor leaves a container made after it; and
@@ -361,6 +303,98 @@ class Session:
         finally:
             self._restarting = False
             self._touch()
+
+    async def relay(self, msg_type: str, content: dict[str, Any], *,
+                    channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Send one raw Jupyter request (``kernel_info_request``, ``complete_request``, ...)
+        to the kernel beside the execution queue; yield ``(channel, message)`` for its reply
+        and the iopub messages under it, parsed and signature-checked, until the kernel is
+        idle again.
+
+        Waits for a kernel that is (re)starting; :class:`KernelUnavailable` when it does not
+        come back or dies before answering. Executions go through :meth:`submit`, never here.
+        """
+        kernel = await self._ready_kernel()
+        async for item in kernel.relay(msg_type, content, channel,
+                                       timeout_s=self.profile.max_timeout_s + 60):
+            yield item
+        if kernel.death is not None:
+            raise KernelUnavailable(self.id, kernel.death.reason)
+
+    async def _ready_kernel(self) -> Kernel:
+        if self._closed:
+            raise SessionClosed(self.id)
+        try:
+            async with asyncio.timeout(self._settings.kernel_start_timeout_s):
+                await self.kernel.settled.wait()
+        except TimeoutError:
+            raise KernelUnavailable(self.id, "it did not come back within "
+                                    f"{self._settings.kernel_start_timeout_s:g}s") from None
+        if self._closed:
+            raise SessionClosed(self.id)
+        if self.kernel.state is not KernelState.READY:
+            death = self.kernel.death
+            raise KernelUnavailable(self.id, death.reason if death else self.kernel.state.value)
+        return self.kernel
+
+    # -- the workspace -------------------------------------------------------------------------
+
+    @property
+    def _workspace(self) -> Workspace:
+        return self.kernel.sandbox.workspace
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        """The bytes of ``path`` in the workspace; :class:`FileMissing`, :class:`FileTooLarge`
+        over ``limit`` bytes, :class:`PathOutsideWorkspace` for a path leaving it."""
+        data: bytes = await anyio.to_thread.run_sync(self._workspace.read_bytes, path, limit)
+        return data
+
+    async def write_file(self, path: str, data: bytes) -> int:
+        """Create or replace ``path`` (parent folders too); the number of bytes written."""
+        size: int = await anyio.to_thread.run_sync(self._workspace.write_bytes, path, data)
+        return size
+
+    async def list_files(self) -> list[FileInfo]:
+        """Every regular file of the workspace, recursively, paths relative to it."""
+        files: list[FileInfo] = await anyio.to_thread.run_sync(self._workspace.list_files)
+        return files
+
+    async def stat_path(self, path: str) -> Entry:
+        """What is at ``path`` (``""``: the workspace); a link is described, not followed."""
+        entry: Entry = await anyio.to_thread.run_sync(self._workspace.stat, path)
+        return entry
+
+    async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
+        """The entries under the folder ``path``, ``depth`` levels down."""
+        entries: list[Entry] = await anyio.to_thread.run_sync(self._workspace.list_dir, path,
+                                                              depth)
+        return entries
+
+    async def make_dir(self, path: str) -> bool:
+        """Create the folder and its parents; False when it already exists."""
+        made: bool = await anyio.to_thread.run_sync(self._workspace.make_dir, path)
+        return made
+
+    async def remove_path(self, path: str) -> None:
+        """Delete a file, a link or a folder with everything in it."""
+        await anyio.to_thread.run_sync(self._workspace.remove, path)
+
+    async def move_path(self, source: str, destination: str) -> Entry:
+        """Rename ``source`` to ``destination`` (its parent folders are created)."""
+        entry: Entry = await anyio.to_thread.run_sync(self._workspace.move, source,
+                                                      destination)
+        return entry
+
+    # -- the sandbox ---------------------------------------------------------------------------
+
+    def sandbox_info(self) -> SandboxInfo:
+        """What a restarted gateway needs to take this session's sandbox back."""
+        return self.kernel.sandbox.get_info()
+
+    def egress_attempts(self) -> list[EgressAttempt]:
+        """The latest connection attempts through the sandbox's egress proxy (none without)."""
+        egress = self.kernel.egress
+        return egress.attempts if egress is not None else []
 
     async def close(self) -> None:
         """Stop everything and remove the sandbox (container and workspace)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kernel_pool.events import (
+from gateway.wire import (
     ClearOutputEvent,
     DisplayEvent,
     DoneEvent,

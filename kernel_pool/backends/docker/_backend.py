@@ -30,13 +30,18 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
-from kernel_pool.backends.cgroup import CgroupReader
-from kernel_pool.backends.gvisor import ENGINE_RUNTIMES, Runsc, host_pids_limit, missing_runtime
-from kernel_pool.backends.strays import find_strays, kill_strays
+from kernel_pool.backends.docker._cgroup import CgroupReader
+from kernel_pool.backends.docker._gvisor import (
+    ENGINE_RUNTIMES,
+    Runsc,
+    host_pids_limit,
+    missing_runtime,
+)
+from kernel_pool.backends.docker._strays import find_strays, kill_strays
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
-from kernel_pool.workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")

@@ -1,4 +1,4 @@
-"""Build the sandbox image and say which one the pool runs.
+"""Build the sandbox image the pool runs (its tag: :mod:`kernel_pool._sandbox_image`).
 
 The tag is a hash of ``sandbox_image/``'s files, so a changed Dockerfile or pin gives a new
 image and an unchanged one is not rebuilt. The base is picked automatically: the official slim
@@ -8,7 +8,6 @@ Python image where a registry answers, else a Debian root made locally with ``de
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,9 +22,9 @@ import docker
 import docker.errors
 from pydantic import BaseModel
 
+from kernel_pool._sandbox_image import IMAGE_REPOSITORY, content_version, context_dir
 from kernel_pool.exceptions import ImageError
 
-IMAGE_REPOSITORY = "replgate-sandbox"
 LATEST_IMAGE = f"{IMAGE_REPOSITORY}:latest"
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "replgate-base:bookworm"
@@ -41,34 +40,6 @@ class ImageInfo(BaseModel):
     id: str
     version: str
     base: str
-
-
-def context_dir() -> Path:
-    """The ``sandbox_image`` folder: inside the installed package, or beside it in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "sandbox_image", here.parent / "sandbox_image"):
-        if (candidate / "Dockerfile").is_file():
-            return candidate
-    raise ImageError("sandbox_image/ not found next to kernel_pool; reinstall replgate")
-
-
-def current_image() -> str:
-    """The image this code runs: tagged by the hash of its ``sandbox_image/``.
-
-    Not ``:latest``, which another checkout's build may move under a running pool.
-    """
-    return f"{IMAGE_REPOSITORY}:{content_version(context_dir())}"
-
-
-def content_version(context: Path) -> str:
-    """A short hash of every file in the build context (paths and bytes)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in context.rglob("*") if p.is_file()):
-        if "__pycache__" in path.parts:
-            continue
-        digest.update(str(path.relative_to(context)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def _pull_with_timeout(client: docker.DockerClient, ref: str, seconds: float) -> bool:

@@ -22,10 +22,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from pydantic import BaseModel
 
-from kernel_pool.exceptions import PathOutsideWorkspace, WorkspaceError
+from kernel_pool.exceptions import (
+    FileMissing,
+    FileTooLarge,
+    PathOutsideWorkspace,
+    WorkspaceError,
+    WorkspaceFull,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +44,30 @@ class FileInfo(BaseModel):
     path: str
     size: int
     modified: str
+
+
+class Entry(BaseModel):
+    """A file, folder or link of the workspace, as :meth:`Workspace.stat` sees it."""
+
+    path: str
+    """Relative to the workspace; ``""`` is the workspace itself."""
+    kind: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    """Permission bits (``st_mode & 0o7777``)."""
+    modified: float
+    """Seconds since the epoch."""
+    target: str | None = None
+    """Where a link points (never followed)."""
+
+
+def _entry(path: str, info: os.stat_result, target: str | None = None) -> Entry:
+    kind: Literal["file", "dir", "symlink", "other"] = (
+        "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
+        else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
+    return Entry(path=os.fsencode(path).decode("utf-8", "backslashreplace"), kind=kind,
+                 size=info.st_size, mode=stat.S_IMODE(info.st_mode), modified=info.st_mtime,
+                 target=target)
 
 
 def split_relative(path: str) -> list[str]:
@@ -175,8 +206,7 @@ class Workspace:
                 if not stat.S_ISREG(info.st_mode):
                     raise WorkspaceError(f"{path!r} is not a regular file")
                 if info.st_size > limit:
-                    raise WorkspaceError(
-                        f"{path!r} is {info.st_size} bytes, over the download limit of {limit}")
+                    raise FileTooLarge(path, info.st_size, limit)
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
                     chunks.append(chunk)
@@ -227,6 +257,111 @@ class Workspace:
             folders.extend(reversed(subfolders))
         return found
 
+    # -- folders and entries (E2B's filesystem API asks for them) ------------------------------
+
+    @staticmethod
+    def _parts(path: str) -> list[str]:
+        """Like :func:`split_relative`, but ``""`` and ``"."`` name the workspace itself."""
+        return [] if path in ("", ".") else split_relative(path)
+
+    @contextmanager
+    def _dir_fd(self, parts: list[str]) -> Iterator[int]:
+        """The folder at ``parts``, opened without following any link on the way."""
+        with self._parent_fd([*parts, "."], create=False) as fd:
+            yield fd
+
+    def stat(self, path: str) -> Entry:
+        """What is at ``path`` (a link is described, not followed)."""
+        parts = self._parts(path)
+        if not parts:
+            return _entry("", os.stat(self.root))
+        with self._parent_fd(parts, create=False) as dir_fd:
+            try:
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                target = (os.readlink(parts[-1], dir_fd=dir_fd)
+                          if stat.S_ISLNK(info.st_mode) else None)
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+        return _entry("/".join(parts), info, target)
+
+    def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
+        """The entries under the folder ``path``, ``depth`` levels down (links not followed)."""
+        parts = self._parts(path)
+        if self.stat(path).kind != "dir":
+            raise WorkspaceError(f"{path!r} is not a folder")
+        device = os.stat(self.root).st_dev
+        found: list[Entry] = []
+        folders = [(parts, 1)]
+        while folders:  # an explicit stack: the sandboxed code chooses the depth
+            folder, level = folders.pop()
+            try:
+                with self._dir_fd(folder) as fd:
+                    if os.fstat(fd).st_dev != device:
+                        continue
+                    with os.scandir(fd) as scan:
+                        entries = sorted(scan, key=lambda entry: entry.name)
+                    for item in entries:
+                        try:
+                            info = item.stat(follow_symlinks=False)
+                            target = (os.readlink(item.name, dir_fd=fd)
+                                      if stat.S_ISLNK(info.st_mode) else None)
+                        except OSError:
+                            continue
+                        found.append(_entry("/".join([*folder, item.name]), info, target))
+                        if stat.S_ISDIR(info.st_mode) and level < depth:
+                            folders.append(([*folder, item.name], level + 1))
+            except WorkspaceError:
+                continue  # removed or swapped for a link mid-walk: skip it
+        return found
+
+    def make_dir(self, path: str) -> bool:
+        """Create the folder and its parents; False when it already exists."""
+        parts = self._parts(path)
+        if not parts:
+            return False
+        with self._parent_fd(parts, create=True) as dir_fd:
+            try:
+                os.mkdir(parts[-1], 0o755, dir_fd=dir_fd)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.stat(parts[-1], dir_fd=dir_fd,
+                                            follow_symlinks=False).st_mode):
+                    raise WorkspaceError(f"{path!r} exists and is not a folder") from None
+                return False
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+            self._own(parts[-1], dir_fd)
+        return True
+
+    def remove(self, path: str) -> None:
+        """Delete a file, a link (not what it points to) or a folder with everything in it."""
+        parts = self._parts(path)
+        if not parts:
+            raise WorkspaceError("the workspace itself cannot be removed")
+        with self._parent_fd(parts, create=False) as dir_fd:
+            try:
+                info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    # rmtree with dir_fd walks by descriptors and never follows a link out
+                    shutil.rmtree(parts[-1], dir_fd=dir_fd)
+                else:
+                    os.unlink(parts[-1], dir_fd=dir_fd)
+            except OSError as exc:
+                raise _path_error(exc, path) from exc
+
+    def move(self, source: str, destination: str) -> Entry:
+        """Rename ``source`` to ``destination`` (its parent folders are created)."""
+        src, dst = self._parts(source), self._parts(destination)
+        if not src or not dst:
+            raise WorkspaceError("the workspace itself cannot be moved or replaced")
+        with self._parent_fd(src, create=False) as src_fd, \
+                self._parent_fd(dst, create=True) as dst_fd:
+            try:
+                os.rename(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as exc:
+                raise _path_error(exc, f"{source} -> {destination}") from exc
+        return self.stat(destination)
+
+
 def _allocate(image: Path, size_bytes: int) -> None:
     """Reserve every block of a workspace's image now, not as the sandbox writes.
 
@@ -251,10 +386,13 @@ def _path_error(exc: OSError, path: str) -> WorkspaceError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
         return PathOutsideWorkspace(path)
     if exc.errno == errno.ENOENT:
-        return WorkspaceError(f"{path!r} does not exist in the workspace")
+        return FileMissing(path)
+    if exc.errno == errno.EEXIST:
+        return WorkspaceError(f"{path!r} already exists")
+    if exc.errno == errno.ENOTEMPTY:
+        return WorkspaceError(f"{path!r} is a folder that is not empty")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return WorkspaceError("the session's workspace is full; delete files or raise "
-                              "the profile's workspace_size")
+        return WorkspaceFull()
     if exc.errno == errno.EISDIR:
         return WorkspaceError(f"{path!r} is a directory")
     return WorkspaceError(f"{path!r}: {exc.strerror}")

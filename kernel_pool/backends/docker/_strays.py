@@ -19,7 +19,7 @@ import os
 import signal
 from pathlib import Path
 
-from kernel_pool.backends.cgroup import read_pseudo_file
+from kernel_pool.backends.docker._cgroup import read_pseudo_file
 
 ROUNDS = 20
 """Passes at most: a process forking while it is killed leaves children for the next pass."""

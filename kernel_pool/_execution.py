@@ -20,9 +20,11 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool._caps import SPILL_DIR, OutputLimiter
+from kernel_pool._channel import STALL_S
+from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._lines import LineJoiner
 from kernel_pool.backends.base import CgroupUsage
-from kernel_pool.caps import SPILL_DIR, OutputLimiter
-from kernel_pool.channel import STALL_S
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -36,8 +38,6 @@ from kernel_pool.events import (
     UpdateDisplayEvent,
 )
 from kernel_pool.exceptions import KernelPoolError, WorkspaceError
-from kernel_pool.kernel import Kernel, KernelDied, KernelState
-from kernel_pool.lines import LineJoiner
 
 logger = logging.getLogger(__name__)
 

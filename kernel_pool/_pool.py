@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from kernel_pool._kernel import Kernel, make_context
+from kernel_pool._session import Session
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
-from kernel_pool.kernel import Kernel, make_context
-from kernel_pool.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +298,14 @@ class KernelPool:
         session.execution_count = execution_count
         self._sessions[session.id] = session
         return session
+
+    async def remove_sandbox(self, info: SandboxInfo) -> None:
+        """Remove a sandbox ``start`` kept that will not be taken back: container, workspace."""
+        await self.backend.remove(info)
+
+    async def image_digest(self, image: str) -> str | None:
+        """The content id of ``image`` as the backend has it (for the audit log), if known."""
+        return await self.backend.image_digest(image)
 
     def get_session(self, session_id: str) -> Session:
         try:

@@ -1,0 +1,41 @@
+"""E2B-compatible API: E2B's own SDKs, unmodified, drive replgate sessions.
+
+Three environment variables point them here (README, "Coming from E2B"):
+``E2B_API_URL=http://HOST:PORT/e2b`` (the control plane, :mod:`._control`),
+``E2B_SANDBOX_URL=http://HOST:PORT/e2b/sandbox`` (in-sandbox calls, routed by the
+``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` headers: the code interpreter, :mod:`._interpreter`,
+and envd's files and RPC services, :mod:`._envd`, :mod:`._filesystem`, :mod:`._process`) and
+``E2B_API_KEY=<a replgate API key>``.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.routing import Mount
+
+from gateway.e2b import _control, _envd, _interpreter
+from gateway.e2b._connect import SandboxRpc
+from gateway.e2b._filesystem import filesystem_service
+from gateway.e2b._process import process_service
+from gateway.e2b._sandboxes import Sandboxes
+from gateway.service import Gateway
+
+__all__ = ["Sandboxes", "install", "start"]
+
+
+def install(app: FastAPI) -> None:
+    """Add the E2B routes: the sandbox plane first, since the control plane's catch-all
+    (``/e2b/{path}``) would otherwise answer for it."""
+    rpc = SandboxRpc(filesystem_service(), process_service())
+    for name in rpc.services:
+        app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))
+    app.include_router(_interpreter.router)
+    app.include_router(_envd.router)
+    app.include_router(_control.router)
+
+
+async def start(app: FastAPI, gateway: Gateway) -> None:
+    """Make the E2B state of a started gateway (call from the lifespan)."""
+    sandboxes = Sandboxes(gateway)
+    await sandboxes.start()
+    app.state.e2b = sandboxes

@@ -1,0 +1,66 @@
+"""envd's HTTP API (port 49983): ``/files`` (download, upload) on the session's workspace.
+
+Uploads come as ``multipart/form-data`` (one part per file, the file's path in the part's
+filename unless ``?path=`` names the only one) or as a raw ``application/octet-stream`` body
+(envd 0.5.7 and later). Both answer ``[{"name", "type": "file", "path"}]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from starlette.datastructures import UploadFile
+from starlette.types import Message
+
+from gateway.e2b._access import ENVD_PORT, find_sandbox, services
+from gateway.e2b._errors import E2BError, E2BRoute
+from gateway.e2b._paths import to_e2b, to_workspace
+from gateway.routers.files import read_upload
+
+router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2BRoute,
+                   include_in_schema=False)
+
+
+@router.get("/files")
+async def download(request: Request, path: str = "") -> Response:
+    gateway, sandboxes = services(request)
+    tenant, session = find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    if not path:
+        raise E2BError(400, "the query parameter path is required")
+    data = await gateway.read_file(tenant, session.id, to_workspace(path))
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.post("/files")
+async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
+    gateway, sandboxes = services(request)
+    tenant, session = find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    if request.headers.get("content-encoding", "identity") != "identity":
+        raise E2BError(400, "compressed uploads are not accepted; send the file as is")
+    body = await read_upload(request, gateway.settings.max_upload_bytes)
+    files: list[tuple[str, bytes]] = []
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        # Parsed from the body read under the limit, so a chunked upload cannot spool
+        # more than the limit to the gateway's disk first.
+        async def replay() -> Message:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async with Request(request.scope, replay).form(max_files=1000) as form:
+            parts = [part for _, part in form.multi_items() if isinstance(part, UploadFile)]
+            for part in parts:
+                name = path if path and len(parts) == 1 else (part.filename or "")
+                files.append((name, await part.read()))
+    else:
+        files.append((path, body))
+    written = []
+    for name, data in files:
+        if not name:
+            raise E2BError(400, "a file without a path: name it with ?path= or in the part's "
+                                "filename")
+        relative = to_workspace(name)
+        await gateway.write_file(tenant, session.id, relative, data)
+        written.append({"name": relative.rsplit("/", 1)[-1], "type": "file",
+                        "path": to_e2b(relative)})
+    return written
+

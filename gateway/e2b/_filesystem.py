@@ -1,0 +1,157 @@
+"""envd's ``filesystem.Filesystem`` service on the session's workspace (``/home/user``).
+
+Messages restate envd's public interface in ProtoJSON (``filesystem.proto``: EntryInfo, Stat,
+ListDir, MakeDir, Move, Remove). Watching a folder is not offered: it answers UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Literal, TypeVar
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+
+from gateway.e2b._connect import (
+    TARGET,
+    ConnectService,
+    Empty,
+    ProtoJSON,
+    not_offered,
+    server_stream,
+    unary,
+)
+from gateway.e2b._errors import E2BError
+from gateway.e2b._paths import to_e2b, to_workspace
+from kernel_pool import Entry, FileMissing, Session, WorkspaceError
+
+SERVICE = "filesystem.Filesystem"
+T = TypeVar("T")
+
+FileType = Literal["FILE_TYPE_UNSPECIFIED", "FILE_TYPE_FILE", "FILE_TYPE_DIRECTORY",
+                   "FILE_TYPE_SYMLINK"]
+_TYPES: dict[str, FileType] = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY",
+                               "symlink": "FILE_TYPE_SYMLINK", "other": "FILE_TYPE_UNSPECIFIED"}
+
+
+class EntryInfo(ProtoJSON):
+    name: str
+    type: FileType
+    path: str
+    size: str
+    """int64: a string in ProtoJSON."""
+    mode: int
+    permissions: str
+    owner: str = "user"
+    group: str = "user"
+    modified_time: str
+    symlink_target: str | None = None
+
+
+class PathRequest(ProtoJSON):
+    path: str = ""
+
+
+class ListDirRequest(ProtoJSON):
+    path: str = ""
+    depth: int = 0
+
+
+class MoveRequest(ProtoJSON):
+    source: str = ""
+    destination: str = ""
+
+
+class EntryResponse(ProtoJSON):
+    entry: EntryInfo
+
+
+class ListDirResponse(ProtoJSON):
+    entries: list[EntryInfo]
+
+
+class WatchRequest(ProtoJSON):
+    path: str = ""
+
+
+def entry_info(entry: Entry) -> EntryInfo:
+    kind_bits = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(entry.kind, stat.S_IFREG)
+    return EntryInfo(
+        name=entry.path.rsplit("/", 1)[-1] if entry.path else "user",
+        type=_TYPES[entry.kind], path=to_e2b(entry.path), size=str(entry.size),
+        mode=entry.mode, permissions=stat.filemode(kind_bits | entry.mode),
+        modified_time=datetime.fromtimestamp(entry.modified, UTC).isoformat().replace(
+            "+00:00", "Z"),
+        symlink_target=entry.target)
+
+
+async def _on_workspace(operation: Callable[[Session], Awaitable[T]]) -> T:
+    """A workspace operation of the target session, its errors as Connect's."""
+    try:
+        return await operation(TARGET.get().session)
+    except FileMissing as exc:
+        raise ConnectError(Code.NOT_FOUND, str(exc)) from None
+    except WorkspaceError as exc:
+        raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
+
+
+def _path(path: str) -> str:
+    try:
+        return to_workspace(path)
+    except E2BError as exc:
+        raise ConnectError(Code.INVALID_ARGUMENT, exc.message) from None
+
+
+async def stat_entry(request: PathRequest) -> EntryResponse:
+    path = _path(request.path)
+    return EntryResponse(entry=entry_info(await _on_workspace(lambda s: s.stat_path(path))))
+
+
+async def list_dir(request: ListDirRequest) -> ListDirResponse:
+    path, depth = _path(request.path), max(1, request.depth)
+    entries = await _on_workspace(lambda s: s.list_dir(path, depth))
+    return ListDirResponse(entries=[entry_info(e) for e in entries])
+
+
+async def make_dir(request: PathRequest) -> EntryResponse:
+    path = _path(request.path)
+    if not await _on_workspace(lambda s: s.make_dir(path)):
+        raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
+    return EntryResponse(entry=entry_info(await _on_workspace(lambda s: s.stat_path(path))))
+
+
+async def move(request: MoveRequest) -> EntryResponse:
+    source, destination = _path(request.source), _path(request.destination)
+    return EntryResponse(entry=entry_info(
+        await _on_workspace(lambda s: s.move_path(source, destination))))
+
+
+async def remove(request: PathRequest) -> Empty:
+    path = _path(request.path)
+    await _on_workspace(lambda s: s.remove_path(path))
+    return Empty()
+
+
+async def watch_dir(request: WatchRequest) -> AsyncIterator[Empty]:
+    raise not_offered("watching folders (watch_dir); list the folder again instead")
+    yield Empty()  # pragma: no cover - makes this an async generator
+
+
+async def _no_watchers(request: WatchRequest) -> Empty:
+    raise not_offered("watching folders (watchers); list the folder again instead")
+
+
+def filesystem_service() -> ConnectService:
+    return ConnectService(SERVICE, dict([
+        unary(SERVICE, "Stat", PathRequest, EntryResponse, stat_entry),
+        unary(SERVICE, "ListDir", ListDirRequest, ListDirResponse, list_dir),
+        unary(SERVICE, "MakeDir", PathRequest, EntryResponse, make_dir),
+        unary(SERVICE, "Move", MoveRequest, EntryResponse, move),
+        unary(SERVICE, "Remove", PathRequest, Empty, remove),
+        server_stream(SERVICE, "WatchDir", WatchRequest, Empty, watch_dir),
+        unary(SERVICE, "CreateWatcher", WatchRequest, Empty, _no_watchers),
+        unary(SERVICE, "GetWatcherEvents", WatchRequest, Empty, _no_watchers),
+        unary(SERVICE, "RemoveWatcher", WatchRequest, Empty, _no_watchers),
+    ]))

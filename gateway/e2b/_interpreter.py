@@ -1,0 +1,221 @@
+"""E2B's code interpreter (port 49999) on a session's kernel: ``/execute`` and ``/contexts``.
+
+``/execute`` answers a stream of JSON lines as the code runs (:mod:`gateway.e2b._results`).
+The SDKs enforce their ``timeout`` on the client side by dropping the connection; replgate
+then stops the cell (an interrupt: variables are kept) so the next ``run_code`` does not wait
+behind it. The server-side bound is the profile's maximum timeout. A sandbox has one context,
+its Python kernel: it is listed and can be restarted, but no second one can be made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict
+from starlette.types import Receive, Scope, Send
+
+from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, services
+from gateway.e2b._errors import E2BError, PlainTextRoute, unsupported
+from gateway.e2b._paths import HOME
+from gateway.e2b._results import END, KEEPALIVE, Translator
+from kernel_pool import ExecutionHandle, Session
+from kernel_pool.events import DoneEvent, Event
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
+                   include_in_schema=False)
+
+KEEPALIVE_S = 2.0
+"""A line at least this often: a client that vanished without closing is noticed by the
+write that fails, and its cell stopped."""
+
+
+class ExecuteRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    code: str
+    context_id: str | None = None
+    language: str | None = None
+    env_vars: dict[str, str] | None = None
+
+
+class CreateContext(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    language: str | None = None
+    cwd: str | None = None
+
+
+def _context(session: Session) -> dict[str, str]:
+    return {"id": session.id, "language": "python", "cwd": HOME}
+
+
+def _env_code(env: dict[str, str]) -> tuple[str, str]:
+    """Code that sets ``env`` in the kernel's ``os.environ``, and code that puts it back."""
+    setup = ("import os as __e2b_os\n"
+             f"__e2b_saved = {{k: __e2b_os.environ.get(k) for k in {sorted(env)!r}}}\n"
+             f"__e2b_os.environ.update({env!r})")
+    restore = ("for __e2b_k, __e2b_v in __e2b_saved.items():\n"
+               "    if __e2b_v is None: __e2b_os.environ.pop(__e2b_k, None)\n"
+               "    else: __e2b_os.environ[__e2b_k] = __e2b_v\n"
+               "del __e2b_saved, __e2b_os")
+    return setup, restore
+
+
+@router.post("/execute")
+async def execute(body: ExecuteRequest, request: Request) -> Response:
+    """Run code in the sandbox's kernel, answering its events as they happen."""
+    gateway, sandboxes = services(request)
+    tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    if body.context_id and body.language:
+        raise E2BError(400, "Only one of context_id or language can be provided")
+    if body.language and body.language.strip().lower() not in ("python", "python3"):
+        raise unsupported(f"the language {body.language!r}", "replgate runs Python only")
+    if body.context_id and body.context_id != session.id:
+        raise E2BError(404, f"Context {body.context_id} not found")
+    timeout = session.profile.max_timeout_s
+    env = {k: v for k, v in (body.env_vars or {}).items() if k}
+    restore = None
+    if env:
+        setup, restore = _env_code(env)
+        gateway.submit(tenant, session, setup, timeout)
+    handle = gateway.submit(tenant, session, body.code, timeout)
+    if restore is not None:
+        gateway.submit(tenant, session, restore, timeout)
+    return ExecutionStream(session, handle)
+
+
+class ExecutionStream(Response):
+    """The ``/execute`` answer: one JSON line per event, written as they happen."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, session: Session, handle: ExecutionHandle) -> None:
+        # Not Response.__init__: it would declare a Content-Length of the (empty) body.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", self.media_type.encode())]
+        self.session = session
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.create_task(self._pump(send))
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            pump.cancel()
+            await self._stop_if_unfinished()
+            for task in (pump, gone):
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await task
+
+    async def _pump(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.raw_headers})
+        translator = Translator()
+        async for event in _with_keepalives(self.handle.stream()):
+            lines = [KEEPALIVE] if event is None else translator.lines(event)
+            last = isinstance(event, DoneEvent)  # its lines and the end go in one write
+            if last:
+                lines.append(END)
+            if lines:
+                body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+                await send({"type": "http.response.body", "body": body, "more_body": not last})
+            if last:
+                return
+        raise RuntimeError(f"execution {self.handle.id} ended without its done event")
+
+    async def _stop_if_unfinished(self) -> None:
+        """The client left (its timeout, or it was stopped): stop this cell, keep the state."""
+        handle = self.handle
+        if handle.done is not None:
+            return
+        if handle.run is None:
+            handle.withdrawn = "withdrawn: the E2B client stopped waiting before it ran"
+        elif self.session.current is handle:
+            logger.info("E2B client of session %s left during execution %s; interrupting it",
+                        self.session.id, handle.id)
+            await self.session.interrupt()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _with_keepalives(events: AsyncIterator[Event]) -> AsyncIterator[Event | None]:
+    """The events, with None whenever none came for :data:`KEEPALIVE_S`."""
+    iterator = aiter(events)
+    pending: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(iterator))
+            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+            if not done:
+                yield None
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield event
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+@router.get("/contexts")
+async def list_contexts(request: Request) -> list[dict[str, str]]:
+    gateway, sandboxes = services(request)
+    _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    return [_context(session)]
+
+
+@router.post("/contexts")
+async def create_context(body: CreateContext, request: Request) -> dict[str, Any]:
+    gateway, sandboxes = services(request)
+    find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    raise unsupported("a second code context in one sandbox",
+                      "each sandbox has one Python context (its kernel); use run_code without "
+                      "a context, or create another sandbox for separate state")
+
+
+def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
+    """The sandbox whose one context ``context_id`` names (404 for any other id)."""
+    gateway, sandboxes = services(request)
+    tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    if context_id != session.id:
+        raise E2BError(404, f"Context {context_id} not found")
+    return tenant, session
+
+
+@router.post("/contexts/{context_id}/restart")
+async def restart_context(context_id: str, request: Request) -> None:
+    """Restart the kernel: variables gone, files kept."""
+    tenant, session = _the_context(request, context_id)
+    await services(request)[0].restart(tenant, session.id)
+
+
+@router.delete("/contexts/{context_id}")
+async def remove_context(context_id: str, request: Request) -> None:
+    _the_context(request, context_id)
+    raise unsupported("removing the sandbox's only context", "kill the sandbox instead")
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """Both ports' health check: the sandbox exists and the token opens it."""
+    gateway, sandboxes = services(request)
+    find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT, ENVD_PORT)
+    if request.headers.get("e2b-sandbox-port") == str(ENVD_PORT):
+        return Response(status_code=204)
+    return Response(json.dumps("OK"), media_type="application/json")

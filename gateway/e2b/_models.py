@@ -1,0 +1,80 @@
+"""The control plane's wire (E2B's OpenAPI: NewSandbox, Sandbox, SandboxDetail, ListedSandbox).
+
+Field names are E2B's (``templateID``, ``sandboxID``, camelCase); requests ignore fields this
+version does not know, as E2B's API does, and the ones replgate cannot honour are refused by
+:mod:`gateway.e2b._control` with a sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENVD_VERSION = "0.5.7"
+"""The envd version replgate answers as: octet-stream uploads (0.5.7) and the default user
+(0.4.0) are served; file metadata (0.6.2) and watch entries (0.6.3) are not, so the SDKs do
+not ask for them."""
+
+DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter"})
+"""The SDKs' default template names; they run on replgate's ``default`` profile."""
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class NewSandbox(Lenient):
+    template_id: str = Field(alias="templateID", min_length=1, max_length=128)
+    timeout: int | None = Field(None, ge=0, description="seconds the sandbox lives")
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    auto_pause: bool = Field(False, alias="autoPause")
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    mcp: dict[str, Any] | None = None
+    volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
+
+
+class TimeoutRequest(Lenient):
+    timeout: int = Field(ge=0, description="seconds from now")
+
+
+class ConnectRequest(Lenient):
+    timeout: int | None = Field(None, ge=0)
+
+
+class SandboxOut(BaseModel):
+    """``Sandbox``: what create and connect answer."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str = "replgate"
+    alias: str | None = None
+    envdVersion: str = ENVD_VERSION
+    envdAccessToken: str
+    trafficAccessToken: str
+    """The same per-sandbox secret: the code interpreter SDKs send this header (and not
+    ``X-Access-Token``) on their context calls."""
+    domain: str | None = None
+
+
+class ListedSandbox(BaseModel):
+    templateID: str
+    sandboxID: str
+    clientID: str = "replgate"
+    alias: str | None = None
+    startedAt: str
+    endAt: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: Literal["running", "paused"]
+    envdVersion: str = ENVD_VERSION
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SandboxDetail(ListedSandbox):
+    envdAccessToken: str
+    allowInternetAccess: bool = False
+    domain: str | None = None

@@ -1,0 +1,98 @@
+"""replgate's execution events as the lines of E2B's ``/execute`` stream (NDJSON).
+
+    {"type": "stdout" | "stderr", "text", "timestamp"}
+    {"type": "result", "text", "html", ..., "chart", "extra", "is_main_result"}
+    {"type": "error", "name", "value", "traceback"}     traceback: one string
+    {"type": "number_of_executions", "execution_count"}
+    {"type": "keepalive"}                               while nothing else is said
+    {"type": "end_of_execution"}                        last
+
+A run that ends without the kernel's own error (replgate's timeout, a dead kernel, an
+interrupt) gets an ``error`` line saying why, so the SDK's ``Execution.error`` is never silent.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kernel_pool.events import (
+    DisplayEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ExecutionStatus,
+    StreamEvent,
+    UpdateDisplayEvent,
+)
+
+FIELDS = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
+    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
+    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
+    "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
+}
+"""MIME types to the fields of E2B's ``Result``; any other type goes to ``extra``."""
+
+END = {"type": "end_of_execution"}
+KEEPALIVE = {"type": "keepalive"}
+
+_ENDINGS = {
+    ExecutionStatus.TIMEOUT: "TimeoutError",
+    ExecutionStatus.DIED: "DeadKernelError",
+    ExecutionStatus.INTERRUPTED: "KeyboardInterrupt",
+}
+
+
+def result_line(data: dict[str, Any], is_main_result: bool) -> dict[str, Any]:
+    line: dict[str, Any] = {"type": "result", "is_main_result": is_main_result}
+    extra: dict[str, Any] = {}
+    for mime, value in data.items():
+        field = FIELDS.get(mime)
+        if field is None:
+            extra[mime] = value
+        else:
+            line[field] = value
+    text = line.get("text")
+    # E2B's code interpreter shows a string result without its repr quotes ('a' -> a).
+    if isinstance(text, str) and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        line["text"] = text[1:-1]
+    if extra:
+        line["extra"] = extra
+    return line
+
+
+class Translator:
+    """Turns one execution's events into E2B lines, remembering whether an error was said."""
+
+    def __init__(self) -> None:
+        self._errored = False
+
+    def lines(self, event: Event) -> list[dict[str, Any]]:
+        if isinstance(event, StreamEvent):
+            return [{"type": event.type, "text": event.text,
+                     "timestamp": datetime.now(UTC).isoformat()}]
+        if isinstance(event, DisplayEvent):
+            return [result_line(event.data, event.type == "result")]
+        if isinstance(event, UpdateDisplayEvent):
+            return [result_line(event.data, False)]
+        if isinstance(event, ErrorEvent):
+            self._errored = True
+            return [{"type": "error", "name": event.ename, "value": event.evalue,
+                     "traceback": "\n".join(event.traceback)}]
+        if isinstance(event, DoneEvent):
+            return self._done(event)
+        return []  # clear_output and approval notices have no E2B counterpart
+
+    def _done(self, done: DoneEvent) -> list[dict[str, Any]]:
+        lines: list[dict[str, Any]] = []
+        ended_badly = done.status not in (ExecutionStatus.OK, ExecutionStatus.ERROR)
+        if ended_badly and not self._errored:
+            name = _ENDINGS.get(done.status, done.status.value)
+            lines.append({"type": "error", "name": name,
+                          "value": done.reason or f"the execution ended: {done.status.value}",
+                          "traceback": ""})
+        if done.execution_count is not None:
+            lines.append({"type": "number_of_executions",
+                          "execution_count": done.execution_count})
+        return lines

@@ -1,0 +1,129 @@
+"""Jupyter's view of replgate: profiles as kernelspecs, sessions as kernels, its error shape.
+
+A kernel is a session of the caller's tenant (ids are dashed UUIDs, which jupyter_server's URL
+patterns require); the default profile is the kernelspec ``python3``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request, Response, WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+from gateway.auth import extract_token, origin_allowed
+from gateway.errors import DOMAIN_ERRORS, NotFound, detail_for, error_response, status_for
+from gateway.jupyter._channels import KernelChannels
+from gateway.jupyter.protocol import V1_SUBPROTOCOL
+from gateway.service import Gateway
+from gateway.wire import KernelModel
+from kernel_pool import Profile, Session
+
+__all__ = ["DEFAULT_KERNEL", "JupyterRoute", "find_profile", "kernel_model", "kernelspec",
+           "kernelspecs", "serve_channels"]
+
+DEFAULT_KERNEL = "python3"
+
+
+class JupyterRoute(APIRoute):
+    """Errors also carry Kernel Gateway's ``reason`` and ``message``, which jupyter_server shows."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except DOMAIN_ERRORS as exc:
+                code = status_for(exc)
+                if code >= 500:
+                    raise  # the app's handler logs it
+                return error_response(exc, message=str(detail_for(exc)),
+                                      reason=HTTPStatus(code).phrase)
+
+        return route
+
+
+def kernel_name(profile: str) -> str:
+    return DEFAULT_KERNEL if profile == "default" else profile
+
+
+def kernelspec(profile: Profile) -> dict[str, Any]:
+    name = kernel_name(profile.name)
+    label = "sandbox" if profile.name == "default" else profile.name
+    return {"name": name, "resources": {}, "spec": {
+        "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 (replgate {label})", "language": "python",
+        "interrupt_mode": "message", "env": {},
+        "metadata": {"replgate": {"profile": profile.name, "memory": profile.memory,
+                                  "cpus": profile.cpus, "timeout_s": profile.default_timeout_s,
+                                  "max_timeout_s": profile.max_timeout_s}}}}
+
+
+def kernelspecs(gateway: Gateway) -> dict[str, Any]:
+    return {"default": DEFAULT_KERNEL,
+            "kernelspecs": {kernel_name(p.name): kernelspec(p) for p in gateway.profiles()}}
+
+
+def find_profile(gateway: Gateway, name: str) -> Profile:
+    """The profile a kernelspec name stands for; :class:`NotFound` for an unknown one."""
+    wanted = "default" if name == DEFAULT_KERNEL else name
+    profile = next((p for p in gateway.profiles() if p.name == wanted), None)
+    if profile is None or kernel_name(profile.name) != name:
+        raise NotFound(f"no kernelspec named {name!r}; GET /api/kernelspecs lists them")
+    return profile
+
+
+def connections(app: FastAPI) -> Counter[str]:
+    """Open channel WebSockets per kernel (the model's ``connections``)."""
+    counter: Counter[str] | None = getattr(app.state, "jupyter_connections", None)
+    if counter is None:
+        counter = app.state.jupyter_connections = Counter()
+    return counter
+
+
+def kernel_model(session: Session, app: FastAPI) -> KernelModel:
+    active = datetime.fromisoformat(session.last_active_at).astimezone(UTC)
+    return KernelModel(id=session.id, name=kernel_name(session.profile.name),
+                       last_activity=active.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                       execution_state=session.status.value,
+                       connections=connections(app)[session.id])
+
+
+async def serve_channels(websocket: WebSocket, kernel_id: str) -> None:
+    """Check origin, key and kernel, then serve the channels until the client leaves."""
+    gateway: Gateway = websocket.app.state.gateway
+    if not origin_allowed(websocket.headers, gateway.settings.allowed_origins):
+        await _refuse(websocket, 403, "origin not allowed")
+        return
+    token = extract_token(websocket.headers.get("authorization"),
+                          websocket.query_params.get("token"))
+    try:
+        tenant = await gateway.authenticate(token)
+        session = gateway.session(tenant, kernel_id)
+    except DOMAIN_ERRORS as exc:
+        await _refuse(websocket, status_for(exc), str(detail_for(exc)))
+        return
+    binary = V1_SUBPROTOCOL in websocket.scope.get("subprotocols", [])
+    await websocket.accept(subprotocol=V1_SUBPROTOCOL if binary else None)
+    counter = connections(websocket.app)
+    counter[session.id] += 1
+    try:
+        await KernelChannels(websocket, gateway, tenant, session, binary).serve()
+    finally:
+        counter[session.id] -= 1
+        if counter[session.id] <= 0:
+            del counter[session.id]
+
+
+async def _refuse(websocket: WebSocket, code: int, detail: str) -> None:
+    """Refuse the upgrade with an HTTP status (a plain 403 where the server cannot)."""
+    try:
+        await websocket.send_denial_response(JSONResponse({"detail": detail}, status_code=code))
+    except RuntimeError:
+        await websocket.close(code=1008, reason=detail[:120])

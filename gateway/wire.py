@@ -1,0 +1,311 @@
+"""The wire: every request, response and frame of the HTTP and WebSocket API (CONTRACT.md).
+
+Pydantic only: the server and :mod:`gateway.client` both import it, so an agent's client needs
+neither FastAPI nor Docker. The event models are kernel_pool's (its public, pydantic-only
+face); a WebSocket carries each as an :class:`EventFrame`, the event's fields plus the
+execution's id.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+from kernel_pool import (
+    ApprovalEvent,
+    ClearOutputEvent,
+    DisplayEvent,
+    DoneEvent,
+    EgressAttempt,
+    ErrorEvent,
+    Event,
+    Execution,
+    ExecutionBuilder,
+    ExecutionError,
+    ExecutionStatus,
+    FileInfo,
+    Output,
+    OutputEvent,
+    PendingApprovalEvent,
+    ResourceUsage,
+    StreamEvent,
+    UpdateDisplayEvent,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "SESSION_STATES",
+    "Approval",
+    "ApprovalEvent",
+    "ApprovalStatus",
+    "BudgetOut",
+    "ClearOutputEvent",
+    "DecisionIn",
+    "DisplayEvent",
+    "DoneEvent",
+    "EgressAttempt",
+    "EnvName",
+    "ErrorEvent",
+    "Event",
+    "EventFrame",
+    "ExecuteRequest",
+    "Execution",
+    "ExecutionBuilder",
+    "ExecutionError",
+    "ExecutionOut",
+    "ExecutionStartFrame",
+    "ExecutionStatus",
+    "ExecutionSummary",
+    "FileInfo",
+    "FileWritten",
+    "Frame",
+    "Health",
+    "HistoryEndFrame",
+    "InterruptOut",
+    "InterruptedFrame",
+    "KernelCreate",
+    "KernelModel",
+    "LaggedFrame",
+    "Output",
+    "OutputEvent",
+    "PendingApprovalEvent",
+    "RejectedFrame",
+    "ResourceUsage",
+    "SessionCreate",
+    "SessionOut",
+    "StreamEvent",
+    "Timeout",
+    "UpdateDisplayEvent",
+    "WsClientMessage",
+    "WsExecute",
+    "WsInterrupt",
+]
+
+EVENT_TYPES: frozenset[str] = frozenset(
+    kind for model in get_args(get_args(Event)[0])
+    for kind in get_args(model.model_fields["type"].annotation))
+"""Every event ``type`` (``stdout``, ..., ``done``); a client skips frames of other types,
+which a newer gateway may send."""
+
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
+
+SESSION_STATES = ("idle", "busy", "starting", "dead")
+"""What ``Session.status`` may be; a client reads it as a plain string, so that a state a
+newer gateway adds does not break it."""
+
+EnvName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Timeout = Annotated[float, Field(gt=0, description="seconds; at most the profile's maximum")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(Strict):
+    profile: str = Field("default", max_length=128)
+    timeout_s: Timeout | None = Field(None, description="default timeout of this session's runs")
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(
+        default_factory=dict, max_length=256)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class BudgetOut(BaseModel):
+    """What is left of the session's budgets (policy file); null where unlimited."""
+
+    executions_left: int | None = None
+    wall_time_left_s: float | None = None
+    cpu_time_left_s: float | None = None
+    lifetime_left_s: float | None = None
+
+
+class SessionOut(BaseModel):
+    """A session (CONTRACT.md's Session); the client's ``SessionInfo``."""
+
+    id: str
+    tenant: str
+    profile: str
+    status: Annotated[str, Field(json_schema_extra={"enum": list(SESSION_STATES)})]
+    execution_count: int
+    created_at: str
+    last_active_at: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    budget: BudgetOut = Field(default_factory=BudgetOut)
+
+
+class ExecuteRequest(Strict):
+    code: str
+    timeout_s: Timeout | None = None
+
+
+class ExecutionOut(Execution):
+    """The contract's Execution, plus the execution's id (to find it again in the history)."""
+
+    id: str
+
+
+class ExecutionSummary(BaseModel):
+    id: str
+    seq: int
+    code: str
+    status: str
+    execution_count: int | None
+    started_at: str
+    finished_at: str | None
+    result: Execution | None = None
+
+
+class InterruptOut(BaseModel):
+    interrupted: bool
+
+
+class FileWritten(BaseModel):
+    path: str
+    size: int
+
+
+class DecisionIn(Strict):
+    """``POST /v1/approvals/{id}/approve`` or ``/reject``: an optional comment."""
+
+    comment: str | None = Field(None, max_length=2000)
+
+
+class Approval(BaseModel):
+    """One held execution and what became of it (the wire shape of ``/v1/approvals``)."""
+
+    approval_id: str
+    tenant: str
+    session_id: str
+    execution_id: str
+    code: str
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+    """The policy matches that asked for approval: rule, action, message, line, matched."""
+    status: ApprovalStatus = "pending"
+    created_at: str
+    expires_at: str
+    decided_by: str | None = None
+    decided_at: str | None = None
+    comment: str | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    pool: dict[str, int]
+
+
+# -- WebSocket client messages -----------------------------------------------------------------
+
+
+class WsExecute(Strict):
+    type: Literal["execute"]
+    code: str
+    timeout_s: Timeout | None = None
+    id: str | None = Field(None, min_length=1, max_length=128)
+
+
+class WsInterrupt(Strict):
+    type: Literal["interrupt"]
+
+
+WsClientMessage = Annotated[WsExecute | WsInterrupt, Field(discriminator="type")]
+
+
+# -- WebSocket server frames -------------------------------------------------------------------
+
+
+class Frame(BaseModel):
+    """A message the gateway sends on a WebSocket."""
+
+    def text(self) -> str:
+        """The frame as the socket carries it: one JSON text message."""
+        return self.model_dump_json()
+
+
+class EventFrame(Frame):
+    """An execution's event: the event's own fields plus ``execution_id`` (flat on the wire)."""
+
+    execution_id: str
+    event: Event
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "event" not in value:
+            fields = dict(value)
+            return {"execution_id": fields.pop("execution_id", None), "event": fields}
+        return value
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        nested = handler(self)
+        return {**nested["event"], "execution_id": nested["execution_id"]}
+
+
+class RejectedFrame(Frame):
+    """A request on the session socket that was refused instead of run; ``status_code`` is
+    what the HTTP API would have answered."""
+
+    type: Literal["rejected"] = "rejected"
+    execution_id: str | None
+    status_code: int
+    detail: Any
+
+
+class InterruptedFrame(Frame):
+    """The answer to ``{"type": "interrupt"}``: whether something was running."""
+
+    type: Literal["interrupted"] = "interrupted"
+    execution_id: None = None
+    interrupted: bool
+
+
+class ExecutionStartFrame(Frame):
+    """On the watch socket: an execution began (its events follow as :class:`EventFrame`)."""
+
+    type: Literal["execution"] = "execution"
+    execution_id: str
+    code: str
+    started_at: str | None
+
+
+class HistoryEndFrame(Frame):
+    """On the watch socket: the history is sent; what follows is live."""
+
+    type: Literal["history_end"] = "history_end"
+
+
+class LaggedFrame(Frame):
+    """On the watch socket: the watcher fell behind and is disconnected; reconnect."""
+
+    type: Literal["lagged"] = "lagged"
+    detail: str
+
+
+# -- Jupyter's kernel API (``/api/kernels``) ----------------------------------------------------
+
+
+class KernelCreate(BaseModel):
+    """``POST /api/kernels``: what jupyter_server's gateway client sends (other keys ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str | None = Field(None, max_length=128)
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(
+        default_factory=dict, max_length=256)
+
+
+class KernelModel(BaseModel):
+    """A kernel as Jupyter's REST API describes it (a replgate session)."""
+
+    id: str
+    name: str
+    last_activity: str
+    execution_state: str
+    connections: int

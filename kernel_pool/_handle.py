@@ -1,0 +1,91 @@
+"""An execution submitted to a session (:class:`ExecutionHandle`), and the gate it passes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+
+from kernel_pool._execution import ExecutionRun
+from kernel_pool.events import DoneEvent, Event, Execution, ExecutionBuilder, ExecutionStatus
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class ExecutionHandle:
+    """An execution submitted to a session: its events so far, live, and its result.
+
+    Events are kept (they are capped, so bounded) so that any number of readers, including one
+    that connects late, see the whole stream from the start.
+    """
+
+    def __init__(self, execution_id: str, code: str, timeout_s: float) -> None:
+        self.id = execution_id
+        self.code = code
+        self.timeout_s = timeout_s
+        self.events: list[Event] = []
+        self.done: DoneEvent | None = None
+        self.started_at = utcnow()
+        self.finished_at: str | None = None
+        self._execution: Execution | None = None
+        self.run: ExecutionRun | None = None
+        self.gate: Gate | None = None
+        self.gating: asyncio.Task[Denial | None] | None = None
+        """The gate's task while it holds this execution (an interrupt withdraws it)."""
+        self.withdrawn: str | None = None
+        """Why it will not run after all (a restart asked while it waited in the queue)."""
+        self._changed = asyncio.Event()
+        self._finished = asyncio.Event()
+
+    def _add(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, DoneEvent):
+            self.done = event
+            self.finished_at = utcnow()
+            self._finished.set()
+        self._changed.set()
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Every event of this execution, from the first, as they happen; ends after ``done``."""
+        index = 0
+        while True:
+            while index < len(self.events):
+                event = self.events[index]
+                index += 1
+                yield event
+                if isinstance(event, DoneEvent):
+                    return
+            self._changed.clear()
+            if index < len(self.events):
+                continue
+            await self._changed.wait()
+
+    async def result(self) -> Execution:
+        await self._finished.wait()
+        return self.execution()
+
+    def execution(self) -> Execution:
+        """The aggregate of the events so far (built once only after ``done``: its readers,
+        history, audit and every waiting client, share it and must not change it)."""
+        if self._execution is not None:
+            return self._execution
+        builder = ExecutionBuilder()
+        for event in self.events:
+            builder.add(event)
+        execution = builder.build()
+        if self.done is not None:
+            self._execution = execution
+        return execution
+
+
+Denial = tuple[ExecutionStatus, str, str]
+"""Why a gate refused an execution: (status, ename, evalue)."""
+Gate = Callable[[ExecutionHandle, Callable[[Event], None]], Awaitable[Denial | None]]
+"""Run under the session's lock just before the code would reach the kernel (so order is kept).
+
+It may emit events (e.g. ``pending_approval``), may wait (for a person's approval), may lower
+``handle.timeout_s``, and returns None to let the code run or a :data:`Denial` to refuse it:
+the execution then ends with an ``error`` event and a ``done`` of that status, never running.
+"""

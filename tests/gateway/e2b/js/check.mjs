@@ -1,0 +1,92 @@
+// Drives E2B's JS SDK (@e2b/code-interpreter, unmodified) against replgate. Run by
+// test_js_sdk.py with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set; exits non-zero on the
+// first failed check, naming it.
+import assert from 'node:assert/strict'
+import { Sandbox } from '@e2b/code-interpreter'
+
+const checks = []
+const check = (name, fn) => checks.push([name, fn])
+let sbx
+
+check('create', async () => {
+  sbx = await Sandbox.create()
+  assert.ok(sbx.sandboxId)
+})
+
+check('list shows the sandbox', async () => {
+  const page = await Sandbox.list().nextItems()
+  assert.ok(page.some((s) => s.sandboxId === sbx.sandboxId))
+})
+
+check('runCode keeps state', async () => {
+  await sbx.runCode('x = 41')
+  const exec = await sbx.runCode('x + 1')
+  assert.equal(exec.text, '42')
+})
+
+check('runCode streams stdout and stderr to callbacks', async () => {
+  const out = []
+  const err = []
+  await sbx.runCode("import sys\nprint('hello')\nprint('oops', file=sys.stderr)", {
+    onStdout: (m) => out.push(m.line),
+    onStderr: (m) => err.push(m.line),
+  })
+  assert.equal(out.join(''), 'hello\n')
+  assert.equal(err.join(''), 'oops\n')
+})
+
+check('runCode reports errors as data', async () => {
+  const exec = await sbx.runCode('1 / 0')
+  assert.equal(exec.error.name, 'ZeroDivisionError')
+})
+
+check('runCode returns a PNG chart', async () => {
+  const exec = await sbx.runCode(
+    'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()')
+  assert.ok(exec.results.some((r) => r.png && r.png.length > 1000))
+})
+
+check("runCode returns a DataFrame's html", async () => {
+  const exec = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+  assert.ok(exec.results[0].html.includes('<table'))
+})
+
+check('runCode timeout stops the cell and keeps state', async () => {
+  await sbx.runCode("kept = 'yes'")
+  await assert.rejects(sbx.runCode('import time\nwhile True: time.sleep(0.1)', { timeoutMs: 2000 }))
+  const exec = await sbx.runCode('kept', { timeoutMs: 20000 })
+  assert.equal(exec.text, 'yes')
+})
+
+check('files write, read, list, remove', async () => {
+  await sbx.files.write('/home/user/js.txt', 'from js')
+  assert.equal(await sbx.files.read('js.txt'), 'from js')
+  const names = (await sbx.files.list('/home/user')).map((e) => e.name)
+  assert.ok(names.includes('js.txt'))
+  const exec = await sbx.runCode("open('js.txt').read()")
+  assert.equal(exec.text, 'from js')
+  await sbx.files.remove('js.txt')
+  assert.equal(await sbx.files.exists('js.txt'), false)
+})
+
+check('connect reaches the same state', async () => {
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await again.runCode('x')).text, '41')
+})
+
+check('setTimeout, then kill', async () => {
+  await sbx.setTimeout(60_000)
+  await sbx.kill()
+  assert.equal(await sbx.isRunning(), false)
+})
+
+for (const [name, fn] of checks) {
+  try {
+    await fn()
+    console.log(`ok ${name}`)
+  } catch (error) {
+    console.log(`FAILED ${name}: ${error?.stack ?? error}`)
+    if (sbx) await sbx.kill().catch(() => {})
+    process.exit(1)
+  }
+}

@@ -1,0 +1,266 @@
+"""E2B's Python SDKs (``e2b-code-interpreter``, ``e2b``), unmodified, against a real gateway.
+
+Nothing but the three environment variables points them at replgate (``e2b_env``).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import docker
+import httpx
+import pytest
+from e2b import AuthenticationException, NotFoundException, SandboxException, TimeoutException
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from tests.conftest import GatewayProcess, running_gateway
+
+pytestmark = pytest.mark.usefixtures("e2b_env")
+
+
+@pytest.fixture(scope="module")
+def sandbox(e2b_env: dict[str, str]) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create()
+    yield sandbox
+    sandbox.kill()
+
+
+def test_create_is_a_replgate_session_of_the_keys_tenant(sandbox: Sandbox,
+                                                         gateway: GatewayProcess) -> None:
+    answer = httpx.get(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}",
+                       headers=gateway.headers("alpha"))
+    assert answer.status_code == 200
+    assert answer.json()["tenant"] == "alpha"
+    other = httpx.get(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}",
+                      headers=gateway.headers("beta"))
+    assert other.status_code == 404
+
+
+def test_list_and_get_info_show_the_sandbox(sandbox: Sandbox) -> None:
+    listed = Sandbox.list().next_items()
+    assert sandbox.sandbox_id in [s.sandbox_id for s in listed]
+    info = sandbox.get_info()
+    assert info.sandbox_id == sandbox.sandbox_id
+    assert info.state.value == "running"
+    assert sandbox.is_running()
+
+
+def test_run_code_keeps_state_between_calls(sandbox: Sandbox) -> None:
+    sandbox.run_code("counter = 41")
+    execution = sandbox.run_code("counter + 1")
+    assert execution.text == "42"
+    assert execution.error is None
+    assert execution.execution_count is not None
+
+
+def test_run_code_streams_stdout_and_stderr_to_callbacks(sandbox: Sandbox) -> None:
+    out: list[str] = []
+    err: list[str] = []
+    execution = sandbox.run_code(
+        "import sys\nprint('hello')\nprint('oops', file=sys.stderr)",
+        on_stdout=lambda m: out.append(m.line), on_stderr=lambda m: err.append(m.line))
+    assert "".join(out) == "hello\n"
+    assert "".join(err) == "oops\n"
+    assert execution.logs.stdout == out
+    assert execution.logs.stderr == err
+
+
+def test_run_code_reports_errors_as_data(sandbox: Sandbox) -> None:
+    errors = []
+    execution = sandbox.run_code("1 / 0", on_error=errors.append)
+    assert execution.error is not None
+    assert execution.error.name == "ZeroDivisionError"
+    assert "division by zero" in execution.error.value
+    assert "ZeroDivisionError" in execution.error.traceback
+    assert errors == [execution.error]
+
+
+def test_run_code_returns_a_png_chart(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [4, 1, 9])\nplt.title('rise')\nplt.show()")
+    pngs = [r.png for r in execution.results if r.png]
+    assert pngs and len(pngs[0]) > 1000
+
+
+def test_run_code_returns_a_dataframes_html(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code(
+        "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+    main = [r for r in execution.results if r.is_main_result]
+    assert len(main) == 1
+    assert main[0].html is not None and "<table" in main[0].html
+    assert main[0].text is not None and "a" in main[0].text
+
+
+def test_run_code_timeout_stops_the_cell_and_keeps_state(sandbox: Sandbox) -> None:
+    sandbox.run_code("kept = 'still here'")
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=2)
+    started = time.monotonic()
+    execution = sandbox.run_code("kept", timeout=30)
+    assert execution.text == "still here"
+    assert time.monotonic() - started < 25  # the stuck cell was stopped, not waited for
+
+
+def test_run_code_env_vars_apply_to_that_call_only(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code("import os\nos.environ.get('E2B_ONLY_HERE')",
+                                 envs={"E2B_ONLY_HERE": "yes"})
+    assert execution.text == "yes"
+    assert sandbox.run_code("'E2B_ONLY_HERE' in os.environ").text == "False"
+
+
+def test_files_write_read_list_remove(sandbox: Sandbox) -> None:
+    sandbox.files.write("data.csv", "a,b\n1,2\n")
+    sandbox.files.write("/home/user/nested/blob.bin", b"\x00\x01\xff")
+    assert sandbox.files.read("/home/user/data.csv") == "a,b\n1,2\n"
+    assert bytes(sandbox.files.read("nested/blob.bin", format="bytes")) == b"\x00\x01\xff"
+    names = {entry.name for entry in sandbox.files.list("/home/user")}
+    assert {"data.csv", "nested"} <= names
+    # the code sees the same files, by relative and absolute name
+    execution = sandbox.run_code(
+        "import pandas as pd\n"
+        "(len(pd.read_csv('data.csv')), open('/home/user/data.csv').read().count(','))")
+    assert execution.text == "(1, 2)"
+    assert sandbox.files.exists("nested/blob.bin")
+    sandbox.files.remove("nested")
+    assert not sandbox.files.exists("nested/blob.bin")
+    with pytest.raises(NotFoundException):
+        sandbox.files.read("nested/blob.bin")
+
+
+def test_files_make_dir_rename_and_info(sandbox: Sandbox) -> None:
+    assert sandbox.files.make_dir("/home/user/reports/2026")
+    assert not sandbox.files.make_dir("reports/2026")
+    sandbox.files.write("reports/draft.txt", "x")
+    moved = sandbox.files.rename("reports/draft.txt", "reports/2026/final.txt")
+    assert moved.path == "/home/user/reports/2026/final.txt"
+    info = sandbox.files.get_info("reports/2026/final.txt")
+    assert info.size == 1
+    deep = sandbox.files.list("reports", depth=2)
+    assert "/home/user/reports/2026/final.txt" in [e.path for e in deep]
+
+
+def test_files_outside_home_user_are_refused_with_a_sentence(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="/home/user"):
+        sandbox.files.read("/etc/passwd")
+    with pytest.raises(SandboxException, match="/home/user"):
+        sandbox.files.write("../escape.txt", "x")
+
+
+def test_restart_code_context_drops_variables_keeps_files(sandbox: Sandbox) -> None:
+    sandbox.run_code("gone_after_restart = 1")
+    sandbox.files.write("kept.txt", "k")
+    (context,) = sandbox.list_code_contexts()
+    sandbox.restart_code_context(context)
+    execution = sandbox.run_code("'gone_after_restart' in dir(), open('kept.txt').read()")
+    assert execution.text == "(False, 'k')"
+
+
+def test_second_code_context_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="one Python context"):
+        sandbox.create_code_context()
+
+
+def test_connect_by_id_reaches_the_same_state(sandbox: Sandbox) -> None:
+    sandbox.run_code("shared = 'across connections'")
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.run_code("shared").text == "across connections"
+
+
+def test_unknown_template_is_e2bs_404_with_a_sentence() -> None:
+    with pytest.raises(SandboxException, match="template 'no-such-template' not found"):
+        Sandbox.create(template="no-such-template")
+
+
+def test_internet_access_is_refused_with_a_sentence() -> None:
+    with pytest.raises(SandboxException, match="internet access"):
+        Sandbox.create(allow_internet_access=True)
+
+
+def test_wrong_api_key_is_refused(e2b_env: dict[str, str]) -> None:
+    with pytest.raises(AuthenticationException, match="replgate API key"):
+        Sandbox.create(api_key="rg_not_a_key")
+
+
+def test_other_tenant_cannot_connect(sandbox: Sandbox, gateway: GatewayProcess) -> None:
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sandbox.sandbox_id, api_key=gateway.keys["beta"])
+
+
+def test_set_timeout_ends_the_sandbox() -> None:
+    sandbox = Sandbox.create(timeout=60)
+    sandbox.set_timeout(2)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sandbox.is_running():
+        time.sleep(0.5)
+    assert not sandbox.is_running()
+    assert sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+
+def test_kill_deletes_the_session(gateway: GatewayProcess) -> None:
+    sandbox = Sandbox.create()
+    sandbox.kill()
+    assert not sandbox.is_running()
+    answer = httpx.get(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}",
+                       headers=gateway.headers("alpha"))
+    assert answer.status_code == 404
+    assert Sandbox.kill(sandbox.sandbox_id) is False  # already gone: E2B's answer
+
+
+async def test_async_sandbox_runs_code_with_async_callbacks_and_files() -> None:
+    sandbox = await AsyncSandbox.create()
+    try:
+        seen: list[str] = []
+
+        async def collect(message: object) -> None:
+            seen.append(str(message))
+
+        execution = await sandbox.run_code("for i in range(3): print(i)", on_stdout=collect)
+        assert "".join(seen) == "0\n1\n2\n"
+        assert execution.logs.stdout
+        await sandbox.files.write("async.txt", "from async")
+        assert await sandbox.files.read("async.txt") == "from async"
+        result = await sandbox.run_code("open('async.txt').read()")
+        assert result.text == "from async"
+    finally:
+        await sandbox.kill()
+
+
+def test_run_code_is_in_the_sessions_history_and_notebook(sandbox: Sandbox,
+                                                          gateway: GatewayProcess) -> None:
+    sandbox.run_code("recorded = 'in the notebook'")
+    notebook = httpx.get(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}/notebook",
+                         headers=gateway.headers("alpha")).json()
+    sources = ["".join(cell["source"]) for cell in notebook["cells"]]
+    assert "recorded = 'in the notebook'" in sources
+
+
+def test_sandbox_survives_a_gateway_restart(docker_client: docker.DockerClient) -> None:
+    with running_gateway(docker_client) as other:
+        options = {"api_key": other.keys["alpha"], "api_url": f"{other.url}/e2b",
+                   "sandbox_url": f"{other.url}/e2b/sandbox"}
+        sandbox = Sandbox.create(**options)
+        sandbox.run_code("before = 'the restart'")
+        sandbox.files.write("kept.txt", "on disk")
+        other.stop(signal.SIGKILL)  # a killed gateway's sessions are taken back at start
+        other.start()
+        # the same SDK object: its access token is still valid, the state still there
+        assert sandbox.run_code("before").text == "the restart"
+        assert sandbox.files.read("kept.txt") == "on disk"
+        Sandbox.kill(sandbox.sandbox_id, **options)
+
+
+def test_list_filters_by_metadata() -> None:
+    from e2b import SandboxQuery
+
+    tagged = Sandbox.create(metadata={"team": "blue & green"})
+    try:
+        found = Sandbox.list(query=SandboxQuery(metadata={"team": "blue & green"})).next_items()
+        assert [s.sandbox_id for s in found] == [tagged.sandbox_id]
+        assert found[0].metadata == {"team": "blue & green"}
+        none = Sandbox.list(query=SandboxQuery(metadata={"team": "red"})).next_items()
+        assert none == []
+    finally:
+        tagged.kill()

@@ -1,0 +1,138 @@
+"""The E2B wire as raw HTTP: error shapes, routing headers, the NDJSON stream, Connect errors.
+
+No request, however wrong, gets a 500 or hangs; each gets E2B's shape with a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import GatewayProcess
+
+
+@pytest.fixture(scope="module")
+def api(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"{gateway.url}/e2b", timeout=60,
+                      headers={"X-API-Key": gateway.keys["alpha"]}) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def sandbox(api: httpx.Client) -> Iterator[dict[str, str]]:
+    created = api.post("/v2/sandboxes", json={"templateID": "base", "timeout": 300})
+    assert created.status_code == 201, created.text
+    body = created.json()
+    yield body
+    api.delete(f"/sandboxes/{body['sandboxID']}")
+
+
+def sandbox_headers(sandbox: dict[str, str], port: int = 49983) -> dict[str, str]:
+    return {"E2b-Sandbox-Id": sandbox["sandboxID"], "E2b-Sandbox-Port": str(port),
+            "X-Access-Token": sandbox["envdAccessToken"]}
+
+
+def test_create_answers_e2bs_sandbox_fields(sandbox: dict[str, str]) -> None:
+    assert sandbox["templateID"] == "default"
+    assert sandbox["envdVersion"]
+    assert sandbox["envdAccessToken"] == sandbox["trafficAccessToken"]
+
+
+def test_missing_key_is_401_in_e2b_shape(gateway: GatewayProcess) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 401
+    assert answer.json()["code"] == 401 and "E2B_API_KEY" in answer.json()["message"]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"templateID": 5}', b"[]", b""])
+def test_malformed_create_is_400_in_e2b_shape(api: httpx.Client, body: bytes) -> None:
+    answer = api.post("/sandboxes", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code in (400, 422)
+    assert set(answer.json()) >= {"code", "message"}
+
+
+def test_unknown_template_is_404_naming_the_profiles(api: httpx.Client) -> None:
+    answer = api.post("/sandboxes", json={"templateID": "desktop"})
+    assert answer.status_code == 404
+    assert answer.json() == {"code": 404, "message": answer.json()["message"]}
+    assert "profiles are default" in answer.json()["message"]
+
+
+def test_paths_not_offered_are_404_with_a_sentence(api: httpx.Client) -> None:
+    answer = api.get("/templates")
+    assert answer.status_code == 404
+    assert "does not offer GET /templates" in answer.json()["message"]
+
+
+def test_other_tenants_sandbox_is_404(gateway: GatewayProcess,
+                                      sandbox: dict[str, str]) -> None:
+    answer = httpx.get(f"{gateway.url}/e2b/sandboxes/{sandbox['sandboxID']}",
+                       headers={"X-API-Key": gateway.keys["beta"]})
+    assert answer.status_code == 404
+
+
+def test_sandbox_plane_refuses_wrong_token_unknown_sandbox_and_closed_port(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    url = f"{gateway.url}/e2b/sandbox/health"
+    good = sandbox_headers(sandbox)
+    assert httpx.get(url, headers=good).status_code == 204
+    wrong = httpx.get(url, headers={**good, "X-Access-Token": "rgt_wrong"})
+    assert wrong.status_code == 401
+    unknown = httpx.get(url, headers={**good, "E2b-Sandbox-Id": "no-such-sandbox"})
+    assert unknown.status_code == 502 and "was not found" in unknown.text
+    closed = httpx.get(url, headers={**good, "E2b-Sandbox-Port": "8080"})
+    assert closed.status_code == 502 and "is not open" in closed.text
+    bare = httpx.get(url)
+    assert bare.status_code == 400 and "E2b-Sandbox-Id" in bare.text
+
+
+def test_execute_streams_ndjson_ending_with_end_of_execution(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    with httpx.stream("POST", f"{gateway.url}/e2b/sandbox/execute",
+                      json={"code": "print('a')\n6 * 7"},
+                      headers=sandbox_headers(sandbox, 49999), timeout=60) as answer:
+        assert answer.status_code == 200
+        lines = [json.loads(line) for line in answer.iter_lines() if line]
+    types = [line["type"] for line in lines]
+    assert types[-1] == "end_of_execution"
+    assert {"type": "stdout", "text": "a\n"}.items() <= lines[types.index("stdout")].items()
+    result = lines[types.index("result")]
+    assert result["text"] == "42" and result["is_main_result"] is True
+    assert lines[types.index("number_of_executions")]["execution_count"] >= 1
+
+
+def test_execute_refuses_other_languages_with_a_sentence(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/execute",
+                        json={"code": "1", "language": "javascript"},
+                        headers=sandbox_headers(sandbox, 49999))
+    assert answer.status_code == 400 and "Python only" in answer.text
+
+
+@pytest.mark.parametrize("method,body", [
+    ("Stat", b"{bad"), ("Stat", b'{"path": 7}'), ("ListDir", b'{"depth": "x"}'),
+    ("NoSuchMethod", b"{}"),
+])
+def test_connect_bad_requests_are_connect_errors_not_500(
+        gateway: GatewayProcess, sandbox: dict[str, str], method: str, body: bytes) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/filesystem.Filesystem/{method}",
+                        content=body, headers={**sandbox_headers(sandbox),
+                                               "Content-Type": "application/json"})
+    assert 400 <= answer.status_code < 500, answer.text
+
+
+def test_connect_stat_answers_protojson(gateway: GatewayProcess,
+                                        sandbox: dict[str, str]) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/filesystem.Filesystem/Stat",
+                        json={"path": "/home/user"},
+                        headers={**sandbox_headers(sandbox), "Connect-Protocol-Version": "1"})
+    assert answer.status_code == 200, answer.text
+    entry = answer.json()["entry"]
+    assert entry["type"] == "FILE_TYPE_DIRECTORY" and entry["path"] == "/home/user"
+    assert entry["modifiedTime"].endswith("Z")
+    missing = httpx.post(f"{gateway.url}/e2b/sandbox/filesystem.Filesystem/Stat",
+                         json={"path": "nope"}, headers=sandbox_headers(sandbox))
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"

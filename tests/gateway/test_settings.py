@@ -1,0 +1,129 @@
+"""Settings from the environment: nested names reach every pool setting, flat names still work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from gateway.settings import FLAT_NAMES, Settings
+from kernel_pool import OutputCaps, PoolLimits, Profile
+
+SIZES = {"memory", "tmp_size", "workspace_size"}
+
+
+def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
+    """A valid value unlike the default: (as the environment writes it, as it is read)."""
+    default = model.model_fields[name].get_default(call_default_factory=True)
+    if name in SIZES:
+        return "3g", "3g"
+    if isinstance(default, bool):
+        return str(not default).lower(), not default
+    if isinstance(default, int | float):
+        return str(default + 1), type(default)(default + 1)
+    if isinstance(default, list):
+        return '["example.com"]', ["example.com"]
+    return "other-value", "other-value"
+
+
+def scalar_fields(model: type[BaseModel]) -> list[str]:
+    return [name for name, field in model.model_fields.items()
+            if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel))
+            and name != "name"]
+
+
+def read(settings: Settings, path: tuple[str, ...]) -> Any:
+    value: Any = settings
+    for part in path:
+        value = getattr(value, part)
+    return value
+
+
+def test_defaults_are_the_pools_own() -> None:
+    settings = Settings()
+    assert settings.pool == PoolLimits()
+    assert settings.limits == Profile()
+    pool = settings.pool_settings()
+    assert pool.max_kernels == PoolLimits().max_kernels
+    assert pool.profiles["default"] == Profile()
+
+
+@pytest.mark.parametrize(("group", "model", "prefix"), [
+    (("pool",), PoolLimits, "REPLGATE_POOL__"),
+    (("limits",), Profile, "REPLGATE_LIMITS__"),
+    (("limits", "caps"), OutputCaps, "REPLGATE_LIMITS__CAPS__"),
+])
+def test_nested_names_reach_every_setting(monkeypatch: pytest.MonkeyPatch,
+                                          group: tuple[str, ...], model: type[BaseModel],
+                                          prefix: str) -> None:
+    expected = {}
+    for name in scalar_fields(model):
+        text, value = other_value(model, name)
+        monkeypatch.setenv(prefix + name.upper(), text)
+        expected[name] = value
+    if model is Profile:  # keep the default timeout within the maximum
+        monkeypatch.setenv(prefix + "MAX_TIMEOUT_S", "7200")
+        expected["max_timeout_s"] = 7200.0
+
+    settings = Settings()
+
+    got = {name: read(settings, (*group, name)) for name in expected}
+    assert got == expected
+
+
+@pytest.mark.parametrize("flat", sorted(FLAT_NAMES))
+def test_flat_names_still_work(monkeypatch: pytest.MonkeyPatch, flat: str) -> None:
+    *parents, name = FLAT_NAMES[flat]
+    model = {("pool",): PoolLimits, ("limits",): Profile,
+             ("limits", "caps"): OutputCaps}[tuple(parents)]
+    text, value = other_value(model, name)
+    if flat == "default_timeout_s":
+        monkeypatch.setenv("REPLGATE_MAX_TIMEOUT_S", "7200")
+    monkeypatch.setenv(f"REPLGATE_{flat.upper()}", text)
+
+    assert read(Settings(), FLAT_NAMES[flat]) == value
+
+
+def test_flat_names_reach_the_pool_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLGATE_MAX_KERNELS", "3")
+    monkeypatch.setenv("REPLGATE_MEMORY", "1g")
+    monkeypatch.setenv("REPLGATE_STREAM_CHARS", "5000")
+
+    pool = Settings().pool_settings()
+
+    assert pool.max_kernels == 3
+    assert pool.profiles["default"].memory == "1g"
+    assert pool.profiles["default"].caps.stream_chars == 5000
+
+
+def test_nested_name_wins_over_flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLGATE_MEMORY", "1g")
+    monkeypatch.setenv("REPLGATE_LIMITS__MEMORY", "3g")
+
+    assert Settings().limits.memory == "3g"
+
+
+def test_flat_keyword_arguments_are_nested() -> None:
+    assert Settings(memory="1g", max_kernels=2).limits.memory == "1g"
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("REPLGATE_LIMITS__MEMORY", "lots"),
+    ("REPLGATE_POOL__MAX_KERNELS", "0"),
+    ("REPLGATE_LIMITS__CAPS__STREAM_CHARS", "10"),
+    ("REPLGATE_DEFAULT_TIMEOUT_S", "9000"),
+])
+def test_unsafe_value_is_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError):
+        Settings()
+
+
+def test_raised_output_cap_raises_the_total_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLGATE_MAX_OUTPUT_BYTES", str(32 * 2**20))
+
+    caps = Settings().pool_settings().profiles["default"].caps
+
+    assert (caps.display_bytes, caps.display_total_bytes) == (32 * 2**20, 64 * 2**20)
+    assert OutputCaps().display_total_bytes == 16 * 2**20

@@ -1,0 +1,49 @@
+"""kernel_pool's public face: the names its package exports, and nothing public besides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kernel_pool
+
+EXPORTED = [
+    "ApprovalEvent", "BackendError", "CapacityError", "ClearOutputEvent", "Denial",
+    "DisplayEvent", "DoneEvent", "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution",
+    "ExecutionBuilder", "ExecutionError", "ExecutionHandle", "ExecutionIdTaken",
+    "ExecutionStatus", "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError",
+    "InvalidRequest", "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable",
+    "Listener", "Output", "OutputCaps", "OutputEvent", "PathOutsideWorkspace",
+    "PayloadTooLarge", "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile",
+    "ProfileNotFound", "QueueFull", "ResourceUsage", "SandboxInfo", "Session", "SessionClosed",
+    "SessionNotFound", "SessionStatus", "StateDirFull", "StreamEvent", "UpdateDisplayEvent",
+    "WorkspaceError", "WorkspaceFull", "parse_size",
+]
+PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py"}
+
+
+def test_all_lists_exactly_the_public_names_sorted() -> None:
+    assert kernel_pool.__all__ == sorted(kernel_pool.__all__)
+    assert kernel_pool.__all__ == EXPORTED
+
+
+def test_every_exported_class_is_kernel_pools_own() -> None:
+    for name in kernel_pool.__all__:
+        value = getattr(kernel_pool, name)
+        if isinstance(value, type):
+            assert value.__module__.startswith("kernel_pool."), (name, value.__module__)
+            assert value.__name__ == name
+
+
+def test_unknown_name_raises_attribute_error() -> None:
+    try:
+        kernel_pool.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("kernel_pool.NoSuchThing resolved")
+
+
+def test_package_modules_are_private_but_the_light_ones() -> None:
+    package = Path(kernel_pool.__file__).parent
+    public = {p.name for p in package.glob("*.py") if not p.name.startswith("_")}
+    assert public | {"__init__.py"} == PUBLIC_MODULES
