@@ -136,6 +136,7 @@ def _image_build(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     from gateway.doctor import diagnose
+    from gateway.settings import Settings
 
     results = diagnose(Settings())
     for ok, sentence in results:
