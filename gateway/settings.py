@@ -33,6 +33,7 @@ ENV_PREFIX = "REPLGATE_"
 FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "image": ("limits", "image"),
     "min_idle": ("limits", "min_idle"),
+    "runtime": ("limits", "runtime"),
     "memory": ("limits", "memory"),
     "cpus": ("limits", "cpus"),
     "pids": ("limits", "pids"),

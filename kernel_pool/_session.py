@@ -236,10 +236,15 @@ class Session:
             with contextlib.suppress(ValueError):
                 self._pending.remove(handle)
             self._touch()
+            death = self.kernel.death
+            if not self._closed and self.kernel.state == KernelState.DEAD and death is not None:
+                self._kernel_died(death)  # died in the clean-up after the reply
 
     def _kernel_died(self, died: KernelDied) -> None:
-        """The kernel died: a running execution recovers it; between executions, we do."""
-        if self._closed or self.current is not None:
+        """The kernel died: a running execution recovers it; between executions, or after an
+        execution's reply (its clean-up can stop the sandbox: gVisor's swarm), we do."""
+        current = self.current
+        if self._closed or (current is not None and current.done is None):
             return
         task = asyncio.create_task(self._recover(died), name=f"recover-{self.id}")
         self._tasks.add(task)

@@ -8,7 +8,7 @@ imported: the image is named by a hash of ``sandbox_image/``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -51,6 +51,9 @@ class Profile(BaseModel):
     name: str = "default"
     image: str = Field(default_factory=current_image,
                        description="sandbox image; default: the one built from this code")
+    runtime: Literal["runc", "gvisor"] = Field(
+        "runc", description="isolation: runc (containers share the host's Linux kernel) or "
+        "gvisor (runsc: each sandbox gets a user-space kernel of its own)")
     memory: str = Field("2g", description="memory limit; swap is not allowed on top of it")
     cpus: float = Field(1.0, gt=0, le=64)
     pids: int = Field(256, ge=16, le=32768, description="processes and threads")

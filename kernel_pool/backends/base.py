@@ -160,6 +160,11 @@ class SandboxBackend(ABC):
     async def remove(self, info: SandboxInfo) -> None:
         """Remove a sandbox that is not loaded (an orphan): container and workspace."""
 
+    async def check(self, profiles: list[Profile]) -> None:
+        """Raise :class:`BackendError` with one sentence saying what to change when the
+        backend cannot run a profile as configured (e.g. its runtime is missing)."""
+        return None
+
     async def image_digest(self, image: str) -> str | None:
         """The content id of ``image`` as the engine has it (for the audit log), if known."""
         return None

@@ -10,13 +10,14 @@ EXPORTED = [
     "ApprovalEvent", "BackendError", "CHART_MIME", "CapacityError", "ClearOutputEvent",
     "CommandDone", "CommandResult", "CommandStatus", "Denial", "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
-    "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange", "FileInfo",
-    "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest", "KernelPool",
-    "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener", "Output", "OutputCaps",
-    "OutputEvent", "PathOutsideWorkspace", "PayloadTooLarge", "PendingApprovalEvent", "PoolLimits",
-    "PoolSettings", "Profile", "ProfileNotFound", "QueueFull", "ResourceUsage", "SandboxInfo",
-    "Session", "SessionClosed", "SessionNotFound", "SessionStatus", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "UpdateDisplayEvent", "WorkspaceError", "WorkspaceFull", "parse_size",
+    "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
+    "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
+    "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener",
+    "Output", "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PayloadTooLarge",
+    "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
+    "QueueFull", "ResourceUsage", "SandboxInfo", "Session", "SessionClosed", "SessionNotFound",
+    "SessionStatus", "StateDirFull", "StreamEvent", "TooManyCommands", "UpdateDisplayEvent",
+    "WorkspaceError", "WorkspaceFull", "parse_size",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py"}
 
