@@ -75,9 +75,9 @@ class Replgate:
     """The sandbox image every instance runs (the bench sets it to this checkout's build)."""
 
     def __init__(self, min_idle: int, max_kernels: int, root: Path = ROOT,
-                 image: str | None = None) -> None:
+                 image: str | None = None, runtime: str = "runc") -> None:
         """``root`` and ``image``: another checkout's code and sandbox image (say, to compare
-        with an earlier version in the same run)."""
+        with an earlier version in the same run); ``runtime``: runc or gvisor."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -91,7 +91,7 @@ class Replgate:
                     "REPLGATE_IMAGE": image or self.image,
                     "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
                     "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256",
-                    "REPLGATE_LOG_LEVEL": "warning",
+                    "REPLGATE_LOG_LEVEL": "warning", "REPLGATE_RUNTIME": runtime,
                     # A stopped contender leaves nothing running (its sessions are deleted).
                     "REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
         self.log = self.state.with_suffix(".log")

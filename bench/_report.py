@@ -90,6 +90,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("fork of 4, all ready, p50 (ms)", fork, "<= 1500", None if fork is None else fork <= 1500)
     mem = _get(results, "density.uss_mib")
     add("memory per warm kernel (MiB, USS)", mem, "< 100", None if mem is None else mem < 100)
+    gvisor_warm = _get(results, "runtimes.warm_start.gvisor.p50")
+    add("gVisor warm session start p50 (ms)", gvisor_warm, "<= 10",
+        None if gvisor_warm is None else gvisor_warm <= 10)
     added = _get(results, "e2b.run_code_added_p50_ms")
     add("E2B SDK run_code over replgate's client, p50 (ms)", added, "<= 2",
         None if added is None else added <= 2)
@@ -136,6 +139,7 @@ def table(results: dict[str, Any]) -> str:
                       f"{dens['host_available_drop_mib']:.1f} MiB; stock host ipykernel "
                       f"{dens['floor_kernel_uss_mib']:.1f} MiB; ~{dens['fit_in_available_memory']}"
                       f" fit in {dens['memory_available_gib']} GiB available"]
+    lines += _runtime_lines(results.get("runtimes"))
     fl = results.get("flood")
     if fl and "error" not in fl:
         lines.append(f"flood (100 MB printed): gateway RSS {fl['before_mib']:.0f} -> peak "
@@ -157,3 +161,25 @@ def table(results: dict[str, Any]) -> str:
         value = "n/a" if target["value"] is None else f"{target['value']:g}"
         lines.append(f"  {target['target']:<58} {value:>10}  {target['goal']:<20} {mark}")
     return "\n".join(lines)
+
+
+RUNTIME_ROWS = [("warm session start", "warm_start"), ("1+1 (HTTP)", "one_plus_one"),
+                ("matplotlib PNG (HTTP)", "png"), ("3,000 small files in the workspace", "files"),
+                ("cold session start", "cold_start")]
+
+
+def _runtime_lines(found: dict[str, Any] | None) -> list[str]:
+    """runc against gVisor: p50/p95 of each, and gVisor's p50 as a multiple of runc's."""
+    if not found or "error" in found:
+        return []
+    lines = ["", f"{'runc vs gVisor (ms)':<40} {'runc p50':>9} {'p95':>9} {'gVisor p50':>11} "
+                 f"{'p95':>9}  gVisor/runc"]
+    for label, key in RUNTIME_ROWS:
+        runc, gvisor = found[key]["runc"], found[key]["gvisor"]
+        lines.append(f"{label:<40} {runc['p50']:>9.2f} {runc['p95']:>9.2f} "
+                     f"{gvisor['p50']:>11.2f} {gvisor['p95']:>9.2f}  "
+                     f"{gvisor['p50'] / runc['p50']:.3g}x")
+    memory = found["memory_per_warm_kernel_mib"]
+    lines.append(f"{'memory per warm kernel (cgroup, MiB)':<40} {memory['runc']:>9} {'':>9} "
+                 f"{memory['gvisor']:>11}")
+    return lines

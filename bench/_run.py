@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _figures as figures
+from bench import _runtimes
 from bench._e2b import e2b_vs_client
 from bench._lifecycle import lifecycle
 from bench._measure import load_average, machine, wait_quiet
@@ -23,7 +24,7 @@ from bench._report import table, targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
-           "throughput", "density", "e2b")
+           "throughput", "density", "runtimes", "e2b")
 
 
 def log(message: str) -> None:
@@ -40,6 +41,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["machine"]["load_average_when_started"] = await wait_quiet(
             args.quiet_load, args.quiet_wait_s, log)
     started = time.monotonic()
+    if wanted == {"runtimes"}:  # runc against gVisor alone: none of the other contenders
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        results["runtimes"] = await _runtimes.runtimes(sizes, log)
+        return _finish(results, started)
     stack = contextlib.AsyncExitStack()
     async with stack:
         image = await asyncio.to_thread(figures.sandbox_image, log)
@@ -107,7 +113,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 results["throughput"][str(n)] = results.pop("_throughput")
         if "density" in wanted:
             await measure("density", "density", figures.density(contenders, sizes))
+        if "runtimes" in wanted:
+            await measure("runc against gVisor", "runtimes", _runtimes.runtimes(sizes, log))
         log("stopping the contenders")
+    return _finish(results, started)
+
+
+def _finish(results: dict[str, Any], started: float) -> dict[str, Any]:
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["load_average_1min_at_end"] = load_average()
     results["seconds"] = round(time.monotonic() - started)

@@ -36,7 +36,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.store import Store, utc_now
-from kernel_pool import Execution
+from kernel_pool import CommandResult, Execution
 
 __all__ = [
     "GENESIS_HASH",
@@ -155,6 +155,22 @@ class AuditRecord(BaseModel):
             limits=dict(limits or {}),
             extra=dict(extra or {}),
         )
+
+    @classmethod
+    def for_command(cls, result: CommandResult, *, command: str, tenant: str,
+                    session_id: str, image: str | None = None,
+                    limits: Mapping[str, Any] | None = None) -> AuditRecord:
+        """The record of one finished shell command (``extra.kind == "command"``)."""
+        shown = canonical_json({"stdout": result.stdout, "stderr": result.stderr,
+                                "exit_code": result.exit_code})
+        return cls(
+            tenant=tenant, session_id=session_id, execution_id=result.id,
+            execution_count=None, code=command, code_sha256=_sha256(command),
+            status=result.status.value, duration_ms=result.duration_ms,
+            stdout_chars=len(result.stdout), stderr_chars=len(result.stderr), output_count=0,
+            output_bytes=len(shown.encode("ascii")), output_sha256=_sha256(shown), image=image,
+            limits=dict(limits or {}),
+            extra={"kind": "command", "exit_code": result.exit_code})
 
     def canonical(self) -> str:
         """This record's canonical JSON, as stored and hashed."""

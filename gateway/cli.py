@@ -134,6 +134,16 @@ def _image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from gateway.doctor import diagnose
+    from gateway.settings import Settings
+
+    results = diagnose(Settings())
+    for ok, sentence in results:
+        print(f"{'ok     ' if ok else 'PROBLEM'} {sentence}")
+    return 0 if all(ok for ok, _ in results) else 1
+
+
 async def _with_audit(action: str, target: str | None) -> int:
     from gateway.audit import AuditLog
     from gateway.settings import Settings
@@ -182,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     build = image_commands.add_parser("build", help="build the sandbox image unless up to date")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(func=_image_build)
+
+    doctor = commands.add_parser(
+        "doctor", help="check that the engine can run every profile (image, runtime)")
+    doctor.set_defaults(func=_doctor)
 
     audit = commands.add_parser("audit", help="check or export the audit log")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True, metavar="ACTION")

@@ -46,6 +46,7 @@ from kernel_pool import (
     SnapshotBudgetExceeded,
     SnapshotError,
     StateDirFull,
+    TooManyCommands,
     WorkspaceError,
 )
 
@@ -111,6 +112,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (ExecutionIdTaken, 409),
     (PayloadTooLarge, 413),
     (QueueFull, 429),
+    (TooManyCommands, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -19,6 +19,7 @@ from nbformat import NotebookNode
 from pydantic import BaseModel, Field, TypeAdapter
 
 from kernel_pool import (
+    CHART_MIME,
     ClearOutputEvent,
     DisplayEvent,
     DoneEvent,
@@ -106,6 +107,8 @@ def _code_cell(cell: NotebookCell, displays: dict[str, list[NotebookNode]]) -> N
         "duration_ms": done.duration_ms if done else None,
         "reason": done.reason if done else None,
     }}
+    if done is not None and done.files:
+        metadata["replgate"]["files"] = [f.model_dump() for f in done.files]
     return _new_code_cell(source=cell.code, execution_count=execution_count, outputs=outputs,
                          metadata=metadata)
 
@@ -123,11 +126,13 @@ def _append(outputs: list[NotebookNode], event: StreamEvent | DisplayEvent | Err
         outputs.append(_new_output("error", ename=event.ename, evalue=event.evalue,
                                   traceback=event.traceback))
     else:
+        # the chart goes back under the MIME type the kernel sent it as
+        data = {**event.data, CHART_MIME: event.chart} if event.chart else event.data
         if event.type == "result":
-            output = _new_output("execute_result", data=event.data, metadata=event.metadata,
+            output = _new_output("execute_result", data=data, metadata=event.metadata,
                                 execution_count=execution_count)
         else:
-            output = _new_output("display_data", data=event.data, metadata=event.metadata)
+            output = _new_output("display_data", data=data, metadata=event.metadata)
         outputs.append(output)
         if event.display_id:
             displays.setdefault(event.display_id, []).append(output)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from gateway.audit import AuditLog, AuditRecord
@@ -20,8 +21,9 @@ from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
-from gateway.wire import ExecutionOut, ForkRequest, SessionCreate, SessionOut
+from gateway.wire import CommandRequest, ExecutionOut, ForkRequest, SessionCreate, SessionOut
 from kernel_pool import (
+    CommandResult,
     EgressAttempt,
     Execution,
     ExecutionHandle,
@@ -34,6 +36,7 @@ from kernel_pool import (
     Session,
     SessionNotFound,
     StateDirFull,
+    StreamEvent,
     parse_size,
 )
 
@@ -325,6 +328,26 @@ class Gateway:
             extra=self.governance.audit_extra(handle.id)))
         self.metrics.observe(execution)
         return execution
+
+    # -- shell commands ----------------------------------------------------------------------
+
+    async def run_command(self, tenant: str, session: Session, request: CommandRequest,
+                          emit: Callable[[StreamEvent], None] | None = None) -> CommandResult:
+        """Run a shell command beside the session's kernel; audited like code."""
+        self.check_disk()
+        run = session.prepare_command(request.cmd, timeout_s=request.timeout_s, env=request.env,
+                                      cwd=request.cwd, command_id=request.id)
+        result = await session.run_command(run, emit)
+        record = AuditRecord.for_command(
+            result, command=request.cmd, tenant=tenant, session_id=session.id,
+            image=self.image, limits=session.profile.model_dump(mode="json", exclude={"caps"}))
+        # written even when the caller has gone away meanwhile: what ran is on the record
+        await asyncio.shield(self.audit.append(record))
+        return result
+
+    def kill_command(self, tenant: str, session_id: str, command_id: str) -> bool:
+        """Stop a running command of the session; False when none runs under that id."""
+        return self.session(tenant, session_id).kill_command(command_id)
 
     # -- history, notebook, files ------------------------------------------------------------
 

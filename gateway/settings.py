@@ -33,6 +33,7 @@ ENV_PREFIX = "REPLGATE_"
 FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "image": ("limits", "image"),
     "min_idle": ("limits", "min_idle"),
+    "runtime": ("limits", "runtime"),
     "memory": ("limits", "memory"),
     "cpus": ("limits", "cpus"),
     "pids": ("limits", "pids"),
@@ -45,6 +46,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "max_kernels": ("pool", "max_kernels"),
     "interrupt_grace_s": ("pool", "interrupt_grace_s"),
     "max_queued_executions": ("pool", "max_queued_executions"),
+    "max_commands": ("pool", "max_commands"),
     "idle_ttl_s": ("pool", "idle_ttl_s"),
     "max_lifetime_s": ("pool", "max_lifetime_s"),
     "owner": ("pool", "owner"),

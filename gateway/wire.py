@@ -20,8 +20,12 @@ from pydantic import (
 )
 
 from kernel_pool import (
+    CHART_MIME,
     ApprovalEvent,
     ClearOutputEvent,
+    CommandDone,
+    CommandResult,
+    CommandStatus,
     DisplayEvent,
     DoneEvent,
     EgressAttempt,
@@ -31,6 +35,7 @@ from kernel_pool import (
     ExecutionBuilder,
     ExecutionError,
     ExecutionStatus,
+    FileChange,
     FileInfo,
     Output,
     OutputEvent,
@@ -41,6 +46,7 @@ from kernel_pool import (
 )
 
 __all__ = [
+    "CHART_MIME",
     "EVENT_TYPES",
     "SESSION_STATES",
     "Approval",
@@ -48,6 +54,12 @@ __all__ = [
     "ApprovalStatus",
     "BudgetOut",
     "ClearOutputEvent",
+    "CommandDone",
+    "CommandFrame",
+    "CommandKilledFrame",
+    "CommandRequest",
+    "CommandResult",
+    "CommandStatus",
     "DecisionIn",
     "DisplayEvent",
     "DoneEvent",
@@ -64,6 +76,7 @@ __all__ = [
     "ExecutionStartFrame",
     "ExecutionStatus",
     "ExecutionSummary",
+    "FileChange",
     "FileInfo",
     "FileWritten",
     "Frame",
@@ -73,6 +86,7 @@ __all__ = [
     "InterruptedFrame",
     "KernelCreate",
     "KernelModel",
+    "KillOut",
     "LaggedFrame",
     "Output",
     "OutputEvent",
@@ -85,8 +99,10 @@ __all__ = [
     "Timeout",
     "UpdateDisplayEvent",
     "WsClientMessage",
+    "WsCommand",
     "WsExecute",
     "WsInterrupt",
+    "WsKillCommand",
 ]
 
 EVENT_TYPES: frozenset[str] = frozenset(
@@ -175,6 +191,25 @@ class ExecutionSummary(BaseModel):
     result: Execution | None = None
 
 
+class CommandRequest(Strict):
+    """``POST /v1/sessions/{id}/commands``: a shell command to run beside the kernel."""
+
+    cmd: str = Field(max_length=100_000, description="run as `sh -c CMD`")
+    timeout_s: Timeout | None = None
+    env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(
+        default_factory=dict, max_length=256, description="added to the session's environment")
+    cwd: str | None = Field(None, max_length=4096,
+                            description="folder relative to the workspace, or under /workspace "
+                            "(default: its root)")
+    id: str | None = Field(None, min_length=1, max_length=128,
+                           pattern=r"^[A-Za-z0-9_.-]+$",
+                           description="a name for the command, to kill it while it runs")
+
+
+class KillOut(BaseModel):
+    killed: bool
+
+
 class InterruptOut(BaseModel):
     interrupted: bool
 
@@ -228,7 +263,20 @@ class WsInterrupt(Strict):
     type: Literal["interrupt"]
 
 
-WsClientMessage = Annotated[WsExecute | WsInterrupt, Field(discriminator="type")]
+class WsCommand(CommandRequest):
+    """Run a shell command; its output streams as ``stdout``/``stderr`` events, then ``done``
+    with ``exit_code``, each with the command's id as ``execution_id`` and ``command_id``."""
+
+    type: Literal["command"]
+
+
+class WsKillCommand(Strict):
+    type: Literal["kill_command"]
+    id: str
+
+
+WsClientMessage = Annotated[WsExecute | WsInterrupt | WsCommand | WsKillCommand,
+                            Field(discriminator="type")]
 
 
 # -- WebSocket server frames -------------------------------------------------------------------
@@ -260,6 +308,29 @@ class EventFrame(Frame):
     def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         nested = handler(self)
         return {**nested["event"], "execution_id": nested["execution_id"]}
+
+
+class CommandFrame(Frame):
+    """A shell command's event on the session socket, flat: ``stdout``/``stderr`` or its
+    ``done`` (with ``exit_code``), plus the command's id as ``execution_id`` and ``command_id``."""
+
+    command_id: str
+    event: StreamEvent | CommandDone
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        nested = handler(self)
+        return {**nested["event"], "execution_id": self.command_id,
+                "command_id": self.command_id}
+
+
+class CommandKilledFrame(Frame):
+    """The answer to ``{"type": "kill_command", "id"}``: whether that command was running."""
+
+    type: Literal["command_killed"] = "command_killed"
+    execution_id: str
+    command_id: str
+    killed: bool
 
 
 class RejectedFrame(Frame):

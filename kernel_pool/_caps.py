@@ -11,9 +11,13 @@ The limiter holds at most about the caps' worth of output in memory, whatever th
 from __future__ import annotations
 
 import json
+import logging
 from collections import deque
 from typing import Any
 
+import anyio.to_thread
+
+from kernel_pool._workspace import Workspace
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
     ClearOutputEvent,
@@ -22,6 +26,9 @@ from kernel_pool.events import (
     StreamEvent,
     UpdateDisplayEvent,
 )
+from kernel_pool.exceptions import WorkspaceError
+
+logger = logging.getLogger(__name__)
 
 SPILL_DIR = ".replgate/outputs"
 SPILL_FLUSH_CHARS = 1 << 20
@@ -169,7 +176,8 @@ class OutputLimiter:
             self._displays += 1
         if event.omitted:  # the kernel replaced it already (its own copy of this cap)
             self.truncated = True
-        size = payload_size(event.data) + payload_size(event.metadata)
+        chart = event.chart if isinstance(event, DisplayEvent) else None
+        size = payload_size(event.data) + payload_size(event.metadata) + payload_size(chart or {})
         if size <= self.caps.display_bytes:
             if self._spend(size):
                 return event
@@ -182,8 +190,11 @@ class OutputLimiter:
         if not self._spend(len(note)):
             self._displays_dropped += 1
             return None
-        return event.model_copy(update={"data": {"text/plain": note}, "metadata": {},
-                                        "omitted": omitted})
+        update: dict[str, Any] = {"data": {"text/plain": note}, "metadata": {},
+                                  "omitted": omitted}
+        if chart is not None:
+            update["chart"] = None
+        return event.model_copy(update=update)
 
     def clear(self, event: ClearOutputEvent) -> ClearOutputEvent | None:
         """A clear_output to send, or None once the rich-output budget is spent."""
@@ -220,6 +231,18 @@ class OutputLimiter:
             return False
         self._budget_left -= cost
         return True
+
+
+async def spill(limiter: OutputLimiter, workspace: Workspace, final: bool = False) -> None:
+    """Append what the limiter has for its spill file to it, off the event loop. A workspace
+    that is full keeps what fitted, and the limiter's notice says so."""
+    text = limiter.take_spill(final)
+    if text and not limiter.spill_incomplete:
+        try:
+            await anyio.to_thread.run_sync(workspace.append_text, limiter.spill_path, text)
+        except (OSError, WorkspaceError) as exc:
+            limiter.spill_incomplete = True
+            logger.warning("could not keep the full output in %s: %s", limiter.spill_path, exc)
 
 
 def _clip(text: str, limit: int) -> str:

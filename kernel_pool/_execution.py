@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
-
-from kernel_pool._caps import SPILL_DIR, OutputLimiter
+from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool._channel import STALL_S
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._lines import LineJoiner
+from kernel_pool._results import files_from_reply, split_chart
 from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
@@ -32,12 +31,13 @@ from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,
     ExecutionStatus,
+    FileChange,
     OutputEvent,
     ResourceUsage,
     StreamEvent,
     UpdateDisplayEvent,
 )
-from kernel_pool.exceptions import KernelPoolError, WorkspaceError
+from kernel_pool.exceptions import KernelPoolError
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,9 @@ def translate(msg: dict[str, Any]) -> OutputEvent | None:
                 return None
             return UpdateDisplayEvent(data=data, metadata=metadata, display_id=display_id,
                                       omitted=omitted)
+        data, chart = split_chart(data)
         return DisplayEvent(type="result" if kind == "execute_result" else "display", data=data,
-                            metadata=metadata,
+                            metadata=metadata, chart=chart,
                             display_id=display_id if isinstance(display_id, str) else None,
                             omitted=omitted)
     if kind == "error":
@@ -114,7 +115,6 @@ class ExecutionRun:
         self._route: asyncio.Queue[tuple[str, Any]] | None = None
         self._status: ExecutionStatus | None = None
         self._usage_before_restart: CgroupUsage | None = None
-        self._spill_failed = False
         self._interrupt_requested = False
         self._errors = 0
         """Error outputs the kernel sent: with any, the status is ``error`` (a display
@@ -189,6 +189,8 @@ class ExecutionRun:
         deadline_loop = loop.time() + (deadline - time.monotonic())
         breaks = self.kernel.channel_breaks
         reply: dict[str, Any] | None = None
+        files: list[FileChange] = []
+        files_cut = False
         idle = False
         reason: str | None = None
         while reply is None or not idle:
@@ -233,6 +235,7 @@ class ExecutionRun:
             if channel == "shell":
                 if msg.get("msg_type") == "execute_reply":
                     reply = msg.get("content") if isinstance(msg.get("content"), dict) else {}
+                    files, files_cut = files_from_reply(msg.get("metadata"))
                     if not idle:
                         # outputs still in flight on iopub: a wait for its idle status
                         deadline_loop = min(deadline_loop, loop.time() + STALL_S)
@@ -255,8 +258,10 @@ class ExecutionRun:
         if status is None:
             status = (ExecutionStatus.OK if reply.get("status") == "ok" and not self._errors
                       else ExecutionStatus.ERROR)
+        if files_cut:
+            self.limiter.truncated = True
         return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
-                         duration_ms=0.0, reason=reason)
+                         duration_ms=0.0, reason=reason, files=files)
 
     async def _channel_lost(self, count: int | None, emit: Emit) -> DoneEvent:
         """End an execution part of whose output was lost with a broken channel: ``error``,
@@ -307,15 +312,7 @@ class ExecutionRun:
             emit(piece)
 
     async def _spill(self, final: bool = False) -> None:
-        text = self.limiter.take_spill(final)
-        if text and not self._spill_failed:
-            workspace = self.kernel.sandbox.workspace
-            try:
-                await anyio.to_thread.run_sync(workspace.append_text, self.limiter.spill_path,
-                                               text)
-            except (OSError, WorkspaceError) as exc:  # the workspace is full: keep what fitted
-                self._spill_failed = self.limiter.spill_incomplete = True
-                logger.warning("could not keep full output of %s: %s", self.execution_id, exc)
+        await spill(self.limiter, self.kernel.sandbox.workspace, final)
 
     async def _hard_restart(self, reason: str) -> DoneEvent:
         logger.info("kernel %s: hard restart after %s", self.kernel.id, reason)

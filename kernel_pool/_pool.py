@@ -93,6 +93,7 @@ class KernelPool:
 
         Returns the infos of the sandboxes kept, for the caller to re-adopt.
         """
+        await self.backend.check(list(self.settings.profiles.values()))
         kept = []
         for info in await self.backend.list_sandboxes():
             if keep is not None and keep(info):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
+from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, utcnow
@@ -31,10 +32,11 @@ from kernel_pool._snapshot import (
     load_variables,
     save_variables,
 )
-from kernel_pool._workspace import Entry, FileInfo, Workspace
+from kernel_pool._workspace import Entry, FileInfo, Workspace, split_relative
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.events import (
+    CommandResult,
     DoneEvent,
     ErrorEvent,
     Event,
@@ -47,6 +49,7 @@ from kernel_pool.exceptions import (
     QueueFull,
     SessionClosed,
     SnapshotError,
+    TooManyCommands,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,6 +126,8 @@ class Session:
         self._closed = False
         self._restarting = False
         self.listeners: list[Listener] = []
+        self.commands: dict[str, CommandRun] = {}
+        """Shell commands running now, by id (:meth:`run_command`)."""
         self.lifecycle: Lifecycle | None = None
         """Set by the pool: without it the session cannot pause."""
         self.pause_info: PauseInfo | None = None
@@ -207,6 +212,52 @@ class Session:
         """Run ``code`` and return the aggregate result."""
         return await self.submit(code, timeout_s).result()
 
+    def prepare_command(self, command: str, *, timeout_s: float | None = None,
+                        env: dict[str, str] | None = None, cwd: str | None = None,
+                        command_id: str | None = None) -> CommandRun:
+        """Check a shell command's request; the run to pass to :meth:`run_command`.
+
+        Commands run beside the kernel, not in the execution queue: one may run while code
+        does (at most ``max_commands`` per session at once).
+        """
+        if self._closed or self.status is SessionStatus.DEAD:
+            raise SessionClosed(self.id)
+        if not command.strip():
+            raise InvalidRequest("cmd is empty; send the shell command to run, e.g. 'ls -la'")
+        if "\x00" in command:
+            raise InvalidRequest("cmd contains a NUL character, which a shell cannot take")
+        timeout = self.check_timeout(timeout_s)
+        if cwd is not None and (cwd == "/workspace" or cwd.startswith("/workspace/")):
+            cwd = cwd.removeprefix("/workspace").lstrip("/")  # the path as the sandbox sees it
+        folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
+        if len(self.commands) >= self._settings.max_commands:
+            raise TooManyCommands(self.id, self._settings.max_commands)
+        command_id = command_id or f"cmd-{uuid.uuid4().hex}"
+        if command_id in self.commands:
+            raise InvalidRequest(f"command id {command_id!r} is already running")
+        return CommandRun(self.kernel.sandbox, command, command_id=command_id,
+                          timeout_s=timeout, caps=self.profile.caps,
+                          env={**self.env, **(env or {})}, cwd=folder)
+
+    def kill_command(self, command_id: str) -> bool:
+        """Stop a running command and its process group; False when none runs under that id."""
+        run = self.commands.get(command_id)
+        return run is not None and run.kill()
+
+    async def run_command(self, run: CommandRun,
+                          emit: CommandEmit | None = None) -> CommandResult:
+        """Run a command from :meth:`prepare_command` to its end; its aggregate result."""
+        if run.id in self.commands:
+            raise InvalidRequest(f"command id {run.id!r} is already running")
+        self.commands[run.id] = run
+        self._touch()
+        try:
+            done = await run.run(emit or (lambda _event: None))
+        finally:
+            self.commands.pop(run.id, None)
+            self._touch()
+        return run.result(done)
+
     async def _execute(self, handle: ExecutionHandle) -> None:
         try:
             async with self._lock:
@@ -247,10 +298,15 @@ class Session:
             with contextlib.suppress(ValueError):
                 self._pending.remove(handle)
             self._touch()
+            death = self.kernel.death
+            if not self._closed and self.kernel.state == KernelState.DEAD and death is not None:
+                self._kernel_died(death)  # died in the clean-up after the reply
 
     def _kernel_died(self, died: KernelDied) -> None:
-        """The kernel died: a running execution recovers it; between executions, we do."""
-        if self._closed or self.current is not None:
+        """The kernel died: a running execution recovers it; between executions, or after an
+        execution's reply (its clean-up can stop the sandbox: gVisor's swarm), we do."""
+        current = self.current
+        if self._closed or (current is not None and current.done is None):
             return
         task = asyncio.create_task(self._recover(died), name=f"recover-{self.id}")
         self._tasks.add(task)

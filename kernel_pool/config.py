@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -52,6 +52,9 @@ class Profile(BaseModel):
     name: str = "default"
     image: str = Field(default_factory=current_image,
                        description="sandbox image; default: the one built from this code")
+    runtime: Literal["runc", "gvisor"] = Field(
+        "runc", description="isolation: runc (containers share the host's Linux kernel) or "
+        "gvisor (runsc: each sandbox gets a user-space kernel of its own)")
     memory: str = Field("2g", description="memory limit; swap is not allowed on top of it")
     cpus: float = Field(1.0, gt=0, le=64)
     pids: int = Field(256, ge=16, le=32768, description="processes and threads")
@@ -99,6 +102,7 @@ class PoolLimits(BaseModel):
     kernel_start_timeout_s: float = Field(60.0, gt=0)
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
+    max_commands: int = Field(4, ge=1, description="shell commands running at once per session")
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is culled")
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)

@@ -2,17 +2,28 @@
 
 One execution yields ``stdout``/``stderr``/``display``/``result``/``error`` events in the order
 the kernel produced them (plus ``clear_output`` and ``update_display`` where the code asked for
-them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate.
+them), and always ends with exactly one ``done`` event. :class:`Execution` is the aggregate. A shell
+command streams ``stdout``/``stderr`` events and ends with a :class:`CommandDone`;
+:class:`CommandResult` is its aggregate.
 An execution a policy holds for approval starts with ``pending_approval`` and ``approval``; one
 refused before it ran (``denied``, ``budget_exceeded``) has only an ``error`` and its ``done``.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+"""ANSI escape sequences (CSI, and the two-byte ones): Jupyter colours tracebacks with them."""
+
+
+CHART_MIME = "application/vnd.replgate.chart+json"
+"""The MIME type under which the sandbox adds a figure's chart to its display bundle (and under
+which a notebook export keeps it); on the wire the chart is the output's ``chart``."""
 
 
 class ExecutionStatus(StrEnum):
@@ -46,6 +57,8 @@ class DisplayEvent(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    chart: dict[str, Any] | None = None
+    """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
     omitted: dict[str, int] | None = None
     """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
     only a ``text/plain`` notice)."""
@@ -70,6 +83,24 @@ class ErrorEvent(BaseModel):
     ename: str
     evalue: str
     traceback: list[str] = Field(default_factory=list)
+    text: str = ""
+    """The traceback as plain text (no ANSI colour codes); made from it when not given."""
+
+    @model_validator(mode="after")
+    def _plain(self) -> ErrorEvent:
+        if not self.text and self.traceback:
+            self.text = _ANSI.sub("", "\n".join(self.traceback))
+        return self
+
+
+class FileChange(BaseModel):
+    """A file an execution created, modified or deleted in the workspace."""
+
+    path: str = Field(min_length=1)
+    """Relative to the workspace."""
+    size: int | None = Field(None, ge=0)
+    """Bytes after the change; null for a deleted file."""
+    change: Literal["created", "modified", "deleted"]
 
 
 class DoneEvent(BaseModel):
@@ -82,6 +113,41 @@ class DoneEvent(BaseModel):
     reason: str | None = None
     """Why the execution ended abnormally (timeout, crash, out of memory), for a person."""
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+    files: list[FileChange] = Field(default_factory=list)
+    """What the code created, modified or deleted in the workspace (bounded: ``truncated``)."""
+
+
+class CommandStatus(StrEnum):
+    OK = "ok"
+    """It ran to its end (whatever its exit code)."""
+    TIMEOUT = "timeout"
+    KILLED = "killed"
+    """Stopped on request."""
+
+
+class CommandDone(BaseModel):
+    """The last event of a command (on the WebSocket: ``done`` with its ``exit_code``)."""
+
+    type: Literal["done"] = "done"
+    status: CommandStatus
+    exit_code: int | None
+    """The shell's exit status (128 + N when killed by signal N); null after a timeout or kill."""
+    truncated: bool = False
+    duration_ms: float
+    reason: str | None = None
+
+
+class CommandResult(BaseModel):
+    """CONTRACT.md's answer to ``POST /v1/sessions/{id}/commands``."""
+
+    id: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    truncated: bool
+    status: CommandStatus
+    duration_ms: float
+    reason: str | None = None
 
 
 class PendingApprovalEvent(BaseModel):
@@ -118,6 +184,8 @@ class Output(BaseModel):
     data: dict[str, Any]
     metadata: dict[str, Any] = Field(default_factory=dict)
     display_id: str | None = None
+    chart: dict[str, Any] | None = None
+    """A matplotlib figure's data in E2B's chart format (beside its ``image/png``)."""
     omitted: dict[str, int] | None = None
     """Bytes per MIME type of a bundle over the per-output cap, left out (``data`` then holds
     only a ``text/plain`` notice)."""
@@ -127,6 +195,8 @@ class ExecutionError(BaseModel):
     ename: str
     evalue: str
     traceback: list[str] = Field(default_factory=list)
+    text: str = ""
+    """The traceback as plain text, without Jupyter's ANSI colour codes."""
 
 
 class Execution(BaseModel):
@@ -143,6 +213,7 @@ class Execution(BaseModel):
     duration_ms: float = 0.0
     reason: str | None = None
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
+    files: list[FileChange] = Field(default_factory=list)
 
     @classmethod
     def from_events(cls, events: list[Any]) -> Execution:
@@ -176,7 +247,7 @@ class ExecutionBuilder:
         elif isinstance(event, DisplayEvent):
             self._outputs.append(Output(type=event.type, data=event.data,
                                         metadata=event.metadata, display_id=event.display_id,
-                                        omitted=event.omitted))
+                                        chart=event.chart, omitted=event.omitted))
         elif isinstance(event, UpdateDisplayEvent):
             for output in self._outputs:
                 if output.display_id == event.display_id:
@@ -189,7 +260,7 @@ class ExecutionBuilder:
                 self._clear()
         elif isinstance(event, ErrorEvent):
             self._error = ExecutionError(ename=event.ename, evalue=event.evalue,
-                                         traceback=event.traceback)
+                                         traceback=event.traceback, text=event.text)
         elif isinstance(event, DoneEvent):
             self._done = event
 
@@ -207,7 +278,7 @@ class ExecutionBuilder:
             stdout="".join(self._stdout), stderr="".join(self._stderr),
             outputs=list(self._outputs), error=self._error, truncated=done.truncated,
             restarted=done.restarted, duration_ms=done.duration_ms, reason=done.reason,
-            metrics=done.metrics,
+            metrics=done.metrics, files=done.files,
         )
 
 

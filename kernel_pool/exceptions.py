@@ -10,6 +10,7 @@
     ├── SessionNotFound        no such session (or not yours)
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
+    ├── TooManyCommands        too many shell commands running in one session
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
     ├── PayloadTooLarge        code or an upload over its size limit
@@ -91,6 +92,12 @@ class QueueFull(KernelPoolError):
         )
 
 
+class TooManyCommands(KernelPoolError):
+    def __init__(self, session_id: str, limit: int) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id} already runs {limit} shell commands; wait for one to end, "
+            "kill one, or raise REPLGATE_MAX_COMMANDS")
 class ExecutionIdTaken(KernelPoolError):
     def __init__(self, execution_id: str) -> None:
         self.execution_id = execution_id

@@ -25,6 +25,9 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
+"""The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
+under runc, then the hostile-code and posture suites again with ``REPLGATE_TEST_RUNTIME=gvisor``."""
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +102,7 @@ def make_gateway(**settings: str) -> GatewayProcess:
     owner = f"test-{secrets.token_hex(4)}"
     keys = {"alpha": f"rg_alpha_{secrets.token_hex(8)}", "beta": f"rg_beta_{secrets.token_hex(8)}"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    env["REPLGATE_RUNTIME"] = TEST_RUNTIME
     env.update({
         "REPLGATE_STATE_DIR": str(state_dir), "REPLGATE_OWNER": owner,
         "REPLGATE_API_KEYS": ",".join(f"{t}:{k}" for t, k in keys.items()),

@@ -12,11 +12,14 @@ the same the gateway serves.
 """
 
 from gateway.wire import (
+    CommandResult,
+    CommandStatus,
     DisplayEvent,
     ErrorEvent,
     Execution,
     ExecutionError,
     ExecutionStatus,
+    FileChange,
     FileInfo,
     FileWritten,
     Output,
@@ -25,6 +28,7 @@ from gateway.wire import (
 from gateway.wire import SessionOut as SessionInfo
 
 from ._async import AsyncSandbox, ToolSessionOf
+from ._commands import AsyncCommandHandle, AsyncCommands
 from ._errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -40,14 +44,19 @@ from ._sync import Sandbox
 from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
 
 __all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
     "AsyncFiles",
     "AsyncSandbox",
     "AuthenticationError",
+    "CommandResult",
+    "CommandStatus",
     "DisplayEvent",
     "ErrorEvent",
     "Execution",
     "ExecutionError",
     "ExecutionStatus",
+    "FileChange",
     "FileInfo",
     "FileWritten",
     "ImagePart",

@@ -8,9 +8,10 @@ from typing import Any
 
 import httpx
 
-from gateway.wire import Execution, FileInfo
+from gateway.wire import CommandResult, Execution, FileInfo
 from gateway.wire import SessionOut as SessionInfo
 
+from ._commands import AsyncCommands
 from ._errors import NotFoundError
 from ._files import AsyncFiles
 from ._stream import DisplayCallback, ErrorCallback, ExecutionStream, Handlers, StreamCallback
@@ -37,6 +38,8 @@ class AsyncSandbox:
         self._closed = False
         self.files = AsyncFiles(transport, self._path)
         """The session's workspace: ``write``, ``read``, ``list``."""
+        self.commands = AsyncCommands(transport, self._path)
+        """The session's shell: ``run`` (streaming, background), ``kill``."""
         self.tools = SandboxTools(ToolSessionOf(self))
         """This session as tools for a model: definitions for OpenAI and Anthropic, and
         ``call(name, arguments)`` to run a tool call (see :class:`SandboxTools`)."""
@@ -220,6 +223,10 @@ class ToolSessionOf:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._sandbox.notebook()
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        result: CommandResult = await self._sandbox.commands.run(cmd, timeout=timeout_s)
+        return result
 
     async def fork(self, count: int) -> list[str]:
         return [info.id for info in await self._sandbox.fork(count)]

@@ -1,24 +1,29 @@
 """What a model sees of an execution: text parts and images, the same for MCP and function calling.
 
 An :class:`Execution` becomes a :class:`ToolResult`: stdout as printed, stderr, the cell's
-result and displays as text, PNG/JPEG displays as images, the traceback without terminal colour
-codes, and a closing note whenever the status is not ``ok`` or the output was cut, saying what
-happened and what survived. Long texts keep their head and tail.
+result and displays as text, PNG/JPEG displays as images with their chart's data as compact
+JSON, the traceback as plain text (``error.text``), the files the code touched, and a closing
+note whenever the status is not ``ok`` or the output was cut, saying what happened and what
+survived. Long texts keep their head and tail.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.wire import Execution, ExecutionStatus
+from gateway.wire import CommandResult, CommandStatus, Execution, ExecutionStatus, FileChange
 
 DEFAULT_TEXT_CHARS = 20_000
 """Characters of one text (a result, a display, a file) returned to a model."""
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _IMAGE_TYPES = ("image/png", "image/jpeg")
+CHART_CHARS = 4_000
+"""Characters of a chart's data shown to a model (the image is beside it)."""
+FILES_SHOWN = 50
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,9 @@ def render_execution(execution: Execution, *,
                      None)
         if image is not None:
             parts.append(ImagePart(data=output.data[image].strip(), media_type=image))
+            if output.chart is not None:
+                data = json.dumps(output.chart, separators=(",", ":"))
+                parts.append(TextPart(f"[chart data]\n{cut(data, CHART_CHARS, _CHART_ADVICE)}"))
             continue
         text = output.data.get("text/plain")
         if isinstance(text, str):
@@ -144,10 +152,12 @@ def render_execution(execution: Execution, *,
             parts.append(TextPart(f"{label}\n{cut(strip_ansi(text), max_chars, _RESULT_ADVICE)}"))
     if execution.error is not None:
         error = execution.error
-        trace = strip_ansi("\n".join(error.traceback)).strip()
+        trace = (error.text or strip_ansi("\n".join(error.traceback))).strip()
         if not trace:
             trace = f"{error.ename}: {error.evalue}"
         parts.append(TextPart("[error]\n" + cut(trace, max_chars, _RESULT_ADVICE)))
+    if execution.files:
+        parts.append(TextPart(describe_files(execution.files)))
     note = _status_note(execution)
     if note:
         parts.append(TextPart(note))
@@ -155,6 +165,37 @@ def render_execution(execution: Execution, *,
         parts.append(TextPart("[ok: the code ran and printed nothing]"))
     return ToolResult(parts=parts, is_error=execution.status is not ExecutionStatus.OK,
                       execution=execution)
+
+
+def render_command(result: CommandResult, *,
+                   max_chars: int = DEFAULT_TEXT_CHARS) -> ToolResult:
+    """What a model should see of a shell command; ``is_error`` only if it did not run to
+    its end (a non-zero exit code is a result to read)."""
+    parts: list[Part] = []
+    if result.stdout:
+        parts.append(TextPart(cut(result.stdout, max_chars, _RESULT_ADVICE)))
+    if result.stderr:
+        parts.append(TextPart("[stderr]\n" + cut(result.stderr, max_chars, _RESULT_ADVICE)))
+    if result.status is CommandStatus.OK:
+        parts.append(TextPart(f"[exit code {result.exit_code}]"))
+    else:
+        parts.append(TextPart(f"[status: {result.status.value}] {result.reason or ''}".strip()))
+    if result.truncated:
+        parts.append(TextPart("[truncated] The output was longer than the cap: only its head "
+                              "and tail are shown; the full text is in the file named above."))
+    return ToolResult(parts=parts, is_error=result.status is not CommandStatus.OK)
+
+
+_CHART_ADVICE = "the chart has more data than shown: read the numbers from the data in code"
+
+
+def describe_files(files: list[FileChange]) -> str:
+    """One line per file the code touched (the first :data:`FILES_SHOWN`)."""
+    lines = [f"{f.change} {f.path}" + (f" ({f.size} bytes)" if f.size is not None else "")
+             for f in files[:FILES_SHOWN]]
+    if len(files) > FILES_SHOWN:
+        lines.append(f"... and {len(files) - FILES_SHOWN} more")
+    return "[files]\n" + "\n".join(lines)
 
 
 def _status_note(execution: Execution) -> str:

@@ -206,13 +206,14 @@ def _refused_error(status_code: int, body: bytes | bytearray) -> ReplgateError:
     return error_for_status(status_code, detail)
 
 
-def _rejected_error(message: dict[str, Any], execution_id: str) -> ReplgateError:
+def _rejected_error(message: dict[str, Any], execution_id: str,
+                    what: str = "Execution") -> ReplgateError:
     status = message.get("status_code")
     detail = message.get("detail")
     if not isinstance(status, int) or not 400 <= status < 600:
         status = 400
     error = error_for_status(status, detail if detail is not None else "request rejected")
-    error.message = f"Execution {execution_id} was not run: {error.message}"
+    error.message = f"{what} {execution_id} was not run: {error.message}"
     error.args = (error.message,)
     return error
 

@@ -3,7 +3,8 @@
 :class:`Sandbox` restates no method: attribute access forwards to an :class:`AsyncSandbox`, and
 each coroutine method found there runs to completion on a private event loop in a background
 thread (one per sandbox). An attribute that has coroutine methods of its own (``files``) is
-wrapped the same way, so whatever the async face gains, this face has too.
+wrapped the same way, as is an object a method returns with coroutine methods (a background
+command's handle), so whatever the async face gains, this face has too.
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ class _Blocking:
     def _blocking(self, method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self._loop.run(method(*args, **kwargs))
+            result = self._loop.run(method(*args, **kwargs))
+            # what a method hands back with coroutine methods of its own (a background
+            # command's handle) blocks the same way
+            return _Blocking(result, self._loop) if _has_coroutine_methods(result) else result
 
         return call
 

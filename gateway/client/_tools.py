@@ -23,7 +23,7 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.wire import Execution, FileInfo
+from gateway.wire import CommandResult, Execution, FileInfo
 
 from ._errors import InvalidRequestError, NotFoundError
 from ._render import (
@@ -32,6 +32,7 @@ from ._render import (
     TextPart,
     ToolResult,
     cut,
+    render_command,
     render_execution,
 )
 
@@ -49,6 +50,9 @@ Base64Flag = Annotated[bool, Field(description=(
     "True when the content is (or should be returned as) base64, for binary files."))]
 FileContent = Annotated[str, Field(description=(
     "The file's content: text (written as UTF-8), or base64 when base64 is true."))]
+ShellCommand = Annotated[str, Field(min_length=1, description=(
+    "A shell command, run as `sh -c cmd` in the working directory, e.g. 'ls -la data' or "
+    "'wc -l data/sales.csv'."))]
 NotebookPath = Annotated[str | None, Field(min_length=1, description=(
     "Save the notebook at this path in the working directory (e.g. 'analysis.ipynb') instead "
     "of returning its JSON."))]
@@ -84,6 +88,11 @@ class RestartKernelArgs(_Arguments):
 
 class ExportNotebookArgs(_Arguments):
     path: NotebookPath = None
+
+
+class RunShellArgs(_Arguments):
+    cmd: ShellCommand
+    timeout_s: TimeoutS = None
 
 
 ForkCount = Annotated[int, Field(ge=1, le=16, description=(
@@ -181,6 +190,14 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
             "Export every execution of this session so far, in order and with its outputs, "
             "as a Jupyter notebook (nbformat 4 JSON). With path, the notebook is saved in the "
             "working directory instead of being returned."), ExportNotebookArgs),
+        ToolSpec("run_shell", (
+            "Run a shell command (sh -c) in the Python session's sandbox, in its working "
+            "directory, beside the Python kernel: e.g. ls -la, wc -l data.csv, head file.txt, "
+            "pip list. Returns stdout, stderr and the exit code (a non-zero exit code is a "
+            "result, not a failure of the tool). Same limits as execute_python: no network, "
+            f"the same time limit ({lim.default_timeout_s:g} s by default), output capped at "
+            f"about {lim.output_chars} characters. Background processes it starts are killed "
+            "when it ends."), RunShellArgs),
         ToolSpec("fork_session", (
             "Copy this Python session: each copy starts with the same variables (random "
             "generators reseeded, so copies draw different numbers) and a copy of the working "
@@ -241,6 +258,9 @@ class ToolSession(Protocol):
     async def notebook(self) -> dict[str, Any]:
         """The session's history as an nbformat v4 notebook."""
         ...
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        """Run a shell command beside the kernel; a non-zero exit is data."""
 
     async def fork(self, count: int) -> builtins.list[str]:
         """Copies of the session (variables and files); their ids."""
@@ -310,6 +330,14 @@ class SandboxTools:
         except InvalidRequestError as exc:
             return _error(f"The code was not run: {exc.message}")
         return render_execution(execution, max_chars=self.limits.text_chars)
+
+    async def run_shell(self, cmd: str, timeout_s: float | None = None) -> ToolResult:
+        """Run ``cmd``; its output and exit code as text."""
+        try:
+            result = await self._session.run_command(cmd, timeout_s)
+        except InvalidRequestError as exc:
+            return _error(f"The command was not run: {exc.message}")
+        return render_command(result, max_chars=self.limits.text_chars)
 
     async def upload_file(self, path: str, content: str, base64: bool = False) -> ToolResult:
         """Write ``content`` (text, or base64) to ``path``."""

@@ -22,6 +22,7 @@ from gateway.client._tools import (
     FilePath,
     ForkCount,
     NotebookPath,
+    ShellCommand,
     TimeoutS,
 )
 
@@ -32,8 +33,8 @@ INSTRUCTIONS = (
     "replgate gives you a persistent Python session in a sandbox, like a Jupyter notebook that "
     "you drive with execute_python: variables, imports and files persist between calls for "
     "this whole connection. Upload data with upload_file, inspect results with read_file and "
-    "list_files, and export the work as a notebook with export_notebook. The sandbox has no "
-    "network access.")
+    "list_files, run shell commands with run_shell, and export the work as a notebook with "
+    "export_notebook. The sandbox has no network access.")
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:
@@ -83,6 +84,10 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
     async def export_notebook(ctx: Context, path: NotebookPath = None) -> CallToolResult:
         return await run(ctx, lambda tools: tools.export_notebook(path))
 
+    async def run_shell(cmd: ShellCommand, ctx: Context, timeout_s: TimeoutS = None
+                        ) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.run_shell(cmd, timeout_s))
+
     async def fork_session(ctx: Context, count: ForkCount = 1) -> CallToolResult:
         return await run(ctx, lambda tools: tools.fork_session(count))
 
@@ -99,6 +104,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                                         idempotent_hint=True, open_world_hint=False),
         export_notebook: ToolAnnotations(title="Export as a notebook", destructive_hint=False,
                                          open_world_hint=False),
+        run_shell: ToolAnnotations(title="Run a shell command", destructive_hint=True,
+                                   open_world_hint=False),
         fork_session: ToolAnnotations(title="Fork the session", destructive_hint=False,
                                       open_world_hint=False),
     }

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from gateway.client import (
     AsyncSandbox,
+    CommandResult,
     Execution,
     FileInfo,
     NotFoundError,
@@ -99,6 +100,9 @@ class LazySession:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._run(lambda backend: backend.notebook())
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        return await self._run(lambda backend: backend.run_command(cmd, timeout_s))
 
     async def fork(self, count: int) -> list[str]:
         return await self._run(lambda backend: backend.fork(count))

@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from gateway.client import Execution, FileInfo, ReplgateError, ToolLimits
+from gateway.client import CommandResult, Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
 from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.wire import ForkRequest, SessionCreate
+from gateway.wire import CommandRequest, ForkRequest, SessionCreate
 from kernel_pool import KernelPoolError, SessionClosed, SessionNotFound
 
 from ._http import McpEndpoint
@@ -83,6 +83,14 @@ class ServiceBackend:
 
     async def notebook(self) -> dict[str, Any]:
         return await self._call(lambda: self._gateway.notebook(self._tenant, self.session_id))
+
+    async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
+        async def run() -> CommandResult:
+            session = self._gateway.session(self._tenant, self.session_id)
+            return await self._gateway.run_command(
+                self._tenant, session, CommandRequest(cmd=cmd, timeout_s=timeout_s))
+
+        return await self._call(run)
 
     async def fork(self, count: int) -> list[str]:
         children = await self._call(lambda: self._gateway.fork(

@@ -8,11 +8,14 @@ from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
 from gateway.wire import (
+    CommandRequest,
+    CommandResult,
     ExecuteRequest,
     ExecutionOut,
     ExecutionSummary,
     ForkRequest,
     InterruptOut,
+    KillOut,
     SessionCreate,
     SessionOut,
 )
@@ -50,6 +53,21 @@ async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
     """Run code and answer with its result once it ends (stream it on the WebSocket instead)."""
     session = gateway.session(tenant, session_id)
     return await gateway.execute(tenant, session, body.code, body.timeout_s)
+
+
+@router.post("/{session_id}/commands")
+async def run_command(session_id: str, body: CommandRequest, tenant: TenantDep,
+                      gateway: GatewayDep) -> CommandResult:
+    """Run ``sh -c cmd`` in the session's sandbox beside the kernel; a non-zero exit is data."""
+    session = gateway.session(tenant, session_id)
+    return await gateway.run_command(tenant, session, body)
+
+
+@router.post("/{session_id}/commands/{command_id}/kill")
+async def kill_command(session_id: str, command_id: str, tenant: TenantDep,
+                       gateway: GatewayDep) -> KillOut:
+    """Stop a running command (started with an ``id``) and its process group."""
+    return KillOut(killed=gateway.kill_command(tenant, session_id, command_id))
 
 
 @router.post("/{session_id}/interrupt")

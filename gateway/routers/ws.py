@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
@@ -26,13 +27,20 @@ from gateway.errors import (
 )
 from gateway.service import Gateway
 from gateway.wire import (
+    CommandDone,
+    CommandFrame,
+    CommandKilledFrame,
+    CommandRequest,
     DoneEvent,
     EventFrame,
     Frame,
     InterruptedFrame,
     RejectedFrame,
+    StreamEvent,
     WsClientMessage,
+    WsCommand,
     WsExecute,
+    WsKillCommand,
 )
 from kernel_pool import ExecutionHandle, Session
 
@@ -106,6 +114,12 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
     except (ValueError, ValidationError) as exc:
         detail = exc.errors(include_url=False) if isinstance(exc, ValidationError) else str(exc)
         return _rejected(None, MalformedMessage(json.loads(json.dumps(detail, default=str))))
+    if isinstance(message, WsKillCommand):
+        return CommandKilledFrame(execution_id=message.id, command_id=message.id,
+                                  killed=gateway.kill_command(tenant, session.id, message.id))
+    if isinstance(message, WsCommand):
+        _start_command(message, gateway, tenant, session, outbox, forwarders)
+        return None
     if not isinstance(message, WsExecute):
         return InterruptedFrame(interrupted=await session.interrupt())
     try:
@@ -122,6 +136,45 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
 def _rejected(execution_id: str | None, exc: BaseException) -> RejectedFrame:
     return RejectedFrame(execution_id=execution_id, status_code=status_for(exc),
                          detail=detail_for(exc))
+
+
+def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: Session,
+                   outbox: asyncio.Queue[Frame], forwarders: set[asyncio.Task[None]]) -> None:
+    """Run a shell command whose events the socket streams (a refusal as a rejected frame).
+    A socket that closes stops its commands: nobody would read their output."""
+    request = CommandRequest(**message.model_dump(exclude={"type"}))
+    command_id = request.id = request.id or f"cmd-{uuid.uuid4().hex}"
+    # The limiter caps what a command emits, so this queue stays small without a bound.
+    frames: asyncio.Queue[Frame | None] = asyncio.Queue()
+
+    def emit(event: StreamEvent) -> None:
+        frames.put_nowait(CommandFrame(command_id=command_id, event=event))
+
+    async def run() -> None:
+        try:
+            result = await gateway.run_command(tenant, session, request, emit)
+        except DOMAIN_ERRORS as exc:
+            frames.put_nowait(_rejected(command_id, exc))
+        else:
+            frames.put_nowait(CommandFrame(command_id=command_id, event=CommandDone(
+                status=result.status, exit_code=result.exit_code, truncated=result.truncated,
+                duration_ms=result.duration_ms, reason=result.reason)))
+        finally:
+            frames.put_nowait(None)
+
+    async def forward() -> None:
+        runner = asyncio.create_task(run())
+        try:
+            while (frame := await frames.get()) is not None:
+                await outbox.put(frame)
+        finally:
+            if not runner.done():
+                gateway.kill_command(tenant, session.id, command_id)
+            await asyncio.shield(runner)
+
+    task = asyncio.create_task(forward())
+    forwarders.add(task)
+    task.add_done_callback(forwarders.discard)
 
 
 async def _forward(gateway: Gateway, handle: ExecutionHandle,

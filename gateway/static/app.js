@@ -1053,6 +1053,10 @@
     const body = el("div", { class: "rich-body" });
     node.append(body);
     renderMime(body, frame.data || {}, frame.metadata || {});
+    if (frame.chart && frame.data && frame.data["image/png"]) {
+      const table = chartTable(frame.chart);
+      if (table) body.append(table);  // under the image, in the output's own column
+    }
     cell.outputs.append(node);
     if (frame.display_id) {
       const list = state.displays.get(frame.display_id) || [];
@@ -1095,10 +1099,85 @@
     if (frame.reason && !(refused && cell.errorNode)) {
       cell.meta.append(el("span", { class: "reason meta-extra", text: frame.reason }));
     }
+    cell.node.querySelectorAll(".touched").forEach((node) => node.remove());
+    if (frame.files && frame.files.length) cell.outputs.after(touchedFiles(frame.files));
     if (state.current) {
       refreshFiles();
       refreshSessions().catch(() => {});
     }
+  }
+
+  // A cell's touched files: created and modified ones download on click, deleted ones are
+  // only named.
+  function touchedFiles(files) {
+    return el("div", { class: "touched" },
+      el("span", { class: "touched-title muted", text: "Files" }),
+      el("ul", { class: "touched-list" }, ...files.map((file) => el("li",
+        { class: `touched-file ${file.change}` },
+        file.change === "deleted"
+          ? el("span", { class: "mono", text: file.path })
+          : el("button", {
+            class: "touched-link mono", type: "button", title: `Download ${file.path}`,
+            "data-path": file.path, text: file.path, onclick: () => downloadFile(file.path),
+          }),
+        el("span", { class: "muted", text: file.change === "deleted"
+          ? "deleted" : `${file.change}, ${formatSize(file.size)}` })))));
+  }
+
+  // -- charts as data ----------------------------------------------------------------------
+
+  const CHART_ROWS = 200;
+
+  function chartColumns(chart) {
+    const x = chart.x_label || "x";
+    const y = chart.y_label || "y";
+    switch (chart.type) {
+      case "line":
+      case "scatter":
+        return [["series", x, y], (e) => (e.points || []).map((p) => [e.label, p[0], p[1]])];
+      case "bar":
+        return [["label", "group", y], (e) => [[e.label, e.group, e.value]]];
+      case "pie":
+        return [["label", "angle", "share"],
+          (e) => [[e.label, e.angle, `${((e.angle / 360) * 100).toFixed(1)}%`]]];
+      case "box_and_whisker":
+        return [["label", "min", "Q1", "median", "Q3", "max", "outliers"],
+          (e) => [[e.label, e.min, e.first_quartile, e.median, e.third_quartile, e.max,
+            (e.outliers || []).join(", ")]]];
+      default:
+        return null;
+    }
+  }
+
+  function chartCell(value) {
+    if (typeof value === "number") return String(Number(value.toPrecision(6)));
+    return value === null || value === undefined ? "" : String(value);
+  }
+
+  // One chart's data as a table; a superchart as one table per part (null when nothing).
+  function chartTable(chart) {
+    if (chart.type === "superchart") {
+      const parts = (chart.elements || []).map(chartTable).filter(Boolean);
+      if (!parts.length) return null;
+      return el("details", { class: "chart-data", open: true },
+        el("summary", { text: `Chart data: ${chart.title || "subplots"} (${parts.length} parts)` }),
+        ...parts);
+    }
+    const columns = chartColumns(chart);
+    if (!columns || !(chart.elements || []).length) return null;
+    const [heads, rowsOf] = columns;
+    const rows = chart.elements.flatMap(rowsOf);
+    const shown = rows.slice(0, CHART_ROWS);
+    const table = el("table", { class: "chart-table" },
+      el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...shown.map((row) => el("tr", {},
+        ...row.map((value) => el("td", { text: chartCell(value) }))))));
+    const title = `${chart.type.replace(/_/g, " ")}${chart.title ? `: ${chart.title}` : ""}`;
+    return el("details", { class: "chart-data", open: true },
+      el("summary", { text: `Chart data (${title})` }), table,
+      rows.length > shown.length
+        ? el("p", { class: "muted", text: `${rows.length - shown.length} more rows not shown` })
+        : null);
   }
 
   // -- rich output -------------------------------------------------------------------------

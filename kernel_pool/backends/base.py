@@ -51,6 +51,26 @@ class CgroupUsage(BaseModel):
     oom_kills: int | None = None
 
 
+class CommandProcess(ABC):
+    """A shell command running in a sandbox beside the kernel (:meth:`Sandbox.start_command`)."""
+
+    @abstractmethod
+    async def read(self) -> tuple[str, bytes] | None:
+        """The next piece of output as (``"stdout"`` or ``"stderr"``, bytes); None at the end."""
+
+    @abstractmethod
+    async def kill(self) -> None:
+        """Stop the command and every process of its group."""
+
+    @abstractmethod
+    async def wait(self) -> int | None:
+        """The exit status once the output has ended (None if it cannot be known)."""
+
+    async def close(self) -> None:
+        """Release the connection to the command."""
+        return None
+
+
 class Sandbox(ABC):
     """One isolated container with a workspace, hosting one kernel at a time."""
 
@@ -106,6 +126,12 @@ class Sandbox(ABC):
         how many; backends that cannot see the processes return 0."""
         return 0
 
+    async def start_command(self, command: str, *, env: dict[str, str],
+                            cwd: str) -> CommandProcess:
+        """Start ``sh -c command`` beside the kernel, as the sandbox's user, in ``cwd`` (a
+        workspace-relative folder) with ``env`` added to the sandbox's environment."""
+        raise BackendError(f"the {self.info.backend} backend cannot run shell commands")
+
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()
 
@@ -140,6 +166,11 @@ class SandboxBackend(ABC):
     @abstractmethod
     async def remove(self, info: SandboxInfo) -> None:
         """Remove a sandbox that is not loaded (an orphan): container and workspace."""
+
+    async def check(self, profiles: list[Profile]) -> None:
+        """Raise :class:`BackendError` with one sentence saying what to change when the
+        backend cannot run a profile as configured (e.g. its runtime is missing)."""
+        return None
 
     async def image_digest(self, image: str) -> str | None:
         """The content id of ``image`` as the engine has it (for the audit log), if known."""

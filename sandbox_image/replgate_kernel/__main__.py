@@ -195,6 +195,15 @@ def _without_unused_modules() -> Iterator[None]:
             del sys.modules[stub.__name__]
 
 
+def _agent_results(app) -> None:  # type: ignore[no-untyped-def]
+    """What agents read beside the outputs: charts as data (display bundles) and the files
+    each execution touched (the execute_reply's metadata)."""
+    from replgate_kernel import charts, files
+
+    charts.install(app.shell)
+    files.install(app.kernel, os.getcwd())
+
+
 def main() -> None:
     from replgate_kernel import outputs
 
@@ -236,6 +245,7 @@ def main() -> None:
     # traitlets leaves the logger at DEBUG and filters in its handler: each cell would still
     # build the records of ipykernel's debug messages (the whole reply among them).
     app.log.setLevel(max(app.log.level, logging.WARNING))
+    _agent_results(app)
     init_path(app)
     app.start()
 

@@ -283,7 +283,7 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     anthropic = sandbox.tools.anthropic()
 
     names = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-             "export_notebook", "fork_session"]
+             "export_notebook", "run_shell", "fork_session"]
     assert [tool["function"]["name"] for tool in openai] == names
     assert [tool["name"] for tool in anthropic] == names
     execute = openai[0]

@@ -34,7 +34,7 @@ from tests.conftest import GatewayProcess
 REPLGATE = Path(sys.executable).with_name("replgate")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOOLS = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-         "export_notebook", "fork_session"]
+         "export_notebook", "run_shell", "fork_session"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -360,6 +360,19 @@ def test_import_mcp_without_server_modules() -> None:
                            check=True).stdout.strip()
 
     assert found == "[]"
+
+
+async def test_run_shell_sees_files_of_the_session_and_its_exit_code(mcp: Client) -> None:
+    await run(mcp, "open('shell_seen.txt', 'w').write('one\\ntwo\\n')")
+    result = await mcp.call_tool("run_shell", {"cmd": "wc -l < shell_seen.txt; exit 4"})
+    assert not result.is_error
+    assert "2" in texts(result) and "[exit code 4]" in texts(result)
+
+
+async def test_execute_python_traceback_is_plain_text(mcp: Client) -> None:
+    result = await run(mcp, "def f():\n    raise KeyError('missing')\nf()")
+    assert result.is_error
+    assert "KeyError" in texts(result) and "\x1b" not in texts(result)
 
 
 async def test_fork_session_returns_new_session_ids(mcp: Client, gateway: GatewayProcess) -> None:

@@ -25,12 +25,16 @@ SESSION_ENV = {"REPLGATE_TEST_GREETING": "hello from the session"}
 
 def profiles_for_tests() -> dict[str, Profile]:
     """Small limits, so limit tests are quick: ``default`` kept warm; ``small`` (384 MiB of
-    memory, a 64 MiB workspace) started on demand for the out-of-memory and full-disk tests."""
+    memory, a 64 MiB workspace) started on demand for the out-of-memory and full-disk tests.
+    Both run under the run's runtime (``REPLGATE_TEST_RUNTIME``: runc or gvisor)."""
+    runtime = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
     return {
         "default": Profile(name="default", min_idle=1, memory="1g", workspace_size="256m",
-                           tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120),
+                           tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120,
+                           runtime=runtime),
         "small": Profile(name="small", min_idle=0, memory="384m", workspace_size="64m",
-                         tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120),
+                         tmp_size="32m", pids=128, default_timeout_s=30, max_timeout_s=120,
+                         runtime=runtime),
     }
 
 

@@ -29,9 +29,14 @@ async def test_os_exit_reported_died_and_recovered(session: Session) -> None:
 async def test_memory_bomb_reported_died_with_oom_reason(small_session: Session) -> None:
     result = await small_session.execute(
         "hoard = []\nwhile True:\n    hoard.append(bytearray(8 * 2**20))", timeout_s=60)
-    assert result.status == "died"
     assert result.restarted is True
-    assert result.reason is not None and "ran out of memory" in result.reason
+    if small_session.profile.runtime == "gvisor" and result.status != "died":
+        # gVisor at its cgroup's memory limit: the host may thrash rather than kill, and the
+        # timeout's hard stop ends it (README, Security: gVisor).
+        assert result.status == "timeout"
+    else:
+        assert result.status == "died"
+        assert result.reason is not None and "ran out of memory" in result.reason
     assert await run_ok(small_session, "print(len('recovered'))") == "9\n"
 
 

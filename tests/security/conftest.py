@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -106,6 +107,10 @@ class Hostile:
         status = self.client(tenant).get(f"/v1/sessions/{sid}").json()["status"]
         assert status == "idle", status
 
+    def restart(self, sid: str, tenant: str = "alpha") -> None:
+        answer = self.client(tenant).post(f"/v1/sessions/{sid}/restart")
+        assert answer.status_code == 200, answer.text
+
     def healthz_ms(self) -> float:
         started = time.perf_counter()
         answer = self.client().get("/healthz")
@@ -126,14 +131,52 @@ class Hostile:
         return info
 
     def container(self, sid: str) -> Any:
-        """The session's container, by its name (stable when the container is replaced)."""
-        return self.docker.containers.get(f"replgate-{self.sandbox(sid)['sandbox_id']}")
+        """The session's container, by its name (stable when the container is replaced; under
+        gVisor a hard stop replaces it, so a replacement being made is waited for)."""
+        name = f"replgate-{self.sandbox(sid)['sandbox_id']}"
+        deadline = time.monotonic() + RESTART_BUDGET_S
+        while True:
+            try:
+                return self.docker.containers.get(name)
+            except docker.errors.NotFound:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def runtime(self, sid: str) -> str:
+        """The OCI runtime the engine runs the session's container with (runc or runsc)."""
+        return str(self.container(sid).attrs["HostConfig"]["Runtime"])
 
     def host_processes(self, sid: str) -> list[str]:
-        """The command lines of every process in the session's container, from ``docker top``."""
-        top = self.container(sid).top()
-        column = top["Titles"].index("CMD")
-        return [row[column] for row in top.get("Processes") or []]
+        """The command lines of every process in the session's container: from ``docker top``
+        under runc; under gVisor, whose processes are not the host's, the process list comes
+        from ``runsc ps`` on the host (the sentry's own table) and each one's command line
+        from the sentry's ``/proc`` (``docker top`` would match gVisor's pids to host ones)."""
+        container = self.container(sid)
+        if container.attrs["HostConfig"]["Runtime"] != "runsc":
+            top = container.top()
+            column = top["Titles"].index("CMD")
+            return [row[column] for row in top.get("Processes") or []]
+        pids = runsc_pids(container)
+        script = "; ".join(f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null; echo" for pid in pids)
+        output = container.exec_run(["/bin/sh", "-c", script], user="1000:1000").output
+        return [line.strip() for line in output.decode(errors="replace").splitlines()][:len(pids)]
+
+    def pids_limit(self, sid: str) -> int:
+        """The sandbox's process limit as the engine enforces it: the pids cgroup under runc,
+        RLIMIT_NPROC inside gVisor (whose host cgroup holds the sentry, with room to spare)."""
+        container = self.container(sid)
+        if container.attrs["HostConfig"]["Runtime"] != "runsc":
+            return int(self.cgroup_value(sid, "pids", "pids.max"))
+        limits = {u["Name"]: u["Hard"] for u in container.attrs["HostConfig"]["Ulimits"]}
+        return int(limits["nproc"])
+
+    def pids_current(self, sid: str) -> int:
+        """Processes and threads in the sandbox now (gVisor: its processes, from runsc ps)."""
+        container = self.container(sid)
+        if container.attrs["HostConfig"]["Runtime"] != "runsc":
+            return int(self.cgroup_value(sid, "pids", "pids.current"))
+        return len(runsc_pids(container))
 
     def cgroup_value(self, sid: str, controller: str, name: str) -> str:
         container = self.container(sid)
@@ -151,6 +194,19 @@ class Hostile:
 
     def log(self) -> str:
         return self.gateway.log_path.read_text(errors="replace")
+
+
+def runsc_pids(container: Any) -> list[int]:
+    """The pids (gVisor's numbering) of a gVisor container's processes, from ``runsc ps`` run
+    on the host with the state root the engine gave the sandbox."""
+    container.reload()
+    sandbox_pid = container.attrs["State"]["Pid"]
+    arguments = Path(f"/proc/{sandbox_pid}/cmdline").read_bytes().split(b"\0")
+    root = next(a[7:].decode() for a in arguments if a.startswith(b"--root="))
+    listing = subprocess.run(
+        [str(Path(f"/proc/{sandbox_pid}/exe").readlink()), f"--root={root}", "ps",
+         "--format=json", container.id], capture_output=True, text=True, timeout=30, check=True)
+    return [int(pid) for pid in json.loads(listing.stdout)]
 
 
 def brief(result: dict[str, Any]) -> dict[str, Any]:

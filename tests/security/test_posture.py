@@ -16,9 +16,12 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess, containers_of
+from tests.conftest import TEST_RUNTIME, GatewayProcess, containers_of
 from tests.security.conftest import Hostile
 
+ENGINE_RUNTIME = {"runc": "runc", "gvisor": "runsc"}[TEST_RUNTIME]
+"""The OCI runtime every sandbox of this run must be running under, read back from the engine."""
+CAP_NET_ADMIN, CAP_SYS_MODULE, CAP_SYS_ADMIN = 12, 16, 21
 SENSITIVE = ("/", "/boot", "/dev", "/etc", "/lib", "/proc", "/sys", "/usr", "/var/run",
              "/run", "/var/lib/docker", "/root", "/home")
 
@@ -74,12 +77,25 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert ulimits["core"] == (0, 0) and 0 < ulimits["nofile"][1] <= 65536
     # 5.22/5.23 no privileged exec configured, 5.26 no healthcheck needed; labels name it.
     assert settings["Labels"]["io.replgate.owner"] == gateway.owner
-    # The kernel side, from the host's /proc: nothing to raise, seccomp in filter mode.
+    # The isolation asked for, as the engine runs it.
+    assert host["Runtime"] == ENGINE_RUNTIME, (name, host["Runtime"])
     status = Path(f"/proc/{state['Pid']}/status").read_text()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
+    if host["Runtime"] == "runsc":
+        # The host process is gVisor's kernel (the sentry): seccomp-confined, in a user
+        # namespace and mount, IPC, UTS and network namespaces of its own (its capabilities
+        # are that user namespace's), none of the ones that would matter even there. The
+        # sandboxed processes are its tasks, numbered by it, not host processes.
+        effective = int(fields["CapEff"], 16)
+        assert not effective & (1 << CAP_SYS_ADMIN | 1 << CAP_NET_ADMIN | 1 << CAP_SYS_MODULE)
+        for namespace in ("user", "mnt", "ipc", "uts", "net"):
+            assert (Path(f"/proc/{state['Pid']}/ns/{namespace}").readlink()
+                    != Path(f"/proc/self/ns/{namespace}").readlink()), namespace
+        return
+    # The kernel side, from the host's /proc: nothing to raise, seccomp in filter mode.
     assert fields["CapEff"].strip() == fields["CapPrm"].strip() == "0000000000000000"
     assert fields["CapBnd"].strip() == "0000000000000000"
-    assert fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2"
     assert fields["Uid"].split()[0] != "0"
 
 
@@ -91,7 +107,12 @@ def test_posture_of_every_sandbox_of_the_hostile_gateway(hostile: Hostile) -> No
         assert len(containers) >= 2  # one in use and the warm ones
         for config in containers:
             _check(config, hostile.gateway, 512 * 2**20)
-            assert config["HostConfig"]["PidsLimit"] == 128
+            if config["HostConfig"]["Runtime"] == "runsc":
+                ulimits = {u["Name"]: u["Hard"] for u in config["HostConfig"]["Ulimits"]}
+                assert ulimits["nproc"] == 128  # gVisor's own count; the host's is the sentry's
+                assert config["HostConfig"]["PidsLimit"] == 2 * 128 + 128
+            else:
+                assert config["HostConfig"]["PidsLimit"] == 128
             assert config["HostConfig"]["Tmpfs"]["/tmp"].endswith(f"size={32 * 2**20},mode=1777")
     finally:
         hostile.delete(sid)

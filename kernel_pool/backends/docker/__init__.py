@@ -1,6 +1,7 @@
 """The Docker backend: hardened containers (:class:`DockerBackend`) and the sandbox image.
 
-Registered under the ``replgate.backends`` entry point ``docker``; the only module of
+Registered under the ``replgate.backends`` entry point ``docker``; runs each profile under
+runc or gVisor (``missing_runtime`` says what the engine lacks for that); the only module of
 kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
@@ -13,9 +14,12 @@ from kernel_pool.backends.docker._backend import (
     DockerSandbox,
     container_name,
 )
+from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, missing_runtime
 from kernel_pool.backends.docker._image import ImageInfo, build_image, read_image_info
 
 __all__ = [
+    "ENGINE_RUNTIMES",
+    "GVISOR_ARGS",
     "LABEL_OWNER",
     "LABEL_PROFILE",
     "LABEL_SANDBOX",
@@ -25,5 +29,6 @@ __all__ = [
     "build_image",
     "container_name",
     "current_image",
+    "missing_runtime",
     "read_image_info",
 ]

@@ -31,8 +31,22 @@ import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
-from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxBackend, SandboxInfo, SandboxSpec
+from kernel_pool.backends.base import (
+    CgroupUsage,
+    CommandProcess,
+    Sandbox,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+)
 from kernel_pool.backends.docker._cgroup import CgroupReader
+from kernel_pool.backends.docker._commands import DockerCommand
+from kernel_pool.backends.docker._gvisor import (
+    ENGINE_RUNTIMES,
+    Runsc,
+    host_pids_limit,
+    missing_runtime,
+)
 from kernel_pool.backends.docker._strays import find_strays, kill_strays
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
@@ -125,9 +139,13 @@ class DockerSandbox(Sandbox):
         self._pid: int | None = None
         self._pidfd: int | None = None
         self._cgroup: CgroupReader | None = None
+        self._runsc: Runsc | None = None
+        """Under gVisor: the sandbox's processes are reached through runsc, not the cgroup."""
         self._init_pid = 0
         """The host pid of the container's PID 1 (the reaper)."""
         self._exit_code: int | None = None
+        self._commands: set[int] = set()
+        """Host pids of the shell commands' wrappers running now."""
 
     @property
     def _api(self) -> docker.APIClient:
@@ -156,6 +174,8 @@ class DockerSandbox(Sandbox):
             state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
             self._init_pid = int(state.get("Pid") or 0)
             self._cgroup = CgroupReader.for_pid(self._init_pid)
+            self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
+                           if self.profile.runtime == "gvisor" else None)
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -241,11 +261,21 @@ class DockerSandbox(Sandbox):
             return self._exit_code
         if not self.info.kernel_ref:
             return -1
-        details = await _run(self._api.exec_inspect, self.info.kernel_ref)
+        try:
+            details = await _in_thread(self._api.exec_inspect, self.info.kernel_ref)
+        except docker.errors.NotFound:
+            # Its container was removed (a gVisor sandbox's hard stop replaces it): the
+            # engine forgets its execs, and the kernel was killed with it.
+            self._exit_code = -signal.SIGKILL
+            return self._exit_code
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"Docker engine: {exc}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"Docker engine did not answer: {exc}") from exc
         if details.get("Running"):
             return None
-        self._exit_code = int(details.get("ExitCode") if details.get("ExitCode") is not None
-                              else -1)
+        code = details.get("ExitCode")
+        self._exit_code = int(code) if code is not None else -1
         return self._exit_code
 
     async def wait(self) -> int:
@@ -282,6 +312,12 @@ class DockerSandbox(Sandbox):
                        ["/bin/sh", "-c", f"kill -{signum} -1"], user=f"{SANDBOX_UID}")
 
     async def kill(self, restart: bool = False) -> None:
+        if restart and self.profile.runtime == "gvisor":
+            # The cgroup holds gVisor's own processes, not the sandboxed ones: the hard stop
+            # replaces the container (a fresh gVisor kernel; launch_kernel makes it, the
+            # workspace stays), which no swarm of processes inside can slow down.
+            await _run(self._backend.remove_container, self.info.container_id)
+            return
         if restart:
             procs = self._cgroup.procs_file if self._cgroup is not None else None
             if procs is not None and self._init_pid and procs.exists():
@@ -318,15 +354,32 @@ class DockerSandbox(Sandbox):
         return self._cgroup.reset_peak()
 
     async def kill_strays(self, keep_kernel_children: bool = True) -> int:
+        if self.profile.runtime == "gvisor":
+            if self._runsc is None:
+                return 0
+            gone: int | None = await _in_thread(self._runsc.kill_strays, keep_kernel_children)
+            if gone is None:  # a swarm: stop everything; the kernel's death is then handled
+                logger.warning("sandbox %s: a swarm of processes outlived the execution; "
+                               "replacing the sandbox", self.info.sandbox_id)
+                await _run(self._backend.remove_container, self.info.container_id)
+                return 0
+            return gone
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid or not self._init_pid:
             return 0
+        spared = frozenset(self._commands)
         # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
-        if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children):
+        if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0
         killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
-                                       keep_kernel_children)
+                                       keep_kernel_children, spared)
         return killed
+
+    async def start_command(self, command: str, *, env: dict[str, str],
+                            cwd: str) -> CommandProcess:
+        return await DockerCommand.start(
+            self._api, _run, self.info.container_id, command, env=env,
+            cwd=f"/workspace/{cwd}".rstrip("/"), running=self._commands)
 
 
 class DockerBackend(SandboxBackend):
@@ -364,6 +417,13 @@ class DockerBackend(SandboxBackend):
 
     def _run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
                        socket_dir: Path, env: dict[str, str], memory: int) -> str:
+        gvisor = profile.runtime == "gvisor"
+        ulimits = [Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+                   Ulimit(name="core", soft=0, hard=0)]
+        if gvisor:
+            # gVisor counts the sandbox's tasks per user in its own kernel, so RLIMIT_NPROC is
+            # the sandbox's process limit there (under runc it would count the host's uid 1000).
+            ulimits.append(Ulimit(name="nproc", soft=profile.pids, hard=profile.pids))
         container = self.client.containers.run(
             profile.image,
             name=container_name(sandbox_id),
@@ -383,9 +443,9 @@ class DockerBackend(SandboxBackend):
             mem_swappiness=0,
             nano_cpus=int(profile.cpus * 1e9),
             cpu_shares=SANDBOX_CPU_SHARES,
-            pids_limit=profile.pids,
-            ulimits=[Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
-                     Ulimit(name="core", soft=0, hard=0)],
+            runtime=ENGINE_RUNTIMES[profile.runtime],
+            pids_limit=host_pids_limit(profile) if gvisor else profile.pids,
+            ulimits=ulimits,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={parse_size(profile.tmp_size)},mode=1777"},
             shm_size="64m",
             mounts=[Mount("/workspace", str(workspace), type="bind"),
@@ -489,6 +549,13 @@ class DockerBackend(SandboxBackend):
             await sandbox._ensure_running()
             await sandbox._watch(info.kernel_ref)
         return sandbox
+
+    async def check(self, profiles: list[Profile]) -> None:
+        """Fail when a profile asks for a runtime the engine does not offer as needed."""
+        runtimes = (await _run(self.client.api.info)).get("Runtimes") or {}
+        problem = missing_runtime(runtimes, profiles)
+        if problem:
+            raise BackendError(problem)
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:

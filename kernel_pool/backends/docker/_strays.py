@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Collection
 from pathlib import Path
 
 from kernel_pool.backends.docker._cgroup import read_pseudo_file
@@ -43,17 +44,23 @@ def _read_pids(procs_file: Path) -> list[int]:
 
 
 def find_strays(procs_file: Path, init_pid: int, kernel_pid: int,
-                keep_kernel_children: bool) -> dict[int, tuple[str, int, int]]:
-    """The container's processes to kill, by host pid (zombies excluded: only a wait ends them)."""
+                keep_kernel_children: bool, spared: Collection[int] = (),
+                ) -> dict[int, tuple[str, int, int]]:
+    """The container's processes to kill, by host pid (zombies excluded: only a wait ends them).
+
+    ``spared`` are running shell commands: they and their descendants are kept.
+    """
     pids = _read_pids(procs_file)
     if set(pids) <= {init_pid, kernel_pid}:
         return {}  # the usual case: one read, nothing else to look at
     found = {pid: info for pid in pids if (info := _stat(pid)) is not None}
     strays = {}
     for pid, info in found.items():
-        if pid in (init_pid, kernel_pid) or info[0] == "Z":
+        if pid in (init_pid, kernel_pid) or pid in spared or info[0] == "Z":
             continue
         if keep_kernel_children and _descends(pid, kernel_pid, found):
+            continue
+        if any(_descends(pid, command, found) for command in spared):
             continue
         strays[pid] = info
     return strays
@@ -71,12 +78,12 @@ def _descends(pid: int, ancestor: int, found: dict[int, tuple[str, int, int]]) -
 
 
 def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
-                keep_kernel_children: bool) -> int:
+                keep_kernel_children: bool, spared: Collection[int] = ()) -> int:
     """Kill what :func:`find_strays` finds, pass after pass; how many were killed."""
     signalled: set[tuple[int, int]] = set()
     for _ in range(ROUNDS):
         strays = {pid: info for pid, info in find_strays(
-            procs_file, init_pid, kernel_pid, keep_kernel_children).items()
+            procs_file, init_pid, kernel_pid, keep_kernel_children, spared).items()
             if (pid, info[2]) not in signalled}  # one still dying is not a new one
         if not strays:
             break

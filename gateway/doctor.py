@@ -1,0 +1,45 @@
+"""``replgate doctor``: can this machine run the configured profiles? One line per check.
+
+It reads the same settings and policy file as ``replgate serve`` and asks the Docker engine
+what it offers: that the engine answers, that each profile's image is there, and that each
+profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line).
+"""
+
+from __future__ import annotations
+
+import docker
+import docker.errors
+
+from gateway.governance import PolicyError, load_policy
+from gateway.settings import Settings
+from kernel_pool.backends.docker import missing_runtime
+
+
+def diagnose(settings: Settings) -> list[tuple[bool, str]]:
+    """(ok, sentence) for each check, in order; stops at the first check the rest depend on."""
+    try:
+        pool = load_policy(settings.policy_file).pool_settings(settings.pool_settings())
+    except PolicyError as exc:
+        return [(False, str(exc))]
+    try:
+        client = docker.from_env()
+        info = client.info()
+    except docker.errors.DockerException as exc:
+        return [(False, f"no Docker engine answers ({exc}); start one (./run.sh serve does) "
+                        "or set DOCKER_HOST")]
+    found = [(True, f"Docker engine {info.get('ServerVersion', '?')} answers; runtimes: "
+                    f"{', '.join(sorted(info.get('Runtimes') or {}))}")]
+    try:
+        for profile in pool.profiles.values():
+            try:
+                client.images.get(profile.image)
+                found.append((True, f"profile {profile.name}: image {profile.image} is there"))
+            except docker.errors.ImageNotFound:
+                found.append((False, f"profile {profile.name}: no image {profile.image}; "
+                                     "run `replgate image build`"))
+            problem = missing_runtime(info.get("Runtimes") or {}, [profile])
+            found.append((problem is None, problem or
+                          f"profile {profile.name}: runtime {profile.runtime} is available"))
+    finally:
+        client.close()
+    return found

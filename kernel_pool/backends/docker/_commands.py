@@ -1,0 +1,157 @@
+"""Shell commands in a Docker sandbox: ``docker exec`` of the sandbox's command wrapper.
+
+The output is read from the exec's hijacked socket on the event loop (Docker's stream framing:
+an 8-byte header, stream and length, before each piece), so a flood is read only as fast as
+the gateway takes it, and no thread is held per command. Stopping a command signals the
+wrapper (``replgate_kernel/command.py``) from the host through a pidfd; the wrapper kills the
+command's whole process group. The wrapper's host pid is kept in ``running`` while it runs, so
+the clean-up after an execution spares a command started beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
+from kernel_pool.backends.base import CommandProcess
+
+WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
+KILL_GRACE_S = 2.0
+"""How long the wrapper has to kill its group before it is killed itself."""
+_HEADER = struct.Struct(">BxxxI")
+_STREAMS = {1: "stdout", 2: "stderr"}
+
+Run = Callable[..., Awaitable[Any]]
+"""The backend's way to call the blocking Docker SDK off the loop."""
+
+
+class DockerCommand(CommandProcess):
+    """One ``docker exec`` of the command wrapper."""
+
+    def __init__(self, api: Any, run: Run, exec_id: str, raw: Any, running: set[int]) -> None:
+        self._api = api
+        self._run = run
+        self._exec_id = exec_id
+        self._raw = raw
+        """What the SDK gave: the socket, or a file object over it that must be closed too."""
+        self._sock: socket.socket = raw._sock if hasattr(raw, "_sock") else raw
+        self._sock.setblocking(False)
+        self._buffer = bytearray()
+        self._eof = False
+        self._running = running
+        self._pid = 0
+        self._pidfd: int | None = None
+        self._exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def start(cls, api: Any, run: Run, container_id: str, command: str, *,
+                    env: dict[str, str], cwd: str, running: set[int]) -> DockerCommand:
+        exec_id = (await run(api.exec_create, container_id, [*WRAPPER, command],
+                             user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=cwd,
+                             environment=env, stdout=True, stderr=True, stdin=False))["Id"]
+        raw = await run(api.exec_start, exec_id, socket=True)
+        process = cls(api, run, exec_id, raw, running)
+        try:
+            await process._find_pid()
+        except BaseException:
+            await process.close()
+            raise
+        return process
+
+    async def _find_pid(self) -> None:
+        for _ in range(100):
+            details = await self._run(self._api.exec_inspect, self._exec_id)
+            if details.get("Pid") or not details.get("Running"):
+                break
+            await asyncio.sleep(0.01)
+        pid = int(details.get("Pid") or 0)
+        if pid and details.get("Running"):
+            with contextlib.suppress(OSError):
+                self._pidfd = os.pidfd_open(pid)
+                self._pid = pid
+                self._running.add(pid)
+                asyncio.get_running_loop().add_reader(self._pidfd, self._wrapper_exited)
+
+    def _wrapper_exited(self) -> None:
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    async def read(self) -> tuple[str, bytes] | None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if len(self._buffer) >= _HEADER.size:
+                kind, size = _HEADER.unpack_from(self._buffer)
+                if len(self._buffer) >= _HEADER.size + size:
+                    data = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
+                    del self._buffer[: _HEADER.size + size]
+                    if kind in _STREAMS and data:
+                        return _STREAMS[kind], data
+                    continue
+            if self._eof:
+                return None
+            chunk = await self._receive(loop)
+            if not chunk:
+                self._eof = True
+                continue
+            self._buffer += chunk
+
+    async def _receive(self, loop: asyncio.AbstractEventLoop) -> bytes:
+        """The next bytes of the socket; empty at its end, or shortly after the wrapper
+        exited (a process that left the command's group may hold the output open)."""
+        receiving = asyncio.ensure_future(loop.sock_recv(self._sock, 256 * 1024))
+        try:
+            watched: set[asyncio.Future[Any]] = {receiving, self._exited}
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if not receiving.done():
+                await asyncio.wait({receiving}, timeout=0.5)
+            if not receiving.done():
+                return b""
+            return receiving.result()
+        except (OSError, ValueError):  # closed: ValueError for a socket closed by kill()
+            return b""
+        finally:
+            receiving.cancel()
+
+    async def kill(self) -> None:
+        if self._exited.done():
+            return
+        if self._pidfd is None:
+            # Its pid could not be had: stop reading it; the clean-up after the next
+            # execution kills it like any process left behind.
+            self._sock.close()
+            return
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._exited), KILL_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def wait(self) -> int | None:
+        for _ in range(100):  # the engine's exec record may lag the process by a moment
+            details = await self._run(self._api.exec_inspect, self._exec_id)
+            if not details.get("Running"):
+                code = details.get("ExitCode")
+                return int(code) if code is not None else None
+            await asyncio.sleep(0.02)
+        return None
+
+    async def close(self) -> None:
+        self._running.discard(self._pid)
+        if self._pidfd is not None:
+            if not self._exited.done():
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._raw.close()
+        self._sock.close()

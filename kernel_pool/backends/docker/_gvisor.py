@@ -1,0 +1,166 @@
+"""The gVisor runtime (``runsc``) for the Docker backend: what the engine must offer, and the
+sandbox's processes, seen and killed from the host through ``runsc``.
+
+Under gVisor the sandboxed processes are not host processes: the container's cgroup holds the
+gVisor kernel (the sentry), its file proxy (the gofer) and their helper processes, and killing
+any of those kills the whole sandbox. So the per-execution clean-up asks ``runsc ps`` for
+the processes the sentry runs and kills the few an execution left behind one by one with
+``runsc kill --pid``, from the host: no ``docker exec`` (which a sandbox at its process limit
+leaves no room for) and nothing the sandboxed code can intercept. The hard stop of a restart,
+and the clean-up after a swarm of processes, replace the whole container instead: gVisor's
+kernel goes with it, and the workspace stays.
+
+gVisor's process ids are handed out in increasing order and not reused until the space wraps,
+so a pid read from ``runsc ps`` and killed a few milliseconds later is the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kernel_pool.config import Profile
+
+ENGINE_RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
+"""A profile's ``runtime`` -> the name the Docker engine knows the OCI runtime by."""
+GVISOR_ARGS = ("--network=none", "--host-uds=create")
+"""runsc arguments the engine must pass: no network stack of its own (the sandbox has no network
+anyway, and runsc cannot set one up in an engine's root network namespace), and Unix sockets
+bound in the sandbox made visible on the host (the kernel's ZMQ sockets in the bind-mounted
+socket folder; without it they never appear on the host)."""
+RUNSC_PATH = "/usr/local/bin/runsc"
+"""Where ``./run.sh`` installs Debian's runsc."""
+DAEMON_JSON = (f'"runtimes": {{"runsc": {{"path": "{RUNSC_PATH}", "runtimeArgs": '
+               f'{json.dumps(list(GVISOR_ARGS))}}}}}')
+HOST_PIDS_HEADROOM = 128
+"""Host processes and threads the sentry and gofer may use beyond two per sandboxed task."""
+RUNSC_TIMEOUT_S = 10.0
+ROUNDS = 3
+"""Passes of ps-and-kill at most: a process forking while it is killed leaves children."""
+FEW_STRAYS = 8
+"""Strays killed one by one (a runsc call each, ~20 ms); more is a swarm (see kill_strays)."""
+
+
+def host_pids_limit(profile: Profile) -> int:
+    """The host cgroup's pids ceiling for a gVisor sandbox.
+
+    The profile's ``pids`` is enforced inside gVisor (``RLIMIT_NPROC``: its fork and clone fail
+    with EAGAIN, as on Linux). The host cgroup's limit only bounds the sentry, which needs host
+    threads and helper processes for the sandbox's tasks; hitting it crashes the sentry (the
+    whole sandbox), so it sits well above what ``pids`` sandboxed tasks need (measured: 256
+    tasks cost about 300 host pids).
+    """
+    return 2 * profile.pids + HOST_PIDS_HEADROOM
+
+
+def missing_runtime(runtimes: Mapping[str, Any], profiles: Iterable[Profile]) -> str | None:
+    """The one sentence to fail start-up with when a profile asks for gVisor and the engine
+    (its ``docker info`` ``Runtimes``) does not offer it as needed; None when all is well."""
+    wanting = sorted(p.name for p in profiles if p.runtime == "gvisor")
+    if not wanting:
+        return None
+    registered = runtimes.get(ENGINE_RUNTIMES["gvisor"])
+    arguments = set(registered.get("runtimeArgs") or []) if isinstance(registered, dict) else set()
+    if registered is not None and arguments >= set(GVISOR_ARGS):
+        return None
+    problem = ("has no runtime named runsc" if registered is None else
+               f"runs runsc without {' '.join(sorted(set(GVISOR_ARGS) - arguments))}")
+    return (f"profile {', '.join(wanting)} asks for runtime gvisor but the Docker engine "
+            f"{problem}: add {DAEMON_JSON} to /etc/docker/daemon.json (runsc from Debian's "
+            "package; ./run.sh installs it and does this when it starts the engine) and reload "
+            "the engine with `kill -HUP $(pidof dockerd)`")
+
+
+class Runsc:
+    """One gVisor sandbox, driven through the runsc that runs it (blocking calls)."""
+
+    def __init__(self, binary: str, root: str, container_id: str) -> None:
+        self.binary = binary
+        self.root = root
+        self.container_id = container_id
+
+    @classmethod
+    def for_sandbox(cls, sandbox_pid: int, container_id: str) -> Runsc | None:
+        """Found from the sandbox process (the container's PID as the engine reports it):
+        its executable and the ``--root`` the engine gave it. None where that is not
+        readable (a remote engine, no root)."""
+        try:
+            binary = str(Path(f"/proc/{sandbox_pid}/exe").readlink())
+            arguments = Path(f"/proc/{sandbox_pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        for argument in arguments:
+            if argument.startswith(b"--root="):
+                return cls(binary.removesuffix(" (deleted)"), argument[7:].decode(), container_id)
+        return None
+
+    def _call(self, *arguments: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.binary, f"--root={self.root}", *arguments],
+                              capture_output=True, text=True, timeout=RUNSC_TIMEOUT_S)
+
+    def processes(self) -> dict[int, int] | None:
+        """pid -> parent pid of every process in the sandbox, as gVisor numbers them; None
+        when runsc cannot answer (the sandbox is gone)."""
+        result = self._call("ps", self.container_id)
+        if result.returncode != 0:
+            return None
+        found = {}
+        for line in result.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit():
+                found[int(fields[1])] = int(fields[2])
+        return found
+
+    def kill(self, pid: int) -> bool:
+        return self._call("kill", "--pid", str(pid), self.container_id, "KILL").returncode == 0
+
+    def kill_strays(self, keep_kernel_children: bool) -> int | None:
+        """Kill every process but PID 1 and the processes the engine started (parent 0: the
+        kernel), and with ``keep_kernel_children`` their descendants; how many were killed.
+
+        None when that is not a few daemons but a swarm (a fork bomb re-forks faster than
+        processes are killed one runsc call at a time): the caller replaces the sandbox.
+        """
+        killed: set[int] = set()
+        for _ in range(ROUNDS):
+            found = self.processes()
+            if found is None:
+                break
+            # A killed child stays listed (a zombie) until the kernel reaps it: not a new one.
+            strays = [pid for pid in strays_of(found, keep_kernel_children) if pid not in killed]
+            if not strays:
+                break
+            if len(strays) > FEW_STRAYS:
+                return None
+            for pid in strays:
+                if self.kill(pid):
+                    killed.add(pid)
+        else:
+            return None
+        return len(killed)
+
+
+def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[int]:
+    """The pids to kill among ``pid -> parent pid`` (see :meth:`Runsc.kill_strays`)."""
+    roots = {pid for pid, parent in processes.items() if parent == 0}
+    strays = []
+    for pid in processes:
+        if pid in roots:
+            continue
+        if keep_kernel_children and _descends(pid, roots, processes):
+            continue
+        strays.append(pid)
+    return strays
+
+
+def _descends(pid: int, roots: set[int], processes: Mapping[int, int]) -> bool:
+    for _ in range(len(processes) + 1):
+        pid = processes.get(pid, 0)
+        if pid in roots:
+            return pid != 1  # PID 1 adopts orphans: daemons re-parented there are strays
+        if pid == 0:
+            return False
+    return False

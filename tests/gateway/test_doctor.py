@@ -1,0 +1,31 @@
+"""``replgate doctor`` against the real engine: one line per check, exit status 1 on a problem."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import docker
+
+from tests.conftest import REPO
+
+
+def _doctor(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "doctor"], cwd=REPO,
+                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+
+
+def test_doctor_passes_gvisor_profile_on_configured_engine(
+        docker_client: docker.DockerClient) -> None:
+    done = _doctor(REPLGATE_RUNTIME="gvisor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok      profile default: runtime gvisor is available" in done.stdout
+    assert "PROBLEM" not in done.stdout
+
+
+def test_doctor_reports_missing_engine_with_exit_status_1() -> None:
+    done = _doctor(DOCKER_HOST="unix:///nonexistent/docker.sock")
+    assert done.returncode == 1
+    assert done.stdout.startswith("PROBLEM no Docker engine answers"), done.stdout

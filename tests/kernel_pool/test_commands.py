@@ -1,0 +1,135 @@
+"""Shell commands beside the kernel: exit codes, env, cwd, timeouts, kills, floods, bombs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from kp_support import SESSION_ENV, processes, run_ok
+
+from kernel_pool import KernelPoolError, Session, SessionClosed
+from kernel_pool.events import StreamEvent
+
+
+async def test_command_gives_exit_code_and_output(shared_session: Session) -> None:
+    result = await shared_session.run_command(shared_session.prepare_command(
+        "echo out; echo err >&2; exit 3"))
+    assert (result.status, result.exit_code) == ("ok", 3)
+    assert (result.stdout, result.stderr) == ("out\n", "err\n")
+    assert result.truncated is False
+
+
+async def test_command_runs_in_workspace_as_sandbox_user_with_env(
+        shared_session: Session) -> None:
+    await run_ok(shared_session, "import os; os.makedirs('sub', exist_ok=True)")
+    result = await shared_session.run_command(shared_session.prepare_command(
+        'pwd; id -u; echo "$GREETING|$REPLGATE_TEST_GREETING"', env={"GREETING": "hi"},
+        cwd="sub"))
+    assert result.stdout.splitlines() == [
+        "/workspace/sub", "1000", f"hi|{SESSION_ENV['REPLGATE_TEST_GREETING']}"]
+    absolute = await shared_session.run_command(shared_session.prepare_command(
+        "pwd", cwd="/workspace/sub"))
+    assert absolute.stdout == "/workspace/sub\n"
+
+
+async def test_command_has_no_network(shared_session: Session) -> None:
+    result = await shared_session.run_command(shared_session.prepare_command(
+        "python -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""))
+    assert result.exit_code != 0
+    assert "unreachable" in result.stderr.lower() or "error" in result.stderr.lower()
+
+
+async def test_command_streams_output_as_it_comes(shared_session: Session) -> None:
+    seen: list[tuple[float, StreamEvent]] = []
+    started = time.monotonic()
+    result = await shared_session.run_command(
+        shared_session.prepare_command("echo first; sleep 1; echo second"),
+        lambda event: seen.append((time.monotonic() - started, event)))
+    assert result.stdout == "first\nsecond\n"
+    assert [event.text for _, event in seen] == ["first\n", "second\n"]
+    assert seen[0][0] < seen[1][0] - 0.5  # the first line came before the sleep ended
+
+
+async def test_command_timeout_kills_its_process_group(session: Session) -> None:
+    started = time.monotonic()
+    result = await session.run_command(session.prepare_command(
+        "sleep 100 & echo started; sleep 100", timeout_s=2))
+    assert result.status == "timeout"
+    assert result.exit_code is None
+    assert result.stdout == "started\n"
+    assert time.monotonic() - started < 10
+    assert not [p for p in await processes(session) if "sleep" in p[2]]
+
+
+async def test_command_ending_kills_its_background_children(session: Session) -> None:
+    result = await session.run_command(session.prepare_command("sleep 100 & echo done"))
+    assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")
+    assert not [p for p in await processes(session) if "sleep" in p[2]]
+
+
+async def test_command_is_killed_on_request(session: Session) -> None:
+    command = session.prepare_command("echo up; sleep 100")
+    running = asyncio.ensure_future(session.run_command(command))
+    await asyncio.sleep(1)
+    assert session.commands[command.id] is command
+    assert command.kill() is True
+    result = await running
+    assert result.status == "killed"
+    assert result.stdout == "up\n"
+    assert command.id not in session.commands
+
+
+async def test_command_flood_is_capped_and_spilled(session: Session) -> None:
+    result = await session.run_command(session.prepare_command(
+        "yes 0123456789abcdef | head -c 30000000", timeout_s=60))
+    assert result.status == "ok"
+    assert result.truncated is True
+    assert len(result.stdout) < 2 * session.profile.caps.stream_chars
+    assert f".replgate/outputs/{result.id}.txt" in result.stderr
+    size = await run_ok(session, f"import os; print(os.path.getsize('.replgate/outputs/"
+                                 f"{result.id}.txt'))")
+    assert int(size) == 30_000_000
+
+
+async def test_command_fork_bomb_is_contained(session: Session) -> None:
+    result = await session.run_command(session.prepare_command(
+        "bomb() { bomb | bomb & }; bomb; sleep 5", timeout_s=5))
+    assert result.status in ("timeout", "ok")
+    assert (await session.execute("21 * 2")).outputs[0].data["text/plain"] == "42"
+    assert len(await processes(session)) < 10
+
+
+async def test_command_runs_beside_a_running_execution(session: Session) -> None:
+    handle = session.submit("import time; time.sleep(3); 'slept'")
+    await asyncio.sleep(0.5)
+    result = await session.run_command(session.prepare_command("echo beside"))
+    assert result.stdout == "beside\n"
+    assert (await handle.result()).outputs[0].data["text/plain"] == "'slept'"
+
+
+async def test_command_outlives_an_execution_that_ends_beside_it(session: Session) -> None:
+    command = session.prepare_command("sleep 3; echo survived")
+    running = asyncio.ensure_future(session.run_command(command))
+    await asyncio.sleep(0.5)
+    await run_ok(session, "1")  # its clean-up kills strays, but not a running command
+    assert (await running).stdout == "survived\n"
+
+
+@pytest.mark.parametrize(("command", "kwargs", "message"), [
+    ("", {}, "cmd is empty"), ("   ", {}, "cmd is empty"),
+    ("ls", {"timeout_s": 0}, "timeout_s"), ("ls", {"timeout_s": 10_000}, "timeout_s"),
+    ("ls", {"cwd": "../etc"}, "leaves the session's workspace"),
+    ("ls", {"cwd": "/etc"}, "leaves the session's workspace"),
+])
+async def test_command_refuses_bad_requests(shared_session: Session, command: str,
+                                            kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(KernelPoolError, match=message):
+        shared_session.prepare_command(command, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_command_on_closed_session_is_refused(pool: object) -> None:
+    session = await pool.create_session()  # type: ignore[attr-defined]
+    await pool.delete_session(session.id)  # type: ignore[attr-defined]
+    with pytest.raises(SessionClosed):
+        session.prepare_command("ls")
