@@ -249,6 +249,9 @@ class Session:
         """Run a command from :meth:`prepare_command` to its end; its aggregate result."""
         if run.id in self.commands:
             raise InvalidRequest(f"command id {run.id!r} is already running")
+        if self.paused:  # a command runs in the sandbox's container: bring it back first
+            await self.resume()
+            run.sandbox = self.kernel.sandbox  # a resume may have moved it to a new sandbox
         self.commands[run.id] = run
         self._touch()
         try:

@@ -330,3 +330,12 @@ def test_resume_gets_503_only_when_nothing_can_be_paused(
         # Once the other is idle it is paused to make room, and the first resumes.
         assert value(client, first, "mine") == "'first'"
         assert client.get(f"/v1/sessions/{second}").json()["status"] == "paused"
+
+
+def test_command_on_a_paused_session_resumes_it(alpha: httpx.Client, session_id: str) -> None:
+    run(alpha, session_id, "open('seen.txt', 'w').write('files and variables')\nkept = 1")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    answer = alpha.post(f"/v1/sessions/{session_id}/commands", json={"cmd": "cat seen.txt"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["stdout"] == "files and variables"
+    assert value(alpha, session_id, "kept") == "1"
