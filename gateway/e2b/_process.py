@@ -246,6 +246,9 @@ class Processes:
         if request.stdin:
             raise not_offered("stdin to commands; pass the input in the command itself")
         config = request.process
+        if not config.cmd:
+            raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty; name the program "
+                                                      "to run, e.g. /bin/bash with args -c CMD")
         deadline_ms = ctx.timeout_ms
         limit = target.session.profile.max_timeout_s
         pid = next(self._pids)

@@ -12,8 +12,13 @@ from collections.abc import Iterator
 import docker
 import httpx
 import pytest
-from e2b import AuthenticationException, NotFoundException, SandboxException, TimeoutException
-from e2b import CommandExitException
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 from e2b_code_interpreter.charts import ChartType, LineChart
 
