@@ -92,15 +92,13 @@ def unary(service: str, name: str, request: type[Req], response: type[Res],
 
 
 def server_stream(service: str, name: str, request: type[Req], response: type[Res],
-                  function: Callable[[Req], AsyncIterator[Res]],
+                  function: Callable[[Req, RequestContext[Req, Res]], AsyncIterator[Res]],
                   ) -> tuple[str, Endpoint[Req, Res]]:
-    """A server-streaming method, ``function(request)`` yielding responses."""
-    def call(message: Req, ctx: RequestContext[Req, Res]) -> AsyncIterator[Res]:
-        return function(message)
-
+    """A server-streaming method, ``function(request, ctx)`` yielding responses (the context
+    tells the call's deadline and headers)."""
     info = MethodInfo(name=name, service_name=service, input=request, output=response,
                       idempotency_level=IdempotencyLevel.UNKNOWN)
-    return f"/{service}/{name}", Endpoint.server_stream(method=info, function=call)
+    return f"/{service}/{name}", Endpoint.server_stream(method=info, function=function)
 
 
 class ConnectService(ConnectASGIApplication[None]):

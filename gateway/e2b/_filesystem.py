@@ -13,6 +13,7 @@ from typing import Literal, TypeVar
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
 
 from gateway.e2b._connect import (
     TARGET,
@@ -134,7 +135,8 @@ async def remove(request: PathRequest) -> Empty:
     return Empty()
 
 
-async def watch_dir(request: WatchRequest) -> AsyncIterator[Empty]:
+async def watch_dir(request: WatchRequest, _ctx: RequestContext[WatchRequest, Empty],
+                    ) -> AsyncIterator[Empty]:
     raise not_offered("watching folders (watch_dir); list the folder again instead")
     yield Empty()  # pragma: no cover - makes this an async generator
 

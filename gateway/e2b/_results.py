@@ -44,7 +44,9 @@ _ENDINGS = {
 }
 
 
-def result_line(data: dict[str, Any], is_main_result: bool) -> dict[str, Any]:
+def result_line(data: dict[str, Any], is_main_result: bool,
+                chart: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A display bundle as E2B's ``Result``; ``chart`` is a figure's data (E2B's format)."""
     line: dict[str, Any] = {"type": "result", "is_main_result": is_main_result}
     extra: dict[str, Any] = {}
     for mime, value in data.items():
@@ -59,6 +61,8 @@ def result_line(data: dict[str, Any], is_main_result: bool) -> dict[str, Any]:
         line["text"] = text[1:-1]
     if extra:
         line["extra"] = extra
+    if chart is not None:
+        line["chart"] = chart
     return line
 
 
@@ -73,7 +77,7 @@ class Translator:
             return [{"type": event.type, "text": event.text,
                      "timestamp": datetime.now(UTC).isoformat()}]
         if isinstance(event, DisplayEvent):
-            return [result_line(event.data, event.type == "result")]
+            return [result_line(event.data, event.type == "result", event.chart)]
         if isinstance(event, UpdateDisplayEvent):
             return [result_line(event.data, False)]
         if isinstance(event, ErrorEvent):

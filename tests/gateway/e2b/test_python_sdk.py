@@ -12,8 +12,15 @@ from collections.abc import Iterator
 import docker
 import httpx
 import pytest
-from e2b import AuthenticationException, NotFoundException, SandboxException, TimeoutException
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
 from e2b_code_interpreter import AsyncSandbox, Sandbox
+from e2b_code_interpreter.charts import ChartType, LineChart
 
 from tests.conftest import GatewayProcess, running_gateway
 
@@ -77,12 +84,18 @@ def test_run_code_reports_errors_as_data(sandbox: Sandbox) -> None:
     assert errors == [execution.error]
 
 
-def test_run_code_returns_a_png_chart(sandbox: Sandbox) -> None:
+def test_run_code_returns_a_png_chart_with_its_data(sandbox: Sandbox) -> None:
     execution = sandbox.run_code(
         "import matplotlib.pyplot as plt\n"
-        "plt.plot([1, 2, 3], [4, 1, 9])\nplt.title('rise')\nplt.show()")
-    pngs = [r.png for r in execution.results if r.png]
-    assert pngs and len(pngs[0]) > 1000
+        "plt.plot([1, 2, 3], [4, 1, 9], label='y')\nplt.title('rise')\nplt.show()")
+    charts = [r for r in execution.results if r.png]
+    assert charts and len(charts[0].png) > 1000
+    chart = charts[0].chart
+    assert isinstance(chart, LineChart)
+    assert chart.type == ChartType.LINE
+    assert chart.title == "rise"
+    assert [[float(v) for v in point] for point in chart.elements[0].points] == [
+        [1, 4], [2, 1], [3, 9]]
 
 
 def test_run_code_returns_a_dataframes_html(sandbox: Sandbox) -> None:
@@ -109,6 +122,62 @@ def test_run_code_env_vars_apply_to_that_call_only(sandbox: Sandbox) -> None:
                                  envs={"E2B_ONLY_HERE": "yes"})
     assert execution.text == "yes"
     assert sandbox.run_code("'E2B_ONLY_HERE' in os.environ").text == "False"
+
+
+def test_commands_run_returns_output_and_exit_code(sandbox: Sandbox) -> None:
+    result = sandbox.commands.run("echo out; echo err >&2")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out\n", "err\n")
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3
+    assert failed.value.stdout == "partial\n"
+
+
+def test_commands_run_streams_to_callbacks_with_envs_and_cwd(sandbox: Sandbox) -> None:
+    sandbox.files.make_dir("/home/user/cmd_dir")
+    out: list[str] = []
+    err: list[str] = []
+    result = sandbox.commands.run(
+        "pwd; echo \"$GREETING\"; echo warn >&2; [[ -d . ]] && echo bash",
+        envs={"GREETING": "hello"}, cwd="/home/user/cmd_dir",
+        on_stdout=out.append, on_stderr=err.append)
+    assert "".join(out) == result.stdout
+    assert result.stdout.splitlines()[1:] == ["hello", "bash"]
+    assert result.stdout.splitlines()[0].endswith("/cmd_dir")
+    assert "".join(err) == "warn\n"
+
+
+def test_commands_run_timeout_raises_and_stops_it(sandbox: Sandbox) -> None:
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=1)
+    while sandbox.commands.list() and time.monotonic() - started < 20:
+        time.sleep(0.1)  # stopped at its timeout on the gateway's side too
+    assert sandbox.commands.list() == []
+
+
+def test_background_command_waits_and_kills(sandbox: Sandbox) -> None:
+    quick = sandbox.commands.run("sleep 0.5; echo done", background=True)
+    assert quick.wait().stdout == "done\n"
+    slow = sandbox.commands.run("echo started; sleep 60", background=True)
+    assert slow.pid in [p.pid for p in sandbox.commands.list()]
+    assert slow.kill()
+    with pytest.raises(CommandExitException):
+        slow.wait()
+    assert sandbox.commands.list() == []
+    assert not sandbox.commands.kill(slow.pid)
+
+
+def test_commands_connect_follows_a_running_command(sandbox: Sandbox) -> None:
+    started = sandbox.commands.run("sleep 1; echo later", background=True)
+    started.disconnect()
+    again = sandbox.commands.connect(started.pid)
+    assert again.wait().stdout == "later\n"
+
+
+def test_commands_stdin_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="stdin"):
+        sandbox.commands.run("cat", stdin=True)
 
 
 def test_files_write_read_list_remove(sandbox: Sandbox) -> None:

@@ -2,7 +2,7 @@
 // test_js_sdk.py with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set; exits non-zero on the
 // first failed check, naming it.
 import assert from 'node:assert/strict'
-import { Sandbox } from '@e2b/code-interpreter'
+import { CommandExitError, Sandbox, TimeoutError } from '@e2b/code-interpreter'
 
 const checks = []
 const check = (name, fn) => checks.push([name, fn])
@@ -40,10 +40,14 @@ check('runCode reports errors as data', async () => {
   assert.equal(exec.error.name, 'ZeroDivisionError')
 })
 
-check('runCode returns a PNG chart', async () => {
+check('runCode returns a PNG chart with its data', async () => {
   const exec = await sbx.runCode(
-    'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()')
-  assert.ok(exec.results.some((r) => r.png && r.png.length > 1000))
+    "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('t')\nplt.show()")
+  const figure = exec.results.find((r) => r.png && r.png.length > 1000)
+  assert.ok(figure)
+  assert.equal(figure.chart.type, 'line')
+  assert.equal(figure.chart.title, 't')
+  assert.deepEqual(figure.chart.elements[0].points.map((p) => p.map(Number)), [[1, 3], [2, 1], [3, 2]])
 })
 
 check("runCode returns a DataFrame's html", async () => {
@@ -67,6 +71,29 @@ check('files write, read, list, remove', async () => {
   assert.equal(exec.text, 'from js')
   await sbx.files.remove('js.txt')
   assert.equal(await sbx.files.exists('js.txt'), false)
+})
+
+check('commands.run: output, exit codes, envs, cwd, streaming', async () => {
+  const ok = await sbx.commands.run('echo out; echo err >&2')
+  assert.deepEqual([ok.exitCode, ok.stdout, ok.stderr], [0, 'out\n', 'err\n'])
+  await assert.rejects(sbx.commands.run('exit 4'),
+    (e) => e instanceof CommandExitError && e.exitCode === 4)
+  const out = []
+  const res = await sbx.commands.run('echo "$NAME"; pwd', {
+    envs: { NAME: 'js' }, cwd: '/home/user', onStdout: (d) => out.push(d),
+  })
+  assert.equal(out.join(''), res.stdout)
+  assert.equal(res.stdout.split('\n')[0], 'js')
+})
+
+check('commands.run timeout, background wait and kill', async () => {
+  await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 1000 }),
+    (e) => e instanceof TimeoutError)
+  const quick = await sbx.commands.run('sleep 0.3; echo done', { background: true })
+  assert.equal((await quick.wait()).stdout, 'done\n')
+  const slow = await sbx.commands.run('sleep 60', { background: true })
+  assert.ok(await slow.kill())
+  await assert.rejects(slow.wait(), (e) => e instanceof CommandExitError)
 })
 
 check('connect reaches the same state', async () => {

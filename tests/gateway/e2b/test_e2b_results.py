@@ -34,3 +34,11 @@ def test_translator_says_why_when_the_kernel_gave_no_error() -> None:
 def test_display_is_not_the_main_result() -> None:
     line = Translator().lines(DisplayEvent(type="display", data={"text/plain": "<Figure>"}))
     assert line[0]["is_main_result"] is False
+
+
+def test_display_with_a_chart_carries_it_as_e2bs_chart() -> None:
+    chart = {"type": "line", "title": "t", "elements": []}
+    line = Translator().lines(DisplayEvent(type="display", data={"image/png": "iVBO"},
+                                           chart=chart))
+    assert line[0]["chart"] == chart
+    assert "extra" not in line[0]

@@ -124,6 +124,39 @@ def test_connect_bad_requests_are_connect_errors_not_500(
     assert 400 <= answer.status_code < 500, answer.text
 
 
+@pytest.mark.parametrize("method,body,code", [
+    ("SendSignal", b'{"process": {"pid": 1}, "signal": "SIGNAL_SIGKILL"}', "not_found"),
+    ("SendSignal", b'{"process": {"pid": "x"}}', "invalid_argument"),
+    ("SendInput", b'{"process": {"pid": 1}, "input": {"stdin": "eA=="}}', "unimplemented"),
+    ("Update", b"{}", "unimplemented"),
+])
+def test_process_refusals_are_connect_errors_with_a_sentence(
+        gateway: GatewayProcess, sandbox: dict[str, str], method: str, body: bytes,
+        code: str) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/process.Process/{method}", content=body,
+                        headers={**sandbox_headers(sandbox), "Content-Type": "application/json"})
+    assert 400 <= answer.status_code < 600 and answer.status_code != 500, answer.text
+    assert answer.json()["code"] == code and answer.json()["message"]
+
+
+@pytest.mark.parametrize("process,why", [
+    ({"process": {"cmd": "/bin/bash", "args": ["-c", "true"]}, "pty": {}}, "terminals"),
+    ({"process": {"cmd": "/bin/bash", "args": ["-c", "true"], "cwd": "/etc"}}, "/home/user"),
+    ({"process": {"cmd": ""}}, "cmd is empty"),
+])
+def test_process_start_refusal_ends_the_stream_with_a_sentence(
+        gateway: GatewayProcess, sandbox: dict[str, str], process: dict[str, object],
+        why: str) -> None:
+    message = json.dumps(process).encode()
+    envelope = b"\x00" + len(message).to_bytes(4, "big") + message
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/process.Process/Start", content=envelope,
+                        headers={**sandbox_headers(sandbox),
+                                 "Content-Type": "application/connect+json"}, timeout=30)
+    assert answer.status_code == 200, answer.text  # Connect streams say errors in their end
+    end = json.loads(answer.content[5:])
+    assert why in end["error"]["message"]
+
+
 def test_connect_stat_answers_protojson(gateway: GatewayProcess,
                                         sandbox: dict[str, str]) -> None:
     answer = httpx.post(f"{gateway.url}/e2b/sandbox/filesystem.Filesystem/Stat",
