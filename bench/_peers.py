@@ -91,7 +91,9 @@ class Replgate:
                     "REPLGATE_IMAGE": image or self.image,
                     "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
                     "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256",
-                    "REPLGATE_LOG_LEVEL": "warning", "REPLGATE_RUNTIME": runtime})
+                    "REPLGATE_LOG_LEVEL": "warning", "REPLGATE_RUNTIME": runtime,
+                    # A stopped contender leaves nothing running (its sessions are deleted).
+                    "REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
         self.log = self.state.with_suffix(".log")
         """The gateway's own log (warnings and errors), kept after the run."""
         with self.log.open("wb") as log:

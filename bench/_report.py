@@ -23,6 +23,12 @@ LATENCY_ROWS = [
     ("session start: replgate, cold (container+kernel)", "session_start.replgate_cold", None),
     ("session start: Kernel Gateway POST /api/kernels", "session_start.kernel_gateway",
      "session_start.replgate_cold"),
+    ("pause, data stack imported (variables)", "lifecycle.pause", None),
+    ("resume + 1+1 on a paused session", "lifecycle.resume_execute",
+     "lifecycle.cold_start_execute"),
+    ("cold session start + 1+1 (no warm kernel)", "lifecycle.cold_start_execute", None),
+    ("fork of 4, all ready", "lifecycle.fork4", "lifecycle.create4"),
+    ("4 sessions created at once (warm pool of 2)", "lifecycle.create4", None),
     ("1+1: floor (jupyter_client -> host ipykernel)", "round_trip.floor", None),
     ("1+1: kernel_pool in-process (sandboxed)", "round_trip.pool_in_process",
      "round_trip.floor"),
@@ -71,6 +77,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     share = None if rg32 is None or not floor32 else rg32 / floor32
     add("throughput at 32 sessions, share of the floor's", share, ">= 0.90",
         None if share is None else share >= 0.9)
+    resume = _get(results, "lifecycle.resume_execute.p50")
+    add("resume + 1+1 on a paused session, p50 (ms)", resume, "<= 150",
+        None if resume is None else resume <= 150)
+    pause = _get(results, "lifecycle.pause.p50")
+    add("pause p50, data stack imported (ms)", pause, "<= 500",
+        None if pause is None else pause <= 500)
+    image = _get(results, "lifecycle.snapshot_mib")
+    add("paused session's image (MiB, compressed)", image, "<= 30",
+        None if image is None else image <= 30)
+    fork = _get(results, "lifecycle.fork4.p50")
+    add("fork of 4, all ready, p50 (ms)", fork, "<= 1500", None if fork is None else fork <= 1500)
     mem = _get(results, "density.uss_mib")
     add("memory per warm kernel (MiB, USS)", mem, "< 100", None if mem is None else mem < 100)
     gvisor_warm = _get(results, "runtimes.warm_start.gvisor.p50")

@@ -17,13 +17,14 @@ from typing import Any
 from bench import _figures as figures
 from bench import _runtimes
 from bench._e2b import e2b_vs_client
+from bench._lifecycle import lifecycle
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "throughput",
-           "density", "runtimes", "e2b")
+FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
+           "throughput", "density", "runtimes", "e2b")
 
 
 def log(message: str) -> None:
@@ -94,6 +95,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("streaming", "streaming", lambda: figures.streaming(contenders, sizes)),
             ("chart", "matplotlib PNG", lambda: figures.chart(contenders, sizes)),
             ("flood", "flood", lambda: figures.flood(contenders)),
+            ("lifecycle", "pause, resume, fork",
+             lambda: lifecycle(replgate, cold, sizes.starts_cold)),
             ("e2b", "E2B SDK against replgate's client",
              lambda: e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips)),
         ]

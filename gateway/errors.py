@@ -43,6 +43,8 @@ from kernel_pool import (
     QueueFull,
     SessionClosed,
     SessionNotFound,
+    SnapshotBudgetExceeded,
+    SnapshotError,
     StateDirFull,
     TooManyCommands,
     WorkspaceError,
@@ -117,6 +119,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (BackendError, 503),
     (ImageError, 503),
     (StateDirFull, 507),
+    (SnapshotBudgetExceeded, 507),
+    (SnapshotError, 409),
     # the store's
     (RecordNotFound, 404),
     (RecordExists, 409),

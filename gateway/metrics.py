@@ -22,6 +22,8 @@ class _PoolCollector(Collector):
             kernels.add_metric([state], stats[state])
         yield kernels
         yield GaugeMetricFamily("replgate_sessions", "Live sessions", value=stats["sessions"])
+        yield GaugeMetricFamily("replgate_sessions_paused", "Sessions paused to disk",
+                                value=stats["paused"])
         yield GaugeMetricFamily("replgate_pool_max_kernels", "Kernel cap", value=stats["max"])
 
 

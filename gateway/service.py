@@ -21,7 +21,7 @@ from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
-from gateway.wire import CommandRequest, ExecutionOut, SessionCreate, SessionOut
+from gateway.wire import CommandRequest, ExecutionOut, ForkRequest, SessionCreate, SessionOut
 from kernel_pool import (
     CommandResult,
     EgressAttempt,
@@ -64,6 +64,8 @@ class Gateway:
         """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
+        pool.on_session_paused.append(self._lifecycle_changed)
+        pool.on_session_resumed.append(self._lifecycle_changed)
 
     # -- tenants -----------------------------------------------------------------------------
 
@@ -92,12 +94,16 @@ class Gateway:
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
 
     def describe(self, session: Session) -> SessionOut:
+        paused = session.pause_info if session.paused else None
         return SessionOut(
             id=session.id, tenant=self._tenant_of.get(session.id, ""),
             profile=session.profile.name, status=session.status.value,
             execution_count=session.execution_count, created_at=session.created_at,
             last_active_at=session.last_active_at, metadata=session.metadata,
-            budget=self.governance.budget(self._tenant_of.get(session.id, ""), session))
+            budget=self.governance.budget(self._tenant_of.get(session.id, ""), session),
+            paused_with=paused.paused_with if paused else None,
+            not_kept=paused.not_kept if paused else None,
+            snapshot_bytes=paused.image_bytes if paused else None, reason=session.reason)
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -135,6 +141,8 @@ class Gateway:
             self.image = f"{image}@{digest}"
         for info in kept:
             record = records[info.container_id]
+            if self.pool.snapshots.info(record.id) is not None:
+                continue  # paused, its container not removed yet: taken back as paused below
             try:
                 session = await self.pool.adopt_session(
                     info, session_id=record.id, env=record.env, metadata=record.metadata,
@@ -147,8 +155,21 @@ class Gateway:
             logger.info("took back session %s of tenant %s", session.id, record.tenant)
         live = set(self.pool.sessions)
         for record in records.values():
-            if record.id not in live:
-                await self.store.mark_deleted(record.id)
+            if record.id in live or record.sandbox is None:
+                continue
+            # A paused session (its container, if still there, runs no kernel: the next start
+            # of the session reuses or removes it).
+            if self.pool.snapshots.info(record.id) is not None:  # paused: resumed when used
+                try:
+                    await self.pool.adopt_paused_session(
+                        record.sandbox, session_id=record.id, env=record.env,
+                        metadata=record.metadata, created_at=record.created_at,
+                        execution_count=record.execution_count)
+                    self._tenant_of[record.id] = record.tenant
+                    continue
+                except Exception as exc:
+                    logger.error("could not take back paused session %s: %s", record.id, exc)
+            await self.store.mark_deleted(record.id)
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         self.session(tenant, session_id)
@@ -158,6 +179,54 @@ class Gateway:
         self._tenant_of.pop(session.id, None)
         task = asyncio.get_running_loop().create_task(self.store.mark_deleted(session.id))
         task.add_done_callback(_log_failure)
+
+    # -- pause, resume, fork -----------------------------------------------------------------
+
+    async def pause(self, tenant: str, session_id: str) -> Session:
+        """Keep the session in a snapshot and free its kernel (waits for running code)."""
+        session = self.session(tenant, session_id)
+        self.check_disk()
+        await session.pause()
+        await self._record_lifecycle(session)
+        return session
+
+    async def resume(self, tenant: str, session_id: str) -> Session:
+        session = self.session(tenant, session_id)
+        await session.resume()
+        await self._record_lifecycle(session)
+        return session
+
+    async def fork(self, tenant: str, session_id: str, request: ForkRequest) -> list[Session]:
+        """New sessions of the tenant with the session's variables and workspace files."""
+        self.session(tenant, session_id)
+        self.check_disk()
+        held = len(self.sessions(tenant))
+        if held + request.count > self.settings.max_sessions_per_tenant:
+            raise TooManyRequests(
+                f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
+                f"REPLGATE_MAX_SESSIONS_PER_TENANT={self.settings.max_sessions_per_tenant}")
+        children = await self.pool.fork_session(session_id, request.count, request.metadata)
+        for child in children:
+            self._tenant_of[child.id] = tenant
+            await self.store.create_session(SessionRecord(
+                id=child.id, tenant=tenant, profile=child.profile.name,
+                status=child.status.value, created_at=child.created_at,
+                last_active_at=child.last_active_at, execution_count=0,
+                metadata=child.metadata, env=child.env,
+                sandbox=child.sandbox_info().model_dump(mode="json")))
+        return children
+
+    async def _record_lifecycle(self, session: Session) -> None:
+        """The store learns the session's status and sandbox (a resume makes a container)."""
+        await self.store.update_session(
+            session.id, status=session.status.value,
+            sandbox=session.sandbox_info().model_dump(mode="json"))
+
+    def _lifecycle_changed(self, session: Session) -> None:
+        """A pause or resume the pool made: the store learns the session's new sandbox."""
+        if session.id in self._tenant_of:
+            task = asyncio.get_running_loop().create_task(self._record_lifecycle(session))
+            task.add_done_callback(_log_failure)
 
     async def restart(self, tenant: str, session_id: str) -> Session:
         session = self.session(tenant, session_id)

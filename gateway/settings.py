@@ -50,6 +50,8 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "idle_ttl_s": ("pool", "idle_ttl_s"),
     "max_lifetime_s": ("pool", "max_lifetime_s"),
     "owner": ("pool", "owner"),
+    "pause_after_s": ("pool", "pause_after_s"),
+    "snapshot_budget": ("pool", "snapshot_budget"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 
@@ -90,6 +92,9 @@ class Settings(BaseSettings):
                              description="kernels in all, clocks, the containers' owner label")
     limits: Profile = Field(default_factory=Profile,
                             description="the default profile: image, limits, timeouts, caps")
+    keep_sessions_on_stop: bool = Field(
+        True, description="a stop (SIGTERM, SIGINT) leaves running sessions running and paused "
+        "ones paused, for the next start to take back; false: a stop deletes every session")
     state_min_free: str = Field("256m", description="free disk the state directory must keep: "
                                 "below it, new sessions and executions get 507")
 
@@ -168,4 +173,5 @@ class Settings(BaseSettings):
     def pool_settings(self) -> PoolSettings:
         profile = self.limits.model_copy(update={"name": "default"})
         return PoolSettings(state_dir=self.state_dir, profiles={"default": profile},
+                            keep_sessions_on_close=self.keep_sessions_on_stop,
                             **self.pool.model_dump())

@@ -113,7 +113,7 @@ which a newer gateway may send."""
 
 ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "withdrawn"]
 
-SESSION_STATES = ("idle", "busy", "starting", "dead")
+SESSION_STATES = ("idle", "busy", "starting", "dead", "paused")
 """What ``Session.status`` may be; a client reads it as a plain string, so that a state a
 newer gateway adds does not break it."""
 
@@ -154,6 +154,19 @@ class SessionOut(BaseModel):
     last_active_at: str
     metadata: dict[str, Any] = Field(default_factory=dict)
     budget: BudgetOut = Field(default_factory=BudgetOut)
+    paused_with: Literal["memory", "variables"] | None = Field(
+        None, description="while paused, what was kept: the whole process (memory) or the "
+        "variables only (variables: threads, open files and /tmp are not kept)")
+    not_kept: dict[str, str] | None = Field(
+        None, description="while paused: variables that could not be kept, with the reason")
+    snapshot_bytes: int | None = Field(None, description="while paused: the snapshot's size")
+    reason: str | None = Field(None, description="why the last pause, resume or fork failed; "
+                               "the session runs on or stays paused, restorable")
+
+
+class ForkRequest(Strict):
+    count: int = Field(1, ge=1, le=16, description="how many copies")
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class ExecuteRequest(Strict):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kernel_pool._handle import Denial, ExecutionHandle, Gate
     from kernel_pool._pool import KernelPool
     from kernel_pool._session import Listener, Session, SessionStatus
+    from kernel_pool._snapshot import PauseInfo
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
@@ -67,6 +68,8 @@ if TYPE_CHECKING:
         QueueFull,
         SessionClosed,
         SessionNotFound,
+        SnapshotBudgetExceeded,
+        SnapshotError,
         StateDirFull,
         TooManyCommands,
         WorkspaceError,
@@ -111,6 +114,7 @@ __all__ = [
     "OutputCaps",
     "OutputEvent",
     "PathOutsideWorkspace",
+    "PauseInfo",
     "PayloadTooLarge",
     "PendingApprovalEvent",
     "PoolLimits",
@@ -124,6 +128,8 @@ __all__ = [
     "SessionClosed",
     "SessionNotFound",
     "SessionStatus",
+    "SnapshotBudgetExceeded",
+    "SnapshotError",
     "StateDirFull",
     "StreamEvent",
     "TooManyCommands",
@@ -171,6 +177,7 @@ _HOMES = {
     "OutputCaps": "kernel_pool.config",
     "OutputEvent": "kernel_pool.events",
     "PathOutsideWorkspace": "kernel_pool.exceptions",
+    "PauseInfo": "kernel_pool._snapshot",
     "PayloadTooLarge": "kernel_pool.exceptions",
     "PendingApprovalEvent": "kernel_pool.events",
     "PoolLimits": "kernel_pool.config",
@@ -184,6 +191,8 @@ _HOMES = {
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",
     "SessionStatus": "kernel_pool._session",
+    "SnapshotBudgetExceeded": "kernel_pool.exceptions",
+    "SnapshotError": "kernel_pool.exceptions",
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",

@@ -55,6 +55,10 @@ class KernelState(StrEnum):
     RESTARTING = "restarting"
     DEAD = "dead"
     CLOSED = "closed"
+    PAUSED = "paused"
+    """No process and no container: the session's state is in a snapshot (see Session.pause)."""
+    DETACHED = "detached"
+    """Left running for the next gateway to take back (a shutdown that keeps sessions)."""
 
 
 class KernelDied:
@@ -157,6 +161,8 @@ class Kernel:
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
+        self._removal: asyncio.Future[None] | None = None
+        """The container removal a :meth:`stop` left running."""
         self._dropped = 0
         self._death: KernelDied | None = None
         self.on_death: Callable[[KernelDied], None] | None = None
@@ -214,6 +220,7 @@ class Kernel:
             raise
 
     async def _start(self, attach: bool) -> None:
+        await self.settle()
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
@@ -429,6 +436,43 @@ class Kernel:
         await self.sandbox.cleanup(restart=True)
         await self.start()
 
+    async def stop(self) -> None:
+        """Stop every process of the sandbox (their memory is free when this returns) and
+        remove its container in the background, keeping the workspace (for a pause).
+
+        :meth:`start` waits for that removal, then makes a fresh container and kernel on the
+        same workspace; :meth:`settle` waits for it alone.
+        """
+        self.state = KernelState.PAUSED
+        self._expect_exit = True
+        await self._disconnect()
+        await self.sandbox.kill(restart=True)
+        await self.sandbox.cleanup(restart=True)
+        self._removal = asyncio.ensure_future(self.sandbox.kill(restart=False))
+        self._removal.add_done_callback(self._removed)
+
+    def _removed(self, removal: asyncio.Future[None]) -> None:
+        if not removal.cancelled() and removal.exception() is not None:
+            logger.warning("kernel %s: removing its stopped container failed (%s); the next "
+                           "start removes it", self.id, removal.exception())
+
+    async def settle(self) -> None:
+        """Wait for the container removal :meth:`stop` left running, if any."""
+        removal, self._removal = self._removal, None
+        if removal is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(removal)
+
+    async def detach(self) -> None:
+        """Drop the gateway's connections and leave the kernel running, for a later gateway
+        to take back (``start(attach=True)``)."""
+        self.state = KernelState.DETACHED
+        self._expect_exit = True
+        await self._disconnect()
+        if self.egress is not None:
+            await self.egress.close()
+        await self.sandbox.cleanup(restart=True)
+
     async def _ensure_egress(self) -> None:
         """Serve the profile's egress proxy before the kernel (whose launcher looks for it)."""
         if not self.profile.egress_allow:
@@ -457,6 +501,7 @@ class Kernel:
                          closing.exception())
 
     async def _close(self) -> None:
+        await self.settle()
         await self._disconnect()
         if self.egress is not None:
             await self.egress.close()

@@ -17,10 +17,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kernel_pool._kernel import Kernel, make_context
-from kernel_pool._session import Session
+import anyio.to_thread
+
+from kernel_pool._kernel import Kernel, KernelState, make_context
+from kernel_pool._session import Session, SessionStatus
+from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
-from kernel_pool.config import PoolSettings, Profile
+from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
 
 logger = logging.getLogger(__name__)
@@ -47,7 +50,16 @@ class KernelPool:
         self._closing = False
         self.on_session_closed: list[Callable[[Session, str], None]] = []
         """Called with (session, reason) when the pool culls or closes a session."""
+        self.on_session_paused: list[Callable[[Session], None]] = []
+        """Called when the pool paused a session by itself (idle, or to make room)."""
+        self.on_session_resumed: list[Callable[[Session], None]] = []
+        """Called when a paused session runs again (its sandbox may be a new one)."""
         self.acquire_seconds: list[float] = []
+        self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
+                                       parse_size(settings.snapshot_budget))
+        """Paused sessions' snapshots (see :mod:`kernel_pool._snapshot`)."""
+        self._held: set[str] = set()
+        """Sessions not to be paused now: being paused already, or in a fork."""
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -61,6 +73,7 @@ class KernelPool:
         return {"idle": sum(len(q) for q in self._idle.values()),
                 "starting": sum(self._starting.values()),
                 "in_use": len(self._in_use), "sessions": len(self._sessions),
+                "paused": sum(s.paused for s in self._sessions.values()),
                 "max": self.settings.max_kernels}
 
     def _total(self) -> int:
@@ -102,15 +115,35 @@ class KernelPool:
             with contextlib.suppress(BaseException):
                 await task
         for session in list(self._sessions.values()):
-            await self._close_session(session, "gateway shut down")
+            if self.settings.keep_sessions_on_close:
+                await self._keep_session(session)
+            else:
+                await self._close_session(session, "gateway shut down")
         for queue in self._idle.values():
             while queue:
                 await queue.popleft().close()
         # Kernels a cancelled task was starting or closing: close() waits for (or does) that.
         for kernel in list(self._kernels):
-            await kernel.close()
+            if kernel.state not in (KernelState.DETACHED, KernelState.PAUSED):  # kept
+                await kernel.close()
         await self.backend.close()
         self._context.term()
+
+    async def _keep_session(self, session: Session) -> None:
+        """Leave a session for the next gateway: running kernels go on running (it takes them
+        back), paused ones stay in their snapshots."""
+        self._sessions.pop(session.id, None)
+        self._in_use.discard(session.kernel)
+        if session.kernel.state is KernelState.READY:
+            try:
+                await session.kernel.detach()
+                return
+            except Exception as exc:
+                logger.warning("session %s: could not leave it running (%s)", session.id, exc)
+        if session.paused:
+            await session.kernel.settle()
+        else:
+            await session.close()
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every profile has its ``min_idle`` warm kernels (for tests, benchmarks)."""
@@ -124,15 +157,22 @@ class KernelPool:
 
     # -- the decision step and the I/O -------------------------------------------------------
 
-    def _take(self, profile: str) -> Kernel | None:
-        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+    def _pop_warm(self, profile: str) -> Kernel | None:
+        """I/O-free: a ready idle kernel, now in use, or None; dead ones are removed."""
         idle = self._idle[profile]
         while idle:
             kernel = idle.popleft()
-            if kernel.state.value == "ready":
+            if kernel.state is KernelState.READY:
                 self._in_use.add(kernel)
                 return kernel
             self._spawn(kernel.close())
+        return None
+
+    def _take(self, profile: str) -> Kernel | None:
+        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+        kernel = self._pop_warm(profile)
+        if kernel is not None:
+            return kernel
         if self._total() >= self.settings.max_kernels:
             raise CapacityError(profile, self.settings.max_kernels)
         self._starting[profile] += 1
@@ -145,7 +185,19 @@ class KernelPool:
             raise BackendError("the kernel pool is shutting down")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        kernel = self._take(profile.name)
+        tried: set[str] = set()
+        while True:
+            try:
+                kernel = self._take(profile.name)
+                break
+            except CapacityError:
+                if self._starting[profile.name]:
+                    # A warm kernel of this profile is on its way: wait for it rather than
+                    # pause a session for a slot that is about to serve.
+                    await asyncio.sleep(0.05)
+                    continue
+                if not await self._make_room(None, tried):
+                    raise
         if kernel is None:
             task = asyncio.create_task(self._start_kernel(profile))
             self._tasks.add(task)
@@ -249,6 +301,74 @@ class KernelPool:
         finally:
             self._fill(kernel.profile.name)
 
+    # -- running-kernel slots: pause to make room --------------------------------------------
+
+    async def reserve_slot(self, session: Session) -> None:
+        """A running-kernel slot for a paused session about to resume (Lifecycle)."""
+        tried: set[str] = set()
+        while self._total() >= self.settings.max_kernels:
+            if not await self._make_room(session, tried):
+                raise CapacityError(session.profile.name, self.settings.max_kernels)
+        self._in_use.add(session.kernel)
+
+    def release_slot(self, session: Session) -> None:
+        """The session's kernel stopped (paused): its slot is free (Lifecycle)."""
+        self._in_use.discard(session.kernel)
+
+    def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel for a paused session to resume onto, if one is idle (Lifecycle)."""
+        kernel = self._pop_warm(session.profile.name)
+        if kernel is not None:
+            self._fill(session.profile.name)
+        return kernel
+
+    def give_back(self, kernel: Kernel) -> None:
+        """Remove a kernel a session no longer uses (Lifecycle)."""
+        self._spawn(self.release(kernel))
+
+    def resumed(self, session: Session) -> None:
+        """Tell the listeners that a paused session runs again (Lifecycle)."""
+        for callback in self.on_session_resumed:
+            try:
+                callback(session)
+            except Exception:
+                logger.exception("on_session_resumed callback failed")
+
+    async def _make_room(self, exclude: Session | None, tried: set[str]) -> bool:
+        """Free one slot: a warm kernel, else pause the least recently used idle session.
+        False when nothing can go."""
+        for queue in self._idle.values():
+            if queue:
+                self._spawn(queue.popleft().close())
+                return True
+        candidates = [s for s in self._sessions.values()
+                      if s is not exclude and s.id not in tried and s.id not in self._held
+                      and s.status is SessionStatus.IDLE and s.lifecycle is not None]
+        while candidates:
+            victim = max(candidates, key=lambda s: s.idle_for())
+            candidates.remove(victim)
+            tried.add(victim.id)
+            if await self._pause(victim, "to make room for another session"):
+                return True
+        return False
+
+    async def _pause(self, session: Session, why: str) -> bool:
+        self._held.add(session.id)
+        try:
+            await session.pause()
+        except Exception as exc:
+            logger.warning("session %s: pause %s failed: %s", session.id, why, exc)
+            return False
+        finally:
+            self._held.discard(session.id)
+        logger.info("session %s paused %s", session.id, why)
+        for callback in self.on_session_paused:
+            try:
+                callback(session)
+            except Exception:
+                logger.exception("on_session_paused callback failed")
+        return True
+
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self, profile: str = "default", *, env: dict[str, str] | None = None,
@@ -265,6 +385,64 @@ class KernelPool:
             raise
         session = Session(kernel, kernel.profile, self.settings, session_id=session_id, env=env,
                           metadata=metadata)
+        session.lifecycle = self
+        self._sessions[session.id] = session
+        return session
+
+    async def fork_session(self, parent_id: str, count: int = 1,
+                           metadata: dict[str, Any] | None = None) -> list[Session]:
+        """``count`` new sessions, each with the parent's variables (random generators
+        reseeded) and a copy of its workspace; the parent goes on unchanged. All or none."""
+        parent = self.get_session(parent_id)
+        raw = await parent.snapshot()
+        children: list[Session] = []
+        held = {parent.id}  # making room for a copy must not pause the parent or a copy
+        self._held |= held
+
+        async def one() -> None:
+            child = await self.create_session(parent.profile.name, env=parent.env,
+                                              metadata=metadata)
+            children.append(child)
+            held.add(child.id)
+            self._held.add(child.id)
+            await anyio.to_thread.run_sync(copy_workspace, parent.workspace, child.workspace)
+            await load_variables(child.kernel, child.workspace, raw, reseed=True)
+
+        try:
+            # Every copy's outcome is awaited, so a failure leaves none half-made behind.
+            outcomes = await asyncio.gather(*(one() for _ in range(count)),
+                                            return_exceptions=True)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            if failed:
+                for child in children:
+                    await self._close_session(child, "its fork failed")
+                raise failed[0]
+        finally:
+            self._held -= held
+        return children
+
+    async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,
+                                   env: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None,
+                                   created_at: str | None = None,
+                                   execution_count: int = 0) -> Session:
+        """Take back a session an earlier gateway paused: it stays paused (no kernel runs)
+        until something needs it, and resumes from its snapshot then."""
+        profile = self.profile(info.profile)
+        if self.snapshots.info(session_id) is None:
+            raise BackendError(f"session {session_id} has no snapshot to resume from")
+        sandbox = await self.backend.load_stopped(info, profile, env or {})
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.env = dict(env or {})
+        kernel.state = KernelState.PAUSED
+        self._kernels.add(kernel)
+        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        session.lifecycle = self
+        session.pause_info = self.snapshots.info(session_id)
+        if created_at:
+            session.created_at = created_at
+        session.execution_count = execution_count
         self._sessions[session.id] = session
         return session
 
@@ -293,6 +471,7 @@ class KernelPool:
             raise
         session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
                           metadata=metadata)
+        session.lifecycle = self
         if created_at:
             session.created_at = created_at
         session.execution_count = execution_count
@@ -332,6 +511,7 @@ class KernelPool:
 
     def _session_closed(self, session: Session, reason: str) -> None:
         self._in_use.discard(session.kernel)
+        self._spawn(anyio.to_thread.run_sync(self.snapshots.delete, session.id))
         self._fill(session.profile.name)
         for callback in self.on_session_closed:
             try:
@@ -340,14 +520,22 @@ class KernelPool:
                 logger.exception("on_session_closed callback failed")
 
     async def _cull_loop(self) -> None:
+        interval = self.settings.cull_interval_s
+        if self.settings.pause_after_s:
+            interval = min(interval, max(self.settings.pause_after_s / 2, 0.5))
         while True:
-            await asyncio.sleep(self.settings.cull_interval_s)
+            await asyncio.sleep(interval)
             for session in list(self._sessions.values()):
                 if session.idle_for() > self.settings.idle_ttl_s:
                     reason = f"idle for more than {self.settings.idle_ttl_s:g}s"
                 elif session.age() > self.settings.max_lifetime_s:
                     reason = f"older than the maximum lifetime of {self.settings.max_lifetime_s:g}s"
                 else:
+                    pause_after = self.settings.pause_after_s
+                    if (pause_after and session.idle_for() > pause_after
+                            and session.status is SessionStatus.IDLE
+                            and session.id not in self._held and session.reason is None):
+                        self._spawn(self._pause(session, f"after {pause_after:g}s idle"))
                     continue
                 logger.info("culling session %s: %s", session.id, reason)
                 await self._close_session(session, reason)

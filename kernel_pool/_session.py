@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import anyio.to_thread
 
@@ -24,9 +25,16 @@ from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._snapshot import (
+    PauseInfo,
+    SnapshotStore,
+    copy_workspace,
+    load_variables,
+    save_variables,
+)
 from kernel_pool._workspace import Entry, FileInfo, Workspace, split_relative
 from kernel_pool.backends.base import SandboxInfo
-from kernel_pool.config import PoolSettings, Profile
+from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.events import (
     CommandResult,
     DoneEvent,
@@ -40,6 +48,7 @@ from kernel_pool.exceptions import (
     KernelUnavailable,
     QueueFull,
     SessionClosed,
+    SnapshotError,
     TooManyCommands,
 )
 
@@ -51,6 +60,41 @@ class SessionStatus(StrEnum):
     IDLE = "idle"
     BUSY = "busy"
     DEAD = "dead"
+    PAUSED = "paused"
+
+
+class Lifecycle(Protocol):
+    """What a session needs from its pool to pause and resume: slots for running kernels."""
+
+    snapshots: SnapshotStore
+
+    async def reserve_slot(self, session: Session) -> None:
+        """Make room for the session's kernel to run (pausing another), or CapacityError."""
+
+    def release_slot(self, session: Session) -> None:
+        """The session's kernel stopped running (paused): its slot is free."""
+
+    def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel of the session's profile to resume onto, if one is idle."""
+
+    def give_back(self, kernel: Kernel) -> None:
+        """Remove a kernel ``take_warm`` gave or one the session no longer uses."""
+
+    def resumed(self, session: Session) -> None:
+        """The session runs again (on a new sandbox, perhaps): the pool tells its listeners."""
+
+
+WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
+"""Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
+container on their own workspace (no copy)."""
+
+
+def _used_bytes(workspace: Workspace) -> int:
+    """What the workspace's own file system holds; without one (not root), no copy."""
+    if workspace.image is None:
+        return WARM_RESUME_MAX_BYTES + 1
+    info = os.statvfs(workspace.root)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
@@ -84,12 +128,28 @@ class Session:
         self.listeners: list[Listener] = []
         self.commands: dict[str, CommandRun] = {}
         """Shell commands running now, by id (:meth:`run_command`)."""
+        self.lifecycle: Lifecycle | None = None
+        """Set by the pool: without it the session cannot pause."""
+        self.pause_info: PauseInfo | None = None
+        """What the snapshot kept, while the session is paused."""
+        self.reason: str | None = None
+        """Why the last pause, resume or fork failed (the session is running or restorable)."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
 
     @property
+    def paused(self) -> bool:
+        return self.kernel.state is KernelState.PAUSED
+
+    @property
+    def workspace(self) -> Workspace:
+        return self.kernel.sandbox.workspace
+
+    @property
     def status(self) -> SessionStatus:
+        if self.paused and not self._closed:
+            return SessionStatus.STARTING if self._pending else SessionStatus.PAUSED
         if self._closed or self.kernel.state in (KernelState.DEAD, KernelState.CLOSED):
             return SessionStatus.DEAD
         if self._restarting or self.kernel.state in (KernelState.STARTING,
@@ -189,6 +249,9 @@ class Session:
         """Run a command from :meth:`prepare_command` to its end; its aggregate result."""
         if run.id in self.commands:
             raise InvalidRequest(f"command id {run.id!r} is already running")
+        if self.paused:  # a command runs in the sandbox's container: bring it back first
+            await self.resume()
+            run.sandbox = self.kernel.sandbox  # a resume may have moved it to a new sandbox
         self.commands[run.id] = run
         self._touch()
         try:
@@ -209,6 +272,8 @@ class Session:
                         duration_ms=0.0, reason=handle.withdrawn))
                     return
                 if handle.gate is not None and await self._refused(handle, handle.gate):
+                    return
+                if self.paused and await self._resume_failed(handle):
                     return
                 run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
                                    caps=self.profile.caps, execution_id=handle.id,
@@ -264,6 +329,152 @@ class Session:
                 logger.exception("session %s: restarting its dead kernel failed", self.id)
             finally:
                 self._restarting = False
+
+    async def _resume_failed(self, handle: ExecutionHandle) -> bool:
+        """Resume a paused session for an execution; if it cannot, end the execution (an
+        error with the reason) and leave the session paused."""
+        try:
+            await self._resume_locked()
+            return False
+        except Exception as exc:
+            reason = f"the paused session could not be resumed: {exc}"
+            self._publish(handle, ErrorEvent(ename="ResumeError", evalue=reason,
+                                             traceback=[f"ResumeError: {reason}"]))
+            self._publish(handle, DoneEvent(status=ExecutionStatus.ERROR, execution_count=None,
+                                            duration_ms=0.0, reason=reason))
+            return True
+
+    # -- pause, resume ---------------------------------------------------------------------
+
+    async def pause(self) -> PauseInfo:
+        """Keep the session's variables in a snapshot and stop its kernel and container.
+
+        Waits for queued executions first. On any failure the session goes on running and
+        :class:`SnapshotError` (or the backend's error) says why; nothing is deleted.
+        """
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self._closed:
+                raise SessionClosed(self.id)
+            return await self._pause_locked()
+
+    async def _pause_locked(self) -> PauseInfo:
+        if self.paused and self.pause_info is not None:
+            return self.pause_info
+        if self.lifecycle is None:
+            raise SnapshotError("this session's pool cannot pause sessions")
+        if self.kernel.state is not KernelState.READY:
+            raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
+        store = self.lifecycle.snapshots
+        try:
+            raw, info = await save_variables(self.kernel, self.workspace, self._snapshot_limit)
+            info = await anyio.to_thread.run_sync(store.save, self.id, raw, info)
+        except SnapshotError as exc:
+            self.reason = f"pause failed, the session runs on: {exc}"
+            raise
+        self.pause_info = info
+        self.reason = None
+        try:
+            await self.kernel.stop()
+        except Exception as exc:  # the snapshot is written: the session is restorable
+            self.reason = f"paused, but its container could not be removed: {exc}"
+            logger.warning("session %s: %s", self.id, self.reason)
+        self.lifecycle.release_slot(self)
+        return info
+
+    @property
+    def _snapshot_limit(self) -> int:
+        """A snapshot passes through the workspace, so it is never larger than that."""
+        return parse_size(self.profile.workspace_size)
+
+    async def resume(self) -> None:
+        """Start a kernel on the workspace again and put the snapshot's variables back.
+
+        On failure the session stays paused with its snapshot (restorable) and the error
+        says why.
+        """
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self._closed:
+                raise SessionClosed(self.id)
+            await self._resume_locked()
+
+    async def _resume_locked(self) -> None:
+        if not self.paused or self.lifecycle is None:
+            return
+        store = self.lifecycle.snapshots
+        try:
+            raw = await anyio.to_thread.run_sync(store.load, self.id)
+        except SnapshotError as exc:
+            self.reason = f"resume failed, the session stays paused: {exc}"
+            raise
+        used = await anyio.to_thread.run_sync(_used_bytes, self.workspace)
+        warm = self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        try:
+            if warm is not None:
+                await self._resume_onto(warm, raw)
+            else:
+                await self._resume_in_place(raw)
+        except BaseException as exc:
+            self.reason = f"resume failed, the session stays paused: {exc}"
+            raise
+        self.pause_info = None
+        self.reason = None
+        await anyio.to_thread.run_sync(store.delete, self.id)
+        self.lifecycle.resumed(self)
+
+    async def _resume_in_place(self, raw: bytes) -> None:
+        """A new container and kernel on the session's own workspace (no copy)."""
+        assert self.lifecycle is not None
+        await self.lifecycle.reserve_slot(self)
+        try:
+            await self.kernel.start()
+            await load_variables(self.kernel, self.workspace, raw, reseed=False)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.kernel.stop())
+            self.kernel.state = KernelState.PAUSED
+            self.lifecycle.release_slot(self)
+            raise
+
+    async def _resume_onto(self, warm: Kernel, raw: bytes) -> None:
+        """Onto a warm kernel: the workspace's files are copied into its workspace (small
+        workspaces only), which beats starting a container and a kernel."""
+        assert self.lifecycle is not None
+        try:
+            await anyio.to_thread.run_sync(copy_workspace, self.workspace,
+                                           warm.sandbox.workspace)
+            if self.env:
+                warm.env = dict(self.env)
+                await warm.set_env(warm.env)
+            await load_variables(warm, warm.sandbox.workspace, raw, reseed=False)
+        except BaseException:
+            self.lifecycle.give_back(warm)
+            raise
+        old, self.kernel = self.kernel, warm
+        warm.on_death = self._kernel_died
+        if warm.egress is not None:
+            warm.egress.session_id = self.id
+        self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
+
+    async def snapshot(self) -> bytes:
+        """The session's variables, pickled (for a fork); the session goes on unchanged."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        async with self._lock:
+            if self.lifecycle is None:
+                raise SnapshotError("this session's pool cannot snapshot sessions")
+            if self.paused:
+                raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
+                                                            self.id)
+                return raw
+            if self.kernel.state is not KernelState.READY:
+                raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
+            raw, _info = await save_variables(self.kernel, self.workspace,
+                                              self._snapshot_limit)
+            return raw
 
     async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
         """Ask the gate; on a denial end the execution (error, done) without running it."""
@@ -349,6 +560,10 @@ class Session:
             async with self._lock:
                 if self._closed:
                     raise SessionClosed(self.id)
+                if self.paused and self.lifecycle is not None:  # a fresh kernel: no snapshot
+                    await self.lifecycle.reserve_slot(self)
+                    self.pause_info = None
+                    await anyio.to_thread.run_sync(self.lifecycle.snapshots.delete, self.id)
                 await self.kernel.restart()
                 self.execution_count = 0
         finally:
@@ -375,6 +590,8 @@ class Session:
     async def _ready_kernel(self) -> Kernel:
         if self._closed:
             raise SessionClosed(self.id)
+        if self.paused:  # a request that needs the kernel resumes the session
+            await self.resume()
         try:
             async with asyncio.timeout(self._settings.kernel_start_timeout_s):
                 await self.kernel.settled.wait()
@@ -390,49 +607,45 @@ class Session:
 
     # -- the workspace -------------------------------------------------------------------------
 
-    @property
-    def _workspace(self) -> Workspace:
-        return self.kernel.sandbox.workspace
-
     async def read_file(self, path: str, limit: int) -> bytes:
         """The bytes of ``path`` in the workspace; :class:`FileMissing`, :class:`FileTooLarge`
         over ``limit`` bytes, :class:`PathOutsideWorkspace` for a path leaving it."""
-        data: bytes = await anyio.to_thread.run_sync(self._workspace.read_bytes, path, limit)
+        data: bytes = await anyio.to_thread.run_sync(self.workspace.read_bytes, path, limit)
         return data
 
     async def write_file(self, path: str, data: bytes) -> int:
         """Create or replace ``path`` (parent folders too); the number of bytes written."""
-        size: int = await anyio.to_thread.run_sync(self._workspace.write_bytes, path, data)
+        size: int = await anyio.to_thread.run_sync(self.workspace.write_bytes, path, data)
         return size
 
     async def list_files(self) -> list[FileInfo]:
         """Every regular file of the workspace, recursively, paths relative to it."""
-        files: list[FileInfo] = await anyio.to_thread.run_sync(self._workspace.list_files)
+        files: list[FileInfo] = await anyio.to_thread.run_sync(self.workspace.list_files)
         return files
 
     async def stat_path(self, path: str) -> Entry:
         """What is at ``path`` (``""``: the workspace); a link is described, not followed."""
-        entry: Entry = await anyio.to_thread.run_sync(self._workspace.stat, path)
+        entry: Entry = await anyio.to_thread.run_sync(self.workspace.stat, path)
         return entry
 
     async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
         """The entries under the folder ``path``, ``depth`` levels down."""
-        entries: list[Entry] = await anyio.to_thread.run_sync(self._workspace.list_dir, path,
+        entries: list[Entry] = await anyio.to_thread.run_sync(self.workspace.list_dir, path,
                                                               depth)
         return entries
 
     async def make_dir(self, path: str) -> bool:
         """Create the folder and its parents; False when it already exists."""
-        made: bool = await anyio.to_thread.run_sync(self._workspace.make_dir, path)
+        made: bool = await anyio.to_thread.run_sync(self.workspace.make_dir, path)
         return made
 
     async def remove_path(self, path: str) -> None:
         """Delete a file, a link or a folder with everything in it."""
-        await anyio.to_thread.run_sync(self._workspace.remove, path)
+        await anyio.to_thread.run_sync(self.workspace.remove, path)
 
     async def move_path(self, source: str, destination: str) -> Entry:
         """Rename ``source`` to ``destination`` (its parent folders are created)."""
-        entry: Entry = await anyio.to_thread.run_sync(self._workspace.move, source,
+        entry: Entry = await anyio.to_thread.run_sync(self.workspace.move, source,
                                                       destination)
         return entry
 

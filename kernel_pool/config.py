@@ -7,6 +7,7 @@ imported: the image is named by a hash of ``sandbox_image/``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,8 +94,11 @@ class Profile(BaseModel):
 class PoolLimits(BaseModel):
     """How the pool runs: its caps and clocks (the gateway's ``REPLGATE_POOL__*``)."""
 
-    max_kernels: int = Field(8, ge=1, le=1024,
-                             description="kernels of all profiles, warm and in use")
+    max_kernels: int = Field(
+        default_factory=lambda: default_max_kernels(), ge=1, le=1024,
+        description="running kernels of all profiles, warm and in use (default: from the "
+        "machine's memory, see default_max_kernels); past it the least recently used idle "
+        "session is paused")
     kernel_start_timeout_s: float = Field(60.0, gt=0)
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
@@ -103,6 +107,15 @@ class PoolLimits(BaseModel):
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)
     owner: str = Field("replgate", description="label value naming this gateway's containers")
+    pause_after_s: float = Field(
+        600.0, ge=0, description="an idle session is paused after this long (0: never)")
+    snapshot_budget: str = Field("20g", description="disk all paused sessions' snapshots may take")
+
+    @field_validator("snapshot_budget")
+    @classmethod
+    def _budget(cls, value: str) -> str:
+        parse_size(value)
+        return value
 
 
 class PoolSettings(PoolLimits):
@@ -111,9 +124,26 @@ class PoolSettings(PoolLimits):
 
     state_dir: Path
     profiles: dict[str, Profile] = Field(default_factory=lambda: {"default": Profile()})
+    keep_sessions_on_close: bool = Field(
+        False, description="close() leaves sessions' kernels running (and paused sessions on "
+        "disk) for the next pool on the same state directory to take back")
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def default_max_kernels(memory_bytes: int | None = None) -> int:
+    """Running kernels this machine holds: one per 512 MiB of 80% of its memory, 2 to 256.
+
+    An idle kernel with the data stack takes 90-150 MiB and a working one a few hundred; the
+    rest of the sessions wait paused on disk (see ``REPLGATE_PAUSE_AFTER_S``).
+    """
+    if memory_bytes is None:
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            memory_bytes = 4 * 1024**3
+    return max(2, min(256, int(memory_bytes * 0.8) // (512 * 1024**2)))
 
 
 def parse_size(value: str) -> int:

@@ -15,6 +15,8 @@
     ├── InvalidRequest         a value out of range (timeout, ...)
     ├── PayloadTooLarge        code or an upload over its size limit
     ├── StateDirFull           the state directory (database, workspaces) has no room left
+    ├── SnapshotError          a pause, resume or fork could not keep or restore the state
+    │   └── SnapshotBudgetExceeded   no room for another snapshot
     └── WorkspaceError         a file path or size the workspace refuses
         ├── PathOutsideWorkspace
         ├── FileMissing        no such file in the workspace
@@ -147,3 +149,13 @@ class WorkspaceFull(WorkspaceError):
     def __init__(self) -> None:
         super().__init__("the session's workspace is full; delete files or raise the profile's "
                          "workspace_size")
+
+
+class SnapshotError(KernelPoolError):
+    """A snapshot could not be taken or put back; the message says why (the ``reason``).
+
+    The session is left running, or paused with its snapshot, never in between."""
+
+
+class SnapshotBudgetExceeded(SnapshotError):
+    """The state directory has no room for another snapshot (HTTP 507)."""

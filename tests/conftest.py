@@ -110,6 +110,9 @@ def make_gateway(**settings: str) -> GatewayProcess:
         "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_LOG_LEVEL": "info",
         # Workspaces reserve their blocks on disk: keep the test gateways' footprint small.
         "REPLGATE_WORKSPACE_SIZE": "256m",
+        # Stopped test gateways leave nothing behind (running_gateway checks it); the tests of
+        # sessions that survive a stop turn this back on.
+        "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
     })
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,

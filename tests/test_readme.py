@@ -123,7 +123,10 @@ def home(docker_client: docker.DockerClient) -> Iterator[Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
     env.update({"HOME": str(home), "REPLGATE_OWNER": f"test-{secrets.token_hex(4)}",
                 "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "4",
-                "REPLGATE_WORKSPACE_SIZE": "256m"})
+                "REPLGATE_WORKSPACE_SIZE": "256m",
+                # The examples leave sessions behind (the curl one does): a stop deletes them
+                # here, so running_gateway can check that nothing is left running.
+                "REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
     state_dir = home / ".local" / "state" / "replgate"
     process = GatewayProcess(url=f"http://127.0.0.1:{PORT}", state_dir=state_dir,
                              owner=env["REPLGATE_OWNER"], keys={}, env=env,

@@ -133,6 +133,30 @@ class AsyncSandbox:
         self._info = SessionInfo.model_validate(response.json())
         return self._info
 
+    async def pause(self) -> SessionInfo:
+        """Keep the session on disk and free its kernel; ``info.paused_with`` says what was
+        kept and ``info.not_kept`` what was not. Any later run resumes it by itself."""
+        response = await self._transport.request("POST", f"{self._path}/pause",
+                                                 limits=EXECUTE_TIMEOUT)
+        self._info = SessionInfo.model_validate(response.json())
+        return self._info
+
+    async def resume(self) -> SessionInfo:
+        """Run a paused session again, every kept variable as it was."""
+        response = await self._transport.request("POST", f"{self._path}/resume",
+                                                 limits=EXECUTE_TIMEOUT)
+        self._info = SessionInfo.model_validate(response.json())
+        return self._info
+
+    async def fork(self, count: int = 1,
+                   metadata: dict[str, Any] | None = None) -> list[SessionInfo]:
+        """``count`` new sessions with this one's variables and a copy of its files (this one
+        goes on unchanged); drive each with ``AsyncSandbox.connect(info.id, ...)``."""
+        response = await self._transport.request(
+            "POST", f"{self._path}/fork", json={"count": count, "metadata": metadata or {}},
+            limits=EXECUTE_TIMEOUT)
+        return [SessionInfo.model_validate(item) for item in response.json()]
+
     async def info(self) -> SessionInfo:
         """The session as the gateway sees it now (status, execution count, ...)."""
         response = await self._transport.request("GET", self._path)
@@ -203,3 +227,6 @@ class ToolSessionOf:
     async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
         result: CommandResult = await self._sandbox.commands.run(cmd, timeout=timeout_s)
         return result
+
+    async def fork(self, count: int) -> list[str]:
+        return [info.id for info in await self._sandbox.fork(count)]

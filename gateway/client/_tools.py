@@ -95,6 +95,14 @@ class RunShellArgs(_Arguments):
     timeout_s: TimeoutS = None
 
 
+ForkCount = Annotated[int, Field(ge=1, le=16, description=(
+    "How many copies to make (1 to 16)."))]
+
+
+class ForkSessionArgs(_Arguments):
+    count: ForkCount = 1
+
+
 # -- descriptions ----------------------------------------------------------------------------
 
 
@@ -190,6 +198,12 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
             f"the same time limit ({lim.default_timeout_s:g} s by default), output capped at "
             f"about {lim.output_chars} characters. Background processes it starts are killed "
             "when it ends."), RunShellArgs),
+        ToolSpec("fork_session", (
+            "Copy this Python session: each copy starts with the same variables (random "
+            "generators reseeded, so copies draw different numbers) and a copy of the working "
+            "directory's files, and this session goes on unchanged. Returns the new sessions' "
+            "ids, to drive through replgate's HTTP API or client (this connection stays on "
+            "this session). Threads and open connections are not copied."), ForkSessionArgs),
     ]
 
 
@@ -247,6 +261,9 @@ class ToolSession(Protocol):
 
     async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
         """Run a shell command beside the kernel; a non-zero exit is data."""
+
+    async def fork(self, count: int) -> builtins.list[str]:
+        """Copies of the session (variables and files); their ids."""
         ...
 
 
@@ -386,6 +403,14 @@ class SandboxTools:
         return ToolResult([TextPart(
             "The kernel was restarted: variables, imports and definitions are gone; files in "
             "the working directory are kept. Re-run imports before using them.")])
+
+    async def fork_session(self, count: int = 1) -> ToolResult:
+        """Copies of this session: their ids."""
+        ids = await self._session.fork(count)
+        listed = "\n".join(ids)
+        return ToolResult([TextPart(
+            f"Forked this session into {len(ids)} new session(s), each with this session's "
+            f"variables and files; their ids:\n{listed}")], extra={"session_ids": ids})
 
     async def export_notebook(self, path: str | None = None) -> ToolResult:
         """The session's history as a notebook: returned, or saved at ``path``."""

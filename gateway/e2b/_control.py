@@ -141,8 +141,11 @@ async def set_timeout(sandbox_id: str, body: TimeoutRequest, tenant: TenantDep,
 @router.post("/sandboxes/{sandbox_id}/resume")
 async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                   sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> SandboxOut:
-    """``Sandbox.connect(id)``: the running sandbox, its timeout extended when one is given."""
+    """``Sandbox.connect(id)``: the running sandbox, its timeout extended when one is given;
+    a paused one is resumed first (replgate's pause keeps its variables)."""
     session: Session = gateway.session(tenant, sandbox_id)
+    if session.paused:
+        await gateway.resume(tenant, sandbox_id)
     if body is not None and body.timeout is not None:
         sandboxes.set_timeout(tenant, session, body.timeout)
     return sandboxes.created(session)
@@ -150,9 +153,10 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
 
 @router.post("/sandboxes/{sandbox_id}/pause")
 async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep) -> Response:
-    gateway.session(tenant, sandbox_id)
-    raise E2BError(501, "replgate cannot pause sandboxes in this version; the sandbox keeps "
-                        "running (kill it, or let its timeout end it)")
+    """``Sandbox.beta_pause()``: the session is paused (README: what a pause keeps); connecting
+    or running code resumes it."""
+    await gateway.pause(tenant, sandbox_id)
+    return Response(status_code=204)
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")

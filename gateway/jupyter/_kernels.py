@@ -22,7 +22,7 @@ from gateway.jupyter._channels import KernelChannels
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
 from gateway.service import Gateway
 from gateway.wire import KernelModel
-from kernel_pool import Profile, Session
+from kernel_pool import Profile, Session, SessionStatus
 
 __all__ = ["DEFAULT_KERNEL", "JupyterRoute", "find_profile", "kernel_model", "kernelspec",
            "kernelspecs", "serve_channels"]
@@ -91,7 +91,9 @@ def kernel_model(session: Session, app: FastAPI) -> KernelModel:
     active = datetime.fromisoformat(session.last_active_at).astimezone(UTC)
     return KernelModel(id=session.id, name=kernel_name(session.profile.name),
                        last_activity=active.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                       execution_state=session.status.value,
+                       # Jupyter knows no "paused": such a kernel is idle, resumed on use.
+                       execution_state="idle" if session.status is SessionStatus.PAUSED
+                       else session.status.value,
                        connections=connections(app)[session.id])
 
 

@@ -20,6 +20,7 @@ from gateway.client._tools import (
     Code,
     FileContent,
     FilePath,
+    ForkCount,
     NotebookPath,
     ShellCommand,
     TimeoutS,
@@ -87,6 +88,9 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                         ) -> CallToolResult:
         return await run(ctx, lambda tools: tools.run_shell(cmd, timeout_s))
 
+    async def fork_session(ctx: Context, count: ForkCount = 1) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.fork_session(count))
+
     hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
         execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
                                         open_world_hint=False),
@@ -102,6 +106,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                                          open_world_hint=False),
         run_shell: ToolAnnotations(title="Run a shell command", destructive_hint=True,
                                    open_world_hint=False),
+        fork_session: ToolAnnotations(title="Fork the session", destructive_hint=False,
+                                      open_world_hint=False),
     }
     for function, hint in hints.items():
         name = function.__name__

@@ -104,6 +104,9 @@ class LazySession:
     async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
         return await self._run(lambda backend: backend.run_command(cmd, timeout_s))
 
+    async def fork(self, count: int) -> list[str]:
+        return await self._run(lambda backend: backend.fork(count))
+
     async def close(self) -> None:
         """Delete the replgate session, if one was started; later calls are refused."""
         async with self._lock:

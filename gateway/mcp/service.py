@@ -17,7 +17,7 @@ from gateway.client._errors import error_for_status
 from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.wire import CommandRequest, SessionCreate
+from gateway.wire import CommandRequest, ForkRequest, SessionCreate
 from kernel_pool import KernelPoolError, SessionClosed, SessionNotFound
 
 from ._http import McpEndpoint
@@ -91,6 +91,11 @@ class ServiceBackend:
                 self._tenant, session, CommandRequest(cmd=cmd, timeout_s=timeout_s))
 
         return await self._call(run)
+
+    async def fork(self, count: int) -> list[str]:
+        children = await self._call(lambda: self._gateway.fork(
+            self._tenant, self.session_id, ForkRequest(count=count, metadata={"client": "mcp"})))
+        return [child.id for child in children]
 
     async def exists(self) -> bool:
         try:

@@ -13,6 +13,7 @@ from gateway.wire import (
     ExecuteRequest,
     ExecutionOut,
     ExecutionSummary,
+    ForkRequest,
     InterruptOut,
     KillOut,
     SessionCreate,
@@ -78,6 +79,26 @@ async def interrupt(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> 
 async def restart(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
     """A fresh kernel on the same workspace: variables gone, files kept."""
     return gateway.describe(await gateway.restart(tenant, session_id))
+
+
+@router.post("/{session_id}/pause")
+async def pause(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
+    """Keep the session's state on disk and free its kernel (status ``paused``)."""
+    return gateway.describe(await gateway.pause(tenant, session_id))
+
+
+@router.post("/{session_id}/resume")
+async def resume(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
+    """Run a paused session again with its variables (any request that needs it does this)."""
+    return gateway.describe(await gateway.resume(tenant, session_id))
+
+
+@router.post("/{session_id}/fork", status_code=status.HTTP_201_CREATED)
+async def fork(session_id: str, tenant: TenantDep, gateway: GatewayDep,
+               body: Annotated[ForkRequest | None, Body()] = None) -> list[SessionOut]:
+    """New sessions with the session's variables and a copy of its workspace."""
+    children = await gateway.fork(tenant, session_id, body or ForkRequest())
+    return [gateway.describe(child) for child in children]
 
 
 @router.get("/{session_id}/executions")

@@ -152,6 +152,13 @@ class SandboxBackend(ABC):
     async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
         """Take back a sandbox a previous gateway left running."""
 
+    async def load_stopped(self, info: SandboxInfo, profile: Profile,
+                           env: dict[str, str]) -> Sandbox:
+        """A sandbox whose container is gone but whose workspace is kept (a paused session):
+        its next ``launch_kernel`` makes the container again. Backends that cannot keep a
+        workspace without its container say so."""
+        raise BackendError(f"the {self.name} backend cannot take back a paused session")
+
     @abstractmethod
     async def list_sandboxes(self) -> list[SandboxInfo]:
         """Sandboxes of this gateway (its owner label, in its state directory), running or not."""

@@ -227,6 +227,25 @@ async def test_restart_forgets_variables_keeps_files(sandbox: AsyncSandbox) -> N
     assert await sandbox.files.read("restart_kept.txt") == b"kept"
 
 
+async def test_pause_resume_and_fork_keep_variables(sandbox: AsyncSandbox,
+                                                    gateway: GatewayProcess) -> None:
+    await sandbox.run_code("pause_var = [1, 2]")
+
+    paused = await sandbox.pause()
+    resumed = await sandbox.resume()
+    forks = await sandbox.fork(1, metadata={"role": "copy"})
+    copy = await AsyncSandbox.connect(forks[0].id, base_url=gateway.url,
+                                      api_key=gateway.keys["alpha"])
+    try:
+        in_copy = await copy.run_code("pause_var")
+    finally:
+        await copy.close()
+
+    assert paused.status == "paused" and paused.paused_with == "variables"
+    assert resumed.status == "idle"
+    assert in_copy.outputs[0].data["text/plain"] == "[1, 2]"
+
+
 # -- lifetime and the sync face ---------------------------------------------------------------
 
 
@@ -264,7 +283,7 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     anthropic = sandbox.tools.anthropic()
 
     names = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-             "export_notebook", "run_shell"]
+             "export_notebook", "run_shell", "fork_session"]
     assert [tool["function"]["name"] for tool in openai] == names
     assert [tool["name"] for tool in anthropic] == names
     execute = openai[0]

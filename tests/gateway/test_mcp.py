@@ -34,7 +34,7 @@ from tests.conftest import GatewayProcess
 REPLGATE = Path(sys.executable).with_name("replgate")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOOLS = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-         "export_notebook", "run_shell"]
+         "export_notebook", "run_shell", "fork_session"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -373,3 +373,19 @@ async def test_execute_python_traceback_is_plain_text(mcp: Client) -> None:
     result = await run(mcp, "def f():\n    raise KeyError('missing')\nf()")
     assert result.is_error
     assert "KeyError" in texts(result) and "\x1b" not in texts(result)
+
+
+async def test_fork_session_returns_new_session_ids(mcp: Client, gateway: GatewayProcess) -> None:
+    await run(mcp, "forked_var = 'from the parent'")
+
+    forked = await mcp.call_tool("fork_session", {"count": 2})
+
+    assert not forked.is_error, texts(forked)
+    ids = texts(forked).split(":\n", 1)[1].split("\n")
+    assert len(ids) == 2
+    async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers("alpha"),
+                                 timeout=120) as http:
+        for sid in ids:
+            answer = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "forked_var"})
+            assert answer.json()["outputs"][0]["data"]["text/plain"] == "'from the parent'"
+            assert (await http.delete(f"/v1/sessions/{sid}")).status_code == 204

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.settings import FLAT_NAMES, Settings
 from kernel_pool import OutputCaps, PoolLimits, Profile
 
-SIZES = {"memory", "tmp_size", "workspace_size"}
+SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
 
 
 def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
@@ -18,6 +18,8 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
     default = model.model_fields[name].get_default(call_default_factory=True)
     if name in SIZES:
         return "3g", "3g"
+    if name == "runtime":  # a choice of two
+        return "gvisor", "gvisor"
     if isinstance(default, bool):
         return str(not default).lower(), not default
     if isinstance(default, int | float):

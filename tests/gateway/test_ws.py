@@ -185,3 +185,17 @@ async def test_ws_done_execution_is_in_history_at_once(gateway: GatewayProcess,
             record = next(h for h in history if h["id"] == eid)
             assert record["status"] == "ok" and record["result"]["stdout"] == f"{n}\n"
             assert record["finished_at"] is not None
+
+
+async def test_execute_on_a_paused_session_resumes_it(gateway: GatewayProcess, sid: str) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers(),
+                                 timeout=120) as client:
+        await client.post(f"/v1/sessions/{sid}/execute",
+                          json={"code": "ws_kept = 'across a pause'"})
+        assert (await client.post(f"/v1/sessions/{sid}/pause")).status_code == 200
+    async with connect(ws_url(gateway, sid), additional_headers=gateway.headers()) as ws:
+        await ws.send(json.dumps({"type": "execute", "code": "print(ws_kept)", "id": "paused-1"}))
+        frames = await collect(ws, "paused-1")
+
+    assert frames[-1]["status"] == "ok"
+    assert stdout_of(frames) == "across a pause\n"

@@ -12,11 +12,12 @@ EXPORTED = [
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
     "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
-    "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener",
-    "Output", "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PayloadTooLarge",
+    "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener", "Output",
+    "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "Session", "SessionClosed", "SessionNotFound",
-    "SessionStatus", "StateDirFull", "StreamEvent", "TooManyCommands", "UpdateDisplayEvent",
+    "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
+    "TooManyCommands", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py"}

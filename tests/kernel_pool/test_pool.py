@@ -108,7 +108,8 @@ async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -
         assert time.perf_counter() - started < 0.1, "at the cap the pool must fail fast"
         assert caught.value.limit == 1
         assert "REPLGATE_MAX_KERNELS" in str(caught.value)
-        assert pool.stats() == {"idle": 0, "starting": 0, "in_use": 1, "sessions": 0, "max": 1}
+        assert pool.stats() == {"idle": 0, "starting": 0, "in_use": 1, "sessions": 0,
+                                "paused": 0, "max": 1}
     finally:
         await pool.release(kernel)
     await eventually(lambda: pool.stats()["idle"] == 1)
@@ -128,7 +129,8 @@ async def test_cancelled_acquire_leaves_pool_consistent(
         await waiter
     # The start goes on; the kernel nobody waits for any more joins the idle set.
     await eventually(lambda: pool.stats()["idle"] == 1)
-    assert pool.stats() == {"idle": 1, "starting": 0, "in_use": 0, "sessions": 0, "max": 2}
+    assert pool.stats() == {"idle": 1, "starting": 0, "in_use": 0, "sessions": 0,
+                            "paused": 0, "max": 2}
     assert consistent(pool, len(owned_containers(docker_client, owner)))
     started = time.perf_counter()
     kernel = await pool.acquire()

@@ -557,6 +557,20 @@ class DockerBackend(SandboxBackend):
         if problem:
             raise BackendError(problem)
 
+    async def load_stopped(self, info: SandboxInfo, profile: Profile,
+                           env: dict[str, str]) -> Sandbox:
+        """A paused session's sandbox: its workspace and socket folder (mounted again after
+        a reboot); ``launch_kernel`` makes its container."""
+        socket_dir = Path(info.socket_dir)
+        await _in_thread(self._make_socket_dir, socket_dir)
+        try:
+            workspace = await _in_thread(Workspace.create, Path(info.workspace),
+                                         parse_size(profile.workspace_size))
+        except WorkspaceError as exc:
+            raise BackendError(f"cannot mount the sandbox's workspace: {exc}") from exc
+        stopped = info.model_copy(update={"kernel_name": None, "kernel_ref": None})
+        return DockerSandbox(self, stopped, profile, workspace, env)
+
     async def image_digest(self, image: str) -> str | None:
         try:
             details = await _run(self.client.api.inspect_image, image)

@@ -169,3 +169,21 @@ def test_connect_stat_answers_protojson(gateway: GatewayProcess,
     missing = httpx.post(f"{gateway.url}/e2b/sandbox/filesystem.Filesystem/Stat",
                          json={"path": "nope"}, headers=sandbox_headers(sandbox))
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+
+
+def test_pause_then_connect_resumes_with_variables(api: httpx.Client,
+                                                   gateway: GatewayProcess) -> None:
+    created = api.post("/v2/sandboxes", json={"templateID": "base", "timeout": 300}).json()
+    sid = created["sandboxID"]
+    try:
+        with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"),
+                          timeout=120) as rg:
+            rg.post(f"/v1/sessions/{sid}/execute", json={"code": "kept = 7"})
+            assert api.post(f"/sandboxes/{sid}/pause").status_code == 204
+            assert api.get(f"/sandboxes/{sid}").json()["state"] == "paused"
+            assert api.post(f"/sandboxes/{sid}/resume", json={}).status_code in (200, 201)
+            assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
+            out = rg.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"}).json()
+            assert out["outputs"][0]["data"]["text/plain"] == "7"
+    finally:
+        api.delete(f"/sandboxes/{sid}")

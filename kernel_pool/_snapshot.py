@@ -1,0 +1,290 @@
+"""Variables snapshots: what a paused session keeps of its kernel, and how forks are seeded.
+
+A snapshot is the user namespace pickled with dill by the kernel itself
+(``replgate_kernel.snapshot`` in the sandbox image), passed through a hidden file in the
+session's own workspace, and kept compressed in ``<state dir>/snapshots``, a folder only the
+gateway's user can read (mode 0700, files 0600) and that no sandbox mounts. The gateway never
+unpickles a snapshot: only a kernel of the same session (or of its fork) loads it.
+
+This keeps variables, not processes: threads, open sockets and generators are listed in
+``not_kept`` and the running state of a process (``/tmp``, a background thread) is not kept.
+The session says so (``paused_with: "variables"``).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import stat
+import zlib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, Field
+
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError, WorkspaceError
+
+if TYPE_CHECKING:
+    from kernel_pool._kernel import Kernel
+
+try:  # zstd is faster and smaller where the module is installed; zlib is always there
+    import zstandard
+except ImportError:  # pragma: no cover (depends on the environment)
+    zstandard = None
+
+SNAPSHOT_SUFFIX = ".zst" if zstandard is not None else ".zlib"
+TRANSFER_NAME = ".replgate-snapshot"
+"""The hidden workspace file a snapshot passes through (a random suffix is added)."""
+SNAPSHOT_TIMEOUT_S = 120.0
+
+
+class PauseInfo(BaseModel):
+    """What a paused session kept, said honestly."""
+
+    paused_with: Literal["variables"] = "variables"
+    """"variables": the user namespace was kept (dill), not the process (threads, /tmp)."""
+    kept: list[str] = Field(default_factory=list)
+    not_kept: dict[str, str] = Field(default_factory=dict)
+    """Names that could not be kept, each with the reason."""
+    image_bytes: int = 0
+    paused_at: str = ""
+
+
+class SnapshotStore:
+    """Compressed snapshots in one private folder, with a size budget."""
+
+    def __init__(self, root: Path, budget_bytes: int) -> None:
+        self.root = root
+        self.budget_bytes = budget_bytes
+
+    def _path(self, key: str, suffix: str) -> Path:
+        if not key or "/" in key or key.startswith("."):
+            raise SnapshotError(f"bad snapshot key {key!r}")
+        return self.root / f"{key}{suffix}"
+
+    def _ensure_root(self) -> None:
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)
+
+    def used_bytes(self) -> int:
+        """What every snapshot takes on disk now (blocking)."""
+        if not self.root.is_dir():
+            return 0
+        return sum(entry.stat().st_size for entry in os.scandir(self.root)
+                   if entry.is_file(follow_symlinks=False))
+
+    def save(self, key: str, raw: bytes, info: PauseInfo) -> PauseInfo:
+        """Compress and write ``raw`` with its info, atomically; the info with the size."""
+        self._ensure_root()
+        data = (zstandard.ZstdCompressor(level=1).compress(raw) if zstandard is not None
+                else zlib.compress(raw, 1))
+        if self.used_bytes() + len(data) > self.budget_bytes:
+            raise SnapshotBudgetExceeded(
+                f"the snapshot of {len(data)} bytes does not fit in the budget of "
+                f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
+                "raise it")
+        info = info.model_copy(update={"image_bytes": len(data),
+                                       "paused_at": datetime.now(UTC).isoformat()})
+        _write_private(self._path(key, SNAPSHOT_SUFFIX), data)
+        _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        return info
+
+    def load(self, key: str) -> bytes:
+        """The uncompressed snapshot, or SnapshotError naming what is wrong with it."""
+        path = self._path(key, SNAPSHOT_SUFFIX)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise SnapshotError(f"the session's snapshot cannot be read: {exc}") from exc
+        try:
+            if zstandard is not None:
+                raw: bytes = zstandard.ZstdDecompressor().decompress(data)
+                return raw
+            return zlib.decompress(data)
+        except Exception as exc:
+            raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
+
+    def info(self, key: str) -> PauseInfo | None:
+        try:
+            return PauseInfo.model_validate_json(self._path(key, ".json").read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def delete(self, key: str) -> None:
+        for suffix in (SNAPSHOT_SUFFIX, ".json"):
+            self._path(key, suffix).unlink(missing_ok=True)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    partial = path.with_name(path.name + ".part")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+# -- the kernel side, through silent executions ---------------------------------------------
+
+async def evaluate(kernel: Kernel, expression: str, timeout_s: float) -> Any:
+    """Evaluate ``expression`` in the kernel as a user expression of a silent execution
+    (no history, no namespace change); its value, read back from its ``repr``."""
+    msg_id, route = kernel.request("execute_request", {
+        "code": "", "silent": True, "store_history": False,
+        "user_expressions": {"r": expression}, "allow_stdin": False, "stop_on_error": False})
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                channel, msg = await route.get()
+                if channel == "died":
+                    raise SnapshotError(f"the kernel died: {msg.reason}")
+                if channel == "shell":
+                    break
+    except TimeoutError:
+        raise SnapshotError(f"the kernel did not answer within {timeout_s:g}s") from None
+    finally:
+        kernel.forget(msg_id)
+    result = (msg["content"].get("user_expressions") or {}).get("r") or {}
+    if result.get("status") != "ok":
+        raise SnapshotError(f"{result.get('ename', 'error')}: {result.get('evalue', '')}"[:500])
+    try:
+        return ast.literal_eval(result["data"]["text/plain"])
+    except (KeyError, ValueError, SyntaxError) as exc:
+        raise SnapshotError(f"the kernel's answer was unreadable: {exc}") from exc
+
+
+def _transfer_name() -> str:
+    return f"{TRANSFER_NAME}-{secrets.token_hex(8)}"
+
+
+def _take_file(workspace: Workspace, name: str, limit: int) -> bytes:
+    try:
+        return workspace.read_bytes(name, limit)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(workspace.root / name)  # unlink never follows a link
+
+
+async def save_variables(kernel: Kernel, workspace: Workspace,
+                         limit: int) -> tuple[bytes, PauseInfo]:
+    """The kernel's variables (pickled) and what was kept; the kernel goes on unchanged."""
+    name = _transfer_name()
+    try:
+        answer = await evaluate(
+            kernel, f"__import__('replgate_kernel.snapshot').snapshot.save({name!r})",
+            SNAPSHOT_TIMEOUT_S)
+        summary = json.loads(answer)
+        raw = await anyio.to_thread.run_sync(_take_file, workspace, name, limit)
+    except WorkspaceError as exc:
+        raise SnapshotError(f"the variables could not be read back: {exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            await anyio.to_thread.run_sync(os.unlink, workspace.root / name)
+    return raw, PauseInfo(kept=summary["kept"], not_kept=summary["not_kept"])
+
+
+async def load_variables(kernel: Kernel, workspace: Workspace, raw: bytes,
+                         reseed: bool) -> None:
+    """Put pickled variables into the kernel (``reseed``: fresh random generators)."""
+    name = _transfer_name()
+    try:
+        await anyio.to_thread.run_sync(workspace.write_bytes, name, raw)
+    except WorkspaceError as exc:
+        raise SnapshotError(f"the variables do not fit in the workspace: {exc}") from exc
+    try:
+        await evaluate(kernel, f"__import__('replgate_kernel.snapshot').snapshot.load("
+                               f"{name!r}, {reseed!r})", SNAPSHOT_TIMEOUT_S)
+    finally:
+        with contextlib.suppress(OSError):
+            await anyio.to_thread.run_sync(os.unlink, workspace.root / name)
+
+
+# -- workspace copies for forks --------------------------------------------------------------
+
+def copy_workspace(source: Workspace, target: Workspace) -> None:
+    """Copy regular files, folders and symlinks (as links) from one workspace into another.
+
+    Blocking. The source is written by sandboxed code, possibly while this runs: every entry
+    is opened relative to its parent's descriptor without following links, and anything but
+    a regular file, a folder or a link (a FIFO, a device) is skipped, so the copy never reads
+    outside the source nor hangs.
+    """
+    src = os.open(source.root, os.O_RDONLY | os.O_DIRECTORY)
+    dst = os.open(target.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _copy_tree(src, dst, depth=0)
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+MAX_COPY_DEPTH = 64
+
+
+def _copy_tree(src: int, dst: int, depth: int) -> None:
+    if depth > MAX_COPY_DEPTH:
+        return
+    for entry in os.scandir(src):
+        name = entry.name
+        if name.startswith(TRANSFER_NAME) or (depth == 0 and name == "lost+found"):
+            continue
+        try:
+            info = os.stat(name, dir_fd=src, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            with contextlib.suppress(OSError):
+                os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+                _own(name, dst)
+        elif stat.S_ISDIR(info.st_mode):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, stat.S_IMODE(info.st_mode) | 0o700, dir_fd=dst)
+                _own(name, dst)
+            child_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src)
+            try:
+                child_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                    dir_fd=dst)
+                try:
+                    _copy_tree(child_src, child_dst, depth + 1)
+                finally:
+                    os.close(child_dst)
+            finally:
+                os.close(child_src)
+        elif stat.S_ISREG(info.st_mode):
+            _copy_file(name, src, dst, stat.S_IMODE(info.st_mode))
+
+
+def _copy_file(name: str, src: int, dst: int, mode: int) -> None:
+    try:
+        fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)
+    except OSError:
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fin).st_mode):
+            return
+        fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode,
+                       dir_fd=dst)
+        try:
+            while chunk := os.read(fin, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fout, view):]
+            if os.geteuid() == 0:
+                os.fchown(fout, SANDBOX_UID, SANDBOX_GID)
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+def _own(name: str, dir_fd: int) -> None:
+    if os.geteuid() == 0:
+        os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)

@@ -1,0 +1,78 @@
+"""Kernel-side half of a variables snapshot: the user namespace to a file and back, with dill.
+
+The gateway evaluates :func:`save` or :func:`load` as a user expression of a silent execution
+(nothing lands in the history or the namespace) and reads the JSON text they return. The file
+lies in the session's own workspace only while it passes between the gateway and the kernel.
+"""
+
+import json
+import os
+import random
+
+import dill
+from IPython import get_ipython
+
+MAX_REASON = 200
+
+
+def _namespace() -> tuple[dict[str, object], set[str]]:
+    shell = get_ipython()
+    return shell.user_ns, set(shell.user_ns_hidden)
+
+
+def _user_names(namespace: dict[str, object], hidden: set[str]) -> list[str]:
+    """The names the user made: IPython's own (``In``, ``_3``, ``get_ipython``) are not."""
+    return [name for name in namespace if not name.startswith("_") and name not in hidden]
+
+
+def save(path: str) -> str:
+    """Write the user's variables to ``path``; JSON with the names kept and those not kept.
+
+    One pickle for all, so objects shared between variables stay shared; a value that cannot
+    be pickled (a thread, a socket, a generator) is left out with the reason.
+    """
+    namespace, hidden = _namespace()
+    names = _user_names(namespace, hidden)
+    lost: dict[str, str] = {}
+    while True:
+        values = {name: namespace[name] for name in names if name not in lost}
+        try:
+            with open(path, "wb") as f:
+                dill.dump(values, f, recurse=True)
+            break
+        except Exception:
+            before = len(lost)
+            for name, value in values.items():
+                try:
+                    dill.dumps(value, recurse=True)
+                except Exception as exc:
+                    lost[name] = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
+            if len(lost) == before:  # only together do they fail: give up honestly
+                lost.update({name: "could not be saved with the other variables"
+                             for name in values})
+                with open(path, "wb") as f:
+                    dill.dump({}, f)
+                break
+    os.chmod(path, 0o600)
+    return json.dumps({"kept": sorted(n for n in names if n not in lost), "not_kept": lost})
+
+
+def load(path: str, reseed: bool) -> str:
+    """Put the variables saved in ``path`` back into the namespace and delete the file.
+
+    ``reseed``: a copy of a session (a fork) must not draw the same random numbers as its
+    siblings, so the generators of ``random`` and ``numpy.random`` start from fresh entropy.
+    """
+    try:
+        with open(path, "rb") as f:
+            values = dill.load(f)
+    finally:
+        os.unlink(path)
+    namespace, _hidden = _namespace()
+    namespace.update(values)
+    if reseed:
+        random.seed()
+        numpy = __import__("sys").modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
+    return json.dumps({"loaded": sorted(values)})

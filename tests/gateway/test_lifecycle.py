@@ -1,0 +1,341 @@
+"""Pause, resume, fork, and sessions that outlive their kernels and the gateway (real engine)."""
+
+from __future__ import annotations
+
+import signal
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import docker
+import httpx
+import pytest
+
+from tests.conftest import GatewayProcess, make_gateway, running_gateway
+
+SETUP = """
+import numpy as np, threading, random
+x = 41
+data = {"rows": [1, 2, 3]}
+alias = data
+def f(v):
+    return v + x
+class Point:
+    def __init__(self, a):
+        self.a = a
+p = Point(7)
+arr = np.arange(10)
+worker = threading.Thread(target=lambda: None)
+"""
+
+
+@pytest.fixture(scope="module")
+def lifecycle_gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
+    with running_gateway(docker_client, max_kernels="4", min_idle="1") as process:
+        yield process
+
+
+@pytest.fixture
+def alpha(lifecycle_gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=lifecycle_gateway.url, timeout=120,
+                      headers=lifecycle_gateway.headers("alpha")) as client:
+        yield client
+
+
+@pytest.fixture
+def session_id(alpha: httpx.Client) -> Iterator[str]:
+    answer = alpha.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    sid: str = answer.json()["id"]
+    yield sid
+    alpha.delete(f"/v1/sessions/{sid}")
+
+
+@contextmanager
+def gateway_client(docker_client: docker.DockerClient, **settings: str) -> Iterator[httpx.Client]:
+    """A client of tenant alpha on a gateway of its own with ``settings``."""
+    with running_gateway(docker_client, make_gateway(**settings)) as process, \
+            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
+        yield client
+
+
+def new_session(client: httpx.Client) -> str:
+    answer = client.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    sid: str = answer.json()["id"]
+    return sid
+
+
+def run(client: httpx.Client, sid: str, code: str) -> dict[str, object]:
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, object] = answer.json()
+    assert result["status"] == "ok", result
+    return result
+
+
+def value(client: httpx.Client, sid: str, expression: str) -> str:
+    outputs = run(client, sid, expression)["outputs"]
+    assert isinstance(outputs, list) and outputs, outputs
+    text: str = outputs[-1]["data"]["text/plain"]
+    return text
+
+
+def test_pause_keeps_variables_and_names_what_it_could_not(alpha: httpx.Client,
+                                                           session_id: str) -> None:
+    run(alpha, session_id, SETUP)
+    answer = alpha.post(f"/v1/sessions/{session_id}/pause")
+    assert answer.status_code == 200, answer.text
+    paused = answer.json()
+    assert paused["status"] == "paused"
+    assert paused["paused_with"] == "variables"
+    assert "worker" in paused["not_kept"]  # a thread is not a variable that can be kept
+    assert paused["snapshot_bytes"] > 0
+    assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "paused"
+
+    answer = alpha.post(f"/v1/sessions/{session_id}/resume")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "idle"
+    assert answer.json()["paused_with"] is None
+    assert value(alpha, session_id, "(f(1), p.a, int(arr.sum()), data is alias, np.__name__)") \
+        == "(42, 7, 45, True, 'numpy')"
+
+
+def test_pause_frees_the_kernel_and_its_container(alpha: httpx.Client, session_id: str,
+                                                  lifecycle_gateway: GatewayProcess,
+                                                  docker_client: docker.DockerClient) -> None:
+    def count() -> int:
+        return len(docker_client.api.containers(
+            all=True, filters={"label": f"io.replgate.owner={lifecycle_gateway.owner}"}))
+
+    def settled_count(expected: int | None = None) -> int:
+        """Containers once the warm pool is full again (a resume may take a warm kernel) and
+        a paused session's container is removed (that finishes after the pause answers)."""
+        deadline = time.monotonic() + 120
+        while True:
+            pool = httpx.get(f"{lifecycle_gateway.url}/healthz").json()["pool"]
+            if pool["starting"] == 0 and pool["idle"] >= 1:
+                found = count()
+                if expected is None or found == expected or time.monotonic() > deadline:
+                    return found
+            assert time.monotonic() < deadline, pool
+            time.sleep(0.2)
+
+    run(alpha, session_id, "y = 1")
+    before = settled_count()
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    assert settled_count(before - 1) == before - 1
+    assert alpha.post(f"/v1/sessions/{session_id}/resume").status_code == 200
+    assert settled_count(before) == before
+
+
+def test_files_of_a_paused_session_work_without_resuming_it(alpha: httpx.Client,
+                                                            session_id: str) -> None:
+    run(alpha, session_id, "open('kept.txt', 'w').write('before pause')")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    assert alpha.get(f"/v1/sessions/{session_id}/files/kept.txt").content == b"before pause"
+    assert alpha.put(f"/v1/sessions/{session_id}/files/new.txt", content=b"while paused"
+                     ).status_code == 201
+    listed = {f["path"] for f in alpha.get(f"/v1/sessions/{session_id}/files").json()}
+    assert {"kept.txt", "new.txt"} <= listed
+    assert not any(p.startswith(".replgate-snapshot") for p in listed)
+    assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "paused"
+    assert value(alpha, session_id, "open('new.txt').read()") == "'while paused'"
+
+
+def test_execute_resumes_a_paused_session_by_itself(alpha: httpx.Client,
+                                                    session_id: str) -> None:
+    run(alpha, session_id, "counter = 5")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    assert value(alpha, session_id, "counter + 1") == "6"
+    assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "idle"
+
+
+def test_fork_copies_variables_and_files_with_independent_random(
+        alpha: httpx.Client, session_id: str) -> None:
+    run(alpha, session_id, "import random, numpy as np\nshared = [1, 2]\n"
+                           "open('f.txt', 'w').write('parent file')")
+    answer = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 2,
+                                                                  "metadata": {"k": "v"}})
+    assert answer.status_code == 201, answer.text
+    children = [c["id"] for c in answer.json()]
+    try:
+        assert len(set(children)) == 2 and session_id not in children
+        assert all(c["metadata"] == {"k": "v"} for c in answer.json())
+        draws = set()
+        for child in children:
+            assert value(alpha, child, "shared") == "[1, 2]"
+            assert value(alpha, child, "open('f.txt').read()") == "'parent file'"
+            draws.add(value(alpha, child, "(random.random(), float(np.random.random()))"))
+            run(alpha, child, "shared.append('child')")
+        assert len(draws) == 2
+        assert value(alpha, session_id, "shared") == "[1, 2]"  # the parent goes on unchanged
+    finally:
+        for child in children:
+            alpha.delete(f"/v1/sessions/{child}")
+
+
+def test_fork_of_a_paused_session_leaves_it_paused(alpha: httpx.Client,
+                                                   session_id: str) -> None:
+    run(alpha, session_id, "z = 'from a paused parent'")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    answer = alpha.post(f"/v1/sessions/{session_id}/fork", content=b"")
+    assert answer.status_code == 201, answer.text
+    child = answer.json()[0]["id"]
+    try:
+        assert value(alpha, child, "z") == "'from a paused parent'"
+        assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "paused"
+    finally:
+        alpha.delete(f"/v1/sessions/{child}")
+
+
+def test_fork_count_out_of_range_is_a_400(alpha: httpx.Client, session_id: str) -> None:
+    for count in (0, 17, "many"):
+        answer = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": count})
+        assert answer.status_code in (400, 422), answer.text
+        assert answer.json()["detail"]
+
+
+def test_pause_of_another_tenants_session_is_a_404(lifecycle_gateway: GatewayProcess,
+                                                   session_id: str) -> None:
+    with httpx.Client(base_url=lifecycle_gateway.url,
+                      headers=lifecycle_gateway.headers("beta")) as beta:
+        for action in ("pause", "resume", "fork"):
+            assert beta.post(f"/v1/sessions/{session_id}/{action}").status_code == 404
+
+
+def test_snapshot_is_private_and_deleted_with_its_session(
+        alpha: httpx.Client, lifecycle_gateway: GatewayProcess) -> None:
+    sid = alpha.post("/v1/sessions", json={}).json()["id"]
+    run(alpha, sid, "secret = 'only mine'")
+    assert alpha.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    folder = lifecycle_gateway.state_dir / "snapshots"
+    files = [p for p in folder.iterdir() if p.name.startswith(sid)]
+    assert files
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    assert alpha.delete(f"/v1/sessions/{sid}").status_code == 204
+    deadline = time.monotonic() + 10
+    while any(p.name.startswith(sid) for p in folder.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.name.startswith(sid) for p in folder.iterdir())
+
+
+def test_resume_of_a_corrupt_snapshot_keeps_the_session_paused(
+        alpha: httpx.Client, session_id: str, lifecycle_gateway: GatewayProcess) -> None:
+    run(alpha, session_id, "kept = 1")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    image = next(p for p in (lifecycle_gateway.state_dir / "snapshots").iterdir()
+                 if p.name.startswith(session_id) and not p.name.endswith(".json"))
+    good = image.read_bytes()
+    image.write_bytes(b"not a snapshot")
+    answer = alpha.post(f"/v1/sessions/{session_id}/resume")
+    assert answer.status_code == 409, answer.text
+    assert "corrupt" in answer.json()["detail"]
+    described = alpha.get(f"/v1/sessions/{session_id}").json()
+    assert described["status"] == "paused" and "corrupt" in described["reason"]
+    assert image.exists()  # nothing deleted: put it right and it resumes
+    image.write_bytes(good)
+    assert value(alpha, session_id, "kept") == "1"
+
+
+def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
+        docker_client: docker.DockerClient) -> None:
+    with gateway_client(docker_client, snapshot_budget="4k") as client:
+        sid = new_session(client)
+        run(client, sid, "import os\nbig = os.urandom(1 << 20)")
+        answer = client.post(f"/v1/sessions/{sid}/pause")
+        assert answer.status_code == 507, answer.text
+        assert "REPLGATE_SNAPSHOT_BUDGET" in answer.json()["detail"]
+        described = client.get(f"/v1/sessions/{sid}").json()
+        assert described["status"] == "idle" and described["reason"]
+        assert value(client, sid, "len(big)") == str(1 << 20)
+
+
+def test_least_recently_used_session_is_paused_at_max_kernels(
+        docker_client: docker.DockerClient) -> None:
+    with gateway_client(docker_client, max_kernels="2", min_idle="1") as client:
+        first = new_session(client)
+        run(client, first, "who = 'first'")
+        second = new_session(client)
+        run(client, second, "who = 'second'")
+        third = client.post("/v1/sessions", json={})
+        assert third.status_code == 201, third.text
+        assert client.get(f"/v1/sessions/{first}").json()["status"] == "paused"
+        assert client.get(f"/v1/sessions/{second}").json()["status"] == "idle"
+        # Using the paused one resumes it, pausing the least recently used other.
+        assert value(client, first, "who") == "'first'"
+        statuses = [client.get(f"/v1/sessions/{s}").json()["status"]
+                    for s in (second, third.json()["id"])]
+        assert statuses.count("paused") == 1
+
+
+def test_idle_session_is_paused_after_pause_after_s(docker_client: docker.DockerClient) -> None:
+    with gateway_client(docker_client, pause_after_s="1") as client:
+        sid = new_session(client)
+        run(client, sid, "kept = 'idle'")
+        deadline = time.monotonic() + 30
+        while client.get(f"/v1/sessions/{sid}").json()["status"] != "paused":
+            assert time.monotonic() < deadline, "the idle session was not paused"
+            time.sleep(0.2)
+        assert value(client, sid, "kept") == "'idle'"
+
+
+def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
+        docker_client: docker.DockerClient) -> None:
+    with running_gateway(docker_client, keep_sessions_on_stop="true") as process:
+        with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
+            running = c.post("/v1/sessions", json={}).json()["id"]
+            run(c, running, "state = 'running'\nimport threading\n"
+                            "t = threading.Thread(target=lambda: None)")
+            paused = c.post("/v1/sessions", json={}).json()["id"]
+            run(c, paused, "state = 'paused'")
+            assert c.post(f"/v1/sessions/{paused}/pause").status_code == 200
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            process.stop(sig)
+            process.start()
+            with httpx.Client(base_url=process.url, headers=process.headers(),
+                              timeout=120) as c:
+                assert c.get(f"/v1/sessions/{paused}").json()["status"] == "paused", sig
+                # The running kernel was left running: even a thread is still there.
+                assert value(c, running, "(state, type(t).__name__)") == \
+                    "('running', 'Thread')"
+        with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
+            assert value(c, paused, "state") == "'paused'"
+            for sid in (running, paused):
+                assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_resume_gets_503_only_when_nothing_can_be_paused(
+        docker_client: docker.DockerClient) -> None:
+    with gateway_client(docker_client, max_kernels="1", min_idle="1") as client:
+        first = new_session(client)
+        run(client, first, "mine = 'first'")
+        assert client.post(f"/v1/sessions/{first}/pause").status_code == 200
+        second = new_session(client)
+        busy = httpx.Client(base_url=client.base_url, headers=client.headers, timeout=120)
+        with busy:
+            # The only kernel is busy: it cannot be paused, so the resume cannot run.
+            running = threading.Thread(target=lambda: busy.post(
+                f"/v1/sessions/{second}/execute", json={"code": "import time; time.sleep(5)"}))
+            running.start()
+            time.sleep(2)
+            answer = client.post(f"/v1/sessions/{first}/resume")
+            running.join()
+        assert answer.status_code == 503, answer.text
+        assert "REPLGATE_MAX_KERNELS" in answer.json()["detail"]
+        assert client.get(f"/v1/sessions/{first}").json()["status"] == "paused"
+        # Once the other is idle it is paused to make room, and the first resumes.
+        assert value(client, first, "mine") == "'first'"
+        assert client.get(f"/v1/sessions/{second}").json()["status"] == "paused"
+
+
+def test_command_on_a_paused_session_resumes_it(alpha: httpx.Client, session_id: str) -> None:
+    run(alpha, session_id, "open('seen.txt', 'w').write('files and variables')\nkept = 1")
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    answer = alpha.post(f"/v1/sessions/{session_id}/commands", json={"cmd": "cat seen.txt"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["stdout"] == "files and variables"
+    assert value(alpha, session_id, "kept") == "1"

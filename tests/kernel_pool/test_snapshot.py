@@ -1,0 +1,98 @@
+"""Snapshots on disk and workspace copies for forks (the gateway's side; no kernel needed)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace
+from kernel_pool._workspace import SANDBOX_UID, Workspace
+from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
+
+
+@pytest.fixture
+def workspaces(tmp_path: Path) -> Iterator[tuple[Workspace, Workspace]]:
+    made = (Workspace.create(tmp_path / "a", 16 * 2**20),
+            Workspace.create(tmp_path / "b", 16 * 2**20))
+    yield made
+    for workspace in made:
+        workspace.destroy()
+
+
+def test_save_then_load_gives_the_bytes_back_privately(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**20)
+    info = store.save("s1", b"pickled" * 1000, PauseInfo(kept=["x"], not_kept={"t": "thread"}))
+
+    assert store.load("s1") == b"pickled" * 1000
+    assert 0 < info.image_bytes < 7000 and info.paused_at
+    assert store.info("s1") == info
+    assert stat.S_IMODE((tmp_path / "snapshots").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in store.root.iterdir())
+
+
+def test_save_over_the_budget_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 100)
+
+    with pytest.raises(SnapshotBudgetExceeded, match="REPLGATE_SNAPSHOT_BUDGET"):
+        store.save("s1", os.urandom(4096), PauseInfo())
+    assert store.info("s1") is None and store.used_bytes() == 0
+
+
+def test_load_of_a_corrupt_snapshot_says_so_and_keeps_it(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**20)
+    store.save("s1", b"data", PauseInfo())
+    image = next(p for p in store.root.iterdir() if not p.name.endswith(".json"))
+    image.write_bytes(b"garbage")
+
+    with pytest.raises(SnapshotError, match="corrupt"):
+        store.load("s1")
+    assert image.exists()
+
+
+def test_delete_removes_image_and_info(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**20)
+    store.save("s1", b"data", PauseInfo())
+    store.delete("s1")
+
+    assert list(store.root.iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["", "../escape", ".hidden"])
+def test_bad_keys_are_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(SnapshotError):
+        SnapshotStore(tmp_path, 2**20).save(key, b"x", PauseInfo())
+
+
+def test_copy_keeps_files_folders_and_links_as_links(
+        workspaces: tuple[Workspace, Workspace]) -> None:
+    source, target = workspaces
+    (source.root / "data").mkdir()
+    (source.root / "data" / "in.csv").write_text("a,b\n1,2\n")
+    os.symlink("/etc/passwd", source.root / "passwd-link")
+
+    copy_workspace(source, target)
+
+    assert (target.root / "data" / "in.csv").read_text() == "a,b\n1,2\n"
+    assert os.readlink(target.root / "passwd-link") == "/etc/passwd"  # a link, not the file
+    assert (target.root / "data" / "in.csv").stat().st_uid == SANDBOX_UID
+
+
+def test_copy_skips_fifos_and_never_follows_a_linked_folder(
+        workspaces: tuple[Workspace, Workspace], tmp_path: Path) -> None:
+    source, target = workspaces
+    os.mkfifo(source.root / "pipe")  # opening it to read would hang the copy
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("host file")
+    os.symlink(outside, source.root / "escape")
+
+    copy_workspace(source, target)
+
+    assert not (target.root / "pipe").exists()
+    assert (target.root / "escape").is_symlink()
+    assert not any(p.name == "secret" for p in target.root.rglob("*")
+                   if not p.is_symlink() and p.is_file())
