@@ -97,10 +97,16 @@ def test_http_command_is_audited(gateway: GatewayProcess, alpha: httpx.Client,
     command(alpha, sid, cmd="echo audited-command-42")
     # Read-only, not through `replgate audit`: a second process's read-write connection
     # closing while the gateway runs is what test_api's audit test covers.
+    # The record is appended after the answer is sent: wait for it (bounded).
     uri = f"file:{gateway.state_dir / 'replgate.db'}?mode=ro"
-    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-        rows = [json.loads(row[0]) for row in db.execute("SELECT record FROM audit_log")]
-    found = [r for r in rows if r["code"] == "echo audited-command-42"]
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            rows = [json.loads(row[0]) for row in db.execute("SELECT record FROM audit_log")]
+        found = [r for r in rows if r["code"] == "echo audited-command-42"]
+        if found or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert found and found[-1]["extra"] == {"kind": "command", "exit_code": 0}
     assert found[-1]["session_id"] == sid and found[-1]["status"] == "ok"
 

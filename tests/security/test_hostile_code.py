@@ -326,7 +326,9 @@ def test_sparse_file_costs_the_host_nothing(hostile: Hostile, sid: str) -> None:
     before = image.stat().st_blocks
     hostile.ok(sid, "with open('sparse.bin', 'wb') as f:\n    f.truncate(10**12)\n"
                     "with open('/tmp/sparse.bin', 'wb') as f:\n    f.truncate(10**12)")
-    assert image.stat().st_blocks == before
+    # Not one block more (fewer is fine: ext4 hands blocks freed by earlier tests back to the
+    # host through the loop device's discard, at its own pace).
+    assert image.stat().st_blocks <= before
     sizes = {f["path"]: f["size"] for f in hostile.client().get(
         f"/v1/sessions/{sid}/files").json()}
     assert sizes["sparse.bin"] == 10**12
