@@ -206,12 +206,9 @@ class AuditLog:
 
     def __init__(
         self, db: aiosqlite.Connection, head_path: Path | None, tail: tuple[int, str],
-        db_path: Path | None = None,
     ) -> None:
         self._db = db
         self._head_path = head_path
-        self._db_path = db_path
-        """The database file, whose WAL and file are synced after each append."""
         self._last_seq, self._last_hash = tail
         # One append at a time, so two records never take the same prev_hash (a fork).
         self._lock = asyncio.Lock()
@@ -242,7 +239,7 @@ class AuditLog:
                 tail[0], head_path, head.seq,
             )
             tail = (head.seq, head.hash)
-        return cls(db, head_path, tail, store.path)
+        return cls(db, head_path, tail)
 
     def __repr__(self) -> str:
         return f"<AuditLog {self._last_seq} records, head {self._last_hash[:12]}>"
@@ -264,18 +261,24 @@ class AuditLog:
                 seq=seq, prev_hash=prev_hash, hash=chain_hash(prev_hash, record_json),
                 record=record_json,
             )
-            await self._db.execute_fetchall(
-                "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
-                (entry.seq, entry.record, entry.prev_hash, entry.hash),
-            )
-            self._last_seq, self._last_hash = seq, entry.hash
             # The record must be on disk before the head names it, or after a power cut the
             # head would point past the end of the log and look like tampering. The store
-            # commits without syncing (synchronous=NORMAL), so sync its files here, beside
-            # the loop and the database's thread (this also makes the history written before
-            # the record durable), then write the head.
-            await anyio.to_thread.run_sync(_persist, self._db_path, self._head_path, seq,
-                                           entry.hash)
+            # commits without syncing (synchronous=NORMAL): this one commit syncs the WAL
+            # (and with it the history written before the record), in the database's thread.
+            # SQLite does the syncing itself: a descriptor of the database file opened and
+            # closed in this process would drop the locks SQLite holds on it, and another
+            # process closing its connection could then delete the WAL under the gateway.
+            await self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                await self._db.execute_fetchall(
+                    "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
+                    (entry.seq, entry.record, entry.prev_hash, entry.hash),
+                )
+            finally:
+                await self._db.execute("PRAGMA synchronous=NORMAL")
+            self._last_seq, self._last_hash = seq, entry.hash
+            if self._head_path is not None:
+                await anyio.to_thread.run_sync(_write_head, self._head_path, seq, entry.hash)
             return entry
 
     async def entries(self) -> AsyncIterator[AuditEntry]:
@@ -408,32 +411,6 @@ async def _read_head(path: Path | None) -> _Head | None:
 
     text = await anyio.to_thread.run_sync(read)
     return None if text is None else _Head.model_validate_json(text)
-
-
-def _persist(db_path: Path | None, head_path: Path | None, seq: int, hash_: str) -> None:
-    if db_path is not None:
-        _sync_database(db_path)
-    if head_path is not None:
-        _write_head(head_path, seq, hash_)
-
-
-def _sync_database(path: Path) -> None:
-    """Make every commit so far durable, as ``synchronous=FULL`` would have at each commit.
-
-    In WAL mode a commit appends to ``<db>-wal``; with ``synchronous=NORMAL`` nothing is synced
-    until a checkpoint, which syncs the WAL before copying it into the database file and that
-    file after. So a commit not yet synced is in the WAL, and syncing both files makes it
-    durable (a read-only descriptor is enough for fsync on Linux).
-    """
-    for name in (f"{path.name}-wal", path.name):
-        try:
-            fd = os.open(path.with_name(name), os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _write_head(path: Path, seq: int, hash_: str) -> None:

@@ -217,8 +217,8 @@ class Store:
             db.row_factory = aiosqlite.Row
             await db.execute("PRAGMA journal_mode=WAL")
             # NORMAL: commits are not synced one by one (the WAL stays consistent; a process
-            # crash loses nothing). The audit log syncs the files after each record it appends
-            # (audit._sync_database), before its head names it: a record, and the history
+            # crash loses nothing). The audit log commits each record it appends with
+            # synchronous=FULL, before its head names it: a record, and the history
             # written before it, are on disk then; a power cut can lose only what followed.
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA busy_timeout=5000")

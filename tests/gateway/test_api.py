@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -261,3 +263,30 @@ def test_audit_verify_passes_and_export_lists_code(gateway: GatewayProcess, alph
     assert "audited = 'secret-sauce-42'" in codes
     image = records[codes.index("audited = 'secret-sauce-42'")].get("record", {}).get("image")
     assert "@sha256:" in image, "the audit record names the image by digest"
+
+
+def test_audit_records_after_a_cli_read_reach_the_database(
+        gateway: GatewayProcess, alpha: httpx.Client, session_id: str) -> None:
+    # `replgate audit` opens the database read-write in a second process and closes it. If the
+    # gateway had dropped SQLite's locks on the file (a descriptor of it closed in its own
+    # process), that close would delete the WAL under the gateway and every record appended
+    # after it would go to an unlinked file: lost, and the chain reported TAMPERED.
+    env = {**gateway.env}
+    cli = [sys.executable, "-m", "gateway.cli", "audit"]
+    subprocess.run([*cli, "export"], env=env, capture_output=True, text=True, timeout=60,
+                   check=True)
+    run(alpha, session_id, "after_cli_read = 'audit-after-cli-73'")
+    run(alpha, session_id, "1")  # executions run in order: the first one's record is appended
+    uri = f"file:{gateway.state_dir / 'replgate.db'}?mode=ro"
+    deadline = time.monotonic() + 10
+    while True:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            codes = [json.loads(row[0])["code"]
+                     for row in db.execute("SELECT record FROM audit_log")]
+        if "after_cli_read = 'audit-after-cli-73'" in codes or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert "after_cli_read = 'audit-after-cli-73'" in codes
+    verify = subprocess.run([*cli, "verify"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
