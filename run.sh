@@ -190,13 +190,18 @@ case "$cmd" in
     # fault tests (the gateway's side does not change with the runtime, and gVisor's slower I/O
     # makes the flood tests' time bounds a test of the machine), the API/MCP/Jupyter/UI suites,
     # and two of the three memory bombs (under gVisor each runs to its 30 s timeout).
-    "$VENV/bin/python" -m pytest
+    # Both legs run whatever the first gives; the exit status is the first failure's.
+    status=0
+    "$VENV/bin/python" -m pytest || status=$?
     say "gVisor leg: the sandbox attacks and posture again, every sandbox under runsc"
-    REPLGATE_TEST_RUNTIME=gvisor exec "$VENV/bin/python" -m pytest tests/kernel_pool/test_gvisor.py \
+    REPLGATE_TEST_RUNTIME=gvisor "$VENV/bin/python" -m pytest tests/kernel_pool/test_gvisor.py \
       tests/security/test_posture.py tests/security/test_isolation.py \
       tests/security/test_hostile_code.py -k "not flood and not output and not huge and not garbage \
         and not imitating and not slow_other and not numpy and not touched_list \
-        and not (cpu_hog and (long_c_call or regex or without_gil or swallowed))" ;;
+        and not (cpu_hog and (long_c_call or regex or without_gil or swallowed))" \
+      || gvisor_status=$?
+    [ "$status" -ne 0 ] || status=${gvisor_status:-0}
+    exit "$status" ;;
   *)
     echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args]" >&2; exit 2 ;;
 esac

@@ -27,9 +27,12 @@ SENSITIVE = ("/", "/boot", "/dev", "/etc", "/lib", "/proc", "/sys", "/usr", "/va
 
 
 def _containers(client: docker.DockerClient, owner: str) -> list[dict[str, Any]]:
+    """The gateway's running sandboxes. A stopped one runs no code: a paused session's (its
+    container is removed in the background after the pause) or a deleted one's on its way out."""
     found = [client.api.inspect_container(cid) for cid in containers_of(client, owner)]
-    assert found, f"no container of {owner}"
-    return found
+    running = [config for config in found if config["State"]["Running"]]
+    assert running, f"no running container of {owner}"
+    return running
 
 
 def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None:
