@@ -149,11 +149,21 @@ class Workspace:
             os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)
 
     def write_bytes(self, path: str, data: bytes) -> int:
+        self._write(path, data, os.O_TRUNC)
+        return len(data)
+
+    def append_text(self, path: str, text: str) -> None:
+        """Append to a file the gateway owns for the session (full text of capped output)."""
+        self._write(path, text.encode("utf-8", "replace"), os.O_APPEND)
+
+    def _write(self, path: str, data: bytes, mode: int) -> None:
+        """Write ``data`` to a regular file at ``path`` (``mode``: truncate or append), made
+        with parent folders if missing and owned by the sandbox user, never through a link."""
         parts = split_relative(path)
         with self._parent_fd(parts, create=True) as dir_fd:
             try:
                 # O_NONBLOCK: opening a FIFO the sandboxed code left here must fail, not hang.
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | mode | os.O_NOFOLLOW
                              | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
             except OSError as exc:
                 raise _path_error(exc, path) from exc
@@ -163,30 +173,6 @@ class Workspace:
                 if os.geteuid() == 0:
                     os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
                 view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            except OSError as exc:
-                raise _path_error(exc, path) from exc
-            finally:
-                os.close(fd)
-        return len(data)
-
-    def append_text(self, path: str, text: str) -> None:
-        """Append to a file the gateway owns for the session (full text of capped output)."""
-        parts = split_relative(path)
-        with self._parent_fd(parts, create=True) as dir_fd:
-            # O_NONBLOCK: a FIFO the sandboxed code left at the path must not hang the gateway.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
-            try:
-                fd = os.open(parts[-1], flags, 0o644, dir_fd=dir_fd)
-            except OSError as exc:
-                raise _path_error(exc, path) from exc
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise WorkspaceError(f"{path!r} is not a regular file")
-                if os.geteuid() == 0:
-                    os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
-                view = memoryview(text.encode("utf-8", "replace"))
                 while view:  # a write near a full disk may be partial; the next one says why
                     view = view[os.write(fd, view):]
             except OSError as exc:
