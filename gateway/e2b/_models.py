@@ -41,7 +41,16 @@ class TimeoutRequest(Lenient):
 
 
 class ConnectRequest(Lenient):
+    """``ConnectSandboxV2``; ``ResumedSandbox`` of the deprecated ``/resume`` too."""
+
     timeout: int | None = Field(None, ge=0)
+    memory: bool = Field(True, description="false: a paused sandbox restarts from its files")
+
+
+class PauseRequest(Lenient):
+    """``SandboxPauseRequest``: ``memory: false`` keeps the files only."""
+
+    memory: bool = True
 
 
 class SandboxOut(BaseModel):

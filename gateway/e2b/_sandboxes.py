@@ -96,6 +96,18 @@ class Sandboxes:
         timer = loop.call_later(seconds, self._expire, tenant, session.id)
         self._ends[session.id] = (datetime.now(UTC) + timedelta(seconds=seconds), timer)
 
+    def extend(self, tenant: str, session: Session, seconds: int) -> None:
+        """Connect's rule: the sandbox ends ``seconds`` from now unless it already ends later
+        (a sandbox with no timer, after a restart or a pause, gets one)."""
+        ended = self._ends.get(session.id)
+        if ended is None or ended[0] < datetime.now(UTC) + timedelta(seconds=seconds):
+            self.set_timeout(tenant, session, seconds)
+
+    def paused(self, session: Session) -> None:
+        """A paused sandbox does not expire, as on E2B: its timer is dropped until a connect
+        resumes it with a new one."""
+        self._forget(session.id)
+
     def _expire(self, tenant: str, session_id: str) -> None:
         self._ends.pop(session_id, None)
         logger.info("E2B sandbox %s reached its timeout; deleting it", session_id)
