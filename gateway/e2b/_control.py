@@ -18,6 +18,8 @@ from gateway.e2b._listing import Order, page, parse_states, select
 from gateway.e2b._models import (
     DEFAULT_TEMPLATES,
     ConnectRequest,
+    ForkResult,
+    ForkSandbox,
     ListedSandbox,
     NewSandbox,
     PauseRequest,
@@ -27,7 +29,7 @@ from gateway.e2b._models import (
 )
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
-from gateway.wire import SessionCreate
+from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import Session
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2BRoute)
@@ -163,10 +165,12 @@ RESUME_TIMEOUT_S = 15
 ``ResumedSandbox`` default)."""
 
 
-async def _wake(tenant: str, session: Session, gateway: Gateway, memory: bool) -> None:
+async def _wake(tenant: str, session: Session, gateway: Gateway, sandboxes: Sandboxes,
+                memory: bool) -> None:
     """Resume a paused sandbox; ``memory=False`` (E2B's reboot) starts it from its files
     alone, its variables dropped."""
     await gateway.resume(tenant, session.id)
+    sandboxes.resumed(session)
     if not memory:
         await gateway.restart(tenant, session.id)
 
@@ -183,7 +187,7 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if session.paused:
-        await _wake(tenant, session, gateway, body.memory)
+        await _wake(tenant, session, gateway, sandboxes, body.memory)
         sandboxes.set_timeout(tenant, session, timeout)
         return _sandbox_json(sandboxes.created(session), status.HTTP_201_CREATED)
     sandboxes.extend(tenant, session, timeout)
@@ -200,7 +204,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     sandboxes.check_timeout(timeout)
     if not session.paused:
         raise E2BError(409, f"Sandbox {sandbox_id} is already running")
-    await _wake(tenant, session, gateway, body.memory)
+    await _wake(tenant, session, gateway, sandboxes, body.memory)
     sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
@@ -225,6 +229,23 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     await gateway.pause(tenant, sandbox_id)
     sandboxes.paused(session)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=status.HTTP_201_CREATED)
+async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxes: SandboxesDep,
+               body: ForkSandbox | None = None) -> list[ForkResult]:
+    """``Sandbox.fork()``: replgate's fork (README: the variables and a copy of the files;
+    the parent goes on unchanged), each fork with the parent's metadata and ending
+    ``timeout`` seconds from now. replgate forks all or none: a failure is the request's,
+    and a count past replgate's limit (16; E2B's is 20) is a 400 that names it."""
+    body = body or ForkSandbox()
+    sandboxes.check_timeout(body.timeout)
+    parent = gateway.session(tenant, sandbox_id)
+    request = ForkRequest(count=body.count, metadata=dict(parent.metadata))
+    children = await gateway.fork(tenant, sandbox_id, request)
+    for child in children:
+        sandboxes.set_timeout(tenant, child, body.timeout)
+    return [ForkResult(sandbox=sandboxes.created(child)) for child in children]
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")

@@ -128,12 +128,12 @@ async def remove_context(context_id: str, request: Request) -> None:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """Both ports' health check: the sandbox exists, the token opens it and it is not paused
-    (E2B's proxy answers a paused sandbox as one not found, which ``is_running()`` reads as
-    False)."""
+    """Both ports' health check: the sandbox exists, the token opens it and the SDK has not
+    paused it (E2B's proxy answers a paused sandbox as one not found, which ``is_running()``
+    reads as False)."""
     gateway, sandboxes = services(request)
     _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT, ENVD_PORT)
-    if session.paused:
+    if sandboxes.held(session):
         raise E2BError(502, f"The sandbox {session.id} was not found running: it is paused; "
                             "Sandbox.connect resumes it")
     if request.headers.get("e2b-sandbox-port") == str(ENVD_PORT):

@@ -389,3 +389,28 @@ def test_list_pages_newest_first_with_next_token() -> None:
     finally:
         older.kill()
         newer.kill()
+
+
+def test_fork_copies_variables_files_and_metadata() -> None:
+    sandbox = Sandbox.create(metadata={"origin": "parent"})
+    try:
+        sandbox.run_code("kept = 'in the fork'")
+        sandbox.files.write("copied.txt", "on disk")
+        (child,) = sandbox.fork(timeout=60)
+        assert isinstance(child, Sandbox), child
+        try:
+            assert child.sandbox_id != sandbox.sandbox_id
+            execution = child.run_code("kept, open('copied.txt').read()")
+            assert execution.text == "('in the fork', 'on disk')"
+            assert child.get_info().metadata == {"origin": "parent"}
+        finally:
+            child.kill()
+        with pytest.raises(SandboxException, match="16"):
+            sandbox.fork(count=20)
+    finally:
+        sandbox.kill()
+
+
+def test_watch_dir_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="watching folders"):
+        sandbox.files.watch_dir("/home/user")
