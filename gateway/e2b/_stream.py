@@ -61,11 +61,10 @@ class ExecutionStream(Response):
                     await task
 
     async def _pump(self, send: Send) -> None:
-        # Each write to the socket costs the gateway and the client a wake-up (measured: about
-        # 1 ms of `1+1` on 2 cores), so the headers wait (at most HEADERS_S) for the first
-        # lines, and a cell's main result waits (at most HOLD_S) for the end that follows it:
-        # `1+1` is answered in one go. (Declaring a Content-Length when that is the whole
-        # answer measured slower.)
+        # Each write to the socket costs the gateway and the client a wake-up, so the headers
+        # wait (at most HEADERS_S) for the first lines, and a cell's main result waits (at
+        # most HOLD_S) for the end that follows it: `1+1` is answered in one go. (Declaring a
+        # Content-Length when that is the whole answer measured slower.)
         translator = Translator()
         events = _Events(self.handle)
         started = False
