@@ -21,8 +21,14 @@ import anyio.to_thread
 
 from kernel_pool._kernel import Kernel, KernelState, make_context
 from kernel_pool._session import Session, SessionStatus
-from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
-from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
+from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace, load_variables
+from kernel_pool.backends.base import (
+    Sandbox,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+    load_backend,
+)
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
 
@@ -178,8 +184,12 @@ class KernelPool:
         self._starting[profile] += 1
         return None
 
-    async def acquire(self, profile_name: str = "default") -> Kernel:
-        """A ready kernel of the profile: warm if one is idle, else started now."""
+    async def acquire(self, profile_name: str = "default", *, refill: bool = True) -> Kernel:
+        """A ready kernel of the profile: warm if one is idle, else started now.
+
+        ``refill=False``: the caller refills the warm pool itself once it has all it needs
+        (a fork), so the refill's kernel starts do not compete with its own for the CPU.
+        """
         profile = self.profile(profile_name)
         if self._closing:
             raise BackendError("the kernel pool is shutting down")
@@ -212,7 +222,8 @@ class KernelPool:
                 task.add_done_callback(self._adopt_abandoned)
                 raise
             self._in_use.add(kernel)
-        self._fill(profile.name)
+        if refill:
+            self._fill(profile.name)
         self.acquire_seconds.append(loop.time() - started)
         del self.acquire_seconds[:-1000]
         return kernel
@@ -375,7 +386,13 @@ class KernelPool:
                              metadata: dict[str, Any] | None = None,
                              session_id: str | None = None) -> Session:
         """A session on a warm kernel (a hand-off: milliseconds when one is idle)."""
-        kernel = await self.acquire(profile)
+        return await self._open_session(await self.acquire(profile), env=env,
+                                        metadata=metadata, session_id=session_id)
+
+    async def _open_session(self, kernel: Kernel, *, env: dict[str, str] | None,
+                            metadata: dict[str, Any] | None,
+                            session_id: str | None = None) -> Session:
+        """A session on an acquired kernel (released if this fails)."""
         try:
             if env:
                 kernel.env = dict(env)
@@ -392,16 +409,31 @@ class KernelPool:
     async def fork_session(self, parent_id: str, count: int = 1,
                            metadata: dict[str, Any] | None = None) -> list[Session]:
         """``count`` new sessions, each with the parent's variables (random generators
-        reseeded) and a copy of its workspace; the parent goes on unchanged. All or none."""
+        reseeded) and a copy of its workspace; the parent goes on unchanged. All or none.
+
+        Copies take the idle warm kernels. The others, where the backend can make a sandbox
+        without starting it, are paused copies (the parent's snapshot and files, no process)
+        that resume on first use like any paused session: a fork waits for no kernel boot
+        and is not bounded by ``max_kernels``. Otherwise kernels are started for them.
+        """
         parent = self.get_session(parent_id)
-        raw = await parent.snapshot()
+        raw, info = await parent.snapshot()
+        profile = parent.profile
         children: list[Session] = []
         held = {parent.id}  # making room for a copy must not pause the parent or a copy
         self._held |= held
 
         async def one() -> None:
-            child = await self.create_session(parent.profile.name, env=parent.env,
-                                              metadata=metadata)
+            # Decided in each copy's first step, before any await: the first copies take the
+            # idle kernels, and the warm pool's refill waits for the fork (below) instead of
+            # booting kernels beside the ones it starts.
+            kernel = self._pop_warm(profile.name)
+            if kernel is None and self.backend.stopped_sandboxes:
+                await self._paused_copy(parent, raw, info, metadata, children)
+                return
+            if kernel is None:
+                kernel = await self.acquire(profile.name, refill=False)
+            child = await self._open_session(kernel, env=parent.env, metadata=metadata)
             children.append(child)
             held.add(child.id)
             self._held.add(child.id)
@@ -419,7 +451,37 @@ class KernelPool:
                 raise failed[0]
         finally:
             self._held -= held
+            self._fill(profile.name)
         return children
+
+    async def _paused_copy(self, parent: Session, raw: bytes, info: PauseInfo,
+                           metadata: dict[str, Any] | None, children: list[Session]) -> None:
+        """A paused copy of ``parent`` (appended to ``children`` as soon as it exists, for the
+        fork to remove on failure): a sandbox made without starting it, the parent's files in
+        its workspace and the snapshot under its id, to be loaded reseeded when it resumes."""
+        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=parent.profile,
+                           env=parent.env)
+        sandbox = await self.backend.create_stopped(spec)
+        child = self._stopped_session(sandbox, parent.profile, env=parent.env,
+                                      metadata=metadata)
+        children.append(child)
+        await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
+        child.pause_info = await anyio.to_thread.run_sync(
+            self.snapshots.save, child.id, raw, info.model_copy(update={"reseed": True}))
+
+    def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,
+                         env: dict[str, str] | None, metadata: dict[str, Any] | None,
+                         session_id: str | None = None) -> Session:
+        """A paused session on a sandbox where nothing runs; it resumes when first needed."""
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.env = dict(env or {})
+        kernel.state = KernelState.PAUSED
+        self._kernels.add(kernel)
+        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        session.lifecycle = self
+        self._sessions[session.id] = session
+        return session
 
     async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,
                                    env: dict[str, str] | None = None,
@@ -432,18 +494,12 @@ class KernelPool:
         if self.snapshots.info(session_id) is None:
             raise BackendError(f"session {session_id} has no snapshot to resume from")
         sandbox = await self.backend.load_stopped(info, profile, env or {})
-        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
-        kernel.env = dict(env or {})
-        kernel.state = KernelState.PAUSED
-        self._kernels.add(kernel)
-        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
-        session.lifecycle = self
+        session = self._stopped_session(sandbox, profile, env=env, metadata=metadata,
+                                        session_id=session_id)
         session.pause_info = self.snapshots.info(session_id)
         if created_at:
             session.created_at = created_at
         session.execution_count = execution_count
-        self._sessions[session.id] = session
         return session
 
     async def adopt_session(self, info: SandboxInfo, *, session_id: str,

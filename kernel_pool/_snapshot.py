@@ -55,6 +55,8 @@ class PauseInfo(BaseModel):
     """Names that could not be kept, each with the reason."""
     image_bytes: int = 0
     paused_at: str = ""
+    reseed: bool = False
+    """A fork's copy that never ran: its random generators start afresh when it resumes."""
 
 
 class SnapshotStore:
