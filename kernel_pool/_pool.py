@@ -46,6 +46,11 @@ class KernelPool:
         self._context = make_context()
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
         self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._warming: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        """Of those starting, the ones the pool starts for itself (a refill), not for a caller."""
+        self._waiters: dict[str, deque[asyncio.Future[Kernel | None]]] = {
+            name: deque() for name in settings.profiles}
+        """Resumes waiting for the next warm kernel a refill brings up (:meth:`take_warm`)."""
         self._in_use: set[Kernel] = set()
         self._kernels: weakref.WeakSet[Kernel] = weakref.WeakSet()
         """Every kernel made and not yet gone, wherever it is (for ``close``: no leaks)."""
@@ -120,6 +125,8 @@ class KernelPool:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        for name in self._waiters:  # their refills were cancelled: nothing will come
+            self._wake(name, None, every=True)
         for session in list(self._sessions.values()):
             if self.settings.keep_sessions_on_close:
                 await self._keep_session(session)
@@ -267,12 +274,14 @@ class KernelPool:
         while (len(self._idle[profile_name]) + self._starting[profile_name] < profile.min_idle
                and self._total() < self.settings.max_kernels):
             self._starting[profile_name] += 1
+            self._warming[profile_name] += 1
             self._spawn(self._warm(profile))
 
     async def _warm(self, profile: Profile) -> None:
         try:
             kernel = await self._start_kernel(profile)
         except Exception as exc:
+            self._wake(profile.name, None)  # a resume waiting for it starts its own
             failures = self._failures[profile.name]
             delay = REFILL_BACKOFF_S[min(failures, len(REFILL_BACKOFF_S)) - 1]
             logger.error("warm kernel for profile %s failed to start (%s); retry in %ss",
@@ -281,13 +290,20 @@ class KernelPool:
             self._refill_at[profile.name] = loop.time() + delay
             loop.call_later(delay, self._fill, profile.name)
             return
+        finally:
+            self._warming[profile.name] -= 1
         if self._closing:
             await kernel.close()
             return
         self._park(kernel)
 
     def _park(self, kernel: Kernel) -> None:
-        """Make a started kernel idle; should it die there, it is replaced at once."""
+        """Hand a started kernel to a resume waiting for one, else make it idle; should it
+        die there, it is replaced at once."""
+        if self._wake(kernel.profile.name, kernel):
+            self._in_use.add(kernel)
+            self._fill(kernel.profile.name)
+            return
         self._idle[kernel.profile.name].append(kernel)
         kernel.on_death = lambda _died: self._idle_died(kernel)
 
@@ -326,12 +342,41 @@ class KernelPool:
         """The session's kernel stopped (paused): its slot is free (Lifecycle)."""
         self._in_use.discard(session.kernel)
 
-    def take_warm(self, session: Session) -> Kernel | None:
-        """A warm kernel for a paused session to resume onto, if one is idle (Lifecycle)."""
-        kernel = self._pop_warm(session.profile.name)
+    async def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel for a paused session to resume onto (Lifecycle): an idle one, else
+        the next one a refill under way brings up (rather than booting another beside it,
+        which would slow both down), else None."""
+        name = session.profile.name
+        kernel = self._pop_warm(name)
         if kernel is not None:
-            self._fill(session.profile.name)
-        return kernel
+            self._fill(name)
+            return kernel
+        waiters = self._waiters[name]
+        if self._warming[name] <= len(waiters) or self._closing:
+            return None
+        waiter: asyncio.Future[Kernel | None] = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+            handed = waiter.result() if waiter.done() and not waiter.cancelled() else None
+            if handed is not None:  # handed over just as the resume was cancelled
+                self.give_back(handed)
+            raise
+
+    def _wake(self, profile_name: str, kernel: Kernel | None, every: bool = False) -> bool:
+        """Give ``kernel`` (None: nothing is coming) to the first resume still waiting in
+        :meth:`take_warm`, or to every one; whether one took it."""
+        waiters = self._waiters[profile_name]
+        woke = False
+        while waiters and (every or not woke):
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(kernel)
+                woke = True
+        return woke
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel a session no longer uses (Lifecycle)."""

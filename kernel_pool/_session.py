@@ -74,8 +74,9 @@ class Lifecycle(Protocol):
     def release_slot(self, session: Session) -> None:
         """The session's kernel stopped running (paused): its slot is free."""
 
-    def take_warm(self, session: Session) -> Kernel | None:
-        """A warm kernel of the session's profile to resume onto, if one is idle."""
+    async def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel of the session's profile to resume onto (idle, or the next one a
+        refill under way brings up), or None."""
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel ``take_warm`` gave or one the session no longer uses."""
@@ -411,7 +412,7 @@ class Session:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
         used = await anyio.to_thread.run_sync(_used_bytes, self.workspace)
-        warm = self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
         reseed = self.pause_info is not None and self.pause_info.reseed
         try:
             if warm is not None:
