@@ -136,6 +136,7 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
             stack.push_async_callback(replgate.stop)
             cold = Replgate(min_idle=0, max_kernels=4)
             stack.push_async_callback(cold.stop)
+            await asyncio.gather(replgate.wait_idle(2), cold.wait_idle(0))
             before = load_average()
             results["lifecycle"] = await lifecycle(replgate, cold, sizes.starts_cold)
             results.setdefault("load_average_1min", {})["pause, resume, fork"] = [
