@@ -141,5 +141,6 @@ async def held(n: int, sample: int) -> dict[str, Any]:
         "running_kernels_after_resumes": running,
         "disk_per_paused_mib": round(per_disk / 2**20, 2),
         "gateway_rss_per_paused_kib": round((rss_after - rss_before) / n / 1024, 1),
-        "resume_execute": summary(resumes), "resumed_correct": f"{correct}/{len(resumes)}",
+        "resume_execute": summary(resumes), "resume_ms": [round(ms) for ms in resumes],
+        "resumed_correct": f"{correct}/{len(resumes)}",
         "free_disk_gib": round(shutil.disk_usage(os.path.dirname(rg.state)).free / 2**30, 1)}
