@@ -30,11 +30,20 @@ from kernel_pool.backends.base import (
     load_backend,
 )
 from kernel_pool.config import PoolSettings, Profile, parse_size
-from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
+from kernel_pool.exceptions import (
+    BackendError,
+    CapacityError,
+    KernelStartError,
+    ProfileNotFound,
+    SessionNotFound,
+)
 
 logger = logging.getLogger(__name__)
 
 REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+START_ATTEMPTS = 2
+"""A kernel that does not come up gets one more try in a fresh sandbox before the session's
+request fails: a rare stuck start should not cost an agent its session."""
 
 
 class KernelPool:
@@ -244,19 +253,30 @@ class KernelPool:
                 self._park(kernel)
 
     async def _start_kernel(self, profile: Profile) -> Kernel:
-        """Start one kernel; the caller has reserved a ``_starting`` slot for it."""
+        """Start one kernel (a second try in a fresh sandbox if the first does not come up);
+        the caller has reserved a ``_starting`` slot for it."""
         try:
-            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
-            sandbox = await self.backend.create(spec)
-            kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
-            self._kernels.add(kernel)
-            try:
-                await kernel.start()
-            except BaseException:
-                await asyncio.shield(kernel.close())
-                raise
-            self._failures[profile.name] = 0
-            return kernel
+            attempt = 1
+            while True:
+                spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
+                sandbox = await self.backend.create(spec)
+                kernel = Kernel(sandbox, profile, self._context,
+                                self.settings.kernel_start_timeout_s)
+                self._kernels.add(kernel)
+                try:
+                    await kernel.start()
+                except KernelStartError as exc:
+                    await asyncio.shield(kernel.close())
+                    if attempt == START_ATTEMPTS or self._closing:
+                        raise
+                    attempt += 1
+                    logger.warning("%s; trying again in a fresh sandbox", exc)
+                    continue
+                except BaseException:
+                    await asyncio.shield(kernel.close())
+                    raise
+                self._failures[profile.name] = 0
+                return kernel
         except Exception:
             self._failures[profile.name] += 1
             raise
