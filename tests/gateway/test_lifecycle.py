@@ -265,7 +265,7 @@ def test_resume_of_a_corrupt_snapshot_keeps_the_session_paused(
     assert value(alpha, session_id, "kept") == "1"
 
 
-def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
+def test_pause_or_fork_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
         docker_client: docker.DockerClient) -> None:
     with gateway_client(docker_client, snapshot_budget="4k") as client:
         sid = new_session(client)
@@ -275,6 +275,11 @@ def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
         assert "REPLGATE_SNAPSHOT_BUDGET" in answer.json()["detail"]
         described = client.get(f"/v1/sessions/{sid}").json()
         assert described["status"] == "idle" and described["reason"]
+        # A fork's paused copies keep snapshots too: over the budget none of the copies is
+        # left (all or none), and the parent goes on.
+        answer = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
+        assert answer.status_code == 507, answer.text
+        assert [s["id"] for s in client.get("/v1/sessions").json()] == [sid]
         assert value(client, sid, "len(big)") == str(1 << 20)
 
 
