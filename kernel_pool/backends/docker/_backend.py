@@ -469,7 +469,17 @@ class DockerBackend(SandboxBackend):
                     raise
             time.sleep(0.1)
 
+    stopped_sandboxes = True
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        return await self._create(spec, start=True)
+
+    async def create_stopped(self, spec: SandboxSpec) -> Sandbox:
+        """The workspace and socket folder alone; ``launch_kernel`` makes the container (under
+        the name it is given here) as it does for a paused session's sandbox."""
+        return await self._create(spec, start=False)
+
+    async def _create(self, spec: SandboxSpec, start: bool) -> Sandbox:
         socket_dir = self._run_dir / spec.sandbox_id / SOCKET_SUBDIR
         workspace_dir = self._workspaces / spec.sandbox_id
         if len(str(socket_dir)) > 90:
@@ -483,8 +493,10 @@ class DockerBackend(SandboxBackend):
                     Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
             except WorkspaceError as exc:  # no room on the host: the engine side's failure
                 raise BackendError(f"cannot make the sandbox's workspace: {exc}") from exc
-            container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
-                                      workspace.root, socket_dir, spec.env)
+            container_id = container_name(spec.sandbox_id)
+            if start:
+                container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
+                                          workspace.root, socket_dir, spec.env)
         except BaseException:
             # Failed or cancelled half-way: remove whatever was made (the container by name).
             await _in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)
