@@ -108,6 +108,17 @@ def _mount(arguments: list[str], command: str = "mount") -> None:
         raise BackendError(f"{command} {' '.join(arguments)} failed: {result.stderr.strip()}")
 
 
+def _process_alive(pid: int) -> bool:
+    """Whether host process ``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
@@ -160,8 +171,10 @@ class DockerSandbox(Sandbox):
             state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
         except BackendError:
             return False
-        # A container being removed (someone's `docker rm -f`) still says Running.
-        return bool(state.get("Running")) and state.get("Status") == "running"
+        # A container being removed (someone's `docker rm -f`) still says Running, and so does
+        # one whose init was just killed until the engine reaps it: ask the host's process table.
+        return (bool(state.get("Running")) and state.get("Status") == "running"
+                and _process_alive(int(state.get("Pid") or 0)))
 
     async def _ensure_running(self) -> None:
         if not await self._running():
