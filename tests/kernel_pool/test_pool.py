@@ -220,6 +220,25 @@ async def test_cull_closes_idle_sessions(own_pool: PoolFactory) -> None:
     assert pool.stats()["sessions"] == 0 and pool.stats()["in_use"] == 0
 
 
+async def test_resume_while_the_pool_refills_takes_the_refilled_kernel(
+        own_pool: PoolFactory) -> None:
+    # The warm kernel the session took is being replaced when it resumes: the resume waits
+    # for that one (its sandbox changes) instead of booting a container of its own beside it.
+    pool = own_pool("handoff", profiles=one_profile(min_idle=1))
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    session = await pool.create_session()
+    await run_ok(session, "kept = 7")
+    first = session.kernel.id
+    await session.pause()
+    assert pool.stats()["starting"] == 1 and pool.stats()["idle"] == 0
+    await session.resume()
+    result = await session.execute("kept * 6")
+    assert result.outputs[-1].data["text/plain"] == "42"
+    assert session.kernel.id != first
+    await pool.delete_session(session.id)
+
+
 def test_settings_refuse_unsafe_sizes() -> None:
     with pytest.raises(ValueError, match="size"):
         Profile(memory="lots")
