@@ -11,7 +11,7 @@ and envd's files and RPC services, :mod:`._envd`, :mod:`._filesystem`, :mod:`._p
 from __future__ import annotations
 
 from fastapi import FastAPI
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from gateway.e2b import _control, _envd, _interpreter
 from gateway.e2b._connect import SandboxRpc
@@ -25,7 +25,10 @@ __all__ = ["Sandboxes", "install", "start"]
 
 def install(app: FastAPI) -> None:
     """Add the E2B routes: the sandbox plane first, since the control plane's catch-all
-    (``/e2b/{path}``) would otherwise answer for it."""
+    (``/e2b/{path}``) would otherwise answer for it. ``/execute`` goes first of all the app's
+    routes: the router tries them in order, and it is every ``run_code``."""
+    app.router.routes.insert(0, Route("/e2b/sandbox/execute", _interpreter.execute,
+                                      methods=["POST"], include_in_schema=False))
     rpc = SandboxRpc(filesystem_service(), process_service())
     for name in rpc.services:
         app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))

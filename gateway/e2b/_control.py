@@ -6,26 +6,30 @@ A template name is a profile name; the SDKs' default templates run on the ``defa
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import parse_qsl, unquote
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep
 from gateway.e2b._errors import E2BError, E2BRoute, unsupported
+from gateway.e2b._listing import Order, page, parse_states, select
 from gateway.e2b._models import (
     DEFAULT_TEMPLATES,
     ConnectRequest,
+    ForkResult,
+    ForkSandbox,
     ListedSandbox,
     NewSandbox,
+    PauseRequest,
     SandboxDetail,
     SandboxOut,
     TimeoutRequest,
 )
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
-from gateway.wire import SessionCreate
+from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import Session
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2BRoute)
@@ -95,24 +99,44 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     return sandboxes.created(session)
 
 
-def _state_filter(state: list[str]) -> set[str]:
-    return {s.strip() for item in state for s in item.split(",") if s.strip()}
+def _listed(gateway: Gateway, sandboxes: Sandboxes, tenant: str, metadata: str | None,
+            state: list[str], started_after: datetime | None = None,
+            template: str | None = None) -> list[ListedSandbox]:
+    if started_after is not None and started_after.tzinfo is None:
+        started_after = started_after.replace(tzinfo=UTC)
+    return select((sandboxes.listed(s) for s in gateway.sessions(tenant)), metadata=metadata,
+                  state=state, started_after=started_after, template=template)
+
+
+StateQuery = Annotated[list[str], Query(description="running, paused, or both")]
 
 
 @router.get("/sandboxes")
-@router.get("/v2/sandboxes")
 async def list_sandboxes(tenant: TenantDep, gateway: GatewayDep, sandboxes: SandboxesDep,
                          metadata: str | None = None,
-                         state: Annotated[list[str], Query()] = []) -> list[ListedSandbox]:  # noqa: B006
-    """The tenant's sandboxes, filtered by metadata (``k=v&k2=v2``) and state."""
-    # The SDKs quote each key and value before they urlencode the pairs: unquote once more.
-    wanted = {unquote(k): unquote(v)
-              for k, v in parse_qsl(metadata or "", keep_blank_values=True)}
-    states = _state_filter(state)
-    found = [sandboxes.listed(s) for s in gateway.sessions(tenant)]
-    return [s for s in found
-            if all(s.metadata.get(k) == v for k, v in wanted.items())
-            and (not states or s.state in states)]
+                         state: StateQuery = []) -> list[ListedSandbox]:  # noqa: B006
+    """The tenant's sandboxes, filtered by metadata (``k=v&k2=v2``) and state, unpaged."""
+    return _listed(gateway, sandboxes, tenant, metadata, state)
+
+
+@router.get("/v2/sandboxes")
+async def list_sandboxes_v2(
+        response: Response, tenant: TenantDep, gateway: GatewayDep, sandboxes: SandboxesDep,
+        metadata: str | None = None, state: StateQuery = [],  # noqa: B006
+        order: Order = "desc", started_after: Annotated[datetime | None, Query(
+            alias="startedAfter")] = None, template: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 100,
+        next_token: Annotated[str | None, Query(alias="nextToken")] = None,
+) -> list[ListedSandbox]:
+    """``Sandbox.list()``: one page of the tenant's sandboxes, filtered, newest first unless
+    ``order=asc``; ``X-Next-Token`` when another page follows, and ``X-Total-Running``."""
+    found = _listed(gateway, sandboxes, tenant, metadata, state, started_after, template)
+    items, token = page(found, order=order, limit=limit, next_token=next_token)
+    if token is not None:
+        response.headers["X-Next-Token"] = token
+    if not state or "running" in parse_states(state):
+        response.headers["X-Total-Running"] = str(sum(s.state == "running" for s in found))
+    return items
 
 
 @router.get("/sandboxes/{sandbox_id}")
@@ -136,27 +160,92 @@ async def set_timeout(sandbox_id: str, body: TimeoutRequest, tenant: TenantDep,
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
+RESUME_TIMEOUT_S = 15
+"""The timeout of a sandbox resumed by the deprecated ``/resume`` naming none (E2B's
+``ResumedSandbox`` default)."""
+
+
+async def _wake(tenant: str, session: Session, gateway: Gateway, sandboxes: Sandboxes,
+                memory: bool) -> None:
+    """Resume a paused sandbox; ``memory=False`` (E2B's reboot) starts it from its files
+    alone, its variables dropped."""
+    await gateway.resume(tenant, session.id)
+    sandboxes.resumed(session)
+    if not memory:
+        await gateway.restart(tenant, session.id)
+
+
 @router.post("/sandboxes/{sandbox_id}/connect")
 @router.post("/v2/sandboxes/{sandbox_id}/connect")
-@router.post("/sandboxes/{sandbox_id}/resume")
 async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
-                  sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> SandboxOut:
-    """``Sandbox.connect(id)``: the running sandbox, its timeout extended when one is given;
-    a paused one is resumed first (replgate's pause keeps its variables)."""
+                  sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> Response:
+    """``Sandbox.connect(id)``: 200 with the running sandbox, its end moved to ``timeout``
+    seconds from now unless it ends later; 201 when a paused one was resumed first (replgate's
+    pause keeps its variables) and ends ``timeout`` seconds from now."""
+    body = body or ConnectRequest()
     session: Session = gateway.session(tenant, sandbox_id)
+    timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
+    sandboxes.check_timeout(timeout)
     if session.paused:
-        await gateway.resume(tenant, sandbox_id)
-    if body is not None and body.timeout is not None:
-        sandboxes.set_timeout(tenant, session, body.timeout)
+        await _wake(tenant, session, gateway, sandboxes, body.memory)
+        sandboxes.set_timeout(tenant, session, timeout)
+        return _sandbox_json(sandboxes.created(session), status.HTTP_201_CREATED)
+    sandboxes.extend(tenant, session, timeout)
+    return _sandbox_json(sandboxes.created(session), status.HTTP_200_OK)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=status.HTTP_201_CREATED)
+async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
+                 sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> SandboxOut:
+    """The deprecated resume: a paused sandbox only (409 for a running one)."""
+    body = body or ConnectRequest()
+    session: Session = gateway.session(tenant, sandbox_id)
+    timeout = RESUME_TIMEOUT_S if body.timeout is None else body.timeout
+    sandboxes.check_timeout(timeout)
+    if not session.paused:
+        raise E2BError(409, f"Sandbox {sandbox_id} is already running")
+    await _wake(tenant, session, gateway, sandboxes, body.memory)
+    sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
 
-@router.post("/sandboxes/{sandbox_id}/pause")
-async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep) -> Response:
-    """``Sandbox.beta_pause()``: the session is paused (README: what a pause keeps); connecting
-    or running code resumes it."""
+def _sandbox_json(sandbox: SandboxOut, status_code: int) -> Response:
+    return Response(sandbox.model_dump_json(), status_code=status_code,
+                    media_type="application/json")
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=status.HTTP_204_NO_CONTENT)
+async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
+                sandboxes: SandboxesDep, body: PauseRequest | None = None) -> Response:
+    """``Sandbox.pause()``: the session is paused (README: what a pause keeps) and stops
+    expiring; connecting or running code resumes it. ``memory: false`` keeps the files only
+    (the kernel is restarted first, so nothing of its memory is kept). 409 when it already is
+    paused, which the SDKs read as ``False``."""
+    session: Session = gateway.session(tenant, sandbox_id)
+    if session.paused:
+        raise E2BError(409, f"Sandbox {sandbox_id} is already paused")
+    if body is not None and not body.memory:
+        await gateway.restart(tenant, sandbox_id)
     await gateway.pause(tenant, sandbox_id)
-    return Response(status_code=204)
+    sandboxes.paused(session)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=status.HTTP_201_CREATED)
+async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxes: SandboxesDep,
+               body: ForkSandbox | None = None) -> list[ForkResult]:
+    """``Sandbox.fork()``: replgate's fork (README: the variables and a copy of the files;
+    the parent goes on unchanged), each fork with the parent's metadata and ending
+    ``timeout`` seconds from now. replgate forks all or none: a failure is the request's,
+    and a count past replgate's limit (16; E2B's is 20) is a 400 that names it."""
+    body = body or ForkSandbox()
+    sandboxes.check_timeout(body.timeout)
+    parent = gateway.session(tenant, sandbox_id)
+    request = ForkRequest(count=body.count, metadata=dict(parent.metadata))
+    children = await gateway.fork(tenant, sandbox_id, request)
+    for child in children:
+        sandboxes.set_timeout(tenant, child, body.timeout)
+    return [ForkResult(sandbox=sandboxes.created(child)) for child in children]
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")

@@ -65,6 +65,17 @@ def translate(exc: Exception) -> E2BError | None:
     return None
 
 
+def answer(exc: Exception, request: Request, render: Callable[[E2BError], Response]) -> Response:
+    """``exc`` answered by ``render`` in one plane's shape; anything unexpected (a bug) is
+    raised again, to be logged and answered 500."""
+    error = translate(exc)
+    if error is None:
+        raise exc
+    if error.status >= 500 and error.status != 502:  # 502: E2B's "not found"
+        logger.error("%s %s failed: %s", request.method, request.url.path, error)
+    return render(error)
+
+
 class _TranslatingRoute(APIRoute):
     """A route whose errors are answered by :meth:`render`, in one plane's shape."""
 
@@ -79,12 +90,7 @@ class _TranslatingRoute(APIRoute):
             try:
                 return await handler(request)
             except Exception as exc:
-                error = translate(exc)
-                if error is None:
-                    raise
-                if error.status >= 500 and error.status != 502:  # 502: E2B's "not found"
-                    logger.error("%s %s failed: %s", request.method, request.url.path, error)
-                return self.render(error)
+                return answer(exc, request, self.render)
 
         return route
 

@@ -1,40 +1,26 @@
 """E2B's code interpreter (port 49999) on a session's kernel: ``/execute`` and ``/contexts``.
 
-``/execute`` answers a stream of JSON lines as the code runs (:mod:`gateway.e2b._results`).
-The SDKs enforce their ``timeout`` on the client side by dropping the connection; replgate
-then stops the cell (an interrupt: variables are kept) so the next ``run_code`` does not wait
-behind it. The server-side bound is the profile's maximum timeout. A sandbox has one context,
-its Python kernel: it is listed and can be restarted, but no second one can be made.
+``/execute`` answers a stream of JSON lines as the code runs (:mod:`gateway.e2b._stream`),
+bounded on the server by the profile's maximum timeout. A sandbox has one context, its Python
+kernel: it is listed and can be restarted, but no second one can be made.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict
-from starlette.types import Receive, Scope, Send
 
 from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, services
-from gateway.e2b._errors import E2BError, PlainTextRoute, unsupported
+from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
-from gateway.e2b._results import END, KEEPALIVE, Translator
-from kernel_pool import ExecutionHandle, Session
-from kernel_pool.events import DoneEvent, Event
-
-logger = logging.getLogger(__name__)
+from gateway.e2b._stream import ExecutionStream
+from kernel_pool import Session
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
                    include_in_schema=False)
-
-KEEPALIVE_S = 2.0
-"""A line at least this often: a client that vanished without closing is noticed by the
-write that fails, and its cell stopped."""
 
 
 class ExecuteRequest(BaseModel):
@@ -67,9 +53,21 @@ def _env_code(env: dict[str, str]) -> tuple[str, str]:
     return setup, restore
 
 
-@router.post("/execute")
-async def execute(body: ExecuteRequest, request: Request) -> Response:
-    """Run code in the sandbox's kernel, answering its events as they happen."""
+async def execute(request: Request) -> Response:
+    """``POST /execute``: run code in the sandbox's kernel, answering its events as they happen.
+
+    A bare Starlette route, first in the app's routes (:func:`gateway.e2b.install`): it is
+    every ``run_code``, and FastAPI's matching of a dozen routes and its dependency solving
+    were the largest part of this request's gateway CPU (profiled).
+    """
+    try:
+        body = ExecuteRequest.model_validate_json(await request.body())
+        return _submit(request, body)
+    except Exception as exc:
+        return answer(exc, request, PlainTextRoute.render)
+
+
+def _submit(request: Request, body: ExecuteRequest) -> Response:
     gateway, sandboxes = services(request)
     tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     if body.context_id and body.language:
@@ -88,89 +86,6 @@ async def execute(body: ExecuteRequest, request: Request) -> Response:
     if restore is not None:
         gateway.submit(tenant, session, restore, timeout)
     return ExecutionStream(session, handle)
-
-
-class ExecutionStream(Response):
-    """The ``/execute`` answer: one JSON line per event, written as they happen."""
-
-    media_type = "application/x-ndjson"
-
-    def __init__(self, session: Session, handle: ExecutionHandle) -> None:
-        # Not Response.__init__: it would declare a Content-Length of the (empty) body.
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [(b"content-type", self.media_type.encode())]
-        self.session = session
-        self.handle = handle
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.create_task(self._pump(send))
-        gone = asyncio.create_task(_disconnected(receive))
-        try:
-            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            pump.cancel()
-            await self._stop_if_unfinished()
-            for task in (pump, gone):
-                with contextlib.suppress(asyncio.CancelledError, OSError):
-                    await task
-
-    async def _pump(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": self.raw_headers})
-        translator = Translator()
-        async for event in _with_keepalives(self.handle.stream()):
-            lines = [KEEPALIVE] if event is None else translator.lines(event)
-            last = isinstance(event, DoneEvent)  # its lines and the end go in one write
-            if last:
-                lines.append(END)
-            if lines:
-                body = "".join(json.dumps(line) + "\n" for line in lines).encode()
-                await send({"type": "http.response.body", "body": body, "more_body": not last})
-            if last:
-                return
-        raise RuntimeError(f"execution {self.handle.id} ended without its done event")
-
-    async def _stop_if_unfinished(self) -> None:
-        """The client left (its timeout, or it was stopped): stop this cell, keep the state."""
-        handle = self.handle
-        if handle.done is not None:
-            return
-        if handle.run is None:
-            handle.withdrawn = "withdrawn: the E2B client stopped waiting before it ran"
-        elif self.session.current is handle:
-            logger.info("E2B client of session %s left during execution %s; interrupting it",
-                        self.session.id, handle.id)
-            await self.session.interrupt()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _with_keepalives(events: AsyncIterator[Event]) -> AsyncIterator[Event | None]:
-    """The events, with None whenever none came for :data:`KEEPALIVE_S`."""
-    iterator = aiter(events)
-    pending: asyncio.Future[Event] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
-            if not done:
-                yield None
-                continue
-            try:
-                event = pending.result()
-            except StopAsyncIteration:
-                return
-            pending = None
-            yield event
-    finally:
-        if pending is not None:
-            pending.cancel()
 
 
 @router.get("/contexts")
@@ -213,9 +128,14 @@ async def remove_context(context_id: str, request: Request) -> None:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """Both ports' health check: the sandbox exists and the token opens it."""
+    """Both ports' health check: the sandbox exists, the token opens it and the SDK has not
+    paused it (E2B's proxy answers a paused sandbox as one not found, which ``is_running()``
+    reads as False)."""
     gateway, sandboxes = services(request)
-    find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT, ENVD_PORT)
+    _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT, ENVD_PORT)
+    if sandboxes.held(session):
+        raise E2BError(502, f"The sandbox {session.id} was not found running: it is paused; "
+                            "Sandbox.connect resumes it")
     if request.headers.get("e2b-sandbox-port") == str(ENVD_PORT):
         return Response(status_code=204)
     return Response(json.dumps("OK"), media_type="application/json")

@@ -41,7 +41,23 @@ class TimeoutRequest(Lenient):
 
 
 class ConnectRequest(Lenient):
+    """``ConnectSandboxV2``; ``ResumedSandbox`` of the deprecated ``/resume`` too."""
+
     timeout: int | None = Field(None, ge=0)
+    memory: bool = Field(True, description="false: a paused sandbox restarts from its files")
+
+
+class PauseRequest(Lenient):
+    """``SandboxPauseRequest``: ``memory: false`` keeps the files only."""
+
+    memory: bool = True
+
+
+class ForkSandbox(Lenient):
+    """``SandboxForkRequest``."""
+
+    timeout: int = Field(15, ge=0, description="seconds the forks live (E2B's default: 15)")
+    count: int = Field(1, ge=1, le=20)
 
 
 class SandboxOut(BaseModel):
@@ -78,3 +94,10 @@ class SandboxDetail(ListedSandbox):
     envdAccessToken: str
     allowInternetAccess: bool = False
     domain: str | None = None
+
+
+class ForkResult(BaseModel):
+    """``SandboxForkResult``: one fork. (E2B's has ``error`` instead for a fork that could not
+    start; replgate forks all or none, so a failure is the whole request's.)"""
+
+    sandbox: SandboxOut

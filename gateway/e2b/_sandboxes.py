@@ -54,6 +54,7 @@ class Sandboxes:
         self.gateway = gateway
         self._key: bytes | None = None
         self._ends: dict[str, tuple[datetime, asyncio.TimerHandle]] = {}
+        self._paused: set[str] = set()
         gateway.pool.on_session_closed.append(lambda session, _reason: self._forget(session.id))
 
     async def start(self) -> None:
@@ -91,10 +92,32 @@ class Sandboxes:
     def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
         """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
         self.check_timeout(seconds)
-        self._forget(session.id)
+        self._cancel_timer(session.id)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(seconds, self._expire, tenant, session.id)
         self._ends[session.id] = (datetime.now(UTC) + timedelta(seconds=seconds), timer)
+
+    def extend(self, tenant: str, session: Session, seconds: int) -> None:
+        """Connect's rule: the sandbox ends ``seconds`` from now unless it already ends later
+        (a sandbox with no timer, after a restart or a pause, gets one)."""
+        ended = self._ends.get(session.id)
+        if ended is None or ended[0] < datetime.now(UTC) + timedelta(seconds=seconds):
+            self.set_timeout(tenant, session, seconds)
+
+    def paused(self, session: Session) -> None:
+        """The SDK paused the sandbox: it does not expire, as on E2B (its timer is dropped
+        until a connect resumes it with a new one), and it is not running until then."""
+        self._cancel_timer(session.id)
+        self._paused.add(session.id)
+
+    def resumed(self, session: Session) -> None:
+        self._paused.discard(session.id)
+
+    def held(self, session: Session) -> bool:
+        """Paused by the SDK and not resumed since: E2B's proxy answers such a sandbox as not
+        running. (A session replgate paused for idleness, or that running code resumed, is
+        running for E2B's purposes: its next use resumes it, as E2B's auto-resume does.)"""
+        return session.paused and session.id in self._paused
 
     def _expire(self, tenant: str, session_id: str) -> None:
         self._ends.pop(session_id, None)
@@ -107,6 +130,10 @@ class Sandboxes:
             await self.gateway.delete_session(tenant, session_id)
 
     def _forget(self, session_id: str) -> None:
+        self._paused.discard(session_id)
+        self._cancel_timer(session_id)
+
+    def _cancel_timer(self, session_id: str) -> None:
         ended = self._ends.pop(session_id, None)
         if ended is not None:
             ended[1].cancel()

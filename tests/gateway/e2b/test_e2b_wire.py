@@ -6,6 +6,7 @@ No request, however wrong, gets a 500 or hangs; each gets E2B's shape with a sen
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -102,6 +103,26 @@ def test_execute_streams_ndjson_ending_with_end_of_execution(
     result = lines[types.index("result")]
     assert result["text"] == "42" and result["is_main_result"] is True
     assert lines[types.index("number_of_executions")]["execution_count"] >= 1
+
+
+def test_execute_of_a_silent_cell_answers_headers_then_keepalives(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gateway.url}/e2b/sandbox/execute",
+                      json={"code": "import time\ntime.sleep(2.5)"},
+                      headers=sandbox_headers(sandbox, 49999), timeout=60) as answer:
+        headers_after = time.monotonic() - started
+        types = [json.loads(line)["type"] for line in answer.iter_lines() if line]
+    assert headers_after < 2  # a client's request timeout runs until the headers come
+    assert types[0] == "keepalive" and types[-1] == "end_of_execution"
+
+
+@pytest.mark.parametrize("body", [b"{bad", b'{"code": 7}', b"[]", b"\xff"])
+def test_execute_bad_bodies_are_400_sentences(gateway: GatewayProcess,
+                                              sandbox: dict[str, str], body: bytes) -> None:
+    answer = httpx.post(f"{gateway.url}/e2b/sandbox/execute", content=body,
+                        headers=sandbox_headers(sandbox, 49999))
+    assert answer.status_code == 400 and "invalid request" in answer.text
 
 
 def test_execute_refuses_other_languages_with_a_sentence(

@@ -17,6 +17,8 @@ from e2b import (
     CommandExitException,
     NotFoundException,
     SandboxException,
+    SandboxQuery,
+    SandboxState,
     TimeoutException,
 )
 from e2b_code_interpreter import AsyncSandbox, Sandbox
@@ -322,8 +324,6 @@ def test_sandbox_survives_a_gateway_restart(docker_client: docker.DockerClient) 
 
 
 def test_list_filters_by_metadata() -> None:
-    from e2b import SandboxQuery
-
     tagged = Sandbox.create(metadata={"team": "blue & green"})
     try:
         found = Sandbox.list(query=SandboxQuery(metadata={"team": "blue & green"})).next_items()
@@ -333,3 +333,84 @@ def test_list_filters_by_metadata() -> None:
         assert none == []
     finally:
         tagged.kill()
+
+
+def _ids(query: SandboxQuery) -> list[str]:
+    return [s.sandbox_id for s in Sandbox.list(query=query).next_items()]
+
+
+def test_pause_then_connect_keeps_variables() -> None:
+    sandbox = Sandbox.create()
+    try:
+        sandbox.run_code("kept = [1, 2, 3]")
+        assert sandbox.beta_pause() is True
+        assert Sandbox.pause(sandbox.sandbox_id) is False  # already paused: E2B's 409
+        assert not sandbox.is_running()
+        assert sandbox.get_info().state == SandboxState.PAUSED
+        assert sandbox.sandbox_id in _ids(SandboxQuery(state=[SandboxState.PAUSED]))
+        assert sandbox.sandbox_id not in _ids(SandboxQuery(state=[SandboxState.RUNNING]))
+        again = Sandbox.connect(sandbox.sandbox_id)
+        assert again.is_running()
+        assert again.run_code("sum(kept)").text == "6"
+        assert sandbox.get_info().state == SandboxState.RUNNING
+    finally:
+        sandbox.kill()
+
+
+def test_filesystem_pause_and_reboot_keep_files_not_variables() -> None:
+    sandbox = Sandbox.create()
+    try:
+        sandbox.files.write("kept.txt", "on disk")
+        sandbox.run_code("gone = 1")
+        assert sandbox.pause(mode="filesystem")
+        sandbox.connect()
+        check = "'gone' in dir(), open('kept.txt').read()"
+        assert sandbox.run_code(check).text == "(False, 'on disk')"
+        sandbox.run_code("gone = 2")
+        sandbox.pause()
+        sandbox.connect(on_resume="reboot")
+        assert sandbox.run_code(check).text == "(False, 'on disk')"
+    finally:
+        sandbox.kill()
+
+
+def test_list_pages_newest_first_with_next_token() -> None:
+    older, newer = (Sandbox.create(metadata={"paged": "yes"}) for _ in range(2))
+    try:
+        pages = Sandbox.list(query=SandboxQuery(metadata={"paged": "yes"}), limit=1)
+        first = pages.next_items()
+        assert pages.has_next
+        second = pages.next_items()
+        assert not pages.has_next
+        assert [s.sandbox_id for s in first + second] == [newer.sandbox_id, older.sandbox_id]
+        oldest_first = Sandbox.list(query=SandboxQuery(metadata={"paged": "yes"}), order="asc")
+        assert [s.sandbox_id for s in oldest_first.next_items()] == [
+            older.sandbox_id, newer.sandbox_id]
+    finally:
+        older.kill()
+        newer.kill()
+
+
+def test_fork_copies_variables_files_and_metadata() -> None:
+    sandbox = Sandbox.create(metadata={"origin": "parent"})
+    try:
+        sandbox.run_code("kept = 'in the fork'")
+        sandbox.files.write("copied.txt", "on disk")
+        (child,) = sandbox.fork(timeout=60)
+        assert isinstance(child, Sandbox), child
+        try:
+            assert child.sandbox_id != sandbox.sandbox_id
+            execution = child.run_code("kept, open('copied.txt').read()")
+            assert execution.text == "('in the fork', 'on disk')"
+            assert child.get_info().metadata == {"origin": "parent"}
+        finally:
+            child.kill()
+        with pytest.raises(SandboxException, match="16"):
+            sandbox.fork(count=20)
+    finally:
+        sandbox.kill()
+
+
+def test_watch_dir_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="watching folders"):
+        sandbox.files.watch_dir("/home/user")

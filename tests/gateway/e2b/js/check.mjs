@@ -101,6 +101,17 @@ check('connect reaches the same state', async () => {
   assert.equal((await again.runCode('x')).text, '41')
 })
 
+check('betaPause, listed as paused, connect resumes with state', async () => {
+  assert.equal(await sbx.betaPause(), true)
+  assert.equal(await Sandbox.pause(sbx.sandboxId), false)
+  assert.equal(await sbx.isRunning(), false)
+  const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
+  assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId && s.state === 'paused'))
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal(await again.isRunning(), true)
+  assert.equal((await again.runCode('x')).text, '41')
+})
+
 check('setTimeout, then kill', async () => {
   await sbx.setTimeout(60_000)
   await sbx.kill()
