@@ -62,6 +62,25 @@ async def test_command_timeout_kills_its_process_group(session: Session) -> None
     assert not [p for p in await processes(session) if "sleep" in p[2]]
 
 
+async def test_command_whose_pid_is_unknown_is_still_let_go_at_once(session: Session) -> None:
+    # The backend's way out when the engine never said the wrapper's pid: stop reading. A
+    # plain close left the engine's connection open (the SDK's file object over it lived),
+    # so the read waited for the command's own end, here 100 s.
+    process = await session.kernel.sandbox.start_command("echo started; sleep 100",
+                                                         env={}, cwd="")
+    try:
+        assert await process.read() == ("stdout", b"started\n")
+        started = time.monotonic()
+        process._pidfd = None  # type: ignore[attr-defined]  # as if the pid was never had
+        await process.kill()
+        assert await asyncio.wait_for(process.read(), 30) is None
+        assert time.monotonic() - started < 10
+    finally:
+        await process.close()
+    await run_ok(session, "1")  # its clean-up kills the sleep left behind
+    assert not [p for p in await processes(session) if "sleep" in p[2]]
+
+
 async def test_command_ending_kills_its_background_children(session: Session) -> None:
     result = await session.run_command(session.prepare_command("sleep 100 & echo done"))
     assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")

@@ -23,6 +23,8 @@ from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import CommandProcess
 
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
+FIND_PID_S = 10.0
+"""How long the engine may take to start the exec and say its pid."""
 KILL_GRACE_S = 2.0
 """How long the wrapper has to kill its group before it is killed itself."""
 DRAIN_QUIET_S = 5.0
@@ -71,9 +73,13 @@ class DockerCommand(CommandProcess):
         return process
 
     async def _find_pid(self) -> None:
-        for _ in range(100):
+        # Until the engine has started the exec it says neither a pid nor an exit code (and
+        # not Running): on a busy machine that lasts well past the first look.
+        deadline = asyncio.get_running_loop().time() + FIND_PID_S
+        while True:
             details = await self._run(self._api.exec_inspect, self._exec_id)
-            if details.get("Pid") or not details.get("Running"):
+            if (details.get("Pid") or details.get("ExitCode") is not None
+                    or asyncio.get_running_loop().time() > deadline):
                 break
             await asyncio.sleep(0.01)
         pid = int(details.get("Pid") or 0)
@@ -131,9 +137,11 @@ class DockerCommand(CommandProcess):
         if self._exited.done():
             return
         if self._pidfd is None:
-            # Its pid could not be had: stop reading it; the clean-up after the next
-            # execution kills it like any process left behind.
-            self._sock.close()
+            # Its pid could not be had: stop reading it (shutdown, since a close leaves the
+            # connection open while the SDK's file object over it lives); the clean-up after
+            # the next execution kills it like any process left behind.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
             return
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
