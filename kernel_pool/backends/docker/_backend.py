@@ -357,7 +357,7 @@ class DockerSandbox(Sandbox):
         if self.profile.runtime == "gvisor":
             if self._runsc is None:
                 return 0
-            gone: int | None = await _in_thread(self._runsc.kill_strays, keep_kernel_children)
+            gone = await self._runsc.kill_strays(keep_kernel_children)
             if gone is None:  # a swarm: stop everything; the kernel's death is then handled
                 logger.warning("sandbox %s: a swarm of processes outlived the execution; "
                                "replacing the sandbox", self.info.sandbox_id)
