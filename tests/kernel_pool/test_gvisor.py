@@ -21,9 +21,11 @@ import docker
 import pytest
 from kp_support import OWNER
 
+from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._gvisor import (
     GVISOR_ARGS,
+    OutOfMemoryWatch,
     Runsc,
     host_pids_limit,
     missing_runtime,
@@ -73,6 +75,21 @@ def test_strays_of_spares_init_engine_started_and_kernel_children() -> None:
     processes = {1: 0, 2: 0, 3: 2, 4: 1, 5: 3, 6: 0}
     assert strays_of(processes, keep_kernel_children=True) == [4]
     assert sorted(strays_of(processes, keep_kernel_children=False)) == [3, 4, 5]
+
+
+def test_oom_watch_finds_a_kill_that_left_memory_at_the_limit() -> None:
+    watch = OutOfMemoryWatch(limit_bytes=1000, oom_kills=2)
+    assert not watch.stuck(CgroupUsage(oom_kills=2, memory_bytes=990))  # no new kill
+    assert not watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))  # gVisor's moment
+    assert watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))
+    assert not watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))  # once per kill
+
+
+def test_oom_watch_lets_a_kill_that_freed_memory_pass() -> None:
+    watch = OutOfMemoryWatch(limit_bytes=1000, oom_kills=0)
+    assert not watch.stuck(CgroupUsage(oom_kills=1, memory_bytes=990))
+    assert not watch.stuck(CgroupUsage(oom_kills=1, memory_bytes=300))  # gVisor ended it
+    assert not watch.stuck(CgroupUsage(oom_kills=None, memory_bytes=None))  # unreadable
 
 
 def test_host_pids_limit_leaves_the_sentry_room() -> None:
@@ -129,6 +146,10 @@ async def test_kill_strays_kills_a_daemon_and_spares_the_engine_started(
     _exec(sandbox, "sleep", "602")
     _exec(sandbox, "sh", "-c", "(sleep 603 &); exit 0")
     before = _wait_for(sandbox, already + 2)
+    deadline = time.monotonic() + 10
+    while not strays_of(await sandbox.processes() or {}, keep_kernel_children=True):
+        assert time.monotonic() < deadline, "the daemon's shell did not exit"
+        await asyncio.sleep(0.1)
     assert await sandbox.kill_strays(keep_kernel_children=True) >= 1
     deadline = time.monotonic() + 10
     while len(left := await sandbox.processes() or {}) >= len(before):

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.backends.docker._gvisor_control import ControlError, SandboxControl
 from kernel_pool.config import Profile
 
@@ -47,6 +48,11 @@ HOST_PIDS_HEADROOM = 128
 RUNSC_TIMEOUT_S = 10.0
 ROUNDS = 3
 """Passes of ps-and-kill at most: a process forking while it is killed leaves children."""
+OOM_POLL_S = 0.5
+"""How often a waiting gVisor kernel's cgroup is read for an out-of-memory kill."""
+STUCK_SHARE = 0.9
+"""Memory still at this share of the limit after an OOM kill: nothing was freed (see
+:class:`OutOfMemoryWatch`)."""
 FEW_STRAYS = 8
 """Strays killed one by one; more is a swarm (see kill_strays), which the sandbox's
 replacement ends surely where killing one by one races the forks."""
@@ -182,6 +188,49 @@ class Runsc:
         else:
             return None
         return len(killed)
+
+    async def kill_all_but_init(self) -> bool:
+        """SIGKILL to every process but PID 1 (the kernel, commands, their children); False
+        when the process table cannot be read."""
+        found = await self.processes()
+        if found is None:
+            return False
+        for pid in found:
+            if pid != 1:
+                await self.kill(pid)
+        return True
+
+
+class OutOfMemoryWatch:
+    """Tells when an out-of-memory kill has left a gVisor sandbox stuck.
+
+    Under runc the host's OOM killer kills the biggest sandboxed process, the kernel, whose
+    death is then reported with the reason. Under gVisor the processes it sees are gVisor's:
+    it kills the host-side helper of the biggest sandboxed address space, and gVisor may leave
+    that sandboxed process hung, holding its memory at the limit, until a timeout's hard stop
+    (measured: a kernel filling 384 MiB hangs after one OOM kill, at 99% of the limit, using
+    no CPU). So: the cgroup's OOM count rose, and one reading later the memory is still at the
+    limit (gVisor did not end the process itself, as it does a lone process): stuck.
+    """
+
+    def __init__(self, limit_bytes: int, oom_kills: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.at_start = oom_kills
+        """The cgroup's OOM count when the kernel started."""
+        self.seen = oom_kills
+        self._pending = False
+
+    def stuck(self, usage: CgroupUsage) -> bool:
+        """Fed one reading per :data:`OOM_POLL_S`; True once for each stuck OOM kill."""
+        if usage.oom_kills is not None and usage.oom_kills > self.seen:
+            self.seen = usage.oom_kills
+            self._pending = True  # one reading's time for gVisor to end the process itself
+            return False
+        if not self._pending:
+            return False
+        self._pending = False
+        return usage.memory_bytes is not None and (
+            usage.memory_bytes >= STUCK_SHARE * self.limit_bytes)
 
 
 def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[int]:
