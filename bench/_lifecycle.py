@@ -1,4 +1,5 @@
-"""Session lifecycle figures: pause, resume on first use, fork, against starting afresh.
+"""Session lifecycle figures: pause, resume on first use, fork, against starting afresh; and
+how many paused sessions one gateway holds.
 
 Every figure goes through the gateway's HTTP API, as a client sees it. The baselines, taken in
 the same run: a cold session start plus ``1+1`` (what a client without pause pays to get a
@@ -8,9 +9,14 @@ kernel back, variables lost) and four sessions created at once (what a fork of f
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import statistics
+import subprocess
 import time
 from typing import Any
+
+import psutil
 
 from bench._measure import summary
 from bench._peers import Replgate
@@ -18,6 +24,11 @@ from bench._peers import Replgate
 DATA_STACK = ("import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
               "frame = pd.DataFrame({'x': np.arange(100_000), 'y': np.random.random(100_000)})\n"
               "total = float(frame.y.sum())")
+HELD_WORKSPACE_SIZE = "16m"
+"""The held sessions' workspace cap: each workspace reserves its blocks on the host's disk,
+which bounds how many paused sessions fit (the figure reports it per session)."""
+FORK_MAX = 16
+"""The most copies one fork request makes (the contract's bound)."""
 
 
 async def _post(rg: Replgate, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -27,11 +38,15 @@ async def _post(rg: Replgate, path: str, body: dict[str, Any] | None = None) -> 
 
 
 async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any]:
-    """pause p50 and snapshot size; resume + 1+1 p50 (vs cold start + 1+1); fork of 4."""
-    pause, resume, sizes, cold_starts, forks, creates = [], [], [], [], [], []
+    """pause p50 and snapshot size; resume + 1+1 p50 (vs cold start + 1+1); fork of 4,
+    answered and with ``1+1`` run in every copy (vs four sessions created at once)."""
+    pause, resume, sizes, cold_starts = [], [], [], []
+    forks, fork_runs, creates = [], [], []
+    paused_copies = []
     for _ in range(repeats):
         sid = await rg.create_session()
         await rg.http_execute(sid, DATA_STACK)
+        await rg.wait_idle(2)
         start = time.perf_counter()
         paused = await _post(rg, f"/v1/sessions/{sid}/pause")
         pause.append((time.perf_counter() - start) * 1000)
@@ -41,9 +56,15 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
         resume.append((time.perf_counter() - start) * 1000)
         assert result["status"] == "ok", result
 
+        await rg.wait_idle(2)
         start = time.perf_counter()
         children = await _post(rg, f"/v1/sessions/{sid}/fork", {"count": 4})
         forks.append((time.perf_counter() - start) * 1000)
+        paused_copies.append(sum(child["status"] == "paused" for child in children))
+        ran = await asyncio.gather(*(rg.http_execute(child["id"], "total")
+                                     for child in children))
+        fork_runs.append((time.perf_counter() - start) * 1000)
+        assert all(r["status"] == "ok" for r in ran), ran
         for child in children:
             await rg.delete_session(child["id"])
         await rg.delete_session(sid)
@@ -60,9 +81,66 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
         await cold.http_execute(fresh, "1+1")
         cold_starts.append((time.perf_counter() - start) * 1000)
         await cold.delete_session(fresh)
-        await rg.wait_idle(2)
     return {"pause": summary(pause), "resume_execute": summary(resume),
             "cold_start_execute": summary(cold_starts), "fork4": summary(forks),
-            "create4": summary(creates),
+            "fork4_run": summary(fork_runs), "create4": summary(creates),
+            "fork4_paused_copies": statistics.median(paused_copies),
             "snapshot_mib": round(statistics.median(sizes) / 2**20, 2),
             "paused_with": "variables"}
+
+
+def _disk_bytes(path: str) -> int:
+    """Blocks used under ``path`` on its own file system (mounted workspaces' contents are in
+    their images, counted once)."""
+    out = subprocess.run(["du", "-sx", "--block-size=1", path], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+async def held(n: int, sample: int) -> dict[str, Any]:
+    """``n`` paused sessions on one gateway with at most 8 running kernels: made by forking
+    a paused session (the data stack imported), with the disk and gateway memory each takes;
+    then ``sample`` of them, spread over the lot, resumed one after another."""
+    rg = Replgate(min_idle=2, max_kernels=8, settings={
+        "REPLGATE_WORKSPACE_SIZE": HELD_WORKSPACE_SIZE,
+        "REPLGATE_MAX_SESSIONS_PER_TENANT": str(n + 1)})
+    try:
+        await rg.wait_idle(2)
+        parent = await rg.create_session()
+        await rg.http_execute(parent, DATA_STACK + "\nmark = 'held'")
+        await _post(rg, f"/v1/sessions/{parent}/pause")
+        gateway = psutil.Process(rg.pid)
+        rss_before, disk_before = gateway.memory_info().rss, _disk_bytes(str(rg.state))
+        ids: list[str] = []
+        start = time.perf_counter()
+        while len(ids) < n:
+            children = await _post(rg, f"/v1/sessions/{parent}/fork",
+                                   {"count": min(FORK_MAX, n - len(ids))})
+            ids += [child["id"] for child in children]
+        made_s = time.perf_counter() - start
+        pool = await rg.pool()
+        rss_after, disk_after = gateway.memory_info().rss, _disk_bytes(str(rg.state))
+        resumes, correct = [], 0
+        for sid in ids[:: max(1, len(ids) // sample)][:sample]:
+            start = time.perf_counter()
+            result = await rg.http_execute(sid, "(mark, round(total, 6) == round(float("
+                                                "frame.y.sum()), 6))")
+            resumes.append((time.perf_counter() - start) * 1000)
+            text = (result.get("outputs") or [{}])[-1].get("data", {}).get("text/plain")
+            correct += result["status"] == "ok" and text == "('held', True)"
+        running = (await rg.pool())["in_use"]
+        for sid in ids:
+            await rg.delete_session(sid)
+        await rg.delete_session(parent)
+    finally:
+        await rg.stop()
+    per_disk = (disk_after - disk_before) / n
+    return {
+        "sessions": n, "workspace_size": HELD_WORKSPACE_SIZE,
+        "made_per_s": round(n / made_s, 1), "paused_after": pool["paused"],
+        "running_kernels_after_resumes": running,
+        "disk_per_paused_mib": round(per_disk / 2**20, 2),
+        "gateway_rss_per_paused_kib": round((rss_after - rss_before) / n / 1024, 1),
+        "resume_execute": summary(resumes), "resume_ms": [round(ms) for ms in resumes],
+        "resumed_correct": f"{correct}/{len(resumes)}",
+        "free_disk_gib": round(shutil.disk_usage(os.path.dirname(rg.state)).free / 2**30, 1)}

@@ -75,9 +75,11 @@ class Replgate:
     """The sandbox image every instance runs (the bench sets it to this checkout's build)."""
 
     def __init__(self, min_idle: int, max_kernels: int, root: Path = ROOT,
-                 image: str | None = None, runtime: str = "runc") -> None:
+                 image: str | None = None, runtime: str = "runc",
+                 settings: dict[str, str] | None = None) -> None:
         """``root`` and ``image``: another checkout's code and sandbox image (say, to compare
-        with an earlier version in the same run); ``runtime``: runc or gvisor."""
+        with an earlier version in the same run); ``runtime``: runc or gvisor; ``settings``:
+        more ``REPLGATE_*`` variables, over the benchmark's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -94,6 +96,7 @@ class Replgate:
                     "REPLGATE_LOG_LEVEL": "warning", "REPLGATE_RUNTIME": runtime,
                     # A stopped contender leaves nothing running (its sessions are deleted).
                     "REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
+        env.update(settings or {})
         self.log = self.state.with_suffix(".log")
         """The gateway's own log (warnings and errors), kept after the run."""
         with self.log.open("wb") as log:

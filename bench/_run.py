@@ -17,7 +17,7 @@ from typing import Any
 from bench import _figures as figures
 from bench import _runtimes
 from bench._e2b import e2b_vs_client
-from bench._lifecycle import lifecycle
+from bench._lifecycle import held, lifecycle
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
@@ -25,6 +25,9 @@ from bench._report import table, targets
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b")
+ON_REQUEST = ("held",)
+"""Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
+workspaces)."""
 
 
 def log(message: str) -> None:
@@ -45,6 +48,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
         results["runtimes"] = await _runtimes.runtimes(sizes, log)
+        return _finish(results, started)
+    if wanted <= {"lifecycle", "held"}:  # two gateways of ours, none of the other contenders
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        await _lifecycle_only(wanted, sizes, args, results)
         return _finish(results, started)
     stack = contextlib.AsyncExitStack()
     async with stack:
@@ -119,6 +127,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return _finish(results, started)
 
 
+async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse.Namespace,
+                          results: dict[str, Any]) -> None:
+    if "lifecycle" in wanted:
+        log("pause, resume, fork")
+        async with contextlib.AsyncExitStack() as stack:
+            replgate = Replgate(min_idle=2, max_kernels=40)
+            stack.push_async_callback(replgate.stop)
+            cold = Replgate(min_idle=0, max_kernels=4)
+            stack.push_async_callback(cold.stop)
+            await asyncio.gather(replgate.wait_idle(2), cold.wait_idle(0))
+            before = load_average()
+            results["lifecycle"] = await lifecycle(replgate, cold, sizes.starts_cold)
+            results.setdefault("load_average_1min", {})["pause, resume, fork"] = [
+                round(before, 2), round(load_average(), 2)]
+    if "held" in wanted:
+        log(f"{args.held_sessions} paused sessions held")
+        results["held"] = await held(args.held_sessions, args.held_sample)
+
+
 def _finish(results: dict[str, Any], started: float) -> dict[str, Any]:
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["load_average_1min_at_end"] = load_average()
@@ -131,7 +158,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench",
                                      description="replgate against the floor and Kernel Gateway")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, 1 and 8 sessions")
-    parser.add_argument("--only", help=f"comma-separated figures of {', '.join(FIGURES)}")
+    parser.add_argument("--only", help="comma-separated figures of "
+                        f"{', '.join(FIGURES + ON_REQUEST)}")
+    parser.add_argument("--held-sessions", type=int, default=200,
+                        help="paused sessions the held figure makes")
+    parser.add_argument("--held-sample", type=int, default=8,
+                        help="held sessions resumed (spread over the lot)")
     parser.add_argument("--sessions", help="throughput session counts, e.g. 1,8,32")
     parser.add_argument("--wait-quiet", action="store_true",
                         help="first wait for the load average to drop (see --quiet-load)")

@@ -176,7 +176,8 @@ class Gateway:
         await self.pool.delete_session(session_id)
 
     def _closed_by_pool(self, session: Session, reason: str) -> None:
-        self._tenant_of.pop(session.id, None)
+        if self._tenant_of.pop(session.id, None) is None:
+            return  # never recorded: a copy of a fork that failed
         task = asyncio.get_running_loop().create_task(self.store.mark_deleted(session.id))
         task.add_done_callback(_log_failure)
 

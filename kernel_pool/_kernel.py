@@ -285,6 +285,7 @@ class Kernel:
         waiter on the sandbox's exit would take the first one's place (one pidfd reader).
         """
         died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
+        replied = heard = False  # over every attempt: what a timeout then reports
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
@@ -307,12 +308,18 @@ class Kernel:
                             source, _msg = getter.result()
                             got_reply |= source == channel
                             got_iopub |= source == "iopub"
+                        replied |= got_reply
+                        heard |= got_iopub
                         if got_reply and got_iopub:
                             return
                     finally:
                         self.forget(msg_id)
         except TimeoutError:
-            raise KernelStartError(self.id, f"no answer within {self._start_timeout_s}s") from None
+            seen = ("it answered, but its output channel stayed silent" if replied
+                    else "its output channel spoke, but no answer came" if heard
+                    else "nothing came back on any channel")
+            raise KernelStartError(
+                self.id, f"no answer within {self._start_timeout_s}s ({seen})") from None
         finally:
             died.cancel()
 

@@ -21,14 +21,29 @@ import anyio.to_thread
 
 from kernel_pool._kernel import Kernel, KernelState, make_context
 from kernel_pool._session import Session, SessionStatus
-from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
-from kernel_pool.backends.base import SandboxBackend, SandboxInfo, SandboxSpec, load_backend
+from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace, load_variables
+from kernel_pool.backends.base import (
+    Sandbox,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+    load_backend,
+)
 from kernel_pool.config import PoolSettings, Profile, parse_size
-from kernel_pool.exceptions import BackendError, CapacityError, ProfileNotFound, SessionNotFound
+from kernel_pool.exceptions import (
+    BackendError,
+    CapacityError,
+    KernelStartError,
+    ProfileNotFound,
+    SessionNotFound,
+)
 
 logger = logging.getLogger(__name__)
 
 REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+START_ATTEMPTS = 2
+"""A kernel that does not come up gets one more try in a fresh sandbox before the session's
+request fails: a rare stuck start should not cost an agent its session."""
 
 
 class KernelPool:
@@ -40,6 +55,11 @@ class KernelPool:
         self._context = make_context()
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
         self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._warming: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        """Of those starting, the ones the pool starts for itself (a refill), not for a caller."""
+        self._waiters: dict[str, deque[asyncio.Future[Kernel | None]]] = {
+            name: deque() for name in settings.profiles}
+        """Resumes waiting for the next warm kernel a refill brings up (:meth:`take_warm`)."""
         self._in_use: set[Kernel] = set()
         self._kernels: weakref.WeakSet[Kernel] = weakref.WeakSet()
         """Every kernel made and not yet gone, wherever it is (for ``close``: no leaks)."""
@@ -114,6 +134,8 @@ class KernelPool:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        for name in self._waiters:  # their refills were cancelled: nothing will come
+            self._wake(name, None, every=True)
         for session in list(self._sessions.values()):
             if self.settings.keep_sessions_on_close:
                 await self._keep_session(session)
@@ -178,8 +200,12 @@ class KernelPool:
         self._starting[profile] += 1
         return None
 
-    async def acquire(self, profile_name: str = "default") -> Kernel:
-        """A ready kernel of the profile: warm if one is idle, else started now."""
+    async def acquire(self, profile_name: str = "default", *, refill: bool = True) -> Kernel:
+        """A ready kernel of the profile: warm if one is idle, else started now.
+
+        ``refill=False``: the caller refills the warm pool itself once it has all it needs
+        (a fork), so the refill's kernel starts do not compete with its own for the CPU.
+        """
         profile = self.profile(profile_name)
         if self._closing:
             raise BackendError("the kernel pool is shutting down")
@@ -212,7 +238,8 @@ class KernelPool:
                 task.add_done_callback(self._adopt_abandoned)
                 raise
             self._in_use.add(kernel)
-        self._fill(profile.name)
+        if refill:
+            self._fill(profile.name)
         self.acquire_seconds.append(loop.time() - started)
         del self.acquire_seconds[:-1000]
         return kernel
@@ -226,19 +253,30 @@ class KernelPool:
                 self._park(kernel)
 
     async def _start_kernel(self, profile: Profile) -> Kernel:
-        """Start one kernel; the caller has reserved a ``_starting`` slot for it."""
+        """Start one kernel (a second try in a fresh sandbox if the first does not come up);
+        the caller has reserved a ``_starting`` slot for it."""
         try:
-            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
-            sandbox = await self.backend.create(spec)
-            kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
-            self._kernels.add(kernel)
-            try:
-                await kernel.start()
-            except BaseException:
-                await asyncio.shield(kernel.close())
-                raise
-            self._failures[profile.name] = 0
-            return kernel
+            attempt = 1
+            while True:
+                spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
+                sandbox = await self.backend.create(spec)
+                kernel = Kernel(sandbox, profile, self._context,
+                                self.settings.kernel_start_timeout_s)
+                self._kernels.add(kernel)
+                try:
+                    await kernel.start()
+                except KernelStartError as exc:
+                    await asyncio.shield(kernel.close())
+                    if attempt == START_ATTEMPTS or self._closing:
+                        raise
+                    attempt += 1
+                    logger.warning("%s; trying again in a fresh sandbox", exc)
+                    continue
+                except BaseException:
+                    await asyncio.shield(kernel.close())
+                    raise
+                self._failures[profile.name] = 0
+                return kernel
         except Exception:
             self._failures[profile.name] += 1
             raise
@@ -256,12 +294,14 @@ class KernelPool:
         while (len(self._idle[profile_name]) + self._starting[profile_name] < profile.min_idle
                and self._total() < self.settings.max_kernels):
             self._starting[profile_name] += 1
+            self._warming[profile_name] += 1
             self._spawn(self._warm(profile))
 
     async def _warm(self, profile: Profile) -> None:
         try:
             kernel = await self._start_kernel(profile)
         except Exception as exc:
+            self._wake(profile.name, None)  # a resume waiting for it starts its own
             failures = self._failures[profile.name]
             delay = REFILL_BACKOFF_S[min(failures, len(REFILL_BACKOFF_S)) - 1]
             logger.error("warm kernel for profile %s failed to start (%s); retry in %ss",
@@ -270,13 +310,20 @@ class KernelPool:
             self._refill_at[profile.name] = loop.time() + delay
             loop.call_later(delay, self._fill, profile.name)
             return
+        finally:
+            self._warming[profile.name] -= 1
         if self._closing:
             await kernel.close()
             return
         self._park(kernel)
 
     def _park(self, kernel: Kernel) -> None:
-        """Make a started kernel idle; should it die there, it is replaced at once."""
+        """Hand a started kernel to a resume waiting for one, else make it idle; should it
+        die there, it is replaced at once."""
+        if self._wake(kernel.profile.name, kernel):
+            self._in_use.add(kernel)
+            self._fill(kernel.profile.name)
+            return
         self._idle[kernel.profile.name].append(kernel)
         kernel.on_death = lambda _died: self._idle_died(kernel)
 
@@ -315,12 +362,41 @@ class KernelPool:
         """The session's kernel stopped (paused): its slot is free (Lifecycle)."""
         self._in_use.discard(session.kernel)
 
-    def take_warm(self, session: Session) -> Kernel | None:
-        """A warm kernel for a paused session to resume onto, if one is idle (Lifecycle)."""
-        kernel = self._pop_warm(session.profile.name)
+    async def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel for a paused session to resume onto (Lifecycle): an idle one, else
+        the next one a refill under way brings up (rather than booting another beside it,
+        which would slow both down), else None."""
+        name = session.profile.name
+        kernel = self._pop_warm(name)
         if kernel is not None:
-            self._fill(session.profile.name)
-        return kernel
+            self._fill(name)
+            return kernel
+        waiters = self._waiters[name]
+        if self._warming[name] <= len(waiters) or self._closing:
+            return None
+        waiter: asyncio.Future[Kernel | None] = asyncio.get_running_loop().create_future()
+        waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                waiters.remove(waiter)
+            handed = waiter.result() if waiter.done() and not waiter.cancelled() else None
+            if handed is not None:  # handed over just as the resume was cancelled
+                self.give_back(handed)
+            raise
+
+    def _wake(self, profile_name: str, kernel: Kernel | None, every: bool = False) -> bool:
+        """Give ``kernel`` (None: nothing is coming) to the first resume still waiting in
+        :meth:`take_warm`, or to every one; whether one took it."""
+        waiters = self._waiters[profile_name]
+        woke = False
+        while waiters and (every or not woke):
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(kernel)
+                woke = True
+        return woke
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel a session no longer uses (Lifecycle)."""
@@ -375,7 +451,13 @@ class KernelPool:
                              metadata: dict[str, Any] | None = None,
                              session_id: str | None = None) -> Session:
         """A session on a warm kernel (a hand-off: milliseconds when one is idle)."""
-        kernel = await self.acquire(profile)
+        return await self._open_session(await self.acquire(profile), env=env,
+                                        metadata=metadata, session_id=session_id)
+
+    async def _open_session(self, kernel: Kernel, *, env: dict[str, str] | None,
+                            metadata: dict[str, Any] | None,
+                            session_id: str | None = None) -> Session:
+        """A session on an acquired kernel (released if this fails)."""
         try:
             if env:
                 kernel.env = dict(env)
@@ -392,16 +474,31 @@ class KernelPool:
     async def fork_session(self, parent_id: str, count: int = 1,
                            metadata: dict[str, Any] | None = None) -> list[Session]:
         """``count`` new sessions, each with the parent's variables (random generators
-        reseeded) and a copy of its workspace; the parent goes on unchanged. All or none."""
+        reseeded) and a copy of its workspace; the parent goes on unchanged. All or none.
+
+        Copies take the idle warm kernels. The others, where the backend can make a sandbox
+        without starting it, are paused copies (the parent's snapshot and files, no process)
+        that resume on first use like any paused session: a fork waits for no kernel boot
+        and is not bounded by ``max_kernels``. Otherwise kernels are started for them.
+        """
         parent = self.get_session(parent_id)
-        raw = await parent.snapshot()
+        raw, info = await parent.snapshot()
+        profile = parent.profile
         children: list[Session] = []
         held = {parent.id}  # making room for a copy must not pause the parent or a copy
         self._held |= held
 
         async def one() -> None:
-            child = await self.create_session(parent.profile.name, env=parent.env,
-                                              metadata=metadata)
+            # Decided in each copy's first step, before any await: the first copies take the
+            # idle kernels, and the warm pool's refill waits for the fork (below) instead of
+            # booting kernels beside the ones it starts.
+            kernel = self._pop_warm(profile.name)
+            if kernel is None and self.backend.stopped_sandboxes:
+                await self._paused_copy(parent, raw, info, metadata, children)
+                return
+            if kernel is None:
+                kernel = await self.acquire(profile.name, refill=False)
+            child = await self._open_session(kernel, env=parent.env, metadata=metadata)
             children.append(child)
             held.add(child.id)
             self._held.add(child.id)
@@ -419,7 +516,37 @@ class KernelPool:
                 raise failed[0]
         finally:
             self._held -= held
+            self._fill(profile.name)
         return children
+
+    async def _paused_copy(self, parent: Session, raw: bytes, info: PauseInfo,
+                           metadata: dict[str, Any] | None, children: list[Session]) -> None:
+        """A paused copy of ``parent`` (appended to ``children`` as soon as it exists, for the
+        fork to remove on failure): a sandbox made without starting it, the parent's files in
+        its workspace and the snapshot under its id, to be loaded reseeded when it resumes."""
+        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=parent.profile,
+                           env=parent.env)
+        sandbox = await self.backend.create_stopped(spec)
+        child = self._stopped_session(sandbox, parent.profile, env=parent.env,
+                                      metadata=metadata)
+        children.append(child)
+        await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
+        child.pause_info = await anyio.to_thread.run_sync(
+            self.snapshots.save, child.id, raw, info.model_copy(update={"reseed": True}))
+
+    def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,
+                         env: dict[str, str] | None, metadata: dict[str, Any] | None,
+                         session_id: str | None = None) -> Session:
+        """A paused session on a sandbox where nothing runs; it resumes when first needed."""
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.env = dict(env or {})
+        kernel.state = KernelState.PAUSED
+        self._kernels.add(kernel)
+        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        session.lifecycle = self
+        self._sessions[session.id] = session
+        return session
 
     async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,
                                    env: dict[str, str] | None = None,
@@ -432,18 +559,12 @@ class KernelPool:
         if self.snapshots.info(session_id) is None:
             raise BackendError(f"session {session_id} has no snapshot to resume from")
         sandbox = await self.backend.load_stopped(info, profile, env or {})
-        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
-        kernel.env = dict(env or {})
-        kernel.state = KernelState.PAUSED
-        self._kernels.add(kernel)
-        session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
-        session.lifecycle = self
+        session = self._stopped_session(sandbox, profile, env=env, metadata=metadata,
+                                        session_id=session_id)
         session.pause_info = self.snapshots.info(session_id)
         if created_at:
             session.created_at = created_at
         session.execution_count = execution_count
-        self._sessions[session.id] = session
         return session
 
     async def adopt_session(self, info: SandboxInfo, *, session_id: str,

@@ -74,8 +74,9 @@ class Lifecycle(Protocol):
     def release_slot(self, session: Session) -> None:
         """The session's kernel stopped running (paused): its slot is free."""
 
-    def take_warm(self, session: Session) -> Kernel | None:
-        """A warm kernel of the session's profile to resume onto, if one is idle."""
+    async def take_warm(self, session: Session) -> Kernel | None:
+        """A warm kernel of the session's profile to resume onto (idle, or the next one a
+        refill under way brings up), or None."""
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel ``take_warm`` gave or one the session no longer uses."""
@@ -411,12 +412,13 @@ class Session:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
         used = await anyio.to_thread.run_sync(_used_bytes, self.workspace)
-        warm = self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        reseed = self.pause_info is not None and self.pause_info.reseed
         try:
             if warm is not None:
-                await self._resume_onto(warm, raw)
+                await self._resume_onto(warm, raw, reseed)
             else:
-                await self._resume_in_place(raw)
+                await self._resume_in_place(raw, reseed)
         except BaseException as exc:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
@@ -425,13 +427,13 @@ class Session:
         await anyio.to_thread.run_sync(store.delete, self.id)
         self.lifecycle.resumed(self)
 
-    async def _resume_in_place(self, raw: bytes) -> None:
+    async def _resume_in_place(self, raw: bytes, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""
         assert self.lifecycle is not None
         await self.lifecycle.reserve_slot(self)
         try:
             await self.kernel.start()
-            await load_variables(self.kernel, self.workspace, raw, reseed=False)
+            await load_variables(self.kernel, self.workspace, raw, reseed)
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.kernel.stop())
@@ -439,7 +441,7 @@ class Session:
             self.lifecycle.release_slot(self)
             raise
 
-    async def _resume_onto(self, warm: Kernel, raw: bytes) -> None:
+    async def _resume_onto(self, warm: Kernel, raw: bytes, reseed: bool) -> None:
         """Onto a warm kernel: the workspace's files are copied into its workspace (small
         workspaces only), which beats starting a container and a kernel."""
         assert self.lifecycle is not None
@@ -449,7 +451,7 @@ class Session:
             if self.env:
                 warm.env = dict(self.env)
                 await warm.set_env(warm.env)
-            await load_variables(warm, warm.sandbox.workspace, raw, reseed=False)
+            await load_variables(warm, warm.sandbox.workspace, raw, reseed)
         except BaseException:
             self.lifecycle.give_back(warm)
             raise
@@ -459,8 +461,9 @@ class Session:
             warm.egress.session_id = self.id
         self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
 
-    async def snapshot(self) -> bytes:
-        """The session's variables, pickled (for a fork); the session goes on unchanged."""
+    async def snapshot(self) -> tuple[bytes, PauseInfo]:
+        """The session's variables, pickled, and what they kept (for a fork); the session goes
+        on unchanged."""
         if self._closed:
             raise SessionClosed(self.id)
         async with self._lock:
@@ -469,12 +472,10 @@ class Session:
             if self.paused:
                 raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
                                                             self.id)
-                return raw
+                return raw, self.pause_info or PauseInfo()
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
-            raw, _info = await save_variables(self.kernel, self.workspace,
-                                              self._snapshot_limit)
-            return raw
+            return await save_variables(self.kernel, self.workspace, self._snapshot_limit)
 
     async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
         """Ask the gate; on a denial end the execution (error, done) without running it."""

@@ -55,6 +55,8 @@ class PauseInfo(BaseModel):
     """Names that could not be kept, each with the reason."""
     image_bytes: int = 0
     paused_at: str = ""
+    reseed: bool = False
+    """A fork's copy that never ran: its random generators start afresh when it resumes."""
 
 
 class SnapshotStore:
@@ -77,8 +79,15 @@ class SnapshotStore:
         """What every snapshot takes on disk now (blocking)."""
         if not self.root.is_dir():
             return 0
-        return sum(entry.stat().st_size for entry in os.scandir(self.root)
-                   if entry.is_file(follow_symlinks=False))
+        total = 0
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                # Saves and deletions run beside this one (a fork writes its copies' snapshots
+                # at once): a file may go (``.part`` renamed) between the listing and its stat.
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        return total
 
     def save(self, key: str, raw: bytes, info: PauseInfo) -> PauseInfo:
         """Compress and write ``raw`` with its info, atomically; the info with the size."""

@@ -99,7 +99,9 @@ class PoolLimits(BaseModel):
         description="running kernels of all profiles, warm and in use (default: from the "
         "machine's memory, see default_max_kernels); past it the least recently used idle "
         "session is paused")
-    kernel_start_timeout_s: float = Field(60.0, gt=0)
+    kernel_start_timeout_s: float = Field(
+        60.0, gt=0, description="how long a launched kernel has to answer; one that does not "
+        "is tried once more in a fresh sandbox before the request fails")
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
     max_commands: int = Field(4, ge=1, description="shell commands running at once per session")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +63,7 @@ class GatewayProcess:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
     def start(self, timeout_s: float = 120.0) -> None:
+        STARTED.append(self)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve", "--port",
@@ -94,6 +95,53 @@ class GatewayProcess:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(10)
         self.process = None
+
+
+STARTED: list[GatewayProcess] = []
+"""Every gateway the run started: a failing test's report shows what their logs said meanwhile."""
+
+LOG_LINES_ON_FAILURE = 40
+
+
+def _started_logs() -> set[Path]:
+    # pytest loads this file as ``conftest`` and test modules import it as ``tests.conftest``:
+    # two module objects, each with its own list.
+    modules = [sys.modules.get(name) for name in ("conftest", "tests.conftest")]
+    return {g.log_path for module in modules if module is not None
+            for g in getattr(module, "STARTED", []) if g.log_path.is_file()}
+
+
+def _log_sizes() -> dict[Path, int]:
+    return {path: path.stat().st_size for path in _started_logs()}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    item.stash[_LOG_SIZES] = _log_sizes()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+        item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """On a failure, add what the gateways logged during the test (requests left out): a
+    failure in CI then says what the service saw, not only what the client got."""
+    report = yield
+    if not report.failed:
+        return report
+    before = item.stash.get(_LOG_SIZES, {})
+    for path in sorted(_started_logs()):
+        with open(path, "rb") as log:
+            log.seek(before.get(path, 0))
+            lines = [line for line in log.read().decode(errors="replace").splitlines()
+                     if "uvicorn.access" not in line]
+        if lines:
+            report.sections.append((f"gateway log {path.name} ({report.when})",
+                                    "\n".join(lines[-LOG_LINES_ON_FAILURE:])))
+    return report
+
+
+_LOG_SIZES = pytest.StashKey[dict[Path, int]]()
 
 
 def make_gateway(**settings: str) -> GatewayProcess:

@@ -140,6 +140,9 @@ class SandboxBackend(ABC):
     """Makes and finds sandboxes. One instance per pool."""
 
     name: str
+    stopped_sandboxes: bool = False
+    """Whether :meth:`create_stopped` can make a sandbox without starting it (a fork's
+    paused copies need it; without it every copy gets a running kernel)."""
 
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings
@@ -151,6 +154,11 @@ class SandboxBackend(ABC):
     @abstractmethod
     async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
         """Take back a sandbox a previous gateway left running."""
+
+    async def create_stopped(self, spec: SandboxSpec) -> Sandbox:
+        """A new sandbox with its workspace but nothing running (a paused session's, say a
+        fork's copy): its first ``launch_kernel`` starts it. See :attr:`stopped_sandboxes`."""
+        raise BackendError(f"the {self.name} backend cannot make a sandbox without starting it")
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:

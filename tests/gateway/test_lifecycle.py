@@ -191,6 +191,30 @@ def test_fork_of_a_paused_session_leaves_it_paused(alpha: httpx.Client,
         alpha.delete(f"/v1/sessions/{child}")
 
 
+def test_fork_beyond_the_warm_kernels_gives_paused_copies_that_resume_on_first_use(
+        alpha: httpx.Client, session_id: str) -> None:
+    # Five copies on a gateway of at most four kernels and one warm: the copies without a
+    # kernel wait paused, and nothing else is paused to make room for them.
+    run(alpha, session_id, "import random\nmark = 'parent'\nopen('g.txt', 'w').write('kept')")
+    answer = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 5})
+    assert answer.status_code == 201, answer.text
+    children = answer.json()
+    try:
+        paused = [c["id"] for c in children if c["status"] == "paused"]
+        assert len(paused) >= 4, children
+        assert all(c["paused_with"] == "variables" for c in children if c["id"] in paused)
+        assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "idle"
+        draws = set()
+        for child in paused[:2]:
+            assert value(alpha, child, "(mark, open('g.txt').read())") == "('parent', 'kept')"
+            draws.add(value(alpha, child, "random.random()"))
+            assert alpha.get(f"/v1/sessions/{child}").json()["status"] == "idle"
+        assert len(draws) == 2  # each copy was reseeded when it first resumed
+    finally:
+        for child in children:
+            alpha.delete(f"/v1/sessions/{child['id']}")
+
+
 def test_fork_count_out_of_range_is_a_400(alpha: httpx.Client, session_id: str) -> None:
     for count in (0, 17, "many"):
         answer = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": count})
@@ -241,7 +265,7 @@ def test_resume_of_a_corrupt_snapshot_keeps_the_session_paused(
     assert value(alpha, session_id, "kept") == "1"
 
 
-def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
+def test_pause_or_fork_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
         docker_client: docker.DockerClient) -> None:
     with gateway_client(docker_client, snapshot_budget="4k") as client:
         sid = new_session(client)
@@ -251,6 +275,11 @@ def test_pause_over_the_snapshot_budget_is_a_507_and_the_session_runs_on(
         assert "REPLGATE_SNAPSHOT_BUDGET" in answer.json()["detail"]
         described = client.get(f"/v1/sessions/{sid}").json()
         assert described["status"] == "idle" and described["reason"]
+        # A fork's paused copies keep snapshots too: over the budget none of the copies is
+        # left (all or none), and the parent goes on.
+        answer = client.post(f"/v1/sessions/{sid}/fork", json={"count": 3})
+        assert answer.status_code == 507, answer.text
+        assert [s["id"] for s in client.get("/v1/sessions").json()] == [sid]
         assert value(client, sid, "len(big)") == str(1 << 20)
 
 

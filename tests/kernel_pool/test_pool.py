@@ -27,7 +27,7 @@ from kp_support import (
     sandbox_gone,
 )
 
-from kernel_pool import CapacityError, KernelPool, PoolSettings, Profile
+from kernel_pool import CapacityError, KernelPool, KernelStartError, PoolSettings, Profile
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import DockerBackend
 
@@ -116,6 +116,24 @@ async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -
     assert repr(pool) == "<KernelPool 1 idle, 0 starting, 0 in use, max 1>"
 
 
+async def test_kernel_that_does_not_answer_is_tried_again_then_reported(
+        own_pool: PoolFactory, docker_client: docker.DockerClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # No kernel process answers within 0.2 s of its launch (Python alone starts slower).
+    pool = own_pool("mute", kernel_start_timeout_s=0.2, profiles=one_profile(min_idle=0))
+    await pool.start()
+    with caplog.at_level("WARNING", logger="kernel_pool"), \
+            pytest.raises(KernelStartError) as caught:
+        await pool.acquire()
+    assert "no answer within 0.2s (nothing came back on any channel)" in str(caught.value)
+    retries = [r.getMessage() for r in caplog.records if "trying again" in r.getMessage()]
+    assert len(retries) == 1, retries
+    assert retries[0].split(" did not start")[0] != str(caught.value).split(" did not start")[0]
+    # Both sandboxes are gone, and the pool counts nothing.
+    assert owned_containers(docker_client, pool.settings.owner) == []
+    assert pool.stats()["starting"] == pool.stats()["in_use"] == 0
+
+
 async def test_cancelled_acquire_leaves_pool_consistent(
         own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
     pool = own_pool("cancel", max_kernels=2, profiles=one_profile(min_idle=0))
@@ -200,6 +218,25 @@ async def test_cull_closes_idle_sessions(own_pool: PoolFactory) -> None:
     await eventually(lambda: bool(closed), 10)
     assert closed == [(session.id, "idle for more than 1s")]
     assert pool.stats()["sessions"] == 0 and pool.stats()["in_use"] == 0
+
+
+async def test_resume_while_the_pool_refills_takes_the_refilled_kernel(
+        own_pool: PoolFactory) -> None:
+    # The warm kernel the session took is being replaced when it resumes: the resume waits
+    # for that one (its sandbox changes) instead of booting a container of its own beside it.
+    pool = own_pool("handoff", profiles=one_profile(min_idle=1))
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    session = await pool.create_session()
+    await run_ok(session, "kept = 7")
+    first = session.kernel.id
+    await session.pause()
+    assert pool.stats()["starting"] == 1 and pool.stats()["idle"] == 0
+    await session.resume()
+    result = await session.execute("kept * 6")
+    assert result.outputs[-1].data["text/plain"] == "42"
+    assert session.kernel.id != first
+    await pool.delete_session(session.id)
 
 
 def test_settings_refuse_unsafe_sizes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,17 @@ def test_copy_skips_fifos_and_never_follows_a_linked_folder(
     assert (target.root / "escape").is_symlink()
     assert not any(p.name == "secret" for p in target.root.rglob("*")
                    if not p.is_symlink() and p.is_file())
+
+
+def test_concurrent_saves_all_succeed(tmp_path: Path) -> None:
+    # A fork writes its copies' snapshots at once: each save's budget check lists the folder
+    # while the others' partial files are renamed away under it.
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+
+    def saves(worker: int) -> None:
+        for n in range(60):
+            store.save(f"w{worker}-{n}", os.urandom(256), PauseInfo())
+
+    with ThreadPoolExecutor(8) as threads:
+        list(threads.map(saves, range(8)))
+    assert len(list(store.root.glob("*.json"))) == 8 * 60

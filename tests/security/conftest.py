@@ -13,10 +13,10 @@ import secrets
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import httpx
@@ -24,6 +24,8 @@ import psutil
 import pytest
 
 from tests.conftest import GatewayProcess, containers_of, make_gateway
+
+T = TypeVar("T")
 
 LIMITS = {"memory": "512m", "pids": "128", "workspace_size": "64m", "tmp_size": "32m"}
 GRACE_S = 1.0
@@ -157,10 +159,27 @@ class Hostile:
             top = container.top()
             column = top["Titles"].index("CMD")
             return [row[column] for row in top.get("Processes") or []]
+        return self._while_running(sid, self._gvisor_processes)
+
+    @staticmethod
+    def _gvisor_processes(container: Any) -> list[str]:
         pids = runsc_pids(container)
         script = "; ".join(f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null; echo" for pid in pids)
         output = container.exec_run(["/bin/sh", "-c", script], user="1000:1000").output
         return [line.strip() for line in output.decode(errors="replace").splitlines()][:len(pids)]
+
+    def _while_running(self, sid: str, read: Callable[[Any], T]) -> T:
+        """``read(container)`` of a gVisor sandbox, again if the sandbox stopped meanwhile: a
+        swarm makes the gateway replace it (same name), which may happen while it is read."""
+        deadline = time.monotonic() + RESTART_BUDGET_S
+        while True:
+            try:
+                return read(self.container(sid))
+            except (OSError, subprocess.CalledProcessError, docker.errors.APIError,
+                    StopIteration):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def pids_limit(self, sid: str) -> int:
         """The sandbox's process limit as the engine enforces it: the pids cgroup under runc,
@@ -176,7 +195,7 @@ class Hostile:
         container = self.container(sid)
         if container.attrs["HostConfig"]["Runtime"] != "runsc":
             return int(self.cgroup_value(sid, "pids", "pids.current"))
-        return len(runsc_pids(container))
+        return len(self._while_running(sid, runsc_pids))
 
     def cgroup_value(self, sid: str, controller: str, name: str) -> str:
         container = self.container(sid)
@@ -201,6 +220,8 @@ def runsc_pids(container: Any) -> list[int]:
     on the host with the state root the engine gave the sandbox."""
     container.reload()
     sandbox_pid = container.attrs["State"]["Pid"]
+    if not sandbox_pid:
+        raise ProcessLookupError(f"{container.name} is not running")
     arguments = Path(f"/proc/{sandbox_pid}/cmdline").read_bytes().split(b"\0")
     root = next(a[7:].decode() for a in arguments if a.startswith(b"--root="))
     listing = subprocess.run(

@@ -56,7 +56,7 @@ def test_fuzzed_requests_never_get_a_server_error_or_hang(fuzzed: GatewayProcess
         "--header", f"Authorization: Bearer {fuzzed.keys['alpha']}",
         "--checks", "no_internal_error", "--max-examples", "30",
         "--phases", "examples,coverage,fuzzing", "--request-timeout", "30",
-        "--max-response-time", "30", "--workers", "2", "--seed", "20261122",
+        "--max-response-time", "30", "--workers", "1", "--seed", "20261122",
         "--generation-database", "none", "--no-color", "--report", "junit",
         "--report-dir", str(reports), "--warnings", "off",
     ]

@@ -112,6 +112,17 @@ def _mount(arguments: list[str], command: str = "mount") -> None:
         raise BackendError(f"{command} {' '.join(arguments)} failed: {result.stderr.strip()}")
 
 
+def _process_alive(pid: int) -> bool:
+    """Whether host process ``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
@@ -169,8 +180,10 @@ class DockerSandbox(Sandbox):
             state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
         except BackendError:
             return False
-        # A container being removed (someone's `docker rm -f`) still says Running.
-        return bool(state.get("Running")) and state.get("Status") == "running"
+        # A container being removed (someone's `docker rm -f`) still says Running, and so does
+        # one whose init was just killed until the engine reaps it: ask the host's process table.
+        return (bool(state.get("Running")) and state.get("Status") == "running"
+                and _process_alive(int(state.get("Pid") or 0)))
 
     async def _ensure_running(self) -> None:
         if not await self._running():
@@ -533,7 +546,17 @@ class DockerBackend(SandboxBackend):
                     raise
             time.sleep(0.1)
 
+    stopped_sandboxes = True
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        return await self._create(spec, start=True)
+
+    async def create_stopped(self, spec: SandboxSpec) -> Sandbox:
+        """The workspace and socket folder alone; ``launch_kernel`` makes the container (under
+        the name it is given here) as it does for a paused session's sandbox."""
+        return await self._create(spec, start=False)
+
+    async def _create(self, spec: SandboxSpec, start: bool) -> Sandbox:
         socket_dir = self._run_dir / spec.sandbox_id / SOCKET_SUBDIR
         workspace_dir = self._workspaces / spec.sandbox_id
         if len(str(socket_dir)) > 90:
@@ -547,8 +570,10 @@ class DockerBackend(SandboxBackend):
                     Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
             except WorkspaceError as exc:  # no room on the host: the engine side's failure
                 raise BackendError(f"cannot make the sandbox's workspace: {exc}") from exc
-            container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
-                                      workspace.root, socket_dir, spec.env)
+            container_id = container_name(spec.sandbox_id)
+            if start:
+                container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
+                                          workspace.root, socket_dir, spec.env)
         except BaseException:
             # Failed or cancelled half-way: remove whatever was made (the container by name).
             await _in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)

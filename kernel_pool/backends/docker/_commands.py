@@ -25,6 +25,11 @@ from kernel_pool.backends.base import CommandProcess
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
 KILL_GRACE_S = 2.0
 """How long the wrapper has to kill its group before it is killed itself."""
+DRAIN_QUIET_S = 5.0
+"""After the wrapper exited, how long the output may stay silent before it is taken as ended.
+It normally ends at once (the wrapper kills its group, closing the last writer); this bounds only
+a process that left the group and holds the output open. A short wait lost output here: on a
+busy machine the engine relayed a quick command's lines over half a second after it exited."""
 _HEADER = struct.Struct(">BxxxI")
 _STREAMS = {1: "stdout", 2: "stderr"}
 
@@ -105,14 +110,15 @@ class DockerCommand(CommandProcess):
             self._buffer += chunk
 
     async def _receive(self, loop: asyncio.AbstractEventLoop) -> bytes:
-        """The next bytes of the socket; empty at its end, or shortly after the wrapper
-        exited (a process that left the command's group may hold the output open)."""
+        """The next bytes of the socket; empty at its end, or once nothing more came for
+        ``DRAIN_QUIET_S`` after the wrapper exited (a process that left the command's group
+        may hold the output open, and the engine may still be relaying what came before)."""
         receiving = asyncio.ensure_future(loop.sock_recv(self._sock, 256 * 1024))
         try:
             watched: set[asyncio.Future[Any]] = {receiving, self._exited}
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             if not receiving.done():
-                await asyncio.wait({receiving}, timeout=0.5)
+                await asyncio.wait({receiving}, timeout=DRAIN_QUIET_S)
             if not receiving.done():
                 return b""
             return receiving.result()
