@@ -313,6 +313,9 @@ class Gateway:
         try:
             await self.governance.follow(handle, self.store)  # pending_approval in history
             execution = await handle.result()
+            # Counted as it ends, in the loop turn that answers its caller: a client told
+            # "done" finds it in /metrics at once, not after the writes below (an fsync).
+            self.metrics.observe(execution)
         finally:
             execution = handle.execution()
             await self.store.finish_execution(handle.id, execution.status.value,
@@ -327,7 +330,6 @@ class Gateway:
             execution=execution, image=self.image,
             limits=session.profile.model_dump(mode="json", exclude={"caps"}),
             extra=self.governance.audit_extra(handle.id)))
-        self.metrics.observe(execution)
         return execution
 
     # -- shell commands ----------------------------------------------------------------------

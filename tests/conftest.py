@@ -27,7 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
 """The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
-under runc, then the hostile-code and posture suites again with ``REPLGATE_TEST_RUNTIME=gvisor``."""
+under runc, then a subset again with ``REPLGATE_TEST_RUNTIME=gvisor`` (which and why: run.sh)."""
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,37 @@
-"""The gVisor runtime's engine check and its process clean-up rules (docker._gvisor).
+"""The gVisor runtime's engine check, its process clean-up rules and its control socket
+(docker._gvisor, docker._gvisor_control).
 
 The check reads the real engine's ``docker info``; the engine as configured by ./run.sh has
-runsc registered, so the missing cases take that real answer and remove from it.
+runsc registered, so the missing cases take that real answer and remove from it. The process
+table and kills are checked on a real gVisor container (whatever the run's runtime), against
+what ``runsc ps`` itself reports.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+from kp_support import OWNER
 
+from kernel_pool.backends.base import CgroupUsage
+from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._gvisor import (
     GVISOR_ARGS,
+    OutOfMemoryWatch,
+    Runsc,
     host_pids_limit,
     missing_runtime,
     strays_of,
 )
+from kernel_pool.backends.docker._gvisor_control import ControlError, SandboxControl
 from kernel_pool.config import Profile
 
 
@@ -63,5 +77,96 @@ def test_strays_of_spares_init_engine_started_and_kernel_children() -> None:
     assert sorted(strays_of(processes, keep_kernel_children=False)) == [3, 4, 5]
 
 
+def test_oom_watch_finds_a_kill_that_left_memory_at_the_limit() -> None:
+    watch = OutOfMemoryWatch(limit_bytes=1000, oom_kills=2)
+    assert not watch.stuck(CgroupUsage(oom_kills=2, memory_bytes=990))  # no new kill
+    assert not watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))  # gVisor's moment
+    assert watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))
+    assert not watch.stuck(CgroupUsage(oom_kills=3, memory_bytes=990))  # once per kill
+
+
+def test_oom_watch_lets_a_kill_that_freed_memory_pass() -> None:
+    watch = OutOfMemoryWatch(limit_bytes=1000, oom_kills=0)
+    assert not watch.stuck(CgroupUsage(oom_kills=1, memory_bytes=990))
+    assert not watch.stuck(CgroupUsage(oom_kills=1, memory_bytes=300))  # gVisor ended it
+    assert not watch.stuck(CgroupUsage(oom_kills=None, memory_bytes=None))  # unreadable
+
+
 def test_host_pids_limit_leaves_the_sentry_room() -> None:
     assert host_pids_limit(Profile(pids=128)) > 2 * 128
+
+
+@pytest.fixture(scope="module")
+def sandbox(docker_client: docker.DockerClient) -> Iterator[Runsc]:
+    """A running gVisor container of the sandbox image, reached as the backend reaches it."""
+    container = docker_client.containers.run(
+        Profile().image, ["sleep", "600"], detach=True, runtime="runsc", network_mode="none",
+        user="1000:1000", labels={LABEL_OWNER: OWNER})
+    try:
+        container.reload()
+        runsc = Runsc.for_sandbox(int(container.attrs["State"]["Pid"]), str(container.id))
+        assert runsc is not None, "the sandbox process shows runsc's --root"
+        yield runsc
+    finally:
+        container.remove(force=True)
+
+
+def _runsc_ps(runsc: Runsc) -> set[int]:
+    answer = subprocess.run([runsc.binary, f"--root={runsc.root}", "ps", "--format=json",
+                             runsc.container_id], capture_output=True, text=True, check=True)
+    return set(json.loads(answer.stdout))
+
+
+def _exec(runsc: Runsc, *command: str) -> None:
+    subprocess.run(["docker", "exec", "-d", "-u", "1000:1000", runsc.container_id, *command],
+                   check=True, capture_output=True)
+
+
+def _wait_for(runsc: Runsc, count: int) -> set[int]:
+    deadline = time.monotonic() + 10
+    while len(found := _runsc_ps(runsc)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
+
+
+async def test_control_lists_what_runsc_ps_lists(sandbox: Runsc) -> None:
+    _exec(sandbox, "sleep", "601")
+    expected = _wait_for(sandbox, 2)
+    found = await SandboxControl(sandbox.root, sandbox.container_id).processes(
+        sandbox.container_id)
+    assert set(found) == expected and len(expected) >= 2
+    assert found[1] == 0  # PID 1, started by the engine
+
+
+async def test_kill_strays_kills_a_daemon_and_spares_the_engine_started(
+        sandbox: Runsc) -> None:
+    # A daemon: its shell exits at once, so the sleep is re-parented to PID 1 (a stray); the
+    # exec'd sleep is one the engine started (parent 0), as the kernel is.
+    already = len(_runsc_ps(sandbox))
+    _exec(sandbox, "sleep", "602")
+    _exec(sandbox, "sh", "-c", "(sleep 603 &); exit 0")
+    before = _wait_for(sandbox, already + 2)
+    deadline = time.monotonic() + 10
+    while not strays_of(await sandbox.processes() or {}, keep_kernel_children=True):
+        assert time.monotonic() < deadline, "the daemon's shell did not exit"
+        await asyncio.sleep(0.1)
+    assert await sandbox.kill_strays(keep_kernel_children=True) >= 1
+    deadline = time.monotonic() + 10
+    while len(left := await sandbox.processes() or {}) >= len(before):
+        assert time.monotonic() < deadline, left
+        await asyncio.sleep(0.1)
+    assert not strays_of(left, keep_kernel_children=True)
+    assert all(parent == 0 for parent in left.values())
+
+
+async def test_processes_fall_back_to_runsc_without_the_control_socket(
+        sandbox: Runsc, tmp_path: Path) -> None:
+    elsewhere = Runsc(sandbox.binary, sandbox.root, sandbox.container_id,
+                      control=SandboxControl(str(tmp_path), sandbox.container_id))
+    found = await elsewhere.processes()
+    assert found is not None and set(found) == _runsc_ps(sandbox)
+
+
+async def test_control_of_a_gone_sandbox_raises_control_error(sandbox: Runsc) -> None:
+    with pytest.raises(ControlError, match="control socket"):
+        await SandboxControl(sandbox.root, "0" * 64).processes("0" * 64)

@@ -43,6 +43,8 @@ from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
+    OOM_POLL_S,
+    OutOfMemoryWatch,
     Runsc,
     host_pids_limit,
     missing_runtime,
@@ -60,6 +62,8 @@ LABEL_SANDBOX = "io.replgate.sandbox"
 LABEL_PROFILE = "io.replgate.profile"
 KERNEL_DIR = "/kernel"
 SOCKET_SUBDIR = "kernel"
+OOM_RECORD_WAITS = 30
+"""Tenths of a second to wait for the engine's record of a gVisor sandbox's death."""
 REMOVAL_WAITS = 300
 """Tenths of a second to wait for a container's removal that is already in progress."""
 SANDBOX_CPU_SHARES = 512
@@ -152,6 +156,11 @@ class DockerSandbox(Sandbox):
         self._cgroup: CgroupReader | None = None
         self._runsc: Runsc | None = None
         """Under gVisor: the sandbox's processes are reached through runsc, not the cgroup."""
+        self._oom_watch: OutOfMemoryWatch | None = None
+        """Under gVisor: the running kernel's watch for a stuck out-of-memory kill."""
+        self._sandbox_oom_kills: int | None = None
+        """Under gVisor: the OOM count as last seen when the kernel ended (its sandbox's cgroup
+        may be gone since: the sandbox died with it)."""
         self._init_pid = 0
         """The host pid of the container's PID 1 (the reaper)."""
         self._exit_code: int | None = None
@@ -217,6 +226,10 @@ class DockerSandbox(Sandbox):
                 await self._ensure_running()
         self.info.kernel_name, self.info.kernel_ref = name, exec_id
         self._exit_code = None
+        self._sandbox_oom_kills = None
+        self._oom_watch = (
+            OutOfMemoryWatch(parse_size(self.profile.memory), self._cgroup.read().oom_kills or 0)
+            if self._runsc is not None and self._cgroup is not None else None)
         await self._watch(exec_id)
         return {**config, "ip": str(self._socket_dir / name)}
 
@@ -303,9 +316,16 @@ class DockerSandbox(Sandbox):
 
             loop.add_reader(fd, readable)
             try:
-                await exited
+                if self._oom_watch is None:
+                    await exited
+                while not exited.done():
+                    await asyncio.wait([exited], timeout=OOM_POLL_S)
+                    if not exited.done():
+                        await self._end_if_stuck_out_of_memory()
             finally:
                 loop.remove_reader(fd)
+            if self._oom_watch is not None:
+                await self._note_sandbox_killed_out_of_memory()
             # The engine's exec record may lag the process by a moment.
             for _ in range(50):
                 code = await self.poll()
@@ -316,6 +336,47 @@ class DockerSandbox(Sandbox):
         while (code := await self.poll()) is None:  # noqa: ASYNC110 (no pidfd: poll the engine)
             await asyncio.sleep(0.5)
         return code
+
+    async def _note_sandbox_killed_out_of_memory(self) -> None:
+        """Under gVisor: when the host's OOM killer chose gVisor's kernel itself, the whole
+        sandbox died with the kernel, and its cgroup (with the OOM count) went with it; the
+        engine saw the kill (``State.OOMKilled``), which :meth:`usage` then reports."""
+        watch = self._oom_watch
+        if watch is None or self._cgroup is None:
+            return
+        # Read now: a dead sandbox's cgroup may still be there for a moment, and gone when
+        # the kernel's death is reported.
+        kills = self._cgroup.read().oom_kills
+        if kills is not None:
+            if kills > watch.at_start:
+                self._sandbox_oom_kills = kills
+            return
+        # The engine learns of the kill and of the exit by events of its own, a moment after
+        # the kernel's end: its record is final once it shows the container stopped.
+        for _ in range(OOM_RECORD_WAITS):
+            try:
+                state = (await _run(self._api.inspect_container,
+                                    self.info.container_id))["State"]
+            except BackendError:
+                return  # already removed: no evidence left
+            if state.get("OOMKilled"):
+                self._sandbox_oom_kills = max(watch.seen, watch.at_start + 1)
+                return
+            if not state.get("Running"):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _end_if_stuck_out_of_memory(self) -> None:
+        """Under gVisor: after an OOM kill that left the sandbox at its limit, kill its
+        processes (PID 1 spared), so the kernel ends as under runc, its death reported with
+        the cgroup's OOM count as the reason, instead of hanging until a timeout."""
+        watch, runsc, cgroup = self._oom_watch, self._runsc, self._cgroup
+        if watch is None or runsc is None or cgroup is None or not watch.stuck(cgroup.read()):
+            return
+        logger.warning("sandbox %s: out of memory (limit %s) and stuck; killing its processes",
+                       self.info.sandbox_id, self.profile.memory)
+        if not await runsc.kill_all_but_init():
+            await _run(self._backend.remove_container, self.info.container_id)
 
     async def send_signal(self, signum: int) -> None:
         if self._pidfd is not None:
@@ -359,7 +420,10 @@ class DockerSandbox(Sandbox):
     async def usage(self) -> CgroupUsage:
         if self._cgroup is None:
             return CgroupUsage()
-        return self._cgroup.read()
+        reading = self._cgroup.read()
+        if reading.oom_kills is None:
+            reading.oom_kills = self._sandbox_oom_kills
+        return reading
 
     async def reset_peak_memory(self) -> bool:
         if self._cgroup is None:
@@ -370,7 +434,7 @@ class DockerSandbox(Sandbox):
         if self.profile.runtime == "gvisor":
             if self._runsc is None:
                 return 0
-            gone: int | None = await _in_thread(self._runsc.kill_strays, keep_kernel_children)
+            gone = await self._runsc.kill_strays(keep_kernel_children)
             if gone is None:  # a swarm: stop everything; the kernel's death is then handled
                 logger.warning("sandbox %s: a swarm of processes outlived the execution; "
                                "replacing the sandbox", self.info.sandbox_id)

@@ -1,28 +1,36 @@
 """The gVisor runtime (``runsc``) for the Docker backend: what the engine must offer, and the
-sandbox's processes, seen and killed from the host through ``runsc``.
+sandbox's processes, seen and killed from the host through gVisor's own control.
 
 Under gVisor the sandboxed processes are not host processes: the container's cgroup holds the
 gVisor kernel (the sentry), its file proxy (the gofer) and their helper processes, and killing
-any of those kills the whole sandbox. So the per-execution clean-up asks ``runsc ps`` for
-the processes the sentry runs and kills the few an execution left behind one by one with
-``runsc kill --pid``, from the host: no ``docker exec`` (which a sandbox at its process limit
-leaves no room for) and nothing the sandboxed code can intercept. The hard stop of a restart,
-and the clean-up after a swarm of processes, replace the whole container instead: gVisor's
-kernel goes with it, and the workspace stays.
+any of those kills the whole sandbox. So the per-execution clean-up asks the sentry for its
+process table over its control socket (what ``runsc ps`` does, without starting runsc: a
+fraction of a millisecond, see _gvisor_control) and kills the few an execution left behind
+one by one (``runsc kill --pid``'s call), from the host: no ``docker exec`` (which a sandbox at
+its process limit leaves no room for) and nothing the sandboxed code can intercept. The hard
+stop of a restart, and the clean-up after a swarm of processes, replace the whole container
+instead: gVisor's kernel goes with it, and the workspace stays.
 
 gVisor's process ids are handed out in increasing order and not reused until the space wraps,
-so a pid read from ``runsc ps`` and killed a few milliseconds later is the same process.
+so a pid read from the process table and killed a moment later is the same process.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
+
+from kernel_pool.backends.base import CgroupUsage
+from kernel_pool.backends.docker._gvisor_control import ControlError, SandboxControl
 from kernel_pool.config import Profile
+
+logger = logging.getLogger(__name__)
 
 ENGINE_RUNTIMES = {"runc": "runc", "gvisor": "runsc"}
 """A profile's ``runtime`` -> the name the Docker engine knows the OCI runtime by."""
@@ -40,8 +48,14 @@ HOST_PIDS_HEADROOM = 128
 RUNSC_TIMEOUT_S = 10.0
 ROUNDS = 3
 """Passes of ps-and-kill at most: a process forking while it is killed leaves children."""
+OOM_POLL_S = 0.5
+"""How often a waiting gVisor kernel's cgroup is read for an out-of-memory kill."""
+STUCK_SHARE = 0.9
+"""Memory still at this share of the limit after an OOM kill: nothing was freed (see
+:class:`OutOfMemoryWatch`)."""
 FEW_STRAYS = 8
-"""Strays killed one by one (a runsc call each, ~20 ms); more is a swarm (see kill_strays)."""
+"""Strays killed one by one; more is a swarm (see kill_strays), which the sandbox's
+replacement ends surely where killing one by one races the forks."""
 
 
 def host_pids_limit(profile: Profile) -> int:
@@ -75,12 +89,17 @@ def missing_runtime(runtimes: Mapping[str, Any], profiles: Iterable[Profile]) ->
 
 
 class Runsc:
-    """One gVisor sandbox, driven through the runsc that runs it (blocking calls)."""
+    """One gVisor sandbox's processes, seen and killed from the host: through its control
+    socket (a fraction of a millisecond a call), else through the runsc that runs it (a
+    process started per call, 20-50 ms: for a runsc whose socket is elsewhere)."""
 
-    def __init__(self, binary: str, root: str, container_id: str) -> None:
+    def __init__(self, binary: str, root: str, container_id: str,
+                 control: SandboxControl | None = None) -> None:
         self.binary = binary
         self.root = root
         self.container_id = container_id
+        self._control: SandboxControl | None = control or SandboxControl(root, container_id)
+        """None once runsc answered where the socket did not (it keeps it elsewhere)."""
 
     @classmethod
     def for_sandbox(cls, sandbox_pid: int, container_id: str) -> Runsc | None:
@@ -97,15 +116,18 @@ class Runsc:
                 return cls(binary.removesuffix(" (deleted)"), argument[7:].decode(), container_id)
         return None
 
-    def _call(self, *arguments: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.binary, f"--root={self.root}", *arguments],
-                              capture_output=True, text=True, timeout=RUNSC_TIMEOUT_S)
+    def _call(self, *arguments: str) -> subprocess.CompletedProcess[str] | None:
+        """A runsc command's outcome; None when it failed or did not end in time."""
+        try:
+            result = subprocess.run([self.binary, f"--root={self.root}", *arguments],
+                                    capture_output=True, text=True, timeout=RUNSC_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return result if result.returncode == 0 else None
 
-    def processes(self) -> dict[int, int] | None:
-        """pid -> parent pid of every process in the sandbox, as gVisor numbers them; None
-        when runsc cannot answer (the sandbox is gone)."""
+    def _ps(self) -> dict[int, int] | None:
         result = self._call("ps", self.container_id)
-        if result.returncode != 0:
+        if result is None:
             return None
         found = {}
         for line in result.stdout.splitlines()[1:]:
@@ -114,19 +136,44 @@ class Runsc:
                 found[int(fields[1])] = int(fields[2])
         return found
 
-    def kill(self, pid: int) -> bool:
-        return self._call("kill", "--pid", str(pid), self.container_id, "KILL").returncode == 0
+    async def processes(self) -> dict[int, int] | None:
+        """pid -> parent pid of every process in the sandbox, as gVisor numbers them; None
+        when neither the socket nor runsc answers (the sandbox is gone)."""
+        control = self._control
+        if control is None:
+            return await anyio.to_thread.run_sync(self._ps)
+        try:
+            return await control.processes(self.container_id)
+        except ControlError as exc:
+            found = await anyio.to_thread.run_sync(self._ps)
+            if found is not None:  # runsc answers where the socket did not: it keeps it elsewhere
+                logger.info("gVisor sandbox %s: using runsc, not its control socket (%s)",
+                            self.container_id[:12], exc)
+                self._control = None
+            return found
 
-    def kill_strays(self, keep_kernel_children: bool) -> int | None:
+    async def kill(self, pid: int) -> bool:
+        """SIGKILL to one of the sandbox's processes; whether it was delivered."""
+        if self._control is not None:
+            try:
+                await self._control.kill(self.container_id, pid)
+                return True
+            except ControlError:
+                return False  # gone since it was listed (the socket answered the listing)
+        result = await anyio.to_thread.run_sync(
+            self._call, "kill", "--pid", str(pid), self.container_id, "KILL")
+        return result is not None
+
+    async def kill_strays(self, keep_kernel_children: bool) -> int | None:
         """Kill every process but PID 1 and the processes the engine started (parent 0: the
         kernel), and with ``keep_kernel_children`` their descendants; how many were killed.
 
         None when that is not a few daemons but a swarm (a fork bomb re-forks faster than
-        processes are killed one runsc call at a time): the caller replaces the sandbox.
+        processes are killed one at a time): the caller replaces the sandbox.
         """
         killed: set[int] = set()
         for _ in range(ROUNDS):
-            found = self.processes()
+            found = await self.processes()
             if found is None:
                 break
             # A killed child stays listed (a zombie) until the kernel reaps it: not a new one.
@@ -136,11 +183,54 @@ class Runsc:
             if len(strays) > FEW_STRAYS:
                 return None
             for pid in strays:
-                if self.kill(pid):
+                if await self.kill(pid):
                     killed.add(pid)
         else:
             return None
         return len(killed)
+
+    async def kill_all_but_init(self) -> bool:
+        """SIGKILL to every process but PID 1 (the kernel, commands, their children); False
+        when the process table cannot be read."""
+        found = await self.processes()
+        if found is None:
+            return False
+        for pid in found:
+            if pid != 1:
+                await self.kill(pid)
+        return True
+
+
+class OutOfMemoryWatch:
+    """Tells when an out-of-memory kill has left a gVisor sandbox stuck.
+
+    Under runc the host's OOM killer kills the biggest sandboxed process, the kernel, whose
+    death is then reported with the reason. Under gVisor the processes it sees are gVisor's:
+    it kills the host-side helper of the biggest sandboxed address space, and gVisor may leave
+    that sandboxed process hung, holding its memory at the limit, until a timeout's hard stop
+    (measured: a kernel filling 384 MiB hangs after one OOM kill, at 99% of the limit, using
+    no CPU). So: the cgroup's OOM count rose, and one reading later the memory is still at the
+    limit (gVisor did not end the process itself, as it does a lone process): stuck.
+    """
+
+    def __init__(self, limit_bytes: int, oom_kills: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.at_start = oom_kills
+        """The cgroup's OOM count when the kernel started."""
+        self.seen = oom_kills
+        self._pending = False
+
+    def stuck(self, usage: CgroupUsage) -> bool:
+        """Fed one reading per :data:`OOM_POLL_S`; True once for each stuck OOM kill."""
+        if usage.oom_kills is not None and usage.oom_kills > self.seen:
+            self.seen = usage.oom_kills
+            self._pending = True  # one reading's time for gVisor to end the process itself
+            return False
+        if not self._pending:
+            return False
+        self._pending = False
+        return usage.memory_bytes is not None and (
+            usage.memory_bytes >= STUCK_SHARE * self.limit_bytes)
 
 
 def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[int]:
