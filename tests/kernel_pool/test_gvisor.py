@@ -151,11 +151,13 @@ async def test_kill_strays_kills_a_daemon_and_spares_the_engine_started(
         assert time.monotonic() < deadline, "the daemon's shell did not exit"
         await asyncio.sleep(0.1)
     assert await sandbox.kill_strays(keep_kernel_children=True) >= 1
+    # Until the sentry has reaped it: the count alone also drops when the daemon's shell
+    # exits, which left the killed stray still listed (seen once in CI).
     deadline = time.monotonic() + 10
-    while len(left := await sandbox.processes() or {}) >= len(before):
+    while strays_of(left := await sandbox.processes() or {}, keep_kernel_children=True):
         assert time.monotonic() < deadline, left
         await asyncio.sleep(0.1)
-    assert not strays_of(left, keep_kernel_children=True)
+    assert len(left) < len(before)
     assert all(parent == 0 for parent in left.values())
 
 
