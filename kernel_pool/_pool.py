@@ -260,9 +260,7 @@ class KernelPool:
             while True:
                 spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
                 sandbox = await self.backend.create(spec)
-                kernel = Kernel(sandbox, profile, self._context,
-                                self.settings.kernel_start_timeout_s)
-                self._kernels.add(kernel)
+                kernel = self._new_kernel(sandbox, profile)
                 try:
                     await kernel.start()
                 except KernelStartError as exc:
@@ -282,6 +280,12 @@ class KernelPool:
             raise
         finally:
             self._starting[profile.name] -= 1
+
+    def _new_kernel(self, sandbox: Sandbox, profile: Profile) -> Kernel:
+        """The kernel of ``sandbox`` (not started), counted among the pool's until it is gone."""
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        self._kernels.add(kernel)
+        return kernel
 
     def _fill(self, profile_name: str) -> None:
         """Start warm kernels in the background up to ``min_idle`` (within the cap)."""
@@ -538,10 +542,9 @@ class KernelPool:
                          env: dict[str, str] | None, metadata: dict[str, Any] | None,
                          session_id: str | None = None) -> Session:
         """A paused session on a sandbox where nothing runs; it resumes when first needed."""
-        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel = self._new_kernel(sandbox, profile)
         kernel.env = dict(env or {})
         kernel.state = KernelState.PAUSED
-        self._kernels.add(kernel)
         session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
                           metadata=metadata)
         session.lifecycle = self
@@ -580,9 +583,8 @@ class KernelPool:
         if self._total() >= self.settings.max_kernels:
             raise CapacityError(profile.name, self.settings.max_kernels)
         sandbox = await self.backend.load(info, profile)
-        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel = self._new_kernel(sandbox, profile)
         kernel.env = dict(env or {})
-        self._kernels.add(kernel)
         self._in_use.add(kernel)
         try:
             await kernel.start(attach=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -71,7 +72,13 @@ async def test_command_whose_pid_is_unknown_is_still_let_go_at_once(session: Ses
     try:
         assert await process.read() == ("stdout", b"started\n")
         started = time.monotonic()
-        process._pidfd = None  # type: ignore[attr-defined]  # as if the pid was never had
+        # As if the pid was never had: no pidfd, and no reader on one (left registered, a
+        # closed or exited pidfd would wake the run's event loop without end).
+        pidfd = process._pidfd  # type: ignore[attr-defined]
+        assert pidfd is not None
+        asyncio.get_running_loop().remove_reader(pidfd)
+        os.close(pidfd)
+        process._pidfd = None  # type: ignore[attr-defined]
         await process.kill()
         assert await asyncio.wait_for(process.read(), 30) is None
         assert time.monotonic() - started < 10

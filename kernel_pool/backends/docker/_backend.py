@@ -49,7 +49,7 @@ from kernel_pool.backends.docker._gvisor import (
     host_pids_limit,
     missing_runtime,
 )
-from kernel_pool.backends.docker._strays import find_strays, kill_strays
+from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -112,17 +112,6 @@ def _mount(arguments: list[str], command: str = "mount") -> None:
         raise BackendError(f"{command} {' '.join(arguments)} failed: {result.stderr.strip()}")
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether host process ``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
 def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
@@ -183,7 +172,7 @@ class DockerSandbox(Sandbox):
         # A container being removed (someone's `docker rm -f`) still says Running, and so does
         # one whose init was just killed until the engine reaps it: ask the host's process table.
         return (bool(state.get("Running")) and state.get("Status") == "running"
-                and _process_alive(int(state.get("Pid") or 0)))
+                and process_alive(int(state.get("Pid") or 0)))
 
     async def _ensure_running(self) -> None:
         if not await self._running():
@@ -316,10 +305,9 @@ class DockerSandbox(Sandbox):
 
             loop.add_reader(fd, readable)
             try:
-                if self._oom_watch is None:
-                    await exited
+                poll = OOM_POLL_S if self._oom_watch is not None else None
                 while not exited.done():
-                    await asyncio.wait([exited], timeout=OOM_POLL_S)
+                    await asyncio.wait([exited], timeout=poll)
                     if not exited.done():
                         await self._end_if_stuck_out_of_memory()
             finally:

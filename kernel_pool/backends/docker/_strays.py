@@ -36,6 +36,12 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
+def process_alive(pid: int) -> bool:
+    """Whether host process ``pid`` runs (neither gone nor a zombie waiting to be reaped)."""
+    info = _stat(pid) if pid > 0 else None
+    return info is not None and info[0] not in ("Z", "X")
+
+
 def _read_pids(procs_file: Path) -> list[int]:
     try:
         return [int(line) for line in read_pseudo_file(procs_file).split()]
