@@ -537,6 +537,7 @@ class KernelPool:
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(
             self.snapshots.save, child.id, raw, info.model_copy(update={"reseed": True}))
+        await sandbox.release()  # lean from the start: its image holds its files alone
 
     def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,
                          env: dict[str, str] | None, metadata: dict[str, Any] | None,

@@ -226,13 +226,14 @@ def copy_workspace(source: Workspace, target: Workspace) -> None:
     a regular file, a folder or a link (a FIFO, a device) is skipped, so the copy never reads
     outside the source nor hangs.
     """
-    src = os.open(source.root, os.O_RDONLY | os.O_DIRECTORY)
-    dst = os.open(target.root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _copy_tree(src, dst, depth=0)
-    finally:
-        os.close(src)
-        os.close(dst)
+    with source.access(), target.access(write=True):
+        src = os.open(source.root, os.O_RDONLY | os.O_DIRECTORY)
+        dst = os.open(target.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _copy_tree(src, dst, depth=0)
+        finally:
+            os.close(src)
+            os.close(dst)
 
 
 MAX_COPY_DEPTH = 64
