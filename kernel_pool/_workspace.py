@@ -29,6 +29,7 @@ import stat
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -185,7 +186,10 @@ class Workspace:
         with self._guard:
             self._parked = True
             if self._users == 0 and self._mount is not None:
-                self._give_back()
+                try:
+                    self._give_back()
+                except WorkspaceError as exc:  # kept whole, tried again after its next use
+                    logger.warning("workspace %s stays mounted: %s", self.root, exc)
 
     def unpark(self) -> None:
         """Reserve the full size again and mount the workspace for a sandbox to use;
@@ -251,7 +255,12 @@ class Workspace:
         writable = self._mount == "rw"
         if writable:
             _trim(self.root)
-        _unmount(self.root)
+        try:
+            _unmount(self.root, read_only=not writable)
+        except WorkspaceError:
+            if writable:  # it stays mounted, writable: what the trim gave back is taken again
+                _refill(self._image)
+            raise
         self._mount = None
         if writable:
             _punch_unwritten(self._image)
@@ -535,6 +544,19 @@ def _reserve(image: Path) -> None:
         os.close(fd)
 
 
+def _refill(image: Path) -> None:
+    """Reserve a mounted image's blocks again after a trim (nothing is punched on failure:
+    a mounted image's unwritten blocks may be written any moment)."""
+    fd = os.open(image, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        logger.error("workspace image %s could not be reserved again (%s): its sandbox's "
+                     "writes may fail when the host's disk is full", image, exc.strerror)
+    finally:
+        os.close(fd)
+
+
 def _mount(image: Path, root: Path, read_only: bool) -> None:
     options = "loop,nosuid,nodev" + (",ro,noexec" if read_only else "")
     _run(["mount", "-o", options, str(image), str(root)])
@@ -568,12 +590,27 @@ def _trim(root: Path) -> None:
         os.close(fd)
 
 
-def _unmount(root: Path) -> None:
-    """Unmount now, not lazily: a file system something still uses stays mounted (EBUSY),
-    since parking it under a user would be unsafe. Its loop device detaches with it."""
-    if _libc.umount2(os.fsencode(root), 0) != 0:
+UNMOUNT_WAITS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
+"""Pauses between tries of an unmount found busy: a process the gateway spawns (``mount``,
+``mkfs``) holds copies of its open files until it starts its program, files of the workspace
+among them if a file operation had one open then."""
+MNT_DETACH = 2
+
+
+def _unmount(root: Path, read_only: bool) -> None:
+    """Unmount now, not lazily, so that no writer is left on a parked image (it would stay
+    mounted: EBUSY); a read-only mount found busy after every try is detached lazily, which
+    is safe, since nothing can write through it. Its loop device detaches with it."""
+    for wait in (*UNMOUNT_WAITS_S, None):
+        if _libc.umount2(os.fsencode(root), 0) == 0:
+            return
         code = ctypes.get_errno()
-        raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
+        if code != errno.EBUSY or wait is None:
+            break
+        time.sleep(wait)
+    if read_only and code == errno.EBUSY and _libc.umount2(os.fsencode(root), MNT_DETACH) == 0:
+        return
+    raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
 
 
 def _punch_unwritten(image: Path) -> None:
