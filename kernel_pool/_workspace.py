@@ -558,7 +558,7 @@ def _refill(image: Path) -> None:
 
 
 def _mount(image: Path, root: Path, read_only: bool) -> None:
-    options = "loop,nosuid,nodev" + (",ro,noexec" if read_only else "")
+    options = "loop,nosuid,nodev,noinit_itable" + (",ro,noexec" if read_only else "")
     _run(["mount", "-o", options, str(image), str(root)])
 
 

@@ -237,7 +237,7 @@ def test_a_parked_workspace_the_disk_cannot_reserve_refuses_writes_and_keeps_its
         os.close(fd)
         kept = on_disk(workspace)
 
-        with pytest.raises(StateDirFull, match="needs .* more bytes"):
+        with pytest.raises(StateDirFull, match=r"needs .* more bytes"):
             workspace.write_bytes("new.txt", b"refused")
         with pytest.raises(StateDirFull):
             workspace.unpark()
