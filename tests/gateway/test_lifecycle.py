@@ -7,7 +7,6 @@ import secrets
 import shutil
 import signal
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,13 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess, make_gateway, running_gateway
+from tests.conftest import (
+    GatewayProcess,
+    fill_disk,
+    make_gateway,
+    running_gateway,
+    small_disk,
+)
 
 SETUP = """
 import numpy as np, threading, random
@@ -435,52 +440,44 @@ def test_a_paused_workspace_holds_only_its_files_until_resumed(
         == "(1048576, True, 'while paused')"
 
 
-@contextmanager
-def small_disk(folder: Path, size_mib: int) -> Iterator[Path]:
-    """A small ext4 file system mounted on ``folder``, to fill up (the host's disk)."""
-    image = folder.with_suffix(".disk")
-    with open(image, "wb") as f:
-        f.truncate(size_mib * 2**20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)
-        image.unlink()
-
-
 def test_a_resume_or_write_the_disk_cannot_reserve_is_a_507_and_the_session_stays_paused(
         docker_client: docker.DockerClient) -> None:
     process = make_gateway(max_kernels="1", min_idle="1", workspace_size="48m",
                            state_min_free="1m")
-    with small_disk(process.state_dir, 160) as disk, running_gateway(docker_client, process), \
-            httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as client:
-        sid = new_session(client)
-        run(client, sid, "kept = 'variables'\nopen('kept.txt', 'w').write('files')")
-        folder = workspace_holding(disk, "kept.txt")
-        assert client.post(f"/v1/sessions/{sid}/pause").status_code == 200
-        wait_parked(folder)
-        filler = disk / "filler"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.posix_fallocate(fd, 0, shutil.disk_usage(disk).free - 16 * 2**20)
-        os.close(fd)
+    with small_disk(160) as disk:
+        shutil.rmtree(process.state_dir, ignore_errors=True)
+        process.state_dir = disk / "state"
+        process.env["REPLGATE_STATE_DIR"] = str(process.state_dir)
+        with running_gateway(docker_client, process), httpx.Client(
+                base_url=process.url, headers=process.headers(), timeout=120) as client:
+            paused_session_refuses_what_the_disk_cannot_reserve(client, disk)
 
-        # No warm kernel to resume onto (one kernel at most): the workspace must be reserved.
-        answer = client.post(f"/v1/sessions/{sid}/resume")
-        assert answer.status_code == 507, answer.text
-        assert "more bytes" in answer.json()["detail"]
-        answer = client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"refused")
-        assert answer.status_code == 507, answer.text
-        answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"})
-        assert answer.json()["status"] == "error" and "could not be resumed" in answer.text
-        assert client.get(f"/v1/sessions/{sid}").json()["status"] == "paused"
-        assert client.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"files"
-        assert not os.path.ismount(folder) and on_disk(folder) < LEAN
 
-        filler.unlink()
-        assert client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"taken"
-                          ).status_code == 201
-        assert value(client, sid, "(kept, open('kept.txt').read(), open('new.txt').read())") \
-            == "('variables', 'files', 'taken')"
-        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+def paused_session_refuses_what_the_disk_cannot_reserve(client: httpx.Client,
+                                                         disk: Path) -> None:
+    sid = new_session(client)
+    run(client, sid, "kept = 'variables'\nopen('kept.txt', 'w').write('files')")
+    folder = workspace_holding(disk / "state", "kept.txt")
+    assert client.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    wait_parked(folder)
+    filler = disk / "filler"
+    fill_disk(filler, leave=16 * 2**20)
+
+    # No warm kernel to resume onto (one kernel at most): the workspace must be reserved.
+    answer = client.post(f"/v1/sessions/{sid}/resume")
+    assert answer.status_code == 507, answer.text
+    assert "more bytes" in answer.json()["detail"]
+    answer = client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"refused")
+    assert answer.status_code == 507, answer.text
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"})
+    assert answer.json()["status"] == "error" and "could not be resumed" in answer.text
+    assert client.get(f"/v1/sessions/{sid}").json()["status"] == "paused"
+    assert client.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"files"
+    assert not os.path.ismount(folder) and on_disk(folder) < LEAN
+
+    filler.unlink()
+    assert client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"taken"
+                      ).status_code == 201
+    assert value(client, sid, "(kept, open('kept.txt').read(), open('new.txt').read())") \
+        == "('variables', 'files', 'taken')"
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204

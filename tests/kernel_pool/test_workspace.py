@@ -5,11 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ from kp_support import mounts_under, run_ok
 
 from kernel_pool import PathOutsideWorkspace, Session, StateDirFull, WorkspaceError
 from kernel_pool._workspace import SANDBOX_UID, Workspace
+from tests.conftest import fill_disk, small_disk
 
 
 @pytest.fixture
@@ -170,22 +168,6 @@ def loop_devices_of(image: Path) -> list[str]:
     return found
 
 
-@contextmanager
-def small_disk(folder: Path, size_mib: int) -> Iterator[Path]:
-    """A small ext4 file system of its own, to fill up: the host's disk as a test sees it."""
-    image, root = folder / "disk.img", folder / "disk"
-    root.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(size_mib * 2**20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(root)], check=True)
-    try:
-        yield root
-    finally:
-        subprocess.run(["umount", "--lazy", str(root)], check=True)
-        image.unlink()
-
-
 def test_park_gives_back_all_but_the_files_and_unpark_reserves_again(tmp_path: Path) -> None:
     size = 256 * 2**20
     workspace = Workspace.create(tmp_path / "ws", size)
@@ -226,15 +208,13 @@ def test_readers_and_writers_of_a_parked_workspace_at_once_all_succeed(tmp_path:
 
 
 def test_a_parked_workspace_the_disk_cannot_reserve_refuses_writes_and_keeps_its_files(
-        tmp_path: Path) -> None:
-    with small_disk(tmp_path, 128) as disk:
+        ) -> None:
+    with small_disk(128) as disk:
         workspace = Workspace.create(disk / "ws", 64 * 2**20)
         workspace.write_bytes("kept.txt", b"kept")
         workspace.park()
         filler = disk / "filler"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.posix_fallocate(fd, 0, shutil.disk_usage(disk).free - 8 * 2**20)
-        os.close(fd)
+        fill_disk(filler, leave=8 * 2**20)
         kept = on_disk(workspace)
 
         with pytest.raises(StateDirFull, match=r"needs .* more bytes"):
