@@ -89,11 +89,22 @@ class SnapshotStore:
                         total += entry.stat(follow_symlinks=False).st_size
         return total
 
+    @staticmethod
+    def compress(raw: bytes) -> bytes:
+        """A snapshot as it is kept (blocking; a fork compresses once for all its copies)."""
+        if zstandard is not None:
+            data: bytes = zstandard.ZstdCompressor(level=1).compress(raw)
+            return data
+        return zlib.compress(raw, 1)
+
     def save(self, key: str, raw: bytes, info: PauseInfo) -> PauseInfo:
         """Compress and write ``raw`` with its info, atomically; the info with the size."""
+        return self.save_compressed(key, self.compress(raw), info)
+
+    def save_compressed(self, key: str, data: bytes, info: PauseInfo) -> PauseInfo:
+        """Write ``data`` (from :meth:`compress`) with its info, atomically; the info with
+        the size."""
         self._ensure_root()
-        data = (zstandard.ZstdCompressor(level=1).compress(raw) if zstandard is not None
-                else zlib.compress(raw, 1))
         if self.used_bytes() + len(data) > self.budget_bytes:
             raise SnapshotBudgetExceeded(
                 f"the snapshot of {len(data)} bytes does not fit in the budget of "
