@@ -117,16 +117,13 @@ def _stored_api_key() -> str | None:
 
 
 def _image_build(args: argparse.Namespace) -> int:
-    import docker
-
+    from gateway.doctor import build_sandbox_image
     from gateway.settings import Settings
     from kernel_pool import KernelPoolError
-    from kernel_pool.backends.docker import build_image
 
-    settings = Settings()
     try:
-        info = build_image(docker.from_env(), state_dir=settings.state_dir, force=args.force,
-                           log=lambda line: print(f"[replgate] {line}", file=sys.stderr))
+        info = build_sandbox_image(Settings(), force=args.force,
+                                   log=lambda line: print(f"[replgate] {line}", file=sys.stderr))
     except KernelPoolError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 1

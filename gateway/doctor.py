@@ -1,5 +1,6 @@
-"""``replgate doctor``: can this machine run the configured profiles? One line per check.
+"""``replgate doctor`` and ``replgate image build``: the gateway's one adapter onto Docker.
 
+``diagnose`` says whether this machine can run the configured profiles, one line per check.
 It reads the same settings and policy file as ``replgate serve`` and asks the Docker engine
 what it offers: that the engine answers, that each profile's image is there, and that each
 profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line).
@@ -7,12 +8,14 @@ profile's runtime is registered as replgate needs it (for gVisor, the exact daem
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import docker
 import docker.errors
 
 from gateway.governance import PolicyError, load_policy
 from gateway.settings import Settings
-from kernel_pool.backends.docker import missing_runtime
+from kernel_pool.backends.docker import ImageInfo, build_image, missing_runtime
 
 
 def diagnose(settings: Settings) -> list[tuple[bool, str]]:
@@ -43,3 +46,14 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
     finally:
         client.close()
     return found
+
+
+def build_sandbox_image(
+    settings: Settings, *, force: bool, log: Callable[[str], None]
+) -> ImageInfo:
+    """Build (or find current) the sandbox image the settings name; raises ``ImageError``."""
+    client = docker.from_env()
+    try:
+        return build_image(client, state_dir=settings.state_dir, force=force, log=log)
+    finally:
+        client.close()

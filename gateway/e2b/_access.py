@@ -15,8 +15,7 @@ from starlette.requests import HTTPConnection
 from gateway.e2b._errors import E2BError
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
-from kernel_pool import Session
-from kernel_pool.exceptions import SessionClosed, SessionNotFound
+from kernel_pool import Session, SessionClosed, SessionNotFound
 
 INTERPRETER_PORT = 49999
 """The code interpreter's port: ``/execute`` and ``/contexts``."""

@@ -45,8 +45,7 @@ from gateway.e2b._errors import E2BError
 from gateway.e2b._paths import to_workspace
 from gateway.errors import GatewayError, status_for
 from gateway.wire import CommandRequest
-from kernel_pool.events import CommandResult, CommandStatus, StreamEvent
-from kernel_pool.exceptions import KernelPoolError
+from kernel_pool import CommandResult, CommandStatus, KernelPoolError, StreamEvent
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from kernel_pool.events import (
+from kernel_pool import (
     DisplayEvent,
     DoneEvent,
     ErrorEvent,

@@ -26,9 +26,7 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
-from kernel_pool import Session
-from kernel_pool.config import parse_size
-from kernel_pool.exceptions import KernelPoolError
+from kernel_pool import KernelPoolError, Session, parse_size
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.e2b._results import END, KEEPALIVE, Translator
-from kernel_pool import ExecutionHandle, Session
-from kernel_pool.events import DisplayEvent, DoneEvent, Event
+from kernel_pool import DisplayEvent, DoneEvent, Event, ExecutionHandle, Session
 
 logger = logging.getLogger(__name__)
 
