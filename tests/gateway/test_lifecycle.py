@@ -424,11 +424,17 @@ def test_a_paused_workspace_holds_only_its_files_until_resumed(
     assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "paused"
 
     # A fork's paused copies are parked from the start.
-    children = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 2}).json()
+    images = lifecycle_gateway.state_dir / "workspaces"
+    before = set(images.glob("*.ext4"))
+    children = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 3}).json()
     paused_copies = sum(child["status"] == "paused" for child in children)
-    parked = [image for image in (lifecycle_gateway.state_dir / "workspaces").glob("*.ext4")
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{lifecycle_gateway.url}/healthz").json()["pool"]["starting"]:
+        assert time.monotonic() < deadline  # a refill's new workspace is unmounted a moment
+        time.sleep(0.1)
+    parked = [image for image in set(images.glob("*.ext4")) - before
               if not os.path.ismount(image.with_suffix(""))]
-    assert len(parked) >= 1 + paused_copies
+    assert paused_copies and len(parked) == paused_copies
     assert all(image.stat().st_blocks * 512 < LEAN for image in parked)
     for child in children:
         assert alpha.delete(f"/v1/sessions/{child['id']}").status_code == 204
