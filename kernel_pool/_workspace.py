@@ -157,6 +157,7 @@ class Workspace:
         image = root.with_suffix(".ext4")
         if os.geteuid() != 0 or not image.exists():
             return cls.create(root, size_bytes)
+        root.mkdir(parents=True, exist_ok=True)  # where it is mounted when used
         mounted = os.path.ismount(root)
         workspace = cls(root, image, parked=not mounted)
         if mounted:

@@ -232,3 +232,15 @@ def test_a_parked_workspace_the_disk_cannot_reserve_refuses_writes_and_keeps_its
         assert sorted((workspace.root / name).read_bytes() for name in ("kept.txt", "new.txt")) \
             == [b"kept", b"taken"]
         workspace.destroy()
+
+
+def test_take_back_parks_a_workspace_a_previous_gateway_left_mounted(tmp_path: Path) -> None:
+    left = Workspace.create(tmp_path / "ws", 64 * 2**20)
+    left.write_bytes("kept.txt", b"kept")
+    taken = Workspace.take_back_parked(tmp_path / "ws", 64 * 2**20)
+    try:
+        assert taken.parked and not os.path.ismount(taken.root)
+        assert on_disk(taken) < 4 * 2**20
+        assert taken.read_bytes("kept.txt", 100) == b"kept"
+    finally:
+        taken.destroy()
