@@ -202,9 +202,7 @@ class Workspace:
             while self._mount == "ro":  # lent to readers: their read-only mount goes first
                 self._guard.wait()
             if self._mount is None:
-                _reserve(self._image)
-                _mount(self._image, self.root, read_only=False)
-                self._mount = "rw"
+                self._mount_parked(write=True)
             self._parked = False
 
     @property
@@ -232,10 +230,7 @@ class Workspace:
             while write and self._mount == "ro":
                 self._guard.wait()
             if self._mount is None:
-                if write:
-                    _reserve(self._image)
-                _mount(self._image, self.root, read_only=not write)
-                self._mount = "rw" if write else "ro"
+                self._mount_parked(write)
             self._users += 1
         try:
             yield
@@ -248,6 +243,19 @@ class Workspace:
                     except WorkspaceError as exc:
                         logger.warning("workspace %s stays mounted: %s", self.root, exc)
                     self._guard.notify_all()
+
+    def _mount_parked(self, write: bool) -> None:
+        """Mount the parked image (guard held): writable after reserving it, else read-only.
+        On failure it stays parked as it was."""
+        if write:
+            _reserve(self._image)
+        try:
+            _mount(self._image, self.root, read_only=not write)
+        except WorkspaceError:
+            if write:
+                _punch_unwritten(self._image)  # the reserve goes back with the failed mount
+            raise
+        self._mount = "rw" if write else "ro"
 
     def _give_back(self) -> None:
         """Unmount (guard held, no user); if it was writable, first punch its free blocks out
