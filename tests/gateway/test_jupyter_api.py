@@ -496,11 +496,17 @@ def gateway_client(gateway: GatewayProcess,
     passes none), so the header is added to websocket-client's ``create_connection``.
     """
     key = gateway.keys["alpha"]
-    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")  # the client writes it to os.environ
+    # A request timeout past the gateway's own start timeout (60 s) and its second try in a
+    # fresh sandbox: on a busy machine a start once took over 40 s (under gVisor, while the
+    # engine was busy with other containers), and this test checks nbclient on replgate, not
+    # how fast a kernel starts. The client derives KERNEL_LAUNCH_TIMEOUT from it and writes
+    # both to its class and os.environ: restored afterwards.
+    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")
+    monkeypatch.setattr(GatewayClient, "KERNEL_LAUNCH_TIMEOUT", GatewayClient.KERNEL_LAUNCH_TIMEOUT)
     monkeypatch.setattr(websocket, "create_connection", functools.partial(
         websocket.create_connection, header=[f"Authorization: token {key}"]))
     GatewayClient.clear_instance()
-    client = GatewayClient.instance(url=gateway.url, auth_token=key)
+    client = GatewayClient.instance(url=gateway.url, auth_token=key, request_timeout=152.0)
     yield client
     GatewayClient.clear_instance()
 
