@@ -439,7 +439,8 @@ def jupyter_server(gateway: GatewayProcess) -> Iterator[tuple[str, str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
          f"--IdentityProvider.token={token}", f"--port={port}", "--ip=127.0.0.1",
-         "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}"],
+         "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
+         "--GatewayClient.request_timeout=152"],  # see gateway_client below
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -467,7 +468,7 @@ async def test_jupyter_server_runs_code_in_the_sandbox(gateway: GatewayProcess,
                                                        jupyter_server: tuple[str, str]) -> None:
     url, token = jupyter_server
     headers = {"Authorization": f"token {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as server:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=160) as server:
         assert (await server.get("/api/kernelspecs")).json()["default"] == "python3"
         answer = await server.post("/api/kernels", json={"name": "python3"})
         assert answer.status_code == 201, answer.text
