@@ -9,11 +9,13 @@ kernel back, variables lost) and four sessions created at once (what a fork of f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -24,16 +26,18 @@ from bench._peers import Replgate
 DATA_STACK = ("import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
               "frame = pd.DataFrame({'x': np.arange(100_000), 'y': np.random.random(100_000)})\n"
               "total = float(frame.y.sum())")
-HELD_WORKSPACE_SIZE = "16m"
-"""The held sessions' workspace cap: each workspace reserves its blocks on the host's disk,
-which bounds how many paused sessions fit (the figure reports it per session)."""
+HELD_WORKSPACE_SIZE = "1g"
+"""The held sessions' workspace cap (the default): a running session's workspace reserves it on
+the host's disk, a paused one gives back what its files do not use (the figure reports what
+each paused session keeps)."""
 FORK_MAX = 16
 """The most copies one fork request makes (the contract's bound)."""
 
 
 async def _post(rg: Replgate, path: str, body: dict[str, Any] | None = None) -> Any:
     response = await rg.http.post(path, json=body or {})
-    response.raise_for_status()
+    if response.is_error:
+        raise RuntimeError(f"POST {path}: {response.status_code} {response.text}")
     return response.json()
 
 
@@ -89,6 +93,33 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
             "paused_with": "variables"}
 
 
+def _host_holds(state: str) -> dict[str, int]:
+    """Mounts and loop devices the gateway holds under its state directory now."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(line.split()[4].startswith(state + "/") for line in f)
+    loops = 0
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            loops += backing.read_text().startswith(state + "/")
+    return {"mounts": mounts, "loop_devices": loops}
+
+
+def _parked_images(state: str) -> list[int]:
+    """Bytes on disk of each workspace image not mounted (a paused session's, parked)."""
+    sizes = []
+    for image in Path(state, "workspaces").glob("*.ext4"):
+        with contextlib.suppress(OSError):
+            if not os.path.ismount(image.with_suffix("")):
+                sizes.append(image.stat().st_blocks * 512)
+    return sizes
+
+
+def _snapshot_sizes(state: str) -> list[int]:
+    """Bytes of each paused session's snapshot (zstd or zlib)."""
+    return [f.stat().st_size for f in Path(state, "snapshots").iterdir()
+            if f.suffix in (".zst", ".zlib")]
+
+
 def _disk_bytes(path: str) -> int:
     """Blocks used under ``path`` on its own file system (mounted workspaces' contents are in
     their images, counted once)."""
@@ -111,6 +142,7 @@ async def held(n: int, sample: int) -> dict[str, Any]:
         await _post(rg, f"/v1/sessions/{parent}/pause")
         gateway = psutil.Process(rg.pid)
         rss_before, disk_before = gateway.memory_info().rss, _disk_bytes(str(rg.state))
+        holds_before = _host_holds(str(rg.state))
         ids: list[str] = []
         start = time.perf_counter()
         while len(ids) < n:
@@ -120,6 +152,9 @@ async def held(n: int, sample: int) -> dict[str, Any]:
         made_s = time.perf_counter() - start
         pool = await rg.pool()
         rss_after, disk_after = gateway.memory_info().rss, _disk_bytes(str(rg.state))
+        holds_after = _host_holds(str(rg.state))
+        parked = _parked_images(str(rg.state))
+        snapshots = _snapshot_sizes(str(rg.state))
         resumes, correct = [], 0
         for sid in ids[:: max(1, len(ids) // sample)][:sample]:
             start = time.perf_counter()
@@ -141,6 +176,13 @@ async def held(n: int, sample: int) -> dict[str, Any]:
         "running_kernels_after_resumes": running,
         "disk_per_paused_mib": round(per_disk / 2**20, 2),
         "gateway_rss_per_paused_kib": round((rss_after - rss_before) / n / 1024, 1),
+        "parked_workspaces": len(parked),
+        "parked_workspace_mib": {"median": round(statistics.median(parked) / 2**20, 2),
+                                 "max": round(max(parked) / 2**20, 2)} if parked else None,
+        "snapshot_mib": round(statistics.median(snapshots) / 2**20, 2) if snapshots else None,
+        "mounts_before": holds_before["mounts"], "mounts_after": holds_after["mounts"],
+        "loop_devices_before": holds_before["loop_devices"],
+        "loop_devices_after": holds_after["loop_devices"],
         "resume_execute": summary(resumes), "resume_ms": [round(ms) for ms in resumes],
         "resumed_correct": f"{correct}/{len(resumes)}",
         "free_disk_gib": round(shutil.disk_usage(os.path.dirname(rg.state)).free / 2**30, 1)}

@@ -183,8 +183,12 @@ def _held_lines(found: dict[str, Any] | None) -> list[str]:
     resume = found["resume_execute"]
     return ["", f"paused sessions held: {found['sessions']} (workspaces of "
                 f"{found['workspace_size']}), made at {found['made_per_s']}/s by forking a paused "
-                f"one; {found['disk_per_paused_mib']} MiB of disk and "
-                f"{found['gateway_rss_per_paused_kib']} KiB of gateway memory each; "
+                f"one; {found['disk_per_paused_mib']} MiB of disk (parked workspace "
+                f"{(found.get('parked_workspace_mib') or {}).get('median')} MiB, snapshot "
+                f"{found.get('snapshot_mib')} MiB) and "
+                f"{found['gateway_rss_per_paused_kib']} KiB of gateway memory each; mounts "
+                f"{found['mounts_before']} -> {found['mounts_after']}, loop devices "
+                f"{found['loop_devices_before']} -> {found['loop_devices_after']}; "
                 f"{found['resumed_correct']} of a sample resumed with their variables, resume + "
                 f"first cell p50 {resume['p50']:.0f} ms (p95 {resume['p95']:.0f}); "
                 f"{found['running_kernels_after_resumes']} kernels running after"]

@@ -221,6 +221,7 @@ class Kernel:
 
     async def _start(self, attach: bool) -> None:
         await self.settle()
+        await self.sandbox.reserve()  # a paused sandbox's workspace, given back at its pause
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
@@ -455,13 +456,20 @@ class Kernel:
         await self._disconnect()
         await self.sandbox.kill(restart=True)
         await self.sandbox.cleanup(restart=True)
-        self._removal = asyncio.ensure_future(self.sandbox.kill(restart=False))
+        self._removal = asyncio.ensure_future(self._remove_and_release())
         self._removal.add_done_callback(self._removed)
+
+    async def _remove_and_release(self) -> None:
+        """Remove the stopped container, then give back what the sandbox holds (the
+        workspace's unused blocks, its mounts): only once no container can use them."""
+        await self.sandbox.kill(restart=False)
+        await self.sandbox.release()
 
     def _removed(self, removal: asyncio.Future[None]) -> None:
         if not removal.cancelled() and removal.exception() is not None:
-            logger.warning("kernel %s: removing its stopped container failed (%s); the next "
-                           "start removes it", self.id, removal.exception())
+            logger.warning("kernel %s: removing its stopped container or giving back its "
+                           "workspace's blocks failed (%s); the next start removes it",
+                           self.id, removal.exception())
 
     async def settle(self) -> None:
         """Wait for the container removal :meth:`stop` left running, if any."""

@@ -491,6 +491,15 @@ class KernelPool:
         children: list[Session] = []
         held = {parent.id}  # making room for a copy must not pause the parent or a copy
         self._held |= held
+        packed: asyncio.Future[bytes] | None = None
+
+        def compressed() -> asyncio.Future[bytes]:
+            """The snapshot compressed once, for every paused copy (the first one asks)."""
+            nonlocal packed
+            if packed is None:
+                packed = asyncio.ensure_future(
+                    anyio.to_thread.run_sync(self.snapshots.compress, raw))
+            return packed
 
         async def one() -> None:
             # Decided in each copy's first step, before any await: the first copies take the
@@ -498,7 +507,7 @@ class KernelPool:
             # booting kernels beside the ones it starts.
             kernel = self._pop_warm(profile.name)
             if kernel is None and self.backend.stopped_sandboxes:
-                await self._paused_copy(parent, raw, info, metadata, children)
+                await self._paused_copy(parent, compressed(), info, metadata, children)
                 return
             if kernel is None:
                 kernel = await self.acquire(profile.name, refill=False)
@@ -523,8 +532,9 @@ class KernelPool:
             self._fill(profile.name)
         return children
 
-    async def _paused_copy(self, parent: Session, raw: bytes, info: PauseInfo,
-                           metadata: dict[str, Any] | None, children: list[Session]) -> None:
+    async def _paused_copy(self, parent: Session, snapshot: asyncio.Future[bytes],
+                           info: PauseInfo, metadata: dict[str, Any] | None,
+                           children: list[Session]) -> None:
         """A paused copy of ``parent`` (appended to ``children`` as soon as it exists, for the
         fork to remove on failure): a sandbox made without starting it, the parent's files in
         its workspace and the snapshot under its id, to be loaded reseeded when it resumes."""
@@ -536,7 +546,9 @@ class KernelPool:
         children.append(child)
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(
-            self.snapshots.save, child.id, raw, info.model_copy(update={"reseed": True}))
+            self.snapshots.save_compressed, child.id, await snapshot,
+            info.model_copy(update={"reseed": True}))
+        await sandbox.release()  # lean from the start: its image holds its files alone
 
     def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,
                          env: dict[str, str] | None, metadata: dict[str, Any] | None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -88,14 +87,6 @@ class Lifecycle(Protocol):
 WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
 """Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
 container on their own workspace (no copy)."""
-
-
-def _used_bytes(workspace: Workspace) -> int:
-    """What the workspace's own file system holds; without one (not root), no copy."""
-    if workspace.image is None:
-        return WARM_RESUME_MAX_BYTES + 1
-    info = os.statvfs(workspace.root)
-    return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
@@ -411,7 +402,7 @@ class Session:
         except SnapshotError as exc:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
-        used = await anyio.to_thread.run_sync(_used_bytes, self.workspace)
+        used = await anyio.to_thread.run_sync(self.workspace.used_bytes)
         warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
         reseed = self.pause_info is not None and self.pause_info.reseed
         try:

@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import stat
+import threading
 import zlib
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +66,11 @@ class SnapshotStore:
     def __init__(self, root: Path, budget_bytes: int) -> None:
         self.root = root
         self.budget_bytes = budget_bytes
+        self._budget_lock = threading.Lock()
+        self._used_at_most: int | None = None
+        """What the snapshots take, or more: a scan's figure plus every save since (deletions
+        are not taken off). The folder is scanned again only when a save would not fit in
+        it, so the budget's verdict is exact while a save costs no scan of thousands."""
 
     def _path(self, key: str, suffix: str) -> Path:
         if not key or "/" in key or key.startswith("."):
@@ -89,20 +95,37 @@ class SnapshotStore:
                         total += entry.stat(follow_symlinks=False).st_size
         return total
 
+    @staticmethod
+    def compress(raw: bytes) -> bytes:
+        """A snapshot as it is kept (blocking; a fork compresses once for all its copies)."""
+        if zstandard is not None:
+            data: bytes = zstandard.ZstdCompressor(level=1).compress(raw)
+            return data
+        return zlib.compress(raw, 1)
+
     def save(self, key: str, raw: bytes, info: PauseInfo) -> PauseInfo:
         """Compress and write ``raw`` with its info, atomically; the info with the size."""
+        return self.save_compressed(key, self.compress(raw), info)
+
+    def save_compressed(self, key: str, data: bytes, info: PauseInfo) -> PauseInfo:
+        """Write ``data`` (from :meth:`compress`) with its info, atomically; the info with
+        the size."""
         self._ensure_root()
-        data = (zstandard.ZstdCompressor(level=1).compress(raw) if zstandard is not None
-                else zlib.compress(raw, 1))
-        if self.used_bytes() + len(data) > self.budget_bytes:
-            raise SnapshotBudgetExceeded(
-                f"the snapshot of {len(data)} bytes does not fit in the budget of "
-                f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
-                "raise it")
         info = info.model_copy(update={"image_bytes": len(data),
                                        "paused_at": datetime.now(UTC).isoformat()})
+        about = info.model_dump_json().encode()
+        size = len(data) + len(about)
+        with self._budget_lock:
+            if self._used_at_most is None or self._used_at_most + size > self.budget_bytes:
+                self._used_at_most = self.used_bytes()
+            if self._used_at_most + size > self.budget_bytes:
+                raise SnapshotBudgetExceeded(
+                    f"the snapshot of {len(data)} bytes does not fit in the budget of "
+                    f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
+                    "raise it")
+            self._used_at_most += size
         _write_private(self._path(key, SNAPSHOT_SUFFIX), data)
-        _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        _write_private(self._path(key, ".json"), about)
         return info
 
     def load(self, key: str) -> bytes:
@@ -226,13 +249,14 @@ def copy_workspace(source: Workspace, target: Workspace) -> None:
     a regular file, a folder or a link (a FIFO, a device) is skipped, so the copy never reads
     outside the source nor hangs.
     """
-    src = os.open(source.root, os.O_RDONLY | os.O_DIRECTORY)
-    dst = os.open(target.root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        _copy_tree(src, dst, depth=0)
-    finally:
-        os.close(src)
-        os.close(dst)
+    with source.access(), target.access(write=True):
+        src = os.open(source.root, os.O_RDONLY | os.O_DIRECTORY)
+        dst = os.open(target.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _copy_tree(src, dst, depth=0)
+        finally:
+            os.close(src)
+            os.close(dst)
 
 
 MAX_COPY_DEPTH = 64

@@ -5,6 +5,13 @@ creation, loop-mounted with nosuid,nodev, so a full disk inside one sandbox is t
 problem alone, and a full host disk refuses new workspaces instead of failing running ones.
 Without root the folder is a plain directory and the size cap is not enforced (a warning says so).
 
+A paused session's workspace is *parked*: unmounted (no mount, no loop device), its image holding
+only the blocks its files and metadata use, the rest punched out and given back to the host.
+Its files stay reachable: each file operation mounts it for its own duration (read-only for a
+read), and one that writes reserves the full size again first, so no write ever lands on blocks
+the host has not given. Resuming reserves it and mounts it for good; a host disk that cannot give
+the blocks back refuses that with :class:`StateDirFull`, and the parked image is left as it was.
+
 Every file operation here resolves the path one component at a time with ``O_NOFOLLOW``
 relative to the workspace's own descriptor, so neither ``..``, absolute paths nor symlinks
 (even ones the sandboxed code swaps in mid-request) can reach outside.
@@ -12,17 +19,22 @@ relative to the workspace's own descriptor, so neither ``..``, absolute paths no
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
 import logging
 import os
 import shutil
 import stat
+import struct
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
@@ -30,11 +42,14 @@ from kernel_pool.exceptions import (
     FileMissing,
     FileTooLarge,
     PathOutsideWorkspace,
+    StateDirFull,
     WorkspaceError,
     WorkspaceFull,
 )
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -80,12 +95,33 @@ def split_relative(path: str) -> list[str]:
     return parts
 
 
+def _mounted(write: bool) -> Callable[[Callable[Concatenate[Workspace, P], T]],
+                                     Callable[Concatenate[Workspace, P], T]]:
+    """A file operation of :class:`Workspace`, run with the workspace mounted (see
+    :meth:`Workspace.access`)."""
+    def decorate(method: Callable[Concatenate[Workspace, P], T]
+                 ) -> Callable[Concatenate[Workspace, P], T]:
+        def run(self: Workspace, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            with self.access(write):
+                return method(self, *args, **kwargs)
+        run.__name__, run.__qualname__, run.__doc__ = (method.__name__, method.__qualname__,
+                                                       method.__doc__)
+        return run
+    return decorate
+
+
 class Workspace:
     """A workspace folder on the host. Blocking I/O: call from a worker thread."""
 
-    def __init__(self, root: Path, image: Path | None = None) -> None:
+    def __init__(self, root: Path, image: Path | None = None, *, parked: bool = False) -> None:
         self.root = root
         self.image = image
+        self._guard = threading.Condition(threading.Lock())
+        self._users = 0
+        """File operations under way (each holds the mount it uses)."""
+        self._parked = parked and image is not None
+        self._mount: Literal["ro", "rw"] | None = None if self._parked else "rw"
+        """How the image is mounted now: "rw" (reserved), "ro" (parked, lent to readers)."""
 
     @classmethod
     def create(cls, root: Path, size_bytes: int) -> Workspace:
@@ -106,11 +142,27 @@ class Workspace:
                  "-E", f"root_owner={SANDBOX_UID}:{SANDBOX_GID},nodiscard", str(image)],
                 check=True, capture_output=True,
             )
-        _run(["mount", "-o", "loop,nosuid,nodev", str(image), str(root)])
+        else:
+            _reserve(image)  # a parked one (a paused session's, after a reboot)
+        _mount(image, root, read_only=False)
         lost = root / "lost+found"
         if lost.is_dir():
             lost.rmdir()
         return cls(root, image)
+
+    @classmethod
+    def take_back_parked(cls, root: Path, size_bytes: int) -> Workspace:
+        """A paused session's workspace after a gateway restart: parked (given back now if a
+        previous gateway left it mounted). Without root, the plain folder."""
+        image = root.with_suffix(".ext4")
+        if os.geteuid() != 0 or not image.exists():
+            return cls.create(root, size_bytes)
+        root.mkdir(parents=True, exist_ok=True)  # where it is mounted when used
+        mounted = os.path.ismount(root)
+        workspace = cls(root, image, parked=not mounted)
+        if mounted:
+            workspace.park()
+        return workspace
 
     def destroy(self) -> None:
         """Unmount and delete everything; afterwards no byte of the workspace remains."""
@@ -119,6 +171,108 @@ class Workspace:
         shutil.rmtree(self.root, ignore_errors=True)
         if self.image is not None:
             self.image.unlink(missing_ok=True)
+
+    # -- parking (a paused session's workspace) -------------------------------------------------
+
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> None:
+        """Give back every block the files do not use, and the mount, once no file operation
+        uses it (now, or when the last one ends). Call only when no sandbox has it mounted:
+        its container is gone. Without root (no image) there is nothing to give back."""
+        if self.image is None:
+            return
+        with self._guard:
+            self._parked = True
+            if self._users == 0 and self._mount is not None:
+                try:
+                    self._give_back()
+                except WorkspaceError as exc:  # kept whole, tried again after its next use
+                    logger.warning("workspace %s stays mounted: %s", self.root, exc)
+
+    def unpark(self) -> None:
+        """Reserve the full size again and mount the workspace for a sandbox to use;
+        :class:`StateDirFull` (the workspace stays parked, its files intact) when the host's
+        disk cannot give the blocks back."""
+        with self._guard:
+            if not self._parked:
+                return
+            while self._mount == "ro":  # lent to readers: their read-only mount goes first
+                self._guard.wait()
+            if self._mount is None:
+                self._mount_parked(write=True)
+            self._parked = False
+
+    @property
+    def _image(self) -> Path:
+        assert self.image is not None
+        return self.image
+
+    def used_bytes(self) -> int:
+        """What the workspace's files and metadata hold on disk (an estimate while parked);
+        without a file system of its own (not root), more than anything copied on resume."""
+        if self.image is None:
+            return 2**62
+        with self._guard:
+            if self._mount is None:
+                return os.stat(self.image).st_blocks * 512
+            info = os.statvfs(self.root)
+            return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+    @contextmanager
+    def access(self, write: bool = False) -> Iterator[None]:
+        """The workspace mounted for one file operation: a parked workspace is mounted for
+        its duration (read-only for readers, who share it; reserved first for a writer), and
+        parked again when the last operation ends."""
+        with self._guard:
+            while write and self._mount == "ro":
+                self._guard.wait()
+            if self._mount is None:
+                self._mount_parked(write)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._users -= 1
+                if self._users == 0 and self._parked and self._mount is not None:
+                    try:
+                        self._give_back()
+                    except WorkspaceError as exc:
+                        logger.warning("workspace %s stays mounted: %s", self.root, exc)
+                    self._guard.notify_all()
+
+    def _mount_parked(self, write: bool) -> None:
+        """Mount the parked image (guard held): writable after reserving it, else read-only.
+        On failure it stays parked as it was."""
+        if write:
+            _reserve(self._image)
+        try:
+            _mount(self._image, self.root, read_only=not write)
+        except WorkspaceError:
+            if write:
+                _punch_unwritten(self._image)  # the reserve goes back with the failed mount
+            raise
+        self._mount = "rw" if write else "ro"
+
+    def _give_back(self) -> None:
+        """Unmount (guard held, no user); if it was writable, first punch its free blocks out
+        of the image (discards, which the loop device turns into holes), then the reserved
+        blocks nothing ever wrote (metadata reserved but still zeros)."""
+        writable = self._mount == "rw"
+        if writable:
+            _trim(self.root)
+        try:
+            _unmount(self.root, read_only=not writable)
+        except WorkspaceError:
+            if writable:  # it stays mounted, writable: what the trim gave back is taken again
+                _refill(self._image)
+            raise
+        self._mount = None
+        if writable:
+            _punch_unwritten(self._image)
 
     # -- files -------------------------------------------------------------------------------
 
@@ -148,10 +302,12 @@ class Workspace:
         if os.geteuid() == 0:
             os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)
 
+    @_mounted(write=True)
     def write_bytes(self, path: str, data: bytes) -> int:
         self._write(path, data, os.O_TRUNC)
         return len(data)
 
+    @_mounted(write=True)
     def append_text(self, path: str, text: str) -> None:
         """Append to a file the gateway owns for the session (full text of capped output)."""
         self._write(path, text.encode("utf-8", "replace"), os.O_APPEND)
@@ -180,6 +336,7 @@ class Workspace:
             finally:
                 os.close(fd)
 
+    @_mounted(write=False)
     def read_bytes(self, path: str, limit: int) -> bytes:
         parts = split_relative(path)
         with self._parent_fd(parts, create=False) as dir_fd:
@@ -200,6 +357,7 @@ class Workspace:
             finally:
                 os.close(fd)
 
+    @_mounted(write=False)
     def list_files(self) -> list[FileInfo]:
         """Every regular file, recursively, as paths relative to the workspace.
 
@@ -256,6 +414,7 @@ class Workspace:
         with self._parent_fd([*parts, "."], create=False) as fd:
             yield fd
 
+    @_mounted(write=False)
     def stat(self, path: str) -> Entry:
         """What is at ``path`` (a link is described, not followed)."""
         parts = self._parts(path)
@@ -270,6 +429,7 @@ class Workspace:
                 raise _path_error(exc, path) from exc
         return _entry("/".join(parts), info, target)
 
+    @_mounted(write=False)
     def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
         """The entries under the folder ``path``, ``depth`` levels down (links not followed)."""
         parts = self._parts(path)
@@ -300,6 +460,7 @@ class Workspace:
                 continue  # removed or swapped for a link mid-walk: skip it
         return found
 
+    @_mounted(write=True)
     def make_dir(self, path: str) -> bool:
         """Create the folder and its parents; False when it already exists."""
         parts = self._parts(path)
@@ -318,6 +479,7 @@ class Workspace:
             self._own(parts[-1], dir_fd)
         return True
 
+    @_mounted(write=True)
     def remove(self, path: str) -> None:
         """Delete a file, a link (not what it points to) or a folder with everything in it."""
         parts = self._parts(path)
@@ -334,6 +496,7 @@ class Workspace:
             except OSError as exc:
                 raise _path_error(exc, path) from exc
 
+    @_mounted(write=True)
     def move(self, source: str, destination: str) -> Entry:
         """Rename ``source`` to ``destination`` (its parent folders are created)."""
         src, dst = self._parts(source), self._parts(destination)
@@ -364,6 +527,132 @@ def _allocate(image: Path, size_bytes: int) -> None:
         raise WorkspaceError(
             f"no room for a workspace of {size_bytes} bytes under {image.parent} ({free} bytes "
             f"free: {exc.strerror}); free disk space there or lower workspace_size") from exc
+    finally:
+        os.close(fd)
+
+
+def _reserve(image: Path) -> None:
+    """Reserve every block of a parked image again (its files are kept: reserving writes
+    nothing); :class:`StateDirFull` when the host's disk cannot give them."""
+    fd = os.open(image, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        missing = max(info.st_size - info.st_blocks * 512, 0)
+        free = shutil.disk_usage(image.parent).free
+        why = (f"a paused session's workspace needs {missing} more bytes under {image.parent} "
+               "to run or take a file; delete sessions or free disk space")
+        if missing > free:
+            raise StateDirFull(free, why)
+        try:
+            os.posix_fallocate(fd, 0, info.st_size)
+        except OSError as exc:
+            _punch_unwritten(image)  # what the failed call took goes back
+            raise StateDirFull(shutil.disk_usage(image.parent).free,
+                               f"{why} ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
+
+
+def _refill(image: Path) -> None:
+    """Reserve a mounted image's blocks again after a trim (nothing is punched on failure:
+    a mounted image's unwritten blocks may be written any moment)."""
+    fd = os.open(image, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        logger.error("workspace image %s could not be reserved again (%s): its sandbox's "
+                     "writes may fail when the host's disk is full", image, exc.strerror)
+    finally:
+        os.close(fd)
+
+
+def _mount(image: Path, root: Path, read_only: bool) -> None:
+    options = "loop,nosuid,nodev,noinit_itable" + (",ro,noexec" if read_only else "")
+    _run(["mount", "-o", options, str(image), str(root)])
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FITRIM = 0xC0185879
+"""``_IOWR('X', 121, struct fstrim_range)``: discard a mounted file system's free blocks."""
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_FLAG_SYNC = 0x1
+FIEMAP_EXTENT_LAST = 0x1
+FIEMAP_EXTENT_UNWRITTEN = 0x800
+FIEMAP_BATCH = 128
+_FIEMAP_HEAD = struct.Struct("=QQLLLL")
+_FIEMAP_EXTENT = struct.Struct("=QQQQQL12x")
+
+
+def _trim(root: Path) -> None:
+    """Discard the free blocks of the file system mounted at ``root``: its loop device punches
+    them out of the image. A host that cannot (no discard) keeps them, which costs disk only."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, FITRIM, struct.pack("=QQQ", 0, 2**64 - 1, 0))
+    except OSError as exc:
+        logger.debug("cannot trim %s: %s", root, exc)
+    finally:
+        os.close(fd)
+
+
+UNMOUNT_WAITS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
+"""Pauses between tries of an unmount found busy: a process the gateway spawns (``mount``,
+``mkfs``) holds copies of its open files until it starts its program, files of the workspace
+among them if a file operation had one open then."""
+MNT_DETACH = 2
+
+
+def _unmount(root: Path, read_only: bool) -> None:
+    """Unmount now, not lazily, so that no writer is left on a parked image (it would stay
+    mounted: EBUSY); a read-only mount found busy after every try is detached lazily, which
+    is safe, since nothing can write through it. Its loop device detaches with it."""
+    for wait in (*UNMOUNT_WAITS_S, None):
+        if _libc.umount2(os.fsencode(root), 0) == 0:
+            return
+        code = ctypes.get_errno()
+        if code != errno.EBUSY or wait is None:
+            break
+        time.sleep(wait)
+    if read_only and code == errno.EBUSY and _libc.umount2(os.fsencode(root), MNT_DETACH) == 0:
+        return
+    raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
+
+
+def _punch_unwritten(image: Path) -> None:
+    """Punch out the image's blocks that are reserved but were never written (they read as
+    zeros, so nothing changes): ext4's inode tables, say, and what a failed reserve took.
+    Only on an image no writable mount uses (FIEMAP's sync flushes what the loop wrote)."""
+    fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        start, holes = 0, []
+        while True:
+            request = bytearray(_FIEMAP_HEAD.pack(start, 2**64 - 1 - start, FIEMAP_FLAG_SYNC,
+                                                  0, FIEMAP_BATCH, 0)
+                                + bytes(_FIEMAP_EXTENT.size * FIEMAP_BATCH))
+            fcntl.ioctl(fd, FS_IOC_FIEMAP, request)
+            mapped = _FIEMAP_HEAD.unpack_from(request)[3]
+            last = not mapped
+            for index in range(mapped):
+                offset, _, length, _, _, flags = _FIEMAP_EXTENT.unpack_from(
+                    request, _FIEMAP_HEAD.size + index * _FIEMAP_EXTENT.size)
+                if flags & FIEMAP_EXTENT_UNWRITTEN:
+                    holes.append((offset, length))
+                start = offset + length
+                last = last or bool(flags & FIEMAP_EXTENT_LAST)
+            if last:
+                break
+        for offset, length in holes:
+            if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
+                               length) != 0:
+                code = ctypes.get_errno()
+                logger.debug("cannot punch %s: %s", image, os.strerror(code))
+                return
+    except OSError as exc:  # no FIEMAP (another host file system): the blocks stay reserved
+        logger.debug("cannot map %s: %s", image, exc)
     finally:
         os.close(fd)
 

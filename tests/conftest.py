@@ -167,6 +167,35 @@ def make_gateway(**settings: str) -> GatewayProcess:
                           keys=keys, env=env, log_path=state_dir.with_suffix(".log"))
 
 
+@contextmanager
+def small_disk(size_mib: int) -> Iterator[Path]:
+    """A small ext4 file system mounted on a new folder: a host's disk a test can fill."""
+    root = Path(tempfile.mkdtemp(prefix="rg-disk-", dir="/tmp"))
+    image = root.with_suffix(".img")
+    with open(image, "wb") as f:
+        f.truncate(size_mib * 2**20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(root)], check=True)
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "--lazy", str(root)], check=False)
+        image.unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fill_disk(path: Path, leave: int) -> None:
+    """Take the file system's free space down to about ``leave`` bytes with one file."""
+    free = shutil.disk_usage(path.parent).free
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        size = os.fstat(fd).st_size + max(0, free - leave)
+        if size:
+            os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
+
+
 def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
     return [c.id for c in client.containers.list(
         all=True, filters={"label": f"io.replgate.owner={owner}"})]

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 from typing import Any
 
+import anyio.to_thread
 from pydantic import BaseModel, Field
 
 from kernel_pool._workspace import Workspace
@@ -134,6 +135,18 @@ class Sandbox(ABC):
 
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()
+
+    async def release(self) -> None:
+        """Nothing runs in the sandbox any more (a paused session's, its container gone):
+        give back what it holds on the host, its workspace's unused blocks and its mounts.
+        Its files stay reachable through :attr:`workspace`."""
+        await anyio.to_thread.run_sync(self.workspace.park)
+
+    async def reserve(self) -> None:
+        """Take back what :meth:`release` gave, before a kernel runs here again;
+        :class:`~kernel_pool.exceptions.StateDirFull` when the host's disk cannot give it
+        (the sandbox stays released, its files intact)."""
+        await anyio.to_thread.run_sync(self.workspace.unpark)
 
 
 class SandboxBackend(ABC):

@@ -439,7 +439,8 @@ def jupyter_server(gateway: GatewayProcess) -> Iterator[tuple[str, str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
          f"--IdentityProvider.token={token}", f"--port={port}", "--ip=127.0.0.1",
-         "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}"],
+         "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
+         "--GatewayClient.request_timeout=152"],  # see gateway_client below
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -467,7 +468,7 @@ async def test_jupyter_server_runs_code_in_the_sandbox(gateway: GatewayProcess,
                                                        jupyter_server: tuple[str, str]) -> None:
     url, token = jupyter_server
     headers = {"Authorization": f"token {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as server:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=160) as server:
         assert (await server.get("/api/kernelspecs")).json()["default"] == "python3"
         answer = await server.post("/api/kernels", json={"name": "python3"})
         assert answer.status_code == 201, answer.text
@@ -496,11 +497,17 @@ def gateway_client(gateway: GatewayProcess,
     passes none), so the header is added to websocket-client's ``create_connection``.
     """
     key = gateway.keys["alpha"]
-    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")  # the client writes it to os.environ
+    # A request timeout past the gateway's own start timeout (60 s) and its second try in a
+    # fresh sandbox: on a busy machine a start once took over 40 s (under gVisor, while the
+    # engine was busy with other containers), and this test checks nbclient on replgate, not
+    # how fast a kernel starts. The client derives KERNEL_LAUNCH_TIMEOUT from it and writes
+    # both to its class and os.environ: restored afterwards.
+    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")
+    monkeypatch.setattr(GatewayClient, "KERNEL_LAUNCH_TIMEOUT", GatewayClient.KERNEL_LAUNCH_TIMEOUT)
     monkeypatch.setattr(websocket, "create_connection", functools.partial(
         websocket.create_connection, header=[f"Authorization: token {key}"]))
     GatewayClient.clear_instance()
-    client = GatewayClient.instance(url=gateway.url, auth_token=key)
+    client = GatewayClient.instance(url=gateway.url, auth_token=key, request_timeout=152.0)
     yield client
     GatewayClient.clear_instance()
 

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 import signal
 import stat
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import docker
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess, make_gateway, running_gateway
+from tests.conftest import (
+    GatewayProcess,
+    fill_disk,
+    make_gateway,
+    running_gateway,
+    small_disk,
+)
 
 SETUP = """
 import numpy as np, threading, random
@@ -368,3 +378,112 @@ def test_command_on_a_paused_session_resumes_it(alpha: httpx.Client, session_id:
     assert answer.status_code == 200, answer.text
     assert answer.json()["stdout"] == "files and variables"
     assert value(alpha, session_id, "kept") == "1"
+
+
+# -- paused workspaces give their blocks back ---------------------------------------------------
+
+RESERVED = 256 * 2**20
+"""The test gateways' workspace size (``make_gateway``): what a running session reserves."""
+LEAN = 8 * 2**20
+"""More than a parked workspace of these tests holds (its files, ext4's metadata)."""
+
+
+def workspace_holding(state_dir: Path, marker: str) -> Path:
+    """The host folder of the mounted workspace that holds the file ``marker``."""
+    found = list((state_dir / "workspaces").glob(f"*/{marker}"))
+    assert len(found) == 1, found
+    return found[0].parent
+
+
+def on_disk(folder: Path) -> int:
+    """Bytes the workspace's image takes on the host's disk."""
+    return folder.with_suffix(".ext4").stat().st_blocks * 512
+
+
+def wait_parked(folder: Path) -> None:
+    """A pause answers before its container is gone; the workspace is parked after that."""
+    deadline = time.monotonic() + 60
+    while os.path.ismount(folder) or on_disk(folder) >= LEAN:
+        assert time.monotonic() < deadline, f"{folder} was not parked"
+        time.sleep(0.1)
+
+
+def test_a_paused_workspace_holds_only_its_files_until_resumed(
+        alpha: httpx.Client, session_id: str, lifecycle_gateway: GatewayProcess) -> None:
+    marker = f"marker-{secrets.token_hex(4)}"
+    run(alpha, session_id, f"import os\nblob = os.urandom(2**20)\n"
+                           f"open('blob.bin', 'wb').write(blob)\nopen({marker!r}, 'w').close()")
+    folder = workspace_holding(lifecycle_gateway.state_dir, marker)
+    assert on_disk(folder) >= RESERVED
+    assert alpha.post(f"/v1/sessions/{session_id}/pause").status_code == 200
+    wait_parked(folder)
+    # A write to the paused session reserves the workspace, writes, and gives it back.
+    assert alpha.put(f"/v1/sessions/{session_id}/files/later.txt", content=b"while paused"
+                     ).status_code == 201
+    assert not os.path.ismount(folder) and on_disk(folder) < LEAN
+    assert alpha.get(f"/v1/sessions/{session_id}").json()["status"] == "paused"
+
+    # A fork's paused copies are parked from the start.
+    images = lifecycle_gateway.state_dir / "workspaces"
+    before = set(images.glob("*.ext4"))
+    children = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 3}).json()
+    paused_copies = sum(child["status"] == "paused" for child in children)
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{lifecycle_gateway.url}/healthz").json()["pool"]["starting"]:
+        assert time.monotonic() < deadline  # a refill's new workspace is unmounted a moment
+        time.sleep(0.1)
+    parked = [image for image in set(images.glob("*.ext4")) - before
+              if not os.path.ismount(image.with_suffix(""))]
+    assert paused_copies and len(parked) == paused_copies
+    assert all(image.stat().st_blocks * 512 < LEAN for image in parked)
+    for child in children:
+        assert alpha.delete(f"/v1/sessions/{child['id']}").status_code == 204
+
+    assert alpha.post(f"/v1/sessions/{session_id}/resume").status_code == 200
+    assert on_disk(workspace_holding(lifecycle_gateway.state_dir, marker)) >= RESERVED
+    assert value(alpha, session_id, "(len(blob), blob == open('blob.bin', 'rb').read(), "
+                                    "open('later.txt').read())") \
+        == "(1048576, True, 'while paused')"
+
+
+def test_a_resume_or_write_the_disk_cannot_reserve_is_a_507_and_the_session_stays_paused(
+        docker_client: docker.DockerClient) -> None:
+    process = make_gateway(max_kernels="1", min_idle="1", workspace_size="48m",
+                           state_min_free="1m")
+    with small_disk(160) as disk:
+        shutil.rmtree(process.state_dir, ignore_errors=True)
+        process.state_dir = disk / "state"
+        process.env["REPLGATE_STATE_DIR"] = str(process.state_dir)
+        with running_gateway(docker_client, process), httpx.Client(
+                base_url=process.url, headers=process.headers(), timeout=120) as client:
+            paused_session_refuses_what_the_disk_cannot_reserve(client, disk)
+
+
+def paused_session_refuses_what_the_disk_cannot_reserve(client: httpx.Client,
+                                                         disk: Path) -> None:
+    sid = new_session(client)
+    run(client, sid, "kept = 'variables'\nopen('kept.txt', 'w').write('files')")
+    folder = workspace_holding(disk / "state", "kept.txt")
+    assert client.post(f"/v1/sessions/{sid}/pause").status_code == 200
+    wait_parked(folder)
+    filler = disk / "filler"
+    fill_disk(filler, leave=16 * 2**20)
+
+    # No warm kernel to resume onto (one kernel at most): the workspace must be reserved.
+    answer = client.post(f"/v1/sessions/{sid}/resume")
+    assert answer.status_code == 507, answer.text
+    assert "more bytes" in answer.json()["detail"]
+    answer = client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"refused")
+    assert answer.status_code == 507, answer.text
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": "kept"})
+    assert answer.json()["status"] == "error" and "could not be resumed" in answer.text
+    assert client.get(f"/v1/sessions/{sid}").json()["status"] == "paused"
+    assert client.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"files"
+    assert not os.path.ismount(folder) and on_disk(folder) < LEAN
+
+    filler.unlink()
+    assert client.put(f"/v1/sessions/{sid}/files/new.txt", content=b"taken"
+                      ).status_code == 201
+    assert value(client, sid, "(kept, open('kept.txt').read(), open('new.txt').read())") \
+        == "('variables', 'files', 'taken')"
+    assert client.delete(f"/v1/sessions/{sid}").status_code == 204

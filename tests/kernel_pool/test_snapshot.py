@@ -43,6 +43,18 @@ def test_save_over_the_budget_is_refused_and_writes_nothing(tmp_path: Path) -> N
     assert store.info("s1") is None and store.used_bytes() == 0
 
 
+def test_a_deleted_snapshot_makes_room_in_the_budget_at_once(tmp_path: Path) -> None:
+    first = SnapshotStore(tmp_path / "probe", 2**20).save("s", os.urandom(4096), PauseInfo())
+    one = first.image_bytes + len(first.model_dump_json())
+    store = SnapshotStore(tmp_path / "snapshots", 2 * one + one // 2)
+    store.save("s1", os.urandom(4096), PauseInfo())
+    store.save("s2", os.urandom(4096), PauseInfo())
+    with pytest.raises(SnapshotBudgetExceeded):
+        store.save("s3", os.urandom(4096), PauseInfo())
+    store.delete("s1")
+    assert store.save("s3", os.urandom(4096), PauseInfo()).image_bytes > 4096
+
+
 def test_load_of_a_corrupt_snapshot_says_so_and_keeps_it(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**20)
     store.save("s1", b"data", PauseInfo())

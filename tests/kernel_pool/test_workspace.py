@@ -5,14 +5,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from kp_support import mounts_under, run_ok
 
-from kernel_pool import PathOutsideWorkspace, Session, WorkspaceError
+from kernel_pool import PathOutsideWorkspace, Session, StateDirFull, WorkspaceError
 from kernel_pool._workspace import SANDBOX_UID, Workspace
+from tests.conftest import fill_disk, small_disk
 
 
 @pytest.fixture
@@ -81,6 +84,7 @@ async def test_host_and_kernel_see_the_same_files(shared_session: Session) -> No
     workspace.write_bytes("shared/from-host.txt", b"from the host")
     output = await run_ok(shared_session, """
 import os
+import time
 print(os.getcwd())
 print(open('shared/from-host.txt').read())
 open('shared/from-kernel.txt', 'w').write('from the kernel')
@@ -149,3 +153,100 @@ def test_make_dir_move_and_remove_a_tree(workspace: Workspace) -> None:
     assert workspace.list_dir("") == []
     with pytest.raises(WorkspaceError):
         workspace.remove("")
+
+
+# -- parked workspaces (a paused session's) ----------------------------------------------------
+
+def on_disk(workspace: Workspace) -> int:
+    assert workspace.image is not None
+    return workspace.image.stat().st_blocks * 512
+
+
+def loop_devices_of(image: Path) -> list[str]:
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        if backing.read_text().strip() == str(image):
+            found.append(backing.parent.parent.name)
+    return found
+
+
+def test_park_gives_back_all_but_the_files_and_unpark_reserves_again(tmp_path: Path) -> None:
+    size = 256 * 2**20
+    workspace = Workspace.create(tmp_path / "ws", size)
+    try:
+        data = os.urandom(2**20)
+        workspace.write_bytes("data.bin", data)
+        assert on_disk(workspace) >= size
+        workspace.park()
+        assert workspace.parked and not os.path.ismount(workspace.root)
+        assert workspace.image is not None
+        deadline = time.monotonic() + 10
+        while loop_devices_of(workspace.image):  # the kernel detaches it after the unmount
+            assert time.monotonic() < deadline, loop_devices_of(workspace.image)
+            time.sleep(0.05)
+        assert on_disk(workspace) < 4 * 2**20  # the file and the file system's metadata
+        # Reads mount it read-only for their duration; it is parked again after.
+        assert workspace.read_bytes("data.bin", 2**21) == data
+        assert [f.path for f in workspace.list_files()] == ["data.bin"]
+        assert not os.path.ismount(workspace.root) and on_disk(workspace) < 4 * 2**20
+
+        workspace.unpark()
+        assert os.path.ismount(workspace.root) and on_disk(workspace) >= size
+        assert (workspace.root / "data.bin").read_bytes() == data
+    finally:
+        workspace.destroy()
+
+
+def test_readers_and_writers_of_a_parked_workspace_at_once_all_succeed(tmp_path: Path) -> None:
+    workspace = Workspace.create(tmp_path / "ws", 64 * 2**20)
+    try:
+        workspace.write_bytes("shared.txt", b"shared")
+        workspace.park()
+        with ThreadPoolExecutor(8) as pool:
+            reads = [pool.submit(workspace.read_bytes, "shared.txt", 100) for _ in range(8)]
+            writes = [pool.submit(workspace.write_bytes, f"w{i}.txt", b"w") for i in range(4)]
+            assert [r.result() for r in reads] == [b"shared"] * 8
+            assert [w.result() for w in writes] == [1] * 4
+        assert not os.path.ismount(workspace.root) and workspace.parked
+        assert len(workspace.list_files()) == 5
+    finally:
+        workspace.destroy()
+
+
+def test_a_parked_workspace_the_disk_cannot_reserve_refuses_writes_and_keeps_its_files(
+        ) -> None:
+    with small_disk(128) as disk:
+        workspace = Workspace.create(disk / "ws", 64 * 2**20)
+        workspace.write_bytes("kept.txt", b"kept")
+        workspace.park()
+        filler = disk / "filler"
+        fill_disk(filler, leave=8 * 2**20)
+        kept = on_disk(workspace)
+
+        with pytest.raises(StateDirFull, match=r"needs .* more bytes"):
+            workspace.write_bytes("new.txt", b"refused")
+        with pytest.raises(StateDirFull):
+            workspace.unpark()
+        assert workspace.parked and not os.path.ismount(workspace.root)
+        assert on_disk(workspace) == kept
+        assert workspace.read_bytes("kept.txt", 100) == b"kept"
+        assert [f.path for f in workspace.list_files()] == ["kept.txt"]
+
+        filler.unlink()
+        workspace.write_bytes("new.txt", b"taken")
+        workspace.unpark()
+        assert sorted((workspace.root / name).read_bytes() for name in ("kept.txt", "new.txt")) \
+            == [b"kept", b"taken"]
+        workspace.destroy()
+
+
+def test_take_back_parks_a_workspace_a_previous_gateway_left_mounted(tmp_path: Path) -> None:
+    left = Workspace.create(tmp_path / "ws", 64 * 2**20)
+    left.write_bytes("kept.txt", b"kept")
+    taken = Workspace.take_back_parked(tmp_path / "ws", 64 * 2**20)
+    try:
+        assert taken.parked and not os.path.ismount(taken.root)
+        assert on_disk(taken) < 4 * 2**20
+        assert taken.read_bytes("kept.txt", 100) == b"kept"
+    finally:
+        taken.destroy()

@@ -15,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,14 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import REPO, GatewayProcess, containers_of, make_gateway
+from tests.conftest import (
+    REPO,
+    GatewayProcess,
+    containers_of,
+    fill_disk,
+    make_gateway,
+    small_disk,
+)
 from tests.security.conftest import Hostile, brief
 
 
@@ -76,30 +82,8 @@ def test_container_killed_from_outside_mid_execution_recovers(
 @pytest.fixture
 def small_state_dir() -> Iterator[Path]:
     """A 320 MiB ext4 file system for a gateway's state dir (what a full host disk looks like)."""
-    root = Path(tempfile.mkdtemp(prefix="rg-full-", dir="/tmp"))
-    image = root.with_suffix(".img")
-    with open(image, "wb") as f:
-        f.truncate(320 * 2**20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(root)], check=True)
-    try:
+    with small_disk(320) as root:
         yield root
-    finally:
-        subprocess.run(["umount", "--lazy", str(root)], check=False)
-        image.unlink(missing_ok=True)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _fill(path: Path, leave: int) -> None:
-    """Take the file system's free space down to about ``leave`` bytes with one file."""
-    free = shutil.disk_usage(path.parent).free
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        size = os.fstat(fd).st_size + max(0, free - leave)
-        if size:
-            os.posix_fallocate(fd, 0, size)
-    finally:
-        os.close(fd)
 
 
 def _start_without_warm_kernels(gateway: GatewayProcess) -> None:
@@ -139,7 +123,7 @@ def test_full_state_dir_refuses_new_work_clearly_and_recovers(
 
             # Below the reserve: new sessions and executions are refused with a clear 507;
             # everything that only reads still answers, fast.
-            _fill(filler, leave=4 * 2**20)
+            fill_disk(filler, leave=4 * 2**20)
             refused = c.post(f"/v1/sessions/{sid}/execute", json={"code": "print(1)"})
             assert refused.status_code == 507, refused.text
             assert "state directory is full" in refused.json()["detail"]
@@ -152,7 +136,7 @@ def test_full_state_dir_refuses_new_work_clearly_and_recovers(
 
             # The host's disk completely full: the running session's workspace was reserved
             # whole at creation, so writes into it still land, and read back intact.
-            _fill(filler, leave=0)
+            fill_disk(filler, leave=0)
             assert images[0].stat().st_blocks * 512 >= 0.9 * images[0].stat().st_size
             blob = os.urandom(4 * 2**20)
             assert c.put(f"/v1/sessions/{sid}/files/blob.bin", content=blob).status_code == 201
@@ -161,7 +145,7 @@ def test_full_state_dir_refuses_new_work_clearly_and_recovers(
 
             # Room for the reserve but not for a new workspace: a clear error, no half sandbox.
             filler.unlink()
-            _fill(filler, leave=12 * 2**20)
+            fill_disk(filler, leave=12 * 2**20)
             answer = c.post("/v1/sessions", json={})
             assert answer.status_code == 503, answer.text
             assert "no room for a workspace" in answer.json()["detail"]

@@ -440,6 +440,16 @@ class DockerSandbox(Sandbox):
                                        keep_kernel_children, spared)
         return killed
 
+    async def release(self) -> None:
+        """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
+        listening egress socket may hold it until its proxy closes); ``reserve`` makes it."""
+        await super().release()
+        await _in_thread(self._backend.unmount_socket_dir, self._socket_dir)
+
+    async def reserve(self) -> None:
+        await super().reserve()
+        await _in_thread(self._backend.make_socket_dir, self._socket_dir)
+
     async def start_command(self, command: str, *, env: dict[str, str],
                             cwd: str) -> CommandProcess:
         return await DockerCommand.start(
@@ -552,7 +562,8 @@ class DockerBackend(SandboxBackend):
                 f"state dir path too long for Unix sockets ({socket_dir}); "
                 "set REPLGATE_STATE_DIR to a shorter path")
         try:
-            await _in_thread(self._make_socket_dir, socket_dir)
+            if start:  # a stopped sandbox's is made when it starts (``reserve``)
+                await _in_thread(self.make_socket_dir, socket_dir)
             try:
                 workspace = await _in_thread(
                     Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
@@ -572,7 +583,7 @@ class DockerBackend(SandboxBackend):
         return DockerSandbox(self, info, spec.profile, workspace, spec.env)
 
     @staticmethod
-    def _make_socket_dir(path: Path) -> None:
+    def make_socket_dir(path: Path) -> None:
         """``run/<id>/kernel``, the sandbox's writable socket folder (its kernel binds there).
 
         As root, ``run/<id>`` is a tiny tmpfs of its own, so the sandbox cannot fill the host's
@@ -588,6 +599,12 @@ class DockerBackend(SandboxBackend):
             os.chmod(path, 0o700)
         else:
             os.chmod(path, 0o777)
+
+    @staticmethod
+    def unmount_socket_dir(path: Path) -> None:
+        """Unmount a stopped sandbox's socket folder (see :meth:`make_socket_dir`)."""
+        if os.path.ismount(path.parent):
+            _mount(["--lazy", str(path.parent)], command="umount")
 
     @staticmethod
     def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
@@ -636,15 +653,14 @@ class DockerBackend(SandboxBackend):
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:
-        """A paused session's sandbox: its workspace and socket folder (mounted again after
-        a reboot); ``launch_kernel`` makes its container."""
-        socket_dir = Path(info.socket_dir)
-        await _in_thread(self._make_socket_dir, socket_dir)
+        """A paused session's sandbox, released (its workspace parked, no mount); its
+        ``launch_kernel`` (after ``reserve``) makes its container."""
+        await _in_thread(self.unmount_socket_dir, Path(info.socket_dir))
         try:
-            workspace = await _in_thread(Workspace.create, Path(info.workspace),
+            workspace = await _in_thread(Workspace.take_back_parked, Path(info.workspace),
                                          parse_size(profile.workspace_size))
         except WorkspaceError as exc:
-            raise BackendError(f"cannot mount the sandbox's workspace: {exc}") from exc
+            raise BackendError(f"cannot take back the sandbox's workspace: {exc}") from exc
         stopped = info.model_copy(update={"kernel_name": None, "kernel_ref": None})
         return DockerSandbox(self, stopped, profile, workspace, env)
 
