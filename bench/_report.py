@@ -128,6 +128,12 @@ def table(results: dict[str, Any]) -> str:
         for name, value in cpu.items():
             lines.append(f"{name:<52} {value['kernel_ms']:>9.2f} {value['server_ms']:>9.2f} "
                          f"{value['client_ms']:>9.2f}")
+    e2b = (results.get("e2b") or {}).get("run_code")
+    if e2b:
+        lines += ["", f"{'CPU per run_code 1+1 (ms)':<52} {'client':>9} {'gateway':>9}"]
+        for name, value in e2b.items():
+            lines.append(f"{name:<52} {value['client_cpu_ms']:>9.2f} "
+                         f"{value['gateway_cpu_ms']:>9.2f}")
     lines += ["", f"{'throughput (executions/s)':<52} {'per_s':>9} {'x floor':>9}  "
                   "CPU cores used: client/server/kernels"]
     for n, value in (results.get("throughput") or {}).items():

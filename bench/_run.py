@@ -49,6 +49,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             figures.sandbox_image, log)
         results["runtimes"] = await _runtimes.runtimes(sizes, log)
         return _finish(results, started)
+    if wanted == {"e2b"}:  # E2B's SDK and replgate's client on one gateway: nothing else
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        await _e2b_only(sizes, results)
+        return _finish(results, started)
     if wanted <= {"lifecycle", "held"}:  # two gateways of ours, none of the other contenders
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
@@ -125,6 +130,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await measure("runc against gVisor", "runtimes", _runtimes.runtimes(sizes, log))
         log("stopping the contenders")
     return _finish(results, started)
+
+
+async def _e2b_only(sizes: figures.Sizes, results: dict[str, Any]) -> None:
+    name = "E2B SDK against replgate's client"
+    log(name)
+    replgate = Replgate(min_idle=2, max_kernels=40)
+    try:
+        await replgate.wait_idle(2)
+        before = load_average()
+        results["e2b"] = await e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips)
+        results.setdefault("load_average_1min", {})[name] = [round(before, 2),
+                                                             round(load_average(), 2)]
+    finally:
+        await replgate.stop()
 
 
 async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse.Namespace,
