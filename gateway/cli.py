@@ -82,7 +82,8 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
     # than it saves on the local or LAN links agents use (and PNGs do not compress).
     config = uvicorn.Config(app, log_config=None, ws_max_size=16 * 1024 * 1024,
-                            ws_per_message_deflate=False, timeout_graceful_shutdown=15)
+                            ws_per_message_deflate=False, timeout_graceful_shutdown=15,
+                            timeout_keep_alive=settings.http_keep_alive_s)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 

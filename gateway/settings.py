@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     api_keys: str | None = Field(None, description="tenant:key pairs, comma-separated")
     log_json: bool = Field(False, description="log as JSON lines")
     log_level: str = "info"
+    http_keep_alive_s: int = Field(
+        310, ge=1, description="how long an idle HTTP connection stays open: longer than "
+        "clients keep idle connections to reuse (the E2B SDK 300 s, httpx 5 s), so that a "
+        "client never sends a request on a connection the gateway is closing that moment")
 
     # the pool
     pool: PoolLimits = Field(default_factory=PoolLimits,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import sqlite3
 import subprocess
@@ -35,6 +36,26 @@ def test_healthz_answers_without_key(gateway: GatewayProcess) -> None:
     answer = httpx.get(f"{gateway.url}/healthz")
     assert answer.status_code == 200
     assert answer.json()["status"] == "ok"
+
+
+def test_idle_connection_outlives_clients_reuse_window(gateway: GatewayProcess) -> None:
+    # httpx reuses an idle connection for up to 5 s, the E2B SDK for 300 s: had the gateway
+    # closed it at 5 s (uvicorn's default), a request sent that moment would meet a closing
+    # connection (seen once through the E2B SDK: "connection closed before message completed").
+    connection = http.client.HTTPConnection(gateway.url.removeprefix("http://"), timeout=30)
+    try:
+        statuses, sockets = [], []
+        for pause in (0.0, 5.5):
+            time.sleep(pause)
+            connection.request("GET", "/healthz")  # on the same socket: http.client keeps it
+            answer = connection.getresponse()  # RemoteDisconnected had the gateway closed it
+            answer.read()
+            statuses.append(answer.status)
+            sockets.append(connection.sock)
+    finally:
+        connection.close()
+    assert statuses == [200, 200]
+    assert sockets[0] is sockets[1] is not None
 
 
 def test_metrics_answer_without_key_and_hold_no_tenant(gateway: GatewayProcess,
