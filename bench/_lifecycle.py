@@ -41,16 +41,17 @@ async def _post(rg: Replgate, path: str, body: dict[str, Any] | None = None) -> 
     return response.json()
 
 
-async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any]:
+async def lifecycle(rg: Replgate, cold: Replgate, repeats: int, warm: int = 2) -> dict[str, Any]:
     """pause p50 and snapshot size; resume + 1+1 p50 (vs cold start + 1+1); fork of 4,
-    answered and with ``1+1`` run in every copy (vs four sessions created at once)."""
+    answered and with ``1+1`` run in every copy (vs four sessions created at once); each
+    figure starts with ``warm`` warm kernels ready (``rg``'s ``min_idle``)."""
     pause, resume, sizes, cold_starts = [], [], [], []
     forks, fork_runs, creates = [], [], []
     paused_copies = []
     for _ in range(repeats):
         sid = await rg.create_session()
         await rg.http_execute(sid, DATA_STACK)
-        await rg.wait_idle(2)
+        await rg.wait_idle(warm)
         start = time.perf_counter()
         paused = await _post(rg, f"/v1/sessions/{sid}/pause")
         pause.append((time.perf_counter() - start) * 1000)
@@ -60,7 +61,7 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
         resume.append((time.perf_counter() - start) * 1000)
         assert result["status"] == "ok", result
 
-        await rg.wait_idle(2)
+        await rg.wait_idle(warm)
         start = time.perf_counter()
         children = await _post(rg, f"/v1/sessions/{sid}/fork", {"count": 4})
         forks.append((time.perf_counter() - start) * 1000)
@@ -73,7 +74,7 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
             await rg.delete_session(child["id"])
         await rg.delete_session(sid)
 
-        await rg.wait_idle(2)
+        await rg.wait_idle(warm)
         start = time.perf_counter()
         made = await asyncio.gather(*(rg.create_session() for _ in range(4)))
         creates.append((time.perf_counter() - start) * 1000)
@@ -90,7 +91,7 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int) -> dict[str, Any
             "fork4_run": summary(fork_runs), "create4": summary(creates),
             "fork4_paused_copies": statistics.median(paused_copies),
             "snapshot_mib": round(statistics.median(sizes) / 2**20, 2),
-            "paused_with": "variables"}
+            "paused_with": "variables", "warm_kernels": warm}
 
 
 def _host_holds(state: str) -> dict[str, int]:

@@ -30,7 +30,7 @@ LATENCY_ROWS = [
     ("fork of 4, answered (past the warm kernels: paused)", "lifecycle.fork4",
      "lifecycle.create4"),
     ("fork of 4, then 1+1 in every copy at once", "lifecycle.fork4_run", "lifecycle.create4"),
-    ("4 sessions created at once (warm pool of 2)", "lifecycle.create4", None),
+    ("4 sessions created at once (the same warm pool)", "lifecycle.create4", None),
     ("1+1: floor (jupyter_client -> host ipykernel)", "round_trip.floor", None),
     ("1+1: kernel_pool in-process (sandboxed)", "round_trip.pool_in_process",
      "round_trip.floor"),

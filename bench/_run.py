@@ -151,13 +151,14 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
     if "lifecycle" in wanted:
         log("pause, resume, fork")
         async with contextlib.AsyncExitStack() as stack:
-            replgate = Replgate(min_idle=2, max_kernels=40)
+            replgate = Replgate(min_idle=args.lifecycle_warm, max_kernels=40)
             stack.push_async_callback(replgate.stop)
             cold = Replgate(min_idle=0, max_kernels=4)
             stack.push_async_callback(cold.stop)
-            await asyncio.gather(replgate.wait_idle(2), cold.wait_idle(0))
+            await asyncio.gather(replgate.wait_idle(args.lifecycle_warm), cold.wait_idle(0))
             before = load_average()
-            results["lifecycle"] = await lifecycle(replgate, cold, sizes.starts_cold)
+            results["lifecycle"] = await lifecycle(replgate, cold, sizes.starts_cold,
+                                                   args.lifecycle_warm)
             results.setdefault("load_average_1min", {})["pause, resume, fork"] = [
                 round(before, 2), round(load_average(), 2)]
     if "held" in wanted:
@@ -179,6 +180,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, 1 and 8 sessions")
     parser.add_argument("--only", help="comma-separated figures of "
                         f"{', '.join(FIGURES + ON_REQUEST)}")
+    parser.add_argument("--lifecycle-warm", type=int, default=2,
+                        help="warm kernels the gateway of --only lifecycle keeps (the full "
+                        "run's keeps 2)")
     parser.add_argument("--held-sessions", type=int, default=200,
                         help="paused sessions the held figure makes")
     parser.add_argument("--held-sample", type=int, default=8,
