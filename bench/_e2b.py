@@ -20,12 +20,12 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from e2b_code_interpreter import AsyncSandbox as E2BSandbox
 
-from bench._measure import summary, timed
+from bench._measure import interleaved, summary
 from bench._peers import Replgate
 from gateway.client import AsyncSandbox
 
@@ -74,21 +74,20 @@ async def _replgate_start(replgate: Replgate) -> float:
 
 
 async def _metered(replgate: Replgate, actions: dict[str, Callable[[], Awaitable[Any]]],
-                   n: int, warmup: int = 20) -> dict[str, dict[str, Any]]:
+                   n: int) -> dict[str, dict[str, Any]]:
     """Each action ``n`` times in alternating blocks: latencies, and the client's and the
     gateway's CPU per call (milliseconds)."""
-    for action in actions.values():
-        await timed(warmup, action)
-    times: dict[str, list[float]] = {name: [] for name in actions}
     client_s = dict.fromkeys(actions, 0.0)
     gateway_s = dict.fromkeys(actions, 0.0)
-    while any(len(values) < n for values in times.values()):
-        for name, action in actions.items():
-            calls = min(BLOCK, n - len(times[name]))
-            gateway, client = threads_cpu_s(replgate.pid), time.process_time()
-            times[name] += await timed(calls, action)
-            client_s[name] += time.process_time() - client
-            gateway_s[name] += threads_cpu_s(replgate.pid) - gateway
+
+    @contextlib.contextmanager
+    def metering(name: str) -> Iterator[None]:
+        gateway, client = threads_cpu_s(replgate.pid), time.process_time()
+        yield
+        client_s[name] += time.process_time() - client
+        gateway_s[name] += threads_cpu_s(replgate.pid) - gateway
+
+    times = await interleaved(actions, n, block=BLOCK, around=metering)
     return {name: {**summary(values),
                    "client_cpu_ms": client_s[name] * 1000 / len(values),
                    "gateway_cpu_ms": gateway_s[name] * 1000 / len(values)}

@@ -39,8 +39,11 @@ async def timed(n: int, action: Action) -> list[float]:
 
 
 async def interleaved(actions: dict[str, Action], n: int, warmup: int = 20,
-                      rounds: int = 10) -> dict[str, list[float]]:
-    """Time each action ``n`` times, in ``rounds`` alternating blocks.
+                      rounds: int = 10, *, block: int | None = None,
+                      around: Callable[[str], contextlib.AbstractContextManager[None]]
+                      = lambda _name: contextlib.nullcontext()) -> dict[str, list[float]]:
+    """Time each action ``n`` times, in ``rounds`` alternating blocks (or blocks of
+    ``block`` calls); each block runs inside ``around(name)`` (to meter it, say).
 
     On a machine whose load changes during the run, each contender sees the same mix of quiet
     and busy moments, so their ratios hold even when the absolute figures drift.
@@ -48,10 +51,11 @@ async def interleaved(actions: dict[str, Action], n: int, warmup: int = 20,
     for action in actions.values():
         await timed(warmup, action)
     out: dict[str, list[float]] = {name: [] for name in actions}
-    block = max(1, n // rounds)
+    size = block or max(1, n // rounds)
     while any(len(values) < n for values in out.values()):
         for name, action in actions.items():
-            out[name] += await timed(min(block, n - len(out[name])), action)
+            with around(name):
+                out[name] += await timed(min(size, n - len(out[name])), action)
     return out
 
 

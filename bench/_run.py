@@ -132,16 +132,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return _finish(results, started)
 
 
+async def _loaded(results: dict[str, Any], name: str, key: str, figure: Awaitable[Any]) -> None:
+    """``results[key]`` from ``figure``, with the 1-minute load before and after it."""
+    before = load_average()
+    results[key] = await figure
+    results.setdefault("load_average_1min", {})[name] = [round(before, 2),
+                                                         round(load_average(), 2)]
+
+
 async def _e2b_only(sizes: figures.Sizes, results: dict[str, Any]) -> None:
     name = "E2B SDK against replgate's client"
     log(name)
     replgate = Replgate(min_idle=2, max_kernels=40)
     try:
         await replgate.wait_idle(2)
-        before = load_average()
-        results["e2b"] = await e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips)
-        results.setdefault("load_average_1min", {})[name] = [round(before, 2),
-                                                             round(load_average(), 2)]
+        await _loaded(results, name, "e2b",
+                      e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips))
     finally:
         await replgate.stop()
 
@@ -156,11 +162,8 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
             cold = Replgate(min_idle=0, max_kernels=4)
             stack.push_async_callback(cold.stop)
             await asyncio.gather(replgate.wait_idle(args.lifecycle_warm), cold.wait_idle(0))
-            before = load_average()
-            results["lifecycle"] = await lifecycle(replgate, cold, sizes.starts_cold,
-                                                   args.lifecycle_warm)
-            results.setdefault("load_average_1min", {})["pause, resume, fork"] = [
-                round(before, 2), round(load_average(), 2)]
+            await _loaded(results, "pause, resume, fork", "lifecycle",
+                          lifecycle(replgate, cold, sizes.starts_cold, args.lifecycle_warm))
     if "held" in wanted:
         log(f"{args.held_sessions} paused sessions held")
         results["held"] = await held(args.held_sessions, args.held_sample)

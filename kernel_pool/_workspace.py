@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -101,11 +102,10 @@ def _mounted(write: bool) -> Callable[[Callable[Concatenate[Workspace, P], T]],
     :meth:`Workspace.access`)."""
     def decorate(method: Callable[Concatenate[Workspace, P], T]
                  ) -> Callable[Concatenate[Workspace, P], T]:
+        @functools.wraps(method)
         def run(self: Workspace, /, *args: P.args, **kwargs: P.kwargs) -> T:
             with self.access(write):
                 return method(self, *args, **kwargs)
-        run.__name__, run.__qualname__, run.__doc__ = (method.__name__, method.__qualname__,
-                                                       method.__doc__)
         return run
     return decorate
 
