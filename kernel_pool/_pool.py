@@ -392,7 +392,7 @@ class KernelPool:
             except Exception as exc:
                 logger.warning("sandbox %s: removing it failed again: %s", sandbox_id, exc)
                 continue
-            del self._unremoved[sandbox_id]
+            self._unremoved.pop(sandbox_id, None)  # (a concurrent try may have done it)
             logger.info("sandbox %s removed on a later try", sandbox_id)
 
     # -- running-kernel slots: pause to make room --------------------------------------------

@@ -245,6 +245,7 @@ async def test_a_removal_that_fails_is_logged_once_and_tried_again(
     pool = own_pool("unremoved", cull_interval_s=0.2, profiles=one_profile(min_idle=0))
     await pool.start()
     kernel = await pool.acquire()
+    sandbox_id = kernel.sandbox.info.sandbox_id
     image = Path(kernel.sandbox.info.workspace).with_suffix(".ext4")
     # Something mounted on the workspace's image (a host's backup tool, say): it cannot be
     # deleted while that lasts, so the removal fails for real.
@@ -261,12 +262,12 @@ async def test_a_removal_that_fails_is_logged_once_and_tried_again(
     finally:
         await asyncio.to_thread(subprocess.run, ["umount", str(image)], check=True)
     # The cull loop's next try; the socket folder is the last thing a removal removes.
-    sockets = pool.settings.state_dir / "run" / kernel.sandbox.info.sandbox_id
+    sockets = pool.settings.state_dir / "run" / sandbox_id
     await eventually(lambda: not sockets.exists(), 30)
     assert not image.exists() and mounts_under(pool.settings.state_dir) == []
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, errors
-    assert kernel.id in errors[0] and "removing its sandbox failed" in errors[0]
+    assert f"kernel {kernel.id}: removing its sandbox {sandbox_id} failed" in errors[0]
     assert "Device or resource busy" in errors[0]
 
 
