@@ -142,9 +142,9 @@ install_criu() {
   # The root only runs criu: its package caches and documentation are 140 of its 240 MB.
   as_root sh -c "rm -rf '$new'/var/cache/apt/archives/*.deb '$new'/var/lib/apt/lists/* \
                  '$new'/usr/share/doc '$new'/usr/share/man '$new'/usr/share/locale"
-  as_root rm -rf "$CRIU_HOME/root"
-  as_root mv "$new" "$CRIU_HOME/root"
-  loader=$(ls "$CRIU_HOME"/root/usr/lib/*-linux-gnu*/ld-linux*.so.* | head -n1)
+  as_root rm -rf "$CRIU_HOME/root" && as_root mv "$new" "$CRIU_HOME/root" || return 1
+  loader=$(ls "$CRIU_HOME"/root/usr/lib/*-linux-gnu*/ld-linux*.so.* 2>/dev/null | head -n1)
+  [ -n "$loader" ] || return 1
   if root_lacks_cap_sys_resource; then
     if ! command -v gcc >/dev/null 2>&1; then
       say "installing Debian's gcc to build CRIU's rlimit shim (root lacks CAP_SYS_RESOURCE here)"
@@ -160,31 +160,33 @@ install_criu() {
     "# CRIU from Debian $CRIU_SUITE in a root of its own, run by that root's loader beside the" \
     "# host's libc (installed by replgate's run.sh)." \
     "exec '$loader' ${preload}--library-path '$(dirname "$loader")' '$CRIU_HOME/root/usr/sbin/criu' \"\$@\"" |
-    as_root tee "$CRIU_WRAPPER.new" >/dev/null
-  as_root chmod 0755 "$CRIU_WRAPPER.new"
-  as_root mv "$CRIU_WRAPPER.new" "$CRIU_WRAPPER"
+    as_root tee "$CRIU_WRAPPER.new" >/dev/null &&
+    as_root chmod 0755 "$CRIU_WRAPPER.new" && as_root mv "$CRIU_WRAPPER.new" "$CRIU_WRAPPER"
 }
 
 # Installs CRIU unless root's PATH has one new enough, then says whether this kernel can
 # checkpoint. Nothing here fails the set-up: without CRIU, pauses keep the variables.
 ensure_criu() {
-  local criu installed="" found
-  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
-    say "not root: CRIU is not installed, so pauses keep variables (see README, Sessions)"; return 0
-  fi
+  local criu installed="" report can_root=yes
+  [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1 || can_root=""
   criu=$(PATH="/usr/local/sbin:/usr/sbin:/sbin:$PATH" command -v criu || true)
   if [ -z "$criu" ] || ! version_at_least "$(criu_version "$criu")" "$CRIU_MIN"; then
+    if [ -z "$can_root" ]; then
+      say "no CRIU $CRIU_MIN or newer, and installing it needs root: pauses will keep variables only"
+      return 0
+    fi
     if ! install_criu; then
       say "could not install CRIU from Debian $CRIU_SUITE: pauses will keep variables only"
       return 0
     fi
     criu=$CRIU_WRAPPER installed=yes
   fi
-  if found=$(as_root "$criu" check 2>&1); then
+  [ -n "$can_root" ] || return 0  # criu check needs root
+  if report=$(as_root "$criu" check 2>&1); then
     [ -z "$installed" ] || say "CRIU $(criu_version "$criu") is installed and this kernel can checkpoint"
   else
     say "CRIU $(criu_version "$criu") is installed, but this host's kernel cannot checkpoint" \
-        "processes ($criu check: $(printf '%s\n' "$found" | tail -n1)): pauses will keep variables only"
+        "processes ($criu check: $(printf '%s\n' "$report" | tail -n1)): pauses will keep variables only"
   fi
 }
 
