@@ -186,7 +186,8 @@ ensure_criu() {
     [ -z "$installed" ] || say "CRIU $(criu_version "$criu") is installed and this kernel can checkpoint"
   else
     say "CRIU $(criu_version "$criu") is installed, but this host's kernel cannot checkpoint" \
-        "processes ($criu check: $(printf '%s\n' "$report" | tail -n1)): pauses will keep variables only"
+        "processes ($criu check: $(grep -m1 '^Error' <<<"$report" || tail -n1 <<<"$report")):" \
+        "pauses will keep variables only"
   fi
 }
 

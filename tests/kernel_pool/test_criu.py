@@ -71,6 +71,23 @@ def test_checkpoint_support_says_no_with_old_criu(
     assert "older than 4.2" in support.reason
 
 
+def test_checkpoint_support_names_the_failed_check(
+        engine_info: dict[str, Any], tmp_path: Path) -> None:
+    # what bookworm's criu 3.17 says on Linux 6.18, from a criu new enough to get that far
+    failing = tmp_path / "criu"
+    failing.write_text("#!/bin/sh\n"
+                       "[ \"$1\" = --version ] && { echo 'Version: 4.2.1'; exit 0; }\n"
+                       "echo 'Error (criu/vdso.c:1): vdso: Unexpected rt vDSO area bounds' >&2\n"
+                       "echo 'Warn  (criu/cr-check.c:1): Does not look good.' >&2\n"
+                       "exit 1\n")
+    failing.chmod(0o755)
+    assert os.geteuid() == 0, "criu check runs as root: run the tests as root (./run.sh test)"
+    support = checkpoint_support(engine_info, path=str(tmp_path))
+    assert (support.available, support.criu_version) == (False, "4.2.1")
+    assert support.reason.endswith("cannot checkpoint (criu check: Error (criu/vdso.c:1): vdso: "
+                                   "Unexpected rt vDSO area bounds)"), support.reason
+
+
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """``sleep`` as uid 1000 in a session of its own, with limits of its own."""

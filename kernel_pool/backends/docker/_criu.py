@@ -91,7 +91,8 @@ def _numbers(version: str) -> tuple[int, ...]:
 
 
 def _check_fails(criu: str) -> str | None:
-    """None when ``criu check`` passes, else its last line (the failed check)."""
+    """None when ``criu check`` passes, else its first error (its last line says only "Does
+    not look good")."""
     try:
         done = subprocess.run([criu, "check"], capture_output=True, text=True,
                               timeout=CRIU_TIMEOUT_S, check=False)
@@ -100,4 +101,7 @@ def _check_fails(criu: str) -> str | None:
     if done.returncode == 0:
         return None
     lines = (done.stdout + done.stderr).strip().splitlines()
+    errors = [line for line in lines if line.startswith("Error")]
+    if errors:
+        return errors[0]
     return lines[-1] if lines else f"exit status {done.returncode}"
