@@ -134,7 +134,8 @@ class Gateway:
         return session
 
     async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
-        """Take back the sessions a previous gateway left running; forget those that are gone."""
+        """Take back the sessions a previous gateway left running or paused; forget those that
+        are gone, and remove every other sandbox it left on the host."""
         image = self.settings.limits.image
         digest = await self.pool.image_digest(image)
         if digest:
@@ -170,6 +171,7 @@ class Gateway:
                 except Exception as exc:
                     logger.error("could not take back paused session %s: %s", record.id, exc)
             await self.store.mark_deleted(record.id)
+        await self.pool.remove_leftovers()  # of sandboxes no session above took back
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         self.session(tenant, session_id)

@@ -512,8 +512,8 @@ class Kernel:
 
     def _closed(self, closing: asyncio.Future[None]) -> None:
         if not closing.cancelled() and closing.exception() is not None:
-            logger.error("kernel %s: removing its sandbox failed: %s", self.id,
-                         closing.exception())
+            logger.error("kernel %s: removing its sandbox %s failed: %s", self.id,
+                         self.sandbox.info.sandbox_id, closing.exception())
 
     async def _close(self) -> None:
         await self.settle()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -80,6 +81,10 @@ class KernelPool:
         """Paused sessions' snapshots (see :mod:`kernel_pool._snapshot`)."""
         self._held: set[str] = set()
         """Sessions not to be paused now: being paused already, or in a fork."""
+        self._making: set[str] = set()
+        """Sandboxes being made, not yet a kernel's (:meth:`remove_leftovers` spares them)."""
+        self._unremoved: dict[str, SandboxInfo] = {}
+        """Sandboxes whose removal failed, to be tried again (:meth:`_remove`)."""
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -121,7 +126,7 @@ class KernelPool:
                 continue
             logger.info("removing orphaned sandbox %s", info.sandbox_id)
             await self.backend.remove(info)
-        self._spawn(self._cull_loop())
+        self._spawn(self._cull_loop(), "the cull loop")
         for name in self.settings.profiles:
             self._fill(name)
         return kept
@@ -140,14 +145,16 @@ class KernelPool:
             if self.settings.keep_sessions_on_close:
                 await self._keep_session(session)
             else:
-                await self._close_session(session, "gateway shut down")
+                with contextlib.suppress(Exception):  # logged, and tried again below
+                    await self._close_session(session, "gateway shut down")
         for queue in self._idle.values():
             while queue:
-                await queue.popleft().close()
+                await self._remove(queue.popleft())
         # Kernels a cancelled task was starting or closing: close() waits for (or does) that.
         for kernel in list(self._kernels):
             if kernel.state not in (KernelState.DETACHED, KernelState.PAUSED):  # kept
-                await kernel.close()
+                await self._remove(kernel)
+        await self._remove_again()  # what is still left, the next start's sweep removes
         await self.backend.close()
         self._context.term()
 
@@ -187,7 +194,7 @@ class KernelPool:
             if kernel.state is KernelState.READY:
                 self._in_use.add(kernel)
                 return kernel
-            self._spawn(kernel.close())
+            self._spawn(self._remove(kernel), f"removing dead idle kernel {kernel.id}")
         return None
 
     def _take(self, profile: str) -> Kernel | None:
@@ -248,7 +255,7 @@ class KernelPool:
         if not task.cancelled() and task.exception() is None:
             kernel = task.result()
             if self._closing:
-                self._spawn(kernel.close())
+                self._spawn(self._remove(kernel), f"removing abandoned kernel {kernel.id}")
             else:
                 self._park(kernel)
 
@@ -259,8 +266,8 @@ class KernelPool:
             attempt = 1
             while True:
                 spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
-                sandbox = await self.backend.create(spec)
-                kernel = self._new_kernel(sandbox, profile)
+                with self._being_made(spec):
+                    kernel = self._new_kernel(await self.backend.create(spec), profile)
                 try:
                     await kernel.start()
                 except KernelStartError as exc:
@@ -281,6 +288,15 @@ class KernelPool:
         finally:
             self._starting[profile.name] -= 1
 
+    @contextlib.contextmanager
+    def _being_made(self, spec: SandboxSpec) -> Iterator[None]:
+        """While a sandbox is made, until its kernel object exists (no await in between)."""
+        self._making.add(spec.sandbox_id)
+        try:
+            yield
+        finally:
+            self._making.discard(spec.sandbox_id)
+
     def _new_kernel(self, sandbox: Sandbox, profile: Profile) -> Kernel:
         """The kernel of ``sandbox`` (not started), counted among the pool's until it is gone."""
         kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
@@ -299,7 +315,7 @@ class KernelPool:
                and self._total() < self.settings.max_kernels):
             self._starting[profile_name] += 1
             self._warming[profile_name] += 1
-            self._spawn(self._warm(profile))
+            self._spawn(self._warm(profile), f"a warm kernel start of profile {profile.name}")
 
     async def _warm(self, profile: Profile) -> None:
         try:
@@ -336,21 +352,48 @@ class KernelPool:
         if kernel in idle:
             logger.warning("idle kernel %s died; replacing it", kernel.id)
             idle.remove(kernel)
-            self._spawn(kernel.close())
+            self._spawn(self._remove(kernel), f"removing dead idle kernel {kernel.id}")
             self._fill(kernel.profile.name)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any, what: str) -> None:
+        """Run ``coro`` in the background; should it fail, ``what`` it did is logged with
+        why (once: its exception is retrieved here)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._spawned, what))
+
+    def _spawned(self, what: str, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("%s failed: %s", what, exc, exc_info=exc)
 
     async def release(self, kernel: Kernel) -> None:
         """A used kernel is never reused: remove its sandbox, then refill."""
         self._in_use.discard(kernel)
         try:
-            await asyncio.shield(kernel.close())
+            await self._remove(kernel)
         finally:
             self._fill(kernel.profile.name)
+
+    async def _remove(self, kernel: Kernel) -> None:
+        """Close a kernel and remove its sandbox. A removal that fails (the kernel logs why)
+        is tried again by the cull loop, and by :meth:`close`."""
+        try:
+            await kernel.close()
+        except Exception:
+            info = kernel.sandbox.get_info()
+            self._unremoved[info.sandbox_id] = info
+
+    async def _remove_again(self) -> None:
+        """Try again the removals that failed (:meth:`_remove`)."""
+        for sandbox_id, info in list(self._unremoved.items()):
+            try:
+                await self.backend.remove(info)
+            except Exception as exc:
+                logger.warning("sandbox %s: removing it failed again: %s", sandbox_id, exc)
+                continue
+            self._unremoved.pop(sandbox_id, None)  # (a concurrent try may have done it)
+            logger.info("sandbox %s removed on a later try", sandbox_id)
 
     # -- running-kernel slots: pause to make room --------------------------------------------
 
@@ -404,7 +447,7 @@ class KernelPool:
 
     def give_back(self, kernel: Kernel) -> None:
         """Remove a kernel a session no longer uses (Lifecycle)."""
-        self._spawn(self.release(kernel))
+        self._spawn(self.release(kernel), f"removing kernel {kernel.id}")
 
     def resumed(self, session: Session) -> None:
         """Tell the listeners that a paused session runs again (Lifecycle)."""
@@ -419,7 +462,8 @@ class KernelPool:
         False when nothing can go."""
         for queue in self._idle.values():
             if queue:
-                self._spawn(queue.popleft().close())
+                kernel = queue.popleft()
+                self._spawn(self._remove(kernel), f"removing idle kernel {kernel.id}")
                 return True
         candidates = [s for s in self._sessions.values()
                       if s is not exclude and s.id not in tried and s.id not in self._held
@@ -540,9 +584,10 @@ class KernelPool:
         its workspace and the snapshot under its id, to be loaded reseeded when it resumes."""
         spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=parent.profile,
                            env=parent.env)
-        sandbox = await self.backend.create_stopped(spec)
-        child = self._stopped_session(sandbox, parent.profile, env=parent.env,
-                                      metadata=metadata)
+        with self._being_made(spec):
+            sandbox = await self.backend.create_stopped(spec)
+            child = self._stopped_session(sandbox, parent.profile, env=parent.env,
+                                          metadata=metadata)
         children.append(child)
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(
@@ -617,6 +662,18 @@ class KernelPool:
         """Remove a sandbox ``start`` kept that will not be taken back: container, workspace."""
         await self.backend.remove(info)
 
+    async def remove_leftovers(self) -> None:
+        """Remove every sandbox on the host that no kernel or session of this pool uses: what
+        a gateway killed while making one left (folders, mounts, but no container for
+        :meth:`start` to find). Call it once the sessions to keep are taken back."""
+        found = await self.backend.list_on_host()
+        used = self._making | {kernel.sandbox.info.sandbox_id for kernel in self._kernels}
+        for info in found:
+            if info.sandbox_id not in used:
+                logger.info("removing what sandbox %s left on the host", info.sandbox_id)
+                self._unremoved[info.sandbox_id] = info
+        await self._remove_again()
+
     async def image_digest(self, image: str) -> str | None:
         """The content id of ``image`` as the backend has it (for the audit log), if known."""
         return await self.backend.image_digest(image)
@@ -641,12 +698,18 @@ class KernelPool:
         # Shielded: a cancelled caller (a client gone, the cull loop stopped) must not leave
         # the sandbox half-removed; the pool's books are settled when the removal ends.
         closing = asyncio.ensure_future(session.close())
-        closing.add_done_callback(lambda _: self._session_closed(session, reason))
+        closing.add_done_callback(lambda _: self._session_closed(session, reason, closing))
         await asyncio.shield(closing)
 
-    def _session_closed(self, session: Session, reason: str) -> None:
+    def _session_closed(self, session: Session, reason: str,
+                        closing: asyncio.Future[None]) -> None:
+        if not closing.cancelled() and closing.exception() is not None:
+            # The kernel logged why; the cull loop tries the removal again.
+            info = session.sandbox_info()
+            self._unremoved[info.sandbox_id] = info
         self._in_use.discard(session.kernel)
-        self._spawn(anyio.to_thread.run_sync(self.snapshots.delete, session.id))
+        self._spawn(anyio.to_thread.run_sync(self.snapshots.delete, session.id),
+                    f"deleting session {session.id}'s snapshot")
         self._fill(session.profile.name)
         for callback in self.on_session_closed:
             try:
@@ -660,6 +723,7 @@ class KernelPool:
             interval = min(interval, max(self.settings.pause_after_s / 2, 0.5))
         while True:
             await asyncio.sleep(interval)
+            await self._remove_again()
             for session in list(self._sessions.values()):
                 if session.idle_for() > self.settings.idle_ttl_s:
                     reason = f"idle for more than {self.settings.idle_ttl_s:g}s"
@@ -670,7 +734,9 @@ class KernelPool:
                     if (pause_after and session.idle_for() > pause_after
                             and session.status is SessionStatus.IDLE
                             and session.id not in self._held and session.reason is None):
-                        self._spawn(self._pause(session, f"after {pause_after:g}s idle"))
+                        self._spawn(self._pause(session, f"after {pause_after:g}s idle"),
+                                    f"pausing idle session {session.id}")
                     continue
                 logger.info("culling session %s: %s", session.id, reason)
-                await self._close_session(session, reason)
+                with contextlib.suppress(Exception):  # logged, and tried again (above)
+                    await self._close_session(session, reason)

@@ -165,9 +165,16 @@ class Workspace:
         return workspace
 
     def destroy(self) -> None:
-        """Unmount and delete everything; afterwards no byte of the workspace remains."""
-        if os.path.ismount(self.root):
-            _run(["umount", "--lazy", str(self.root)])
+        """Unmount and delete everything; afterwards no byte of the workspace remains.
+
+        Under the guard: a file operation's end parks the workspace (unmounts it) under it
+        too, so the mount cannot go between the check and the unmount here. One that went
+        anyway (someone else unmounted it) is not an error.
+        """
+        with self._guard:
+            if os.path.ismount(self.root):
+                detach(self.root)
+            self._mount = None
         shutil.rmtree(self.root, ignore_errors=True)
         if self.image is not None:
             self.image.unlink(missing_ok=True)
@@ -620,6 +627,15 @@ def _unmount(root: Path, read_only: bool) -> None:
     if read_only and code == errno.EBUSY and _libc.umount2(os.fsencode(root), MNT_DETACH) == 0:
         return
     raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
+
+
+def detach(root: Path) -> None:
+    """Unmount lazily (a process with a file open there keeps it until it closes it); a mount
+    found gone meanwhile is done, not an error."""
+    if _libc.umount2(os.fsencode(root), MNT_DETACH) != 0:
+        code = ctypes.get_errno()
+        if os.path.ismount(root):
+            raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
 
 
 def _punch_unwritten(image: Path) -> None:

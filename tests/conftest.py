@@ -201,11 +201,26 @@ def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
         all=True, filters={"label": f"io.replgate.owner={owner}"})]
 
 
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path``, in the order they were mounted."""
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
+
+
+def unmount_all(path: Path) -> list[str]:
+    """Unmount whatever is mounted under ``path`` (a test's leftovers); what was mounted."""
+    mounted = mounts_under(path)
+    for point in reversed(mounted):
+        subprocess.run(["umount", "--lazy", point], check=False)
+    return mounted
+
+
 @contextmanager
 def running_gateway(docker_client: docker.DockerClient, process: GatewayProcess | None = None,
                     **settings: str) -> Iterator[GatewayProcess]:
     """A started gateway (``process``, else a new one with ``settings``); on exit it is stopped
-    and must have left no container behind."""
+    and must have left no container and no mount (a workspace, a socket folder) behind."""
     process = process or make_gateway(**settings)
     process.start()
     try:
@@ -215,8 +230,10 @@ def running_gateway(docker_client: docker.DockerClient, process: GatewayProcess 
         left = containers_of(docker_client, process.owner)
         for cid in left:
             docker_client.api.remove_container(cid, force=True)
+        mounted = unmount_all(process.state_dir)
         shutil.rmtree(process.state_dir, ignore_errors=True)
     assert not left, f"gateway left containers behind: {left}"
+    assert not mounted, f"gateway left mounts behind: {mounted}"
 
 
 @pytest.fixture(scope="session")

@@ -188,6 +188,12 @@ class SandboxBackend(ABC):
     async def remove(self, info: SandboxInfo) -> None:
         """Remove a sandbox that is not loaded (an orphan): container and workspace."""
 
+    async def list_on_host(self) -> list[SandboxInfo]:
+        """Every sandbox with something of its own on the host (a workspace, a socket folder),
+        with or without a container: a gateway killed while making one leaves its folders, and
+        their mounts, with no container to find them by. None by default."""
+        return []
+
     async def check(self, profiles: list[Profile]) -> None:
         """Raise :class:`BackendError` with one sentence saying what to change when the
         backend cannot run a profile as configured (e.g. its runtime is missing)."""

@@ -7,6 +7,7 @@ import secrets
 import shutil
 import signal
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -322,6 +323,19 @@ def test_idle_session_is_paused_after_pause_after_s(docker_client: docker.Docker
         assert value(client, sid, "kept") == "'idle'"
 
 
+def half_made_sandbox(state_dir: Path) -> list[Path]:
+    """What a gateway killed while making a sandbox leaves: its socket folder mounted and its
+    workspace folder, but no container, whose label would name the sandbox."""
+    socket_folder = state_dir / "run" / secrets.token_hex(6)
+    socket_folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(socket_folder)],
+                   check=True)
+    (socket_folder / "kernel").mkdir()
+    workspace = state_dir / "workspaces" / socket_folder.name
+    workspace.mkdir()
+    return [socket_folder, workspace]
+
+
 def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
         docker_client: docker.DockerClient) -> None:
     with running_gateway(docker_client, keep_sessions_on_stop="true") as process:
@@ -334,7 +348,9 @@ def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
             assert c.post(f"/v1/sessions/{paused}/pause").status_code == 200
         for sig in (signal.SIGTERM, signal.SIGKILL):
             process.stop(sig)
+            half_made = half_made_sandbox(process.state_dir)
             process.start()
+            assert [path for path in half_made if path.exists()] == [], sig
             with httpx.Client(base_url=process.url, headers=process.headers(),
                               timeout=120) as c:
                 assert c.get(f"/v1/sessions/{paused}").json()["status"] == "paused", sig

@@ -9,16 +9,16 @@ sockets are Unix sockets, whose paths must stay short.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import docker
 import pytest
-from kp_support import SESSION_ENV, make_settings, mounts_under, owned_containers
+from kp_support import SESSION_ENV, make_settings, owned_containers
 
 from kernel_pool import KernelPool, Session
+from tests.conftest import unmount_all
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +29,7 @@ def state_root(docker_client: docker.DockerClient) -> Iterator[Path]:
     left = owned_containers(docker_client)
     for container_id in left:
         docker_client.api.remove_container(container_id, force=True, v=True)
-    mounted = mounts_under(root)
-    for mount in reversed(mounted):
-        subprocess.run(["umount", "--lazy", mount], check=False)
+    mounted = unmount_all(root)
     shutil.rmtree(root, ignore_errors=True)
     assert not left, f"the tests left containers behind: {left}"
     assert not mounted, f"the tests left workspaces mounted: {mounted}"

@@ -15,6 +15,7 @@ import docker.errors
 
 from kernel_pool import PoolSettings, Profile, SandboxInfo, Session
 from kernel_pool.backends.docker import LABEL_OWNER
+from tests.conftest import mounts_under as mounts_under
 
 OWNER = f"kptest-{secrets.token_hex(4)}"
 """The owner label of this run's containers; pools of their own use ``OWNER-<suffix>``."""
@@ -53,11 +54,6 @@ def owned_containers(client: docker.DockerClient, owner: str = OWNER) -> list[st
     return [c["Id"] for c in found
             if (label := c["Labels"].get(LABEL_OWNER, "")) == owner
             or (owner == OWNER and label.startswith(f"{OWNER}-"))]
-
-
-def mounts_under(path: Path) -> list[str]:
-    with open("/proc/self/mounts") as mounts:
-        return [line.split()[1] for line in mounts if line.split()[1].startswith(str(path))]
 
 
 async def run_ok(session: Session, code: str, timeout_s: float | None = None) -> str:

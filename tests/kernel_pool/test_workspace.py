@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ import pytest
 from kp_support import mounts_under, run_ok
 
 from kernel_pool import PathOutsideWorkspace, Session, StateDirFull, WorkspaceError
-from kernel_pool._workspace import SANDBOX_UID, Workspace
+from kernel_pool._workspace import SANDBOX_UID, Workspace, detach
 from tests.conftest import fill_disk, small_disk
 
 
@@ -70,13 +71,52 @@ def test_read_refuses_files_over_the_limit(workspace: Workspace) -> None:
         workspace.read_bytes("big", limit=10)
 
 
+def assert_nothing_left(workspace: Workspace) -> None:
+    assert not workspace.root.exists()
+    assert workspace.image is not None and not workspace.image.exists()
+    assert mounts_under(workspace.root) == []
+
+
 def test_destroy_leaves_nothing(tmp_path: Path) -> None:
     made = Workspace.create(tmp_path / "gone", 16 * 2**20)
     made.write_bytes("f", b"x")
     made.destroy()
-    assert not made.root.exists()
-    assert made.image is not None and not made.image.exists()
-    assert mounts_under(tmp_path) == []
+    assert_nothing_left(made)
+
+
+def test_destroy_a_parked_workspace_leaves_nothing(tmp_path: Path) -> None:
+    made = Workspace.create(tmp_path / "parked", 16 * 2**20)
+    made.write_bytes("f", b"x")
+    made.park()
+    assert not os.path.ismount(made.root)
+    made.destroy()
+    assert_nothing_left(made)
+
+
+def test_destroy_a_workspace_whose_mount_was_removed_underneath_leaves_nothing(
+        tmp_path: Path) -> None:
+    made = Workspace.create(tmp_path / "unmounted", 16 * 2**20)
+    subprocess.run(["umount", str(made.root)], check=True)  # someone else did it
+    made.destroy()
+    assert_nothing_left(made)
+
+
+def test_destroy_while_a_read_holds_a_parked_workspace_mounted_is_no_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    made = Workspace.create(tmp_path / "read", 16 * 2**20)
+    made.write_bytes("f", b"x")
+    made.park()
+    # Mounted read-only for a read, whose end would unmount it.
+    with caplog.at_level("WARNING", logger="kernel_pool"), made.access():
+        assert os.path.ismount(made.root)
+        made.destroy()
+    assert caplog.records == []
+    assert_nothing_left(made)
+
+
+def test_detach_of_a_mount_gone_since_it_was_seen_is_done(tmp_path: Path) -> None:
+    detach(tmp_path)  # not a mount (any more): the unmount fails, and that is fine
+    assert tmp_path.is_dir()
 
 
 async def test_host_and_kernel_see_the_same_files(shared_session: Session) -> None:
@@ -84,6 +124,7 @@ async def test_host_and_kernel_see_the_same_files(shared_session: Session) -> No
     workspace.write_bytes("shared/from-host.txt", b"from the host")
     output = await run_ok(shared_session, """
 import os
+import subprocess
 import time
 print(os.getcwd())
 print(open('shared/from-host.txt').read())

@@ -30,7 +30,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace, detach
 from kernel_pool.backends.base import (
     CgroupUsage,
     CommandProcess,
@@ -106,10 +106,10 @@ async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
         raise BackendError(f"Docker engine did not answer: {exc}") from exc
 
 
-def _mount(arguments: list[str], command: str = "mount") -> None:
-    result = subprocess.run([command, *arguments], capture_output=True, text=True)
+def _mount(arguments: list[str]) -> None:
+    result = subprocess.run(["mount", *arguments], capture_output=True, text=True)
     if result.returncode != 0:
-        raise BackendError(f"{command} {' '.join(arguments)} failed: {result.stderr.strip()}")
+        raise BackendError(f"mount {' '.join(arguments)} failed: {result.stderr.strip()}")
 
 
 def container_name(sandbox_id: str) -> str:
@@ -400,7 +400,7 @@ class DockerSandbox(Sandbox):
         self._close_pidfd()
         if restart:
             return
-        await self._backend.remove(self.info)
+        await self._backend.remove(self.info, self.workspace)
 
     # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a
     # disk: read on the loop, since a worker-thread hop would cost more than the read itself
@@ -604,7 +604,10 @@ class DockerBackend(SandboxBackend):
     def unmount_socket_dir(path: Path) -> None:
         """Unmount a stopped sandbox's socket folder (see :meth:`make_socket_dir`)."""
         if os.path.ismount(path.parent):
-            _mount(["--lazy", str(path.parent)], command="umount")
+            try:
+                detach(path.parent)
+            except WorkspaceError as exc:
+                raise BackendError(str(exc)) from exc
 
     @staticmethod
     def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
@@ -612,8 +615,8 @@ class DockerBackend(SandboxBackend):
         # run/<id>/kernel: remove run/<id> (a tmpfs as root); an older layout had run/<id>.
         root = socket_dir.parent if socket_dir.name == SOCKET_SUBDIR else socket_dir
         if os.path.ismount(root):
-            with contextlib.suppress(BackendError):
-                _mount(["--lazy", str(root)], command="umount")
+            with contextlib.suppress(WorkspaceError):
+                detach(root)
         shutil.rmtree(root, ignore_errors=True)
 
     def _discard(self, sandbox_id: str, workspace_dir: Path, socket_dir: Path) -> None:
@@ -690,17 +693,35 @@ class DockerBackend(SandboxBackend):
                 socket_dir=labels.get("io.replgate.sockets", "")))
         return found
 
+    async def list_on_host(self) -> list[SandboxInfo]:
+        return await _in_thread(self._on_host)
+
+    def _on_host(self) -> list[SandboxInfo]:
+        """The sandboxes named in ``workspaces/`` and ``run/`` (blocking)."""
+        ids: set[str] = set()
+        for folder in (self._workspaces, self._run_dir):
+            with contextlib.suppress(FileNotFoundError):
+                ids.update(name.removesuffix(".ext4") for name in os.listdir(folder))
+        return [SandboxInfo(sandbox_id=sandbox_id, backend=self.name, profile="",
+                            container_id=container_name(sandbox_id),
+                            workspace=str(self._workspaces / sandbox_id),
+                            socket_dir=str(self._run_dir / sandbox_id / SOCKET_SUBDIR))
+                for sandbox_id in sorted(ids)]
+
     def _in_state_dir(self, workspaces: list[str]) -> list[bool]:
         """Which workspace paths lie in this gateway's state directory (symlinks resolved)."""
         own = os.path.realpath(self._workspaces)
         return [bool(path) and os.path.dirname(os.path.realpath(path)) == own
                 for path in workspaces]
 
-    async def remove(self, info: SandboxInfo) -> None:
+    async def remove(self, info: SandboxInfo, workspace: Workspace | None = None) -> None:
+        """``workspace``: the sandbox's own, whose lock its file operations hold (else one
+        made from ``info``, for a sandbox not loaded)."""
         await _run(self.remove_container, info.container_id)
         if info.sandbox_id:  # a replacement container made under the same name
             await _run(self.remove_container, container_name(info.sandbox_id))
-        workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
+        workspace = workspace or Workspace(Path(info.workspace),
+                                           Path(info.workspace).with_suffix(".ext4"))
         if info.workspace:
             await _in_thread(self._remove_dirs, workspace, Path(info.socket_dir))
 
