@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,13 @@ from kernel_pool.backends.docker._gvisor import (
     Runsc,
     host_pids_limit,
     missing_runtime,
+)
+from kernel_pool.backends.docker._init_kernel import (
+    PID_WAIT_S,
+    exit_code,
+    find_kernel,
+    latest_kernel,
+    request_kernel,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
 from kernel_pool.config import PoolSettings, Profile, parse_size
@@ -131,7 +139,7 @@ def _read_connection_file(path: Path) -> dict[str, Any]:
 
 
 class DockerSandbox(Sandbox):
-    """One container; kernels run in it by ``docker exec`` beside the reaping PID 1."""
+    """One container; its PID 1 starts each kernel (``docker exec`` does under gVisor)."""
 
     def __init__(self, backend: DockerBackend, info: SandboxInfo, profile: Profile,
                  workspace: Workspace, env: dict[str, str]) -> None:
@@ -198,6 +206,46 @@ class DockerSandbox(Sandbox):
                   "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
                   "kernel_name": "python3"}
         await _in_thread(self._write_connection_file, name, config, previous)
+        self._exit_code = None
+        self._sandbox_oom_kills = None
+        if self._through_init:
+            await self._launch_through_init(name)
+        else:
+            await self._launch_by_exec(name)
+        return {**config, "ip": str(self._socket_dir / name)}
+
+    @property
+    def _through_init(self) -> bool:
+        """Under runc the kernel is PID 1's child (a checkpoint holds it); under gVisor,
+        whose sandboxes are never checkpointed here, it is started by ``docker exec``."""
+        return self.profile.runtime != "gvisor"
+
+    async def _launch_through_init(self, name: str) -> None:
+        for attempt in range(3):
+            await _in_thread(request_kernel, self._socket_dir, name,
+                             self.profile.caps.display_bytes)
+            try:
+                await _run(self._api.kill, self.info.container_id, "SIGUSR1")
+                break
+            except BackendError:  # stopped or removed since it was checked: remake it
+                if attempt == 2 or await self._running():
+                    raise
+                await self._ensure_running()
+        self.info.kernel_name = name
+        await self._watch_init_child(name, PID_WAIT_S)
+
+    async def _watch_init_child(self, name: str, wait_s: float) -> None:
+        """Find the kernel PID 1 started (its host pid, and a pidfd for its exit)."""
+        pid, code = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
+                                     wait_s)
+        if pid is None:
+            self.info.kernel_ref = None
+            self._exit_code = code if code is not None else -1
+            return
+        self.info.kernel_ref = str(pid)
+        self._open_pidfd(pid)
+
+    async def _launch_by_exec(self, name: str) -> None:
         for attempt in range(3):
             try:
                 exec_id = (await _run(
@@ -214,13 +262,10 @@ class DockerSandbox(Sandbox):
                     raise
                 await self._ensure_running()
         self.info.kernel_name, self.info.kernel_ref = name, exec_id
-        self._exit_code = None
-        self._sandbox_oom_kills = None
         self._oom_watch = (
             OutOfMemoryWatch(parse_size(self.profile.memory), self._cgroup.read().oom_kills or 0)
             if self._runsc is not None and self._cgroup is not None else None)
         await self._watch(exec_id)
-        return {**config, "ip": str(self._socket_dir / name)}
 
     async def connection_info(self) -> dict[str, Any] | None:
         if not self.info.kernel_name or await self.poll() is not None:
@@ -233,6 +278,11 @@ class DockerSandbox(Sandbox):
                                previous: str | None) -> None:
         if previous:
             for stale in self._socket_dir.glob(f"{previous}*"):
+                stale.unlink(missing_ok=True)
+        # PID 1's records of earlier kernels (one may land after the glob above: it records
+        # a kernel's end once it reaps it), so they never fill the small folder.
+        for pattern in ("k*.pid", "k*.exit"):
+            for stale in self._socket_dir.glob(pattern):
                 stale.unlink(missing_ok=True)
         # The folder is writable by the sandbox, which may have planted a symlink at this name:
         # remove whatever is there (unlink never follows a link) and create the file afresh,
@@ -250,7 +300,7 @@ class DockerSandbox(Sandbox):
             f.write(json.dumps(config))
 
     async def _watch(self, exec_id: str) -> None:
-        """Find the kernel's host pid, and a pidfd that becomes readable when it exits."""
+        """Find an exec'd kernel's host pid, and a pidfd that becomes readable when it exits."""
         for _ in range(50):
             details = await _run(self._api.exec_inspect, exec_id)
             if details.get("Pid") or not details.get("Running"):
@@ -260,6 +310,9 @@ class DockerSandbox(Sandbox):
         if not details.get("Running") or not pid:
             self._exit_code = int(details.get("ExitCode") or -1)
             return
+        self._open_pidfd(pid)
+
+    def _open_pidfd(self, pid: int) -> None:
         self._pid = pid
         try:
             self._pidfd = os.pidfd_open(pid)
@@ -276,6 +329,8 @@ class DockerSandbox(Sandbox):
             return self._exit_code
         if not self.info.kernel_ref:
             return -1
+        if self._through_init:
+            return await self._poll_init_child()
         try:
             details = await _in_thread(self._api.exec_inspect, self.info.kernel_ref)
         except docker.errors.NotFound:
@@ -292,6 +347,25 @@ class DockerSandbox(Sandbox):
         code = details.get("ExitCode")
         self._exit_code = int(code) if code is not None else -1
         return self._exit_code
+
+    async def _poll_init_child(self) -> int | None:
+        if self._pidfd is not None:
+            # A pidfd reads as ready once its process has exited.
+            if not select.select([self._pidfd], [], [], 0)[0]:
+                return None
+        elif self._pid and process_alive(self._pid):
+            return None
+        if not process_alive(self._init_pid):
+            # The container stopped (removed, or its init killed): the kernel died with it
+            # and nothing reaped it to record a status.
+            self._exit_code = -signal.SIGKILL
+            return self._exit_code
+        name = self.info.kernel_name or ""
+        code = await _in_thread(exit_code, self._socket_dir, name)
+        if code is None:
+            return None  # reaped in a moment: PID 1 writes the record right after
+        self._exit_code = code
+        return code
 
     async def wait(self) -> int:
         if self._pidfd is not None:
@@ -314,7 +388,7 @@ class DockerSandbox(Sandbox):
                 loop.remove_reader(fd)
             if self._oom_watch is not None:
                 await self._note_sandbox_killed_out_of_memory()
-            # The engine's exec record may lag the process by a moment.
+            # The engine's exec record (or PID 1's) may lag the process by a moment.
             for _ in range(50):
                 code = await self.poll()
                 if code is not None:
@@ -633,6 +707,18 @@ class DockerBackend(SandboxBackend):
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
         info.kernel_name, info.kernel_ref = None, None
+        if sandbox._through_init:
+            state = details.get("State") or {}
+            init_pid = int(state.get("Pid") or 0) if state.get("Running") else 0
+            name = await _in_thread(latest_kernel, Path(info.socket_dir)) if init_pid else None
+            if name is not None:
+                sandbox._init_pid, info.kernel_name = init_pid, name
+                await sandbox._watch_init_child(name, 0.0)
+                if info.kernel_ref is not None:
+                    await sandbox._ensure_running()
+                else:
+                    info.kernel_name = None
+            return sandbox
         for exec_id in details.get("ExecIDs") or []:
             exec_details = await _run(self.client.api.exec_inspect, exec_id)
             arguments = exec_details.get("ProcessConfig", {}).get("arguments") or []
