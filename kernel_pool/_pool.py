@@ -100,6 +100,11 @@ class KernelPool:
         return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
                 + len(self._in_use))
 
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the backend can checkpoint a sandbox (a memory pause; Lifecycle)."""
+        return self.backend.checkpoints
+
     def profile(self, name: str) -> Profile:
         try:
             return self.settings.profiles[name]

@@ -41,6 +41,8 @@ from kernel_pool.backends.base import (
     SandboxSpec,
 )
 from kernel_pool.backends.docker._cgroup import CgroupReader
+from kernel_pool.backends.docker._checkpoint import CheckpointError, dump
+from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
@@ -51,10 +53,12 @@ from kernel_pool.backends.docker._gvisor import (
     missing_runtime,
 )
 from kernel_pool.backends.docker._init_kernel import (
+    KERNEL_NAME,
     PID_WAIT_S,
     exit_code,
     find_kernel,
     latest_kernel,
+    read_record,
     request_kernel,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
@@ -190,11 +194,15 @@ class DockerSandbox(Sandbox):
                 self.workspace.root, self._socket_dir, self._env)
             self._cgroup = None
         if self._cgroup is None:
-            state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
-            self._init_pid = int(state.get("Pid") or 0)
-            self._cgroup = CgroupReader.for_pid(self._init_pid)
-            self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
-                           if self.profile.runtime == "gvisor" else None)
+            await self._find_init()
+
+    async def _find_init(self) -> None:
+        """The host pid of the (new or restored) container's PID 1, and its cgroup."""
+        state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+        self._init_pid = int(state.get("Pid") or 0)
+        self._cgroup = CgroupReader.for_pid(self._init_pid)
+        self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
+                       if self.profile.runtime == "gvisor" else None)
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -514,6 +522,63 @@ class DockerSandbox(Sandbox):
                                        keep_kernel_children, spared)
         return killed
 
+    async def checkpoint(self, stem: Path) -> Path:
+        """Docker's checkpoint of the container (experimental mode, CRIU on the engine's
+        host), packed into the state directory (see :mod:`._checkpoint`)."""
+        name = self.info.kernel_name
+        if not self._through_init or not name or not self._pid:
+            raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
+        about = await _in_thread(self._kernel_records, name)
+        try:
+            image: Path = await _run(dump, self._api, self.info.container_id, stem, about)
+        except CheckpointError as exc:
+            raise BackendError(str(exc)) from exc
+        self._close_pidfd()
+        self._pid, self._cgroup, self.info.kernel_ref = None, None, None
+        return image
+
+    def _kernel_records(self, name: str) -> dict[str, Any]:
+        pid = read_record(self._socket_dir / f"{name}.pid")
+        try:
+            key = _read_connection_file(self._socket_dir / f"{name}.json")["key"]
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"the kernel's connection file cannot be read: {exc}") from exc
+        if pid is None:
+            raise BackendError(f"the kernel's pid record {name}.pid is missing or malformed")
+        return {"kernel_name": name, "kernel_pid": pid, "key": key}
+
+    async def restore(self, image: Path) -> dict[str, Any]:
+        try:
+            about = await _run(restore_checkpoint, self._api, self.info.container_id, image)
+        except CheckpointError as exc:
+            raise BackendError(str(exc)) from exc
+        name, pid, key = about.get("kernel_name"), about.get("kernel_pid"), about.get("key")
+        if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
+                or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):
+            raise BackendError("the checkpoint's records are malformed")
+        config = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
+                  "kernel_name": "python3"}
+        # The socket folder may have been made afresh while the sandbox was stopped: its
+        # records go back, for a later gateway that takes the sandbox back (``load``).
+        await _in_thread(self._write_records, name, pid,
+                         {**config, "ip": f"{KERNEL_DIR}/{name}"})
+        self.info.kernel_name, self._exit_code = name, None
+        await self._find_init()
+        await self._watch_init_child(name, 2.0)
+        if self.info.kernel_ref is None:
+            raise BackendError("the sandbox was restored without its kernel process")
+        return {**config, "ip": str(self._socket_dir / name)}
+
+    def _write_records(self, name: str, pid: int, config: dict[str, Any]) -> None:
+        for record, text in ((f"{name}.json", json.dumps(config)), (f"{name}.pid", str(pid))):
+            path = self._socket_dir / record
+            path.unlink(missing_ok=True)  # never follows a link planted there
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                if os.geteuid() == 0:
+                    os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
+                f.write(text)
+
     async def release(self) -> None:
         """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
         listening egress socket may hold it until its proxy closes); ``reserve`` makes it."""
@@ -619,6 +684,7 @@ class DockerBackend(SandboxBackend):
             time.sleep(0.1)
 
     stopped_sandboxes = True
+    checkpoints = True
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self._create(spec, start=True)

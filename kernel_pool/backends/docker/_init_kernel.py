@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 
 REQUEST_NAME = "launch.json"
+KERNEL_NAME = re.compile(r"k[0-9]{1,9}")
+"""The names the host gives kernels (``k1``, ``k2``, ...), as PID 1 accepts them."""
 PID_WAIT_S = 10.0
 """How long PID 1 may take to record a kernel it was asked for (a busy host, a cold cache)."""
 EXIT_CODE_RANGE = range(-64, 256)

@@ -1,0 +1,122 @@
+"""A memory pause: the whole sandbox checkpointed by CRIU through the engine, restored on
+resume (real engine, real CRIU, real kernels; fails, never skips, without them)."""
+
+from __future__ import annotations
+
+import stat
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+from kp_support import (
+    OWNER,
+    eventually,
+    make_settings,
+    mounts_under,
+    owned_containers,
+    run_ok,
+)
+
+from kernel_pool import KernelPool, Profile, Session
+
+SETUP = """
+import threading, time
+counter = [0]
+def _count():
+    while True:
+        counter[0] += 1
+        time.sleep(0.01)
+threading.Thread(target=_count, daemon=True).start()
+def _letters():
+    yield from "abcdef"
+letters = _letters()
+next(letters)
+handle = open("notes.txt", "w+")
+handle.write("0123456789")
+handle.seek(4)
+open("/tmp/scratch.txt", "w").write("kept in tmp")
+x = 41
+"""
+
+
+@pytest.fixture(scope="module")
+async def memory_pool(state_root: Path, docker_client: docker.DockerClient,
+                      ) -> AsyncIterator[KernelPool]:
+    owner = f"{OWNER}-memory"
+    pool = KernelPool(make_settings(
+        state_root / "memory", owner=owner, pause_with="memory",
+        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
+                                     min_idle=0)}))
+    await pool.start()
+    yield pool
+    await pool.close()
+    assert owned_containers(docker_client, owner) == []
+    assert mounts_under(pool.settings.state_dir) == []
+
+
+@pytest.fixture
+async def paused(memory_pool: KernelPool) -> AsyncIterator[Session]:
+    """A session whose kernel holds a thread, a generator, an open file, /tmp and a variable,
+    paused with memory."""
+    session = await memory_pool.create_session()
+    await run_ok(session, SETUP)
+    before = int(await run_ok(session, "print(counter[0])"))
+    assert before > 0
+    info = await session.pause()
+    assert info.paused_with == "memory", session.reason
+    yield session
+    if not session.closed:
+        await memory_pool.delete_session(session.id)
+
+
+def container_running(docker_client: docker.DockerClient, session: Session) -> bool:
+    info = session.sandbox_info()
+    state = docker_client.api.inspect_container(info.container_id)["State"]
+    return bool(state["Running"])
+
+
+async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
+        paused: Session, memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    assert not container_running(docker_client, paused)  # no process of it runs
+    image = memory_pool.snapshots.memory_image(paused.id)
+    assert image is not None and image.stat().st_size > 0
+    assert stat.S_IMODE(image.stat().st_mode) == 0o600
+    assert paused.pause_info is not None and paused.pause_info.image_bytes > image.stat().st_size
+    at_pause = paused.pause_info
+
+    await paused.resume()
+
+    assert paused.reason is None
+    counted = int(await run_ok(paused, "print(counter[0])"))
+    time.sleep(0.2)
+    assert int(await run_ok(paused, "print(counter[0])")) > counted  # the thread runs on
+    assert await run_ok(paused, "print(next(letters))") == "b\n"
+    assert await run_ok(paused, "print(handle.tell(), handle.read())") == "4 456789\n"
+    assert await run_ok(paused, "print(open('/tmp/scratch.txt').read(), x)") == "kept in tmp 41\n"
+    assert memory_pool.snapshots.memory_image(paused.id) is None  # deleted once resumed
+    assert "x" in at_pause.kept and "letters" in at_pause.not_kept  # dill alone would lose it
+
+
+async def test_memory_image_deleted_with_its_session(paused: Session,
+                                                     memory_pool: KernelPool) -> None:
+    image = memory_pool.snapshots.memory_image(paused.id)
+    assert image is not None
+    await memory_pool.delete_session(paused.id)
+    await eventually(lambda: not image.exists(), timeout_s=10)
+    assert memory_pool.snapshots.info(paused.id) is None
+
+
+async def test_corrupt_memory_image_resumes_from_variables_and_says_so(
+        paused: Session, memory_pool: KernelPool) -> None:
+    image = memory_pool.snapshots.memory_image(paused.id)
+    assert image is not None
+    image.write_bytes(b"not an image" * 100)
+
+    await paused.resume()
+
+    assert paused.reason is not None and "resumed from its variables snapshot" in paused.reason
+    assert await run_ok(paused, "print(x)") == "41\n"
+    missing = await paused.execute("next(letters)")  # a generator is not in a variables snapshot
+    assert missing.status == "error"
