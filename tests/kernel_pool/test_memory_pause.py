@@ -3,12 +3,13 @@ resume (real engine, real CRIU, real kernels; fails, never skips, without them).
 
 from __future__ import annotations
 
+import asyncio
 import stat
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 from kp_support import (
     OWNER,
@@ -72,8 +73,10 @@ async def paused(memory_pool: KernelPool) -> AsyncIterator[Session]:
 
 
 def container_running(docker_client: docker.DockerClient, session: Session) -> bool:
-    info = session.sandbox_info()
-    state = docker_client.api.inspect_container(info.container_id)["State"]
+    try:
+        state = docker_client.api.inspect_container(session.sandbox_info().container_id)["State"]
+    except docker.errors.NotFound:
+        return False
     return bool(state["Running"])
 
 
@@ -90,7 +93,7 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
 
     assert paused.reason is None
     counted = int(await run_ok(paused, "print(counter[0])"))
-    time.sleep(0.2)
+    await asyncio.sleep(0.2)
     assert int(await run_ok(paused, "print(counter[0])")) > counted  # the thread runs on
     assert await run_ok(paused, "print(next(letters))") == "b\n"
     assert await run_ok(paused, "print(handle.tell(), handle.read())") == "4 456789\n"
@@ -120,3 +123,39 @@ async def test_corrupt_memory_image_resumes_from_variables_and_says_so(
     assert await run_ok(paused, "print(x)") == "41\n"
     missing = await paused.execute("next(letters)")  # a generator is not in a variables snapshot
     assert missing.status == "error"
+
+
+async def test_refused_dump_pauses_with_variables_and_says_so(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session = await memory_pool.create_session()
+    try:
+        # An open file deleted from the workspace is a "ghost" to CRIU, kept only up to 1 MiB:
+        # past that the engine's checkpoint fails.
+        await run_ok(session, "import os\nghost = open('big.bin', 'wb+')\n"
+                              "ghost.write(os.urandom(3 << 20))\nos.unlink('big.bin')\nx = 41")
+        info = await session.pause()
+        assert info.paused_with == "variables"
+        assert session.reason is not None and "memory checkpoint failed" in session.reason
+        assert "ghost" in session.reason  # CRIU's own words, from its log
+        assert memory_pool.snapshots.memory_image(session.id) is None
+        await eventually(lambda: not container_running(docker_client, session), timeout_s=30)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
+        paused: Session, memory_pool: KernelPool) -> None:
+    [child] = await memory_pool.fork_session(paused.id, 1, None)
+    try:
+        if child.paused:  # a copy is never restored from the parent's memory image
+            assert child.pause_info is not None
+            assert child.pause_info.paused_with == "variables"
+        assert await run_ok(child, "print(x)") == "41\n"
+        assert paused.pause_info is not None and paused.pause_info.paused_with == "memory"
+        await paused.resume()
+        assert paused.reason is None
+        assert await run_ok(paused, "print(next(letters))") == "b\n"
+    finally:
+        await memory_pool.delete_session(child.id)

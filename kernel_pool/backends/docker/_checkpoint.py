@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -54,10 +55,25 @@ def _url(api: docker.APIClient, path: str) -> str:
 def _engine(answer: Any, what: str) -> None:
     if answer.status_code >= 300:
         try:
-            message = answer.json().get("message", answer.text)
+            message = str(answer.json().get("message", answer.text))
         except ValueError:
             message = answer.text
-        raise CheckpointError(f"{what}: {str(message).strip()[-800:]}")
+        raise CheckpointError(f"{what}: {message.strip()[-600:]}{_criu_errors(message)}")
+
+
+def _criu_errors(message: str) -> str:
+    """CRIU's own error lines from the log the engine's message names (runc says only
+    "criu failed"): the reason a session's ``reason`` can give."""
+    found = re.search(r"path= (\S+criu-(?:dump|restore)\.log)", message)
+    if found is None:
+        return ""
+    try:
+        with open(found.group(1), "rb") as log:
+            lines = log.read()[-(1 << 16):].decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.strip() for line in lines if "Error (" in line][-3:]
+    return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
 def dump(api: docker.APIClient, container_id: str, stem: Path, about: dict[str, Any]) -> Path:
