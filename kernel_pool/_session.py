@@ -481,8 +481,10 @@ class Session:
                 await anyio.to_thread.run_sync(store.delete, self.id)
                 self.lifecycle.resumed(self)
                 return None
+        lost = sorted(self.pause_info.variables_not_kept) if self.pause_info else []
         logger.warning("session %s: %s; resuming from its variables", self.id, why)
-        return f"resumed from its variables snapshot: {why}"
+        return (f"resumed from its variables snapshot: {why}"
+                + (f"; not kept: {', '.join(lost)}" if lost else ""))
 
     async def _resume_in_place(self, raw: bytes, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""
@@ -530,8 +532,12 @@ class Session:
                 raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
                                                             self.id)
                 # A copy starts from the variables snapshot, never from the memory image.
-                info = (self.pause_info or PauseInfo()).model_copy(
-                    update={"paused_with": "variables"})
+                info = self.pause_info or PauseInfo()
+                if info.paused_with == "memory":
+                    info = info.model_copy(update={
+                        "paused_with": "variables", "not_kept": info.variables_not_kept,
+                        "kept": [n for n in info.kept if n not in info.variables_not_kept],
+                        "variables_not_kept": {}})
                 return raw, info
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")

@@ -61,7 +61,10 @@ class PauseInfo(BaseModel):
     a restore that fails)."""
     kept: list[str] = Field(default_factory=list)
     not_kept: dict[str, str] = Field(default_factory=dict)
-    """Names that could not be kept, each with the reason."""
+    """Names that could not be kept, each with the reason (none with "memory")."""
+    variables_not_kept: dict[str, str] = Field(default_factory=dict)
+    """With "memory": the names the variables snapshot could not keep, lost only if the
+    memory image cannot be restored (the resume then says so)."""
     image_bytes: int = 0
     """What the session's snapshot takes on disk (variables, and memory image if any)."""
     paused_at: str = ""
@@ -176,8 +179,10 @@ class SnapshotStore:
                 raise SnapshotBudgetExceeded(
                     f"the memory image of {size} bytes does not fit in the budget of "
                     f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET)")
-        info = info.model_copy(update={"paused_with": "memory",
-                                       "image_bytes": info.image_bytes + size})
+        info = info.model_copy(update={
+            "paused_with": "memory", "image_bytes": info.image_bytes + size,
+            "kept": [*info.kept, *info.not_kept], "not_kept": {},
+            "variables_not_kept": info.not_kept})
         _write_private(self._path(key, ".json"), info.model_dump_json().encode())
         return info
 

@@ -99,7 +99,9 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     assert await run_ok(paused, "print(handle.tell(), handle.read())") == "4 456789\n"
     assert await run_ok(paused, "print(open('/tmp/scratch.txt').read(), x)") == "kept in tmp 41\n"
     assert memory_pool.snapshots.memory_image(paused.id) is None  # deleted once resumed
-    assert "x" in at_pause.kept and "letters" in at_pause.not_kept  # dill alone would lose it
+    # Everything is kept; dill alone would have lost the generator and the open file.
+    assert {"x", "letters", "handle"} <= set(at_pause.kept) and not at_pause.not_kept
+    assert "letters" in at_pause.variables_not_kept
 
 
 async def test_memory_image_deleted_with_its_session(paused: Session,
@@ -120,6 +122,7 @@ async def test_corrupt_memory_image_resumes_from_variables_and_says_so(
     await paused.resume()
 
     assert paused.reason is not None and "resumed from its variables snapshot" in paused.reason
+    assert "not kept: " in paused.reason and "letters" in paused.reason
     assert await run_ok(paused, "print(x)") == "41\n"
     missing = await paused.execute("next(letters)")  # a generator is not in a variables snapshot
     assert missing.status == "error"
@@ -152,6 +155,7 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         if child.paused:  # a copy is never restored from the parent's memory image
             assert child.pause_info is not None
             assert child.pause_info.paused_with == "variables"
+            assert "letters" in child.pause_info.not_kept
         assert await run_ok(child, "print(x)") == "41\n"
         assert paused.pause_info is not None and paused.pause_info.paused_with == "memory"
         await paused.resume()
