@@ -5,8 +5,9 @@
 #                                          with arguments, just pytest with them
 # Each brings up what it needs first: a virtualenv with the project's packages, a running
 # Docker engine (Debian's docker.io, installed and started when none answers and we are root)
-# with gVisor's runsc registered in it (the `gvisor` runtime of a profile), and the sandbox
-# image (built from sandbox_image/, with or without a container registry).
+# with gVisor's runsc registered in it (the `gvisor` runtime of a profile), CRIU 4.2 for pauses
+# that keep a kernel's memory (when run as root or with sudo), and the sandbox image (built from
+# sandbox_image/, with or without a container registry).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
@@ -101,6 +102,95 @@ if wanted != config:
 PY
 }
 
+# CRIU, for pauses that keep a kernel's whole memory: `docker checkpoint` has runc run the `criu`
+# on root's PATH. Linux >= 6.16 needs CRIU >= 4.2 (bookworm's 3.17 fails on the vDSO, trixie's
+# 4.1 on every socket's SO_PASSCRED); Debian sid has 4.2.1, built for a newer glibc than the
+# host's. Installing it with apt would upgrade the host's libc, so it goes into a root of its own
+# made by debootstrap (no apt source is added to the host), and a wrapper runs it through that
+# root's loader and libraries. Where root lacks CAP_SYS_RESOURCE (some VMs), CRIU cannot read a
+# sandbox's rlimits: setup/criu_rlimit_shim.c, preloaded, reads them from /proc instead.
+CRIU_HOME=/opt/replgate/criu
+CRIU_WRAPPER=/usr/local/sbin/criu
+CRIU_SUITE=sid
+CRIU_MIN=4.2
+
+criu_version() { "$1" --version 2>/dev/null | sed -n 's/^Version: *//p'; }
+version_at_least() { [ -n "$1" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$2" ]; }
+
+root_lacks_cap_sys_resource() {
+  local effective; effective=$(as_root sed -n 's/^CapEff:\t*//p' /proc/self/status)
+  (( (16#$effective >> 24 & 1) == 0 ))
+}
+
+install_criu() {
+  local new=$CRIU_HOME/root.new log loader preload=""
+  if ! command -v debootstrap >/dev/null 2>&1 || [ ! -f /usr/share/keyrings/debian-archive-keyring.gpg ]; then
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      debootstrap debian-archive-keyring >/dev/null || return 1
+  fi
+  say "installing CRIU from Debian $CRIU_SUITE into $CRIU_HOME/root (debootstrap, about 25 s)"
+  as_root mkdir -p "$CRIU_HOME"
+  as_root rm -rf "$new"
+  log=$(mktemp)
+  if ! as_root debootstrap --variant=minbase --include=criu \
+       --keyring=/usr/share/keyrings/debian-archive-keyring.gpg \
+       "$CRIU_SUITE" "$new" http://deb.debian.org/debian >"$log" 2>&1; then
+    tail -n 3 "$log" >&2; rm -f "$log"; as_root rm -rf "$new"; return 1
+  fi
+  rm -f "$log"
+  # The root only runs criu: its package caches and documentation are 140 of its 240 MB.
+  as_root sh -c "rm -rf '$new'/var/cache/apt/archives/*.deb '$new'/var/lib/apt/lists/* \
+                 '$new'/usr/share/doc '$new'/usr/share/man '$new'/usr/share/locale"
+  as_root rm -rf "$CRIU_HOME/root" && as_root mv "$new" "$CRIU_HOME/root" || return 1
+  loader=$(ls "$CRIU_HOME"/root/usr/lib/*-linux-gnu*/ld-linux*.so.* 2>/dev/null | head -n1)
+  [ -n "$loader" ] || return 1
+  if root_lacks_cap_sys_resource; then
+    if ! command -v gcc >/dev/null 2>&1; then
+      say "installing Debian's gcc to build CRIU's rlimit shim (root lacks CAP_SYS_RESOURCE here)"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        gcc libc6-dev >/dev/null || return 1
+    fi
+    as_root gcc -shared -fPIC -O2 -o "$CRIU_HOME/rlimit_shim.so" setup/criu_rlimit_shim.c -ldl ||
+      return 1
+    preload="--preload '$CRIU_HOME/rlimit_shim.so' "
+  fi
+  printf '%s\n' '#!/bin/sh' \
+    "# CRIU from Debian $CRIU_SUITE in a root of its own, run by that root's loader beside the" \
+    "# host's libc (installed by replgate's run.sh)." \
+    "exec '$loader' ${preload}--library-path '$(dirname "$loader")' '$CRIU_HOME/root/usr/sbin/criu' \"\$@\"" |
+    as_root tee "$CRIU_WRAPPER.new" >/dev/null &&
+    as_root chmod 0755 "$CRIU_WRAPPER.new" && as_root mv "$CRIU_WRAPPER.new" "$CRIU_WRAPPER"
+}
+
+# Installs CRIU unless root's PATH has one new enough, then says whether this kernel can
+# checkpoint. Nothing here fails the set-up: without CRIU, pauses keep the variables.
+ensure_criu() {
+  local criu installed="" report can_root=yes
+  [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1 || can_root=""
+  criu=$(PATH="/usr/local/sbin:/usr/sbin:/sbin:$PATH" command -v criu || true)
+  if [ -z "$criu" ] || ! version_at_least "$(criu_version "$criu")" "$CRIU_MIN"; then
+    if [ -z "$can_root" ]; then
+      say "no CRIU $CRIU_MIN or newer, and installing it needs root: pauses will keep variables only"
+      return 0
+    fi
+    if ! install_criu; then
+      say "could not install CRIU from Debian $CRIU_SUITE: pauses will keep variables only"
+      return 0
+    fi
+    criu=$CRIU_WRAPPER installed=yes
+  fi
+  [ -n "$can_root" ] || return 0  # criu check needs root
+  if report=$(as_root "$criu" check 2>&1); then
+    [ -z "$installed" ] || say "CRIU $(criu_version "$criu") is installed and this kernel can checkpoint"
+  else
+    say "CRIU $(criu_version "$criu") is installed, but this host's kernel cannot checkpoint" \
+        "processes ($criu check: $(grep -m1 '^Error' <<<"$report" || tail -n1 <<<"$report")):" \
+        "pauses will keep variables only"
+  fi
+}
+
 engine_up() { docker info >/dev/null 2>&1 || { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import docker; docker.from_env().ping()' >/dev/null 2>&1; }; }
 
 ensure_engine() {
@@ -176,10 +266,10 @@ ensure_readme_tools() {
 cmd=${1:-}; shift || true
 case "$cmd" in
   serve)
-    ensure_venv serve; ensure_engine; ensure_image
+    ensure_venv serve; ensure_engine; ensure_criu; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
+    ensure_venv dev; ensure_engine; ensure_criu; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg
     # (REPLGATE_TEST_RUNTIME=gvisor: every sandbox under runsc), a subset chosen for time (about

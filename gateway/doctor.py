@@ -2,8 +2,10 @@
 
 ``diagnose`` says whether this machine can run the configured profiles, one line per check.
 It reads the same settings and policy file as ``replgate serve`` and asks the Docker engine
-what it offers: that the engine answers, that each profile's image is there, and that each
-profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line).
+what it offers: that the engine answers, that each profile's image is there, that each
+profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line),
+and whether pauses can keep a kernel's whole memory (CRIU and the engine's experimental mode);
+their absence is not a problem (pauses keep the variables), so that line never fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import docker.errors
 
 from gateway.governance import PolicyError, load_policy
 from gateway.settings import Settings
-from kernel_pool.backends.docker import ImageInfo, build_image, missing_runtime
+from kernel_pool.backends.docker import (
+    ImageInfo,
+    build_image,
+    checkpoint_support,
+    missing_runtime,
+)
 
 
 def diagnose(settings: Settings) -> list[tuple[bool, str]]:
@@ -45,6 +52,10 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
                           f"profile {profile.name}: runtime {profile.runtime} is available"))
     finally:
         client.close()
+    checkpoints = checkpoint_support(info)
+    found.append((True, "memory pauses: " + (
+        "available" if checkpoints.available else "not available, pauses keep variables")
+        + f"; {checkpoints.reason}"))
     return found
 
 

@@ -22,6 +22,8 @@ def test_doctor_passes_gvisor_profile_on_configured_engine(
     done = _doctor(REPLGATE_RUNTIME="gvisor")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok      profile default: runtime gvisor is available" in done.stdout
+    # ./run.sh installs CRIU 4.2 and runs its engine in experimental mode
+    assert "ok      memory pauses: available; criu 4.2" in done.stdout
     assert "PROBLEM" not in done.stdout
 
 

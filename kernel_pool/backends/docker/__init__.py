@@ -1,7 +1,8 @@
 """The Docker backend: hardened containers (:class:`DockerBackend`) and the sandbox image.
 
 Registered under the ``replgate.backends`` entry point ``docker``; runs each profile under
-runc or gVisor (``missing_runtime`` says what the engine lacks for that); the only module of
+runc or gVisor (``missing_runtime`` says what the engine lacks for that); ``checkpoint_support``
+says whether this host can checkpoint a sandbox's processes (CRIU); the only module of
 kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
@@ -14,6 +15,7 @@ from kernel_pool.backends.docker._backend import (
     DockerSandbox,
     container_name,
 )
+from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, missing_runtime
 from kernel_pool.backends.docker._image import ImageInfo, build_image, read_image_info
 
@@ -23,10 +25,12 @@ __all__ = [
     "LABEL_OWNER",
     "LABEL_PROFILE",
     "LABEL_SANDBOX",
+    "CheckpointSupport",
     "DockerBackend",
     "DockerSandbox",
     "ImageInfo",
     "build_image",
+    "checkpoint_support",
     "container_name",
     "current_image",
     "missing_runtime",
