@@ -101,9 +101,10 @@ class KernelPool:
                 + len(self._in_use))
 
     @property
-    def checkpoints(self) -> bool:
-        """Whether the backend can checkpoint a sandbox (a memory pause; Lifecycle)."""
-        return self.backend.checkpoints
+    def checkpoint_refusal(self) -> str | None:
+        """Why the backend cannot checkpoint a sandbox, None when it can (Lifecycle)."""
+        return None if self.backend.checkpoints else (
+            self.backend.checkpoint_refusal or "this backend cannot checkpoint a sandbox")
 
     def profile(self, name: str) -> Profile:
         try:

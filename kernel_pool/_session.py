@@ -68,8 +68,8 @@ class Lifecycle(Protocol):
     snapshots: SnapshotStore
 
     @property
-    def checkpoints(self) -> bool:
-        """Whether the backend can checkpoint a sandbox (a memory pause)."""
+    def checkpoint_refusal(self) -> str | None:
+        """Why the backend cannot checkpoint a sandbox (a memory pause); None when it can."""
 
     async def reserve_slot(self, session: Session) -> None:
         """Make room for the session's kernel to run (pausing another), or CapacityError."""
@@ -390,8 +390,9 @@ class Session:
         the store. None when it could not be made (``reason`` says why; the kernel runs on
         or is stopped by the variables pause that follows)."""
         assert self.lifecycle is not None
-        if not self.lifecycle.checkpoints:
-            self.reason = "paused with variables: this backend cannot checkpoint a sandbox"
+        refusal = self.lifecycle.checkpoint_refusal
+        if refusal is not None:
+            self.reason = f"paused with variables: memory pauses are not available ({refusal})"
             return None
         try:
             image = await self.kernel.suspend(

@@ -173,8 +173,11 @@ class SandboxBackend(ABC):
     paused copies need it; without it every copy gets a running kernel)."""
 
     checkpoints: bool = False
-    """Whether sandboxes of this backend can :meth:`Sandbox.checkpoint` (a memory pause) at
-    all; a profile or a host may still refuse one, which the call then says."""
+    """Whether sandboxes of this backend can :meth:`Sandbox.checkpoint` (a memory pause) on
+    this host, as far as :meth:`check` could tell; a profile or a process may still refuse
+    one, which the call then says."""
+    checkpoint_refusal: str | None = "this backend cannot checkpoint a sandbox"
+    """Why :attr:`checkpoints` is False, as a sentence (None when it is True)."""
 
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings

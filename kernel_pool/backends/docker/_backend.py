@@ -44,6 +44,7 @@ from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._checkpoint import CheckpointError, dump
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
+from kernel_pool.backends.docker._criu import checkpoint_support
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
     OOM_POLL_S,
@@ -684,7 +685,8 @@ class DockerBackend(SandboxBackend):
             time.sleep(0.1)
 
     stopped_sandboxes = True
-    checkpoints = True
+    checkpoints = False
+    checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self._create(spec, start=True)
@@ -797,11 +799,22 @@ class DockerBackend(SandboxBackend):
         return sandbox
 
     async def check(self, profiles: list[Profile]) -> None:
-        """Fail when a profile asks for a runtime the engine does not offer as needed."""
-        runtimes = (await _run(self.client.api.info)).get("Runtimes") or {}
-        problem = missing_runtime(runtimes, profiles)
+        """Fail when a profile asks for a runtime the engine does not offer as needed; learn
+        whether memory pauses can work here (when they are asked for)."""
+        info = await _run(self.client.api.info)
+        problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)
+        if self.settings.pause_with == "memory":
+            support = await _in_thread(checkpoint_support, info)
+            self.checkpoints = support.available and os.geteuid() == 0
+            self.checkpoint_refusal = (
+                None if self.checkpoints else support.reason if not support.available
+                else "the gateway is not root, and cannot reach the engine's checkpoints")
+            if self.checkpoint_refusal:
+                logger.warning("REPLGATE_PAUSE_WITH=memory, but memory pauses are not "
+                               "available (%s): pauses keep the variables",
+                               self.checkpoint_refusal)
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:
