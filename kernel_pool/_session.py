@@ -433,7 +433,11 @@ class Session:
         store = self.lifecycle.snapshots
         fallback = None
         if self.pause_info is not None and self.pause_info.paused_with == "memory":
-            fallback = await self._restore()
+            try:
+                fallback = await self._restore()
+            except BaseException as exc:  # no slot for it: it stays paused, image and all
+                self.reason = f"resume failed, the session stays paused: {exc}"
+                raise
             if fallback is None:
                 return
         try:

@@ -230,9 +230,10 @@ class DockerSandbox(Sandbox):
         return self.profile.runtime != "gvisor"
 
     async def _launch_through_init(self, name: str) -> None:
+        # Written once: a container remade below reads it as it starts (so a second request
+        # would start a second kernel), and a signal without a request does nothing.
+        await _in_thread(request_kernel, self._socket_dir, name, self.profile.caps.display_bytes)
         for attempt in range(3):
-            await _in_thread(request_kernel, self._socket_dir, name,
-                             self.profile.caps.display_bytes)
             try:
                 await _run(self._api.kill, self.info.container_id, "SIGUSR1")
                 break
