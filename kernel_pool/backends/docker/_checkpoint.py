@@ -64,7 +64,7 @@ def _engine(answer: Any, what: str) -> None:
 def _criu_errors(message: str) -> str:
     """CRIU's own error lines from the log the engine's message names (runc says only
     "criu failed"): the reason a session's ``reason`` can give."""
-    found = re.search(r"path= (\S+criu-(?:dump|restore)\.log)", message)
+    found = re.search(r"(?:path=|log file:) (/\S+\.log)", message)
     if found is None:
         return ""
     try:
