@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from kernel_pool.backends.docker._init_kernel import (
+    container_pid,
     exit_code,
     find_kernel,
     host_pid,
@@ -58,3 +59,9 @@ def test_latest_kernel_skips_reaped_ones(tmp_path: Path) -> None:
     (tmp_path / "kx.pid").write_text("5")
     assert latest_kernel(tmp_path) == "k2"
     assert latest_kernel(tmp_path / "none") is None
+
+
+def test_container_pid_of_a_host_process() -> None:
+    # This process's own namespace is the host's: the innermost pid is its pid.
+    assert container_pid(os.getpid()) == os.getpid()
+    assert container_pid(2**22 + 7) is None  # no such process

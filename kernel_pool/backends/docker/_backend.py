@@ -56,10 +56,10 @@ from kernel_pool.backends.docker._gvisor import (
 from kernel_pool.backends.docker._init_kernel import (
     KERNEL_NAME,
     PID_WAIT_S,
+    container_pid,
     exit_code,
     find_kernel,
     latest_kernel,
-    read_record,
     request_kernel,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
@@ -540,13 +540,14 @@ class DockerSandbox(Sandbox):
         return image
 
     def _kernel_records(self, name: str) -> dict[str, Any]:
-        pid = read_record(self._socket_dir / f"{name}.pid")
+        # From the host's process table, not the sandbox's own record of it.
+        pid = container_pid(self._pid) if self._pid else None
         try:
             key = _read_connection_file(self._socket_dir / f"{name}.json")["key"]
         except (OSError, ValueError) as exc:
             raise BackendError(f"the kernel's connection file cannot be read: {exc}") from exc
         if pid is None:
-            raise BackendError(f"the kernel's pid record {name}.pid is missing or malformed")
+            raise BackendError("the kernel process is gone")
         return {"kernel_name": name, "kernel_pid": pid, "key": key}
 
     async def restore(self, image: Path) -> dict[str, Any]:

@@ -64,7 +64,10 @@ def _engine(answer: Any, what: str) -> None:
 def _criu_errors(message: str) -> str:
     """CRIU's own error lines from the log the engine's message names (runc says only
     "criu failed"): the reason a session's ``reason`` can give."""
-    found = re.search(r"(?:path=|log file:) (/\S+\.log)", message)
+    # Only a log of the engine's runtime state (never any file a message might name): its
+    # lines reach the tenant in the session's reason.
+    found = re.search(r"(?:path=|log file:) ((?:/var)?/run/\S+/(?:criu-)?(?:dump|restore)\.log)",
+                      message)
     if found is None:
         return ""
     try:

@@ -94,6 +94,12 @@ def host_pid(init_pid: int, container_pid: int) -> int | None:
     return None
 
 
+def container_pid(pid: int) -> int | None:
+    """The pid the innermost pid namespace knows host process ``pid`` by."""
+    nspids = _status(pid).get("NSpid", "").split()
+    return int(nspids[-1]) if nspids and nspids[-1].isdigit() else None
+
+
 def find_kernel(socket_dir: Path, name: str, init_pid: int,
                 wait_s: float = 0.0) -> tuple[int | None, int | None]:
     """(host pid, exit code) of kernel ``name``: the pid while it runs, the exit code once
