@@ -94,6 +94,36 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int, warm: int = 2) -
             "paused_with": "variables", "warm_kernels": warm}
 
 
+async def pause_with(variables: Replgate, memory: Replgate, repeats: int) -> dict[str, Any]:
+    """Pause, and resume + ``1+1``, of a session with the data stack imported, on a gateway
+    that pauses with variables (dill) and one that pauses with memory (a CRIU checkpoint
+    through the engine), taken in turns in the same run; and each paused image's size."""
+    gateways = {"variables": variables, "memory": memory}
+    pauses: dict[str, list[float]] = {name: [] for name in gateways}
+    resumes: dict[str, list[float]] = {name: [] for name in gateways}
+    sizes: dict[str, list[int]] = {name: [] for name in gateways}
+    kept: dict[str, list[str]] = {name: [] for name in gateways}
+    for _ in range(repeats):
+        for name, rg in gateways.items():
+            sid = await rg.create_session()
+            await rg.http_execute(sid, DATA_STACK)
+            await rg.wait_idle(1)
+            start = time.perf_counter()
+            paused = await _post(rg, f"/v1/sessions/{sid}/pause")
+            pauses[name].append((time.perf_counter() - start) * 1000)
+            sizes[name].append(paused["snapshot_bytes"])
+            kept[name].append(paused["paused_with"])
+            start = time.perf_counter()
+            result = await rg.http_execute(sid, "1+1")
+            resumes[name].append((time.perf_counter() - start) * 1000)
+            assert result["status"] == "ok", result
+            await rg.delete_session(sid)
+    return {name: {"pause": summary(pauses[name]), "resume_execute": summary(resumes[name]),
+                   "image_mib": round(statistics.median(sizes[name]) / 2**20, 2),
+                   "paused_with": sorted(set(kept[name]))}
+            for name in gateways}
+
+
 def _host_holds(state: str) -> dict[str, int]:
     """Mounts and loop devices the gateway holds under its state directory now."""
     with open("/proc/self/mountinfo") as f:

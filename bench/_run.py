@@ -17,7 +17,7 @@ from typing import Any
 from bench import _figures as figures
 from bench import _runtimes
 from bench._e2b import e2b_vs_client
-from bench._lifecycle import held, lifecycle
+from bench._lifecycle import held, lifecycle, pause_with
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
@@ -25,9 +25,9 @@ from bench._report import table, targets
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b")
-ON_REQUEST = ("held",)
+ON_REQUEST = ("held", "pause_with")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
-workspaces)."""
+workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU)."""
 
 
 def log(message: str) -> None:
@@ -54,7 +54,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             figures.sandbox_image, log)
         await _e2b_only(sizes, results)
         return _finish(results, started)
-    if wanted <= {"lifecycle", "held"}:  # two gateways of ours, none of the other contenders
+    if wanted <= {"lifecycle", "held", "pause_with"}:  # gateways of ours, no other contenders
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
         await _lifecycle_only(wanted, sizes, args, results)
@@ -164,6 +164,18 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
             await asyncio.gather(replgate.wait_idle(args.lifecycle_warm), cold.wait_idle(0))
             await _loaded(results, "pause, resume, fork", "lifecycle",
                           lifecycle(replgate, cold, sizes.starts_cold, args.lifecycle_warm))
+    if "pause_with" in wanted:
+        log("pause with variables against pause with memory")
+        async with contextlib.AsyncExitStack() as stack:
+            variables = Replgate(min_idle=1, max_kernels=8,
+                                 settings={"REPLGATE_PAUSE_WITH": "variables"})
+            stack.push_async_callback(variables.stop)
+            memory = Replgate(min_idle=1, max_kernels=8,
+                              settings={"REPLGATE_PAUSE_WITH": "memory"})
+            stack.push_async_callback(memory.stop)
+            await asyncio.gather(variables.wait_idle(1), memory.wait_idle(1))
+            await _loaded(results, "pause with variables against pause with memory",
+                          "pause_with", pause_with(variables, memory, sizes.starts_cold))
     if "held" in wanted:
         log(f"{args.held_sessions} paused sessions held")
         results["held"] = await held(args.held_sessions, args.held_sample)

@@ -55,7 +55,7 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
     checkpoints = checkpoint_support(info)
     found.append((True, "memory pauses: " + (
         "available" if checkpoints.available else "not available, pauses keep variables")
-        + f"; {checkpoints.reason}"))
+        + f"; {checkpoints.reason}; pauses keep {pool.pause_with} (REPLGATE_PAUSE_WITH)"))
     return found
 
 

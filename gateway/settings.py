@@ -52,6 +52,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "owner": ("pool", "owner"),
     "pause_after_s": ("pool", "pause_after_s"),
     "snapshot_budget": ("pool", "snapshot_budget"),
+    "pause_with": ("pool", "pause_with"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 

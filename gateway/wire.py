@@ -160,8 +160,10 @@ class SessionOut(BaseModel):
     not_kept: dict[str, str] | None = Field(
         None, description="while paused: variables that could not be kept, with the reason")
     snapshot_bytes: int | None = Field(None, description="while paused: the snapshot's size")
-    reason: str | None = Field(None, description="why the last pause, resume or fork failed; "
-                               "the session runs on or stays paused, restorable")
+    reason: str | None = Field(None, description="why the last pause, resume or fork failed "
+                               "or kept less than asked (a memory pause that kept the variables "
+                               "only, a resume from the variables snapshot); the session runs "
+                               "on or stays paused, restorable")
 
 
 class ForkRequest(Strict):

@@ -204,22 +204,24 @@ class Kernel:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, attach: bool = False) -> None:
+    async def start(self, attach: bool = False, image: Path | None = None) -> None:
         """Launch the kernel process and wait until it answers ``kernel_info``.
 
         With ``attach``, connect to the kernel already running in the sandbox (one a previous
-        gateway started) and launch a fresh one only if there is none. If it does not start,
-        the kernel is DEAD (a request then learns it at once) until a start succeeds.
+        gateway started) and launch a fresh one only if there is none. With ``image``, restore
+        the sandbox from that checkpoint (:meth:`suspend`) instead, its kernel as it was. If
+        it does not start, the kernel is DEAD (a request then learns it at once) until a start
+        succeeds.
         """
         try:
-            await self._start(attach)
+            await self._start(attach, image)
         except BaseException as exc:
             if self.state is KernelState.STARTING:
                 self.state = KernelState.DEAD
                 self._death = KernelDied(f"the kernel did not start ({exc})", oom=False)
             raise
 
-    async def _start(self, attach: bool) -> None:
+    async def _start(self, attach: bool, image: Path | None = None) -> None:
         await self.settle()
         await self.sandbox.reserve()  # a paused sandbox's workspace, given back at its pause
         self.state = KernelState.STARTING
@@ -228,14 +230,17 @@ class Kernel:
         self._died.clear()
         self._channel_failed = None
         await self._ensure_egress()
-        connection = await self.sandbox.connection_info() if attach else None
+        if image is not None:
+            connection: dict[str, Any] | None = await self.sandbox.restore(image)
+        else:
+            connection = await self.sandbox.connection_info() if attach else None
         attached = connection is not None
         if connection is None:
             connection = await self.sandbox.launch_kernel()
         usage = await self.sandbox.usage()
         self._oom_kills = usage.oom_kills or 0
         self._connect(connection)
-        if attached:
+        if attached and image is None:
             # Whatever it runs belonged to the gateway that died (recorded as interrupted):
             # stop it, and ask on the control channel, which a busy kernel still answers.
             self.interrupt()
@@ -458,6 +463,42 @@ class Kernel:
         await self.sandbox.cleanup(restart=True)
         self._removal = asyncio.ensure_future(self._remove_and_release())
         self._removal.add_done_callback(self._removed)
+
+    async def suspend(self, stem: Path) -> Path:
+        """Checkpoint the whole sandbox to a file named from ``stem`` (see
+        :meth:`Sandbox.checkpoint`) and give back what it holds, like :meth:`stop`; that file.
+
+        The gateway's connections are dropped first (a dump refuses a connected host socket).
+        If the checkpoint fails, they are made again and the kernel runs on as before.
+        """
+        self._expect_exit = True
+        await self._disconnect()
+        try:
+            image = await self.sandbox.checkpoint(stem)
+        except BaseException:
+            await asyncio.shield(self._reconnect())
+            raise
+        self.state = KernelState.PAUSED
+        await self.sandbox.cleanup(restart=True)
+        self._removal = asyncio.ensure_future(self.sandbox.release())
+        self._removal.add_done_callback(self._removed)
+        return image
+
+    async def _reconnect(self) -> None:
+        """Connect again to the kernel that runs on after a checkpoint that failed."""
+        connection = await self.sandbox.connection_info()
+        if connection is None:
+            self._expect_exit = False
+            self.state = KernelState.DEAD
+            self._death = KernelDied("the kernel ended during a checkpoint that failed", False)
+            self._died.set()
+            if self.on_death is not None:
+                self.on_death(self._death)
+            return
+        self._expect_exit = False
+        self._connect(connection)
+        await self._wait_ready("control")
+        self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
 
     async def _remove_and_release(self) -> None:
         """Remove the stopped container, then give back what the sandbox holds (the

@@ -105,6 +105,12 @@ class KernelPool:
         return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
                 + len(self._in_use))
 
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        """Why the backend cannot checkpoint a sandbox, None when it can (Lifecycle)."""
+        return None if self.backend.checkpoints else (
+            self.backend.checkpoint_refusal or "this backend cannot checkpoint a sandbox")
+
     def profile(self, name: str) -> Profile:
         try:
             return self.settings.profiles[name]

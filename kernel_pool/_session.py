@@ -67,6 +67,10 @@ class Lifecycle(Protocol):
 
     snapshots: SnapshotStore
 
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        """Why the backend cannot checkpoint a sandbox (a memory pause); None when it can."""
+
     async def reserve_slot(self, session: Session) -> None:
         """Make room for the session's kernel to run (pausing another), or CapacityError."""
 
@@ -367,6 +371,12 @@ class Session:
             raise
         self.pause_info = info
         self.reason = None
+        if self._settings.pause_with == "memory":
+            memory = await self._checkpoint(store, info)
+            if memory is not None:
+                self.pause_info = memory
+                self.lifecycle.release_slot(self)
+                return memory
         try:
             await self.kernel.stop()
         except Exception as exc:  # the snapshot is written: the session is restorable
@@ -374,6 +384,30 @@ class Session:
             logger.warning("session %s: %s", self.id, self.reason)
         self.lifecycle.release_slot(self)
         return info
+
+    async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
+        """A memory pause, after the variables snapshot was written: the whole sandbox to
+        the store. None when it could not be made (``reason`` says why; the kernel runs on
+        or is stopped by the variables pause that follows)."""
+        assert self.lifecycle is not None
+        refusal = self.lifecycle.checkpoint_refusal
+        if refusal is not None:
+            self.reason = f"paused with variables: memory pauses are not available ({refusal})"
+            return None
+        try:
+            image = await self.kernel.suspend(
+                await anyio.to_thread.run_sync(store.memory_stem, self.id))
+        except Exception as exc:
+            self.reason = f"paused with variables: the memory checkpoint failed ({exc})"
+            logger.warning("session %s: %s", self.id, self.reason)
+            return None
+        try:
+            return await anyio.to_thread.run_sync(store.keep_memory, self.id, image, info)
+        except (SnapshotError, OSError) as exc:  # the sandbox is stopped: a variables pause
+            self.reason = f"paused with variables: the memory image was not kept ({exc})"
+            logger.warning("session %s: %s", self.id, self.reason)
+            await anyio.to_thread.run_sync(store.delete_memory, self.id)
+            return None
 
     @property
     def _snapshot_limit(self) -> int:
@@ -397,6 +431,15 @@ class Session:
         if not self.paused or self.lifecycle is None:
             return
         store = self.lifecycle.snapshots
+        fallback = None
+        if self.pause_info is not None and self.pause_info.paused_with == "memory":
+            try:
+                fallback = await self._restore()
+            except BaseException as exc:  # no slot for it: it stays paused, image and all
+                self.reason = f"resume failed, the session stays paused: {exc}"
+                raise
+            if fallback is None:
+                return
         try:
             raw = await anyio.to_thread.run_sync(store.load, self.id)
         except SnapshotError as exc:
@@ -414,9 +457,39 @@ class Session:
             self.reason = f"resume failed, the session stays paused: {exc}"
             raise
         self.pause_info = None
-        self.reason = None
+        self.reason = fallback
         await anyio.to_thread.run_sync(store.delete, self.id)
         self.lifecycle.resumed(self)
+
+    async def _restore(self) -> str | None:
+        """Resume from the memory image: the sandbox restored, its kernel as it was. None
+        when it ran; else why not (the kernel is paused again, for a resume from the
+        variables snapshot, which the image's failure never touches)."""
+        assert self.lifecycle is not None
+        store = self.lifecycle.snapshots
+        image = await anyio.to_thread.run_sync(store.memory_image, self.id)
+        if image is None:
+            why = "its memory image is missing"
+        else:
+            await self.lifecycle.reserve_slot(self)
+            try:
+                await self.kernel.start(image=image)
+            except Exception as exc:
+                why = f"restoring its memory failed ({exc})"
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.kernel.stop())
+                self.kernel.state = KernelState.PAUSED
+                self.lifecycle.release_slot(self)
+            else:
+                self.pause_info = None
+                self.reason = None
+                await anyio.to_thread.run_sync(store.delete, self.id)
+                self.lifecycle.resumed(self)
+                return None
+        lost = sorted(self.pause_info.variables_not_kept) if self.pause_info else []
+        logger.warning("session %s: %s; resuming from its variables", self.id, why)
+        return (f"resumed from its variables snapshot: {why}"
+                + (f"; not kept: {', '.join(lost)}" if lost else ""))
 
     async def _resume_in_place(self, raw: bytes, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""
@@ -463,7 +536,14 @@ class Session:
             if self.paused:
                 raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
                                                             self.id)
-                return raw, self.pause_info or PauseInfo()
+                # A copy starts from the variables snapshot, never from the memory image.
+                info = self.pause_info or PauseInfo()
+                if info.paused_with == "memory":
+                    info = info.model_copy(update={
+                        "paused_with": "variables", "not_kept": info.variables_not_kept,
+                        "kept": [n for n in info.kept if n not in info.variables_not_kept],
+                        "variables_not_kept": {}})
+                return raw, info
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
             return await save_variables(self.kernel, self.workspace, self._snapshot_limit)

@@ -9,6 +9,10 @@ unpickles a snapshot: only a kernel of the same session (or of its fork) loads i
 This keeps variables, not processes: threads, open sockets and generators are listed in
 ``not_kept`` and the running state of a process (``/tmp``, a background thread) is not kept.
 The session says so (``paused_with: "variables"``).
+
+A memory pause (``REPLGATE_PAUSE_WITH=memory``) keeps, beside the variables snapshot, a
+checkpoint of the whole sandbox (every process, thread, open file, ``/tmp``) made by the
+backend: ``<key>.memory.*`` in the same folder, under the same budget, deleted with it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ except ImportError:  # pragma: no cover (depends on the environment)
     zstandard = None
 
 SNAPSHOT_SUFFIX = ".zst" if zstandard is not None else ".zlib"
+MEMORY_INFIX = ".memory"
+"""A memory image is ``<key>.memory.<the backend's suffix>``."""
 TRANSFER_NAME = ".replgate-snapshot"
 """The hidden workspace file a snapshot passes through (a random suffix is added)."""
 SNAPSHOT_TIMEOUT_S = 120.0
@@ -49,12 +55,18 @@ SNAPSHOT_TIMEOUT_S = 120.0
 class PauseInfo(BaseModel):
     """What a paused session kept, said honestly."""
 
-    paused_with: Literal["variables"] = "variables"
-    """"variables": the user namespace was kept (dill), not the process (threads, /tmp)."""
+    paused_with: Literal["memory", "variables"] = "variables"
+    """"variables": the user namespace was kept (dill), not the process (threads, /tmp);
+    "memory": the whole sandbox was checkpointed as well (the variables snapshot stays, for
+    a restore that fails)."""
     kept: list[str] = Field(default_factory=list)
     not_kept: dict[str, str] = Field(default_factory=dict)
-    """Names that could not be kept, each with the reason."""
+    """Names that could not be kept, each with the reason (none with "memory")."""
+    variables_not_kept: dict[str, str] = Field(default_factory=dict)
+    """With "memory": the names the variables snapshot could not keep, lost only if the
+    memory image cannot be restored (the resume then says so)."""
     image_bytes: int = 0
+    """What the session's snapshot takes on disk (variables, and memory image if any)."""
     paused_at: str = ""
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
@@ -143,6 +155,37 @@ class SnapshotStore:
         except Exception as exc:
             raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
 
+    def memory_stem(self, key: str) -> Path:
+        """Where a backend writes the key's memory image (it adds its suffix), the folder made."""
+        self._ensure_root()
+        return self._path(key, MEMORY_INFIX)
+
+    def memory_image(self, key: str) -> Path | None:
+        """The key's memory image, if it has one."""
+        found = sorted(self.root.glob(f"{self._path(key, MEMORY_INFIX).name}.*"))
+        return next((path for path in found if not path.name.endswith(".part")), None)
+
+    def keep_memory(self, key: str, image: Path, info: PauseInfo) -> PauseInfo:
+        """Count a memory image the backend wrote against the budget and note it in the
+        key's info; over the budget it is deleted and :class:`SnapshotBudgetExceeded` raised
+        (the variables snapshot stays)."""
+        size = image.stat().st_size
+        with self._budget_lock:
+            used = self.used_bytes()  # the image is in it already
+            self._used_at_most = used
+            if used > self.budget_bytes:
+                image.unlink(missing_ok=True)
+                self._used_at_most -= size
+                raise SnapshotBudgetExceeded(
+                    f"the memory image of {size} bytes does not fit in the budget of "
+                    f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET)")
+        info = info.model_copy(update={
+            "paused_with": "memory", "image_bytes": info.image_bytes + size,
+            "kept": [*info.kept, *info.not_kept], "not_kept": {},
+            "variables_not_kept": info.not_kept})
+        _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        return info
+
     def info(self, key: str) -> PauseInfo | None:
         try:
             return PauseInfo.model_validate_json(self._path(key, ".json").read_bytes())
@@ -152,6 +195,13 @@ class SnapshotStore:
     def delete(self, key: str) -> None:
         for suffix in (SNAPSHOT_SUFFIX, ".json"):
             self._path(key, suffix).unlink(missing_ok=True)
+        self.delete_memory(key)
+
+    def delete_memory(self, key: str) -> None:
+        """Delete the key's memory image (its variables snapshot stays)."""
+        if self.root.is_dir():
+            for path in self.root.glob(f"{self._path(key, MEMORY_INFIX).name}.*"):
+                path.unlink(missing_ok=True)
 
 
 def _write_private(path: Path, data: bytes) -> None:

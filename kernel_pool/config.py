@@ -112,6 +112,10 @@ class PoolLimits(BaseModel):
     pause_after_s: float = Field(
         600.0, ge=0, description="an idle session is paused after this long (0: never)")
     snapshot_budget: str = Field("20g", description="disk all paused sessions' snapshots may take")
+    pause_with: Literal["variables", "memory"] = Field(
+        "variables", description="what a pause keeps: the variables (a dill snapshot), or the "
+        "whole sandbox's memory as well (a CRIU checkpoint through the engine; needs Docker's "
+        "experimental mode and CRIU >= 4.2 on its host; a runc profile)")
 
     @field_validator("snapshot_budget")
     @classmethod

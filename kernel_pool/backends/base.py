@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -133,6 +134,20 @@ class Sandbox(ABC):
         workspace-relative folder) with ``env`` added to the sandbox's environment."""
         raise BackendError(f"the {self.info.backend} backend cannot run shell commands")
 
+    async def checkpoint(self, stem: Path) -> Path:
+        """Write the whole sandbox (every process's memory, threads, open files, ``/tmp``) to
+        one private file named ``stem`` plus a suffix of the backend's, and stop it; that file.
+        The caller has dropped its own connections to the kernel first. On failure
+        (:class:`BackendError`) the sandbox runs on as before. See
+        :attr:`SandboxBackend.checkpoints`."""
+        raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
+
+    async def restore(self, image: Path) -> dict[str, Any]:
+        """Start the sandbox again from :meth:`checkpoint`'s file (left in place), its kernel
+        as it was; the kernel's host-side connection info, as :meth:`launch_kernel` gives.
+        On failure (:class:`BackendError`) nothing runs and the file is untouched."""
+        raise BackendError(f"the {self.info.backend} backend cannot restore a sandbox")
+
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()
 
@@ -156,6 +171,13 @@ class SandboxBackend(ABC):
     stopped_sandboxes: bool = False
     """Whether :meth:`create_stopped` can make a sandbox without starting it (a fork's
     paused copies need it; without it every copy gets a running kernel)."""
+
+    checkpoints: bool = False
+    """Whether sandboxes of this backend can :meth:`Sandbox.checkpoint` (a memory pause) on
+    this host, as far as :meth:`check` could tell; a profile or a process may still refuse
+    one, which the call then says."""
+    checkpoint_refusal: str | None = "this backend cannot checkpoint a sandbox"
+    """Why :attr:`checkpoints` is False, as a sentence (None when it is True)."""
 
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings

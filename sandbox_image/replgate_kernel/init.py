@@ -1,30 +1,94 @@
-"""PID 1 of a sandbox container: reaps every orphan and never exits until told to stop.
+"""PID 1 of a sandbox container: starts kernels on request, reaps every orphan, never exits
+until told to stop.
 
-Kernels are started beside it (``docker exec``); orphans of any process in the container are
-re-parented here. A sandbox-wide ``kill -KILL -1`` spares PID 1, so the container survives the
-hard stop of a runaway execution and the next kernel reuses its workspace.
+Kernels descend from this process (not ``docker exec``) so that a checkpoint of the container
+(CRIU, which dumps PID 1's process tree) holds the kernel. The host asks for a kernel by
+writing ``/kernel/launch.json`` (``{"name": "k3", "max_output_bytes": N}``) and sending
+SIGUSR1; this process starts ``python -P -m replgate_kernel ... -f /kernel/k3.json``, writes
+its pid to ``/kernel/k3.pid`` and, once it has reaped it, its exit code to ``/kernel/k3.exit``.
+The host reads both as untrusted (the folder is the sandbox's). Orphans of any process in the
+container are re-parented here; a sandbox-wide ``kill -KILL -1`` spares PID 1, so the
+container survives the hard stop of a runaway execution and the next kernel reuses its
+workspace.
 """
 
+import contextlib
+import json
 import os
+import re
 import signal
 
+KERNEL_DIR = "/kernel"
+REQUEST = os.path.join(KERNEL_DIR, "launch.json")
+NAME = re.compile(r"k[0-9]{1,9}")
+SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
 
-def _reap(_signum: int, _frame: object) -> None:
+
+def _write(name: str, text: str) -> None:
+    path = os.path.join(KERNEL_DIR, name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # whatever was planted there (a link is removed, not followed)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _launch(kernels: dict[int, str]) -> None:
+    try:
+        fd = os.open(REQUEST, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            request = json.loads(f.read(4096))
+        os.unlink(REQUEST)
+        name = request["name"]
+        max_output = int(request["max_output_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        return
+    devnull = os.path.join(os.sep, "dev", "null")
+    pid = os.posix_spawnp(
+        "python",
+        ["python", "-P", "-m", "replgate_kernel", f"--max-output-bytes={max_output}",
+         "-f", os.path.join(KERNEL_DIR, f"{name}.json")],
+        dict(os.environ),
+        file_actions=[(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)],
+        setsid=True,
+        setsigmask=(),  # this process blocks the signals it waits for; the kernel must not
+    )
+    kernels[pid] = name
+    _write(f"{name}.pid", str(pid))
+
+
+def _reap(kernels: dict[int, str]) -> None:
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        name = kernels.pop(pid, None)
+        if name is not None:
+            _write(f"{name}.exit", str(os.waitstatus_to_exitcode(status)))
 
 
-def _stop(_signum: int, _frame: object) -> None:
-    os._exit(0)
+def main() -> None:
+    kernels: dict[int, str] = {}
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    # The host may have asked before the mask above was set: the signal was then dropped (a
+    # namespace's PID 1 gets no signal it has not asked for), the request is there.
+    with contextlib.suppress(OSError):
+        _launch(kernels)
+    while True:
+        signum = signal.sigwaitinfo(SIGNALS).si_signo
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            os._exit(0)
+        try:
+            if signum == signal.SIGUSR1:
+                _launch(kernels)
+            _reap(kernels)
+        except OSError:
+            pass  # a full or vanished socket folder: the host sees no pid and says so
 
 
-signal.signal(signal.SIGCHLD, _reap)
-signal.signal(signal.SIGTERM, _stop)
-signal.signal(signal.SIGINT, _stop)
-while True:
-    signal.pause()
+main()

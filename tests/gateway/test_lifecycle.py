@@ -503,3 +503,34 @@ def paused_session_refuses_what_the_disk_cannot_reserve(client: httpx.Client,
     assert value(client, sid, "(kept, open('kept.txt').read(), open('new.txt').read())") \
         == "('variables', 'files', 'taken')"
     assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_memory_paused_session_survives_gateway_restarts_and_resumes_whole(
+        docker_client: docker.DockerClient) -> None:
+    with running_gateway(docker_client, keep_sessions_on_stop="true",
+                         pause_with="memory") as process:
+        with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
+            sid = new_session(c)
+            run(c, sid, "import threading, time\nticks = [0]\n"
+                        "def _tick():\n    while True:\n        ticks[0] += 1\n"
+                        "        time.sleep(0.01)\n"
+                        "threading.Thread(target=_tick, daemon=True).start()\n"
+                        "def _gen():\n    yield from range(10)\nnumbers = _gen()\nnext(numbers)")
+            paused = c.post(f"/v1/sessions/{sid}/pause")
+            assert paused.status_code == 200, paused.text
+            assert paused.json()["paused_with"] == "memory", paused.json()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            process.stop(sig)
+            process.start()
+            with httpx.Client(base_url=process.url, headers=process.headers(),
+                              timeout=120) as c:
+                about = c.get(f"/v1/sessions/{sid}").json()
+                assert (about["status"], about["paused_with"]) == ("paused", "memory"), sig
+        with httpx.Client(base_url=process.url, headers=process.headers(), timeout=120) as c:
+            # The generator and the thread came back with the process (no dill keeps them).
+            assert value(c, sid, "next(numbers)") == "1"
+            first = int(value(c, sid, "ticks[0]"))
+            time.sleep(0.2)
+            assert int(value(c, sid, "ticks[0]")) > first
+            assert c.get(f"/v1/sessions/{sid}").json()["reason"] is None
+            assert c.delete(f"/v1/sessions/{sid}").status_code == 204

@@ -49,3 +49,8 @@ async def test_init_reaps_orphans_when_they_exit(shared_session: Session) -> Non
     zombies = [p for p in after if p[1] == "Z"]
     assert zombies == [], zombies
     assert not [p for p in after if p[2].startswith("sleep")]
+
+
+async def test_kernel_runs_as_child_of_init(shared_session: Session) -> None:
+    # A checkpoint of the container (CRIU) holds PID 1's process tree only.
+    assert await run_ok(shared_session, "import os\nprint(os.getppid())") == "1\n"

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,10 @@ from kernel_pool.backends.base import (
     SandboxSpec,
 )
 from kernel_pool.backends.docker._cgroup import CgroupReader
+from kernel_pool.backends.docker._checkpoint import CheckpointError, dump
+from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
+from kernel_pool.backends.docker._criu import checkpoint_support
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
     OOM_POLL_S,
@@ -48,6 +52,15 @@ from kernel_pool.backends.docker._gvisor import (
     Runsc,
     host_pids_limit,
     missing_runtime,
+)
+from kernel_pool.backends.docker._init_kernel import (
+    KERNEL_NAME,
+    PID_WAIT_S,
+    container_pid,
+    exit_code,
+    find_kernel,
+    latest_kernel,
+    request_kernel,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
 from kernel_pool.config import PoolSettings, Profile, parse_size
@@ -131,7 +144,7 @@ def _read_connection_file(path: Path) -> dict[str, Any]:
 
 
 class DockerSandbox(Sandbox):
-    """One container; kernels run in it by ``docker exec`` beside the reaping PID 1."""
+    """One container; its PID 1 starts each kernel (``docker exec`` does under gVisor)."""
 
     def __init__(self, backend: DockerBackend, info: SandboxInfo, profile: Profile,
                  workspace: Workspace, env: dict[str, str]) -> None:
@@ -182,11 +195,15 @@ class DockerSandbox(Sandbox):
                 self.workspace.root, self._socket_dir, self._env)
             self._cgroup = None
         if self._cgroup is None:
-            state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
-            self._init_pid = int(state.get("Pid") or 0)
-            self._cgroup = CgroupReader.for_pid(self._init_pid)
-            self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
-                           if self.profile.runtime == "gvisor" else None)
+            await self._find_init()
+
+    async def _find_init(self) -> None:
+        """The host pid of the (new or restored) container's PID 1, and its cgroup."""
+        state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+        self._init_pid = int(state.get("Pid") or 0)
+        self._cgroup = CgroupReader.for_pid(self._init_pid)
+        self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
+                       if self.profile.runtime == "gvisor" else None)
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -198,6 +215,47 @@ class DockerSandbox(Sandbox):
                   "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
                   "kernel_name": "python3"}
         await _in_thread(self._write_connection_file, name, config, previous)
+        self._exit_code = None
+        self._sandbox_oom_kills = None
+        if self._through_init:
+            await self._launch_through_init(name)
+        else:
+            await self._launch_by_exec(name)
+        return {**config, "ip": str(self._socket_dir / name)}
+
+    @property
+    def _through_init(self) -> bool:
+        """Under runc the kernel is PID 1's child (a checkpoint holds it); under gVisor,
+        whose sandboxes are never checkpointed here, it is started by ``docker exec``."""
+        return self.profile.runtime != "gvisor"
+
+    async def _launch_through_init(self, name: str) -> None:
+        # Written once: a container remade below reads it as it starts (so a second request
+        # would start a second kernel), and a signal without a request does nothing.
+        await _in_thread(request_kernel, self._socket_dir, name, self.profile.caps.display_bytes)
+        for attempt in range(3):
+            try:
+                await _run(self._api.kill, self.info.container_id, "SIGUSR1")
+                break
+            except BackendError:  # stopped or removed since it was checked: remake it
+                if attempt == 2 or await self._running():
+                    raise
+                await self._ensure_running()
+        self.info.kernel_name = name
+        await self._watch_init_child(name, PID_WAIT_S)
+
+    async def _watch_init_child(self, name: str, wait_s: float) -> None:
+        """Find the kernel PID 1 started (its host pid, and a pidfd for its exit)."""
+        pid, code = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
+                                     wait_s)
+        if pid is None:
+            self.info.kernel_ref = None
+            self._exit_code = code if code is not None else -1
+            return
+        self.info.kernel_ref = str(pid)
+        self._open_pidfd(pid)
+
+    async def _launch_by_exec(self, name: str) -> None:
         for attempt in range(3):
             try:
                 exec_id = (await _run(
@@ -214,13 +272,10 @@ class DockerSandbox(Sandbox):
                     raise
                 await self._ensure_running()
         self.info.kernel_name, self.info.kernel_ref = name, exec_id
-        self._exit_code = None
-        self._sandbox_oom_kills = None
         self._oom_watch = (
             OutOfMemoryWatch(parse_size(self.profile.memory), self._cgroup.read().oom_kills or 0)
             if self._runsc is not None and self._cgroup is not None else None)
         await self._watch(exec_id)
-        return {**config, "ip": str(self._socket_dir / name)}
 
     async def connection_info(self) -> dict[str, Any] | None:
         if not self.info.kernel_name or await self.poll() is not None:
@@ -233,6 +288,11 @@ class DockerSandbox(Sandbox):
                                previous: str | None) -> None:
         if previous:
             for stale in self._socket_dir.glob(f"{previous}*"):
+                stale.unlink(missing_ok=True)
+        # PID 1's records of earlier kernels (one may land after the glob above: it records
+        # a kernel's end once it reaps it), so they never fill the small folder.
+        for pattern in ("k*.pid", "k*.exit"):
+            for stale in self._socket_dir.glob(pattern):
                 stale.unlink(missing_ok=True)
         # The folder is writable by the sandbox, which may have planted a symlink at this name:
         # remove whatever is there (unlink never follows a link) and create the file afresh,
@@ -250,7 +310,7 @@ class DockerSandbox(Sandbox):
             f.write(json.dumps(config))
 
     async def _watch(self, exec_id: str) -> None:
-        """Find the kernel's host pid, and a pidfd that becomes readable when it exits."""
+        """Find an exec'd kernel's host pid, and a pidfd that becomes readable when it exits."""
         for _ in range(50):
             details = await _run(self._api.exec_inspect, exec_id)
             if details.get("Pid") or not details.get("Running"):
@@ -260,6 +320,9 @@ class DockerSandbox(Sandbox):
         if not details.get("Running") or not pid:
             self._exit_code = int(details.get("ExitCode") or -1)
             return
+        self._open_pidfd(pid)
+
+    def _open_pidfd(self, pid: int) -> None:
         self._pid = pid
         try:
             self._pidfd = os.pidfd_open(pid)
@@ -276,6 +339,8 @@ class DockerSandbox(Sandbox):
             return self._exit_code
         if not self.info.kernel_ref:
             return -1
+        if self._through_init:
+            return await self._poll_init_child()
         try:
             details = await _in_thread(self._api.exec_inspect, self.info.kernel_ref)
         except docker.errors.NotFound:
@@ -292,6 +357,25 @@ class DockerSandbox(Sandbox):
         code = details.get("ExitCode")
         self._exit_code = int(code) if code is not None else -1
         return self._exit_code
+
+    async def _poll_init_child(self) -> int | None:
+        if self._pidfd is not None:
+            # A pidfd reads as ready once its process has exited.
+            if not select.select([self._pidfd], [], [], 0)[0]:
+                return None
+        elif self._pid and process_alive(self._pid):
+            return None
+        if not process_alive(self._init_pid):
+            # The container stopped (removed, or its init killed): the kernel died with it
+            # and nothing reaped it to record a status.
+            self._exit_code = -signal.SIGKILL
+            return self._exit_code
+        name = self.info.kernel_name or ""
+        code = await _in_thread(exit_code, self._socket_dir, name)
+        if code is None:
+            return None  # reaped in a moment: PID 1 writes the record right after
+        self._exit_code = code
+        return code
 
     async def wait(self) -> int:
         if self._pidfd is not None:
@@ -314,7 +398,7 @@ class DockerSandbox(Sandbox):
                 loop.remove_reader(fd)
             if self._oom_watch is not None:
                 await self._note_sandbox_killed_out_of_memory()
-            # The engine's exec record may lag the process by a moment.
+            # The engine's exec record (or PID 1's) may lag the process by a moment.
             for _ in range(50):
                 code = await self.poll()
                 if code is not None:
@@ -440,6 +524,64 @@ class DockerSandbox(Sandbox):
                                        keep_kernel_children, spared)
         return killed
 
+    async def checkpoint(self, stem: Path) -> Path:
+        """Docker's checkpoint of the container (experimental mode, CRIU on the engine's
+        host), packed into the state directory (see :mod:`._checkpoint`)."""
+        name = self.info.kernel_name
+        if not self._through_init or not name or not self._pid:
+            raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
+        about = await _in_thread(self._kernel_records, name)
+        try:
+            image: Path = await _run(dump, self._api, self.info.container_id, stem, about)
+        except CheckpointError as exc:
+            raise BackendError(str(exc)) from exc
+        self._close_pidfd()
+        self._pid, self._cgroup, self.info.kernel_ref = None, None, None
+        return image
+
+    def _kernel_records(self, name: str) -> dict[str, Any]:
+        # From the host's process table, not the sandbox's own record of it.
+        pid = container_pid(self._pid) if self._pid else None
+        try:
+            key = _read_connection_file(self._socket_dir / f"{name}.json")["key"]
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"the kernel's connection file cannot be read: {exc}") from exc
+        if pid is None:
+            raise BackendError("the kernel process is gone")
+        return {"kernel_name": name, "kernel_pid": pid, "key": key}
+
+    async def restore(self, image: Path) -> dict[str, Any]:
+        try:
+            about = await _run(restore_checkpoint, self._api, self.info.container_id, image)
+        except CheckpointError as exc:
+            raise BackendError(str(exc)) from exc
+        name, pid, key = about.get("kernel_name"), about.get("kernel_pid"), about.get("key")
+        if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
+                or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):
+            raise BackendError("the checkpoint's records are malformed")
+        config = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
+                  "kernel_name": "python3"}
+        # The socket folder may have been made afresh while the sandbox was stopped: its
+        # records go back, for a later gateway that takes the sandbox back (``load``).
+        await _in_thread(self._write_records, name, pid,
+                         {**config, "ip": f"{KERNEL_DIR}/{name}"})
+        self.info.kernel_name, self._exit_code = name, None
+        await self._find_init()
+        await self._watch_init_child(name, 2.0)
+        if self.info.kernel_ref is None:
+            raise BackendError("the sandbox was restored without its kernel process")
+        return {**config, "ip": str(self._socket_dir / name)}
+
+    def _write_records(self, name: str, pid: int, config: dict[str, Any]) -> None:
+        for record, text in ((f"{name}.json", json.dumps(config)), (f"{name}.pid", str(pid))):
+            path = self._socket_dir / record
+            path.unlink(missing_ok=True)  # never follows a link planted there
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                if os.geteuid() == 0:
+                    os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
+                f.write(text)
+
     async def release(self) -> None:
         """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
         listening egress socket may hold it until its proxy closes); ``reserve`` makes it."""
@@ -545,6 +687,8 @@ class DockerBackend(SandboxBackend):
             time.sleep(0.1)
 
     stopped_sandboxes = True
+    checkpoints = False
+    checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self._create(spec, start=True)
@@ -636,6 +780,18 @@ class DockerBackend(SandboxBackend):
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
         info.kernel_name, info.kernel_ref = None, None
+        if sandbox._through_init:
+            state = details.get("State") or {}
+            init_pid = int(state.get("Pid") or 0) if state.get("Running") else 0
+            name = await _in_thread(latest_kernel, Path(info.socket_dir)) if init_pid else None
+            if name is not None:
+                sandbox._init_pid, info.kernel_name = init_pid, name
+                await sandbox._watch_init_child(name, 0.0)
+                if info.kernel_ref is not None:
+                    await sandbox._ensure_running()
+                else:
+                    info.kernel_name = None
+            return sandbox
         for exec_id in details.get("ExecIDs") or []:
             exec_details = await _run(self.client.api.exec_inspect, exec_id)
             arguments = exec_details.get("ProcessConfig", {}).get("arguments") or []
@@ -648,11 +804,22 @@ class DockerBackend(SandboxBackend):
         return sandbox
 
     async def check(self, profiles: list[Profile]) -> None:
-        """Fail when a profile asks for a runtime the engine does not offer as needed."""
-        runtimes = (await _run(self.client.api.info)).get("Runtimes") or {}
-        problem = missing_runtime(runtimes, profiles)
+        """Fail when a profile asks for a runtime the engine does not offer as needed; learn
+        whether memory pauses can work here (when they are asked for)."""
+        info = await _run(self.client.api.info)
+        problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)
+        if self.settings.pause_with == "memory":
+            support = await _in_thread(checkpoint_support, info)
+            self.checkpoints = support.available and os.geteuid() == 0
+            self.checkpoint_refusal = (
+                None if self.checkpoints else support.reason if not support.available
+                else "the gateway is not root, and cannot reach the engine's checkpoints")
+            if self.checkpoint_refusal:
+                logger.warning("REPLGATE_PAUSE_WITH=memory, but memory pauses are not "
+                               "available (%s): pauses keep the variables",
+                               self.checkpoint_refusal)
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:
