@@ -1,12 +1,21 @@
-"""Whole-container checkpoints through Docker's (experimental) checkpoint API, kept as one
-compressed archive in the gateway's state directory.
+"""Whole-container checkpoints of Docker's containers, kept as one compressed archive in the
+gateway's state directory, restored through Docker's (experimental) checkpoint API.
 
-Docker 20.10 writes a checkpoint (CRIU's images, by runc) into its own data root,
-``<root>/containers/<id>/checkpoints/<name>``, and refuses another folder on restore
-(``custom checkpointdir is not supported``). So the folder is packed into one archive
-(``tar``, compressed with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600
-where the caller says, and removed; a restore unpacks it back there before the start. Every
-call here blocks (the engine's answer, the packing): callers run them in worker threads.
+The dump runs the engine's own runc directly, with the very command containerd runs for
+``docker checkpoint create`` (``runc checkpoint --image-path IMG --work-path W <id>``, on the
+engine's runc state): 0.2 s where Docker's API took 1.6-2.1 s, which it spends making a tar of
+the images into containerd's content store and unpacking it again into its data root. The
+container's processes end as they do under Docker's checkpoint (the engine records it as
+exited, 137), and the container stays Docker's. Where runc's state of the container is not
+found (an engine with another exec root or runtime), Docker's API makes the dump instead.
+
+Either way the images land where Docker 20.10 reads a checkpoint on start,
+``<root>/containers/<id>/checkpoints/<name>`` (it refuses another folder: ``custom
+checkpointdir is not supported``). That folder is packed into one archive (``tar``,
+compressed with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600 where the
+caller says, and removed; a restore unpacks it back there and starts the container from it
+(``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the engine's
+answer, the packing): callers run them in worker threads.
 
 The records a restore needs beside CRIU's images (the kernel's name, its pid inside the
 container, its connection key) travel in the archive as ``replgate.json``: the socket folder,
@@ -25,6 +34,8 @@ from typing import Any
 
 import docker
 
+from kernel_pool.backends.docker._criu import ROOT_PATH
+
 CHECKPOINT_NAME = "replgate"
 ABOUT_NAME = "replgate.json"
 ZSTD = shutil.which("zstd")
@@ -36,6 +47,11 @@ ENGINE_TIMEOUT_S = 300
 IMAGE_SUFFIXES = (".tar.zst", ".tar.gz")
 """The names a checkpoint archive may have (after the session's id), the one made here first."""
 IMAGE_SUFFIX = IMAGE_SUFFIXES[0] if ZSTD else IMAGE_SUFFIXES[1]
+RUNC_STATE_ROOTS = (Path("/run/docker/runtime-runc/moby"), Path("/var/run/docker/runtime-runc/moby"))
+"""Where Docker's containerd keeps runc's state of the engine's containers: ``<exec root>/
+runtime-runc/<containerd namespace>`` with the engine's default exec root."""
+WORK_NAME = ".replgate-criu-work"
+"""The folder beside the checkpoint where CRIU writes its log during a dump (then removed)."""
 
 
 class CheckpointError(Exception):
@@ -68,10 +84,12 @@ def _criu_errors(message: str) -> str:
     # lines reach the tenant in the session's reason.
     found = re.search(r"(?:path=|log file:) ((?:/var)?/run/\S+/(?:criu-)?(?:dump|restore)\.log)",
                       message)
-    if found is None:
-        return ""
+    return _log_errors(Path(found.group(1))) if found else ""
+
+
+def _log_errors(log_path: Path) -> str:
     try:
-        with open(found.group(1), "rb") as log:
+        with open(log_path, "rb") as log:
             lines = log.read()[-(1 << 16):].decode(errors="replace").splitlines()
     except OSError:
         return ""
@@ -89,10 +107,18 @@ def dump(api: docker.APIClient, container_id: str, stem: Path, about: dict[str, 
     folder = checkpoint_dir(api, container_id)
     image = stem.with_name(stem.name + IMAGE_SUFFIX)
     shutil.rmtree(folder, ignore_errors=True)  # a leftover of a pause that went wrong
-    answer = api.post(_url(api, f"/containers/{container_id}/checkpoints"),
-                      json={"CheckpointID": CHECKPOINT_NAME, "Exit": True},
-                      timeout=ENGINE_TIMEOUT_S)
-    _engine(answer, "the engine could not checkpoint the sandbox")
+    runc = _runc(container_id)
+    if runc is not None:
+        try:
+            _runc_dump(runc, container_id, folder)
+        except CheckpointError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    else:
+        answer = api.post(_url(api, f"/containers/{container_id}/checkpoints"),
+                          json={"CheckpointID": CHECKPOINT_NAME, "Exit": True},
+                          timeout=ENGINE_TIMEOUT_S)
+        _engine(answer, "the engine could not checkpoint the sandbox")
     try:
         (folder / ABOUT_NAME).write_text(json.dumps(about))
         _pack(folder, image)
@@ -103,6 +129,39 @@ def dump(api: docker.APIClient, container_id: str, stem: Path, about: dict[str, 
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return image
+
+
+def _runc(container_id: str) -> list[str] | None:
+    """runc's command line on the engine's state of the container, with the ``criu`` that
+    :func:`._criu.checkpoint_support` checked; None where either is not found."""
+    runc, criu = shutil.which("runc", path=ROOT_PATH), shutil.which("criu", path=ROOT_PATH)
+    root = next((root for root in RUNC_STATE_ROOTS
+                 if (root / container_id / "state.json").is_file()), None)
+    if runc is None or criu is None or root is None:
+        return None
+    return [runc, "--root", str(root), "--criu", criu]
+
+
+def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
+    """``runc checkpoint`` with the options containerd gives it for Docker's checkpoint (none
+    beyond the folders: runc itself declares the bind mounts external and dumps the tmpfs
+    mounts' contents)."""
+    work = folder.with_name(WORK_NAME)
+    shutil.rmtree(work, ignore_errors=True)
+    folder.mkdir(parents=True, mode=0o700)
+    work.mkdir(mode=0o700)
+    try:
+        done = subprocess.run(
+            [*runc, "checkpoint", "--image-path", str(folder), "--work-path", str(work),
+             container_id], capture_output=True, timeout=ENGINE_TIMEOUT_S)
+        if done.returncode:
+            said = done.stderr.decode(errors="replace").strip()[-600:]
+            raise CheckpointError(f"runc could not checkpoint the sandbox: {said}"
+                                  f"{_log_errors(work / 'dump.log')}")
+    except subprocess.TimeoutExpired as exc:
+        raise CheckpointError(f"runc's checkpoint took over {ENGINE_TIMEOUT_S}s") from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def restore(api: docker.APIClient, container_id: str, image: Path) -> dict[str, Any]:
