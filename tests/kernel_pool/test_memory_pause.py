@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -80,9 +81,30 @@ def container_running(docker_client: docker.DockerClient, session: Session) -> b
     return bool(state["Running"])
 
 
+def engine_checkpoints(docker_client: docker.DockerClient, container_id: str) -> list[str]:
+    """What the engine's checkpoint folder of the container holds."""
+    folder = (Path(docker_client.info()["DockerRootDir"]) / "containers" / container_id
+              / "checkpoints")
+    return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
+
+
+def engine_events(docker_client: docker.DockerClient, container_id: str,
+                  action: str) -> list[dict[str, object]]:
+    """The engine's recent events of that action on the container (it keeps the latest)."""
+    return list(docker_client.events(since=0, until=int(time.time()) + 1, decode=True,
+                                     filters={"container": container_id, "event": action}))
+
+
 async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
         paused: Session, memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
-    assert not container_running(docker_client, paused)  # no process of it runs
+    container_id = paused.sandbox_info().container_id
+    state = docker_client.api.inspect_container(container_id)["State"]
+    # runc's dump ends the processes: the engine records the container as exited, as after
+    # its own checkpoint, and keeps nothing of the images (they are in the state directory).
+    assert (state["Status"], state["Restarting"]) == ("exited", False)
+    assert engine_checkpoints(docker_client, container_id) == []
+    # The dump is runc's own, not the engine's checkpoint API (seconds slower).
+    assert engine_events(docker_client, container_id, "checkpoint") == []
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None and image.stat().st_size > 0
     assert stat.S_IMODE(image.stat().st_mode) == 0o600

@@ -47,7 +47,8 @@ ENGINE_TIMEOUT_S = 300
 IMAGE_SUFFIXES = (".tar.zst", ".tar.gz")
 """The names a checkpoint archive may have (after the session's id), the one made here first."""
 IMAGE_SUFFIX = IMAGE_SUFFIXES[0] if ZSTD else IMAGE_SUFFIXES[1]
-RUNC_STATE_ROOTS = (Path("/run/docker/runtime-runc/moby"), Path("/var/run/docker/runtime-runc/moby"))
+RUNC_STATE_ROOTS = (Path("/run/docker/runtime-runc/moby"),
+                    Path("/var/run/docker/runtime-runc/moby"))
 """Where Docker's containerd keeps runc's state of the engine's containers: ``<exec root>/
 runtime-runc/<containerd namespace>`` with the engine's default exec root."""
 WORK_NAME = ".replgate-criu-work"
