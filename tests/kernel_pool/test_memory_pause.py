@@ -4,6 +4,9 @@ resume (real engine, real CRIU, real kernels; fails, never skips, without them).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import stat
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +25,7 @@ from kp_support import (
 )
 
 from kernel_pool import KernelPool, Profile, Session
+from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
 
 SETUP = """
 import threading, time
@@ -114,6 +118,7 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     await paused.resume()
 
     assert paused.reason is None
+    assert staged_copies_of(paused) == []  # containerd's copy of the image went with it
     counted = int(await run_ok(paused, "print(counter[0])"))
     await asyncio.sleep(0.2)
     assert int(await run_ok(paused, "print(counter[0])")) > counted  # the thread runs on
@@ -124,6 +129,39 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     # Everything is kept; dill alone would have lost the generator and the open file.
     assert {"x", "letters", "handle"} <= set(at_pause.kept) and not at_pause.not_kept
     assert "letters" in at_pause.variables_not_kept
+
+
+def staged_copies_of(session: Session) -> list[Path]:
+    """containerd's copies (of restored checkpoints) holding the session's kernel key."""
+    info = session.sandbox_info()
+    key = json.loads((Path(info.socket_dir) / f"{info.kernel_name}.json").read_text())["key"]
+    return [folder for folder in CONTAINERD_STAGING.glob("ctrd-checkpoint*")
+            if (records := folder / "replgate.json").is_file()
+            and key in records.read_text(errors="replace")]
+
+
+def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) -> None:
+    made = []
+    for name, records, age_s in (("stale", '{"key": "a"}', 3600), ("fresh", '{"key": "b"}', 0),
+                                 ("foreign", None, 3600)):
+        folder = CONTAINERD_STAGING / f"ctrd-checkpoint-test-{os.getpid()}-{name}"
+        folder.mkdir()
+        made.append(folder)
+        if records is not None:
+            (folder / "replgate.json").write_text(records)
+        os.utime(folder, (time.time() - age_s,) * 2)
+    planted = CONTAINERD_STAGING / f"ctrd-checkpoint-test-{os.getpid()}-link"
+    planted.symlink_to(made[0])
+    try:
+        assert remove_staged_copies() >= 1
+        assert [folder.exists() for folder in made] == [False, True, True]
+        assert planted.is_symlink()
+        assert remove_staged_copies(b'{"key": "b"}') == 1
+        assert not made[1].exists()
+    finally:
+        planted.unlink()
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_memory_image_deleted_with_its_session(paused: Session,
