@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -18,8 +18,10 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
     default = model.model_fields[name].get_default(call_default_factory=True)
     if name in SIZES:
         return "3g", "3g"
-    if name == "runtime":  # a choice of two
-        return "gvisor", "gvisor"
+    annotation = model.model_fields[name].annotation
+    if get_origin(annotation) is Literal:  # a choice: another one of it
+        other = next(choice for choice in get_args(annotation) if choice != default)
+        return str(other), other
     if isinstance(default, bool):
         return str(not default).lower(), not default
     if isinstance(default, int | float):
