@@ -104,11 +104,13 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     container_id = paused.sandbox_info().container_id
     state = docker_client.api.inspect_container(container_id)["State"]
     # runc's dump ends the processes: the engine records the container as exited, as after
-    # its own checkpoint, and keeps nothing of the images (they are in the state directory).
+    # its own checkpoint.
     assert (state["Status"], state["Restarting"]) == ("exited", False)
-    assert engine_checkpoints(docker_client, container_id) == []
     # The dump is runc's own, not the engine's checkpoint API (seconds slower).
     assert engine_events(docker_client, container_id, "checkpoint") == []
+    await paused.packed()  # the pause answered before its packing; once packed, the dump goes
+    assert engine_checkpoints(docker_client, container_id) == []
+    assert list(memory_pool.snapshots.root.glob(f"{paused.id}*.part")) == []
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None and image.stat().st_size > 0
     assert stat.S_IMODE(image.stat().st_mode) == 0o600
@@ -166,6 +168,7 @@ def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) ->
 
 async def test_memory_image_deleted_with_its_session(paused: Session,
                                                      memory_pool: KernelPool) -> None:
+    await paused.packed()
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None
     await memory_pool.delete_session(paused.id)
@@ -175,6 +178,7 @@ async def test_memory_image_deleted_with_its_session(paused: Session,
 
 async def test_corrupt_memory_image_resumes_from_variables_and_says_so(
         paused: Session, memory_pool: KernelPool) -> None:
+    await paused.packed()
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None
     image.write_bytes(b"not an image" * 100)
@@ -223,3 +227,57 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         assert await run_ok(paused, "print(next(letters))") == "b\n"
     finally:
         await memory_pool.delete_session(child.id)
+
+
+async def pause_now(pool: KernelPool) -> tuple[Session, str]:
+    """A session paused with memory, its packing not begun (the pause answered first); its
+    kernel's key (what containerd's copies of its restored images hold)."""
+    session = await pool.create_session()
+    await run_ok(session, SETUP)
+    info = session.sandbox_info()
+    key = json.loads((Path(info.socket_dir) / f"{info.kernel_name}.json").read_text())["key"]
+    assert (await session.pause()).paused_with == "memory", session.reason
+    assert pool.snapshots.memory_image(session.id) is None  # still to be packed
+    return session, key
+
+
+def left_of(pool: KernelPool, docker_client: docker.DockerClient, session: Session,
+            key: str) -> list[str]:
+    """Every file a memory pause of the session may leave: in the state directory, in the
+    engine's checkpoint folder of its container, in containerd's staging copies."""
+    found = [path.name for path in pool.snapshots.root.glob(f"{session.id}.memory*")]
+    found += engine_checkpoints(docker_client, session.sandbox_info().container_id)
+    found += [str(folder) for folder in CONTAINERD_STAGING.glob("ctrd-checkpoint*")
+              if (records := folder / "replgate.json").is_file()
+              and key in records.read_text(errors="replace")]
+    return found
+
+
+async def test_resume_during_packing_restores_from_the_dump(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    try:
+        assert not container_running(docker_client, session)
+
+        await session.resume()
+
+        assert session.reason is None
+        assert await run_ok(session, "print(next(letters))") == "b\n"
+        assert await run_ok(session, "print(handle.tell(), x)") == "4 41\n"
+        assert left_of(memory_pool, docker_client, session, key) == []
+        assert memory_pool.snapshots.info(session.id) is None
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_delete_during_packing_leaves_nothing(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    container_id = session.sandbox_info().container_id
+
+    await memory_pool.delete_session(session.id)
+
+    assert left_of(memory_pool, docker_client, session, key) == []
+    assert engine_checkpoints(docker_client, container_id) == []
+    await eventually(lambda: not list(memory_pool.snapshots.root.glob(f"{session.id}*")),
+                     timeout_s=10)
