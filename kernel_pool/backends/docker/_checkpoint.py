@@ -288,11 +288,14 @@ class Packing:
             with self._lock:
                 if self._cancelled:
                     raise CheckpointError("the packing was cancelled")
+                # Sessions of their own: a signal to the gateway's process group (a stop,
+                # ^C) must not cut the packing short; the gateway's stop waits for it.
                 tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-", "."],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True)
                 assert tar.stdout is not None
                 packer = subprocess.Popen(COMPRESSOR, stdin=tar.stdout, stdout=fd,
-                                          stderr=subprocess.PIPE)
+                                          stderr=subprocess.PIPE, start_new_session=True)
                 self._processes = [tar, packer]
             tar.stdout.close()
             _, packer_err = packer.communicate()
@@ -300,8 +303,10 @@ class Packing:
             if self._cancelled:
                 raise CheckpointError("the packing was cancelled")
             if tar.returncode or packer.returncode:
-                said = (tar_err or packer_err).decode(errors="replace")[-300:]
-                raise CheckpointError(f"packing failed: {said}")
+                said = (tar_err or packer_err).decode(errors="replace").strip()[-300:]
+                raise CheckpointError(f"packing failed (tar: {tar.returncode}, "
+                                      f"{Path(COMPRESSOR[0] or '').name}: {packer.returncode})"
+                                      f"{': ' + said if said else ''}")
             os.fsync(fd)
         except BaseException:
             os.unlink(partial)
