@@ -474,12 +474,17 @@ class Session:
             await self.lifecycle.reserve_slot(self)
             try:
                 await self.kernel.start(image=image)
-            except Exception as exc:
-                why = f"restoring its memory failed ({exc})"
+            except BaseException as exc:
+                # Cancelled too: a half-restored sandbox must not run on unowned, holding a
+                # slot, with the session neither paused nor running (the next resume then
+                # finds the image unusable, and says so).
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.kernel.stop())
                 self.kernel.state = KernelState.PAUSED
                 self.lifecycle.release_slot(self)
+                if not isinstance(exc, Exception):
+                    raise
+                why = f"restoring its memory failed ({exc})"
             else:
                 self.pause_info = None
                 self.reason = None

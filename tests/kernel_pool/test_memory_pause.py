@@ -21,6 +21,7 @@ from kp_support import (
 )
 
 from kernel_pool import KernelPool, Profile, Session
+from kernel_pool._kernel import KernelState
 
 SETUP = """
 import threading, time
@@ -152,10 +153,11 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         paused: Session, memory_pool: KernelPool) -> None:
     [child] = await memory_pool.fork_session(paused.id, 1, None)
     try:
-        if child.paused:  # a copy is never restored from the parent's memory image
-            assert child.pause_info is not None
-            assert child.pause_info.paused_with == "variables"
-            assert "letters" in child.pause_info.not_kept
+        # No warm kernel (min_idle 0): the copy is answered paused, and is never restored
+        # from the parent's memory image.
+        assert child.paused and child.pause_info is not None
+        assert child.pause_info.paused_with == "variables"
+        assert "letters" in child.pause_info.not_kept
         assert await run_ok(child, "print(x)") == "41\n"
         assert paused.pause_info is not None and paused.pause_info.paused_with == "memory"
         await paused.resume()
@@ -163,3 +165,20 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         assert await run_ok(paused, "print(next(letters))") == "b\n"
     finally:
         await memory_pool.delete_session(child.id)
+
+
+async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
+        paused: Session, memory_pool: KernelPool) -> None:
+    resuming = asyncio.create_task(paused.resume())
+    await eventually(lambda: paused.kernel.state is KernelState.STARTING, timeout_s=30)
+    resuming.cancel()  # a client gone, a gateway shutting down: mid-restore
+    with pytest.raises(asyncio.CancelledError):
+        await resuming
+
+    assert paused.paused
+    assert " 0 in use" in repr(memory_pool)  # its slot is free again
+    await paused.resume()
+    assert await run_ok(paused, "print(x)") == "41\n"
+    # The half-restored container was removed with the rest: the memory image cannot be
+    # restored any more, and the resume says which snapshot it came from.
+    assert paused.reason is not None and "resumed from its variables snapshot" in paused.reason
