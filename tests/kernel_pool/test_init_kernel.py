@@ -56,7 +56,9 @@ def test_latest_kernel_skips_reaped_ones(tmp_path: Path) -> None:
     for name in ("k1", "k2", "k10"):
         (tmp_path / f"{name}.pid").write_text("5")
     (tmp_path / "k10.exit").write_text("0")
-    (tmp_path / "kx.pid").write_text("5")
+    # Names the host never gives, planted by the sandbox: "k²" passes str.isdigit().
+    for planted in ("kx", "k\u00b2", "k1234567890", "k-1"):
+        (tmp_path / f"{planted}.pid").write_text("5")
     assert latest_kernel(tmp_path) == "k2"
     assert latest_kernel(tmp_path / "none") is None
 

@@ -60,6 +60,7 @@ from kernel_pool.backends.docker._init_kernel import (
     exit_code,
     find_kernel,
     latest_kernel,
+    read_untrusted,
     request_kernel,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
@@ -132,13 +133,17 @@ def container_name(sandbox_id: str) -> str:
 def _read_connection_file(path: Path) -> dict[str, Any]:
     """A kernel's connection file, which lies in a folder the sandbox can write: read it
     without following links and keep only well-formed values (ports must be the fixed small
-    integers, so a tampered file cannot point the gateway's socket paths elsewhere)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as f:
-        raw = json.loads(f.read(65536))
+    integers, so a tampered file cannot point the gateway's socket paths elsewhere). A FIFO
+    planted there would block the reading thread for good, and a gateway taking the sandbox
+    back with it: it is malformed too."""
+    text = read_untrusted(path, 65536)
+    try:
+        raw = json.loads(text) if text is not None else None
+    except ValueError:
+        raw = None
     key = raw.get("key") if isinstance(raw, dict) else None
     if not isinstance(key, str) or not key.isalnum():
-        raise BackendError(f"kernel connection file {path} is malformed")
+        raise BackendError(f"kernel connection file {path} is missing or malformed")
     return {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
             "kernel_name": "python3"}
 

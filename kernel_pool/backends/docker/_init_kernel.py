@@ -40,8 +40,9 @@ def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
         f.write(json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
 
 
-def read_record(path: Path) -> int | None:
-    """The integer PID 1 wrote at ``path``, or None when it is missing or malformed."""
+def read_untrusted(path: Path, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the file at ``path`` in the sandbox's socket folder; None
+    unless it is a regular file (a link is never followed, a FIFO never blocks the reader)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -49,11 +50,18 @@ def read_record(path: Path) -> int | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None  # a FIFO or device planted there: never read (it could block)
-        raw = os.read(fd, 32)
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_record(path: Path) -> int | None:
+    """The integer PID 1 wrote at ``path``, or None when it is missing or malformed."""
+    raw = read_untrusted(path, 32)
+    if raw is None:
+        return None
     try:
         return int(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
@@ -124,7 +132,8 @@ def latest_kernel(socket_dir: Path) -> str | None:
     takes a running sandbox back)."""
     numbers = []
     for path in socket_dir.glob("k*.pid"):
+        # Only the host's names: str.isdigit() also takes "k²", which int() then refuses.
         stem = path.stem
-        if stem[1:].isdigit() and not (socket_dir / f"{stem}.exit").exists():
+        if KERNEL_NAME.fullmatch(stem) and not (socket_dir / f"{stem}.exit").exists():
             numbers.append(int(stem[1:]))
     return f"k{max(numbers)}" if numbers else None
