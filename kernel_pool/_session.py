@@ -372,18 +372,31 @@ class Session:
         self.pause_info = info
         self.reason = None
         if self._settings.pause_with == "memory":
-            memory = await self._checkpoint(store, info)
+            try:
+                memory = await self._checkpoint(store, info)
+            except BaseException:
+                # Cancelled (a shutdown cancels the pauses it started): the snapshot written
+                # above says the session is paused, and a later gateway takes it back so.
+                # It must not run on beside it, holding its slot: end as a variables pause.
+                await asyncio.shield(self._stop_paused())
+                raise
             if memory is not None:
                 self.pause_info = memory
                 self.lifecycle.release_slot(self)
                 return memory
-        try:
-            await self.kernel.stop()
-        except Exception as exc:  # the snapshot is written: the session is restorable
-            self.reason = f"paused, but its container could not be removed: {exc}"
-            logger.warning("session %s: %s", self.id, self.reason)
-        self.lifecycle.release_slot(self)
+        await self._stop_paused()
         return info
+
+    async def _stop_paused(self) -> None:
+        """Stop the kernel of a session whose snapshot is written, and free its slot."""
+        assert self.lifecycle is not None
+        if self.kernel.state is not KernelState.PAUSED:
+            try:
+                await self.kernel.stop()
+            except Exception as exc:  # the snapshot is written: the session is restorable
+                self.reason = f"paused, but its container could not be removed: {exc}"
+                logger.warning("session %s: %s", self.id, self.reason)
+        self.lifecycle.release_slot(self)
 
     async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
         """A memory pause, after the variables snapshot was written: the whole sandbox to

@@ -4,6 +4,7 @@ resume (real engine, real CRIU, real kernels; fails, never skips, without them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -182,3 +183,25 @@ async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
     # The half-restored container was removed with the rest: the memory image cannot be
     # restored any more, and the resume says which snapshot it came from.
     assert paused.reason is not None and "resumed from its variables snapshot" in paused.reason
+
+
+async def test_cancelled_memory_pause_ends_paused_with_variables(
+        memory_pool: KernelPool) -> None:
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, "x = 41")
+        pausing = asyncio.create_task(session.pause())
+        # The variables snapshot is written: what follows is the memory checkpoint.
+        await eventually(lambda: session.pause_info is not None, timeout_s=30)
+        pausing.cancel()  # as a gateway shutting down cancels the pauses it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await pausing
+
+        assert session.paused, session.status
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert " 0 in use" in repr(memory_pool)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
