@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kernel_pool.backends.docker._init_kernel import (
     host_pid,
     latest_kernel,
     read_record,
+    write_for_sandbox,
 )
 
 
@@ -67,3 +69,15 @@ def test_container_pid_of_a_host_process() -> None:
     # This process's own namespace is the host's: the innermost pid is its pid.
     assert container_pid(os.getpid()) == os.getpid()
     assert container_pid(2**22 + 7) is None  # no such process
+
+
+def test_write_for_sandbox_replaces_a_planted_link_and_leaves_its_target(
+        tmp_path: Path) -> None:
+    victim = tmp_path / "host-file"
+    victim.write_text("the host's")
+    (tmp_path / "k1.json").symlink_to(victim)
+    write_for_sandbox(tmp_path / "k1.json", "{}")
+    assert victim.read_text() == "the host's"
+    written = (tmp_path / "k1.json").lstat()
+    assert stat.S_ISREG(written.st_mode) and stat.S_IMODE(written.st_mode) == 0o600
+    assert (tmp_path / "k1.json").read_text() == "{}"

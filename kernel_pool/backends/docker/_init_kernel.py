@@ -29,15 +29,23 @@ EXIT_CODE_RANGE = range(-64, 256)
 """What ``os.waitstatus_to_exitcode`` can give: an exit status, or minus a signal number."""
 
 
-def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
-    """Write the launch request PID 1 reads on SIGUSR1 (blocking)."""
-    path = socket_dir / REQUEST_NAME
-    path.unlink(missing_ok=True)  # a planted file or link is removed, never followed
+def write_for_sandbox(path: Path, text: str) -> None:
+    """Create ``path`` in the sandbox's socket folder afresh with ``text``, readable by the
+    sandbox's user only (blocking). Whatever the sandbox planted at that name is removed
+    (unlink never follows a link) and the file is made without following one, so the
+    gateway's privileges cannot be turned on a host file."""
+    path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         if os.geteuid() == 0:
             os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
-        f.write(json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
+        f.write(text)
+
+
+def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
+    """Write the launch request PID 1 reads on SIGUSR1 (blocking)."""
+    write_for_sandbox(socket_dir / REQUEST_NAME,
+                      json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
 
 
 def read_untrusted(path: Path, limit: int) -> bytes | None:
