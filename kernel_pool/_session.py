@@ -388,14 +388,14 @@ class Session:
         return info
 
     async def _stop_paused(self) -> None:
-        """Stop the kernel of a session whose snapshot is written, and free its slot."""
+        """Stop the kernel of a session whose snapshot is written, and free its slot (a
+        container checkpointed for an image that was not kept is removed too)."""
         assert self.lifecycle is not None
-        if self.kernel.state is not KernelState.PAUSED:
-            try:
-                await self.kernel.stop()
-            except Exception as exc:  # the snapshot is written: the session is restorable
-                self.reason = f"paused, but its container could not be removed: {exc}"
-                logger.warning("session %s: %s", self.id, self.reason)
+        try:
+            await self.kernel.stop()
+        except Exception as exc:  # the snapshot is written: the session is restorable
+            self.reason = f"paused, but its container could not be removed: {exc}"
+            logger.warning("session %s: %s", self.id, self.reason)
         self.lifecycle.release_slot(self)
 
     async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
