@@ -129,7 +129,12 @@ class Session:
         self.pause_info: PauseInfo | None = None
         """What the snapshot kept, while the session is paused."""
         self.reason: str | None = None
-        """Why the last pause, resume or fork failed (the session is running or restorable)."""
+        """Why the last pause, resume or fork failed, or kept less than asked (a memory pause
+        that kept the variables only, a resume from the variables snapshot); the session is
+        running or restorable."""
+        self.pause_failed = False
+        """The last pause failed and the session runs on (``reason`` says why): the pool
+        does not pause it by itself again, until a pause asked for succeeds."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
@@ -368,9 +373,11 @@ class Session:
             info = await anyio.to_thread.run_sync(store.save, self.id, raw, info)
         except SnapshotError as exc:
             self.reason = f"pause failed, the session runs on: {exc}"
+            self.pause_failed = True
             raise
         self.pause_info = info
         self.reason = None
+        self.pause_failed = False
         if self._settings.pause_with == "memory":
             try:
                 memory = await self._checkpoint(store, info)

@@ -205,3 +205,32 @@ async def test_cancelled_memory_pause_ends_paused_with_variables(
         assert await run_ok(session, "print(x)") == "41\n"
     finally:
         await memory_pool.delete_session(session.id)
+
+
+async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
+        state_root: Path, docker_client: docker.DockerClient) -> None:
+    # Its ``reason`` (the resume kept less than asked) is news, not a failed pause, which
+    # alone keeps the pool from pausing a session by itself.
+    owner = f"{OWNER}-memory-idle"
+    pool = KernelPool(make_settings(
+        state_root / "memory-idle", owner=owner, pause_with="memory", pause_after_s=1.0,
+        cull_interval_s=0.2,
+        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
+                                     min_idle=0)}))
+    await pool.start()
+    try:
+        session = await pool.create_session()
+        await run_ok(session, "x = 41")
+        await eventually(lambda: session.pause_info is not None
+                         and session.pause_info.paused_with == "memory", timeout_s=30)
+        image = pool.snapshots.memory_image(session.id)
+        assert image is not None
+        image.write_bytes(b"not an image")
+        await session.resume()
+        assert session.reason is not None and "variables snapshot" in session.reason
+
+        await eventually(lambda: session.paused, timeout_s=30)
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await pool.close()
+    assert owned_containers(docker_client, owner) == []
