@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from pathlib import Path
@@ -36,6 +37,10 @@ from kernel_pool.config import Profile
 from kernel_pool.exceptions import KernelStartError
 
 logger = logging.getLogger(__name__)
+
+SLOW_START_S = 15.0
+"""A kernel start slower than this is logged with the time of each step: a start that takes
+a minute was seen twice in the test suite's gVisor leg on a loaded machine, cause unknown."""
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 LARGE_MESSAGE_BYTES = 1024 * 1024
@@ -222,8 +227,28 @@ class Kernel:
             raise
 
     async def _start(self, attach: bool, image: Path | None = None) -> None:
+        steps: dict[str, float] = {}
+        began = mark = time.monotonic()
+
+        def step(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            steps[name], mark = now - mark, now
+
+        try:
+            await self._start_steps(attach, image, step)
+        finally:
+            if (took := time.monotonic() - began) > SLOW_START_S:
+                logger.warning("kernel %s: its start took %.1f s (%s)", self.id, took,
+                               ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
+                               or "stopped before its first step ended")
+
+    async def _start_steps(self, attach: bool, image: Path | None,
+                           step: Callable[[str], None]) -> None:
         await self.settle()
+        step("settling the previous kernel")
         await self.sandbox.reserve()  # a paused sandbox's workspace, given back at its pause
+        step("reserving the workspace")
         self.state = KernelState.STARTING
         self._expect_exit = False
         self._death = None
@@ -237,6 +262,7 @@ class Kernel:
         attached = connection is not None
         if connection is None:
             connection = await self.sandbox.launch_kernel()
+        step("restoring" if image is not None else "launching")
         usage = await self.sandbox.usage()
         self._oom_kills = usage.oom_kills or 0
         self._connect(connection)
@@ -249,6 +275,8 @@ class Kernel:
         except BaseException:
             await self._disconnect()
             raise
+        finally:
+            step("waiting for its first answer")
         self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
         if self.env:
             await self.set_env(self.env)

@@ -97,6 +97,12 @@ class GatewayProcess:
         self.process = None
 
 
+CLIENT_TIMEOUT_S = 152.0
+"""How long the tests' shared HTTP clients wait for an answer: past the gateway's own kernel
+start timeout (60 s) and its second try in a fresh sandbox. Twice in the gVisor leg on a loaded
+machine a session's start took over 40 s (ci13: nbclient's kernel start; ci16: `POST
+/v1/sessions`); those tests check the API, not how fast a kernel starts (bench/ does)."""
+
 STARTED: list[GatewayProcess] = []
 """Every gateway the run started: a failing test's report shows what their logs said meanwhile."""
 

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import GatewayProcess
+from tests.conftest import CLIENT_TIMEOUT_S, GatewayProcess
 
 
 @pytest.fixture(scope="module")
 def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
+    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"),
+                      timeout=CLIENT_TIMEOUT_S) as c:
         yield c
 
 

@@ -42,7 +42,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
 from gateway.jupyter import protocol as jupyter_protocol
-from tests.conftest import REPO, GatewayProcess, free_port
+from tests.conftest import CLIENT_TIMEOUT_S, REPO, GatewayProcess, free_port
 
 V1 = "v1.kernel.websocket.jupyter.org"
 SANDBOX_CHECK = (
@@ -440,7 +440,7 @@ def jupyter_server(gateway: GatewayProcess) -> Iterator[tuple[str, str]]:
         [sys.executable, "-m", "jupyter_server", f"--gateway-url={gateway.url}",
          f"--IdentityProvider.token={token}", f"--port={port}", "--ip=127.0.0.1",
          "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
-         "--GatewayClient.request_timeout=152"],  # see gateway_client below
+         f"--GatewayClient.request_timeout={CLIENT_TIMEOUT_S}"],  # see gateway_client below
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -507,7 +507,8 @@ def gateway_client(gateway: GatewayProcess,
     monkeypatch.setattr(websocket, "create_connection", functools.partial(
         websocket.create_connection, header=[f"Authorization: token {key}"]))
     GatewayClient.clear_instance()
-    client = GatewayClient.instance(url=gateway.url, auth_token=key, request_timeout=152.0)
+    client = GatewayClient.instance(url=gateway.url, auth_token=key,
+                                    request_timeout=CLIENT_TIMEOUT_S)
     yield client
     GatewayClient.clear_instance()
 

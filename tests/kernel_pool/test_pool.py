@@ -139,6 +139,22 @@ async def test_kernel_that_does_not_answer_is_tried_again_then_reported(
     assert pool.stats()["starting"] == pool.stats()["in_use"] == 0
 
 
+async def test_slow_kernel_start_is_logged_with_its_steps(
+        own_pool: PoolFactory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Every start counts as slow here: the warning must name the time each step took.
+    monkeypatch.setattr("kernel_pool._kernel.SLOW_START_S", 0.0)
+    pool = own_pool("slow", profiles=one_profile(min_idle=0))
+    await pool.start()
+    with caplog.at_level("WARNING", logger="kernel_pool"):
+        kernel = await pool.acquire()
+    await pool.release(kernel)
+    slow = [r.getMessage() for r in caplog.records if "its start took" in r.getMessage()]
+    assert len(slow) == 1, slow
+    for step in ("reserving the workspace", "launching", "waiting for its first answer"):
+        assert f"{step} " in slow[0], slow[0]
+
+
 async def test_cancelled_acquire_leaves_pool_consistent(
         own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
     pool = own_pool("cancel", max_kernels=2, profiles=one_profile(min_idle=0))
