@@ -96,8 +96,9 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int, warm: int = 2) -
 
 async def pause_with(variables: Replgate, memory: Replgate, repeats: int) -> dict[str, Any]:
     """Pause, and resume + ``1+1``, of a session with the data stack imported, on a gateway
-    that pauses with variables (dill) and one that pauses with memory (a CRIU checkpoint
-    through the engine), taken in turns in the same run; and each paused image's size."""
+    that pauses with variables (dill) and one that pauses with memory (a CRIU checkpoint:
+    the engine's runc dumps, the engine restores), taken in turns in the same run; and each
+    paused image's size."""
     gateways = {"variables": variables, "memory": memory}
     pauses: dict[str, list[float]] = {name: [] for name in gateways}
     resumes: dict[str, list[float]] = {name: [] for name in gateways}

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import shutil
 import stat
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from kp_support import (
 
 from kernel_pool import KernelPool, Profile, Session
 from kernel_pool._kernel import KernelState
+from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
 
 SETUP = """
 import threading, time
@@ -82,9 +87,30 @@ def container_running(docker_client: docker.DockerClient, session: Session) -> b
     return bool(state["Running"])
 
 
+def engine_checkpoints(docker_client: docker.DockerClient, container_id: str) -> list[str]:
+    """What the engine's checkpoint folder of the container holds."""
+    folder = (Path(docker_client.info()["DockerRootDir"]) / "containers" / container_id
+              / "checkpoints")
+    return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
+
+
+def engine_events(docker_client: docker.DockerClient, container_id: str,
+                  action: str) -> list[dict[str, object]]:
+    """The engine's recent events of that action on the container (it keeps the latest)."""
+    return list(docker_client.events(since=0, until=int(time.time()) + 1, decode=True,
+                                     filters={"container": container_id, "event": action}))
+
+
 async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
         paused: Session, memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
-    assert not container_running(docker_client, paused)  # no process of it runs
+    container_id = paused.sandbox_info().container_id
+    state = docker_client.api.inspect_container(container_id)["State"]
+    # runc's dump ends the processes: the engine records the container as exited, as after
+    # its own checkpoint, and keeps nothing of the images (they are in the state directory).
+    assert (state["Status"], state["Restarting"]) == ("exited", False)
+    assert engine_checkpoints(docker_client, container_id) == []
+    # The dump is runc's own, not the engine's checkpoint API (seconds slower).
+    assert engine_events(docker_client, container_id, "checkpoint") == []
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None and image.stat().st_size > 0
     assert stat.S_IMODE(image.stat().st_mode) == 0o600
@@ -94,6 +120,7 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     await paused.resume()
 
     assert paused.reason is None
+    assert staged_copies_of(paused) == []  # containerd's copy of the image went with it
     counted = int(await run_ok(paused, "print(counter[0])"))
     await asyncio.sleep(0.2)
     assert int(await run_ok(paused, "print(counter[0])")) > counted  # the thread runs on
@@ -104,6 +131,39 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     # Everything is kept; dill alone would have lost the generator and the open file.
     assert {"x", "letters", "handle"} <= set(at_pause.kept) and not at_pause.not_kept
     assert "letters" in at_pause.variables_not_kept
+
+
+def staged_copies_of(session: Session) -> list[Path]:
+    """containerd's copies (of restored checkpoints) holding the session's kernel key."""
+    info = session.sandbox_info()
+    key = json.loads((Path(info.socket_dir) / f"{info.kernel_name}.json").read_text())["key"]
+    return [folder for folder in CONTAINERD_STAGING.glob("ctrd-checkpoint*")
+            if (records := folder / "replgate.json").is_file()
+            and key in records.read_text(errors="replace")]
+
+
+def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) -> None:
+    made = []
+    for name, records, age_s in (("stale", '{"key": "a"}', 3600), ("fresh", '{"key": "b"}', 0),
+                                 ("foreign", None, 3600)):
+        folder = CONTAINERD_STAGING / f"ctrd-checkpoint-test-{os.getpid()}-{name}"
+        folder.mkdir()
+        made.append(folder)
+        if records is not None:
+            (folder / "replgate.json").write_text(records)
+        os.utime(folder, (time.time() - age_s,) * 2)
+    planted = CONTAINERD_STAGING / f"ctrd-checkpoint-test-{os.getpid()}-link"
+    planted.symlink_to(made[0])
+    try:
+        assert remove_staged_copies() >= 1
+        assert [folder.exists() for folder in made] == [False, True, True]
+        assert planted.is_symlink()
+        assert remove_staged_copies(b'{"key": "b"}') == 1
+        assert not made[1].exists()
+    finally:
+        planted.unlink()
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_memory_image_deleted_with_its_session(paused: Session,

@@ -41,7 +41,12 @@ from kernel_pool.backends.base import (
     SandboxSpec,
 )
 from kernel_pool.backends.docker._cgroup import CgroupReader
-from kernel_pool.backends.docker._checkpoint import CheckpointError, dump
+from kernel_pool.backends.docker._checkpoint import (
+    CONTAINERD_STAGING,
+    CheckpointError,
+    dump,
+    remove_staged_copies,
+)
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._criu import checkpoint_support
@@ -818,6 +823,11 @@ class DockerBackend(SandboxBackend):
                 logger.warning("REPLGATE_PAUSE_WITH=memory, but memory pauses are not "
                                "available (%s): pauses keep the variables",
                                self.checkpoint_refusal)
+            else:
+                removed = await _in_thread(remove_staged_copies)
+                if removed:
+                    logger.info("removed %d copies of restored memory images containerd "
+                                "left in %s", removed, CONTAINERD_STAGING)
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:
