@@ -18,6 +18,7 @@ import docker.errors
 from gateway.governance import PolicyError, load_policy
 from gateway.settings import Settings
 from kernel_pool.backends.docker import (
+    CheckpointSupport,
     ImageInfo,
     build_image,
     checkpoint_support,
@@ -52,11 +53,18 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
                           f"profile {profile.name}: runtime {profile.runtime} is available"))
     finally:
         client.close()
-    checkpoints = checkpoint_support(info)
-    found.append((True, "memory pauses: " + (
-        "available" if checkpoints.available else "not available, pauses keep variables")
-        + f"; {checkpoints.reason}; pauses keep {pool.pause_with} (REPLGATE_PAUSE_WITH)"))
+    found.append((True, memory_pauses(checkpoint_support(info), pool.pause_with)))
     return found
+
+
+def memory_pauses(support: CheckpointSupport, pause_with: str) -> str:
+    """The doctor's line on memory pauses (never a problem: without them pauses keep the
+    variables), saying what pauses keep with ``pause_with`` (REPLGATE_PAUSE_WITH)."""
+    if support.available:
+        return (f"memory pauses: available; {support.reason}; pauses keep {pause_with} "
+                "(REPLGATE_PAUSE_WITH)")
+    asked = " although REPLGATE_PAUSE_WITH=memory" if pause_with == "memory" else ""
+    return f"memory pauses: not available, so pauses keep variables{asked}; {support.reason}"
 
 
 def build_sandbox_image(

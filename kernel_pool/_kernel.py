@@ -500,8 +500,8 @@ class Kernel:
         If the checkpoint fails, they are made again and the kernel runs on as before.
         """
         self._expect_exit = True
-        await self._disconnect()
         try:
+            await self._disconnect()  # (cancelled half-way, it is reconnected below too)
             dump = await self.sandbox.checkpoint()
         except BaseException:
             await asyncio.shield(self._reconnect())

@@ -740,7 +740,7 @@ class KernelPool:
                     pause_after = self.settings.pause_after_s
                     if (pause_after and session.idle_for() > pause_after
                             and session.status is SessionStatus.IDLE
-                            and session.id not in self._held and session.reason is None):
+                            and session.id not in self._held and not session.pause_failed):
                         self._spawn(self._pause(session, f"after {pause_after:g}s idle"),
                                     f"pausing idle session {session.id}")
                     continue

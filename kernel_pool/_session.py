@@ -135,7 +135,12 @@ class Session:
         self.pause_info: PauseInfo | None = None
         """What the snapshot kept, while the session is paused."""
         self.reason: str | None = None
-        """Why the last pause, resume or fork failed (the session is running or restorable)."""
+        """Why the last pause, resume or fork failed, or kept less than asked (a memory pause
+        that kept the variables only, a resume from the variables snapshot); the session is
+        running or restorable."""
+        self.pause_failed = False
+        """The last pause failed and the session runs on (``reason`` says why): the pool
+        does not pause it by itself again, until a pause asked for succeeds."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
@@ -374,22 +379,37 @@ class Session:
             info = await anyio.to_thread.run_sync(store.save, self.id, raw, info)
         except SnapshotError as exc:
             self.reason = f"pause failed, the session runs on: {exc}"
+            self.pause_failed = True
             raise
         self.pause_info = info
         self.reason = None
+        self.pause_failed = False
         if self._settings.pause_with == "memory":
-            memory = await self._checkpoint(store, info)
+            try:
+                memory = await self._checkpoint(store, info)
+            except BaseException:
+                # Cancelled (a shutdown cancels the pauses it started): the snapshot written
+                # above says the session is paused, and a later gateway takes it back so.
+                # It must not run on beside it, holding its slot: end as a variables pause.
+                await asyncio.shield(self._stop_paused())
+                raise
             if memory is not None:
                 self.pause_info = memory
                 self.lifecycle.release_slot(self)
                 return memory
+        await self._stop_paused()
+        return info
+
+    async def _stop_paused(self) -> None:
+        """Stop the kernel of a session whose snapshot is written, and free its slot (a
+        container checkpointed for an image that was not kept is removed too)."""
+        assert self.lifecycle is not None
         try:
             await self.kernel.stop()
         except Exception as exc:  # the snapshot is written: the session is restorable
             self.reason = f"paused, but its container could not be removed: {exc}"
             logger.warning("session %s: %s", self.id, self.reason)
         self.lifecycle.release_slot(self)
-        return info
 
     async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
         """A memory pause, after the variables snapshot was written: the whole sandbox
@@ -408,15 +428,16 @@ class Session:
             self.reason = f"paused with variables: the memory checkpoint failed ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
             return None
-        sandbox = self.kernel.sandbox
         try:
-            size = await sandbox.checkpoint_bytes(dump)
+            size = await self.kernel.sandbox.checkpoint_bytes(dump)
             memory = await anyio.to_thread.run_sync(store.hold_memory, self.id, size, info)
-        except (SnapshotError, OSError, BackendError) as exc:  # stopped: a variables pause
+        except BaseException as exc:  # stopped: a variables pause (cancelled too)
+            self._dump = dump
+            await asyncio.shield(self._forget_memory(store, info))
+            if not isinstance(exc, (SnapshotError, OSError, BackendError)):
+                raise
             self.reason = f"paused with variables: the memory dump was not kept ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
-            await anyio.to_thread.run_sync(store.drop_held, self.id)
-            await sandbox.discard_checkpoint(dump)
             return None
         self._dump = dump
         self._packing = asyncio.create_task(self._pack(dump, info), name=f"pack-{self.id}")
@@ -440,18 +461,21 @@ class Session:
             self.reason = f"paused with variables: the memory image was not kept ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
             self.pause_info = info
-            await asyncio.shield(self._forget_memory(store))
-            await anyio.to_thread.run_sync(store.save_info, self.id, info)
-            await asyncio.shield(self.kernel.stop())
+            await asyncio.shield(self._forget_memory(store, info))
+            with contextlib.suppress(Exception):  # the container goes with the session else
+                await asyncio.shield(self.kernel.stop())
         finally:
             self._packing = None
 
-    async def _forget_memory(self, store: SnapshotStore) -> None:
-        """Remove a memory pause's dump and image, its variables snapshot kept."""
+    async def _forget_memory(self, store: SnapshotStore, info: PauseInfo | None) -> None:
+        """Remove a memory pause's dump and image, its variables snapshot kept (and noted as
+        the session's pause again, with ``info``)."""
         if self._dump is not None:
             await self.kernel.sandbox.discard_checkpoint(self._dump)
             self._dump = None
         await anyio.to_thread.run_sync(store.delete_memory, self.id)
+        if info is not None:
+            await anyio.to_thread.run_sync(store.save_info, self.id, info)
 
     async def packed(self) -> None:
         """Wait for a memory pause's packing, if one runs (the gateway's stop lets it end)."""
@@ -538,12 +562,17 @@ class Session:
             await self.lifecycle.reserve_slot(self)
             try:
                 await self.kernel.start(image=image)
-            except Exception as exc:
-                why = f"restoring its memory failed ({exc})"
+            except BaseException as exc:
+                # Cancelled too: a half-restored sandbox must not run on unowned, holding a
+                # slot, with the session neither paused nor running (the next resume then
+                # finds the image unusable, and says so).
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.kernel.stop())
                 self.kernel.state = KernelState.PAUSED
                 self.lifecycle.release_slot(self)
+                if not isinstance(exc, Exception):
+                    raise
+                why = f"restoring its memory failed ({exc})"
             else:
                 self.pause_info = None
                 self.reason = None
@@ -699,7 +728,7 @@ class Session:
                 if self.paused and self.lifecycle is not None:  # a fresh kernel: no snapshot
                     await self.lifecycle.reserve_slot(self)
                     if await self._stop_packing() is not None:
-                        await self._forget_memory(self.lifecycle.snapshots)
+                        await self._forget_memory(self.lifecycle.snapshots, None)
                     self.pause_info = None
                     await anyio.to_thread.run_sync(self.lifecycle.snapshots.delete, self.id)
                 await self.kernel.restart()

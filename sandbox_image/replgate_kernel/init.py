@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import stat
 
 KERNEL_DIR = "/kernel"
 REQUEST = os.path.join(KERNEL_DIR, "launch.json")
@@ -35,8 +36,11 @@ def _write(name: str, text: str) -> None:
 
 def _launch(kernels: dict[int, str]) -> None:
     try:
-        fd = os.open(REQUEST, os.O_RDONLY | os.O_NOFOLLOW)
+        # The folder is the sandbox's: a FIFO planted at this name must not block PID 1.
+        fd = os.open(REQUEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd) as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
             request = json.loads(f.read(4096))
         os.unlink(REQUEST)
         name = request["name"]

@@ -8,6 +8,8 @@ import sys
 
 import docker
 
+from gateway.doctor import memory_pauses
+from kernel_pool.backends.docker import CheckpointSupport
 from tests.conftest import REPO
 
 
@@ -31,3 +33,12 @@ def test_doctor_reports_missing_engine_with_exit_status_1() -> None:
     done = _doctor(DOCKER_HOST="unix:///nonexistent/docker.sock")
     assert done.returncode == 1
     assert done.stdout.startswith("PROBLEM no Docker engine answers"), done.stdout
+
+
+def test_memory_pauses_line_without_criu_says_what_pauses_keep() -> None:
+    missing = CheckpointSupport(False, "no criu on root's PATH")
+    assert memory_pauses(missing, "memory") == (
+        "memory pauses: not available, so pauses keep variables although "
+        "REPLGATE_PAUSE_WITH=memory; no criu on root's PATH")
+    assert memory_pauses(missing, "variables") == (
+        "memory pauses: not available, so pauses keep variables; no criu on root's PATH")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 
 import docker
 import docker.errors
 from kp_support import OWNER, SESSION_ENV, is_mounted, run_ok, sandbox_gone
 
-from kernel_pool import KernelPool, Session
+from kernel_pool import BackendError, KernelPool, Session
 from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX
+from kernel_pool.backends.docker._backend import _read_connection_file
 
 
 async def observe(session: Session, code: str) -> dict[str, object]:
@@ -230,3 +232,30 @@ async def test_close_removes_container_and_workspace(
     await pool.delete_session(session.id)
 
     assert await asyncio.to_thread(sandbox_gone, docker_client, info) == []
+
+
+async def test_connection_file_replaced_by_a_fifo_is_refused_without_blocking(
+        session: Session) -> None:
+    # The socket folder is the sandbox's. A FIFO at the kernel's connection file would block
+    # the thread reading it for good: a gateway taking the sandbox back, or a memory pause.
+    name = session.kernel.sandbox.info.kernel_name
+    await run_ok(session, f"import os\nos.unlink('/kernel/{name}.json')\n"
+                          f"os.mkfifo('/kernel/{name}.json')")
+    path = Path(session.kernel.sandbox.info.socket_dir) / f"{name}.json"
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(_read_connection_file(path))
+        except Exception as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    await asyncio.to_thread(reader.join, 10)
+    blocked = reader.is_alive()
+    if blocked:  # let it go (a writer that closes at once): the test has failed already
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        await asyncio.to_thread(reader.join, 10)
+    assert not blocked, "reading the planted FIFO blocked"
+    assert len(outcome) == 1 and isinstance(outcome[0], BackendError), outcome

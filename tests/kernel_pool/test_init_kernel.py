@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from kernel_pool.backends.docker._init_kernel import (
     host_pid,
     latest_kernel,
     read_record,
+    write_for_sandbox,
 )
 
 
@@ -56,7 +58,9 @@ def test_latest_kernel_skips_reaped_ones(tmp_path: Path) -> None:
     for name in ("k1", "k2", "k10"):
         (tmp_path / f"{name}.pid").write_text("5")
     (tmp_path / "k10.exit").write_text("0")
-    (tmp_path / "kx.pid").write_text("5")
+    # Names the host never gives, planted by the sandbox: "k²" passes str.isdigit().
+    for planted in ("kx", "k\u00b2", "k1234567890", "k-1"):
+        (tmp_path / f"{planted}.pid").write_text("5")
     assert latest_kernel(tmp_path) == "k2"
     assert latest_kernel(tmp_path / "none") is None
 
@@ -65,3 +69,15 @@ def test_container_pid_of_a_host_process() -> None:
     # This process's own namespace is the host's: the innermost pid is its pid.
     assert container_pid(os.getpid()) == os.getpid()
     assert container_pid(2**22 + 7) is None  # no such process
+
+
+def test_write_for_sandbox_replaces_a_planted_link_and_leaves_its_target(
+        tmp_path: Path) -> None:
+    victim = tmp_path / "host-file"
+    victim.write_text("the host's")
+    (tmp_path / "k1.json").symlink_to(victim)
+    write_for_sandbox(tmp_path / "k1.json", "{}")
+    assert victim.read_text() == "the host's"
+    written = (tmp_path / "k1.json").lstat()
+    assert stat.S_ISREG(written.st_mode) and stat.S_IMODE(written.st_mode) == 0o600
+    assert (tmp_path / "k1.json").read_text() == "{}"

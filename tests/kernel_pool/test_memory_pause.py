@@ -4,6 +4,7 @@ resume (real engine, real CRIU, real kernels; fails, never skips, without them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from kp_support import (
 )
 
 from kernel_pool import KernelPool, Profile, Session
+from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
 
 SETUP = """
@@ -216,10 +218,11 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         paused: Session, memory_pool: KernelPool) -> None:
     [child] = await memory_pool.fork_session(paused.id, 1, None)
     try:
-        if child.paused:  # a copy is never restored from the parent's memory image
-            assert child.pause_info is not None
-            assert child.pause_info.paused_with == "variables"
-            assert "letters" in child.pause_info.not_kept
+        # No warm kernel (min_idle 0): the copy is answered paused, and is never restored
+        # from the parent's memory image.
+        assert child.paused and child.pause_info is not None
+        assert child.pause_info.paused_with == "variables"
+        assert "letters" in child.pause_info.not_kept
         assert await run_ok(child, "print(x)") == "41\n"
         assert paused.pause_info is not None and paused.pause_info.paused_with == "memory"
         await paused.resume()
@@ -270,6 +273,45 @@ async def test_resume_during_packing_restores_from_the_dump(
         await memory_pool.delete_session(session.id)
 
 
+async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
+        paused: Session, memory_pool: KernelPool) -> None:
+    resuming = asyncio.create_task(paused.resume())
+    await eventually(lambda: paused.kernel.state is KernelState.STARTING, timeout_s=30)
+    resuming.cancel()  # a client gone, a gateway shutting down: mid-restore
+    with pytest.raises(asyncio.CancelledError):
+        await resuming
+
+    assert paused.paused
+    assert " 0 in use" in repr(memory_pool)  # its slot is free again
+    await paused.resume()
+    assert await run_ok(paused, "print(x)") == "41\n"
+    # The half-restored container was removed with the rest: the memory image cannot be
+    # restored any more, and the resume says which snapshot it came from.
+    assert paused.reason is not None and "resumed from its variables snapshot" in paused.reason
+
+
+async def test_cancelled_memory_pause_ends_paused_with_variables(
+        memory_pool: KernelPool) -> None:
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, "x = 41")
+        pausing = asyncio.create_task(session.pause())
+        # The variables snapshot is written: what follows is the memory checkpoint.
+        await eventually(lambda: session.pause_info is not None, timeout_s=30)
+        pausing.cancel()  # as a gateway shutting down cancels the pauses it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await pausing
+
+        assert session.paused, session.status
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert " 0 in use" in repr(memory_pool)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
 async def test_delete_during_packing_leaves_nothing(
         memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
     session, key = await pause_now(memory_pool)
@@ -281,3 +323,33 @@ async def test_delete_during_packing_leaves_nothing(
     assert engine_checkpoints(docker_client, container_id) == []
     await eventually(lambda: not list(memory_pool.snapshots.root.glob(f"{session.id}*")),
                      timeout_s=10)
+
+
+async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
+        state_root: Path, docker_client: docker.DockerClient) -> None:
+    # Its ``reason`` (the resume kept less than asked) is news, not a failed pause, which
+    # alone keeps the pool from pausing a session by itself.
+    owner = f"{OWNER}-memory-idle"
+    pool = KernelPool(make_settings(
+        state_root / "memory-idle", owner=owner, pause_with="memory", pause_after_s=1.0,
+        cull_interval_s=0.2,
+        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
+                                     min_idle=0)}))
+    await pool.start()
+    try:
+        session = await pool.create_session()
+        await run_ok(session, "x = 41")
+        await eventually(lambda: session.pause_info is not None
+                         and session.pause_info.paused_with == "memory", timeout_s=30)
+        await session.packed()
+        image = pool.snapshots.memory_image(session.id)
+        assert image is not None
+        image.write_bytes(b"not an image")
+        await session.resume()
+        assert session.reason is not None and "variables snapshot" in session.reason
+
+        await eventually(lambda: session.paused, timeout_s=30)
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await pool.close()
+    assert owned_containers(docker_client, owner) == []

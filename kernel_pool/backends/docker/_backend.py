@@ -68,7 +68,9 @@ from kernel_pool.backends.docker._init_kernel import (
     exit_code,
     find_kernel,
     latest_kernel,
+    read_untrusted,
     request_kernel,
+    write_for_sandbox,
 )
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
 from kernel_pool.config import PoolSettings, Profile, parse_size
@@ -140,13 +142,17 @@ def container_name(sandbox_id: str) -> str:
 def _read_connection_file(path: Path) -> dict[str, Any]:
     """A kernel's connection file, which lies in a folder the sandbox can write: read it
     without following links and keep only well-formed values (ports must be the fixed small
-    integers, so a tampered file cannot point the gateway's socket paths elsewhere)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd) as f:
-        raw = json.loads(f.read(65536))
+    integers, so a tampered file cannot point the gateway's socket paths elsewhere). A FIFO
+    planted there would block the reading thread for good, and a gateway taking the sandbox
+    back with it: it is malformed too."""
+    text = read_untrusted(path, 65536)
+    try:
+        raw = json.loads(text) if text is not None else None
+    except ValueError:
+        raw = None
     key = raw.get("key") if isinstance(raw, dict) else None
     if not isinstance(key, str) or not key.isalnum():
-        raise BackendError(f"kernel connection file {path} is malformed")
+        raise BackendError(f"kernel connection file {path} is missing or malformed")
     return {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
             "kernel_name": "python3"}
 
@@ -302,20 +308,12 @@ class DockerSandbox(Sandbox):
         for pattern in ("k*.pid", "k*.exit"):
             for stale in self._socket_dir.glob(pattern):
                 stale.unlink(missing_ok=True)
-        # The folder is writable by the sandbox, which may have planted a symlink at this name:
-        # remove whatever is there (unlink never follows a link) and create the file afresh,
-        # never following a link, so the gateway's privileges cannot be turned on host files.
-        path = self._socket_dir / f"{name}.json"
-        path.unlink(missing_ok=True)
-        # Likewise for the socket paths the gateway will connect to (it retries until the
-        # kernel binds them): no planted link may send it to a host socket in the meantime.
+        # The folder is writable by the sandbox, which may have planted a link at any name:
+        # at the socket paths the gateway will connect to (it retries until the kernel binds
+        # them), no planted link may send it to a host socket in the meantime.
         for planted in self._socket_dir.glob(f"{name}-*"):
             planted.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            if os.geteuid() == 0:
-                os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
-            f.write(json.dumps(config))
+        write_for_sandbox(self._socket_dir / f"{name}.json", json.dumps(config))
 
     async def _watch(self, exec_id: str) -> None:
         """Find an exec'd kernel's host pid, and a pidfd that becomes readable when it exits."""

@@ -29,19 +29,28 @@ EXIT_CODE_RANGE = range(-64, 256)
 """What ``os.waitstatus_to_exitcode`` can give: an exit status, or minus a signal number."""
 
 
-def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
-    """Write the launch request PID 1 reads on SIGUSR1 (blocking)."""
-    path = socket_dir / REQUEST_NAME
-    path.unlink(missing_ok=True)  # a planted file or link is removed, never followed
+def write_for_sandbox(path: Path, text: str) -> None:
+    """Create ``path`` in the sandbox's socket folder afresh with ``text``, readable by the
+    sandbox's user only (blocking). Whatever the sandbox planted at that name is removed
+    (unlink never follows a link) and the file is made without following one, so the
+    gateway's privileges cannot be turned on a host file."""
+    path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         if os.geteuid() == 0:
             os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
-        f.write(json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
+        f.write(text)
 
 
-def read_record(path: Path) -> int | None:
-    """The integer PID 1 wrote at ``path``, or None when it is missing or malformed."""
+def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
+    """Write the launch request PID 1 reads on SIGUSR1 (blocking)."""
+    write_for_sandbox(socket_dir / REQUEST_NAME,
+                      json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
+
+
+def read_untrusted(path: Path, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the file at ``path`` in the sandbox's socket folder; None
+    unless it is a regular file (a link is never followed, a FIFO never blocks the reader)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -49,11 +58,18 @@ def read_record(path: Path) -> int | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None  # a FIFO or device planted there: never read (it could block)
-        raw = os.read(fd, 32)
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def read_record(path: Path) -> int | None:
+    """The integer PID 1 wrote at ``path``, or None when it is missing or malformed."""
+    raw = read_untrusted(path, 32)
+    if raw is None:
+        return None
     try:
         return int(raw.decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
@@ -124,7 +140,8 @@ def latest_kernel(socket_dir: Path) -> str | None:
     takes a running sandbox back)."""
     numbers = []
     for path in socket_dir.glob("k*.pid"):
+        # Only the host's names: str.isdigit() also takes "k²", which int() then refuses.
         stem = path.stem
-        if stem[1:].isdigit() and not (socket_dir / f"{stem}.exit").exists():
+        if KERNEL_NAME.fullmatch(stem) and not (socket_dir / f"{stem}.exit").exists():
             numbers.append(int(stem[1:]))
     return f"k{max(numbers)}" if numbers else None
