@@ -27,7 +27,11 @@ from kp_support import (
 
 from kernel_pool import KernelPool, Profile, Session
 from kernel_pool._kernel import KernelState
-from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
+from kernel_pool.backends.docker._checkpoint import (
+    CONTAINERD_STAGING,
+    IMAGE_SUFFIX,
+    remove_staged_copies,
+)
 
 SETUP = """
 import threading, time
@@ -353,3 +357,26 @@ async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
     finally:
         await pool.close()
     assert owned_containers(docker_client, owner) == []
+
+
+async def test_failed_packing_leaves_a_variables_pause_and_says_so(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    try:
+        # A link where the partial archive goes (never followed): its writing fails, as on
+        # a full disk.
+        stem = memory_pool.snapshots.memory_stem(session.id)
+        blocker = stem.with_name(f"{stem.name}{IMAGE_SUFFIX}.part")
+        blocker.symlink_to(stem.with_name("elsewhere"))
+        await session.packed()
+        assert not blocker.is_symlink()  # removed with the memory image's files
+
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert memory_pool.snapshots.info(session.id) == session.pause_info
+        assert session.reason is not None and "memory image was not kept" in session.reason
+        assert left_of(memory_pool, docker_client, session, key) == []
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)

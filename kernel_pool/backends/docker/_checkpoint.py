@@ -12,11 +12,12 @@ found (an engine with another exec root or runtime), Docker's API makes the dump
 
 Either way the images land where Docker 20.10 reads a checkpoint on start,
 ``<root>/containers/<id>/checkpoints/<name>`` (it refuses another folder: ``custom
-checkpointdir is not supported``). That folder is packed into one archive (``tar``,
-compressed with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600 where the
-caller says, and removed; a restore unpacks it back there and starts the container from it
-(``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the engine's
-answer, the packing): callers run them in worker threads.
+checkpointdir is not supported``). That folder is packed afterwards (:class:`Packing`, which
+the caller may cancel: the pause has answered by then) into one archive (``tar``, compressed
+with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600 where the caller says;
+a restore unpacks it back there, or finds the folder not packed yet, and starts the container
+from it (``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the
+engine's answer, the packing): callers run them in worker threads.
 
 The records a restore needs beside CRIU's images (the kernel's name, its pid inside the
 container, its connection key) travel in the archive as ``replgate.json``: the socket folder,
