@@ -492,9 +492,9 @@ class Kernel:
         self._removal = asyncio.ensure_future(self._remove_and_release())
         self._removal.add_done_callback(self._removed)
 
-    async def suspend(self, stem: Path) -> Path:
-        """Checkpoint the whole sandbox to a file named from ``stem`` (see
-        :meth:`Sandbox.checkpoint`) and give back what it holds, like :meth:`stop`; that file.
+    async def suspend(self) -> Path:
+        """Checkpoint the whole sandbox (see :meth:`Sandbox.checkpoint`) and give back what it
+        holds, like :meth:`stop`; the dump, for :meth:`Sandbox.pack_checkpoint`.
 
         The gateway's connections are dropped first (a dump refuses a connected host socket).
         If the checkpoint fails, they are made again and the kernel runs on as before.
@@ -502,7 +502,7 @@ class Kernel:
         self._expect_exit = True
         try:
             await self._disconnect()  # (cancelled half-way, it is reconnected below too)
-            image = await self.sandbox.checkpoint(stem)
+            dump = await self.sandbox.checkpoint()
         except BaseException:
             await asyncio.shield(self._reconnect())
             raise
@@ -510,7 +510,7 @@ class Kernel:
         await self.sandbox.cleanup(restart=True)
         self._removal = asyncio.ensure_future(self.sandbox.release())
         self._removal.add_done_callback(self._removed)
-        return image
+        return dump
 
     async def _reconnect(self) -> None:
         """Connect again to the kernel that runs on after a checkpoint that failed."""

@@ -176,6 +176,7 @@ class KernelPool:
             except Exception as exc:
                 logger.warning("session %s: could not leave it running (%s)", session.id, exc)
         if session.paused:
+            await session.packed()  # a memory pause's archive, for the next gateway
             await session.kernel.settle()
         else:
             await session.close()

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -43,6 +44,7 @@ from kernel_pool.events import (
     ExecutionStatus,
 )
 from kernel_pool.exceptions import (
+    BackendError,
     InvalidRequest,
     KernelUnavailable,
     QueueFull,
@@ -121,6 +123,10 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._restarting = False
+        self._packing: asyncio.Task[None] | None = None
+        """A memory pause's packing, in the background after the pause answered."""
+        self._dump: Path | None = None
+        """That pause's dump while it is not packed (restorable from as it is)."""
         self.listeners: list[Listener] = []
         self.commands: dict[str, CommandRun] = {}
         """Shell commands running now, by id (:meth:`run_command`)."""
@@ -406,28 +412,83 @@ class Session:
         self.lifecycle.release_slot(self)
 
     async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
-        """A memory pause, after the variables snapshot was written: the whole sandbox to
-        the store. None when it could not be made (``reason`` says why; the kernel runs on
-        or is stopped by the variables pause that follows)."""
+        """A memory pause, after the variables snapshot was written: the whole sandbox
+        dumped, counted against the budget, and packed into the store in the background
+        (:meth:`_pack`): the pause answers once the dump is on disk. None when it could not be
+        made (``reason`` says why; the kernel runs on or is stopped by the variables pause
+        that follows)."""
         assert self.lifecycle is not None
         refusal = self.lifecycle.checkpoint_refusal
         if refusal is not None:
             self.reason = f"paused with variables: memory pauses are not available ({refusal})"
             return None
         try:
-            image = await self.kernel.suspend(
-                await anyio.to_thread.run_sync(store.memory_stem, self.id))
+            dump = await self.kernel.suspend()
         except Exception as exc:
             self.reason = f"paused with variables: the memory checkpoint failed ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
             return None
         try:
-            return await anyio.to_thread.run_sync(store.keep_memory, self.id, image, info)
-        except (SnapshotError, OSError) as exc:  # the sandbox is stopped: a variables pause
+            size = await self.kernel.sandbox.checkpoint_bytes(dump)
+            memory = await anyio.to_thread.run_sync(store.hold_memory, self.id, size, info)
+        except BaseException as exc:  # stopped: a variables pause (cancelled too)
+            self._dump = dump
+            await asyncio.shield(self._forget_memory(store, info))
+            if not isinstance(exc, (SnapshotError, OSError, BackendError)):
+                raise
+            self.reason = f"paused with variables: the memory dump was not kept ({exc})"
+            logger.warning("session %s: %s", self.id, self.reason)
+            return None
+        self._dump = dump
+        self._packing = asyncio.create_task(self._pack(dump, info), name=f"pack-{self.id}")
+        self._tasks.add(self._packing)
+        self._packing.add_done_callback(self._tasks.discard)
+        return memory
+
+    async def _pack(self, dump: Path, info: PauseInfo) -> None:
+        """Pack the memory dump into the store. If that fails (a full disk, the budget), the
+        dump is discarded and the session is paused with its variables, ``reason`` saying so.
+        Cancelled (a resume, a deletion, a restart), it leaves the dump to the canceller."""
+        assert self.lifecycle is not None
+        store, sandbox = self.lifecycle.snapshots, self.kernel.sandbox
+        try:
+            stem = await anyio.to_thread.run_sync(store.memory_stem, self.id)
+            image = await sandbox.pack_checkpoint(dump, stem)
+            self._dump = None
+            self.pause_info = await anyio.to_thread.run_sync(store.keep_memory, self.id,
+                                                             image, info)
+        except (SnapshotError, OSError, BackendError) as exc:
             self.reason = f"paused with variables: the memory image was not kept ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
-            await anyio.to_thread.run_sync(store.delete_memory, self.id)
-            return None
+            self.pause_info = info
+            await asyncio.shield(self._forget_memory(store, info))
+            with contextlib.suppress(Exception):  # the container goes with the session else
+                await asyncio.shield(self.kernel.stop())
+        finally:
+            self._packing = None
+
+    async def _forget_memory(self, store: SnapshotStore, info: PauseInfo | None) -> None:
+        """Remove a memory pause's dump and image, its variables snapshot kept (and noted as
+        the session's pause again, with ``info``)."""
+        if self._dump is not None:
+            await self.kernel.sandbox.discard_checkpoint(self._dump)
+            self._dump = None
+        await anyio.to_thread.run_sync(store.delete_memory, self.id)
+        if info is not None:
+            await anyio.to_thread.run_sync(store.save_info, self.id, info)
+
+    async def packed(self) -> None:
+        """Wait for a memory pause's packing, if one runs (the gateway's stop lets it end)."""
+        if self._packing is not None:
+            await asyncio.shield(self._packing)
+
+    async def _stop_packing(self) -> Path | None:
+        """Cancel a memory pause's packing, if one runs; its dump, if not packed yet."""
+        packing = self._packing
+        if packing is not None:
+            packing.cancel()
+            await asyncio.wait([packing])
+        return self._dump
 
     @property
     def _snapshot_limit(self) -> int:
@@ -487,7 +548,14 @@ class Session:
         variables snapshot, which the image's failure never touches)."""
         assert self.lifecycle is not None
         store = self.lifecycle.snapshots
-        image = await anyio.to_thread.run_sync(store.memory_image, self.id)
+        # A resume during the packing starts from the dump as it is (the packing stopped,
+        # its partial file gone): quicker than waiting for the archive, then unpacking it.
+        image = await self._stop_packing()
+        if image is None:
+            image = await anyio.to_thread.run_sync(store.memory_image, self.id)
+        else:
+            self._dump = None  # the restore removes it, whatever comes of it
+            await anyio.to_thread.run_sync(store.drop_held, self.id)
         if image is None:
             why = "its memory image is missing"
         else:
@@ -659,6 +727,8 @@ class Session:
                     raise SessionClosed(self.id)
                 if self.paused and self.lifecycle is not None:  # a fresh kernel: no snapshot
                     await self.lifecycle.reserve_slot(self)
+                    if await self._stop_packing() is not None:
+                        await self._forget_memory(self.lifecycle.snapshots, None)
                     self.pause_info = None
                     await anyio.to_thread.run_sync(self.lifecycle.snapshots.delete, self.id)
                 await self.kernel.restart()
@@ -767,4 +837,8 @@ class Session:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        if self._dump is not None:  # a memory pause's, its packing cancelled above
+            with contextlib.suppress(Exception):
+                await self.kernel.sandbox.discard_checkpoint(self._dump)
+            self._dump = None
         await self.kernel.close()

@@ -83,6 +83,9 @@ class SnapshotStore:
         """What the snapshots take, or more: a scan's figure plus every save since (deletions
         are not taken off). The folder is scanned again only when a save would not fit in
         it, so the budget's verdict is exact while a save costs no scan of thousands."""
+        self._held: dict[str, int] = {}
+        """The memory dumps not packed yet, by key: their bytes, outside this folder (the
+        backend's), counted against the budget until they are packed or deleted."""
 
     def _path(self, key: str, suffix: str) -> Path:
         if not key or "/" in key or key.startswith("."):
@@ -94,10 +97,11 @@ class SnapshotStore:
         os.chmod(self.root, 0o700)
 
     def used_bytes(self) -> int:
-        """What every snapshot takes on disk now (blocking)."""
+        """What every snapshot takes on disk now, memory dumps not packed yet included
+        (blocking)."""
+        total = sum(self._held.values())
         if not self.root.is_dir():
-            return 0
-        total = 0
+            return total
         with os.scandir(self.root) as entries:
             for entry in entries:
                 # Saves and deletions run beside this one (a fork writes its copies' snapshots
@@ -165,12 +169,38 @@ class SnapshotStore:
         found = sorted(self.root.glob(f"{self._path(key, MEMORY_INFIX).name}.*"))
         return next((path for path in found if not path.name.endswith(".part")), None)
 
+    def hold_memory(self, key: str, size: int, info: PauseInfo) -> PauseInfo:
+        """Count a memory dump of ``size`` bytes, not packed yet, against the budget and note
+        the memory pause in the key's info (a gateway that stops before the packing ends
+        finds no image, and resumes from the variables); :class:`SnapshotBudgetExceeded` when
+        it does not fit (the caller discards the dump; the variables snapshot stays)."""
+        with self._budget_lock:
+            self._held.pop(key, None)
+            used = self.used_bytes()
+            if used + size > self.budget_bytes:
+                self._used_at_most = used
+                raise SnapshotBudgetExceeded(
+                    f"the memory dump of {size} bytes does not fit in the budget of "
+                    f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET)")
+            self._held[key] = size
+            self._used_at_most = used + size
+        info = _with_memory(info, size)
+        _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        return info
+
+    def drop_held(self, key: str) -> None:
+        """The key's memory dump is gone (packed, restored or discarded): no longer counted."""
+        with self._budget_lock:
+            self._held.pop(key, None)
+
     def keep_memory(self, key: str, image: Path, info: PauseInfo) -> PauseInfo:
-        """Count a memory image the backend wrote against the budget and note it in the
-        key's info; over the budget it is deleted and :class:`SnapshotBudgetExceeded` raised
-        (the variables snapshot stays)."""
+        """Count a memory image the backend wrote against the budget (in place of its dump,
+        gone) and note it in the key's info (``info`` of the variables snapshot); over the
+        budget it is deleted and :class:`SnapshotBudgetExceeded` raised (the variables
+        snapshot stays)."""
         size = image.stat().st_size
         with self._budget_lock:
+            self._held.pop(key, None)
             used = self.used_bytes()  # the image is in it already
             self._used_at_most = used
             if used > self.budget_bytes:
@@ -179,10 +209,7 @@ class SnapshotStore:
                 raise SnapshotBudgetExceeded(
                     f"the memory image of {size} bytes does not fit in the budget of "
                     f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET)")
-        info = info.model_copy(update={
-            "paused_with": "memory", "image_bytes": info.image_bytes + size,
-            "kept": [*info.kept, *info.not_kept], "not_kept": {},
-            "variables_not_kept": info.not_kept})
+        info = _with_memory(info, size)
         _write_private(self._path(key, ".json"), info.model_dump_json().encode())
         return info
 
@@ -193,15 +220,29 @@ class SnapshotStore:
             return None
 
     def delete(self, key: str) -> None:
+        self.drop_held(key)
         for suffix in (SNAPSHOT_SUFFIX, ".json"):
             self._path(key, suffix).unlink(missing_ok=True)
         self.delete_memory(key)
 
+    def save_info(self, key: str, info: PauseInfo) -> None:
+        """Write the key's info again (a memory pause that fell back to its variables)."""
+        _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+
     def delete_memory(self, key: str) -> None:
         """Delete the key's memory image (its variables snapshot stays)."""
+        self.drop_held(key)
         if self.root.is_dir():
             for path in self.root.glob(f"{self._path(key, MEMORY_INFIX).name}.*"):
                 path.unlink(missing_ok=True)
+
+
+def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
+    """The variables snapshot's info as a memory pause's, the memory's ``size`` added."""
+    return info.model_copy(update={
+        "paused_with": "memory", "image_bytes": info.image_bytes + size,
+        "kept": [*info.kept, *info.not_kept], "not_kept": {},
+        "variables_not_kept": info.not_kept})
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -134,18 +134,33 @@ class Sandbox(ABC):
         workspace-relative folder) with ``env`` added to the sandbox's environment."""
         raise BackendError(f"the {self.info.backend} backend cannot run shell commands")
 
-    async def checkpoint(self, stem: Path) -> Path:
-        """Write the whole sandbox (every process's memory, threads, open files, ``/tmp``) to
-        one private file named ``stem`` plus a suffix of the backend's, and stop it; that file.
-        The caller has dropped its own connections to the kernel first. On failure
+    async def checkpoint(self) -> Path:
+        """Dump the whole sandbox (every process's memory, threads, open files, ``/tmp``) and
+        stop it; the dump, unpacked, where the backend restores from (:meth:`pack_checkpoint`
+        keeps it). The caller has dropped its own connections to the kernel first. On failure
         (:class:`BackendError`) the sandbox runs on as before. See
         :attr:`SandboxBackend.checkpoints`."""
         raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
 
+    async def checkpoint_bytes(self, dump: Path) -> int:
+        """What :meth:`checkpoint`'s dump takes on disk."""
+        raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
+
+    async def pack_checkpoint(self, dump: Path, stem: Path) -> Path:
+        """Pack the dump into one private file named ``stem`` plus a suffix of the backend's,
+        then remove the dump; that file. On failure (:class:`BackendError`) or cancellation
+        no file is left and the dump stays (restorable, or for :meth:`discard_checkpoint`)."""
+        raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
+
+    async def discard_checkpoint(self, dump: Path) -> None:
+        """Remove :meth:`checkpoint`'s dump (not packed, no longer wanted)."""
+        raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
+
     async def restore(self, image: Path) -> dict[str, Any]:
-        """Start the sandbox again from :meth:`checkpoint`'s file (left in place), its kernel
-        as it was; the kernel's host-side connection info, as :meth:`launch_kernel` gives.
-        On failure (:class:`BackendError`) nothing runs and the file is untouched."""
+        """Start the sandbox again from :meth:`pack_checkpoint`'s file (left in place) or from
+        :meth:`checkpoint`'s dump not packed yet (removed), its kernel as it was; the kernel's
+        host-side connection info, as :meth:`launch_kernel` gives. On failure
+        (:class:`BackendError`) nothing runs and the file is untouched."""
         raise BackendError(f"the {self.info.backend} backend cannot restore a sandbox")
 
     def get_info(self) -> SandboxInfo:

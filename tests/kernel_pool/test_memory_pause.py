@@ -27,7 +27,11 @@ from kp_support import (
 
 from kernel_pool import KernelPool, Profile, Session
 from kernel_pool._kernel import KernelState
-from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
+from kernel_pool.backends.docker._checkpoint import (
+    CONTAINERD_STAGING,
+    IMAGE_SUFFIX,
+    remove_staged_copies,
+)
 
 SETUP = """
 import threading, time
@@ -106,11 +110,13 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     container_id = paused.sandbox_info().container_id
     state = docker_client.api.inspect_container(container_id)["State"]
     # runc's dump ends the processes: the engine records the container as exited, as after
-    # its own checkpoint, and keeps nothing of the images (they are in the state directory).
+    # its own checkpoint.
     assert (state["Status"], state["Restarting"]) == ("exited", False)
-    assert engine_checkpoints(docker_client, container_id) == []
     # The dump is runc's own, not the engine's checkpoint API (seconds slower).
     assert engine_events(docker_client, container_id, "checkpoint") == []
+    await paused.packed()  # the pause answered before its packing; once packed, the dump goes
+    assert engine_checkpoints(docker_client, container_id) == []
+    assert list(memory_pool.snapshots.root.glob(f"{paused.id}*.part")) == []
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None and image.stat().st_size > 0
     assert stat.S_IMODE(image.stat().st_mode) == 0o600
@@ -168,6 +174,7 @@ def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) ->
 
 async def test_memory_image_deleted_with_its_session(paused: Session,
                                                      memory_pool: KernelPool) -> None:
+    await paused.packed()
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None
     await memory_pool.delete_session(paused.id)
@@ -177,6 +184,7 @@ async def test_memory_image_deleted_with_its_session(paused: Session,
 
 async def test_corrupt_memory_image_resumes_from_variables_and_says_so(
         paused: Session, memory_pool: KernelPool) -> None:
+    await paused.packed()
     image = memory_pool.snapshots.memory_image(paused.id)
     assert image is not None
     image.write_bytes(b"not an image" * 100)
@@ -228,6 +236,47 @@ async def test_fork_of_a_memory_paused_session_copies_its_variables_snapshot(
         await memory_pool.delete_session(child.id)
 
 
+async def pause_now(pool: KernelPool) -> tuple[Session, str]:
+    """A session paused with memory, its packing not begun (the pause answered first); its
+    kernel's key (what containerd's copies of its restored images hold)."""
+    session = await pool.create_session()
+    await run_ok(session, SETUP)
+    info = session.sandbox_info()
+    key = json.loads((Path(info.socket_dir) / f"{info.kernel_name}.json").read_text())["key"]
+    assert (await session.pause()).paused_with == "memory", session.reason
+    assert pool.snapshots.memory_image(session.id) is None  # still to be packed
+    return session, key
+
+
+def left_of(pool: KernelPool, docker_client: docker.DockerClient, session: Session,
+            key: str) -> list[str]:
+    """Every file a memory pause of the session may leave: in the state directory, in the
+    engine's checkpoint folder of its container, in containerd's staging copies."""
+    found = [path.name for path in pool.snapshots.root.glob(f"{session.id}.memory*")]
+    found += engine_checkpoints(docker_client, session.sandbox_info().container_id)
+    found += [str(folder) for folder in CONTAINERD_STAGING.glob("ctrd-checkpoint*")
+              if (records := folder / "replgate.json").is_file()
+              and key in records.read_text(errors="replace")]
+    return found
+
+
+async def test_resume_during_packing_restores_from_the_dump(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    try:
+        assert not container_running(docker_client, session)
+
+        await session.resume()
+
+        assert session.reason is None
+        assert await run_ok(session, "print(next(letters))") == "b\n"
+        assert await run_ok(session, "print(handle.tell(), x)") == "4 41\n"
+        assert left_of(memory_pool, docker_client, session, key) == []
+        assert memory_pool.snapshots.info(session.id) is None
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
 async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
         paused: Session, memory_pool: KernelPool) -> None:
     resuming = asyncio.create_task(paused.resume())
@@ -267,6 +316,19 @@ async def test_cancelled_memory_pause_ends_paused_with_variables(
         await memory_pool.delete_session(session.id)
 
 
+async def test_delete_during_packing_leaves_nothing(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    container_id = session.sandbox_info().container_id
+
+    await memory_pool.delete_session(session.id)
+
+    assert left_of(memory_pool, docker_client, session, key) == []
+    assert engine_checkpoints(docker_client, container_id) == []
+    await eventually(lambda: not list(memory_pool.snapshots.root.glob(f"{session.id}*")),
+                     timeout_s=10)
+
+
 async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
         state_root: Path, docker_client: docker.DockerClient) -> None:
     # Its ``reason`` (the resume kept less than asked) is news, not a failed pause, which
@@ -283,6 +345,7 @@ async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
         await run_ok(session, "x = 41")
         await eventually(lambda: session.pause_info is not None
                          and session.pause_info.paused_with == "memory", timeout_s=30)
+        await session.packed()
         image = pool.snapshots.memory_image(session.id)
         assert image is not None
         image.write_bytes(b"not an image")
@@ -294,3 +357,26 @@ async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
     finally:
         await pool.close()
     assert owned_containers(docker_client, owner) == []
+
+
+async def test_failed_packing_leaves_a_variables_pause_and_says_so(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session, key = await pause_now(memory_pool)
+    try:
+        # A link where the partial archive goes (never followed): its writing fails, as on
+        # a full disk.
+        stem = memory_pool.snapshots.memory_stem(session.id)
+        blocker = stem.with_name(f"{stem.name}{IMAGE_SUFFIX}.part")
+        blocker.symlink_to(stem.with_name("elsewhere"))
+        await session.packed()
+        assert not blocker.is_symlink()  # removed with the memory image's files
+
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert memory_pool.snapshots.info(session.id) == session.pause_info
+        assert session.reason is not None and "memory image was not kept" in session.reason
+        assert left_of(memory_pool, docker_client, session, key) == []
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)

@@ -123,3 +123,18 @@ def test_concurrent_saves_all_succeed(tmp_path: Path) -> None:
     with ThreadPoolExecutor(8) as threads:
         list(threads.map(saves, range(8)))
     assert len(list(store.root.glob("*.json"))) == 8 * 60
+
+
+def test_an_unpacked_memory_dump_counts_in_the_budget_until_dropped(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 64 * 1024)
+    info = store.save("s1", b"pickled", PauseInfo())
+
+    held = store.hold_memory("s1", 40 * 1024, info)
+
+    assert held.paused_with == "memory" and store.info("s1") == held
+    with pytest.raises(SnapshotBudgetExceeded):
+        store.save("s2", os.urandom(30 * 1024), PauseInfo())
+    with pytest.raises(SnapshotBudgetExceeded):
+        store.hold_memory("s3", 30 * 1024, info)
+    store.drop_held("s1")
+    store.save("s2", os.urandom(30 * 1024), PauseInfo())

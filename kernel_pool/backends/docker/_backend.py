@@ -44,7 +44,10 @@ from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     CheckpointError,
+    Packing,
+    discard,
     dump,
+    folder_bytes,
     remove_staged_copies,
 )
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
@@ -527,20 +530,43 @@ class DockerSandbox(Sandbox):
                                        keep_kernel_children, spared)
         return killed
 
-    async def checkpoint(self, stem: Path) -> Path:
-        """Docker's checkpoint of the container (experimental mode, CRIU on the engine's
-        host), packed into the state directory (see :mod:`._checkpoint`)."""
+    async def checkpoint(self) -> Path:
+        """runc's checkpoint of the container (CRIU on the engine's host), in the folder the
+        engine restores from (see :mod:`._checkpoint`)."""
         name = self.info.kernel_name
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
         try:
-            image: Path = await _run(dump, self._api, self.info.container_id, stem, about)
+            folder: Path = await _run(dump, self._api, self.info.container_id, about)
         except CheckpointError as exc:
             raise BackendError(str(exc)) from exc
         self._close_pidfd()
         self._pid, self._cgroup, self.info.kernel_ref = None, None, None
+        return folder
+
+    async def checkpoint_bytes(self, dump: Path) -> int:
+        return await _in_thread(folder_bytes, dump)
+
+    async def pack_checkpoint(self, dump: Path, stem: Path) -> Path:
+        packing = Packing(dump, stem)
+        work = asyncio.ensure_future(_in_thread(packing.run))
+        try:
+            image = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The thread's tar and zstd are killed, so the wait for it is short.
+            packing.cancel()
+            await asyncio.wait([work])
+            if not work.cancelled():
+                work.exception()
+            raise
+        except (CheckpointError, OSError) as exc:
+            raise BackendError(str(exc)) from exc
+        await _in_thread(discard, dump)
         return image
+
+    async def discard_checkpoint(self, dump: Path) -> None:
+        await _in_thread(discard, dump)
 
     def _kernel_records(self, name: str) -> dict[str, Any]:
         # From the host's process table, not the sandbox's own record of it.

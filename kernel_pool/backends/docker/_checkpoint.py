@@ -12,11 +12,12 @@ found (an engine with another exec root or runtime), Docker's API makes the dump
 
 Either way the images land where Docker 20.10 reads a checkpoint on start,
 ``<root>/containers/<id>/checkpoints/<name>`` (it refuses another folder: ``custom
-checkpointdir is not supported``). That folder is packed into one archive (``tar``,
-compressed with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600 where the
-caller says, and removed; a restore unpacks it back there and starts the container from it
-(``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the engine's
-answer, the packing): callers run them in worker threads.
+checkpointdir is not supported``). That folder is packed afterwards (:class:`Packing`, which
+the caller may cancel: the pause has answered by then) into one archive (``tar``, compressed
+with ``zstd -1`` where the host has it, else ``gzip -1``), written 0600 where the caller says;
+a restore unpacks it back there, or finds the folder not packed yet, and starts the container
+from it (``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the
+engine's answer, the packing): callers run them in worker threads.
 
 The records a restore needs beside CRIU's images (the kernel's name, its pid inside the
 container, its connection key) travel in the archive as ``replgate.json``: the socket folder,
@@ -25,11 +26,13 @@ which held them, is the sandbox's and may be emptied while the session is paused
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -111,15 +114,14 @@ def _log_errors(log_path: Path) -> str:
     return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
-def dump(api: docker.APIClient, container_id: str, stem: Path, about: dict[str, Any]) -> Path:
-    """Checkpoint the container (it stops) and pack the checkpoint to ``stem`` + the archive's
-    suffix; that file.
+def dump(api: docker.APIClient, container_id: str, about: dict[str, Any]) -> Path:
+    """Checkpoint the container (it stops, its memory free) into the folder the engine
+    restores from, with ``about`` beside CRIU's images; that folder, for :class:`Packing`.
 
-    When the dump fails the container runs on (CRIU resumes what it froze). When packing fails
-    after the dump, the container is started again from the checkpoint before the error.
+    When the dump fails the container runs on (CRIU resumes what it froze), and when the
+    records cannot be written beside it, the container is started again from it.
     """
     folder = checkpoint_dir(api, container_id)
-    image = stem.with_name(stem.name + IMAGE_SUFFIX)
     shutil.rmtree(folder, ignore_errors=True)  # a leftover of a pause that went wrong
     runc = _runc(container_id)
     if runc is not None:
@@ -135,14 +137,24 @@ def dump(api: docker.APIClient, container_id: str, stem: Path, about: dict[str, 
         _engine(answer, "the engine could not checkpoint the sandbox")
     try:
         (folder / ABOUT_NAME).write_text(json.dumps(about))
-        _pack(folder, image)
-    except (OSError, CheckpointError) as exc:
-        _start(api, container_id)
+    except OSError as exc:
+        try:
+            _start(api, container_id)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         raise CheckpointError(f"the checkpoint could not be kept ({exc}); the kernel runs on") \
             from exc
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return image
+    return folder
+
+
+def folder_bytes(folder: Path) -> int:
+    """What a dump's folder takes on disk (blocking)."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def discard(folder: Path) -> None:
+    """Remove a dump's folder (blocking)."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _runc(container_id: str) -> list[str] | None:
@@ -180,13 +192,21 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
 
 def restore(api: docker.APIClient, container_id: str, image: Path) -> dict[str, Any]:
     """Unpack ``image`` where the engine looks for it and start the container from it; the
-    records kept with it (``about`` of :func:`dump`). The image itself is left in place."""
+    records kept with it (``about`` of :func:`dump`). The image itself is left in place.
+
+    ``image`` may also be :func:`dump`'s folder itself, not packed yet (a resume that comes
+    during the packing): the container starts from it at once. Either way that folder is
+    removed.
+    """
     folder = checkpoint_dir(api, container_id)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True, mode=0o700)
+    unpacked = image == folder
+    if not unpacked:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, mode=0o700)
     records = b""
     try:
-        _unpack(image, folder)
+        if not unpacked:
+            _unpack(image, folder)
         records = (folder / ABOUT_NAME).read_bytes()
         about = json.loads(records)
         if not isinstance(about, dict):
@@ -241,27 +261,61 @@ def _start(api: docker.APIClient, container_id: str) -> None:
     _engine(answer, "the engine could not restore the sandbox")
 
 
-def _pack(folder: Path, image: Path) -> None:
-    partial = image.with_name(image.name + ".part")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        tar = subprocess.Popen(["tar", "-C", str(folder), "-cf", "-", "."],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert tar.stdout is not None
-        packed = subprocess.run(COMPRESSOR, stdin=tar.stdout, stdout=fd,
-                                stderr=subprocess.PIPE)
-        tar.stdout.close()
-        _, tar_err = tar.communicate()
-        if tar.returncode or packed.returncode:
-            raise CheckpointError(
-                f"packing failed: {(tar_err or packed.stderr).decode(errors='replace')[-300:]}")
-        os.fsync(fd)
-    except BaseException:
-        os.unlink(partial)
-        raise
-    finally:
-        os.close(fd)
-    os.replace(partial, image)
+class Packing:
+    """The packing of :func:`dump`'s folder into one 0600 archive, ``stem`` + the archive's
+    suffix; :meth:`cancel` (from any thread) stops it, its partial file removed. The folder
+    is left to the caller either way."""
+
+    def __init__(self, folder: Path, stem: Path) -> None:
+        self.folder = folder
+        self.image = stem.with_name(stem.name + IMAGE_SUFFIX)
+        self._lock = threading.Lock()
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            for process in self._processes:
+                with contextlib.suppress(OSError):
+                    process.kill()
+
+    def run(self) -> Path:
+        """Pack (blocking); the archive. :class:`CheckpointError` when it failed or was
+        cancelled."""
+        partial = self.image.with_name(self.image.name + ".part")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with self._lock:
+                if self._cancelled:
+                    raise CheckpointError("the packing was cancelled")
+                # Sessions of their own: a signal to the gateway's process group (a stop,
+                # ^C) must not cut the packing short; the gateway's stop waits for it.
+                tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-", "."],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+                assert tar.stdout is not None
+                packer = subprocess.Popen(COMPRESSOR, stdin=tar.stdout, stdout=fd,
+                                          stderr=subprocess.PIPE, start_new_session=True)
+                self._processes = [tar, packer]
+            tar.stdout.close()
+            _, packer_err = packer.communicate()
+            _, tar_err = tar.communicate()
+            if self._cancelled:
+                raise CheckpointError("the packing was cancelled")
+            if tar.returncode or packer.returncode:
+                said = (tar_err or packer_err).decode(errors="replace").strip()[-300:]
+                raise CheckpointError(f"packing failed (tar: {tar.returncode}, "
+                                      f"{Path(COMPRESSOR[0] or '').name}: {packer.returncode})"
+                                      f"{': ' + said if said else ''}")
+            os.fsync(fd)
+        except BaseException:
+            os.unlink(partial)
+            raise
+        finally:
+            os.close(fd)
+        os.replace(partial, self.image)
+        return self.image
 
 
 def _unpack(image: Path, folder: Path) -> None:
