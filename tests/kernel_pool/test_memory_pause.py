@@ -286,6 +286,7 @@ async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
         await resuming
 
     assert paused.paused
+    assert paused.reason == "resume failed, the session stays paused: it was cancelled"
     assert " 0 in use" in repr(memory_pool)  # its slot is free again
     await paused.resume()
     assert await run_ok(paused, "print(x)") == "41\n"
