@@ -67,17 +67,9 @@ class CheckpointError(Exception):
     """A dump, a packing or a restore failed; the message says which, with the engine's words."""
 
 
-_DATA_ROOTS: dict[str, Path] = {}
-"""Each engine's data root, by its address: an engine cannot change it without a restart, and
-``docker info`` takes 10-50 ms on a pause's and a resume's path."""
-
-
-def checkpoint_dir(api: docker.APIClient, container_id: str) -> Path:
-    root = _DATA_ROOTS.get(api.base_url)
-    if root is None:
-        root = _DATA_ROOTS[api.base_url] = Path(
-            api.info().get("DockerRootDir") or "/var/lib/docker")
-    return root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
+def checkpoint_dir(data_root: Path, container_id: str) -> Path:
+    """Where the engine whose data root is ``data_root`` restores the container from."""
+    return data_root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
 
 
 def _url(api: docker.APIClient, path: str) -> str:
@@ -114,14 +106,15 @@ def _log_errors(log_path: Path) -> str:
     return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
-def dump(api: docker.APIClient, container_id: str, about: dict[str, Any]) -> Path:
-    """Checkpoint the container (it stops, its memory free) into the folder the engine
-    restores from, with ``about`` beside CRIU's images; that folder, for :class:`Packing`.
+def dump(api: docker.APIClient, container_id: str, folder: Path,
+         about: dict[str, Any]) -> Path:
+    """Checkpoint the container (it stops, its memory free) into ``folder``, where the engine
+    restores from (:func:`checkpoint_dir`), with ``about`` beside CRIU's images; that folder,
+    for :class:`Packing`.
 
     When the dump fails the container runs on (CRIU resumes what it froze), and when the
     records cannot be written beside it, the container is started again from it.
     """
-    folder = checkpoint_dir(api, container_id)
     shutil.rmtree(folder, ignore_errors=True)  # a leftover of a pause that went wrong
     runc = _runc(container_id)
     if runc is not None:
@@ -190,15 +183,16 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def restore(api: docker.APIClient, container_id: str, image: Path) -> dict[str, Any]:
-    """Unpack ``image`` where the engine looks for it and start the container from it; the
-    records kept with it (``about`` of :func:`dump`). The image itself is left in place.
+def restore(api: docker.APIClient, container_id: str, folder: Path,
+            image: Path) -> dict[str, Any]:
+    """Unpack ``image`` into ``folder``, where the engine looks for it, and start the
+    container from it; the records kept with it (``about`` of :func:`dump`). The image
+    itself is left in place.
 
     ``image`` may also be :func:`dump`'s folder itself, not packed yet (a resume that comes
     during the packing): the container starts from it at once. Either way that folder is
     removed.
     """
-    folder = checkpoint_dir(api, container_id)
     unpacked = image == folder
     if not unpacked:
         shutil.rmtree(folder, ignore_errors=True)
