@@ -30,7 +30,9 @@ from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     IMAGE_SUFFIX,
+    criu_log_named,
     remove_staged_copies,
+    without_host_paths,
 )
 
 SETUP = """
@@ -170,6 +172,32 @@ def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) ->
         planted.unlink()
         for folder in made:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_criu_log_named_takes_a_log_of_the_containers_own_state_only(tmp_path: Path) -> None:
+    roots = (tmp_path / "runc", tmp_path / "task")
+    log = tmp_path / "task" / "c1" / "work" / "restore.log"
+    said = "criu failed: type NOTIFY errno 0\nlog file: {}"
+    assert criu_log_named(said.format(log), "c1", roots) == log
+    assert criu_log_named(f"checkpoint failed: path= {log.with_name('criu-dump.log')}",
+                          "c1", roots) == log.with_name("criu-dump.log")
+    # Out of the container's state by "..", another container's, or no CRIU log at all.
+    escaped = f"{tmp_path}/task/c1/../../../etc/restore.log"
+    assert criu_log_named(said.format(escaped), "c1", roots) is None
+    assert criu_log_named(said.format(f"{tmp_path}/task/c1/../c2/restore.log"), "c1",
+                          roots) is None
+    assert criu_log_named(said.format(log), "c2", roots) is None
+    assert criu_log_named(said.format(tmp_path / "task/c1/shadow"), "c1", roots) is None
+
+
+def test_without_host_paths_keeps_the_words_and_last_parts_only() -> None:
+    said = ("OCI runtime restore failed: criu failed: log file: "
+            "/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby/c1/work/"
+            "restore.log; Error (criu/files-reg.c:1099): Can't dump ghost file "
+            "/var/lib/docker/overlay2/ab12/merged/workspace/big.bin of 3145728 size")
+    assert without_host_paths(said) == (
+        "OCI runtime restore failed: criu failed: log file: .../restore.log; "
+        "Error (criu/files-reg.c:1099): Can't dump ghost file .../big.bin of 3145728 size")
 
 
 async def test_memory_image_deleted_with_its_session(paused: Session,
