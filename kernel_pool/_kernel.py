@@ -439,7 +439,12 @@ class Kernel:
         oom = (usage.oom_kills or 0) > self._oom_kills
         reason = ("the kernel ran out of memory and was killed (limit "
                   f"{self.profile.memory})" if oom else f"the kernel process exited (code {code})")
+        self._die(reason, oom)
+
+    def _die(self, reason: str, oom: bool) -> None:
+        """The kernel is gone: say so to the executions waiting on it and to ``on_death``."""
         logger.info("kernel %s died: %s", self.id, reason)
+        self._expect_exit = False
         self.state = KernelState.DEAD
         self._death = KernelDied(reason, oom)
         self._died.set()
@@ -503,8 +508,16 @@ class Kernel:
         try:
             await self._disconnect()  # (cancelled half-way, it is reconnected below too)
             dump = await self.sandbox.checkpoint()
-        except BaseException:
-            await asyncio.shield(self._reconnect())
+        except BaseException as exc:
+            try:
+                await asyncio.shield(self._reconnect())
+            except Exception as again:
+                # The checkpoint's failure is the news (``again`` rides along as its context);
+                # the kernel, unreachable now, is dead.
+                await asyncio.shield(self._disconnect())
+                self._die(f"the kernel could not be reached after a checkpoint that failed "
+                          f"({again})", False)
+                raise exc  # noqa: B904 -- the checkpoint's own error, not the reconnect's
             raise
         self.state = KernelState.PAUSED
         await self.sandbox.cleanup(restart=True)
@@ -516,12 +529,7 @@ class Kernel:
         """Connect again to the kernel that runs on after a checkpoint that failed."""
         connection = await self.sandbox.connection_info()
         if connection is None:
-            self._expect_exit = False
-            self.state = KernelState.DEAD
-            self._death = KernelDied("the kernel ended during a checkpoint that failed", False)
-            self._died.set()
-            if self.on_death is not None:
-                self.on_death(self._death)
+            self._die("the kernel ended during a checkpoint that failed", False)
             return
         self._expect_exit = False
         self._connect(connection)
