@@ -425,7 +425,8 @@ class Session:
         made (``reason`` says why; the kernel runs on or is stopped by the variables pause
         that follows)."""
         assert self.lifecycle is not None
-        refusal = self.lifecycle.checkpoint_refusal
+        # Decided before the kernel's connections are dropped for a dump that cannot be made.
+        refusal = self.lifecycle.checkpoint_refusal or self.kernel.sandbox.checkpoint_refusal
         if refusal is not None:
             self.reason = f"paused with variables: memory pauses are not available ({refusal})"
             return None

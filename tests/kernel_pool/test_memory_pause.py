@@ -62,7 +62,9 @@ async def memory_pool(state_root: Path, docker_client: docker.DockerClient,
     pool = KernelPool(make_settings(
         state_root / "memory", owner=owner, pause_with="memory",
         profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
-                                     min_idle=0)}))
+                                     min_idle=0),
+                  "hostile": Profile(name="hostile", runtime="gvisor", workspace_size="64m",
+                                     tmp_size="32m", min_idle=0)}))
     await pool.start()
     yield pool
     await pool.close()
@@ -240,6 +242,24 @@ async def test_refused_dump_pauses_with_variables_and_says_so(
         assert "ghost" in session.reason  # CRIU's own words, from its log
         assert memory_pool.snapshots.memory_image(session.id) is None
         await eventually(lambda: not container_running(docker_client, session), timeout_s=30)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_gvisor_memory_pause_pauses_with_variables_without_a_dump(
+        memory_pool: KernelPool) -> None:
+    session = await memory_pool.create_session("hostile")
+    try:
+        await run_ok(session, "x = 41")
+        info = await session.pause()
+        assert info.paused_with == "variables"
+        # Refused by the sandbox's capability before anything was disconnected, not by a
+        # dump tried and failed.
+        assert session.reason == ("paused with variables: memory pauses are not available "
+                                  "(a gVisor sandbox cannot be checkpointed with CRIU)")
+        assert memory_pool.snapshots.memory_image(session.id) is None
         await session.resume()
         assert await run_ok(session, "print(x)") == "41\n"
     finally:

@@ -246,6 +246,12 @@ class DockerSandbox(Sandbox):
         whose sandboxes are never checkpointed here, it is started by ``docker exec``."""
         return self.profile.runtime != "gvisor"
 
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        if self._through_init:
+            return None
+        return "a gVisor sandbox cannot be checkpointed with CRIU"
+
     async def _launch_through_init(self, name: str) -> None:
         # Written once: a container remade below reads it as it starts (so a second request
         # would start a second kernel), and a signal without a request does nothing.
