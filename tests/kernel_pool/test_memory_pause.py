@@ -365,6 +365,64 @@ async def test_cancelled_memory_pause_ends_paused_with_variables(
         await memory_pool.delete_session(session.id)
 
 
+def runc_checkpoint_of(container_id: str) -> int | None:
+    """The pid of ``runc checkpoint`` of that container, if one runs."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"checkpoint" in argv and container_id.encode() in argv:
+                return int(entry.name)
+    return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (runc's criu)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def still_there(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+async def test_memory_pause_cancelled_mid_dump_settles_and_leaves_no_dump_running(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session = await memory_pool.create_session()
+    container_id = session.sandbox_info().container_id
+    try:
+        await run_ok(session, "x = 41")
+        pausing = asyncio.create_task(session.pause())
+        runc = None
+        for _ in range(3000):  # the variables snapshot first, then runc's dump: 0.3 s or so
+            runc = runc_checkpoint_of(container_id)
+            if runc is not None or pausing.done():
+                break
+            await asyncio.sleep(0.002)
+        assert runc is not None, "the dump was not seen running"
+        dumpers = [runc, *children_of(runc)]
+        pausing.cancel()  # as a gateway shutting down cancels the pauses it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await pausing
+
+        # The dump ended before the pause gave up: no runc or criu of it runs unowned.
+        assert still_there(dumpers) == []
+        assert engine_checkpoints(docker_client, container_id) == []  # what it made, gone
+        assert session.kernel.state is KernelState.PAUSED  # paused, not dead (and restarted)
+        assert session.paused, session.status
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert memory_pool.snapshots.memory_image(session.id) is None
+        assert " 0 in use" in repr(memory_pool)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
 async def test_delete_during_packing_leaves_nothing(
         memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
     session, key = await pause_now(memory_pool)
