@@ -439,7 +439,12 @@ class Kernel:
         oom = (usage.oom_kills or 0) > self._oom_kills
         reason = ("the kernel ran out of memory and was killed (limit "
                   f"{self.profile.memory})" if oom else f"the kernel process exited (code {code})")
+        self._die(reason, oom)
+
+    def _die(self, reason: str, oom: bool) -> None:
+        """The kernel is gone: say so to the executions waiting on it and to ``on_death``."""
         logger.info("kernel %s died: %s", self.id, reason)
+        self._expect_exit = False
         self.state = KernelState.DEAD
         self._death = KernelDied(reason, oom)
         self._died.set()
@@ -498,13 +503,24 @@ class Kernel:
 
         The gateway's connections are dropped first (a dump refuses a connected host socket).
         If the checkpoint fails, they are made again and the kernel runs on as before.
+        Cancelled, the checkpoint under way still runs to its end (runc's dump is never left
+        running unowned) and what it made is discarded; the kernel, disconnected and perhaps
+        dumped, is then the caller's to :meth:`stop`.
         """
         self._expect_exit = True
+        checkpointing: asyncio.Future[Path] | None = None
         try:
             await self._disconnect()  # (cancelled half-way, it is reconnected below too)
-            dump = await self.sandbox.checkpoint()
-        except BaseException:
-            await asyncio.shield(self._reconnect())
+            checkpointing = asyncio.ensure_future(self.sandbox.checkpoint())
+            dump = await asyncio.shield(checkpointing)
+        except BaseException as exc:
+            if checkpointing is not None and not checkpointing.done():
+                await asyncio.wait([checkpointing])
+            if (checkpointing is None or checkpointing.cancelled()
+                    or checkpointing.exception() is not None):
+                await self._reconnect_after(exc)
+                raise
+            await asyncio.shield(self.sandbox.discard_checkpoint(checkpointing.result()))
             raise
         self.state = KernelState.PAUSED
         await self.sandbox.cleanup(restart=True)
@@ -512,16 +528,22 @@ class Kernel:
         self._removal.add_done_callback(self._removed)
         return dump
 
+    async def _reconnect_after(self, failure: BaseException) -> None:
+        """Reconnect after a checkpoint that failed with ``failure``. A reconnect that fails
+        leaves the kernel dead and raises ``failure``, the news (its own error as context)."""
+        try:
+            await asyncio.shield(self._reconnect())
+        except Exception as again:
+            await asyncio.shield(self._disconnect())
+            self._die(f"the kernel could not be reached after a checkpoint that failed "
+                      f"({again})", False)
+            raise failure  # noqa: B904 -- the checkpoint's own error, not the reconnect's
+
     async def _reconnect(self) -> None:
         """Connect again to the kernel that runs on after a checkpoint that failed."""
         connection = await self.sandbox.connection_info()
         if connection is None:
-            self._expect_exit = False
-            self.state = KernelState.DEAD
-            self._death = KernelDied("the kernel ended during a checkpoint that failed", False)
-            self._died.set()
-            if self.on_death is not None:
-                self.on_death(self._death)
+            self._die("the kernel ended during a checkpoint that failed", False)
             return
         self._expect_exit = False
         self._connect(connection)

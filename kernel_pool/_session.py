@@ -95,6 +95,13 @@ WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
 container on their own workspace (no copy)."""
 
 
+def _why(exc: BaseException) -> str:
+    """What a failed resume says: the error's words, or that the caller cancelled it."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "it was cancelled"
+    return str(exc) or type(exc).__name__
+
+
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
 """Called when an execution starts (event None) and for each of its events."""
 
@@ -418,7 +425,8 @@ class Session:
         made (``reason`` says why; the kernel runs on or is stopped by the variables pause
         that follows)."""
         assert self.lifecycle is not None
-        refusal = self.lifecycle.checkpoint_refusal
+        # Decided before the kernel's connections are dropped for a dump that cannot be made.
+        refusal = self.lifecycle.checkpoint_refusal or self.kernel.sandbox.checkpoint_refusal
         if refusal is not None:
             self.reason = f"paused with variables: memory pauses are not available ({refusal})"
             return None
@@ -517,14 +525,14 @@ class Session:
             try:
                 fallback = await self._restore()
             except BaseException as exc:  # no slot for it: it stays paused, image and all
-                self.reason = f"resume failed, the session stays paused: {exc}"
+                self.reason = f"resume failed, the session stays paused: {_why(exc)}"
                 raise
             if fallback is None:
                 return
         try:
             raw = await anyio.to_thread.run_sync(store.load, self.id)
         except SnapshotError as exc:
-            self.reason = f"resume failed, the session stays paused: {exc}"
+            self.reason = f"resume failed, the session stays paused: {_why(exc)}"
             raise
         used = await anyio.to_thread.run_sync(self.workspace.used_bytes)
         warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
@@ -535,7 +543,7 @@ class Session:
             else:
                 await self._resume_in_place(raw, reseed)
         except BaseException as exc:
-            self.reason = f"resume failed, the session stays paused: {exc}"
+            self.reason = f"resume failed, the session stays paused: {_why(exc)}"
             raise
         self.pause_info = None
         self.reason = fallback

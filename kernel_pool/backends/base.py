@@ -79,6 +79,13 @@ class Sandbox(ABC):
     info: SandboxInfo
     workspace: Workspace
 
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        """Why this sandbox cannot be checkpointed where its backend could (its runtime, say),
+        as a sentence; None when nothing of its own stands in the way. Asked before anything
+        is disconnected for a :meth:`checkpoint`."""
+        return None
+
     @abstractmethod
     async def launch_kernel(self) -> dict[str, Any]:
         """Start a kernel with a fresh key, the container first if it is gone.

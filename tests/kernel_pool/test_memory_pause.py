@@ -30,7 +30,9 @@ from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     IMAGE_SUFFIX,
+    criu_log_named,
     remove_staged_copies,
+    without_host_paths,
 )
 
 SETUP = """
@@ -60,7 +62,9 @@ async def memory_pool(state_root: Path, docker_client: docker.DockerClient,
     pool = KernelPool(make_settings(
         state_root / "memory", owner=owner, pause_with="memory",
         profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
-                                     min_idle=0)}))
+                                     min_idle=0),
+                  "hostile": Profile(name="hostile", runtime="gvisor", workspace_size="64m",
+                                     tmp_size="32m", min_idle=0)}))
     await pool.start()
     yield pool
     await pool.close()
@@ -172,6 +176,32 @@ def test_remove_staged_copies_takes_stale_copies_of_ours_only(tmp_path: Path) ->
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_criu_log_named_takes_a_log_of_the_containers_own_state_only(tmp_path: Path) -> None:
+    roots = (tmp_path / "runc", tmp_path / "task")
+    log = tmp_path / "task" / "c1" / "work" / "restore.log"
+    said = "criu failed: type NOTIFY errno 0\nlog file: {}"
+    assert criu_log_named(said.format(log), "c1", roots) == log
+    assert criu_log_named(f"checkpoint failed: path= {log.with_name('criu-dump.log')}",
+                          "c1", roots) == log.with_name("criu-dump.log")
+    # Out of the container's state by "..", another container's, or no CRIU log at all.
+    escaped = f"{tmp_path}/task/c1/../../../etc/restore.log"
+    assert criu_log_named(said.format(escaped), "c1", roots) is None
+    assert criu_log_named(said.format(f"{tmp_path}/task/c1/../c2/restore.log"), "c1",
+                          roots) is None
+    assert criu_log_named(said.format(log), "c2", roots) is None
+    assert criu_log_named(said.format(tmp_path / "task/c1/shadow"), "c1", roots) is None
+
+
+def test_without_host_paths_keeps_the_words_and_last_parts_only() -> None:
+    said = ("OCI runtime restore failed: criu failed: log file: "
+            "/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby/c1/work/"
+            "restore.log; Error (criu/files-reg.c:1099): Can't dump ghost file "
+            "/var/lib/docker/overlay2/ab12/merged/workspace/big.bin of 3145728 size")
+    assert without_host_paths(said) == (
+        "OCI runtime restore failed: criu failed: log file: .../restore.log; "
+        "Error (criu/files-reg.c:1099): Can't dump ghost file .../big.bin of 3145728 size")
+
+
 async def test_memory_image_deleted_with_its_session(paused: Session,
                                                      memory_pool: KernelPool) -> None:
     await paused.packed()
@@ -212,6 +242,24 @@ async def test_refused_dump_pauses_with_variables_and_says_so(
         assert "ghost" in session.reason  # CRIU's own words, from its log
         assert memory_pool.snapshots.memory_image(session.id) is None
         await eventually(lambda: not container_running(docker_client, session), timeout_s=30)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_gvisor_memory_pause_pauses_with_variables_without_a_dump(
+        memory_pool: KernelPool) -> None:
+    session = await memory_pool.create_session("hostile")
+    try:
+        await run_ok(session, "x = 41")
+        info = await session.pause()
+        assert info.paused_with == "variables"
+        # Refused by the sandbox's capability before anything was disconnected, not by a
+        # dump tried and failed.
+        assert session.reason == ("paused with variables: memory pauses are not available "
+                                  "(a gVisor sandbox cannot be checkpointed with CRIU)")
+        assert memory_pool.snapshots.memory_image(session.id) is None
         await session.resume()
         assert await run_ok(session, "print(x)") == "41\n"
     finally:
@@ -286,6 +334,7 @@ async def test_cancelled_memory_resume_leaves_the_session_paused_and_resumable(
         await resuming
 
     assert paused.paused
+    assert paused.reason == "resume failed, the session stays paused: it was cancelled"
     assert " 0 in use" in repr(memory_pool)  # its slot is free again
     await paused.resume()
     assert await run_ok(paused, "print(x)") == "41\n"
@@ -309,6 +358,64 @@ async def test_cancelled_memory_pause_ends_paused_with_variables(
         assert session.paused, session.status
         assert session.pause_info is not None
         assert session.pause_info.paused_with == "variables"
+        assert " 0 in use" in repr(memory_pool)
+        await session.resume()
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+def runc_checkpoint_of(container_id: str) -> int | None:
+    """The pid of ``runc checkpoint`` of that container, if one runs."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"checkpoint" in argv and container_id.encode() in argv:
+                return int(entry.name)
+    return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (runc's criu)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def still_there(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+async def test_memory_pause_cancelled_mid_dump_settles_and_leaves_no_dump_running(
+        memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    session = await memory_pool.create_session()
+    container_id = session.sandbox_info().container_id
+    try:
+        await run_ok(session, "x = 41")
+        pausing = asyncio.create_task(session.pause())
+        runc = None
+        for _ in range(3000):  # the variables snapshot first, then runc's dump: 0.3 s or so
+            runc = runc_checkpoint_of(container_id)
+            if runc is not None or pausing.done():
+                break
+            await asyncio.sleep(0.002)
+        assert runc is not None, "the dump was not seen running"
+        dumpers = [runc, *children_of(runc)]
+        pausing.cancel()  # as a gateway shutting down cancels the pauses it started
+        with contextlib.suppress(asyncio.CancelledError):
+            await pausing
+
+        # The dump ended before the pause gave up: no runc or criu of it runs unowned.
+        assert still_there(dumpers) == []
+        assert engine_checkpoints(docker_client, container_id) == []  # what it made, gone
+        assert session.kernel.state is KernelState.PAUSED  # paused, not dead (and restarted)
+        assert session.paused, session.status
+        assert session.pause_info is not None
+        assert session.pause_info.paused_with == "variables"
+        assert memory_pool.snapshots.memory_image(session.id) is None
         assert " 0 in use" in repr(memory_pool)
         await session.resume()
         assert await run_ok(session, "print(x)") == "41\n"

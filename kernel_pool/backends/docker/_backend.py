@@ -45,6 +45,7 @@ from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     CheckpointError,
     Packing,
+    checkpoint_dir,
     discard,
     dump,
     folder_bytes,
@@ -89,6 +90,8 @@ OOM_RECORD_WAITS = 30
 """Tenths of a second to wait for the engine's record of a gVisor sandbox's death."""
 REMOVAL_WAITS = 300
 """Tenths of a second to wait for a container's removal that is already in progress."""
+DATA_ROOT = "/var/lib/docker"
+"""The engine's default data root, where ``docker info`` does not say."""
 SANDBOX_CPU_SHARES = 512
 """Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
@@ -242,6 +245,12 @@ class DockerSandbox(Sandbox):
         """Under runc the kernel is PID 1's child (a checkpoint holds it); under gVisor,
         whose sandboxes are never checkpointed here, it is started by ``docker exec``."""
         return self.profile.runtime != "gvisor"
+
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        if self._through_init:
+            return None
+        return "a gVisor sandbox cannot be checkpointed with CRIU"
 
     async def _launch_through_init(self, name: str) -> None:
         # Written once: a container remade below reads it as it starts (so a second request
@@ -538,12 +547,17 @@ class DockerSandbox(Sandbox):
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
         try:
-            folder: Path = await _run(dump, self._api, self.info.container_id, about)
+            folder: Path = await _run(dump, self._api, self.info.container_id,
+                                      self._checkpoint_dir, about)
         except CheckpointError as exc:
             raise BackendError(str(exc)) from exc
         self._close_pidfd()
         self._pid, self._cgroup, self.info.kernel_ref = None, None, None
         return folder
+
+    @property
+    def _checkpoint_dir(self) -> Path:
+        return checkpoint_dir(self._backend.data_root, self.info.container_id)
 
     async def checkpoint_bytes(self, dump: Path) -> int:
         return await _in_thread(folder_bytes, dump)
@@ -581,7 +595,8 @@ class DockerSandbox(Sandbox):
 
     async def restore(self, image: Path) -> dict[str, Any]:
         try:
-            about = await _run(restore_checkpoint, self._api, self.info.container_id, image)
+            about = await _run(restore_checkpoint, self._api, self.info.container_id,
+                               self._checkpoint_dir, image)
         except CheckpointError as exc:
             raise BackendError(str(exc)) from exc
         name, pid, key = about.get("kernel_name"), about.get("kernel_pid"), about.get("key")
@@ -602,14 +617,8 @@ class DockerSandbox(Sandbox):
         return {**config, "ip": str(self._socket_dir / name)}
 
     def _write_records(self, name: str, pid: int, config: dict[str, Any]) -> None:
-        for record, text in ((f"{name}.json", json.dumps(config)), (f"{name}.pid", str(pid))):
-            path = self._socket_dir / record
-            path.unlink(missing_ok=True)  # never follows a link planted there
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                if os.geteuid() == 0:
-                    os.fchown(f.fileno(), SANDBOX_UID, SANDBOX_GID)
-                f.write(text)
+        write_for_sandbox(self._socket_dir / f"{name}.json", json.dumps(config))
+        write_for_sandbox(self._socket_dir / f"{name}.pid", str(pid))
 
     async def release(self) -> None:
         """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
@@ -718,6 +727,9 @@ class DockerBackend(SandboxBackend):
     stopped_sandboxes = True
     checkpoints = False
     checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
+    data_root = Path(DATA_ROOT)
+    """The engine's data root, from ``docker info`` at :meth:`check` (an engine cannot change it
+    without a restart; asking again would add 10-50 ms to every pause and resume)."""
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self._create(spec, start=True)
@@ -836,6 +848,7 @@ class DockerBackend(SandboxBackend):
         """Fail when a profile asks for a runtime the engine does not offer as needed; learn
         whether memory pauses can work here (when they are asked for)."""
         info = await _run(self.client.api.info)
+        self.data_root = Path(info.get("DockerRootDir") or DATA_ROOT)
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)

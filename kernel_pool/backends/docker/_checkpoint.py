@@ -56,6 +56,11 @@ RUNC_STATE_ROOTS = (Path("/run/docker/runtime-runc/moby"),
                     Path("/var/run/docker/runtime-runc/moby"))
 """Where Docker's containerd keeps runc's state of the engine's containers: ``<exec root>/
 runtime-runc/<containerd namespace>`` with the engine's default exec root."""
+ENGINE_LOG_ROOTS = (*RUNC_STATE_ROOTS,
+                    *(root / "containerd/daemon/io.containerd.runtime.v2.task/moby"
+                      for root in (Path("/run/docker"), Path("/var/run/docker"))))
+"""Where the engine's CRIU logs of a container may be (``<root>/<container id>/...``): runc's
+state, and containerd's task folder, whose ``work`` folder a checkpoint or restore uses."""
 CONTAINERD_STAGING = Path("/tmp")
 """Where containerd (1.6, as Docker 20.10 runs it, with no ``XDG_RUNTIME_DIR``) unpacks a
 checkpoint it restores from, as ``ctrd-checkpoint<random>``; it never removes that copy."""
@@ -67,17 +72,9 @@ class CheckpointError(Exception):
     """A dump, a packing or a restore failed; the message says which, with the engine's words."""
 
 
-_DATA_ROOTS: dict[str, Path] = {}
-"""Each engine's data root, by its address: an engine cannot change it without a restart, and
-``docker info`` takes 10-50 ms on a pause's and a resume's path."""
-
-
-def checkpoint_dir(api: docker.APIClient, container_id: str) -> Path:
-    root = _DATA_ROOTS.get(api.base_url)
-    if root is None:
-        root = _DATA_ROOTS[api.base_url] = Path(
-            api.info().get("DockerRootDir") or "/var/lib/docker")
-    return root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
+def checkpoint_dir(data_root: Path, container_id: str) -> Path:
+    """Where the engine whose data root is ``data_root`` restores the container from."""
+    return data_root / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
 
 
 def _url(api: docker.APIClient, path: str) -> str:
@@ -85,23 +82,38 @@ def _url(api: docker.APIClient, path: str) -> str:
     return f"{api.base_url}/v{api.api_version}{path}"
 
 
-def _engine(answer: Any, what: str) -> None:
+def _engine(answer: Any, what: str, container_id: str) -> None:
     if answer.status_code >= 300:
         try:
             message = str(answer.json().get("message", answer.text))
         except ValueError:
             message = answer.text
-        raise CheckpointError(f"{what}: {message.strip()[-600:]}{_criu_errors(message)}")
+        log = criu_log_named(message, container_id, ENGINE_LOG_ROOTS)
+        raise CheckpointError(f"{what}: {without_host_paths(message.strip())[-600:]}"
+                              f"{_log_errors(log) if log else ''}")
 
 
-def _criu_errors(message: str) -> str:
-    """CRIU's own error lines from the log the engine's message names (runc says only
-    "criu failed"): the reason a session's ``reason`` can give."""
-    # Only a log of the engine's runtime state (never any file a message might name): its
-    # lines reach the tenant in the session's reason.
-    found = re.search(r"(?:path=|log file:) ((?:/var)?/run/\S+/(?:criu-)?(?:dump|restore)\.log)",
-                      message)
-    return _log_errors(Path(found.group(1))) if found else ""
+def criu_log_named(message: str, container_id: str, roots: tuple[Path, ...]) -> Path | None:
+    """The CRIU log the engine's message names (runc says only "criu failed"; the log says
+    why), when it lies in the engine's own state of that container (``<root>/<id>``, for one
+    of ``roots``) once resolved; else None: its lines reach the tenant in the session's
+    reason, so no other file a message might name is ever read."""
+    found = re.search(r"(?:path=|log file:) (/\S+/(?:criu-)?(?:dump|restore)\.log)\b", message)
+    if found is None:
+        return None
+    log = Path(os.path.realpath(found.group(1)))
+    if any(log.is_relative_to(root / container_id) for root in roots):
+        return log
+    return None
+
+
+def without_host_paths(text: str) -> str:
+    """``text`` with each absolute path cut to its last part (``.../restore.log``): the
+    engine's and CRIU's words reach the tenant, the host's folders must not."""
+    return _HOST_PATH.sub(lambda found: ".../" + found.group(0).rsplit("/", 1)[1], text)
+
+
+_HOST_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:'\"(),]+){2,}")
 
 
 def _log_errors(log_path: Path) -> str:
@@ -110,18 +122,19 @@ def _log_errors(log_path: Path) -> str:
             lines = log.read()[-(1 << 16):].decode(errors="replace").splitlines()
     except OSError:
         return ""
-    errors = [line.strip() for line in lines if "Error (" in line][-3:]
+    errors = [without_host_paths(line.strip()) for line in lines if "Error (" in line][-3:]
     return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
-def dump(api: docker.APIClient, container_id: str, about: dict[str, Any]) -> Path:
-    """Checkpoint the container (it stops, its memory free) into the folder the engine
-    restores from, with ``about`` beside CRIU's images; that folder, for :class:`Packing`.
+def dump(api: docker.APIClient, container_id: str, folder: Path,
+         about: dict[str, Any]) -> Path:
+    """Checkpoint the container (it stops, its memory free) into ``folder``, where the engine
+    restores from (:func:`checkpoint_dir`), with ``about`` beside CRIU's images; that folder,
+    for :class:`Packing`.
 
     When the dump fails the container runs on (CRIU resumes what it froze), and when the
     records cannot be written beside it, the container is started again from it.
     """
-    folder = checkpoint_dir(api, container_id)
     shutil.rmtree(folder, ignore_errors=True)  # a leftover of a pause that went wrong
     runc = _runc(container_id)
     if runc is not None:
@@ -134,7 +147,7 @@ def dump(api: docker.APIClient, container_id: str, about: dict[str, Any]) -> Pat
         answer = api.post(_url(api, f"/containers/{container_id}/checkpoints"),
                           json={"CheckpointID": CHECKPOINT_NAME, "Exit": True},
                           timeout=ENGINE_TIMEOUT_S)
-        _engine(answer, "the engine could not checkpoint the sandbox")
+        _engine(answer, "the engine could not checkpoint the sandbox", container_id)
     try:
         (folder / ABOUT_NAME).write_text(json.dumps(about))
     except OSError as exc:
@@ -181,7 +194,7 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
             [*runc, "checkpoint", "--image-path", str(folder), "--work-path", str(work),
              container_id], capture_output=True, timeout=ENGINE_TIMEOUT_S)
         if done.returncode:
-            said = done.stderr.decode(errors="replace").strip()[-600:]
+            said = without_host_paths(done.stderr.decode(errors="replace").strip())[-600:]
             raise CheckpointError(f"runc could not checkpoint the sandbox: {said}"
                                   f"{_log_errors(work / 'dump.log')}")
     except subprocess.TimeoutExpired as exc:
@@ -190,15 +203,16 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def restore(api: docker.APIClient, container_id: str, image: Path) -> dict[str, Any]:
-    """Unpack ``image`` where the engine looks for it and start the container from it; the
-    records kept with it (``about`` of :func:`dump`). The image itself is left in place.
+def restore(api: docker.APIClient, container_id: str, folder: Path,
+            image: Path) -> dict[str, Any]:
+    """Unpack ``image`` into ``folder``, where the engine looks for it, and start the
+    container from it; the records kept with it (``about`` of :func:`dump`). The image
+    itself is left in place.
 
     ``image`` may also be :func:`dump`'s folder itself, not packed yet (a resume that comes
     during the packing): the container starts from it at once. Either way that folder is
     removed.
     """
-    folder = checkpoint_dir(api, container_id)
     unpacked = image == folder
     if not unpacked:
         shutil.rmtree(folder, ignore_errors=True)
@@ -258,7 +272,7 @@ def remove_staged_copies(records: bytes | None = None) -> int:
 def _start(api: docker.APIClient, container_id: str) -> None:
     answer = api.post(_url(api, f"/containers/{container_id}/start"),
                       params={"checkpoint": CHECKPOINT_NAME}, timeout=ENGINE_TIMEOUT_S)
-    _engine(answer, "the engine could not restore the sandbox")
+    _engine(answer, "the engine could not restore the sandbox", container_id)
 
 
 class Packing:
