@@ -520,35 +520,31 @@ class Session:
         if not self.paused or self.lifecycle is None:
             return
         store = self.lifecycle.snapshots
-        fallback = None
-        if self.pause_info is not None and self.pause_info.paused_with == "memory":
-            try:
-                fallback = await self._restore()
-            except BaseException as exc:  # no slot for it: it stays paused, image and all
-                self.reason = f"resume failed, the session stays paused: {_why(exc)}"
-                raise
-            if fallback is None:
-                return
+        memory = self.pause_info is not None and self.pause_info.paused_with == "memory"
         try:
-            raw = await anyio.to_thread.run_sync(store.load, self.id)
-        except SnapshotError as exc:
-            self.reason = f"resume failed, the session stays paused: {_why(exc)}"
-            raise
-        used = await anyio.to_thread.run_sync(self.workspace.used_bytes)
-        warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
-        reseed = self.pause_info is not None and self.pause_info.reseed
-        try:
-            if warm is not None:
-                await self._resume_onto(warm, raw, reseed)
-            else:
-                await self._resume_in_place(raw, reseed)
-        except BaseException as exc:
+            # A memory image that cannot be restored leaves the variables snapshot, untouched.
+            fallback = await self._restore() if memory else None
+            if not memory or fallback is not None:
+                await self._resume_variables(store)
+        except BaseException as exc:  # it stays paused, its snapshot (and image) kept
             self.reason = f"resume failed, the session stays paused: {_why(exc)}"
             raise
         self.pause_info = None
         self.reason = fallback
         await anyio.to_thread.run_sync(store.delete, self.id)
         self.lifecycle.resumed(self)
+
+    async def _resume_variables(self, store: SnapshotStore) -> None:
+        """A kernel with the variables snapshot loaded: a warm one, else the session's own."""
+        assert self.lifecycle is not None
+        raw = await anyio.to_thread.run_sync(store.load, self.id)
+        used = await anyio.to_thread.run_sync(self.workspace.used_bytes)
+        warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
+        reseed = self.pause_info is not None and self.pause_info.reseed
+        if warm is not None:
+            await self._resume_onto(warm, raw, reseed)
+        else:
+            await self._resume_in_place(raw, reseed)
 
     async def _restore(self) -> str | None:
         """Resume from the memory image: the sandbox restored, its kernel as it was. None
@@ -582,11 +578,7 @@ class Session:
                     raise
                 why = f"restoring its memory failed ({exc})"
             else:
-                self.pause_info = None
-                self.reason = None
-                await anyio.to_thread.run_sync(store.delete, self.id)
-                self.lifecycle.resumed(self)
-                return None
+                return None  # the caller settles the books, as for any resume
         lost = sorted(self.pause_info.variables_not_kept) if self.pause_info else []
         logger.warning("session %s: %s; resuming from its variables", self.id, why)
         return (f"resumed from its variables snapshot: {why}"
