@@ -56,6 +56,7 @@ RUNSC_SUITE=trixie
 RUNSC_ARGS='["--network=none", "--host-uds=create"]'
 DAEMON_JSON=/etc/docker/daemon.json
 OWNED_ENGINE=/run/replgate-dockerd.pid  # dockerd that this script started (its pid)
+ENGINE_LOG=/var/log/replgate-dockerd.log
 
 ensure_runsc() {
   [ -x "$RUNSC" ] && return 0
@@ -196,7 +197,7 @@ engine_up() { docker info >/dev/null 2>&1 || { [ -x "$VENV/bin/python" ] && "$VE
 ensure_engine() {
   if engine_up; then
     # An engine this script started is ours to configure: runtimes reload on SIGHUP.
-    if [ -f "$OWNED_ENGINE" ] && as_root kill -0 "$(cat "$OWNED_ENGINE")" 2>/dev/null &&
+    if running "$(as_root cat "$OWNED_ENGINE" 2>/dev/null || true)" dockerd &&
        ensure_runsc && [ "$(configure_engine)" = changed ]; then
       # (experimental mode, if it was off, takes effect at the engine's next start)
       say "registered runsc in $DAEMON_JSON; reloading the engine (SIGHUP)"
@@ -219,13 +220,60 @@ ensure_engine() {
   if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
     as_root systemctl start docker || true
   fi
-  if ! engine_up; then
-    say "starting dockerd (log: /var/log/replgate-dockerd.log)"
-    as_root sh -c "nohup setsid dockerd >>/var/log/replgate-dockerd.log 2>&1 </dev/null &
-                   echo \$! > $OWNED_ENGINE"
+  engine_up && return
+  settle_engine_pid_files
+  engine_up && return
+  say "starting dockerd (log: $ENGINE_LOG)"
+  # The pid recorded is dockerd's own (the shell execs it), so a later run can tell it apart.
+  as_root sh -c "nohup setsid sh -c 'echo \$\$ > $OWNED_ENGINE; exec dockerd' >>$ENGINE_LOG 2>&1 </dev/null &"
+  local pid=""
+  for _ in $(seq 1 90); do
+    engine_up && return
+    [ -n "$pid" ] || pid=$(as_root cat "$OWNED_ENGINE" 2>/dev/null || true)
+    # A dockerd that exited will not come up: say why now rather than after the wait.
+    if [ -n "$pid" ] && ! as_root kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 1
+  done
+  say "dockerd did not come up; the end of $ENGINE_LOG:"
+  as_root tail -n 25 "$ENGINE_LOG" >&2 || true
+  exit 1
+}
+
+# `running PID NAME`: PID is a live process whose command is NAME (pids are reused: after a
+# reboot or a wrap of pid_max a pid file can name some other process).
+running() { [ -n "$1" ] && [ "$(as_root cat "/proc/$1/comm" 2>/dev/null)" = "$2" ]; }
+
+# dockerd refuses to start while /run/docker.pid names any live process, and takes a live pid in
+# its containerd's pid file for its containerd (which it later kills as unresponsive). A session
+# or machine stopped without stopping the engine leaves both behind, and once pid_max wraps, their
+# pids belong to other processes. A dockerd that really runs but does not answer yet (starting,
+# or shutting down) is waited for: a minute, then it is stopped if this script started it.
+settle_engine_pid_files() {
+  local pid owned
+  pid=$(as_root cat /run/docker.pid 2>/dev/null || true)
+  if running "$pid" dockerd; then
+    say "dockerd (pid $pid) runs but does not answer yet; waiting for it"
+    for _ in $(seq 1 60); do
+      engine_up && return
+      running "$pid" dockerd || break
+      sleep 1
+    done
+    if running "$pid" dockerd; then
+      owned=$(as_root cat "$OWNED_ENGINE" 2>/dev/null || true)
+      if [ "$owned" != "$pid" ]; then
+        say "dockerd (pid $pid) does not answer after a minute and was not started by this script:"
+        say "stop it (or fix it: its log says why), then run this again"; exit 1
+      fi
+      say "stopping dockerd (pid $pid), started here earlier, which does not answer"
+      as_root kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 20); do running "$pid" dockerd || break; sleep 1; done
+      as_root kill -KILL "$pid" 2>/dev/null || true
+      sleep 1
+    fi
   fi
-  for _ in $(seq 1 60); do engine_up && return; sleep 1; done
-  say "dockerd did not come up; see /var/log/replgate-dockerd.log"; exit 1
+  running "$pid" dockerd || as_root rm -f /run/docker.pid
+  pid=$(as_root cat /run/docker/containerd/containerd.pid 2>/dev/null || true)
+  running "$pid" containerd || as_root rm -f /run/docker/containerd/containerd.pid
 }
 
 ensure_image() { "$VENV/bin/replgate" image build; }
