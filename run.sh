@@ -240,8 +240,12 @@ ensure_engine() {
 }
 
 # `running PID NAME`: PID is a live process whose command is NAME (pids are reused: after a
-# reboot or a wrap of pid_max a pid file can name some other process).
-running() { [ -n "$1" ] && [ "$(as_root cat "/proc/$1/comm" 2>/dev/null)" = "$2" ]; }
+# reboot or a wrap of pid_max a pid file can name some other process), and not a zombie (a
+# killed dockerd stays one until its parent, often PID 1, reaps it).
+running() {
+  [ -n "$1" ] && [ "$(as_root cat "/proc/$1/comm" 2>/dev/null)" = "$2" ] &&
+    [ "$(as_root sed -n 's/^State:\t*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null)" != Z ]
+}
 
 # dockerd refuses to start while /run/docker.pid names any live process, and takes a live pid in
 # its containerd's pid file for its containerd (which it later kills as unresponsive). A session
