@@ -61,8 +61,10 @@ def memory_pauses(support: CheckpointSupport, pause_with: str) -> str:
     """The doctor's line on memory pauses (never a problem: without them pauses keep the
     variables), saying what pauses keep with ``pause_with`` (REPLGATE_PAUSE_WITH)."""
     if support.available:
-        return (f"memory pauses: available; {support.reason}; pauses keep {pause_with} "
-                "(REPLGATE_PAUSE_WITH)")
+        keep = ("the variables, or the memory as well when the variables alone would lose "
+                "something" if pause_with == "auto" else pause_with)
+        return (f"memory pauses: available; {support.reason}; pauses keep {keep} "
+                f"(REPLGATE_PAUSE_WITH={pause_with})")
     asked = " although REPLGATE_PAUSE_WITH=memory" if pause_with == "memory" else ""
     return f"memory pauses: not available, so pauses keep variables{asked}; {support.reason}"
 

@@ -391,7 +391,8 @@ class Session:
         self.pause_info = info
         self.reason = None
         self.pause_failed = False
-        if self._settings.pause_with == "memory":
+        if self._settings.pause_with == "memory" or (
+                self._settings.pause_with == "auto" and info.not_kept):
             try:
                 memory = await self._checkpoint(store, info)
             except BaseException:

@@ -112,10 +112,13 @@ class PoolLimits(BaseModel):
     pause_after_s: float = Field(
         600.0, ge=0, description="an idle session is paused after this long (0: never)")
     snapshot_budget: str = Field("20g", description="disk all paused sessions' snapshots may take")
-    pause_with: Literal["variables", "memory"] = Field(
-        "variables", description="what a pause keeps: the variables (a dill snapshot), or the "
+    pause_with: Literal["auto", "variables", "memory"] = Field(
+        "auto", description="what a pause keeps: `variables` (a dill snapshot); `memory`, the "
         "whole sandbox's memory as well (a CRIU checkpoint through the engine; needs Docker's "
-        "experimental mode and CRIU >= 4.2 on its host; a runc profile)")
+        "experimental mode and CRIU >= 4.2 on its host; a runc profile); `auto`, the variables "
+        "when they are all the session holds, the memory when the variables snapshot would lose "
+        "something (a value it cannot pickle, a running thread, a file in /tmp) and the host "
+        "can checkpoint")
 
     @field_validator("snapshot_budget")
     @classmethod

@@ -197,11 +197,12 @@ def _without_unused_modules() -> Iterator[None]:
 
 def _agent_results(app) -> None:  # type: ignore[no-untyped-def]
     """What agents read beside the outputs: charts as data (display bundles) and the files
-    each execution touched (the execute_reply's metadata)."""
-    from replgate_kernel import charts, files
+    each execution touched (the execute_reply's metadata); and what a pause would lose."""
+    from replgate_kernel import charts, files, snapshot
 
     charts.install(app.shell)
     files.install(app.kernel, os.getcwd())
+    snapshot.install(app.shell)
 
 
 def main() -> None:

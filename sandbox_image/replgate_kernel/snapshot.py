@@ -8,11 +8,33 @@ lies in the session's own workspace only while it passes between the gateway and
 import json
 import os
 import random
+import tempfile
+import threading
+from typing import Any
 
 import dill
 from IPython import get_ipython
 
 MAX_REASON = 200
+# The kernel's own folders in /tmp (made at its start, see __main__): not the user's files.
+KERNEL_TMP_PREFIXES = (".ipythondir-", ".mplconfigdir-")
+# /tmp entries named one by one in what a snapshot did not keep; past that, a count.
+MAX_TMP_LISTED = 10
+
+_kernel_threads: set[int | None] | None = None
+"""The threads the kernel runs before any cell (IOPub, heartbeat, control, output pipes)."""
+
+
+def install(shell: Any) -> None:
+    """Note the kernel's own threads at the first execution, before any user code has run:
+    threads started later are the user's, which a variables snapshot cannot keep."""
+
+    def note_kernel_threads(*args: object) -> None:
+        global _kernel_threads
+        _kernel_threads = {thread.ident for thread in threading.enumerate()}
+        shell.events.unregister("pre_execute", note_kernel_threads)
+
+    shell.events.register("pre_execute", note_kernel_threads)
 
 
 def _namespace() -> tuple[dict[str, object], set[str]]:
@@ -25,11 +47,32 @@ def _user_names(namespace: dict[str, object], hidden: set[str]) -> list[str]:
     return [name for name in namespace if not name.startswith("_") and name not in hidden]
 
 
+def _process_not_kept() -> dict[str, str]:
+    """What the process holds beyond its variables, which a variables snapshot loses: the
+    user's running threads and the files in /tmp (a memory pause keeps both)."""
+    lost: dict[str, str] = {}
+    kernel_threads = _kernel_threads or set()
+    for thread in threading.enumerate():
+        if thread.ident not in kernel_threads and thread is not threading.main_thread():
+            lost[f"thread {thread.name!r}"] = "a running thread: a variables snapshot keeps none"
+    try:
+        entries = sorted(entry for entry in os.listdir(tempfile.gettempdir())
+                         if not entry.startswith(KERNEL_TMP_PREFIXES))
+    except OSError:
+        entries = []
+    for entry in entries[:MAX_TMP_LISTED]:
+        lost[f"/tmp/{entry}"] = "a file in /tmp: a variables snapshot keeps only the workspace"
+    if len(entries) > MAX_TMP_LISTED:
+        lost["/tmp"] = f"{len(entries) - MAX_TMP_LISTED} more entries, not kept either"
+    return lost
+
+
 def save(path: str) -> str:
-    """Write the user's variables to ``path``; JSON with the names kept and those not kept.
+    """Write the user's variables to ``path``; JSON with the names kept and what was not.
 
     One pickle for all, so objects shared between variables stay shared; a value that cannot
-    be pickled (a thread, a socket, a generator) is left out with the reason.
+    be pickled (a thread, a socket, a generator) is left out with the reason. What is not a
+    variable but is lost all the same (running threads, files in /tmp) is listed too.
     """
     namespace, hidden = _namespace()
     names = _user_names(namespace, hidden)
@@ -54,7 +97,8 @@ def save(path: str) -> str:
                     dill.dump({}, f)
                 break
     os.chmod(path, 0o600)
-    return json.dumps({"kept": sorted(n for n in names if n not in lost), "not_kept": lost})
+    return json.dumps({"kept": sorted(n for n in names if n not in lost),
+                       "not_kept": {**lost, **_process_not_kept()}})
 
 
 def load(path: str, reseed: bool) -> str:

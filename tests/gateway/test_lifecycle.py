@@ -44,7 +44,10 @@ worker = threading.Thread(target=lambda: None)
 
 @pytest.fixture(scope="module")
 def lifecycle_gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
-    with running_gateway(docker_client, max_kernels="4", min_idle="1") as process:
+    # The variables pause by name: under the default (`auto`), SETUP's thread would be
+    # reason enough for a memory pause.
+    with running_gateway(docker_client, max_kernels="4", min_idle="1",
+                         pause_with="variables") as process:
         yield process
 
 

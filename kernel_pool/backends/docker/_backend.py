@@ -852,16 +852,18 @@ class DockerBackend(SandboxBackend):
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)
-        if self.settings.pause_with == "memory":
+        if self.settings.pause_with != "variables":
             support = await _in_thread(checkpoint_support, info)
             self.checkpoints = support.available and os.geteuid() == 0
             self.checkpoint_refusal = (
                 None if self.checkpoints else support.reason if not support.available
                 else "the gateway is not root, and cannot reach the engine's checkpoints")
             if self.checkpoint_refusal:
-                logger.warning("REPLGATE_PAUSE_WITH=memory, but memory pauses are not "
-                               "available (%s): pauses keep the variables",
-                               self.checkpoint_refusal)
+                # Asked for by name, it is worth a warning; `auto` makes do with variables.
+                logger.log(logging.WARNING if self.settings.pause_with == "memory" else
+                           logging.INFO, "REPLGATE_PAUSE_WITH=%s, but memory pauses are not "
+                           "available (%s): pauses keep the variables",
+                           self.settings.pause_with, self.checkpoint_refusal)
             else:
                 removed = await _in_thread(remove_staged_copies)
                 if removed:
