@@ -22,6 +22,7 @@ from kernel_pool.config import OutputCaps
 from kernel_pool.events import CommandDone, CommandResult, CommandStatus, StreamEvent
 
 CommandEmit = Callable[[StreamEvent], None]
+KILLED_ON_REQUEST = "killed on request with its process group"
 
 
 class CommandRun:
@@ -40,11 +41,14 @@ class CommandRun:
         self.stderr: list[str] = []
         self._process: CommandProcess | None = None
         self._kill_requested = asyncio.Event()
+        self._kill_reason = KILLED_ON_REQUEST
 
-    def kill(self) -> bool:
-        """Ask the command to stop (status ``killed``); False once it has ended."""
+    def kill(self, reason: str = KILLED_ON_REQUEST) -> bool:
+        """Ask the command to stop (status ``killed``, ``reason`` in its result); False once
+        a kill was asked for."""
         if self._kill_requested.is_set():
             return False
+        self._kill_reason = reason
         self._kill_requested.set()
         return True
 
@@ -102,7 +106,7 @@ class CommandRun:
                                                    "its process group")
                 if not reading.done():
                     reading.cancel()
-                    return CommandStatus.KILLED, "killed on request with its process group"
+                    return CommandStatus.KILLED, self._kill_reason
                 item = reading.result()
                 if item is None:
                     return CommandStatus.OK, None

@@ -474,7 +474,8 @@ class KernelPool:
                 return True
         candidates = [s for s in self._sessions.values()
                       if s is not exclude and s.id not in tried and s.id not in self._held
-                      and s.status is SessionStatus.IDLE and s.lifecycle is not None]
+                      and s.status is SessionStatus.IDLE and s.lifecycle is not None
+                      and not s.commands]  # a pause would stop its shell commands
         while candidates:
             victim = max(candidates, key=lambda s: s.idle_for())
             candidates.remove(victim)

@@ -26,6 +26,7 @@ from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._snapshot import (
+    STOPPED_COMMAND,
     PauseInfo,
     SnapshotStore,
     copy_workspace,
@@ -91,6 +92,10 @@ class Lifecycle(Protocol):
 
 
 WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
+# A pause stops the shell commands running beside the kernel: how long it waits for them to
+# end, and how much of each one's text names it in ``not_kept``.
+COMMANDS_END_WAIT_S = 5.0
+COMMAND_SHOWN = 80
 """Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
 container on their own workspace (no copy)."""
 
@@ -185,7 +190,8 @@ class Session:
         return self._pending[0] if self._pending and self._pending[0].run else None
 
     def idle_for(self) -> float:
-        return 0.0 if self._pending else time.monotonic() - self._active_mono
+        # A shell command running is activity: no idle pause or cull may end it unseen.
+        return 0.0 if self._pending or self.commands else time.monotonic() - self._active_mono
 
     def age(self) -> float:
         return time.monotonic() - self._created_mono
@@ -391,8 +397,14 @@ class Session:
         self.pause_info = info
         self.reason = None
         self.pause_failed = False
-        if self._settings.pause_with == "memory" or (
-                self._settings.pause_with == "auto" and info.not_kept):
+        wants_memory = self._settings.pause_with == "memory" or (
+            self._settings.pause_with == "auto" and bool(info.not_kept))
+        ended = await self._end_commands()
+        if ended:
+            info = info.model_copy(update={"not_kept": {**info.not_kept, **ended}})
+            await anyio.to_thread.run_sync(store.save_info, self.id, info)
+            self.pause_info = info
+        if wants_memory:
             try:
                 memory = await self._checkpoint(store, info)
             except BaseException:
@@ -407,6 +419,20 @@ class Session:
                 return memory
         await self._stop_paused()
         return info
+
+    async def _end_commands(self) -> dict[str, str]:
+        """Stop the shell commands running beside the kernel, which no pause keeps (they are
+        not the kernel's processes; a memory dump must not meet them either), and wait a
+        little for them to end; what was stopped, as ``not_kept`` entries."""
+        ended = {f"{STOPPED_COMMAND}{run.command[:COMMAND_SHOWN]!r}":
+                 "a running shell command: the pause stopped it"
+                 for run in list(self.commands.values())
+                 if run.kill("the session was paused; a pause keeps no running command")}
+        for _ in range(int(COMMANDS_END_WAIT_S / 0.05)):
+            if not self.commands:
+                break
+            await asyncio.sleep(0.05)
+        return ended
 
     async def _stop_paused(self) -> None:
         """Stop the kernel of a session whose snapshot is written, and free its slot (a

@@ -50,6 +50,8 @@ MEMORY_INFIX = ".memory"
 TRANSFER_NAME = ".replgate-snapshot"
 """The hidden workspace file a snapshot passes through (a random suffix is added)."""
 SNAPSHOT_TIMEOUT_S = 120.0
+STOPPED_COMMAND = "command "
+"""How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 
 
 class PauseInfo(BaseModel):
@@ -61,7 +63,9 @@ class PauseInfo(BaseModel):
     a restore that fails)."""
     kept: list[str] = Field(default_factory=list)
     not_kept: dict[str, str] = Field(default_factory=dict)
-    """Names that could not be kept, each with the reason (none with "memory")."""
+    """What could not be kept, each with the reason: variables by name, ``thread 'name'``,
+    ``/tmp/name``; with "memory" only the shell commands the pause stopped (``command '...'``,
+    which no pause keeps)."""
     variables_not_kept: dict[str, str] = Field(default_factory=dict)
     """With "memory": the names the variables snapshot could not keep, lost only if the
     memory image cannot be restored (the resume then says so)."""
@@ -238,11 +242,15 @@ class SnapshotStore:
 
 
 def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
-    """The variables snapshot's info as a memory pause's, the memory's ``size`` added."""
+    """The variables snapshot's info as a memory pause's, the memory's ``size`` added: what
+    the variables lost the memory keeps, but for the shell commands the pause stopped."""
+    stopped = {name: why for name, why in info.not_kept.items()
+               if name.startswith(STOPPED_COMMAND)}
+    kept = [name for name in info.not_kept if name not in stopped]
     return info.model_copy(update={
         "paused_with": "memory", "image_bytes": info.image_bytes + size,
-        "kept": [*info.kept, *info.not_kept], "not_kept": {},
-        "variables_not_kept": info.not_kept})
+        "kept": [*info.kept, *kept], "not_kept": stopped,
+        "variables_not_kept": {name: info.not_kept[name] for name in kept}})
 
 
 def _write_private(path: Path, data: bytes) -> None:

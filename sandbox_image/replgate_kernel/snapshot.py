@@ -51,8 +51,10 @@ def _process_not_kept() -> dict[str, str]:
     """What the process holds beyond its variables, which a variables snapshot loses: the
     user's running threads and the files in /tmp (a memory pause keeps both)."""
     lost: dict[str, str] = {}
-    kernel_threads = _kernel_threads or set()
-    for thread in threading.enumerate():
+    threads = threading.enumerate()
+    # No cell has run yet (a snapshot's own evaluation runs none): every thread is the kernel's.
+    kernel_threads = {t.ident for t in threads} if _kernel_threads is None else _kernel_threads
+    for thread in threads:
         if thread.ident not in kernel_threads and thread is not threading.main_thread():
             lost[f"thread {thread.name!r}"] = "a running thread: a variables snapshot keeps none"
     try:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
+import docker
 import pytest
-from kp_support import SESSION_ENV, processes, run_ok
+from kp_support import OWNER, SESSION_ENV, make_settings, owned_containers, processes, run_ok
 
-from kernel_pool import KernelPoolError, Session, SessionClosed
+from kernel_pool import KernelPool, KernelPoolError, Profile, Session, SessionClosed
 from kernel_pool.events import StreamEvent
 
 
@@ -159,3 +161,38 @@ async def test_command_on_closed_session_is_refused(pool: object) -> None:
     await pool.delete_session(session.id)  # type: ignore[attr-defined]
     with pytest.raises(SessionClosed):
         session.prepare_command("ls")
+
+
+async def test_pause_stops_a_running_command_and_says_so(session: Session) -> None:
+    command = session.prepare_command("echo up; sleep 100")
+    running = asyncio.ensure_future(session.run_command(command))
+    await asyncio.sleep(1)
+    info = await session.pause()
+    result = await asyncio.wait_for(running, 10)
+    assert (result.status, result.exit_code, result.stdout) == ("killed", None, "up\n")
+    assert result.reason is not None and "paused" in result.reason
+    # A stopped command alone does not call for a memory pause: none would keep it.
+    assert info.paused_with == "variables"
+    assert info.not_kept == {"command 'echo up; sleep 100'":
+                             "a running shell command: the pause stopped it"}
+    assert session.commands == {}
+    assert await run_ok(session, "print('back')") == "back\n"
+
+
+async def test_idle_pause_and_cull_wait_for_a_running_command(
+        state_root: Path, docker_client: docker.DockerClient) -> None:
+    owner = f"{OWNER}-command-idle"
+    pool = KernelPool(make_settings(
+        state_root / "command-idle", owner=owner, pause_after_s=0.5, idle_ttl_s=1.0,
+        cull_interval_s=0.2,
+        profiles={"default": Profile(name="default", workspace_size="64m", min_idle=0)}))
+    await pool.start()
+    try:
+        session = await pool.create_session()
+        result = await session.run_command(session.prepare_command("sleep 3; echo done"))
+        # Three seconds past both the idle pause (0.5 s) and the idle TTL (1 s): neither came.
+        assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")
+        assert not session.paused and not session.closed
+    finally:
+        await pool.close()
+    assert owned_containers(docker_client, owner) == []

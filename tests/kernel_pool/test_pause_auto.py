@@ -3,6 +3,7 @@ the whole memory when a variables snapshot would lose something (real engine, CR
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -86,6 +87,26 @@ async def test_auto_pause_without_checkpoints_lists_the_thread_and_tmp_it_lost(
         assert info.not_kept["/tmp/scratch.txt"].startswith("a file in /tmp")
         assert "x" in info.kept
         assert session.reason is not None and "memory pauses are not available" in session.reason
+        assert await run_ok(session, "print(x)") == "41\n"
+    finally:
+        await auto_pool.delete_session(session.id)
+
+
+async def test_memory_pause_stops_a_running_command_before_its_dump(
+        auto_pool: KernelPool) -> None:
+    session = await auto_pool.create_session()
+    try:
+        await run_ok(session, PROCESS_STATE)
+        command = session.prepare_command("sleep 100")
+        running = asyncio.ensure_future(session.run_command(command))
+        await asyncio.sleep(1)
+        info = await session.pause()
+        assert info.paused_with == "memory", session.reason
+        # The memory keeps the thread and /tmp, not the command (not the kernel's process).
+        assert info.not_kept == {"command 'sleep 100'":
+                                 "a running shell command: the pause stopped it"}
+        assert "thread 'ticker'" in info.kept
+        assert (await asyncio.wait_for(running, 10)).status == "killed"
         assert await run_ok(session, "print(x)") == "41\n"
     finally:
         await auto_pool.delete_session(session.id)
