@@ -71,6 +71,16 @@ class PauseInfo(BaseModel):
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
 
+    def without_memory(self) -> PauseInfo:
+        """What the variables snapshot alone keeps of a memory pause (its image lost, or
+        not for a fork's copy); ``image_bytes`` is left to the caller."""
+        if self.paused_with != "memory":
+            return self
+        return self.model_copy(update={
+            "paused_with": "variables", "not_kept": self.variables_not_kept,
+            "kept": [n for n in self.kept if n not in self.variables_not_kept],
+            "variables_not_kept": {}})
+
 
 class SnapshotStore:
     """Compressed snapshots in one private folder, with a size budget."""
@@ -158,6 +168,28 @@ class SnapshotStore:
             return zlib.decompress(data)
         except Exception as exc:
             raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
+
+    def variables_only(self, key: str, info: PauseInfo) -> PauseInfo:
+        """The key's memory pause ``info`` as its variables snapshot's alone, with that
+        snapshot's size."""
+        try:
+            size = self._path(key, SNAPSHOT_SUFFIX).stat().st_size
+        except OSError:
+            size = 0
+        return info.without_memory().model_copy(update={"image_bytes": size})
+
+    def remove_partials(self) -> int:
+        """Remove the partial files (``*.part``) an earlier gateway, stopped or killed while
+        writing them, left (blocking; before any write of this gateway); how many. Each is
+        counted by :meth:`used_bytes` while it lies there, and nothing reads it."""
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for path in self.root.glob("*.part"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def memory_stem(self, key: str) -> Path:
         """Where a backend writes the key's memory image (it adds its suffix), the folder made."""
