@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -150,8 +151,19 @@ class SnapshotStore:
                     f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
                     "raise it")
             self._used_at_most += size
-        _write_private(self._path(key, SNAPSHOT_SUFFIX), data)
-        _write_private(self._path(key, ".json"), about)
+        written = []
+        try:
+            for path, content in ((self._path(key, SNAPSHOT_SUFFIX), data),
+                                  (self._path(key, ".json"), about)):
+                _write_private(path, content)
+                written.append(path)
+        except OSError as exc:  # a full disk, most likely: what was written is taken back
+            for path in written:
+                path.unlink(missing_ok=True)
+            error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                else SnapshotError
+            raise error(f"the snapshot could not be written to the state directory: {exc}") \
+                from exc
         return info
 
     def load(self, key: str) -> bytes:
@@ -280,11 +292,15 @@ def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
 def _write_private(path: Path, data: bytes) -> None:
     partial = path.with_name(path.name + ".part")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 # -- the kernel side, through silent executions ---------------------------------------------

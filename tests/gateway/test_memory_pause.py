@@ -181,6 +181,17 @@ def test_state_directory_full_during_packing_leaves_a_variables_pause_that_says_
                        "the dump that was not packed stayed")
 
             assert value(client, sid, "x") == "41"  # restored from its variables
+
+            # A disk too full for the variables snapshot itself: a 507, the session runs on.
+            run(client, sid, "import os\nbig = os.urandom(3 << 20)")
+            fill_disk(disk / "filler", leave=3 << 19)  # over REPLGATE_STATE_MIN_FREE
+            answer = client.post(f"/v1/sessions/{sid}/pause")
+            assert answer.status_code == 507, answer.text
+            assert "No space left on device" in answer.json()["detail"], answer.text
+            about = client.get(f"/v1/sessions/{sid}").json()
+            assert about["status"] == "idle" and "pause failed" in about["reason"], about
+            assert not [n for n in snapshot_files(process, sid) if n.endswith(".part")]
+            assert value(client, sid, "len(big)") == str(3 << 20)
             assert client.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
