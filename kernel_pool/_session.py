@@ -506,10 +506,13 @@ class Session:
         (partial archives went at the pool's start, :meth:`SnapshotStore.remove_partials`)."""
         assert self.lifecycle is not None
         info = self.pause_info
-        if info is None or self.lifecycle.checkpoint_refusal is not None:
+        if info is None:
             return
         store = self.lifecycle.snapshots
-        dump = await self.kernel.sandbox.left_checkpoint()
+        # Where this gateway cannot checkpoint, no dump of the sandbox can be restored either
+        # (nor read, without root): it goes with the container.
+        dump = (await self.kernel.sandbox.left_checkpoint()
+                if self.lifecycle.checkpoint_refusal is None else None)
         image = await anyio.to_thread.run_sync(store.memory_image, self.id)
         if info.paused_with != "memory" or image is not None:
             if dump is not None:  # a dump the pause did not keep, or packed already
@@ -522,9 +525,12 @@ class Session:
             return
         self.pause_info = variables
         self.reason = ("paused with variables: its memory image was lost (a gateway stopped "
-                       "before it was packed, and the dump is gone)")
+                       "before it was packed, and no whole dump of it is left)")
         logger.warning("session %s: %s", self.id, self.reason)
-        await anyio.to_thread.run_sync(store.save_info, self.id, variables)
+        try:
+            await anyio.to_thread.run_sync(store.save_info, self.id, variables)
+        except OSError as exc:  # the next gateway finds the same, and says the same
+            logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
 
     async def packed(self) -> None:
         """Wait for a memory pause's packing, if one runs (the gateway's stop lets it end)."""
