@@ -25,23 +25,17 @@ HELD_MIB = 160
 (a window the tests act in), and their dump dwarfs a fresh kernel's."""
 
 BIG = f"""
-import os, threading, time
+import os
 def _holding(n):
     blob = os.urandom(n)
     while True:
         yield len(blob)
 held = _holding({HELD_MIB} << 20)
 next(held)
-ticks = [0]
-def _tick():
-    while True:
-        ticks[0] += 1
-        time.sleep(0.01)
-threading.Thread(target=_tick, daemon=True).start()
 x = 41
 """
-"""A session whose memory only a memory pause keeps: the generator (and the data it holds,
-out of the variables snapshot) and a running thread."""
+"""A session whose memory only a memory pause keeps: a generator, and the data only it holds
+(out of the variables snapshot, which cannot keep a generator)."""
 
 
 def client_of(process: GatewayProcess) -> httpx.Client:
