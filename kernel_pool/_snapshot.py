@@ -162,8 +162,10 @@ class SnapshotStore:
                 path.unlink(missing_ok=True)
             error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
                 else SnapshotError
-            raise error(f"the snapshot could not be written to the state directory: {exc}") \
-                from exc
+            # The system's words without the file's path: the host's folders are not the
+            # tenant's to see.
+            raise error("the snapshot could not be written to the state directory: "
+                        f"{exc.strerror or type(exc).__name__}") from exc
         return info
 
     def load(self, key: str) -> bytes:

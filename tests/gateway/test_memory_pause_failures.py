@@ -182,6 +182,7 @@ def test_state_directory_full_during_packing_leaves_a_variables_pause_that_says_
             answer = client.post(f"/v1/sessions/{sid}/pause")
             assert answer.status_code == 507, answer.text
             assert "No space left on device" in answer.json()["detail"], answer.text
+            assert str(disk) not in answer.text  # the host's folders are not the tenant's
             about = client.get(f"/v1/sessions/{sid}").json()
             assert about["status"] == "idle" and "pause failed" in about["reason"], about
             assert not [n for n in snapshot_files(process, sid) if n.endswith(".part")]
