@@ -476,12 +476,7 @@ class Session:
             self.reason = f"paused with variables: the memory image was not kept ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
             self.pause_info = info
-            try:
-                await asyncio.shield(self._forget_memory(store, info))
-            except Exception as cleanup:  # e.g. its info not rewritten on a full disk: a
-                # later gateway finds no image nor dump, and says the memory was lost
-                logger.warning("session %s: its memory image was not all removed: %s",
-                               self.id, cleanup)
+            await asyncio.shield(self._forget_memory(store, info))
             with contextlib.suppress(Exception):  # the container goes with the session else
                 await asyncio.shield(self.kernel.stop())
         finally:
@@ -495,7 +490,16 @@ class Session:
             self._dump = None
         await anyio.to_thread.run_sync(store.delete_memory, self.id)
         if info is not None:
+            await self._note_pause(store, info)
+
+    async def _note_pause(self, store: SnapshotStore, info: PauseInfo) -> None:
+        """Write the pause's info again (it kept less than its record says). If that fails
+        (a full disk), the record still says memory: a later gateway finds no image nor dump
+        and says the memory was lost."""
+        try:
             await anyio.to_thread.run_sync(store.save_info, self.id, info)
+        except SnapshotError as exc:
+            logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
 
     async def take_back(self) -> None:
         """Settle what an earlier gateway left of this paused session's memory pause (call
@@ -527,10 +531,7 @@ class Session:
         self.reason = ("paused with variables: its memory image was lost (a gateway stopped "
                        "before it was packed, and no whole dump of it is left)")
         logger.warning("session %s: %s", self.id, self.reason)
-        try:
-            await anyio.to_thread.run_sync(store.save_info, self.id, variables)
-        except OSError as exc:  # the next gateway finds the same, and says the same
-            logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
+        await self._note_pause(store, variables)
 
     async def packed(self) -> None:
         """Wait for a memory pause's packing, if one runs (the gateway's stop lets it end)."""

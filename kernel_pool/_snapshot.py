@@ -157,15 +157,10 @@ class SnapshotStore:
                                   (self._path(key, ".json"), about)):
                 _write_private(path, content)
                 written.append(path)
-        except OSError as exc:  # a full disk, most likely: what was written is taken back
+        except SnapshotError:  # a full disk, most likely: what was written is taken back
             for path in written:
                 path.unlink(missing_ok=True)
-            error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
-                else SnapshotError
-            # The system's words without the file's path: the host's folders are not the
-            # tenant's to see.
-            raise error("the snapshot could not be written to the state directory: "
-                        f"{exc.strerror or type(exc).__name__}") from exc
+            raise
         return info
 
     def load(self, key: str) -> bytes:
@@ -292,17 +287,26 @@ def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
 
 
 def _write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` (0600) atomically; on failure no partial file is left, and
+    :class:`SnapshotError` (:class:`SnapshotBudgetExceeded` on a full disk) gives the
+    system's words without the path: the host's folders are not the tenant's to see."""
     partial = path.with_name(path.name + ".part")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+            else SnapshotError
+        raise error("the snapshot could not be written to the state directory: "
+                    f"{exc.strerror or type(exc).__name__}") from exc
 
 
 # -- the kernel side, through silent executions ---------------------------------------------
