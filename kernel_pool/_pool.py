@@ -125,6 +125,7 @@ class KernelPool:
         Returns the infos of the sandboxes kept, for the caller to re-adopt.
         """
         await self.backend.check(list(self.settings.profiles.values()))
+        await anyio.to_thread.run_sync(self.snapshots.remove_partials)
         kept = []
         for info in await self.backend.list_sandboxes():
             if keep is not None and keep(info):
@@ -630,6 +631,7 @@ class KernelPool:
         session = self._stopped_session(sandbox, profile, env=env, metadata=metadata,
                                         session_id=session_id)
         session.pause_info = self.snapshots.info(session_id)
+        await session.take_back()
         if created_at:
             session.created_at = created_at
         session.execution_count = execution_count

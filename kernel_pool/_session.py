@@ -463,6 +463,13 @@ class Session:
             self.reason = f"paused with variables: the memory checkpoint failed ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
             return None
+        return await self._keep_dump(store, dump, info)
+
+    async def _keep_dump(self, store: SnapshotStore, dump: Path,
+                         info: PauseInfo) -> PauseInfo | None:
+        """Count a memory dump against the budget and pack it in the background
+        (:meth:`_pack`); the memory pause's info. None when it does not fit (it is removed,
+        the variables snapshot of ``info`` stays; ``reason`` says why)."""
         try:
             size = await self.kernel.sandbox.checkpoint_bytes(dump)
             memory = await anyio.to_thread.run_sync(store.hold_memory, self.id, size, info)
@@ -510,7 +517,48 @@ class Session:
             self._dump = None
         await anyio.to_thread.run_sync(store.delete_memory, self.id)
         if info is not None:
+            await self._note_pause(store, info)
+
+    async def _note_pause(self, store: SnapshotStore, info: PauseInfo) -> None:
+        """Write the pause's info again (it kept less than its record says). If that fails
+        (a full disk), the record still says memory: a later gateway finds no image nor dump
+        and says the memory was lost."""
+        try:
             await anyio.to_thread.run_sync(store.save_info, self.id, info)
+        except SnapshotError as exc:
+            logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
+
+    async def take_back(self) -> None:
+        """Settle what an earlier gateway left of this paused session's memory pause (call
+        once, when a new gateway takes the session back): it may have been stopped, or
+        killed, while the dump was being packed. A whole dump is counted and packed again
+        (restorable from meanwhile); without it or an archive the session is paused with its
+        variables, and ``reason`` says the memory was lost. A dump nothing uses is removed
+        (partial archives went at the pool's start, :meth:`SnapshotStore.remove_partials`)."""
+        assert self.lifecycle is not None
+        info = self.pause_info
+        if info is None:
+            return
+        store = self.lifecycle.snapshots
+        # Where this gateway cannot checkpoint, no dump of the sandbox can be restored either
+        # (nor read, without root): it goes with the container.
+        dump = (await self.kernel.sandbox.left_checkpoint()
+                if self.lifecycle.checkpoint_refusal is None else None)
+        image = await anyio.to_thread.run_sync(store.memory_image, self.id)
+        if info.paused_with != "memory" or image is not None:
+            if dump is not None:  # a dump the pause did not keep, or packed already
+                await self.kernel.sandbox.discard_checkpoint(dump)
+            return
+        variables = await anyio.to_thread.run_sync(store.variables_only, self.id, info)
+        if dump is not None:
+            kept = await self._keep_dump(store, dump, variables)
+            self.pause_info = kept or variables
+            return
+        self.pause_info = variables
+        self.reason = ("paused with variables: its memory image was lost (a gateway stopped "
+                       "before it was packed, and no whole dump of it is left)")
+        logger.warning("session %s: %s", self.id, self.reason)
+        await self._note_pause(store, variables)
 
     async def packed(self) -> None:
         """Wait for a memory pause's packing, if one runs (the gateway's stop lets it end)."""
@@ -657,13 +705,7 @@ class Session:
                 raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
                                                             self.id)
                 # A copy starts from the variables snapshot, never from the memory image.
-                info = self.pause_info or PauseInfo()
-                if info.paused_with == "memory":
-                    info = info.model_copy(update={
-                        "paused_with": "variables", "not_kept": info.variables_not_kept,
-                        "kept": [n for n in info.kept if n not in info.variables_not_kept],
-                        "variables_not_kept": {}})
-                return raw, info
+                return raw, (self.pause_info or PauseInfo()).without_memory()
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
             return await save_variables(self.kernel, self.workspace, self._snapshot_limit)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -74,6 +75,16 @@ class PauseInfo(BaseModel):
     paused_at: str = ""
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
+
+    def without_memory(self) -> PauseInfo:
+        """What the variables snapshot alone keeps of a memory pause (its image lost, or
+        not for a fork's copy); ``image_bytes`` is left to the caller."""
+        if self.paused_with != "memory":
+            return self
+        return self.model_copy(update={
+            "paused_with": "variables", "not_kept": self.variables_not_kept,
+            "kept": [n for n in self.kept if n not in self.variables_not_kept],
+            "variables_not_kept": {}})
 
 
 class SnapshotStore:
@@ -144,8 +155,16 @@ class SnapshotStore:
                     f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
                     "raise it")
             self._used_at_most += size
-        _write_private(self._path(key, SNAPSHOT_SUFFIX), data)
-        _write_private(self._path(key, ".json"), about)
+        written = []
+        try:
+            for path, content in ((self._path(key, SNAPSHOT_SUFFIX), data),
+                                  (self._path(key, ".json"), about)):
+                _write_private(path, content)
+                written.append(path)
+        except SnapshotError:  # a full disk, most likely: what was written is taken back
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
         return info
 
     def load(self, key: str) -> bytes:
@@ -162,6 +181,28 @@ class SnapshotStore:
             return zlib.decompress(data)
         except Exception as exc:
             raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
+
+    def variables_only(self, key: str, info: PauseInfo) -> PauseInfo:
+        """The key's memory pause ``info`` as its variables snapshot's alone, with that
+        snapshot's size."""
+        try:
+            size = self._path(key, SNAPSHOT_SUFFIX).stat().st_size
+        except OSError:
+            size = 0
+        return info.without_memory().model_copy(update={"image_bytes": size})
+
+    def remove_partials(self) -> int:
+        """Remove the partial files (``*.part``) an earlier gateway, stopped or killed while
+        writing them, left (blocking; before any write of this gateway); how many. Each is
+        counted by :meth:`used_bytes` while it lies there, and nothing reads it."""
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for path in self.root.glob("*.part"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
 
     def memory_stem(self, key: str) -> Path:
         """Where a backend writes the key's memory image (it adds its suffix), the folder made."""
@@ -254,13 +295,26 @@ def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
 
 
 def _write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` (0600) atomically; on failure no partial file is left, and
+    :class:`SnapshotError` (:class:`SnapshotBudgetExceeded` on a full disk) gives the
+    system's words without the path: the host's folders are not the tenant's to see."""
     partial = path.with_name(path.name + ".part")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+            else SnapshotError
+        raise error("the snapshot could not be written to the state directory: "
+                    f"{exc.strerror or type(exc).__name__}") from exc
 
 
 # -- the kernel side, through silent executions ---------------------------------------------

@@ -163,6 +163,12 @@ class Sandbox(ABC):
         """Remove :meth:`checkpoint`'s dump (not packed, no longer wanted)."""
         raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
 
+    async def left_checkpoint(self) -> Path | None:
+        """The dump a :meth:`checkpoint` of this (stopped) sandbox left, neither packed nor
+        removed (its gateway stopped meanwhile), if it is whole; a partial one is removed.
+        None where the backend cannot checkpoint."""
+        return None
+
     async def restore(self, image: Path) -> dict[str, Any]:
         """Start the sandbox again from :meth:`pack_checkpoint`'s file (left in place) or from
         :meth:`checkpoint`'s dump not packed yet (removed), its kernel as it was; the kernel's

@@ -50,6 +50,7 @@ from kernel_pool.backends.docker._checkpoint import (
     dump,
     folder_bytes,
     remove_staged_copies,
+    whole_dump,
 )
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
@@ -581,6 +582,9 @@ class DockerSandbox(Sandbox):
 
     async def discard_checkpoint(self, dump: Path) -> None:
         await _in_thread(discard, dump)
+
+    async def left_checkpoint(self) -> Path | None:
+        return await _in_thread(whole_dump, self._checkpoint_dir)
 
     def _kernel_records(self, name: str) -> dict[str, Any]:
         # From the host's process table, not the sandbox's own record of it.

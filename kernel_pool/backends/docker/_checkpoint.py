@@ -170,6 +170,20 @@ def discard(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def whole_dump(folder: Path) -> Path | None:
+    """``folder`` if it holds a dump :func:`dump` finished (CRIU's inventory, and the
+    records written after it), else None, and whatever lies there (a dump cut short, CRIU's
+    work folder) is removed (blocking)."""
+    try:
+        if (folder / ABOUT_NAME).is_file() and (folder / "inventory.img").is_file():
+            return folder
+    except OSError:  # the engine's folders are root's: nothing of ours can be there
+        return None
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder.with_name(WORK_NAME), ignore_errors=True)
+    return None
+
+
 def _runc(container_id: str) -> list[str] | None:
     """runc's command line on the engine's state of the container, with the ``criu`` that
     :func:`._criu.checkpoint_support` checked; None where either is not found."""
