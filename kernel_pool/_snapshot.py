@@ -82,7 +82,8 @@ class PauseInfo(BaseModel):
         if self.paused_with != "memory":
             return self
         return self.model_copy(update={
-            "paused_with": "variables", "not_kept": self.variables_not_kept,
+            # (a memory pause's own not_kept: the shell commands it stopped, lost either way)
+            "paused_with": "variables", "not_kept": {**self.variables_not_kept, **self.not_kept},
             "kept": [n for n in self.kept if n not in self.variables_not_kept],
             "variables_not_kept": {}})
 
