@@ -39,6 +39,14 @@ def profiles_for_tests() -> dict[str, Profile]:
     }
 
 
+def pause_profiles() -> dict[str, Profile]:
+    """Small runc and gVisor profiles with no warm kernels, for pools that pause sessions."""
+    return {"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
+                               min_idle=0),
+            "hostile": Profile(name="hostile", runtime="gvisor", workspace_size="64m",
+                               tmp_size="32m", min_idle=0)}
+
+
 def make_settings(state_dir: Path, **overrides: Any) -> PoolSettings:
     values: dict[str, Any] = {
         "state_dir": state_dir, "owner": OWNER, "profiles": profiles_for_tests(), "max_kernels": 8,

@@ -22,6 +22,7 @@ from kp_support import (
     make_settings,
     mounts_under,
     owned_containers,
+    pause_profiles,
     run_ok,
 )
 
@@ -61,10 +62,7 @@ async def memory_pool(state_root: Path, docker_client: docker.DockerClient,
     owner = f"{OWNER}-memory"
     pool = KernelPool(make_settings(
         state_root / "memory", owner=owner, pause_with="memory",
-        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
-                                     min_idle=0),
-                  "hostile": Profile(name="hostile", runtime="gvisor", workspace_size="64m",
-                                     tmp_size="32m", min_idle=0)}))
+        profiles=pause_profiles()))
     await pool.start()
     yield pool
     await pool.close()

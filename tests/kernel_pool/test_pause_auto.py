@@ -9,9 +9,9 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import OWNER, make_settings, owned_containers, run_ok
+from kp_support import OWNER, make_settings, owned_containers, pause_profiles, run_ok
 
-from kernel_pool import KernelPool, Profile
+from kernel_pool import KernelPool
 
 PROCESS_STATE = """
 import threading, time
@@ -32,10 +32,7 @@ async def auto_pool(state_root: Path, docker_client: docker.DockerClient,
     owner = f"{OWNER}-auto"
     pool = KernelPool(make_settings(
         state_root / "auto", owner=owner,
-        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
-                                     min_idle=0),
-                  "hostile": Profile(name="hostile", runtime="gvisor", workspace_size="64m",
-                                     tmp_size="32m", min_idle=0)}))
+        profiles=pause_profiles()))
     assert pool.settings.pause_with == "auto"  # the default, tested as shipped
     await pool.start()
     yield pool
