@@ -74,7 +74,13 @@ from kernel_pool.backends.docker._init_kernel import (
     request_kernel,
     write_for_sandbox,
 )
-from kernel_pool.backends.docker._strays import find_strays, kill_strays, process_alive
+from kernel_pool.backends.docker._strays import (
+    GONE_WAIT_S,
+    find_strays,
+    kill_strays,
+    process_alive,
+    wait_gone,
+)
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -486,6 +492,9 @@ class DockerSandbox(Sandbox):
                 # From the host, through the container's cgroup: this needs no new process in
                 # the container, which a fork bomb at the pids limit leaves no room for.
                 await _in_thread(kill_strays, procs, self._init_pid, 0, False)
+                if not await _in_thread(wait_gone, procs, self._init_pid):
+                    logger.warning("sandbox %s: processes killed for a restart still run "
+                                   "after %g s", self.info.sandbox_id, GONE_WAIT_S)
                 return
             try:
                 exec_id = (await _run(self._api.exec_create, self.info.container_id, KILL_ALL,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from kernel_pool.backends.docker._cgroup import read_pseudo_file
 
 ROUNDS = 20
 """Passes at most: a process forking while it is killed leaves children for the next pass."""
+GONE_WAIT_S = 5.0
+"""How long a hard stop waits for the processes it killed to be gone, their memory and ports
+released, before the next kernel starts in the same sandbox."""
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -108,3 +112,15 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
             finally:
                 os.close(fd)
     return len(signalled)
+
+
+def wait_gone(procs_file: Path, init_pid: int, timeout_s: float = GONE_WAIT_S) -> bool:
+    """Wait until no process but PID 1 (and zombies) is left in the container; False when
+    some still run at ``timeout_s`` (one stuck in the kernel, say). A killed kernel holds its
+    memory and its listening ports until it has exited: the next one would meet both."""
+    deadline = time.monotonic() + timeout_s
+    while find_strays(procs_file, init_pid, 0, False):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
