@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     IMAGE_SUFFIX,
+    checkpoint_failure,
     criu_log_named,
     remove_staged_copies,
     without_host_paths,
@@ -198,6 +200,13 @@ def test_without_host_paths_keeps_the_words_and_last_parts_only() -> None:
     assert without_host_paths(said) == (
         "OCI runtime restore failed: criu failed: log file: .../restore.log; "
         "Error (criu/files-reg.c:1099): Can't dump ghost file .../big.bin of 3145728 size")
+
+
+def test_checkpoint_failure_names_no_host_folder() -> None:
+    full = OSError(errno.ENOSPC, "No space left on device",
+                   "/var/lib/replgate/snapshots/s1.memory.tar.zst.part")
+    assert str(checkpoint_failure(full)) == (
+        "[Errno 28] No space left on device: '.../s1.memory.tar.zst.part'")
 
 
 async def test_memory_image_deleted_with_its_session(paused: Session,

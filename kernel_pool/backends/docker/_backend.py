@@ -46,6 +46,7 @@ from kernel_pool.backends.docker._checkpoint import (
     CheckpointError,
     Packing,
     checkpoint_dir,
+    checkpoint_failure,
     discard,
     dump,
     folder_bytes,
@@ -559,8 +560,8 @@ class DockerSandbox(Sandbox):
         try:
             folder: Path = await _run(dump, self._api, self.info.container_id,
                                       self._checkpoint_dir, about)
-        except CheckpointError as exc:
-            raise BackendError(str(exc)) from exc
+        except (CheckpointError, OSError) as exc:
+            raise checkpoint_failure(exc) from exc
         self._close_pidfd()
         self._pid, self._cgroup, self.info.kernel_ref = None, None, None
         return folder
@@ -570,7 +571,10 @@ class DockerSandbox(Sandbox):
         return checkpoint_dir(self._backend.data_root, self.info.container_id)
 
     async def checkpoint_bytes(self, dump: Path) -> int:
-        return await _in_thread(folder_bytes, dump)
+        try:
+            return await _in_thread(folder_bytes, dump)
+        except OSError as exc:
+            raise checkpoint_failure(exc) from exc
 
     async def pack_checkpoint(self, dump: Path, stem: Path) -> Path:
         packing = Packing(dump, stem)
@@ -585,7 +589,7 @@ class DockerSandbox(Sandbox):
                 work.exception()
             raise
         except (CheckpointError, OSError) as exc:
-            raise BackendError(str(exc)) from exc
+            raise checkpoint_failure(exc) from exc
         await _in_thread(discard, dump)
         return image
 
@@ -610,8 +614,8 @@ class DockerSandbox(Sandbox):
         try:
             about = await _run(restore_checkpoint, self._api, self.info.container_id,
                                self._checkpoint_dir, image)
-        except CheckpointError as exc:
-            raise BackendError(str(exc)) from exc
+        except (CheckpointError, OSError) as exc:
+            raise checkpoint_failure(exc) from exc
         name, pid, key = about.get("kernel_name"), about.get("kernel_pid"), about.get("key")
         if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
                 or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):

@@ -40,6 +40,7 @@ from typing import Any
 import docker
 
 from kernel_pool.backends.docker._criu import ROOT_PATH
+from kernel_pool.exceptions import BackendError
 
 CHECKPOINT_NAME = "replgate"
 ABOUT_NAME = "replgate.json"
@@ -111,6 +112,12 @@ def without_host_paths(text: str) -> str:
     """``text`` with each absolute path cut to its last part (``.../restore.log``): the
     engine's and CRIU's words reach the tenant, the host's folders must not."""
     return _HOST_PATH.sub(lambda found: ".../" + found.group(0).rsplit("/", 1)[1], text)
+
+
+def checkpoint_failure(exc: Exception) -> BackendError:
+    """A failed dump, pack or restore as the backend's error, in words a tenant may read
+    (the session's ``reason``): an OSError's text names the host's files."""
+    return BackendError(without_host_paths(str(exc)))
 
 
 _HOST_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:'\"(),]+){2,}")
