@@ -4,11 +4,13 @@ resume (real engine, real CRIU, real kernels; fails, never skips, without them).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +34,7 @@ from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     IMAGE_SUFFIX,
+    Packing,
     checkpoint_failure,
     criu_log_named,
     remove_staged_copies,
@@ -200,6 +203,25 @@ def test_without_host_paths_keeps_the_words_and_last_parts_only() -> None:
     assert without_host_paths(said) == (
         "OCI runtime restore failed: criu failed: log file: .../restore.log; "
         "Error (criu/files-reg.c:1099): Can't dump ghost file .../big.bin of 3145728 size")
+
+
+def test_packing_runs_on_through_a_stop_signal(tmp_path: Path) -> None:
+    # A gateway's stop (SIGTERM to its process group, or to its whole cgroup) waits for the
+    # packing: tar and zstd start and run with the stop signals blocked.
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    (folder / "pages-1.img").write_bytes(os.urandom(128 * 2**20))  # incompressible: slow
+    packing = Packing(folder, tmp_path / "s1")
+    with concurrent.futures.ThreadPoolExecutor(1) as threads:
+        packed = threads.submit(packing.run)
+        deadline = time.monotonic() + 30
+        while len(packing._processes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [process.poll() for process in packing._processes] == [None, None]
+        for process in packing._processes:
+            os.kill(process.pid, signal.SIGTERM)
+        image = packed.result(timeout=120)
+    assert image.stat().st_size > 128 * 2**20 and not image.with_name(image.name + ".part").exists()
 
 
 def test_checkpoint_failure_names_no_host_folder() -> None:

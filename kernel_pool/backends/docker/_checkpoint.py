@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -49,6 +50,8 @@ COMPRESSOR = [ZSTD, "-1", "-q", "-T0"] if ZSTD else ["gzip", "-1"]
 """zstd -1 packed a 93 MB checkpoint of a kernel to 23 MB in 0.30 s on the development machine;
 gzip -1 to 26 MB in 1.5 s (docs/checkpoint.md)."""
 ENGINE_TIMEOUT_S = 300
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+"""What stops a gateway, and must not stop its packing (see :class:`Packing`)."""
 """A dump or restore writes or reads the whole memory of the sandbox: minutes at worst."""
 IMAGE_SUFFIXES = (".tar.zst", ".tar.gz")
 """The names a checkpoint archive may have (after the session's id), the one made here first."""
@@ -324,14 +327,22 @@ class Packing:
             with self._lock:
                 if self._cancelled:
                     raise CheckpointError("the packing was cancelled")
-                # Sessions of their own: a signal to the gateway's process group (a stop,
-                # ^C) must not cut the packing short; the gateway's stop waits for it.
-                tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-", "."],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       start_new_session=True)
-                assert tar.stdout is not None
-                packer = subprocess.Popen(COMPRESSOR, stdin=tar.stdout, stdout=fd,
-                                          stderr=subprocess.PIPE, start_new_session=True)
+                # A stop signal to the gateway (its process group, a stop, ^C, or every
+                # process of its cgroup under systemd) must not cut the packing short: the
+                # gateway's stop waits for it, and only cancel() ends it (SIGKILL). Sessions
+                # of their own keep tar and zstd out of the group; and since a child is in the
+                # group until its setsid(), they start, and run, with those signals blocked
+                # (ci23: a SIGTERM in that window killed tar).
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+                try:
+                    tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-", "."],
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           start_new_session=True)
+                    assert tar.stdout is not None
+                    packer = subprocess.Popen(COMPRESSOR, stdin=tar.stdout, stdout=fd,
+                                              stderr=subprocess.PIPE, start_new_session=True)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 self._processes = [tar, packer]
             tar.stdout.close()
             _, packer_err = packer.communicate()
