@@ -92,12 +92,12 @@ class Lifecycle(Protocol):
 
 
 WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
+"""Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
+container on their own workspace (no copy)."""
 # A pause stops the shell commands running beside the kernel: how long it waits for them to
 # end, and how much of each one's text names it in ``not_kept``.
 COMMANDS_END_WAIT_S = 5.0
 COMMAND_SHOWN = 80
-"""Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
-container on their own workspace (no copy)."""
 
 
 def _why(exc: BaseException) -> str:

@@ -6,14 +6,15 @@ import asyncio
 import os
 import secrets
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 
-from kernel_pool import PoolSettings, Profile, SandboxInfo, Session
+from kernel_pool import KernelPool, PoolSettings, Profile, SandboxInfo, Session
 from kernel_pool.backends.docker import LABEL_OWNER
 from tests.conftest import mounts_under as mounts_under
 
@@ -62,6 +63,23 @@ def owned_containers(client: docker.DockerClient, owner: str = OWNER) -> list[st
     return [c["Id"] for c in found
             if (label := c["Labels"].get(LABEL_OWNER, "")) == owner
             or (owner == OWNER and label.startswith(f"{OWNER}-"))]
+
+
+@asynccontextmanager
+async def pausing_pool(state_root: Path, docker_client: docker.DockerClient, name: str,
+                       **settings: Any) -> AsyncIterator[KernelPool]:
+    """A started pool of its own (owner and state folder named by ``name``) on the small
+    :func:`pause_profiles`; after it closes, no container or mount of it may be left."""
+    owner = f"{OWNER}-{name}"
+    pool = KernelPool(make_settings(state_root / name, owner=owner, profiles=pause_profiles(),
+                                    **settings))
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+    assert owned_containers(docker_client, owner) == []
+    assert mounts_under(pool.settings.state_dir) == []
 
 
 async def run_ok(session: Session, code: str, timeout_s: float | None = None) -> str:

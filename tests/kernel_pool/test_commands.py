@@ -9,9 +9,9 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import OWNER, SESSION_ENV, make_settings, owned_containers, processes, run_ok
+from kp_support import SESSION_ENV, pausing_pool, processes, run_ok
 
-from kernel_pool import KernelPool, KernelPoolError, Profile, Session, SessionClosed
+from kernel_pool import KernelPoolError, Session, SessionClosed
 from kernel_pool.events import StreamEvent
 
 
@@ -181,18 +181,10 @@ async def test_pause_stops_a_running_command_and_says_so(session: Session) -> No
 
 async def test_idle_pause_and_cull_wait_for_a_running_command(
         state_root: Path, docker_client: docker.DockerClient) -> None:
-    owner = f"{OWNER}-command-idle"
-    pool = KernelPool(make_settings(
-        state_root / "command-idle", owner=owner, pause_after_s=0.5, idle_ttl_s=1.0,
-        cull_interval_s=0.2,
-        profiles={"default": Profile(name="default", workspace_size="64m", min_idle=0)}))
-    await pool.start()
-    try:
+    async with pausing_pool(state_root, docker_client, "command-idle", pause_after_s=0.5,
+                            idle_ttl_s=1.0, cull_interval_s=0.2) as pool:
         session = await pool.create_session()
         result = await session.run_command(session.prepare_command("sleep 3; echo done"))
         # Three seconds past both the idle pause (0.5 s) and the idle TTL (1 s): neither came.
         assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")
         assert not session.paused and not session.closed
-    finally:
-        await pool.close()
-    assert owned_containers(docker_client, owner) == []

@@ -20,16 +20,12 @@ import docker
 import docker.errors
 import pytest
 from kp_support import (
-    OWNER,
     eventually,
-    make_settings,
-    mounts_under,
-    owned_containers,
-    pause_profiles,
+    pausing_pool,
     run_ok,
 )
 
-from kernel_pool import KernelPool, Profile, Session
+from kernel_pool import KernelPool, Session
 from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
@@ -64,15 +60,8 @@ x = 41
 @pytest.fixture(scope="module")
 async def memory_pool(state_root: Path, docker_client: docker.DockerClient,
                       ) -> AsyncIterator[KernelPool]:
-    owner = f"{OWNER}-memory"
-    pool = KernelPool(make_settings(
-        state_root / "memory", owner=owner, pause_with="memory",
-        profiles=pause_profiles()))
-    await pool.start()
-    yield pool
-    await pool.close()
-    assert owned_containers(docker_client, owner) == []
-    assert mounts_under(pool.settings.state_dir) == []
+    async with pausing_pool(state_root, docker_client, "memory", pause_with="memory") as pool:
+        yield pool
 
 
 @pytest.fixture
@@ -469,14 +458,8 @@ async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
         state_root: Path, docker_client: docker.DockerClient) -> None:
     # Its ``reason`` (the resume kept less than asked) is news, not a failed pause, which
     # alone keeps the pool from pausing a session by itself.
-    owner = f"{OWNER}-memory-idle"
-    pool = KernelPool(make_settings(
-        state_root / "memory-idle", owner=owner, pause_with="memory", pause_after_s=1.0,
-        cull_interval_s=0.2,
-        profiles={"default": Profile(name="default", workspace_size="64m", tmp_size="32m",
-                                     min_idle=0)}))
-    await pool.start()
-    try:
+    async with pausing_pool(state_root, docker_client, "memory-idle", pause_with="memory",
+                            pause_after_s=1.0, cull_interval_s=0.2) as pool:
         session = await pool.create_session()
         await run_ok(session, "x = 41")
         await eventually(lambda: session.pause_info is not None
@@ -490,9 +473,6 @@ async def test_session_resumed_from_its_variables_is_paused_by_itself_again(
 
         await eventually(lambda: session.paused, timeout_s=30)
         assert await run_ok(session, "print(x)") == "41\n"
-    finally:
-        await pool.close()
-    assert owned_containers(docker_client, owner) == []
 
 
 async def test_failed_packing_leaves_a_variables_pause_and_says_so(
