@@ -53,6 +53,8 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "pause_after_s": ("pool", "pause_after_s"),
     "snapshot_budget": ("pool", "snapshot_budget"),
     "pause_with": ("pool", "pause_with"),
+    "kernel_templates": ("pool", "kernel_templates"),
+    "template_dir": ("pool", "template_dir"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 

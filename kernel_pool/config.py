@@ -120,6 +120,15 @@ class PoolLimits(BaseModel):
         "something (a value it cannot pickle, a running thread, a file in /tmp) and the host "
         "can checkpoint")
 
+    kernel_templates: bool = Field(
+        True, description="start a new sandbox's kernel by restoring a template (a kernel "
+        "booted once, its imports done, checkpointed with CRIU) instead of booting it: "
+        "0.15-0.2 s instead of about a second; where the host cannot (no root, not the CRIU "
+        "./run.sh installs, gVisor, egress), kernels boot")
+    template_dir: Path | None = Field(
+        None, description="where kernel templates are kept (one per profile and image, about "
+        "90 MB each); default: <state dir>/templates. Gateways of one host may share one")
+
     @field_validator("snapshot_budget")
     @classmethod
     def _budget(cls, value: str) -> str:

@@ -6,10 +6,12 @@ Kernels descend from this process (not ``docker exec``) so that a checkpoint of 
 writing ``/kernel/launch.json`` (``{"name": "k3", "max_output_bytes": N}``) and sending
 SIGUSR1; this process starts ``python -P -m replgate_kernel ... -f /kernel/k3.json``, writes
 its pid to ``/kernel/k3.pid`` and, once it has reaped it, its exit code to ``/kernel/k3.exit``.
-The host reads both as untrusted (the folder is the sandbox's). Orphans of any process in the
-container are re-parented here; a sandbox-wide ``kill -KILL -1`` spares PID 1, so the
-container survives the hard stop of a runaway execution and the next kernel reuses its
-workspace.
+The host reads both as untrusted (the folder is the sandbox's). A request with ``"adopt": PID``
+starts nothing: it names a kernel the host restored from a template, which became this
+process's child when CRIU, its parent, exited; it is recorded and reaped like one started here.
+Orphans of any process in the container are re-parented here; a sandbox-wide ``kill -KILL
+-1`` spares PID 1, so the container survives the hard stop of a runaway execution and the
+next kernel reuses its workspace.
 """
 
 import contextlib
@@ -44,10 +46,14 @@ def _launch(kernels: dict[int, str]) -> None:
             request = json.loads(f.read(4096))
         os.unlink(REQUEST)
         name = request["name"]
-        max_output = int(request["max_output_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
+        adopt = request.get("adopt")
+        max_output = int(request["max_output_bytes"]) if adopt is None else 0
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     if not isinstance(name, str) or not NAME.fullmatch(name):
+        return
+    if adopt is not None:
+        _adopt(kernels, name, adopt)
         return
     devnull = os.path.join(os.sep, "dev", "null")
     pid = os.posix_spawnp(
@@ -61,6 +67,20 @@ def _launch(kernels: dict[int, str]) -> None:
     )
     kernels[pid] = name
     _write(f"{name}.pid", str(pid))
+
+
+def _adopt(kernels: dict[int, str], name: str, pid: object) -> None:
+    if not isinstance(pid, int) or pid <= 1:
+        return
+    try:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return  # not this process's child: the host sees no pid and says so
+    _write(f"{name}.pid", str(pid))
+    if ended:
+        _write(f"{name}.exit", str(os.waitstatus_to_exitcode(status)))
+    else:
+        kernels[pid] = name
 
 
 def _reap(kernels: dict[int, str]) -> None:

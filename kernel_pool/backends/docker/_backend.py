@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -72,6 +73,7 @@ from kernel_pool.backends.docker._init_kernel import (
     find_kernel,
     latest_kernel,
     read_untrusted,
+    request_adoption,
     request_kernel,
     write_for_sandbox,
 )
@@ -82,6 +84,18 @@ from kernel_pool.backends.docker._strays import (
     process_alive,
     wait_gone,
 )
+from kernel_pool.backends.docker._template import (
+    TEMPLATE_PID,
+    Template,
+    TemplateError,
+    answered,
+    first_pid,
+    rekey,
+)
+from kernel_pool.backends.docker._template import dump as dump_template
+from kernel_pool.backends.docker._template import load as load_template
+from kernel_pool.backends.docker._template import restore as restore_template
+from kernel_pool.backends.docker._template import unavailable as templates_unavailable
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -110,6 +124,9 @@ KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
 """``-P``: the working directory (the workspace) is not on sys.path while the kernel starts.
 The per-output cap (``--max-output-bytes``) goes before ``-f``, in the command line, where the
 session's code cannot raise it for the host (which applies its own caps anyway)."""
+TEMPLATE_ATTEMPTS = 2
+"""Templates made per profile in a gateway's life, when restores from them fail."""
+KERNEL_REKEY_TIMEOUT_S = 10.0
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
@@ -193,6 +210,11 @@ class DockerSandbox(Sandbox):
         self._exit_code: int | None = None
         self._commands: set[int] = set()
         """Host pids of the shell commands' wrappers running now."""
+        self.fresh = False
+        """Whether the container was made (or remade) and no kernel has run in it yet: its
+        first kernel may come from a template."""
+        self.from_template = False
+        """Whether the running kernel was restored from a template (not booted)."""
 
     @property
     def _api(self) -> docker.APIClient:
@@ -219,6 +241,7 @@ class DockerSandbox(Sandbox):
                 self._backend.run_container, self.info.sandbox_id, self.profile,
                 self.workspace.root, self._socket_dir, self._env)
             self._cgroup = None
+            self.fresh = True
         if self._cgroup is None:
             await self._find_init()
 
@@ -233,6 +256,21 @@ class DockerSandbox(Sandbox):
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
         self._close_pidfd()
+        fresh, self.fresh, self.from_template = self.fresh, False, False
+        # A session's own environment is the container's, which a template's kernel lacks.
+        template = (self._backend.template_for(self.profile)
+                    if fresh and self._through_init and not self._env else None)
+        if template is not None:
+            try:
+                return await self._launch_from_template(template)
+            except BackendError as exc:
+                logger.warning("sandbox %s: its kernel could not be restored from the "
+                               "template (%s); it boots", self.info.sandbox_id, exc)
+                await self._backend.drop_template(self.profile, template)
+                await self.kill(restart=True)
+        return await self._boot_kernel()
+
+    async def _boot_kernel(self) -> dict[str, Any]:
         previous = self.info.kernel_name
         number = int(previous[1:]) + 1 if previous else 1
         name = f"k{number}"
@@ -247,6 +285,33 @@ class DockerSandbox(Sandbox):
         else:
             await self._launch_by_exec(name)
         return {**config, "ip": str(self._socket_dir / name)}
+
+    async def _launch_from_template(self, template: Template) -> dict[str, Any]:
+        """Restore the template's kernel into this (fresh) container, have PID 1 adopt it, and
+        give it a key of its own (and fresh random generators) before anyone else reaches it."""
+        name = template.kernel_name
+        key = secrets.token_hex(32)
+        config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}", "key": key,
+                  "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+        await _in_thread(self._write_connection_file, name, config, self.info.kernel_name)
+        self._exit_code = None
+        self._sandbox_oom_kills = None
+        work = self._backend.template_work / self.info.sandbox_id
+        try:
+            await _in_thread(restore_template, template, self._init_pid, work)
+        except TemplateError as exc:
+            raise BackendError(str(exc)) from exc
+        await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._init_pid, signal.SIGUSR1)
+        self.info.kernel_name = name
+        await self._watch_init_child(name, PID_WAIT_S)
+        if self.info.kernel_ref is None:
+            raise BackendError("the container's PID 1 did not adopt the restored kernel")
+        host = {**config, "ip": str(self._socket_dir / name)}
+        await rekey(host, template.key, KERNEL_REKEY_TIMEOUT_S)
+        self.from_template = True
+        return host
 
     @property
     def _through_init(self) -> bool:
@@ -673,6 +738,12 @@ class DockerBackend(SandboxBackend):
         once (seen here: 50 sessions deleted together). Kernel start-up is not serialized."""
         self._run_dir = settings.state_dir / "run"
         self._workspaces = settings.state_dir / "workspaces"
+        self._template_root = settings.template_dir or settings.state_dir / "templates"
+        self.template_work = settings.state_dir / "template-work"
+        """CRIU's work folders of the restores under way, one per sandbox."""
+        self._templates: dict[str, Template] = {}
+        self._template_tasks: dict[str, asyncio.Task[None]] = {}
+        self._template_failures: dict[str, int] = {}
 
     def _labels(self, sandbox_id: str, profile: Profile, workspace: Path,
                 socket_dir: Path) -> dict[str, str]:
@@ -742,6 +813,10 @@ class DockerBackend(SandboxBackend):
             time.sleep(0.1)
 
     stopped_sandboxes = True
+    templates = False
+    """Whether kernels may start from templates here (see :mod:`._template`), once
+    :meth:`check` found CRIU able to run and the setting asks for them."""
+    templates_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
     checkpoints = False
     checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
     data_root = Path(DATA_ROOT)
@@ -782,7 +857,9 @@ class DockerBackend(SandboxBackend):
         info = SandboxInfo(sandbox_id=spec.sandbox_id, backend=self.name,
                            profile=spec.profile.name, container_id=container_id,
                            workspace=str(workspace.root), socket_dir=str(socket_dir))
-        return DockerSandbox(self, info, spec.profile, workspace, spec.env)
+        sandbox = DockerSandbox(self, info, spec.profile, workspace, spec.env)
+        sandbox.fresh = start
+        return sandbox
 
     @staticmethod
     def make_socket_dir(path: Path) -> None:
@@ -869,6 +946,13 @@ class DockerBackend(SandboxBackend):
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)
+        if self.settings.kernel_templates:
+            support = await _in_thread(checkpoint_support, info)
+            self.templates_refusal = (templates_unavailable() if support.criu_works
+                                      else support.reason)
+            self.templates = self.templates_refusal is None
+            if not self.templates:
+                logger.info("kernels boot: no kernel templates here (%s)", self.templates_refusal)
         if self.settings.pause_with != "variables":
             support = await _in_thread(checkpoint_support, info)
             self.checkpoints = support.available and os.geteuid() == 0
@@ -958,5 +1042,76 @@ class DockerBackend(SandboxBackend):
         if info.workspace:
             await _in_thread(self._remove_dirs, workspace, Path(info.socket_dir))
 
+    def template_for(self, profile: Profile) -> Template | None:
+        """The template a new kernel of ``profile`` may be restored from, if one is ready;
+        the first call for an eligible profile starts making it (in the background: kernels
+        boot meanwhile)."""
+        if not self.templates or profile.runtime != "runc" or profile.egress_allow:
+            return None  # gVisor is not checkpointed with CRIU; egress runs a proxy beside
+        ready = self._templates.get(profile.name)
+        if ready is not None or profile.name in self._template_tasks:
+            return ready
+        if self._template_failures.get(profile.name, 0) >= TEMPLATE_ATTEMPTS:
+            return None
+        self._template_tasks[profile.name] = asyncio.create_task(
+            self._make_template(profile), name=f"template {profile.name}")
+        return None
+
+    async def drop_template(self, profile: Profile, template: Template) -> None:
+        """Forget (and remove) a template a restore failed from; another is made later, up to
+        :data:`TEMPLATE_ATTEMPTS` in all."""
+        if self._templates.get(profile.name) is template:
+            del self._templates[profile.name]
+            del self._template_tasks[profile.name]
+            self._template_failures[profile.name] = (
+                self._template_failures.get(profile.name, 0) + 1)
+            await _in_thread(shutil.rmtree, template.folder, True)
+
+    async def _make_template(self, profile: Profile) -> None:
+        try:
+            image = await self.image_digest(profile.image) or profile.image
+            fingerprint = hashlib.sha256(
+                f"{image}\n{profile.model_dump_json()}".encode()).hexdigest()[:16]
+            folder = self._template_root / f"{profile.name}-{fingerprint}"
+            template = await _in_thread(load_template, folder)
+            if template is None:
+                template = await self._dump_template(profile, folder)
+                logger.info("kernel template for profile %s made: new kernels are restored "
+                            "from it", profile.name)
+            self._templates[profile.name] = template
+        except (BackendError, TemplateError, OSError) as exc:
+            self._template_failures[profile.name] = (
+                self._template_failures.get(profile.name, 0) + 1)
+            del self._template_tasks[profile.name]
+            logger.warning("no kernel template for profile %s (%s): its kernels boot",
+                           profile.name, exc)
+
+    async def _dump_template(self, profile: Profile, folder: Path) -> Template:
+        """Boot a kernel in a sandbox of its own, wait for its answer (its imports done), and
+        dump it into ``folder``; the sandbox is removed either way."""
+        await _in_thread(partial(self._template_root.mkdir, mode=0o700, parents=True,
+                                 exist_ok=True))
+        spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}", profile=profile)
+        sandbox = await self._create(spec, start=True)
+        assert isinstance(sandbox, DockerSandbox)
+        try:
+            await sandbox._find_init()
+            await _in_thread(first_pid, sandbox._init_pid, TEMPLATE_PID)
+            sandbox.fresh = False
+            connection = await sandbox.launch_kernel()
+            await answered(connection, self.settings.kernel_start_timeout_s)
+            pid = container_pid(sandbox._pid) if sandbox._pid else None
+            if pid is None:
+                raise TemplateError("the template's kernel is gone")
+            return await _in_thread(dump_template, sandbox._init_pid, pid, folder,
+                                    sandbox.info.kernel_name or "", str(connection["key"]))
+        finally:
+            await sandbox.kill()
+            await sandbox.cleanup()
+
     async def close(self) -> None:
+        tasks = list(self._template_tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await _in_thread(self.client.close)

@@ -36,6 +36,9 @@ class CheckpointSupport:
     reason: str
     criu_version: str | None = None
     """The version ``criu --version`` reports, None when no criu runs."""
+    criu_works: bool = False
+    """Whether CRIU itself can checkpoint here (new enough, and ``criu check`` passes as
+    root), whatever the engine (kernel templates run CRIU without it)."""
 
 
 def checkpoint_support(
@@ -67,13 +70,15 @@ def checkpoint_support(
         checked = "passes criu check"
     else:
         checked = "found (criu check needs root: not run)"
+    works = os.geteuid() == 0
     if not engine_info.get("ExperimentalBuild"):
         return CheckpointSupport(
             False, f"criu {version} {checked}, but the Docker engine's experimental mode is off "
                    "(\"experimental\": true in /etc/docker/daemon.json), which docker "
-                   "checkpoint needs", version)
+                   "checkpoint needs", version, works)
     return CheckpointSupport(
-        True, f"criu {version} {checked} and the engine's experimental mode is on", version)
+        True, f"criu {version} {checked} and the engine's experimental mode is on", version,
+        works)
 
 
 def _version(criu: str) -> str | None:

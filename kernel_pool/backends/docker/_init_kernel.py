@@ -48,6 +48,12 @@ def request_kernel(socket_dir: Path, name: str, max_output_bytes: int) -> None:
                       json.dumps({"name": name, "max_output_bytes": max_output_bytes}))
 
 
+def request_adoption(socket_dir: Path, name: str, pid: int) -> None:
+    """Write the request PID 1 reads on SIGUSR1 to adopt kernel ``name``, restored as its
+    child with ``pid`` (its pid in the container), instead of starting one (blocking)."""
+    write_for_sandbox(socket_dir / REQUEST_NAME, json.dumps({"name": name, "adopt": pid}))
+
+
 def read_untrusted(path: Path, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of the file at ``path`` in the sandbox's socket folder; None
     unless it is a regular file (a link is never followed, a FIFO never blocks the reader)."""

@@ -1,0 +1,292 @@
+"""Kernel templates: a kernel booted once, dumped with CRIU, and restored into each new
+sandbox's container instead of booting there.
+
+A kernel's boot is about a second of imports (ipykernel, numpy, pandas, matplotlib); a
+restore of the same kernel, imports done, is 0.15-0.2 s. The template is a real sandbox's
+kernel: booted in a container of the profile, answering (so its pre-imports are done), then
+dumped, its process tree alone, by CRIU run *inside* that container's namespaces (``nsenter``
+into its mount, pid, network, IPC and UTS namespaces). A new sandbox's container is made by
+the engine as always, with its PID 1; CRIU, entered into that container's namespaces and
+cgroups, restores the kernel there. The restored kernel keeps everything the container gave
+the template's: uid 1000, no capabilities, no-new-privileges, the engine's seccomp filter,
+rlimits; it is charged to its own container's cgroups, and when CRIU exits it is re-parented
+to that container's PID 1, which adopts it (``replgate_kernel/init.py``). The container stays
+the engine's: shell commands, the cgroup readings, a memory pause and the removal work as for
+a booted kernel.
+
+CRIU runs in the container's mount namespace, where the host's files are not: the private
+CRIU root that ``./run.sh`` installs (``/opt/replgate/criu``, with its own loader and
+libraries) is reached through file descriptors opened before entering (``/proc/self/fd/N``),
+and so are the image and work folders. A host whose CRIU is its system's own has no such
+root, and no templates. The template's processes take pids from :data:`TEMPLATE_PID` on, far
+above those a new container's PID 1 and CRIU itself take, so each is free where it is
+restored.
+
+Every copy restored from one template starts with the same random generators' state and the
+same connection key: the kernel is re-keyed and reseeded at once (:func:`rekey`, which runs
+``replgate_kernel/restored.py``), before anyone else reaches it. Every call here but
+:func:`rekey` blocks: callers use worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+from kernel_pool.backends.docker._checkpoint import without_host_paths
+
+CRIU_HOME = Path("/opt/replgate/criu")
+"""The private CRIU root ``./run.sh`` installs (``root/``, and ``rlimit_shim.so`` beside it)."""
+LIBRARIES = "root/usr/lib/x86_64-linux-gnu"
+TEMPLATE_PID = 10000
+"""The first pid of a template's kernel inside its container."""
+RECORDS = "template.json"
+TIME_NAMESPACE = "timens-0.img"
+CRIU_TIMEOUT_S = 60
+
+
+class TemplateError(Exception):
+    """A template could not be made or restored; the message says why, with CRIU's words."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A dumped kernel, ready to restore: its folder of CRIU images and what it was."""
+
+    folder: Path
+    kernel_name: str
+    kernel_pid: int
+    """The kernel's pid inside its container, as restored."""
+    key: str
+    """The template's connection key (each restored copy is re-keyed at once)."""
+
+
+def unavailable() -> str | None:
+    """Why templates cannot be made on this host, as a sentence; None when they can."""
+    if os.geteuid() != 0:
+        return "templates need the gateway to run as root (CRIU enters the containers)"
+    if not (CRIU_HOME / "root/usr/sbin/criu").is_file() or not (
+            CRIU_HOME / LIBRARIES / "ld-linux-x86-64.so.2").is_file():
+        return (f"templates need the private CRIU root ./run.sh installs in {CRIU_HOME} "
+                "(CRIU runs inside each container, where the host's libraries are not)")
+    return None
+
+
+def load(folder: Path) -> Template | None:
+    """The template kept in ``folder`` (made by an earlier gateway, or another gateway of this
+    host), if it is whole and was made since the host last started: its kernel's timers count
+    on a monotonic clock that a restart of the host starts again from zero."""
+    try:
+        records = json.loads((folder / RECORDS).read_text())
+        if not (folder / "inventory.img").is_file() or records.get("boot_id") != _boot_id():
+            return None
+        return Template(folder, str(records["kernel_name"]), int(records["kernel_pid"]),
+                        str(records["key"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def first_pid(init_pid: int, pid: int) -> None:
+    """Make the next process of the container whose PID 1 is host pid ``init_pid`` take
+    ``pid`` (the kernel PID 1 starts next, for a template)."""
+    # The pid namespace's counter is written from inside it (nsenter's child), through the
+    # host's /proc: the container's own /proc/sys is read-only.
+    _run(["nsenter", "-t", str(init_pid), "-p", "--", "sh", "-c",
+          f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], "set the kernel's pid")
+
+
+def dump(init_pid: int, kernel_pid: int, folder: Path, kernel_name: str, key: str) -> Template:
+    """Dump the kernel whose pid in its container is ``kernel_pid`` (it ends) into
+    ``folder``, made afresh; the template. Nothing may be connected to it."""
+    if kernel_pid < TEMPLATE_PID:
+        raise TemplateError(f"the template's kernel has pid {kernel_pid}, below {TEMPLATE_PID}")
+    # Named for this dump alone: gateways sharing the folder may make the same template at once.
+    partial = folder.with_name(f"{folder.name}.{os.getpid()}-{time.monotonic_ns()}.part")
+    partial.mkdir(parents=True, mode=0o700)
+    work = partial / "work"
+    work.mkdir()
+    try:
+        _criu(init_pid, ["dump", "-t", str(kernel_pid)], partial, work, "dump")
+    except TemplateError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(work)
+    # Without the clocks' values, CRIU restores the kernel in its container's own time
+    # namespace; with them it makes one of its own, and the container could then never be
+    # checkpointed (CRIU: "Can't dump nested time namespace"). The template's clocks need
+    # no keeping: a restored kernel sees them jump forward, as after a suspend.
+    (partial / TIME_NAMESPACE).unlink(missing_ok=True)
+    (partial / RECORDS).write_text(json.dumps(
+        {"kernel_name": kernel_name, "kernel_pid": kernel_pid, "key": key,
+         "boot_id": _boot_id()}))
+    made = load(folder)
+    if made is not None:  # another gateway's, made meanwhile (in use, maybe): keep it
+        shutil.rmtree(partial, ignore_errors=True)
+        return made
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(partial, folder)
+    return Template(folder, kernel_name, kernel_pid, key)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def restore(template: Template, init_pid: int, work: Path) -> float:
+    """Restore the template's kernel into the container whose PID 1 is host pid
+    ``init_pid``, into that container's cgroups, as PID 1's child; the seconds it took.
+    ``work`` (made afresh, removed after) holds CRIU's log."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, mode=0o700)
+    try:
+        started = time.monotonic()
+        _criu(init_pid, ["restore", "--restore-detached", "--manage-cgroups=ignore"],
+              template.folder, work, "restore", cgroups=cgroup_procs(init_pid))
+        return time.monotonic() - started
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def answered(connection: dict[str, Any], timeout_s: float) -> None:
+    """Wait until the kernel answers a ``kernel_info`` request (its imports are done by then:
+    it imports before it serves)."""
+    client = AsyncKernelClient()
+    info: Any = connection
+    client.load_connection_info(info)
+    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                msg_id = client.kernel_info()
+                try:
+                    # A request sent before the kernel bound its socket is lost: ask again.
+                    async with asyncio.timeout(1.0):
+                        while (await client.get_shell_msg())["parent_header"].get(
+                                "msg_id") != msg_id:
+                            pass
+                    return
+                except TimeoutError:
+                    continue
+    except TimeoutError as exc:
+        raise TemplateError(f"the template's kernel did not answer in {timeout_s:g} s") from exc
+    finally:
+        client.stop_channels()
+
+
+async def rekey(connection: dict[str, Any], old_key: str, timeout_s: float) -> None:
+    """Have the kernel restored from a template (reached with ``old_key``, the template's)
+    take ``connection``'s key, and reseed its random generators; its answer, signed with the
+    new key, proves it did."""
+    key = str(connection["key"])
+    client = AsyncKernelClient()
+    info: Any = {**connection, "key": old_key}
+    client.load_connection_info(info)
+    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+    try:
+        msg_id = client.execute(
+            f"__import__('replgate_kernel.restored').restored.after_restore({key!r})",
+            silent=True, store_history=False)
+        # The reply comes signed with the new key: checked with it, it proves the change.
+        client.session.key = key.encode()
+        async with asyncio.timeout(timeout_s):
+            while True:
+                reply = await client.get_shell_msg()
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+    except (TimeoutError, ValueError) as exc:
+        said = str(exc) or "no answer"
+        raise TemplateError(f"the restored kernel did not take its new key ({said})") from exc
+    finally:
+        client.stop_channels()
+    if reply["content"].get("status") != "ok":
+        raise TemplateError("the restored kernel could not start afresh: "
+                            f"{reply['content'].get('evalue', '')}"[:300])
+
+
+def cgroup_procs(init_pid: int) -> list[Path]:
+    """The ``cgroup.procs`` files of every cgroup hierarchy the process is in (v1 and v2)."""
+    try:
+        lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
+    except OSError as exc:
+        raise TemplateError(f"the container's cgroups cannot be read: {exc}") from exc
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers:
+            mounted = controllers.removeprefix("name=")
+            candidates = [Path("/sys/fs/cgroup", mounted)]
+        else:  # v2: the whole tree, or beside v1 controllers as "unified"
+            candidates = [Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")]
+        for base in candidates:
+            procs = base / path.lstrip("/") / "cgroup.procs"
+            if procs.is_file():
+                found.append(procs)
+                break
+    if len(found) < len(lines):
+        raise TemplateError("the container's cgroups were not all found under /sys/fs/cgroup")
+    return found
+
+
+def _criu(init_pid: int, arguments: list[str], images: Path, work: Path, log: str,
+          cgroups: list[Path] | None = None) -> None:
+    """Run CRIU inside the namespaces (and, with ``cgroups``, the cgroups) of the container
+    whose PID 1 is host pid ``init_pid``."""
+    opened = [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in (CRIU_HOME, images, work)]
+    home, images_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in opened)
+    libraries = f"{home}/{LIBRARIES}"
+    preload = (["--preload", f"{home}/rlimit_shim.so"]
+               if (CRIU_HOME / "rlimit_shim.so").is_file() else [])
+    command = ["nsenter", "-t", str(init_pid), "-m", "-p", "-n", "-i", "-u", "--",
+               f"{libraries}/ld-linux-x86-64.so.2", *preload, "--library-path", libraries,
+               f"{home}/root/usr/sbin/criu", *arguments, "-D", images_fd, "-W", work_fd,
+               "-o", f"{log}.log"]
+    if cgroups:
+        # The shell joins the container's cgroups, then becomes nsenter, whose child (CRIU)
+        # and the processes it restores are born there: charged to the container's limits.
+        join = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; ' \
+               'exec "$@"'
+        command = ["sh", "-c", join, "sh", *map(str, cgroups), "--", *command]
+    try:
+        _run(command, f"CRIU's {log}", pass_fds=tuple(opened), log=work / f"{log}.log")
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _run(command: list[str], what: str, pass_fds: tuple[int, ...] = (),
+         log: Path | None = None) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, pass_fds=pass_fds,
+                              timeout=CRIU_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TemplateError(f"{what} failed: {exc}") from exc
+    if done.returncode:
+        said = done.stderr.decode(errors="replace").strip()[-300:]
+        errors = _log_errors(log) if log is not None else ""
+        raise TemplateError(without_host_paths(
+            f"{what} failed (exit status {done.returncode}){': ' + said if said else ''}"
+            f"{errors}"))
+
+
+def _log_errors(log: Path) -> str:
+    try:
+        lines = log.read_bytes()[-(1 << 16):].decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    # Two errors CRIU logs on every run here and survives (no tun device; no CAP_SYS_RESOURCE
+    # for its own rlimit) say nothing about a failure.
+    errors = [line.strip() for line in lines if "Error (" in line
+              and "tun.c" not in line and "RLIMIT_NOFILE for self" not in line][-3:]
+    return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
