@@ -28,6 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
 """The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
 under runc, then a subset again with ``REPLGATE_TEST_RUNTIME=gvisor`` (which and why: run.sh)."""
+TEMPLATE_DIR = Path(tempfile.gettempdir()) / f"rg-templates-{os.getpid()}"
+"""The kernel templates every pool and gateway of the run shares (as gateways of one host
+may): the first pool of a profile makes its template, the others restore from it. Tests of
+the templates themselves use folders of their own."""
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +125,10 @@ def _log_sizes() -> dict[Path, int]:
     return {path: path.stat().st_size for path in _started_logs()}
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(TEMPLATE_DIR, ignore_errors=True)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     item.stash[_LOG_SIZES] = _log_sizes()
@@ -167,6 +175,7 @@ def make_gateway(**settings: str) -> GatewayProcess:
         # Stopped test gateways leave nothing behind (running_gateway checks it); the tests of
         # sessions that survive a stop turn this back on.
         "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
+        "REPLGATE_TEMPLATE_DIR": str(TEMPLATE_DIR),
     })
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,

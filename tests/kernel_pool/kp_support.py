@@ -16,6 +16,7 @@ import docker.errors
 
 from kernel_pool import KernelPool, PoolSettings, Profile, SandboxInfo, Session
 from kernel_pool.backends.docker import LABEL_OWNER
+from tests.conftest import TEMPLATE_DIR
 from tests.conftest import mounts_under as mounts_under
 
 OWNER = f"kptest-{secrets.token_hex(4)}"
@@ -52,6 +53,7 @@ def make_settings(state_dir: Path, **overrides: Any) -> PoolSettings:
     values: dict[str, Any] = {
         "state_dir": state_dir, "owner": OWNER, "profiles": profiles_for_tests(), "max_kernels": 8,
         "interrupt_grace_s": 2.0, "max_queued_executions": 4, "kernel_start_timeout_s": 60.0,
+        "template_dir": TEMPLATE_DIR,
     }
     values.update(overrides)
     return PoolSettings(**values)
