@@ -1,0 +1,189 @@
+"""Kernel templates: a new sandbox's first kernel restored from a checkpointed kernel instead of
+booting (real engine, CRIU, kernels). Each pool here keeps its templates in a folder of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+from kp_support import pausing_pool, run_ok
+
+from kernel_pool import KernelPool, Session
+from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
+from kernel_pool.backends.docker._template import TEMPLATE_PID, Template
+
+TEMPLATE_WAIT_S = 90.0
+
+STATE = """
+import os, random
+import numpy as np
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines()
+              if ":\\t" in line)
+print(os.getpid(), random.random(), np.random.rand(), status["Uid"].split()[0],
+      status["CapEff"].strip(), status["NoNewPrivs"].strip(), status["Seccomp"].strip(),
+      os.path.isdir(os.environ["MPLCONFIGDIR"]), os.path.isdir(os.environ["IPYTHONDIR"]))
+"""
+
+
+def backend_of(pool: KernelPool) -> DockerBackend:
+    assert isinstance(pool.backend, DockerBackend)
+    return pool.backend
+
+
+def sandbox_of(session: Session) -> DockerSandbox:
+    sandbox = session.kernel.sandbox
+    assert isinstance(sandbox, DockerSandbox)
+    return sandbox
+
+
+async def template_of(pool: KernelPool) -> Template:
+    """The default profile's template, once made (the first kernel of the profile starts it)."""
+    backend, profile = backend_of(pool), pool.settings.profiles["default"]
+    for _ in range(int(TEMPLATE_WAIT_S * 10)):
+        template = backend.template_for(profile)
+        if template is not None:
+            return template
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no template after {TEMPLATE_WAIT_S} s: {backend.templates_refusal}")
+
+
+@pytest.fixture(scope="module")
+async def template_pool(state_root: Path, docker_client: docker.DockerClient,
+                        ) -> AsyncIterator[KernelPool]:
+    async with pausing_pool(state_root, docker_client, "templates",
+                            template_dir=state_root / "templates-own") as pool:
+        assert backend_of(pool).templates, backend_of(pool).templates_refusal
+        first = await pool.create_session()  # boots, and has the template made meanwhile
+        assert not sandbox_of(first).from_template
+        await template_of(pool)
+        await pool.delete_session(first.id)
+        yield pool
+
+
+@pytest.fixture
+async def session(template_pool: KernelPool) -> AsyncIterator[Session]:
+    own = await template_pool.create_session()
+    yield own
+    await template_pool.delete_session(own.id)
+
+
+async def test_new_kernels_are_restored_and_start_afresh(template_pool: KernelPool) -> None:
+    template = await template_of(template_pool)
+    one = await template_pool.create_session()
+    two = await template_pool.create_session()
+    try:
+        seen = []
+        for session in (one, two):
+            sandbox = sandbox_of(session)
+            assert sandbox.from_template
+            pid, py_random, np_random, uid, caps, nnp, seccomp, mpl, ipy = (
+                (await run_ok(session, STATE)).split())
+            # The template's kernel, in this container, as confined as a booted one.
+            assert (int(pid), uid, caps, nnp, seccomp) == (
+                TEMPLATE_PID, "1000", "0000000000000000", "1", "2")
+            assert (mpl, ipy) == ("True", "True")  # its private folders, made again in /tmp
+            connection = await sandbox.connection_info()
+            assert connection is not None and connection["key"] != template.key
+            seen.append((py_random, np_random))
+            # Charged to its own container: the kernel's memory shows in that cgroup.
+            usage = await sandbox.usage()
+            assert usage.memory_bytes is not None and usage.memory_bytes > 50 * 2**20
+            cgroups = await run_ok(session, "print(open('/proc/self/cgroup').read())")
+            assert sandbox.info.container_id in cgroups
+        # Reseeded: the copies of one template do not draw the same numbers.
+        assert seen[0][0] != seen[1][0] and seen[0][1] != seen[1][1]
+        result = await two.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+        assert result.status == "ok" and "image/png" in result.outputs[0].data, result
+    finally:
+        for session in (one, two):
+            await template_pool.delete_session(session.id)
+
+
+async def test_restart_boots_and_a_memory_pause_keeps_a_restored_kernel(
+        session: Session, template_pool: KernelPool) -> None:
+    assert sandbox_of(session).from_template
+    await run_ok(session, "import threading, time\nticks = [0]\n"
+                          "def tick():\n    while True:\n        ticks[0] += 1\n"
+                          "        time.sleep(0.01)\n"
+                          "threading.Thread(target=tick, name='ticker', daemon=True).start()\n"
+                          "x = 41")
+    if backend_of(template_pool).checkpoints:
+        # A kernel restored from a template lives in its container's own time namespace:
+        # the whole container can be checkpointed like one whose kernel booted.
+        info = await session.pause()
+        assert info.paused_with == "memory", session.reason
+        assert await run_ok(session, "print(x, ticks[0] > 0)") == "41 True\n"
+    await session.restart()
+    assert not sandbox_of(session).from_template
+    assert int(await run_ok(session, "import os\nprint(os.getpid())")) != TEMPLATE_PID
+
+
+async def test_a_sandbox_with_an_environment_of_its_own_boots(
+        session: Session, template_pool: KernelPool) -> None:
+    parent = await template_pool.create_session(env={"REPLGATE_TEST_MARK": "kept"})
+    try:
+        await run_ok(parent, "y = 2")
+        copies = await template_pool.fork_session(parent.id, 1)
+        try:
+            copy = copies[0]
+            out = await run_ok(copy, "import os\nprint(os.environ['REPLGATE_TEST_MARK'], y)")
+            assert out == "kept 2\n"
+        finally:
+            for copy in copies:
+                await template_pool.delete_session(copy.id)
+    finally:
+        await template_pool.delete_session(parent.id)
+
+
+async def test_a_template_that_fails_to_restore_is_dropped_and_kernels_boot(
+        template_pool: KernelPool) -> None:
+    template = await template_of(template_pool)
+    # A page image gone: the records still say the template is whole, the restore fails.
+    for pages in template.folder.glob("pages-*.img"):
+        pages.unlink()
+    session = await template_pool.create_session()
+    try:
+        assert not sandbox_of(session).from_template
+        assert await run_ok(session, "print(1 + 1)") == "2\n"
+        assert not template.folder.exists()
+    finally:
+        await template_pool.delete_session(session.id)
+    # Another is made (a second attempt in this gateway's life), and used.
+    remade = await template_of(template_pool)
+    assert remade.folder.is_dir()
+    again = await template_pool.create_session()
+    try:
+        assert sandbox_of(again).from_template
+        assert await run_ok(again, "print(2 + 2)") == "4\n"
+    finally:
+        await template_pool.delete_session(again.id)
+
+
+async def test_a_second_gateway_restores_from_the_template_it_finds(
+        template_pool: KernelPool, state_root: Path, docker_client: docker.DockerClient) -> None:
+    template = await template_of(template_pool)
+    made = template.folder.stat().st_mtime_ns
+    async with pausing_pool(state_root, docker_client, "templates-second",
+                            template_dir=template.folder.parent) as second:
+        # The template is found on disk: nothing is booted to make it again.
+        assert await template_of(second) == template
+        session = await second.create_session()
+        assert sandbox_of(session).from_template
+        assert await run_ok(session, "print(3 * 3)") == "9\n"
+    assert template.folder.stat().st_mtime_ns == made
+
+
+async def test_without_templates_kernels_boot(state_root: Path,
+                                              docker_client: docker.DockerClient) -> None:
+    async with pausing_pool(state_root, docker_client, "no-templates",
+                            kernel_templates=False) as pool:
+        assert not backend_of(pool).templates
+        session = await pool.create_session()
+        assert not sandbox_of(session).from_template
+        assert backend_of(pool).template_for(pool.settings.profiles["default"]) is None
+        assert await run_ok(session, "print(5)") == "5\n"
+    shutil.rmtree(state_root / "no-templates", ignore_errors=True)
