@@ -8,7 +8,7 @@ import sys
 
 import docker
 
-from gateway.doctor import memory_pauses
+from gateway.doctor import kernel_templates, memory_pauses
 from kernel_pool.backends.docker import CheckpointSupport
 from tests.conftest import REPO
 
@@ -26,6 +26,7 @@ def test_doctor_passes_gvisor_profile_on_configured_engine(
     assert "ok      profile default: runtime gvisor is available" in done.stdout
     # ./run.sh installs CRIU 4.2 and runs its engine in experimental mode
     assert "ok      memory pauses: available; criu 4.2" in done.stdout
+    assert "ok      kernel templates: available;" in done.stdout
     assert "PROBLEM" not in done.stdout
 
 
@@ -42,3 +43,11 @@ def test_memory_pauses_line_without_criu_says_what_pauses_keep() -> None:
         "REPLGATE_PAUSE_WITH=memory; no criu on root's PATH")
     assert memory_pauses(missing, "variables") == (
         "memory pauses: not available, so pauses keep variables; no criu on root's PATH")
+
+
+def test_kernel_templates_line_says_why_kernels_boot() -> None:
+    missing = CheckpointSupport(False, "no criu on root's PATH")
+    assert kernel_templates(missing, True) == (
+        "kernel templates: not available, so kernels boot; no criu on root's PATH")
+    assert kernel_templates(missing, False) == (
+        "kernel templates: off (REPLGATE_KERNEL_TEMPLATES=false), so kernels boot")
