@@ -41,11 +41,13 @@ async def _post(rg: Replgate, path: str, body: dict[str, Any] | None = None) -> 
     return response.json()
 
 
-async def lifecycle(rg: Replgate, cold: Replgate, repeats: int, warm: int = 2) -> dict[str, Any]:
+async def lifecycle(rg: Replgate, cold: Replgate, cold_boot: Replgate, repeats: int,
+                    warm: int = 2) -> dict[str, Any]:
     """pause p50 and snapshot size; resume + 1+1 p50 (vs cold start + 1+1); fork of 4,
     answered and with ``1+1`` run in every copy (vs four sessions created at once); each
-    figure starts with ``warm`` warm kernels ready (``rg``'s ``min_idle``)."""
-    pause, resume, sizes, cold_starts = [], [], [], []
+    figure starts with ``warm`` warm kernels ready (``rg``'s ``min_idle``). Cold starts on
+    ``cold`` (kernels from a template) and ``cold_boot`` (templates off: booted)."""
+    pause, resume, sizes, cold_starts, boot_starts = [], [], [], [], []
     forks, fork_runs, creates = [], [], []
     paused_copies = []
     for _ in range(repeats):
@@ -81,13 +83,15 @@ async def lifecycle(rg: Replgate, cold: Replgate, repeats: int, warm: int = 2) -
         for other in made:
             await rg.delete_session(other)
 
-        start = time.perf_counter()
-        fresh = await cold.create_session()
-        await cold.http_execute(fresh, "1+1")
-        cold_starts.append((time.perf_counter() - start) * 1000)
-        await cold.delete_session(fresh)
+        for gateway, starts in ((cold, cold_starts), (cold_boot, boot_starts)):
+            start = time.perf_counter()
+            fresh = await gateway.create_session()
+            await gateway.http_execute(fresh, "1+1")
+            starts.append((time.perf_counter() - start) * 1000)
+            await gateway.delete_session(fresh)
     return {"pause": summary(pause), "resume_execute": summary(resume),
-            "cold_start_execute": summary(cold_starts), "fork4": summary(forks),
+            "cold_start_execute": summary(cold_starts),
+            "cold_boot_execute": summary(boot_starts), "fork4": summary(forks),
             "fork4_run": summary(fork_runs), "create4": summary(creates),
             "fork4_paused_copies": statistics.median(paused_copies),
             "snapshot_mib": round(statistics.median(sizes) / 2**20, 2),

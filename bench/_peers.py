@@ -120,6 +120,16 @@ class Replgate:
 
         await _poll(enough, timeout_s, f"replgate: {n} warm kernels")
 
+    async def wait_template(self, timeout_s: float = 300) -> None:
+        """Have this gateway make its default profile's kernel template (its first kernel
+        starts that) and wait until it is on disk, so cold starts restore rather than boot."""
+        await self.delete_session(await self.create_session())
+
+        async def made() -> bool:
+            return any((self.state / "templates").glob("*/template.json"))
+
+        await _poll(made, timeout_s, "replgate: a kernel template")
+
     async def create_session(self) -> str:
         response = await self.http.post("/v1/sessions", json={})
         response.raise_for_status()

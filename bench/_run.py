@@ -25,6 +25,8 @@ from bench._report import table, targets
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b")
+BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
+"""A gateway whose kernels all boot: the baseline of the cold starts from a template."""
 ON_REQUEST = ("held", "pause_with")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
 workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU)."""
@@ -68,6 +70,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.push_async_callback(replgate.stop)
         cold = Replgate(min_idle=0, max_kernels=4)
         stack.push_async_callback(cold.stop)
+        cold_boot = Replgate(min_idle=0, max_kernels=4, settings=BOOTED)
+        stack.push_async_callback(cold_boot.stop)
         kernel_gateway, kg_nodelay = KernelGateway(), KernelGateway(nodelay=True)
         stack.push_async_callback(kernel_gateway.stop)
         stack.push_async_callback(kg_nodelay.stop)
@@ -75,7 +79,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.push_async_callback(floor.stop)
         pool = await figures.in_process_pool(image)
         stack.push_async_callback(pool.close)
-        await asyncio.gather(replgate.wait_idle(2), kernel_gateway.wait(), kg_nodelay.wait())
+        await asyncio.gather(replgate.wait_idle(2), kernel_gateway.wait(), kg_nodelay.wait(),
+                             replgate.wait_template(), cold.wait_template(),
+                             cold_boot.wait_idle(0))
         session = await replgate.create_session()
         contenders = figures.Contenders(
             replgate=replgate, session=session, socket=await replgate.connect(session),
@@ -101,7 +107,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         steps: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
             ("session_start", "session start",
-             lambda: figures.session_start(contenders, cold, sizes)),
+             lambda: figures.session_start(contenders, cold, cold_boot, sizes)),
             ("round_trip", "execute round trip (interleaved)",
              lambda: figures.round_trip(contenders, sizes)),
             ("cpu", "CPU per execution", lambda: figures.cpu_per_execution(contenders, sizes)),
@@ -109,7 +115,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ("chart", "matplotlib PNG", lambda: figures.chart(contenders, sizes)),
             ("flood", "flood", lambda: figures.flood(contenders)),
             ("lifecycle", "pause, resume, fork",
-             lambda: lifecycle(replgate, cold, sizes.starts_cold)),
+             lambda: lifecycle(replgate, cold, cold_boot, sizes.starts_cold)),
             ("e2b", "E2B SDK against replgate's client",
              lambda: e2b_vs_client(replgate, sizes.starts_warm, sizes.round_trips)),
         ]
@@ -161,9 +167,14 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
             stack.push_async_callback(replgate.stop)
             cold = Replgate(min_idle=0, max_kernels=4)
             stack.push_async_callback(cold.stop)
-            await asyncio.gather(replgate.wait_idle(args.lifecycle_warm), cold.wait_idle(0))
+            cold_boot = Replgate(min_idle=0, max_kernels=4, settings=BOOTED)
+            stack.push_async_callback(cold_boot.stop)
+            await asyncio.gather(replgate.wait_template(), cold.wait_template(),
+                                 cold_boot.wait_idle(0))
+            await replgate.wait_idle(args.lifecycle_warm)
             await _loaded(results, "pause, resume, fork", "lifecycle",
-                          lifecycle(replgate, cold, sizes.starts_cold, args.lifecycle_warm))
+                          lifecycle(replgate, cold, cold_boot, sizes.starts_cold,
+                                    args.lifecycle_warm))
     if "pause_with" in wanted:
         log("pause with variables against pause with memory")
         async with contextlib.AsyncExitStack() as stack:

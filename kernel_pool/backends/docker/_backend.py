@@ -91,6 +91,7 @@ from kernel_pool.backends.docker._template import (
     answered,
     first_pid,
     rekey,
+    remove_stale_parts,
 )
 from kernel_pool.backends.docker._template import dump as dump_template
 from kernel_pool.backends.docker._template import load as load_template
@@ -299,17 +300,17 @@ class DockerSandbox(Sandbox):
         work = self._backend.template_work / self.info.sandbox_id
         try:
             await _in_thread(restore_template, template, self._init_pid, work)
+            await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._init_pid, signal.SIGUSR1)
+            self.info.kernel_name = name
+            await self._watch_init_child(name, PID_WAIT_S)
+            if self.info.kernel_ref is None:
+                raise TemplateError("the container's PID 1 did not adopt the restored kernel")
+            host = {**config, "ip": str(self._socket_dir / name)}
+            await rekey(host, template.key, KERNEL_REKEY_TIMEOUT_S)
         except TemplateError as exc:
             raise BackendError(str(exc)) from exc
-        await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._init_pid, signal.SIGUSR1)
-        self.info.kernel_name = name
-        await self._watch_init_child(name, PID_WAIT_S)
-        if self.info.kernel_ref is None:
-            raise BackendError("the container's PID 1 did not adopt the restored kernel")
-        host = {**config, "ip": str(self._socket_dir / name)}
-        await rekey(host, template.key, KERNEL_REKEY_TIMEOUT_S)
         self.from_template = True
         return host
 
@@ -1075,11 +1076,12 @@ class DockerBackend(SandboxBackend):
             folder = self._template_root / f"{profile.name}-{fingerprint}"
             template = await _in_thread(load_template, folder)
             if template is None:
+                await _in_thread(remove_stale_parts, self._template_root)
                 template = await self._dump_template(profile, folder)
                 logger.info("kernel template for profile %s made: new kernels are restored "
                             "from it", profile.name)
             self._templates[profile.name] = template
-        except (BackendError, TemplateError, OSError) as exc:
+        except Exception as exc:  # a template only saves time: never fatal
             self._template_failures[profile.name] = (
                 self._template_failures.get(profile.name, 0) + 1)
             del self._template_tasks[profile.name]

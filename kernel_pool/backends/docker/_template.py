@@ -31,6 +31,7 @@ same connection key: the kernel is re-keyed and reseeded at once (:func:`rekey`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -135,6 +136,16 @@ def dump(init_pid: int, kernel_pid: int, folder: Path, kernel_name: str, key: st
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(partial, folder)
     return Template(folder, kernel_name, kernel_pid, key)
+
+
+def remove_stale_parts(root: Path) -> None:
+    """Remove the unfinished dumps a gateway killed while making a template left in
+    ``root`` (one still being made, by a gateway sharing the folder, is younger)."""
+    stale = time.time() - 2 * CRIU_TIMEOUT_S
+    for partial in root.glob("*.part"):
+        with contextlib.suppress(OSError):
+            if partial.stat().st_mtime < stale:
+                shutil.rmtree(partial, ignore_errors=True)
 
 
 def _boot_id() -> str:
