@@ -947,15 +947,17 @@ class DockerBackend(SandboxBackend):
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
             raise BackendError(problem)
+        pauses = self.settings.pause_with != "variables"
+        if not (pauses or self.settings.kernel_templates):
+            return
+        support = await _in_thread(checkpoint_support, info)
         if self.settings.kernel_templates:
-            support = await _in_thread(checkpoint_support, info)
             self.templates_refusal = (templates_unavailable() if support.criu_works
                                       else support.reason)
             self.templates = self.templates_refusal is None
             if not self.templates:
                 logger.info("kernels boot: no kernel templates here (%s)", self.templates_refusal)
-        if self.settings.pause_with != "variables":
-            support = await _in_thread(checkpoint_support, info)
+        if pauses:
             self.checkpoints = support.available and os.geteuid() == 0
             self.checkpoint_refusal = (
                 None if self.checkpoints else support.reason if not support.available
