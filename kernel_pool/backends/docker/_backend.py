@@ -941,7 +941,7 @@ class DockerBackend(SandboxBackend):
 
     async def check(self, profiles: list[Profile]) -> None:
         """Fail when a profile asks for a runtime the engine does not offer as needed; learn
-        whether memory pauses can work here (when they are asked for)."""
+        whether memory pauses and kernel templates can work here (when they are asked for)."""
         info = await _run(self.client.api.info)
         self.data_root = Path(info.get("DockerRootDir") or DATA_ROOT)
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
