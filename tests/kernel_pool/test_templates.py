@@ -4,6 +4,8 @@ booting (real engine, CRIU, kernels). Each pool here keeps its templates in a fo
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,9 @@ from kp_support import pausing_pool, run_ok
 from kernel_pool import KernelPool, Session
 from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
 from kernel_pool.backends.docker._template import TEMPLATE_PID, Template
+from kernel_pool.backends.docker._template import find as find_template
+from kernel_pool.backends.docker._template import load as load_template
+from kernel_pool.backends.docker._template import remove_others as remove_other_templates
 
 TEMPLATE_WAIT_S = 90.0
 
@@ -187,3 +192,39 @@ async def test_without_templates_kernels_boot(state_root: Path,
         assert backend_of(pool).template_for(pool.settings.profiles["default"]) is None
         assert await run_ok(session, "print(5)") == "5\n"
     shutil.rmtree(state_root / "no-templates", ignore_errors=True)
+
+
+def _fake_template(root: Path, name: str, boot_id: str | None = None) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "inventory.img").write_bytes(b"")
+    records = {"kernel_name": "k1", "kernel_pid": TEMPLATE_PID, "key": name,
+               "boot_id": boot_id or Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
+    (folder / "template.json").write_text(json.dumps(records))
+    return folder
+
+
+def test_templates_are_found_by_profile_and_image_and_never_from_another_boot(
+        tmp_path: Path) -> None:
+    stem = "default-0123456789abcdef"
+    older = _fake_template(tmp_path, f"{stem}-00000001")
+    newer = _fake_template(tmp_path, f"{stem}-00000002")
+    os.utime(older, (1, 1))
+    _fake_template(tmp_path, f"{stem}-00000003.part")  # unfinished
+    _fake_template(tmp_path, "default-fedcba9876543210-00000004")  # another image
+    assert find_template(tmp_path, stem) == load_template(newer)
+    shutil.rmtree(newer)
+    assert find_template(tmp_path, stem) == load_template(older)
+    shutil.rmtree(older)
+    _fake_template(tmp_path, f"{stem}-00000005", boot_id="another boot")
+    assert find_template(tmp_path, stem) is None
+
+
+def test_an_own_folder_keeps_one_template_per_profile(tmp_path: Path) -> None:
+    keep = _fake_template(tmp_path, "default-0123456789abcdef-0000000a")
+    for name in ("default-0123456789abcdef-0000000b", "default-fedcba9876543210-0000000c",
+                 "default-0123456789abcdef-0000000d.part"):
+        _fake_template(tmp_path, name)
+    other_profile = _fake_template(tmp_path, "default-big-0123456789abcdef-0000000e")
+    remove_other_templates(tmp_path, "default", keep)
+    assert sorted(tmp_path.iterdir()) == sorted([keep, other_profile])

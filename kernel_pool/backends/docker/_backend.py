@@ -94,7 +94,8 @@ from kernel_pool.backends.docker._template import (
     remove_stale_parts,
 )
 from kernel_pool.backends.docker._template import dump as dump_template
-from kernel_pool.backends.docker._template import load as load_template
+from kernel_pool.backends.docker._template import find as find_template
+from kernel_pool.backends.docker._template import remove_others as remove_other_templates
 from kernel_pool.backends.docker._template import restore as restore_template
 from kernel_pool.backends.docker._template import unavailable as templates_unavailable
 from kernel_pool.config import PoolSettings, Profile, parse_size
@@ -264,10 +265,12 @@ class DockerSandbox(Sandbox):
         if template is not None:
             try:
                 return await self._launch_from_template(template)
-            except BackendError as exc:
+            except TemplateError as exc:
                 logger.warning("sandbox %s: its kernel could not be restored from the "
                                "template (%s); it boots", self.info.sandbox_id, exc)
-                await self._backend.drop_template(self.profile, template)
+                # A container that died meanwhile (removed, say) is no fault of the template.
+                if exc.template_at_fault and process_alive(self._init_pid):
+                    await self._backend.drop_template(self.profile, template)
                 await self.kill(restart=True)
         return await self._boot_kernel()
 
@@ -289,7 +292,8 @@ class DockerSandbox(Sandbox):
 
     async def _launch_from_template(self, template: Template) -> dict[str, Any]:
         """Restore the template's kernel into this (fresh) container, have PID 1 adopt it, and
-        give it a key of its own (and fresh random generators) before anyone else reaches it."""
+        give it a key of its own (and fresh random generators) before anyone else reaches it;
+        :class:`TemplateError` when any step fails (the caller then boots a kernel)."""
         name = template.kernel_name
         key = secrets.token_hex(32)
         config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}", "key": key,
@@ -298,19 +302,16 @@ class DockerSandbox(Sandbox):
         self._exit_code = None
         self._sandbox_oom_kills = None
         work = self._backend.template_work / self.info.sandbox_id
-        try:
-            await _in_thread(restore_template, template, self._init_pid, work)
-            await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGUSR1)
-            self.info.kernel_name = name
-            await self._watch_init_child(name, PID_WAIT_S)
-            if self.info.kernel_ref is None:
-                raise TemplateError("the container's PID 1 did not adopt the restored kernel")
-            host = {**config, "ip": str(self._socket_dir / name)}
-            await rekey(host, template.key, KERNEL_REKEY_TIMEOUT_S)
-        except TemplateError as exc:
-            raise BackendError(str(exc)) from exc
+        await _in_thread(restore_template, template, self._init_pid, work)
+        await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._init_pid, signal.SIGUSR1)
+        self.info.kernel_name = name
+        await self._watch_init_child(name, PID_WAIT_S)
+        if self.info.kernel_ref is None:
+            raise TemplateError("the container's PID 1 did not adopt the restored kernel")
+        host = {**config, "ip": str(self._socket_dir / name)}
+        await rekey(host, template.key, KERNEL_REKEY_TIMEOUT_S)
         self.from_template = True
         return host
 
@@ -1075,13 +1076,16 @@ class DockerBackend(SandboxBackend):
             image = await self.image_digest(profile.image) or profile.image
             fingerprint = hashlib.sha256(
                 f"{image}\n{profile.model_dump_json()}".encode()).hexdigest()[:16]
-            folder = self._template_root / f"{profile.name}-{fingerprint}"
-            template = await _in_thread(load_template, folder)
+            stem = f"{profile.name}-{fingerprint}"
+            template = await _in_thread(find_template, self._template_root, stem)
             if template is None:
                 await _in_thread(remove_stale_parts, self._template_root)
-                template = await self._dump_template(profile, folder)
+                template = await self._dump_template(profile, stem)
                 logger.info("kernel template for profile %s made: new kernels are restored "
                             "from it", profile.name)
+            if self.settings.template_dir is None:  # the state directory's own: no one shares
+                await _in_thread(remove_other_templates, self._template_root, profile.name,
+                                 template.folder)
             self._templates[profile.name] = template
         except Exception as exc:  # a template only saves time: never fatal
             self._template_failures[profile.name] = (
@@ -1090,9 +1094,9 @@ class DockerBackend(SandboxBackend):
             logger.warning("no kernel template for profile %s (%s): its kernels boot",
                            profile.name, exc)
 
-    async def _dump_template(self, profile: Profile, folder: Path) -> Template:
+    async def _dump_template(self, profile: Profile, stem: str) -> Template:
         """Boot a kernel in a sandbox of its own, wait for its answer (its imports done), and
-        dump it into ``folder``; the sandbox is removed either way."""
+        dump it into a new folder ``stem-*``; the sandbox is removed either way."""
         await _in_thread(partial(self._template_root.mkdir, mode=0o700, parents=True,
                                  exist_ok=True))
         spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}", profile=profile)
@@ -1107,8 +1111,8 @@ class DockerBackend(SandboxBackend):
             pid = container_pid(sandbox._pid) if sandbox._pid else None
             if pid is None:
                 raise TemplateError("the template's kernel is gone")
-            return await _in_thread(dump_template, sandbox._init_pid, pid, folder,
-                                    sandbox.info.kernel_name or "", str(connection["key"]))
+            return await _in_thread(dump_template, sandbox._init_pid, pid, self._template_root,
+                                    stem, sandbox.info.kernel_name or "", str(connection["key"]))
         finally:
             await sandbox.kill()
             await sandbox.cleanup()

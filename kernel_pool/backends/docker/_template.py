@@ -34,6 +34,8 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -56,7 +58,13 @@ CRIU_TIMEOUT_S = 60
 
 
 class TemplateError(Exception):
-    """A template could not be made or restored; the message says why, with CRIU's words."""
+    """A template could not be made or restored; the message says why, with CRIU's words.
+    ``template_at_fault``: whether the template itself is to blame (not, say, a CRIU killed
+    by a stop signal, or a machine too busy to answer in time)."""
+
+    def __init__(self, message: str, template_at_fault: bool = True) -> None:
+        super().__init__(message)
+        self.template_at_fault = template_at_fault
 
 
 @dataclass(frozen=True)
@@ -82,10 +90,22 @@ def unavailable() -> str | None:
     return None
 
 
+def find(root: Path, stem: str) -> Template | None:
+    """The newest whole template named ``stem-*`` in ``root`` (made by an earlier gateway, or
+    another gateway sharing the folder), if any (see :func:`load`)."""
+    name = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{8}}")
+    try:
+        folders = [path for path in root.iterdir() if name.fullmatch(path.name)]
+        folders.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    return next(filter(None, map(load, folders)), None)
+
+
 def load(folder: Path) -> Template | None:
-    """The template kept in ``folder`` (made by an earlier gateway, or another gateway of this
-    host), if it is whole and was made since the host last started: its kernel's timers count
-    on a monotonic clock that a restart of the host starts again from zero."""
+    """The template kept in ``folder``, if it is whole and was made since the host last
+    started: its kernel's timers count on a monotonic clock that a restart of the host starts
+    again from zero."""
     try:
         records = json.loads((folder / RECORDS).read_text())
         if not (folder / "inventory.img").is_file() or records.get("boot_id") != _boot_id():
@@ -105,13 +125,17 @@ def first_pid(init_pid: int, pid: int) -> None:
           f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], "set the kernel's pid")
 
 
-def dump(init_pid: int, kernel_pid: int, folder: Path, kernel_name: str, key: str) -> Template:
-    """Dump the kernel whose pid in its container is ``kernel_pid`` (it ends) into
-    ``folder``, made afresh; the template. Nothing may be connected to it."""
+def dump(init_pid: int, kernel_pid: int, root: Path, stem: str, kernel_name: str,
+         key: str) -> Template:
+    """Dump the kernel whose pid in its container is ``kernel_pid`` (it ends) into a new
+    folder ``stem-<random>`` of ``root``; the template. Nothing may be connected to it.
+
+    A template's folder never changes once made: gateways sharing ``root`` may each hold it
+    (with its key), and a new template of the same stem is a folder of its own."""
     if kernel_pid < TEMPLATE_PID:
         raise TemplateError(f"the template's kernel has pid {kernel_pid}, below {TEMPLATE_PID}")
-    # Named for this dump alone: gateways sharing the folder may make the same template at once.
-    partial = folder.with_name(f"{folder.name}.{os.getpid()}-{time.monotonic_ns()}.part")
+    folder = root / f"{stem}-{secrets.token_hex(4)}"
+    partial = folder.with_name(folder.name + ".part")
     partial.mkdir(parents=True, mode=0o700)
     work = partial / "work"
     work.mkdir()
@@ -129,13 +153,17 @@ def dump(init_pid: int, kernel_pid: int, folder: Path, kernel_name: str, key: st
     (partial / RECORDS).write_text(json.dumps(
         {"kernel_name": kernel_name, "kernel_pid": kernel_pid, "key": key,
          "boot_id": _boot_id()}))
-    made = load(folder)
-    if made is not None:  # another gateway's, made meanwhile (in use, maybe): keep it
-        shutil.rmtree(partial, ignore_errors=True)
-        return made
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(partial, folder)
+    os.rename(partial, folder)
     return Template(folder, kernel_name, kernel_pid, key)
+
+
+def remove_others(root: Path, profile: str, keep: Path) -> None:
+    """Remove ``profile``'s templates in ``root`` but ``keep`` (older ones, another image's,
+    unfinished ones): for a folder no other gateway shares."""
+    name = re.compile(rf"{re.escape(profile)}-[0-9a-f]{{16}}-[0-9a-f]{{8}}(?:\.part)?")
+    for folder in root.iterdir():
+        if folder != keep and name.fullmatch(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_stale_parts(root: Path) -> None:
@@ -282,7 +310,10 @@ def _run(command: list[str], what: str, pass_fds: tuple[int, ...] = (),
         done = subprocess.run(command, capture_output=True, pass_fds=pass_fds,
                               timeout=CRIU_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise TemplateError(f"{what} failed: {exc}") from exc
+        raise TemplateError(f"{what} failed: {exc}", template_at_fault=False) from exc
+    if done.returncode < 0:  # killed (a stop of the gateway): no fault of the template's
+        raise TemplateError(f"{what} was stopped by signal {-done.returncode}",
+                            template_at_fault=False)
     if done.returncode:
         said = done.stderr.decode(errors="replace").strip()[-300:]
         errors = _log_errors(log) if log is not None else ""
