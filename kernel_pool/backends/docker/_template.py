@@ -307,8 +307,10 @@ def _criu(init_pid: int, arguments: list[str], images: Path, work: Path, log: st
 def _run(command: list[str], what: str, pass_fds: tuple[int, ...] = (),
          log: Path | None = None) -> None:
     try:
+        # A session of its own: a stop signal to the gateway's process group must not cut a
+        # dump or restore short (it takes a fraction of a second; the stop waits for it).
         done = subprocess.run(command, capture_output=True, pass_fds=pass_fds,
-                              timeout=CRIU_TIMEOUT_S, check=False)
+                              timeout=CRIU_TIMEOUT_S, check=False, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise TemplateError(f"{what} failed: {exc}", template_at_fault=False) from exc
     if done.returncode < 0:  # killed (a stop of the gateway): no fault of the template's
