@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
@@ -28,6 +29,8 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
         return str(default + 1), type(default)(default + 1)
     if isinstance(default, list):
         return '["example.com"]', ["example.com"]
+    if Path in get_args(annotation):  # a folder, unset by default
+        return "/srv/other-value", Path("/srv/other-value")
     return "other-value", "other-value"
 
 

@@ -124,8 +124,10 @@ async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -
 async def test_kernel_that_does_not_answer_is_tried_again_then_reported(
         own_pool: PoolFactory, docker_client: docker.DockerClient,
         caplog: pytest.LogCaptureFixture) -> None:
-    # No kernel process answers within 0.2 s of its launch (Python alone starts slower).
-    pool = own_pool("mute", kernel_start_timeout_s=0.2, profiles=one_profile(min_idle=0))
+    # No kernel process answers within 0.2 s of its launch (Python alone starts slower). A
+    # kernel restored from a template would: templates off, every kernel boots.
+    pool = own_pool("mute", kernel_start_timeout_s=0.2, profiles=one_profile(min_idle=0),
+                    kernel_templates=False)
     await pool.start()
     with caplog.at_level("WARNING", logger="kernel_pool"), \
             pytest.raises(KernelStartError) as caught:

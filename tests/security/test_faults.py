@@ -104,8 +104,10 @@ def _start_without_warm_kernels(gateway: GatewayProcess) -> None:
 
 def test_full_state_dir_refuses_new_work_clearly_and_recovers(
         docker_client: docker.DockerClient, small_state_dir: Path) -> None:
+    # Kernels boot: a template's sandbox, made in the background, would take its workspace
+    # from this small disk at a moment the test does not control.
     gateway = make_gateway(workspace_size="16m", min_idle="0", max_kernels="3",
-                           state_min_free="8m")
+                           state_min_free="8m", kernel_templates="false")
     shutil.rmtree(gateway.state_dir, ignore_errors=True)
     gateway.state_dir = small_state_dir / "state"
     gateway.env["REPLGATE_STATE_DIR"] = str(gateway.state_dir)

@@ -1099,7 +1099,10 @@ class DockerBackend(SandboxBackend):
         dump it into a new folder ``stem-*``; the sandbox is removed either way."""
         await _in_thread(partial(self._template_root.mkdir, mode=0o700, parents=True,
                                  exist_ok=True))
-        spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}", profile=profile)
+        # Its workspace is never written: the smallest one, not the profile's (a full
+        # reservation of the state directory's disk, for a moment).
+        spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}",
+                           profile=profile.model_copy(update={"workspace_size": "16m"}))
         sandbox = await self._create(spec, start=True)
         assert isinstance(sandbox, DockerSandbox)
         try:
