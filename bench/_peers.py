@@ -123,6 +123,7 @@ class Replgate:
     async def wait_template(self, timeout_s: float = 300) -> None:
         """Have this gateway make its default profile's kernel template (its first kernel
         starts that) and wait until it is on disk, so cold starts restore rather than boot."""
+        await self.wait_idle(0, timeout_s)  # the gateway answers
         await self.delete_session(await self.create_session())
 
         async def made() -> bool:
