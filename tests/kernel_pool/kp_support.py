@@ -84,6 +84,16 @@ async def pausing_pool(state_root: Path, docker_client: docker.DockerClient, nam
     assert mounts_under(pool.settings.state_dir) == []
 
 
+@asynccontextmanager
+async def own_session(pool: KernelPool) -> AsyncIterator[Session]:
+    """A session of ``pool``'s default profile, deleted after."""
+    session = await pool.create_session()
+    try:
+        yield session
+    finally:
+        await pool.delete_session(session.id)
+
+
 async def run_ok(session: Session, code: str, timeout_s: float | None = None) -> str:
     """Run ``code``; it must succeed. Its stdout."""
     result = await session.execute(code, timeout_s)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import pausing_pool, run_ok
+from kp_support import own_session, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Session
 
@@ -36,9 +36,8 @@ async def auto_pool(state_root: Path, docker_client: docker.DockerClient,
 
 @pytest.fixture
 async def session(auto_pool: KernelPool) -> AsyncIterator[Session]:
-    own = await auto_pool.create_session()
-    yield own
-    await auto_pool.delete_session(own.id)
+    async with own_session(auto_pool) as own:
+        yield own
 
 
 async def test_auto_pause_keeps_variables_when_they_are_all_a_session_holds(

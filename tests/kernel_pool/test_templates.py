@@ -12,7 +12,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import pausing_pool, run_ok
+from kp_support import own_session, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Session
 from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
@@ -71,9 +71,8 @@ async def template_pool(state_root: Path, docker_client: docker.DockerClient,
 
 @pytest.fixture
 async def session(template_pool: KernelPool) -> AsyncIterator[Session]:
-    own = await template_pool.create_session()
-    yield own
-    await template_pool.delete_session(own.id)
+    async with own_session(template_pool) as own:
+        yield own
 
 
 async def test_new_kernels_are_restored_and_start_afresh(template_pool: KernelPool) -> None:
