@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,10 +17,16 @@ from kp_support import own_session, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Session
 from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
-from kernel_pool.backends.docker._template import TEMPLATE_PID, Template
+from kernel_pool.backends.docker._template import (
+    TEMPLATE_PID,
+    Template,
+    TemplateError,
+    first_pid,
+)
 from kernel_pool.backends.docker._template import find as find_template
 from kernel_pool.backends.docker._template import load as load_template
 from kernel_pool.backends.docker._template import remove_others as remove_other_templates
+from kernel_pool.backends.docker._template import restore as restore_template
 
 TEMPLATE_WAIT_S = 90.0
 
@@ -227,3 +234,17 @@ def test_an_own_folder_keeps_one_template_per_profile(tmp_path: Path) -> None:
     other_profile = _fake_template(tmp_path, "default-big-0123456789abcdef-0000000e")
     remove_other_templates(tmp_path, "default", keep)
     assert sorted(tmp_path.iterdir()) == sorted([keep, other_profile])
+
+
+def test_criu_never_enters_a_process_that_is_not_the_containers_pid_1(tmp_path: Path) -> None:
+    # The host pid of a container's PID 1 may have ended and been given to another process:
+    # that one's namespaces (here, the test's own: the host's) must never be entered.
+    template = Template(tmp_path, "k1", TEMPLATE_PID, "key")
+    with pytest.raises(TemplateError) as caught:
+        restore_template(template, os.getpid(), "f" * 64, tmp_path / "work")
+    assert "PID 1 is gone" in str(caught.value) and not caught.value.template_at_fault
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    with pytest.raises(TemplateError) as caught:
+        first_pid(ended.pid, "f" * 64, TEMPLATE_PID)
+    assert not caught.value.template_at_fault

@@ -302,7 +302,8 @@ class DockerSandbox(Sandbox):
         self._exit_code = None
         self._sandbox_oom_kills = None
         work = self._backend.template_work / self.info.sandbox_id
-        await _in_thread(restore_template, template, self._init_pid, work)
+        await _in_thread(restore_template, template, self._init_pid, self.info.container_id,
+                         work)
         await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._init_pid, signal.SIGUSR1)
@@ -1107,15 +1108,17 @@ class DockerBackend(SandboxBackend):
         assert isinstance(sandbox, DockerSandbox)
         try:
             await sandbox._find_init()
-            await _in_thread(first_pid, sandbox._init_pid, TEMPLATE_PID)
+            await _in_thread(first_pid, sandbox._init_pid, sandbox.info.container_id,
+                             TEMPLATE_PID)
             sandbox.fresh = False
             connection = await sandbox.launch_kernel()
             await answered(connection, self.settings.kernel_start_timeout_s)
             pid = container_pid(sandbox._pid) if sandbox._pid else None
             if pid is None:
                 raise TemplateError("the template's kernel is gone")
-            return await _in_thread(dump_template, sandbox._init_pid, pid, self._template_root,
-                                    stem, sandbox.info.kernel_name or "", str(connection["key"]))
+            return await _in_thread(dump_template, sandbox._init_pid, sandbox.info.container_id,
+                                    pid, self._template_root, stem,
+                                    sandbox.info.kernel_name or "", str(connection["key"]))
         finally:
             await sandbox.kill()
             await sandbox.cleanup()

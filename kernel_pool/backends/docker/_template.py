@@ -36,9 +36,11 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,8 @@ TEMPLATE_PID = 10000
 RECORDS = "template.json"
 TIME_NAMESPACE = "timens-0.img"
 CRIU_TIMEOUT_S = 60
+NSENTER_NAMES = {"mnt": "mount", "pid": "pid", "net": "net", "ipc": "ipc", "uts": "uts"}
+"""``/proc/PID/ns`` names, and the ``nsenter`` options that take them as files."""
 
 
 class TemplateError(Exception):
@@ -116,17 +120,19 @@ def load(folder: Path) -> Template | None:
         return None
 
 
-def first_pid(init_pid: int, pid: int) -> None:
-    """Make the next process of the container whose PID 1 is host pid ``init_pid`` take
-    ``pid`` (the kernel PID 1 starts next, for a template)."""
+def first_pid(init_pid: int, container_id: str, pid: int) -> None:
+    """Make the next process of the container ``container_id``, whose PID 1 is host pid
+    ``init_pid``, take ``pid`` (the kernel PID 1 starts next, for a template)."""
     # The pid namespace's counter is written from inside it (nsenter's child), through the
     # host's /proc: the container's own /proc/sys is read-only.
-    _run(["nsenter", "-t", str(init_pid), "-p", "--", "sh", "-c",
-          f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], "set the kernel's pid")
+    with _entered(init_pid, container_id, ("pid",)) as (options, fds, _):
+        _run(["nsenter", *options, "--", "sh", "-c",
+              f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], "set the kernel's pid",
+             pass_fds=fds)
 
 
-def dump(init_pid: int, kernel_pid: int, root: Path, stem: str, kernel_name: str,
-         key: str) -> Template:
+def dump(init_pid: int, container_id: str, kernel_pid: int, root: Path, stem: str,
+         kernel_name: str, key: str) -> Template:
     """Dump the kernel whose pid in its container is ``kernel_pid`` (it ends) into a new
     folder ``stem-<random>`` of ``root``; the template. Nothing may be connected to it.
 
@@ -140,7 +146,7 @@ def dump(init_pid: int, kernel_pid: int, root: Path, stem: str, kernel_name: str
     work = partial / "work"
     work.mkdir()
     try:
-        _criu(init_pid, ["dump", "-t", str(kernel_pid)], partial, work, "dump")
+        _criu(init_pid, container_id, ["dump", "-t", str(kernel_pid)], partial, work, "dump")
     except TemplateError:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -183,16 +189,17 @@ def _boot_id() -> str:
         return ""
 
 
-def restore(template: Template, init_pid: int, work: Path) -> float:
-    """Restore the template's kernel into the container whose PID 1 is host pid
-    ``init_pid``, into that container's cgroups, as PID 1's child; the seconds it took.
+def restore(template: Template, init_pid: int, container_id: str, work: Path) -> float:
+    """Restore the template's kernel into the container ``container_id``, whose PID 1 is host
+    pid ``init_pid``, into that container's cgroups, as PID 1's child; the seconds it took.
     ``work`` (made afresh, removed after) holds CRIU's log."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, mode=0o700)
     try:
         started = time.monotonic()
-        _criu(init_pid, ["restore", "--restore-detached", "--manage-cgroups=ignore"],
-              template.folder, work, "restore", cgroups=cgroup_procs(init_pid))
+        _criu(init_pid, container_id,
+              ["restore", "--restore-detached", "--manage-cgroups=ignore"],
+              template.folder, work, "restore", join_cgroups=True)
         return time.monotonic() - started
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -254,18 +261,15 @@ async def rekey(connection: dict[str, Any], old_key: str, timeout_s: float) -> N
                             f"{reply['content'].get('evalue', '')}"[:300])
 
 
-def cgroup_procs(init_pid: int) -> list[Path]:
-    """The ``cgroup.procs`` files of every cgroup hierarchy the process is in (v1 and v2)."""
-    try:
-        lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
-    except OSError as exc:
-        raise TemplateError(f"the container's cgroups cannot be read: {exc}") from exc
+def cgroup_procs(text: str) -> list[Path]:
+    """The ``cgroup.procs`` files of every cgroup hierarchy a ``/proc/PID/cgroup`` names
+    (v1 and v2)."""
+    lines = text.splitlines()
     found = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers:
-            mounted = controllers.removeprefix("name=")
-            candidates = [Path("/sys/fs/cgroup", mounted)]
+            candidates = [Path("/sys/fs/cgroup", controllers.removeprefix("name="))]
         else:  # v2: the whole tree, or beside v1 controllers as "unified"
             candidates = [Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")]
         for base in candidates:
@@ -278,30 +282,68 @@ def cgroup_procs(init_pid: int) -> list[Path]:
     return found
 
 
-def _criu(init_pid: int, arguments: list[str], images: Path, work: Path, log: str,
-          cgroups: list[Path] | None = None) -> None:
-    """Run CRIU inside the namespaces (and, with ``cgroups``, the cgroups) of the container
-    whose PID 1 is host pid ``init_pid``."""
-    opened = [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in (CRIU_HOME, images, work)]
-    home, images_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in opened)
-    libraries = f"{home}/{LIBRARIES}"
-    preload = (["--preload", f"{home}/rlimit_shim.so"]
-               if (CRIU_HOME / "rlimit_shim.so").is_file() else [])
-    command = ["nsenter", "-t", str(init_pid), "-m", "-p", "-n", "-i", "-u", "--",
-               f"{libraries}/ld-linux-x86-64.so.2", *preload, "--library-path", libraries,
-               f"{home}/root/usr/sbin/criu", *arguments, "-D", images_fd, "-W", work_fd,
-               "-o", f"{log}.log"]
-    if cgroups:
-        # The shell joins the container's cgroups, then becomes nsenter, whose child (CRIU)
-        # and the processes it restores are born there: charged to the container's limits.
-        join = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; ' \
-               'exec "$@"'
-        command = ["sh", "-c", join, "sh", *map(str, cgroups), "--", *command]
+@contextlib.contextmanager
+def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
+             ) -> Iterator[tuple[list[str], tuple[int, ...], list[Path]]]:
+    """``nsenter``'s options for the namespaces ``kinds`` of the container's PID 1, opened
+    as file descriptors (to pass on), and the ``cgroup.procs`` files of its cgroups; only
+    once host pid ``init_pid`` is known to be that process, and to have stayed it while they
+    were opened: a pid the host gave to another process meanwhile must never be entered."""
     try:
-        _run(command, f"CRIU's {log}", pass_fds=tuple(opened), log=work / f"{log}.log")
+        pidfd = os.pidfd_open(init_pid)
+    except OSError as exc:
+        raise TemplateError("the container's PID 1 is gone", template_at_fault=False) from exc
+    opened: list[int] = []
+    try:
+        try:
+            text = Path(f"/proc/{init_pid}/cgroup").read_text()
+            if container_id not in text:
+                raise TemplateError("the container's PID 1 is gone", template_at_fault=False)
+            for kind in kinds:
+                opened.append(os.open(f"/proc/{init_pid}/ns/{kind}", os.O_RDONLY))
+            procs = cgroup_procs(text)
+        except OSError as exc:
+            raise TemplateError(f"the container's namespaces cannot be opened: {exc}",
+                                template_at_fault=False) from exc
+        if select.select([pidfd], [], [], 0)[0]:  # a pidfd reads ready once its process ends
+            raise TemplateError("the container's PID 1 is gone", template_at_fault=False)
+        options = [f"--{NSENTER_NAMES[kind]}=/proc/self/fd/{fd}"
+                   for kind, fd in zip(kinds, opened, strict=True)]
+        yield options, tuple(opened), procs
     finally:
         for fd in opened:
             os.close(fd)
+        os.close(pidfd)
+
+
+def _criu(init_pid: int, container_id: str, arguments: list[str], images: Path, work: Path,
+          log: str, join_cgroups: bool = False) -> None:
+    """Run CRIU inside the namespaces (and, with ``join_cgroups``, the cgroups) of the
+    container ``container_id``, whose PID 1 is host pid ``init_pid``."""
+    with _entered(init_pid, container_id, ("mnt", "pid", "net", "ipc", "uts")) as (
+            options, namespaces, cgroups):
+        opened = [os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                  for path in (CRIU_HOME, images, work)]
+        home, images_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in opened)
+        libraries = f"{home}/{LIBRARIES}"
+        preload = (["--preload", f"{home}/rlimit_shim.so"]
+                   if (CRIU_HOME / "rlimit_shim.so").is_file() else [])
+        command = ["nsenter", *options, "--",
+                   f"{libraries}/ld-linux-x86-64.so.2", *preload, "--library-path", libraries,
+                   f"{home}/root/usr/sbin/criu", *arguments, "-D", images_fd, "-W", work_fd,
+                   "-o", f"{log}.log"]
+        if join_cgroups:
+            # The shell joins the container's cgroups, then becomes nsenter, whose child
+            # (CRIU) and the processes it restores are born there: charged to its limits.
+            join = ('for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; '
+                    'shift; exec "$@"')
+            command = ["sh", "-c", join, "sh", *map(str, cgroups), "--", *command]
+        try:
+            _run(command, f"CRIU's {log}", pass_fds=(*namespaces, *opened),
+                 log=work / f"{log}.log")
+        finally:
+            for fd in opened:
+                os.close(fd)
 
 
 def _run(command: list[str], what: str, pass_fds: tuple[int, ...] = (),
