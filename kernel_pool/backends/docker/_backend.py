@@ -302,8 +302,10 @@ class DockerSandbox(Sandbox):
         self._exit_code = None
         self._sandbox_oom_kills = None
         work = self._backend.template_work / self.info.sandbox_id
-        await _in_thread(restore_template, template, self._init_pid, self.info.container_id,
-                         work)
+        took = await _in_thread(restore_template, template, self._init_pid,
+                                self.info.container_id, work)
+        logger.debug("sandbox %s: kernel restored from the template in %.3f s",
+                     self.info.sandbox_id, took)
         await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._init_pid, signal.SIGUSR1)

@@ -50,9 +50,9 @@ COMPRESSOR = [ZSTD, "-1", "-q", "-T0"] if ZSTD else ["gzip", "-1"]
 """zstd -1 packed a 93 MB checkpoint of a kernel to 23 MB in 0.30 s on the development machine;
 gzip -1 to 26 MB in 1.5 s (docs/checkpoint.md)."""
 ENGINE_TIMEOUT_S = 300
+"""A dump or restore writes or reads the whole memory of the sandbox: minutes at worst."""
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 """What stops a gateway, and must not stop its packing (see :class:`Packing`)."""
-"""A dump or restore writes or reads the whole memory of the sandbox: minutes at worst."""
 IMAGE_SUFFIXES = (".tar.zst", ".tar.gz")
 """The names a checkpoint archive may have (after the session's id), the one made here first."""
 IMAGE_SUFFIX = IMAGE_SUFFIXES[0] if ZSTD else IMAGE_SUFFIXES[1]
