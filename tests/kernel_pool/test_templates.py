@@ -133,16 +133,19 @@ async def test_restart_boots_and_a_memory_pause_keeps_a_restored_kernel(
     assert int(await run_ok(session, "import os\nprint(os.getpid())")) != TEMPLATE_PID
 
 
-async def test_a_sandbox_with_an_environment_of_its_own_boots(
+async def test_a_sandbox_with_an_environment_of_its_own_gets_it_in_a_restored_kernel(
         session: Session, template_pool: KernelPool) -> None:
     parent = await template_pool.create_session(env={"REPLGATE_TEST_MARK": "kept"})
     try:
         await run_ok(parent, "y = 2")
+        # The copy is a sandbox made with the parent's environment, resumed in a container of
+        # its own: its kernel comes from the template, the environment set in it after.
         copies = await template_pool.fork_session(parent.id, 1)
         try:
             copy = copies[0]
             out = await run_ok(copy, "import os\nprint(os.environ['REPLGATE_TEST_MARK'], y)")
             assert out == "kept 2\n"
+            assert sandbox_of(copy).from_template
         finally:
             for copy in copies:
                 await template_pool.delete_session(copy.id)

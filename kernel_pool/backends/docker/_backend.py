@@ -259,9 +259,10 @@ class DockerSandbox(Sandbox):
         await self._ensure_running()
         self._close_pidfd()
         fresh, self.fresh, self.from_template = self.fresh, False, False
-        # A session's own environment is the container's, which a template's kernel lacks.
+        # A session's own environment reaches a restored kernel as it reaches a warm one: the
+        # kernel layer sets it in the process once the kernel answers (``Kernel.set_env``).
         template = (self._backend.template_for(self.profile)
-                    if fresh and self._through_init and not self._env else None)
+                    if fresh and self._through_init else None)
         if template is not None:
             try:
                 return await self._launch_from_template(template)
