@@ -23,7 +23,7 @@ from kernel_pool.backends.docker import (
     build_image,
     checkpoint_support,
     missing_runtime,
-    templates_unavailable,
+    templates_refusal,
 )
 
 
@@ -64,7 +64,7 @@ def kernel_templates(support: CheckpointSupport, wanted: bool) -> str:
     """The doctor's line on kernel templates (never a problem: without them kernels boot)."""
     if not wanted:
         return "kernel templates: off (REPLGATE_KERNEL_TEMPLATES=false), so kernels boot"
-    refusal = templates_unavailable() if support.criu_works else support.reason
+    refusal = templates_refusal(support)
     if refusal is not None:
         return f"kernel templates: not available, so kernels boot; {refusal}"
     return ("kernel templates: available; a runc profile's new kernels are restored from a "

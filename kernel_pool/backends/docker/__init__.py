@@ -2,7 +2,7 @@
 
 Registered under the ``replgate.backends`` entry point ``docker``; runs each profile under
 runc or gVisor (``missing_runtime`` says what the engine lacks for that); ``checkpoint_support``
-says whether this host can checkpoint a sandbox's processes (CRIU), ``templates_unavailable``
+says whether this host can checkpoint a sandbox's processes (CRIU), ``templates_refusal``
 why kernels cannot be restored from templates here; the only module of
 kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
@@ -19,7 +19,7 @@ from kernel_pool.backends.docker._backend import (
 from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, missing_runtime
 from kernel_pool.backends.docker._image import ImageInfo, build_image, read_image_info
-from kernel_pool.backends.docker._template import unavailable as templates_unavailable
+from kernel_pool.backends.docker._template import refusal as templates_refusal
 
 __all__ = [
     "ENGINE_RUNTIMES",
@@ -37,5 +37,5 @@ __all__ = [
     "current_image",
     "missing_runtime",
     "read_image_info",
-    "templates_unavailable",
+    "templates_refusal",
 ]

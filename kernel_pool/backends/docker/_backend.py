@@ -95,9 +95,9 @@ from kernel_pool.backends.docker._template import (
 )
 from kernel_pool.backends.docker._template import dump as dump_template
 from kernel_pool.backends.docker._template import find as find_template
+from kernel_pool.backends.docker._template import refusal as templates_refusal
 from kernel_pool.backends.docker._template import remove_others as remove_other_templates
 from kernel_pool.backends.docker._template import restore as restore_template
-from kernel_pool.backends.docker._template import unavailable as templates_unavailable
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -169,6 +169,14 @@ def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
 
+def _connection(key: str, ip: str | None = None) -> dict[str, Any]:
+    """A kernel's connection info (jupyter_client's connection-file dict) with ``key``, and
+    ``ip`` (the sockets' path stem) when given."""
+    info = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
+            "kernel_name": "python3"}
+    return info if ip is None else {**info, "ip": ip}
+
+
 def _read_connection_file(path: Path) -> dict[str, Any]:
     """A kernel's connection file, which lies in a folder the sandbox can write: read it
     without following links and keep only well-formed values (ports must be the fixed small
@@ -183,8 +191,7 @@ def _read_connection_file(path: Path) -> dict[str, Any]:
     key = raw.get("key") if isinstance(raw, dict) else None
     if not isinstance(key, str) or not key.isalnum():
         raise BackendError(f"kernel connection file {path} is missing or malformed")
-    return {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
-            "kernel_name": "python3"}
+    return _connection(key)
 
 
 class DockerSandbox(Sandbox):
@@ -259,6 +266,7 @@ class DockerSandbox(Sandbox):
         await self._ensure_running()
         self._close_pidfd()
         fresh, self.fresh, self.from_template = self.fresh, False, False
+        self._exit_code, self._sandbox_oom_kills = None, None
         # A session's own environment reaches a restored kernel as it reaches a warm one: the
         # kernel layer sets it in the process once the kernel answers (``Kernel.set_env``).
         template = (self._backend.template_for(self.profile)
@@ -279,12 +287,8 @@ class DockerSandbox(Sandbox):
         previous = self.info.kernel_name
         number = int(previous[1:]) + 1 if previous else 1
         name = f"k{number}"
-        config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}",
-                  "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256",
-                  "kernel_name": "python3"}
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         await _in_thread(self._write_connection_file, name, config, previous)
-        self._exit_code = None
-        self._sandbox_oom_kills = None
         if self._through_init:
             await self._launch_through_init(name)
         else:
@@ -296,12 +300,8 @@ class DockerSandbox(Sandbox):
         give it a key of its own (and fresh random generators) before anyone else reaches it;
         :class:`TemplateError` when any step fails (the caller then boots a kernel)."""
         name = template.kernel_name
-        key = secrets.token_hex(32)
-        config = {**PORTS, "transport": "ipc", "ip": f"{KERNEL_DIR}/{name}", "key": key,
-                  "signature_scheme": "hmac-sha256", "kernel_name": "python3"}
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         await _in_thread(self._write_connection_file, name, config, self.info.kernel_name)
-        self._exit_code = None
-        self._sandbox_oom_kills = None
         work = self._backend.template_work / self.info.sandbox_id
         took = await _in_thread(restore_template, template, self._init_pid,
                                 self.info.container_id, work)
@@ -691,8 +691,7 @@ class DockerSandbox(Sandbox):
         if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
                 or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):
             raise BackendError("the checkpoint's records are malformed")
-        config = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
-                  "kernel_name": "python3"}
+        config = _connection(key)
         # The socket folder may have been made afresh while the sandbox was stopped: its
         # records go back, for a later gateway that takes the sandbox back (``load``).
         await _in_thread(self._write_records, name, pid,
@@ -957,8 +956,7 @@ class DockerBackend(SandboxBackend):
             return
         support = await _in_thread(checkpoint_support, info)
         if self.settings.kernel_templates:
-            self.templates_refusal = (templates_unavailable() if support.criu_works
-                                      else support.reason)
+            self.templates_refusal = templates_refusal(support)
             self.templates = self.templates_refusal is None
             if not self.templates:
                 logger.info("kernels boot: no kernel templates here (%s)", self.templates_refusal)

@@ -46,6 +46,24 @@ def _read_key(path: str | None, key: str) -> int | None:
     return None
 
 
+def procs_files(proc_cgroup: str) -> list[Path]:
+    """The ``cgroup.procs`` file of each hierarchy a ``/proc/PID/cgroup`` text names (v1
+    controllers, and v2 alone or beside them as ``unified``) that is found on this host."""
+    found = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers:
+            candidates = [CGROUP_ROOT / controllers.removeprefix("name=")]
+        else:
+            candidates = [CGROUP_ROOT / "unified", CGROUP_ROOT]
+        for base in candidates:
+            procs = base / path.lstrip("/") / "cgroup.procs"
+            if procs.is_file():
+                found.append(procs)
+                break
+    return found
+
+
 class CgroupReader:
     """The cgroup files of one container, located once from its init's host pid."""
 

@@ -68,6 +68,9 @@ state, and containerd's task folder, whose ``work`` folder a checkpoint or resto
 CONTAINERD_STAGING = Path("/tmp")
 """Where containerd (1.6, as Docker 20.10 runs it, with no ``XDG_RUNTIME_DIR``) unpacks a
 checkpoint it restores from, as ``ctrd-checkpoint<random>``; it never removes that copy."""
+CRIU_LOG_NOISE = ("tun.c", "RLIMIT_NOFILE for self")
+"""Errors CRIU logs on every run on this kind of host and survives (no tun device; no
+CAP_SYS_RESOURCE for its own rlimit): they say nothing about a failure."""
 WORK_NAME = ".replgate-criu-work"
 """The folder beside the checkpoint where CRIU writes its log during a dump (then removed)."""
 
@@ -94,7 +97,7 @@ def _engine(answer: Any, what: str, container_id: str) -> None:
             message = answer.text
         log = criu_log_named(message, container_id, ENGINE_LOG_ROOTS)
         raise CheckpointError(f"{what}: {without_host_paths(message.strip())[-600:]}"
-                              f"{_log_errors(log) if log else ''}")
+                              f"{criu_log_errors(log) if log else ''}")
 
 
 def criu_log_named(message: str, container_id: str, roots: tuple[Path, ...]) -> Path | None:
@@ -126,13 +129,16 @@ def checkpoint_failure(exc: Exception) -> BackendError:
 _HOST_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:'\"(),]+){2,}")
 
 
-def _log_errors(log_path: Path) -> str:
+def criu_log_errors(log_path: Path) -> str:
+    """The last three errors of a CRIU log, host paths cut, as `` (CRIU: a | b | c)``; ""
+    when there are none (or no log)."""
     try:
         with open(log_path, "rb") as log:
             lines = log.read()[-(1 << 16):].decode(errors="replace").splitlines()
     except OSError:
         return ""
-    errors = [without_host_paths(line.strip()) for line in lines if "Error (" in line][-3:]
+    errors = [without_host_paths(line.strip()) for line in lines
+              if "Error (" in line and not any(noise in line for noise in CRIU_LOG_NOISE)][-3:]
     return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
@@ -220,7 +226,7 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
         if done.returncode:
             said = without_host_paths(done.stderr.decode(errors="replace").strip())[-600:]
             raise CheckpointError(f"runc could not checkpoint the sandbox: {said}"
-                                  f"{_log_errors(work / 'dump.log')}")
+                                  f"{criu_log_errors(work / 'dump.log')}")
     except subprocess.TimeoutExpired as exc:
         raise CheckpointError(f"runc's checkpoint took over {ENGINE_TIMEOUT_S}s") from exc
     finally:

@@ -47,7 +47,9 @@ from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from kernel_pool.backends.docker._checkpoint import without_host_paths
+from kernel_pool.backends.docker._cgroup import procs_files
+from kernel_pool.backends.docker._checkpoint import criu_log_errors, without_host_paths
+from kernel_pool.backends.docker._criu import CheckpointSupport
 
 CRIU_HOME = Path("/opt/replgate/criu")
 """The private CRIU root ``./run.sh`` installs (``root/``, and ``rlimit_shim.so`` beside it)."""
@@ -83,8 +85,11 @@ class Template:
     """The template's connection key (each restored copy is re-keyed at once)."""
 
 
-def unavailable() -> str | None:
-    """Why templates cannot be made on this host, as a sentence; None when they can."""
+def refusal(support: CheckpointSupport) -> str | None:
+    """Why templates cannot be made on this host, as a sentence, given what
+    :func:`~._criu.checkpoint_support` found; None when they can."""
+    if not support.criu_works:
+        return support.reason
     if os.geteuid() != 0:
         return "templates need the gateway to run as root (CRIU enters the containers)"
     if not (CRIU_HOME / "root/usr/sbin/criu").is_file() or not (
@@ -205,13 +210,19 @@ def restore(template: Template, init_pid: int, container_id: str, work: Path) ->
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _shell_client(connection: dict[str, Any]) -> AsyncKernelClient:
+    """A client of the kernel's shell channel alone (nothing else is asked of it here)."""
+    client = AsyncKernelClient()
+    info: Any = connection  # jupyter_client types it as a TypedDict
+    client.load_connection_info(info)
+    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+    return client
+
+
 async def answered(connection: dict[str, Any], timeout_s: float) -> None:
     """Wait until the kernel answers a ``kernel_info`` request (its imports are done by then:
     it imports before it serves)."""
-    client = AsyncKernelClient()
-    info: Any = connection
-    client.load_connection_info(info)
-    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+    client = _shell_client(connection)
     try:
         async with asyncio.timeout(timeout_s):
             while True:
@@ -236,10 +247,7 @@ async def rekey(connection: dict[str, Any], old_key: str, timeout_s: float) -> N
     take ``connection``'s key, and reseed its random generators; its answer, signed with the
     new key, proves it did."""
     key = str(connection["key"])
-    client = AsyncKernelClient()
-    info: Any = {**connection, "key": old_key}
-    client.load_connection_info(info)
-    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+    client = _shell_client({**connection, "key": old_key})
     try:
         msg_id = client.execute(
             f"__import__('replgate_kernel.restored').restored.after_restore({key!r})",
@@ -261,34 +269,13 @@ async def rekey(connection: dict[str, Any], old_key: str, timeout_s: float) -> N
                             f"{reply['content'].get('evalue', '')}"[:300])
 
 
-def cgroup_procs(text: str) -> list[Path]:
-    """The ``cgroup.procs`` files of every cgroup hierarchy a ``/proc/PID/cgroup`` names
-    (v1 and v2)."""
-    lines = text.splitlines()
-    found = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers:
-            candidates = [Path("/sys/fs/cgroup", controllers.removeprefix("name="))]
-        else:  # v2: the whole tree, or beside v1 controllers as "unified"
-            candidates = [Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")]
-        for base in candidates:
-            procs = base / path.lstrip("/") / "cgroup.procs"
-            if procs.is_file():
-                found.append(procs)
-                break
-    if len(found) < len(lines):
-        raise TemplateError("the container's cgroups were not all found under /sys/fs/cgroup")
-    return found
-
-
 @contextlib.contextmanager
 def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
-             ) -> Iterator[tuple[list[str], tuple[int, ...], list[Path]]]:
+             ) -> Iterator[tuple[list[str], tuple[int, ...], str]]:
     """``nsenter``'s options for the namespaces ``kinds`` of the container's PID 1, opened
-    as file descriptors (to pass on), and the ``cgroup.procs`` files of its cgroups; only
-    once host pid ``init_pid`` is known to be that process, and to have stayed it while they
-    were opened: a pid the host gave to another process meanwhile must never be entered."""
+    as file descriptors (to pass on), and its ``/proc/PID/cgroup``; only once host pid
+    ``init_pid`` is known to be that process, and to have stayed it while they were opened:
+    a pid the host gave to another process meanwhile must never be entered."""
     try:
         pidfd = os.pidfd_open(init_pid)
     except OSError as exc:
@@ -301,7 +288,6 @@ def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
                 raise TemplateError("the container's PID 1 is gone", template_at_fault=False)
             for kind in kinds:
                 opened.append(os.open(f"/proc/{init_pid}/ns/{kind}", os.O_RDONLY))
-            procs = cgroup_procs(text)
         except OSError as exc:
             raise TemplateError(f"the container's namespaces cannot be opened: {exc}",
                                 template_at_fault=False) from exc
@@ -309,7 +295,7 @@ def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
             raise TemplateError("the container's PID 1 is gone", template_at_fault=False)
         options = [f"--{NSENTER_NAMES[kind]}=/proc/self/fd/{fd}"
                    for kind, fd in zip(kinds, opened, strict=True)]
-        yield options, tuple(opened), procs
+        yield options, tuple(opened), text
     finally:
         for fd in opened:
             os.close(fd)
@@ -321,7 +307,11 @@ def _criu(init_pid: int, container_id: str, arguments: list[str], images: Path, 
     """Run CRIU inside the namespaces (and, with ``join_cgroups``, the cgroups) of the
     container ``container_id``, whose PID 1 is host pid ``init_pid``."""
     with _entered(init_pid, container_id, ("mnt", "pid", "net", "ipc", "uts")) as (
-            options, namespaces, cgroups):
+            options, namespaces, proc_cgroup):
+        procs = procs_files(proc_cgroup) if join_cgroups else []
+        if join_cgroups and len(procs) < len(proc_cgroup.splitlines()):
+            raise TemplateError("the container's cgroups were not all found under "
+                                "/sys/fs/cgroup")
         opened = [os.open(path, os.O_RDONLY | os.O_DIRECTORY)
                   for path in (CRIU_HOME, images, work)]
         home, images_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in opened)
@@ -337,7 +327,7 @@ def _criu(init_pid: int, container_id: str, arguments: list[str], images: Path, 
             # (CRIU) and the processes it restores are born there: charged to its limits.
             join = ('for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; '
                     'shift; exec "$@"')
-            command = ["sh", "-c", join, "sh", *map(str, cgroups), "--", *command]
+            command = ["sh", "-c", join, "sh", *map(str, procs), "--", *command]
         try:
             _run(command, f"CRIU's {log}", pass_fds=(*namespaces, *opened),
                  log=work / f"{log}.log")
@@ -360,19 +350,7 @@ def _run(command: list[str], what: str, pass_fds: tuple[int, ...] = (),
                             template_at_fault=False)
     if done.returncode:
         said = done.stderr.decode(errors="replace").strip()[-300:]
-        errors = _log_errors(log) if log is not None else ""
+        errors = criu_log_errors(log) if log is not None else ""
         raise TemplateError(without_host_paths(
             f"{what} failed (exit status {done.returncode}){': ' + said if said else ''}"
             f"{errors}"))
-
-
-def _log_errors(log: Path) -> str:
-    try:
-        lines = log.read_bytes()[-(1 << 16):].decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    # Two errors CRIU logs on every run here and survives (no tun device; no CAP_SYS_RESOURCE
-    # for its own rlimit) say nothing about a failure.
-    errors = [line.strip() for line in lines if "Error (" in line
-              and "tun.c" not in line and "RLIMIT_NOFILE for self" not in line][-3:]
-    return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
