@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # replgate's two set-up commands, each idempotent and self-installing:
 #   ./run.sh serve [--host H] [--port P]   start the gateway (127.0.0.1:8000 by default)
-#   ./run.sh test [pytest args]            run the whole test suite (runc, then a gVisor leg);
-#                                          with arguments, just pytest with them
-# Each brings up what it needs first: a virtualenv with the project's packages, a running
+#   ./run.sh test [pytest args]            run the whole test suite (ruff, mypy, runc, then a
+#                                          gVisor leg); with arguments, just pytest with them
+#   ./run.sh lock [--upgrade]              update the locks (uv.lock, sandbox_image/requirements.txt)
+# Each brings up what it needs first: a virtualenv with the project's packages (from uv.lock), a running
 # Docker engine (Debian's docker.io, installed and started when none answers and we are root)
 # with gVisor's runsc registered in it (the `gvisor` runtime of a profile), CRIU 4.2 for pauses
 # that keep a kernel's memory (when run as root or with sudo), and the sandbox image (built from
@@ -32,18 +33,56 @@ find_python() {
   say "Python 3.11 or newer is required (apt-get install python3 python3-venv)"; exit 1
 }
 
-ensure_venv() {
-  local extras=$1 stamp="$VENV/.replgate-installed-$1"
-  local want; want=$(cat pyproject.toml | sha256sum | cut -c1-16)
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
-  if [ ! -x "$VENV/bin/python" ]; then
-    say "creating virtualenv $VENV"
-    "$(find_python)" -m venv "$VENV" || { as_root apt-get install -y python3-venv && "$(find_python)" -m venv "$VENV"; }
+# uv, pinned and hash-checked (setup/uv-requirements.txt), in a virtualenv of its own: it installs
+# everything else from uv.lock, so `serve` and `test` get the same versions whatever PyPI has since.
+TOOLS=${REPLGATE_TOOLS:-$ROOT/.tools}
+UV=$TOOLS/bin/uv
+export UV_PYTHON_DOWNLOADS=never  # the host's Python, never one fetched at run time
+
+ensure_uv() {
+  local want; want=$(sha256sum setup/uv-requirements.txt | cut -c1-16)
+  if [ -x "$UV" ] && [ "$(cat "$TOOLS/.replgate-installed" 2>/dev/null)" = "$want" ]; then return; fi
+  if [ ! -x "$TOOLS/bin/python" ]; then
+    "$(find_python)" -m venv "$TOOLS" 2>/dev/null ||
+      { as_root apt-get install -y python3-venv >/dev/null && "$(find_python)" -m venv "$TOOLS"; }
   fi
-  say "installing replgate[$extras] into $VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip
-  "$VENV/bin/pip" install --quiet -e ".[$extras]"
+  say "installing uv into $TOOLS"
+  "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --require-hashes -r setup/uv-requirements.txt
+  echo "$want" > "$TOOLS/.replgate-installed"
+}
+
+# The project's packages for EXTRA (serve or dev), exactly as uv.lock has them. `--inexact` keeps
+# what the other command installed (same lock, same versions) instead of uninstalling it.
+ensure_venv() {
+  local extra=$1 stamp="$VENV/.replgate-installed-$1"
+  local want; want=$(cat uv.lock pyproject.toml | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  ensure_uv
+  say "installing replgate[$extra] into $VENV from uv.lock"
+  UV_PROJECT_ENVIRONMENT=$VENV "$UV" sync --quiet --frozen --inexact --extra "$extra" \
+    --python "$(find_python)"
   echo "$want" > "$stamp"
+}
+
+# `./run.sh lock [--upgrade]`: re-resolves uv.lock (the project's packages, every extra) and the
+# sandbox image's sandbox_image/requirements.txt, both with hashes; without --upgrade a locked
+# version changes only where pyproject.toml or requirements.in no longer allow it.
+update_locks() {
+  ensure_uv
+  local upgrade=(); [ "${1:-}" != --upgrade ] || upgrade=(--upgrade)
+  "$UV" lock "${upgrade[@]}"
+  # The image's Python is Debian bookworm's 3.11; --universal keeps every platform's hashes.
+  "$UV" pip compile --quiet --universal --python-version 3.11 --generate-hashes "${upgrade[@]}" \
+    --custom-compile-command "./run.sh lock" sandbox_image/requirements.in -o sandbox_image/requirements.txt
+  "$UV" pip compile --quiet --universal --generate-hashes "${upgrade[@]}" \
+    --custom-compile-command "./run.sh lock" setup/uv-requirements.in -o setup/uv-requirements.txt
+}
+
+# ruff and mypy (strict, configured in pyproject.toml): any finding fails the test command.
+static_checks() {
+  say "ruff and mypy"
+  "$VENV/bin/ruff" check . && "$VENV/bin/mypy"
 }
 
 # gVisor: Debian's runsc, the static binary of trixie's package (built with Go 1.24). Bookworm's
@@ -320,6 +359,8 @@ case "$cmd" in
   serve)
     ensure_venv serve; ensure_engine; ensure_criu; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
+  lock)
+    update_locks "$@" ;;
   test)
     ensure_venv dev; ensure_engine; ensure_criu; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
@@ -340,6 +381,7 @@ case "$cmd" in
     # kernel channel as the surfaces above).
     # Both legs run whatever the first gives; the exit status is the first failure's.
     status=0
+    static_checks || status=$?
     "$VENV/bin/python" -m pytest || status=$?
     say "gVisor leg: the sandbox attacks, the posture and the public APIs again, under runsc"
     REPLGATE_TEST_RUNTIME=gvisor "$VENV/bin/python" -m pytest tests/kernel_pool/test_gvisor.py \
@@ -351,7 +393,9 @@ case "$cmd" in
         or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))" \
       || gvisor_status=$?
     [ "$status" -ne 0 ] || status=${gvisor_status:-0}
+    [ "$status" -eq 0 ] || say "failed: see above (ruff and mypy first, then the runc leg, then the gVisor leg)"
     exit "$status" ;;
   *)
-    echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args]" >&2; exit 2 ;;
+    echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args] | ./run.sh lock [--upgrade]" >&2
+    exit 2 ;;
 esac
