@@ -17,6 +17,7 @@ from gateway import __version__, bodies, e2b, errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.governance import Governance, load_policy
+from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.metrics import Metrics
 from gateway.routers import files, health, jupyter, sessions, ui, watch, ws
@@ -27,8 +28,6 @@ from gateway.store import Store
 from kernel_pool import KernelPool
 
 logger = logging.getLogger("replgate")
-
-KEY_FILE = "api_key"
 
 
 def _make_state_dir(state_dir: Path) -> None:

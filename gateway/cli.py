@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway import local
+
 if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
     from gateway.settings import Settings
 
@@ -96,25 +98,14 @@ def _mcp(args: argparse.Namespace) -> int:
     # stdout carries the protocol: logs go to stderr, which MCP clients show or keep.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="replgate mcp: %(levelname)s %(name)s: %(message)s")
-    api_key = os.environ.get("REPLGATE_API_KEY") or _stored_api_key()
+    api_key = local.api_key()
     if not api_key:
         print("replgate mcp: no API key: set REPLGATE_API_KEY to a key of the gateway "
-              "(`replgate serve` prints the one it creates)", file=sys.stderr)
+              "(`replgate serve` prints the one it creates, and keeps it in "
+              f"{local.state_dir() / local.KEY_FILE})", file=sys.stderr)
         return 2
     anyio.run(lambda: run_stdio(base_url=args.url, api_key=api_key))
     return 0
-
-
-def _stored_api_key() -> str | None:
-    """The key `replgate serve` created for tenant 'default' on this machine, if any."""
-    # gateway.app.KEY_FILE, not imported: the stdio server must not need the server's packages.
-    from gateway.settings import Settings
-
-    path = Settings().state_dir / "api_key"
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _image_build(args: argparse.Namespace) -> int:

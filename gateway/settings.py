@@ -26,6 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.local import default_state_dir
 from kernel_pool import PoolLimits, PoolSettings, Profile, parse_size
 
 ENV_PREFIX = "REPLGATE_"
@@ -57,10 +58,6 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "template_dir": ("pool", "template_dir"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
-
-
-def default_state_dir() -> Path:
-    return Path.home() / ".local" / "state" / "replgate"
 
 
 class _FlatNames(PydanticBaseSettingsSource):

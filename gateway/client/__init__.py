@@ -2,13 +2,16 @@
 
     from gateway.client import AsyncSandbox   # or Sandbox, the same without await
 
-    async with await AsyncSandbox.create() as sbx:   # REPLGATE_URL, REPLGATE_API_KEY
+    async with await AsyncSandbox.create() as sbx:   # the gateway of this machine
         await sbx.run_code("x = 21")
         ex = await sbx.run_code("print(x * 2)", on_stdout=lambda e: print(e.text, end=""))
         assert ex.status == "ok" and ex.stdout == "42\\n"
 
-It needs only httpx, websockets and pydantic: its models are the wire's (:mod:`gateway.wire`),
-the same the gateway serves.
+``create()`` with no arguments finds the gateway of this machine as ``replgate mcp`` does
+(:mod:`gateway.local`: ``REPLGATE_URL`` and ``REPLGATE_API_KEY``, else ``http://127.0.0.1:8000``
+and the key ``replgate serve`` keeps in its state folder). Agents import it as ``replgate``
+(``from replgate import Sandbox``). It needs only httpx, websockets and pydantic: its models
+are the wire's (:mod:`gateway.wire`), the same the gateway serves.
 """
 
 from gateway.wire import (

@@ -51,8 +51,10 @@ class AsyncSandbox:
                      metadata: dict[str, Any] | None = None) -> AsyncSandbox:
         """Start a new session.
 
-        ``base_url`` and ``api_key`` default to ``REPLGATE_URL`` (else
-        ``http://127.0.0.1:8000``) and ``REPLGATE_API_KEY``. ``profile`` picks the gateway's
+        ``base_url`` and ``api_key`` default to the gateway of this machine: ``REPLGATE_URL``
+        (else ``http://127.0.0.1:8000``) and ``REPLGATE_API_KEY`` (else the key ``replgate
+        serve`` keeps in its state folder, ``REPLGATE_STATE_DIR``), as ``replgate mcp`` finds
+        it. ``profile`` picks the gateway's
         sandbox profile, ``env`` the only environment variables the code sees, ``timeout_s``
         the default time limit of each execution.
         """

@@ -1,19 +1,20 @@
 """How the client reaches one gateway with one API key: HTTP requests, errors translated.
 
-The address and key come from the arguments, else from ``REPLGATE_URL`` and
-``REPLGATE_API_KEY``, read when a sandbox is created or connected, never at import.
+The address and key come from the arguments, else from the gateway of this machine as
+:mod:`gateway.local` finds it (``REPLGATE_URL``, ``REPLGATE_API_KEY``, else
+``http://127.0.0.1:8000`` and the key ``replgate serve`` wrote in its state folder), read when a
+sandbox is created or connected, never at import.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
 
-from ._errors import AuthenticationError, TransportError, error_from_response
+from gateway import local
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+from ._errors import AuthenticationError, TransportError, error_from_response
 
 # Starting a session may start a container; an execution lasts as long as its own timeout_s,
 # which the gateway enforces, so the client does not race it with a read timeout of its own.
@@ -23,16 +24,18 @@ EXECUTE_TIMEOUT = httpx.Timeout(60.0, connect=10.0, read=None)
 
 def resolve_base_url(base_url: str | None) -> str:
     """``base_url``, else ``REPLGATE_URL``, else the gateway's default address."""
-    return (base_url or os.environ.get("REPLGATE_URL") or DEFAULT_BASE_URL).rstrip("/")
+    return base_url.rstrip("/") if base_url else local.gateway_url()
 
 
 def resolve_api_key(api_key: str | None) -> str:
-    """``api_key``, else ``REPLGATE_API_KEY``; without either, :class:`AuthenticationError`."""
-    key = api_key or os.environ.get("REPLGATE_API_KEY")
+    """``api_key``, else ``REPLGATE_API_KEY``, else the key ``replgate serve`` created on this
+    machine; without any, :class:`AuthenticationError`."""
+    key = api_key or local.api_key()
     if not key:
         raise AuthenticationError(
             "No API key: pass api_key=... or set REPLGATE_API_KEY (`replgate serve` prints the "
-            "key it created when REPLGATE_API_KEYS is unset).")
+            "key it created when REPLGATE_API_KEYS is unset, and keeps it in "
+            f"{local.state_dir() / local.KEY_FILE}, where this client looks too).")
     return key
 
 

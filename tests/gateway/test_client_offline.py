@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,9 +146,13 @@ def standin() -> Iterator[ErrorStandIn]:
 
 
 @pytest.fixture
-def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No address nor key in the environment, and a state folder without a key file (returned:
+    a test may write one there)."""
     monkeypatch.delenv("REPLGATE_URL", raising=False)
     monkeypatch.delenv("REPLGATE_API_KEY", raising=False)
+    monkeypatch.setenv("REPLGATE_STATE_DIR", str(tmp_path))
+    return tmp_path
 
 
 def client_threads() -> list[threading.Thread]:
@@ -171,12 +176,26 @@ def test_import_client_without_server_dependencies() -> None:
     assert found == "[]"
 
 
-async def test_create_rejects_missing_key_without_network(no_env: None) -> None:
+async def test_create_rejects_missing_key_without_network(no_env: Path) -> None:
     with pytest.raises(AuthenticationError) as caught:
         await AsyncSandbox.create()
 
     assert caught.value.status_code is None
     assert "REPLGATE_API_KEY" in str(caught.value)
+    assert str(no_env / "api_key") in str(caught.value)  # where it looked
+
+
+async def test_create_reads_the_key_serve_stored_when_none_is_given(
+        standin: ErrorStandIn, no_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLGATE_URL", standin.url)
+    (no_env / "api_key").write_text("good\n")
+    with pytest.raises(NotFoundError):
+        await AsyncSandbox.connect("missing")
+    monkeypatch.setenv("REPLGATE_API_KEY", "wrong")  # the environment's key comes first
+    with pytest.raises(AuthenticationError):
+        await AsyncSandbox.connect("missing")
+
+    assert standin.authorizations[-2:] == ["Bearer good", "Bearer wrong"]
 
 
 async def test_create_reads_environment_at_call_time(standin: ErrorStandIn,
@@ -228,7 +247,7 @@ async def test_create_invalid_timeout_carries_validation_detail(standin: ErrorSt
     assert "body.timeout_s: Input should be greater than 0" in str(caught.value)
 
 
-async def test_create_unreachable_gateway_raises_transport_error(no_env: None) -> None:
+async def test_create_unreachable_gateway_raises_transport_error(no_env: Path) -> None:
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{closed.getsockname()[1]}"
