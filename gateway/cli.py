@@ -159,7 +159,7 @@ async def _with_audit(action: str, target: str | None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replgate", description="A hardened, persistent Python REPL for AI agents. "
-        "Settings come from REPLGATE_* environment variables (see the README).")
+        "Settings come from REPLGATE_* environment variables (see docs/configuration.md).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the gateway (HTTP, WebSocket, Jupyter API)")

@@ -7,8 +7,8 @@ reachable from the environment and its default is stated once, in :mod:`kernel_p
     REPLGATE_LIMITS__MEMORY=4g                the default Profile (image, limits, timeouts)
     REPLGATE_LIMITS__CAPS__STREAM_CHARS=50000 its OutputCaps
 
-The flat names the README documents (``REPLGATE_MAX_KERNELS``, ``REPLGATE_MEMORY``, ...) keep
-working (:data:`FLAT_NAMES`); where both are set, the nested one wins. Nothing reads the
+The flat names docs/configuration.md documents (``REPLGATE_MAX_KERNELS``, ``REPLGATE_MEMORY``,
+...) keep working (:data:`FLAT_NAMES`); where both are set, the nested one wins. Nothing reads the
 environment at import time: ``Settings()`` does, when the CLI builds the app.
 """
 

@@ -1,4 +1,5 @@
-"""README.md's examples, run as written against a running gateway, so they cannot rot.
+"""README.md's examples, and those of the pages in docs/, run as written against a running
+gateway, so they cannot rot.
 
 Every fenced block is accounted for: shell and Python blocks run (the set-up commands
 ``./run.sh ...`` excepted), JSON blocks parse, TOML blocks load as a policy. A block that cannot
@@ -31,6 +32,9 @@ from gateway.governance import load_policy
 from tests.conftest import REPO, GatewayProcess, running_gateway
 
 README = REPO / "README.md"
+MEASUREMENTS = {"benchmarks.md", "checkpoint.md"}
+"""Pages whose blocks are the commands and outputs of measurements (minutes each), not examples."""
+PAGES = [README, *sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in MEASUREMENTS)]
 PORT = 8000
 MARK = re.compile(r"^\*\(Not run by `tests/test_readme\.py`: (?P<reason>.{10,})\)\*$")
 """The visible line above a block that cannot run: ``*(Not run by `tests/test_readme.py`:
@@ -40,6 +44,7 @@ SHELL = {"bash", "sh", "shell"}
 
 @dataclass
 class Block:
+    page: Path
     language: str
     text: str
     line: int
@@ -48,16 +53,18 @@ class Block:
     """The reason it is not run, when the README gives one."""
 
     def is_setup(self) -> bool:
+        """Only ``./run.sh ...`` commands (each perhaps after ``NAME=value`` settings)."""
         commands = [line for line in self.text.splitlines() if line.strip()]
-        return self.language in SHELL and all(c.startswith("./run.sh ") for c in commands)
+        return self.language in SHELL and all(
+            re.match(r"^(\w+=\S* )*\./run\.sh ", c) for c in commands)
 
     def __str__(self) -> str:
-        return f"README.md line {self.line} ({self.language})"
+        return f"{self.page.relative_to(REPO)} line {self.line} ({self.language})"
 
 
-def readme_blocks() -> list[Block]:
+def page_blocks(page: Path) -> list[Block]:
     blocks: list[Block] = []
-    lines = README.read_text().splitlines()
+    lines = page.read_text().splitlines()
     index = 0
     while index < len(lines):
         fence = re.match(r"^```(\S*)\s*$", lines[index])
@@ -67,20 +74,22 @@ def readme_blocks() -> list[Block]:
         end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
         before = next((lines[i] for i in range(index - 1, -1, -1) if lines[i].strip()), "")
         mark = MARK.match(before.strip())
-        blocks.append(Block(fence.group(1), "\n".join(lines[index + 1:end]) + "\n", index + 1,
-                            mark.group("reason") if mark else None))
+        blocks.append(Block(page, fence.group(1), "\n".join(lines[index + 1:end]) + "\n",
+                            index + 1, mark.group("reason") if mark else None))
         index = end + 1
     return blocks
 
 
-BLOCKS = readme_blocks()
-RUNNABLE = [b for b in BLOCKS if b.language in SHELL | {"python"} and not b.is_setup()
+BLOCKS = page_blocks(README)
+"""The README's blocks, in order (the first is the set-up commands)."""
+ALL_BLOCKS = [block for page in PAGES for block in page_blocks(page)]
+RUNNABLE = [b for b in ALL_BLOCKS if b.language in SHELL | {"python"} and not b.is_setup()
             and b.mark is None]
 
 
 def test_readme_blocks_are_each_run_parsed_or_marked() -> None:
-    assert RUNNABLE, "README.md has no example to run"
-    for block in BLOCKS:
+    assert [b for b in RUNNABLE if b.page == README], "README.md has no example to run"
+    for block in ALL_BLOCKS:
         assert block.language, f"{block}: a block needs a language (bash, python, json, toml)"
         assert block.language in SHELL | {"python", "json", "toml"}, (
             f"{block}: the README test does not know how to check {block.language!r} blocks")
@@ -96,12 +105,12 @@ def test_readme_opens_with_the_two_setup_commands() -> None:
     assert commands == [["./run.sh", "serve"], ["./run.sh", "test"]]
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.language == "json"], ids=str)
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "json"], ids=str)
 def test_readme_json_block_parses(block: Block) -> None:
     json.loads(block.text)
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.language == "toml"], ids=str)
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.language == "toml"], ids=str)
 def test_readme_toml_block_loads_as_policy(block: Block, tmp_path: Path) -> None:
     tomllib.loads(block.text)
     policy = tmp_path / "policy.toml"

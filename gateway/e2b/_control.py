@@ -217,7 +217,7 @@ def _sandbox_json(sandbox: SandboxOut, status_code: int) -> Response:
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=status.HTTP_204_NO_CONTENT)
 async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                 sandboxes: SandboxesDep, body: PauseRequest | None = None) -> Response:
-    """``Sandbox.pause()``: the session is paused (README: what a pause keeps) and stops
+    """``Sandbox.pause()``: the session is paused (docs/lifecycle.md: what a pause keeps) and stops
     expiring; connecting or running code resumes it. ``memory: false`` keeps the files only
     (the kernel is restarted first, so nothing of its memory is kept). 409 when it already is
     paused, which the SDKs read as ``False``."""
@@ -234,8 +234,8 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=status.HTTP_201_CREATED)
 async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxes: SandboxesDep,
                body: ForkSandbox | None = None) -> list[ForkResult]:
-    """``Sandbox.fork()``: replgate's fork (README: the variables and a copy of the files;
-    the parent goes on unchanged), each fork with the parent's metadata and ending
+    """``Sandbox.fork()``: replgate's fork (docs/lifecycle.md: the variables and a copy of the
+    files; the parent goes on unchanged), each fork with the parent's metadata and ending
     ``timeout`` seconds from now. replgate forks all or none: a failure is the request's,
     and a count past replgate's limit (16; E2B's is 20) is a 400 that names it."""
     body = body or ForkSandbox()
