@@ -115,9 +115,14 @@
     return `${Math.floor(seconds / 86400)} d ago`;
   }
 
+  const TOASTS_SHOWN = 3;
+
   function toast(message, kind = "info") {
-    const node = el("div", { class: `toast toast-${kind}`, text: message });
-    $("toasts").append(node);
+    const node = el("div", { class: `toast toast-${kind}`, text: message, title: message });
+    const toasts = $("toasts");
+    toasts.append(node);
+    // The top bar has room for a few: the oldest go first.
+    while (toasts.children.length > TOASTS_SHOWN) toasts.firstElementChild.remove();
     setTimeout(() => node.classList.add("leaving"), 4000);
     setTimeout(() => node.remove(), 4400);
   }
@@ -361,6 +366,7 @@
     $("sessions-empty").hidden = sessions.length > 0;
     const current = sessions.find((s) => s.id === state.current);
     if (current) {
+      showSessionTitle(current.id, current);
       setStatusBadge($("session-status"), current.status);
       renderBudget(current.budget);
     }
@@ -392,22 +398,46 @@
     node.hidden = items.length === 0;
   }
 
+  /** The name the session's metadata gives it (`metadata.name`), or null. */
+  function sessionName(session) {
+    const name = session && session.metadata ? session.metadata.name : null;
+    return typeof name === "string" && name.trim() ? name.trim() : null;
+  }
+
+  /** The rest of the session's metadata as "key: value" texts (values as JSON unless text). */
+  function metadataTexts(session) {
+    return Object.entries(session.metadata || {})
+      .filter(([key]) => !(key === "name" && sessionName(session)))
+      .map(([key, value]) => `${key}: ${typeof value === "string" ? value : JSON.stringify(value)}`);
+  }
+
+  function showSessionTitle(id, session) {
+    const name = sessionName(session);
+    const title = $("session-title");
+    title.textContent = name || `Session ${shortId(id)}`;
+    title.classList.toggle("named", Boolean(name));
+    title.title = id;
+  }
+
   function sessionItem(session) {
     const runs = session.execution_count === 1 ? "1 run" : `${session.execution_count} runs`;
+    const name = sessionName(session);
+    const metadata = metadataTexts(session);
     const remove = el("button", {
       class: "icon-button delete", type: "button", title: "Delete session",
-      "aria-label": `Delete session ${shortId(session.id)}`, text: "×",
+      "aria-label": `Delete session ${name || shortId(session.id)}`, text: "×",
     });
     remove.addEventListener("click", (event) => {
       event.stopPropagation();
-      confirmThen(remove, () => deleteSession(session.id));
+      confirmThen(remove, () => deleteSession(session.id, name || shortId(session.id)));
     });
     const item = el("li", {
       class: `session-item${session.id === state.current ? " active" : ""}`,
       "data-session-id": session.id, tabindex: 0, role: "button",
     },
     el("div", { class: "session-line" },
-      el("span", { class: "session-name mono", text: shortId(session.id) }),
+      name ? el("span", { class: "session-name", text: name, title: name })
+        : el("span", { class: "session-name mono", text: shortId(session.id) }),
       statusBadge(session.status),
       state.waiting.get(session.id) ? el("span", {
         class: "badge badge-pending_approval waiting",
@@ -417,6 +447,10 @@
       }) : null),
     el("div", { class: "session-sub muted" },
       `${session.profile} · ${runs} · ${ago(session.created_at)}`),
+    // A named session's id (its prefix) goes here, with the rest of its metadata.
+    name || metadata.length ? el("div", { class: "session-meta muted", title: metadata.join("\n") || null },
+      name ? el("span", { class: "mono", text: shortId(session.id) }) : null,
+      `${name && metadata.length ? " · " : ""}${metadata.join(" · ")}`) : null,
     remove);
     item.addEventListener("click", () => { location.hash = `#/s/${session.id}`; });
     item.addEventListener("keydown", (event) => {
@@ -466,10 +500,10 @@
     }
   }
 
-  async function deleteSession(id) {
+  async function deleteSession(id, label) {
     try {
       await api("DELETE", sessionPath(id));
-      toast(`Deleted session ${shortId(id)}`);
+      toast(`Deleted session ${label}`);
     } catch (error) {
       if (error.status !== 401 && error.status !== 404) {
         toast(`Could not delete: ${error.message}`, "error");
@@ -493,9 +527,8 @@
     $("welcome").hidden = true;
     $("session-view").hidden = false;
     $("files-panel").hidden = false;
-    $("session-title").textContent = `Session ${shortId(id)}`;
-    $("session-title").title = id;
     const known = state.sessions.find((s) => s.id === id);
+    showSessionTitle(id, known);
     setStatusBadge($("session-status"), known ? known.status : "idle");
     renderBudget(known ? known.budget : null);
     for (const item of document.querySelectorAll(".session-item")) {
@@ -1037,13 +1070,58 @@
 
   function appendError(cell, frame) {
     cell.stream = null;
-    const text = frame.traceback && frame.traceback.length
-      ? frame.traceback.join("\n")
-      : `${frame.ename}: ${frame.evalue}`;
-    const node = el("pre", { class: "output error" });
-    renderAnsi(text, node);
+    const traceback = Array.isArray(frame.traceback) ? frame.traceback.map(String) : [];
+    const fold = foldTraceback(traceback);
+    let node;
+    if (fold) {
+      node = el("div", { class: "output error folded" },
+        ansiPre("error-line", fold.exception),
+        el("details", { class: "error-earlier" },
+          el("summary", { text: `${fold.folded} earlier frames` }),
+          ansiPre("error-frames", fold.earlier.join("\n"))),
+        ansiPre("error-frames", fold.last.join("\n")));
+    } else {
+      node = el("pre", { class: "output error" });
+      renderAnsi(traceback.length ? traceback.join("\n") : `${frame.ename}: ${frame.evalue}`, node);
+    }
     cell.outputs.append(node);
     cell.errorNode = node;
+  }
+
+  function ansiPre(className, text) {
+    const node = el("pre", { class: className });
+    renderAnsi(text.replace(/\n+$/, ""), node);
+    return node;
+  }
+
+  // Entries of IPython's traceback list: a frame (or a run of frames it skipped), and a frame
+  // of the user's own cell (IPython 8, then 7's two spellings).
+  const FRAME_ENTRY = /^\s*(?:File |Cell |Input |<ipython-input-|\[\.\.\. skipping)/;
+  const USER_FRAME_ENTRY = /^\s*(?:Cell In\[|Input In \[|<ipython-input-)/;
+  // A recursion's repeats as one entry: "[... skipping similar frames: f at line 4 (5 times)]".
+  const SKIPPED_ENTRY = /^\s*\[\.\.\. skipping.*\((\d+) times?\)/;
+  const TRACEBACK_KEEP = 2;   // frames a long traceback shows under its exception line...
+  const TRACEBACK_REACH = 4;  // ...or up to this many, when that reaches the user's own cell
+
+  function framesIn(entry) {
+    if (!FRAME_ENTRY.test(entry)) return 0;
+    const skipped = SKIPPED_ENTRY.exec(entry);
+    return skipped ? Number(skipped[1]) : 1;
+  }
+
+  /** A long traceback read from its end: the exception line, the last frames, and the earlier
+   *  entries to fold (headers, outer frames, chained exceptions); null when it is short. */
+  function foldTraceback(entries) {
+    const frames = entries.slice(0, -1);
+    const plain = frames.map((entry) => entry.replace(ANSI_RE, ""));
+    let start = frames.length - TRACEBACK_KEEP;
+    // A library's KeyError ends in its own frames: keep the user's line that led there.
+    const user = plain.findLastIndex((text) => USER_FRAME_ENTRY.test(text));
+    if (user >= frames.length - TRACEBACK_REACH) start = Math.min(start, user);
+    const folded = plain.slice(0, Math.max(0, start)).reduce((n, text) => n + framesIn(text), 0);
+    if (folded < 2) return null;
+    return { exception: entries[entries.length - 1], earlier: frames.slice(0, start),
+      last: frames.slice(start), folded };
   }
 
   function appendRich(cell, frame) {
@@ -1155,11 +1233,14 @@
   }
 
   // One chart's data as a table; a superchart as one table per part (null when nothing).
-  function chartTable(chart) {
+  // Folded: the image says it first, and an open table of hundreds of rows would push the
+  // next cell out of sight. A superchart's parts open with it (one click shows them all).
+  function chartTable(chart, part = false) {
     if (chart.type === "superchart") {
-      const parts = (chart.elements || []).map(chartTable).filter(Boolean);
+      const parts = (chart.elements || []).map((element) => chartTable(element, true))
+        .filter(Boolean);
       if (!parts.length) return null;
-      return el("details", { class: "chart-data", open: true },
+      return el("details", { class: "chart-data" },
         el("summary", { text: `Chart data: ${chart.title || "subplots"} (${parts.length} parts)` }),
         ...parts);
     }
@@ -1173,8 +1254,9 @@
       el("tbody", {}, ...shown.map((row) => el("tr", {},
         ...row.map((value) => el("td", { text: chartCell(value) }))))));
     const title = `${chart.type.replace(/_/g, " ")}${chart.title ? `: ${chart.title}` : ""}`;
-    return el("details", { class: "chart-data", open: true },
-      el("summary", { text: `Chart data (${title})` }), table,
+    const count = rows.length === 1 ? "1 row" : `${rows.length} rows`;
+    return el("details", { class: "chart-data", open: part },
+      el("summary", { text: `Chart data (${title}) · ${count}` }), table,
       rows.length > shown.length
         ? el("p", { class: "muted", text: `${rows.length - shown.length} more rows not shown` })
         : null);

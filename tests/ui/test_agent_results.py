@@ -48,6 +48,7 @@ async def test_chart_data_shows_as_table_under_image(ui: Ui) -> None:
                               "ax.set_ylabel('units')\nax.set_title('Sales')\nplt.show()")
     output = cell.locator(".output.rich")
     await output.locator("img.output-image").wait_for()
+    await output.locator(".chart-data summary").click()  # folded until asked for
     table = output.locator(".chart-data table.chart-table")
     assert await table.locator("thead th").all_inner_texts() == ["label", "group", "units"]
     rows = [await row.locator("td").all_inner_texts()
@@ -66,8 +67,10 @@ async def test_chart_of_subplots_shows_a_table_per_part(ui: Ui) -> None:
                               "fig, (a, b) = plt.subplots(1, 2, figsize=(6, 3))\n"
                               "a.plot([0, 1], [2, 3], label='rise')\n"
                               "b.pie([1, 3], labels=['x', 'y'])\nplt.show()")
+    await cell.locator(".chart-data > summary").first.click()  # opens its parts too
     tables = cell.locator(".chart-data table.chart-table")
     await tables.first.wait_for()
+    await tables.nth(1).wait_for()
     assert await tables.count() == 2
     assert ["rise", "0", "2"] in [await row.locator("td").all_inner_texts()
                                   for row in await tables.nth(0).locator("tbody tr").all()]
