@@ -165,10 +165,10 @@ class ExecutionRun:
             # No daemon outlives the execution that made it; after a timeout or an interrupt
             # nothing but the kernel does (its children are what did not stop).
             cut = done.status in (ExecutionStatus.TIMEOUT, ExecutionStatus.INTERRUPTED)
-            killed = await self.kernel.sandbox.kill_strays(keep_kernel_children=not cut)
-            if killed:
+            done.reaped = await self.kernel.sandbox.kill_strays(keep_kernel_children=not cut)
+            if done.reaped:
                 logger.info("execution %s: killed %d process(es) it left behind",
-                            self.execution_id, killed)
+                            self.execution_id, done.reaped)
         await self._spill(final=True)
         for event in self.limiter.finish():
             emit(event)

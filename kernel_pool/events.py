@@ -115,6 +115,9 @@ class DoneEvent(BaseModel):
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
     files: list[FileChange] = Field(default_factory=list)
     """What the code created, modified or deleted in the workspace (bounded: ``truncated``)."""
+    reaped: int = Field(0, ge=0)
+    """Processes the code left running in the sandbox (daemons, a fork bomb's), killed when it
+    ended; none of them is left for the next execution."""
 
 
 class CommandStatus(StrEnum):
@@ -214,6 +217,8 @@ class Execution(BaseModel):
     reason: str | None = None
     metrics: ResourceUsage = Field(default_factory=ResourceUsage)
     files: list[FileChange] = Field(default_factory=list)
+    reaped: int = Field(0, ge=0)
+    """As :attr:`DoneEvent.reaped`."""
 
     @classmethod
     def from_events(cls, events: list[Any]) -> Execution:
@@ -278,7 +283,7 @@ class ExecutionBuilder:
             stdout="".join(self._stdout), stderr="".join(self._stderr),
             outputs=list(self._outputs), error=self._error, truncated=done.truncated,
             restarted=done.restarted, duration_ms=done.duration_ms, reason=done.reason,
-            metrics=done.metrics, files=done.files,
+            metrics=done.metrics, files=done.files, reaped=done.reaped,
         )
 
 

@@ -131,8 +131,10 @@ class Sandbox(ABC):
 
     async def kill_strays(self, keep_kernel_children: bool = True) -> int:
         """Kill the processes an execution left behind: every one but the kernel and, with
-        ``keep_kernel_children``, its descendants (daemons re-parented away are not). Returns
-        how many; backends that cannot see the processes return 0."""
+        ``keep_kernel_children``, its descendants (daemons re-parented away are not). All are
+        stopped before any is killed, so that none forks meanwhile (a fork bomb), and the call
+        returns once they are gone. Returns how many; backends that cannot see the processes
+        return 0."""
         return 0
 
     async def start_command(self, command: str, *, env: dict[str, str],

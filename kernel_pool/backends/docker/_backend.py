@@ -57,6 +57,7 @@ from kernel_pool.backends.docker._checkpoint import (
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._criu import checkpoint_support
+from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
     OOM_POLL_S,
@@ -209,6 +210,8 @@ class DockerSandbox(Sandbox):
         self._cgroup: CgroupReader | None = None
         self._runsc: Runsc | None = None
         """Under gVisor: the sandbox's processes are reached through runsc, not the cgroup."""
+        self._freezer: Freezer | None = None
+        """Under runc: stops every process of the container while strays are killed."""
         self._oom_watch: OutOfMemoryWatch | None = None
         """Under gVisor: the running kernel's watch for a stuck out-of-memory kill."""
         self._sandbox_oom_kills: int | None = None
@@ -259,8 +262,10 @@ class DockerSandbox(Sandbox):
         state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
         self._init_pid = int(state.get("Pid") or 0)
         self._cgroup = CgroupReader.for_pid(self._init_pid)
-        self._runsc = (Runsc.for_sandbox(self._init_pid, self.info.container_id)
-                       if self.profile.runtime == "gvisor" else None)
+        gvisor = self.profile.runtime == "gvisor"
+        self._runsc = Runsc.for_sandbox(self._init_pid, self.info.container_id) if gvisor else None
+        # Under gVisor the cgroup holds the sentry, whose freeze would stop the whole sandbox.
+        self._freezer = None if gvisor else Freezer.for_pid(self._init_pid)
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -563,7 +568,8 @@ class DockerSandbox(Sandbox):
             if procs is not None and self._init_pid and procs.exists():
                 # From the host, through the container's cgroup: this needs no new process in
                 # the container, which a fork bomb at the pids limit leaves no room for.
-                await _in_thread(kill_strays, procs, self._init_pid, 0, False)
+                await _in_thread(kill_strays, procs, self._init_pid, 0, False, (),
+                                 self._freezer)
                 if not await _in_thread(wait_gone, procs, self._init_pid):
                     logger.warning("sandbox %s: processes killed for a restart still run "
                                    "after %g s", self.info.sandbox_id, GONE_WAIT_S)
@@ -604,9 +610,10 @@ class DockerSandbox(Sandbox):
             if self._runsc is None:
                 return 0
             gone = await self._runsc.kill_strays(keep_kernel_children)
-            if gone is None:  # a swarm: stop everything; the kernel's death is then handled
-                logger.warning("sandbox %s: a swarm of processes outlived the execution; "
-                               "replacing the sandbox", self.info.sandbox_id)
+            if gone is None:  # not paused, or not resumed: the kernel's death is then handled
+                logger.warning("sandbox %s: processes outlived the execution and the sandbox "
+                               "could not be paused to kill them; replacing it",
+                               self.info.sandbox_id)
                 await _run(self._backend.remove_container, self.info.container_id)
                 return 0
             return gone
@@ -618,7 +625,7 @@ class DockerSandbox(Sandbox):
         if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0
         killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
-                                       keep_kernel_children, spared)
+                                       keep_kernel_children, spared, self._freezer)
         return killed
 
     async def checkpoint(self) -> Path:
@@ -923,6 +930,11 @@ class DockerBackend(SandboxBackend):
         if sandbox._through_init:
             state = details.get("State") or {}
             init_pid = int(state.get("Pid") or 0) if state.get("Running") else 0
+            freezer = Freezer.for_pid(init_pid) if init_pid else None
+            if freezer is not None and not state.get("Paused"):
+                # A gateway killed while it reaped strays left the freeze (the engine's own
+                # pause would say Paused): nothing in the container would run again.
+                await _in_thread(freezer.thaw)
             name = await _in_thread(latest_kernel, Path(info.socket_dir)) if init_pid else None
             if name is not None:
                 sandbox._init_pid, info.kernel_name = init_pid, name

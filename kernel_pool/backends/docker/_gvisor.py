@@ -5,11 +5,14 @@ Under gVisor the sandboxed processes are not host processes: the container's cgr
 gVisor kernel (the sentry), its file proxy (the gofer) and their helper processes, and killing
 any of those kills the whole sandbox. So the per-execution clean-up asks the sentry for its
 process table over its control socket (what ``runsc ps`` does, without starting runsc: a
-fraction of a millisecond, see _gvisor_control) and kills the few an execution left behind
-one by one (``runsc kill --pid``'s call), from the host: no ``docker exec`` (which a sandbox at
-its process limit leaves no room for) and nothing the sandboxed code can intercept. The hard
-stop of a restart, and the clean-up after a swarm of processes, replace the whole container
-instead: gVisor's kernel goes with it, and the workspace stays.
+fraction of a millisecond, see _gvisor_control) and, when an execution left processes behind,
+pauses the sandbox (``runsc pause``'s call: every task stops where it stands, a fork bomb's
+included, so none forks while the others are killed), kills them one by one (``runsc kill
+--pid``'s call; a paused task dies when it resumes), resumes it and waits for them to be gone.
+All from the host: no ``docker exec`` (which a sandbox at its process limit leaves no room
+for) and nothing the sandboxed code can intercept. The hard stop of a restart, and the
+clean-up when the sandbox cannot be paused and resumed, replace the whole container instead:
+gVisor's kernel goes with it, and the workspace stays.
 
 gVisor's process ids are handed out in increasing order and not reused until the space wraps,
 so a pid read from the process table and killed a moment later is the same process.
@@ -47,15 +50,14 @@ HOST_PIDS_HEADROOM = 128
 """Host processes and threads the sentry and gofer may use beyond two per sandboxed task."""
 RUNSC_TIMEOUT_S = 10.0
 ROUNDS = 3
-"""Passes of ps-and-kill at most: a process forking while it is killed leaves children."""
+"""Passes of pause-ps-kill-resume at most: paused, one finds everything (a second, nothing)."""
+GONE_WAIT_S = 5.0
+"""How long the clean-up waits for the processes it killed to be gone once resumed."""
 OOM_POLL_S = 0.5
 """How often a waiting gVisor kernel's cgroup is read for an out-of-memory kill."""
 STUCK_SHARE = 0.9
 """Memory still at this share of the limit after an OOM kill: nothing was freed (see
 :class:`OutOfMemoryWatch`)."""
-FEW_STRAYS = 8
-"""Strays killed one by one; more is a swarm (see kill_strays), which the sandbox's
-replacement ends surely where killing one by one races the forks."""
 
 
 def host_pids_limit(profile: Profile) -> int:
@@ -164,30 +166,69 @@ class Runsc:
             self._call, "kill", "--pid", str(pid), self.container_id, "KILL")
         return result is not None
 
+    async def pause(self) -> bool:
+        """Stop every task of the sandbox; whether it did (then :meth:`resume` must follow)."""
+        if self._control is not None:
+            try:
+                await self._control.pause()
+                return True
+            except ControlError:
+                return False
+        return await anyio.to_thread.run_sync(self._call, "pause", self.container_id) is not None
+
+    async def resume(self) -> bool:
+        """End :meth:`pause`; whether it did (else the sandbox stays stopped)."""
+        if self._control is not None:
+            try:
+                await self._control.resume()
+                return True
+            except ControlError:
+                return False
+        return await anyio.to_thread.run_sync(self._call, "resume", self.container_id) is not None
+
     async def kill_strays(self, keep_kernel_children: bool) -> int | None:
         """Kill every process but PID 1 and the processes the engine started (parent 0: the
-        kernel), and with ``keep_kernel_children`` their descendants; how many were killed.
+        kernel), and with ``keep_kernel_children`` their descendants, and wait until they are
+        gone; how many were killed.
 
-        None when that is not a few daemons but a swarm (a fork bomb re-forks faster than
-        processes are killed one at a time): the caller replaces the sandbox.
+        The usual case, nothing to kill, is one look at the process table. Otherwise each pass
+        pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. None when
+        the sandbox could not be paused or resumed: the caller replaces it.
         """
         killed: set[int] = set()
         for _ in range(ROUNDS):
             found = await self.processes()
-            if found is None:
-                break
-            # A killed child stays listed (a zombie) until the kernel reaps it: not a new one.
-            strays = [pid for pid in strays_of(found, keep_kernel_children) if pid not in killed]
-            if not strays:
-                break
-            if len(strays) > FEW_STRAYS:
+            if found is None or not [p for p in strays_of(found, keep_kernel_children)
+                                     if p not in killed]:
+                return len(killed)
+            if not await self.pause():
                 return None
-            for pid in strays:
-                if await self.kill(pid):
-                    killed.add(pid)
-        else:
-            return None
-        return len(killed)
+            try:
+                # Paused: the table read now is complete, and stays so while it is killed.
+                found = await self.processes()
+                for pid in strays_of(found or {}, keep_kernel_children):
+                    if pid not in killed and await self.kill(pid):
+                        killed.add(pid)
+            finally:
+                resumed = await self.resume()
+            if not resumed:
+                return None
+            await self._wait_gone(killed)
+        return None
+
+    async def _wait_gone(self, killed: set[int]) -> None:
+        """Wait until the killed processes have left the table (reaped), at most
+        :data:`GONE_WAIT_S`. Those whose parent the engine started (the kernel's children,
+        after a timeout) are not waited for: they stay listed until it reaps them."""
+        deadline = anyio.current_time() + GONE_WAIT_S
+        while anyio.current_time() < deadline:
+            found = await self.processes()
+            if found is None:
+                return
+            roots = {pid for pid, parent in found.items() if parent == 0} - {1}
+            if not any(pid in found and found[pid] not in roots for pid in killed):
+                return
+            await anyio.sleep(0.005)
 
     async def kill_all_but_init(self) -> bool:
         """SIGKILL to every process but PID 1 (the kernel, commands, their children); False

@@ -85,6 +85,15 @@ class SandboxControl:
                 found[pid] = parent
         return found
 
+    async def pause(self) -> None:
+        """Stop every task of the sandbox where it stands; returns once all have stopped
+        (``runsc pause``'s call). Pauses nest: each needs its :meth:`resume`."""
+        await self.call("containerManager.Pause", {})
+
+    async def resume(self) -> None:
+        """End one :meth:`pause` (never call it without one: gVisor's kernel panics)."""
+        await self.call("containerManager.Resume", {})
+
     async def kill(self, container_id: str, pid: int) -> None:
         """SIGKILL to one process of the container (ControlError when it is gone)."""
         await self.call("containerManager.Signal", {

@@ -22,9 +22,13 @@ from collections.abc import Collection
 from pathlib import Path
 
 from kernel_pool.backends.docker._cgroup import read_pseudo_file
+from kernel_pool.backends.docker._freezer import Freezer
 
-ROUNDS = 20
-"""Passes at most: a process forking while it is killed leaves children for the next pass."""
+ROUNDS = 5
+"""Passes at most. Under the freezer one finds everything (a second, nothing); without it, a
+fork caught half-way may leave a child for the next."""
+STOP_ROUNDS = 50
+"""SIGSTOP passes at most, without a freezer: a bomb at the pids limit needs a few."""
 GONE_WAIT_S = 5.0
 """How long a hard stop waits for the processes it killed to be gone, their memory and ports
 released, before the next kernel starts in the same sandbox."""
@@ -88,30 +92,86 @@ def _descends(pid: int, ancestor: int, found: dict[int, tuple[str, int, int]]) -
 
 
 def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
-                keep_kernel_children: bool, spared: Collection[int] = ()) -> int:
-    """Kill what :func:`find_strays` finds, pass after pass; how many were killed."""
-    signalled: set[tuple[int, int]] = set()
+                keep_kernel_children: bool, spared: Collection[int] = (),
+                freezer: Freezer | None = None) -> int:
+    """Kill what :func:`find_strays` finds, and wait until it is gone; how many were killed.
+
+    Each pass stops every process first (``freezer``, else SIGSTOP pass after pass until a
+    pass finds none running), kills the strays, lets them go and waits for their end; one
+    that outlived that (a fork caught half-way) is the next pass's.
+    """
+    killed: set[tuple[int, int]] = set()
     for _ in range(ROUNDS):
-        strays = {pid: info for pid, info in find_strays(
-            procs_file, init_pid, kernel_pid, keep_kernel_children, spared).items()
-            if (pid, info[2]) not in signalled}  # one still dying is not a new one
-        if not strays:
+        frozen = freezer.freeze() if freezer is not None else False
+        if frozen is None:
+            break  # frozen by someone else (a pause): nothing runs, the next execution's turn
+        try:
+            strays = (find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children,
+                                  spared) if frozen else
+                      _stop_strays(procs_file, init_pid, kernel_pid, keep_kernel_children,
+                                   spared))
+            victims = _signal(strays, signal.SIGKILL)
+        finally:
+            if frozen and freezer is not None:
+                freezer.thaw()
+        if not victims:
             break
-        for pid, info in strays.items():
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            try:
-                now = _stat(pid)
-                if now is not None and now[2] == info[2]:  # the same process: pid not reused
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    signalled.add((pid, info[2]))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    return len(signalled)
+        killed |= victims
+        _wait_dead(victims)
+    return len(killed)
+
+
+def _stop_strays(procs_file: Path, init_pid: int, kernel_pid: int,
+                 keep_kernel_children: bool, spared: Collection[int],
+                 ) -> dict[int, tuple[str, int, int]]:
+    """SIGSTOP to the strays, pass after pass until a pass finds none it has not stopped: a
+    stopped process forks no more and keeps its pid (its slot under the pids limit), so each
+    pass finds fewer. What was found, stopped."""
+    stopped: set[tuple[int, int]] = set()
+    for _ in range(STOP_ROUNDS):
+        strays = find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
+        running = {pid: info for pid, info in strays.items() if (pid, info[2]) not in stopped}
+        if not running:
+            break
+        stopped |= _signal(running, signal.SIGSTOP)
+    return find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
+
+
+def _signal(processes: dict[int, tuple[str, int, int]], signum: int) -> set[tuple[int, int]]:
+    """``signum`` to each process still the one listed (its start time re-checked through a
+    pidfd, so a pid reused meanwhile is never hit); the (pid, start time) of each signalled."""
+    sent = set()
+    for pid, info in processes.items():
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            now = _stat(pid)
+            if now is not None and now[2] == info[2]:
+                signal.pidfd_send_signal(fd, signum)
+                sent.add((pid, info[2]))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return sent
+
+
+def _wait_dead(processes: Collection[tuple[int, int]], timeout_s: float = GONE_WAIT_S) -> bool:
+    """Wait until none of ``processes`` (pid, start time) runs (gone, or a zombie its parent
+    has yet to reap); False when some still do at ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    left = list(processes)
+    while True:
+        left = [(pid, start) for pid, start in left
+                if (info := _stat(pid)) is not None and info[2] == start
+                and info[0] not in ("Z", "X")]
+        if not left:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
 
 
 def wait_gone(procs_file: Path, init_pid: int, timeout_s: float = GONE_WAIT_S) -> bool:

@@ -1,0 +1,156 @@
+"""The reaping of processes left behind (docker._strays, docker._freezer, docker._gvisor), on
+real containers of the sandbox image at the sandbox's pids limit, against a shell fork bomb
+kept alive by a relauncher (alone it dies out now and then, its forks all failing at once).
+
+The verdicts come from the host: the container's cgroup under runc, ``runsc ps`` under gVisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from kp_support import OWNER
+
+from kernel_pool.backends.docker import LABEL_OWNER
+from kernel_pool.backends.docker._freezer import Freezer
+from kernel_pool.backends.docker._gvisor import Runsc, strays_of
+from kernel_pool.backends.docker._strays import find_strays, kill_strays
+from kernel_pool.config import Profile
+
+PIDS = 128
+RELAUNCHER = """
+import subprocess, time
+while True:
+    try:
+        subprocess.Popen(['sh', '-c', 'b(){ b|b& }; b'], stderr=subprocess.DEVNULL)
+    except OSError:
+        pass
+    time.sleep(0.05)
+"""
+
+
+def _container(client: docker.DockerClient, **options: Any) -> Any:
+    options = {"pids_limit": PIDS, **options}
+    container = client.containers.run(
+        Profile().image, ["sleep", "600"], detach=True, network_mode="none", user="1000:1000",
+        labels={LABEL_OWNER: OWNER}, **options)
+    container.reload()
+    return container
+
+
+@pytest.fixture
+def runc_box(docker_client: docker.DockerClient) -> Iterator[Any]:
+    container = _container(docker_client)
+    try:
+        yield container
+    finally:
+        container.remove(force=True)
+
+
+def _bomb(container: Any) -> None:
+    """The bomb, and its relauncher: both exec'd, so neither descends from a kernel."""
+    container.exec_run(["python", "-c", RELAUNCHER], user="1000:1000", detach=True)
+
+
+def _procs(container: Any) -> Path:
+    pid = container.attrs["State"]["Pid"]
+    line = next(x for x in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if ":pids:" in x)
+    return Path("/sys/fs/cgroup/pids") / line.split(":", 2)[2].lstrip("/") / "cgroup.procs"
+
+
+def _at_the_limit(procs: Path) -> None:
+    current = procs.with_name("pids.current")
+    deadline = time.monotonic() + 20
+    while int(current.read_text()) < PIDS * 3 // 4:
+        assert time.monotonic() < deadline, "the bomb did not reach the pids limit"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["freezer", "sigstop"])
+def test_kill_strays_reaps_a_fork_bomb_at_once(runc_box: Any, frozen: bool) -> None:
+    init = int(runc_box.attrs["State"]["Pid"])
+    procs = _procs(runc_box)
+    freezer = Freezer.for_pid(init) if frozen else None
+    assert (freezer is not None) is frozen, "the tests run as root, on a host with a freezer"
+    for _ in range(3):  # again and again: each time the bomb is at the limit
+        _bomb(runc_box)
+        _at_the_limit(procs)
+        killed = kill_strays(procs, init, 0, False, (), freezer)
+        # Returned once they are gone: nothing to wait for, nothing but PID 1 left.
+        assert killed > 1 and find_strays(procs, init, 0, False) == {}
+        if freezer is not None:
+            assert freezer.freeze() is True  # left thawed: it is free to freeze again
+            freezer.thaw()
+    time.sleep(0.5)
+    assert find_strays(procs, init, 0, False) == {}  # the relauncher went too: none came back
+
+
+def test_kill_strays_leaves_a_paused_container_to_its_pause(runc_box: Any) -> None:
+    init = int(runc_box.attrs["State"]["Pid"])
+    procs = _procs(runc_box)
+    freezer = Freezer.for_pid(init)
+    assert freezer is not None
+    runc_box.exec_run(["sleep", "601"], user="1000:1000", detach=True)
+    deadline = time.monotonic() + 10
+    while not find_strays(procs, init, 0, False):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    runc_box.pause()
+    try:
+        assert freezer.freeze() is None  # the engine's freeze, not ours to end
+        assert kill_strays(procs, init, 0, False, (), freezer) == 0
+        runc_box.reload()
+        assert runc_box.attrs["State"]["Paused"]
+    finally:
+        runc_box.unpause()
+    assert kill_strays(procs, init, 0, False, (), freezer) == 1
+
+
+@pytest.fixture
+def gvisor_box(docker_client: docker.DockerClient) -> Iterator[Runsc]:
+    container = _container(docker_client, runtime="runsc",
+                           ulimits=[docker.types.Ulimit(name="nproc", soft=PIDS, hard=PIDS)],
+                           pids_limit=4 * PIDS)
+    try:
+        runsc = Runsc.for_sandbox(int(container.attrs["State"]["Pid"]), str(container.id))
+        assert runsc is not None
+        yield runsc
+    finally:
+        container.remove(force=True)
+
+
+def _gvisor_exec(runsc: Runsc, *command: str) -> None:
+    subprocess.run(["docker", "exec", "-d", "-u", "1000:1000", runsc.container_id, *command],
+                   check=True, capture_output=True)
+
+
+async def test_gvisor_kill_strays_pauses_reaps_a_fork_bomb_and_resumes(
+        gvisor_box: Runsc) -> None:
+    _gvisor_exec(gvisor_box, "sleep", "602")  # engine-started, as the kernel is: spared
+    for _ in range(3):
+        # Its shell exits at once: the relauncher is re-parented to PID 1, a stray.
+        _gvisor_exec(gvisor_box, "sh", "-c", 'python -c "$0" &', RELAUNCHER)
+        deadline = time.monotonic() + 30
+        while len(strays_of(await gvisor_box.processes() or {}, True)) < PIDS // 2:
+            assert time.monotonic() < deadline, "the bomb did not grow"
+            await asyncio.sleep(0.05)
+        killed = await gvisor_box.kill_strays(keep_kernel_children=True)
+        assert killed is not None and killed > 1
+        left = await gvisor_box.processes() or {}
+        assert strays_of(left, True) == [], left  # at once, and the relauncher with them
+        assert set(left.values()) == {0}, left  # PID 1 and the sleep
+    # Resumed: the sandbox runs what comes next.
+    before = len(await gvisor_box.processes() or {})
+    _gvisor_exec(gvisor_box, "sleep", "603")
+    deadline = time.monotonic() + 10
+    while len(await gvisor_box.processes() or {}) <= before:
+        assert time.monotonic() < deadline, "the sandbox stayed paused"
+        await asyncio.sleep(0.05)
