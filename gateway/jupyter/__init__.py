@@ -2,7 +2,8 @@
 
 The routes are in :mod:`gateway.routers.jupyter`; this package is the adapter behind them:
 kernelspecs and kernel models (:mod:`._kernels`), the channels WebSocket (:mod:`._channels`),
-and Jupyter's message framing (:mod:`.protocol`).
+the passes onto it for clients that send no key there (:mod:`._passes`), and Jupyter's message
+framing (:mod:`.protocol`).
 """
 
 from gateway.jupyter._kernels import (
@@ -14,13 +15,17 @@ from gateway.jupyter._kernels import (
     kernelspecs,
     serve_channels,
 )
+from gateway.jupyter._passes import ChannelPasses, channel_passes, peer
 
 __all__ = [
     "DEFAULT_KERNEL",
+    "ChannelPasses",
     "JupyterRoute",
+    "channel_passes",
     "find_profile",
     "kernel_model",
     "kernelspec",
     "kernelspecs",
+    "peer",
     "serve_channels",
 ]

@@ -6,6 +6,7 @@ patterns require); the default profile is the kernelspec ``python3``.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -17,8 +18,16 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from gateway.auth import extract_token, origin_allowed
-from gateway.errors import DOMAIN_ERRORS, NotFound, detail_for, error_response, status_for
+from gateway.errors import (
+    DOMAIN_ERRORS,
+    NotFound,
+    Unauthorized,
+    detail_for,
+    error_response,
+    status_for,
+)
 from gateway.jupyter._channels import KernelChannels
+from gateway.jupyter._passes import PASS_TTL_S, channel_passes, peer
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
 from gateway.service import Gateway
 from gateway.wire import KernelModel
@@ -27,7 +36,13 @@ from kernel_pool import Profile, Session, SessionStatus
 __all__ = ["DEFAULT_KERNEL", "JupyterRoute", "find_profile", "kernel_model", "kernelspec",
            "kernelspecs", "serve_channels"]
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_KERNEL = "python3"
+NO_KEY_ON_CHANNELS = (
+    "missing API key: send 'Authorization: token <key>' (or Bearer, or ?token=<key>); a client "
+    "that cannot (jupyter_server's GatewayKernelClient) is let in once, within "
+    f"{PASS_TTL_S:.0f} s of its own authenticated request for this kernel, from the same address")
 
 
 class JupyterRoute(APIRoute):
@@ -106,7 +121,16 @@ async def serve_channels(websocket: WebSocket, kernel_id: str) -> None:
     token = extract_token(websocket.headers.get("authorization"),
                           websocket.query_params.get("token"))
     try:
-        tenant = await gateway.authenticate(token)
+        tenant = (channel_passes(websocket.app).take(kernel_id, peer(websocket))
+                  if token is None else None)
+        if tenant is None:
+            if token is None:
+                raise Unauthorized(NO_KEY_ON_CHANNELS)
+            tenant = await gateway.authenticate(token)
+        else:
+            logger.info("kernel %s: channels opened without a key, on the pass of tenant %s's "
+                        "request for it (jupyter_server's GatewayKernelClient sends none)",
+                        kernel_id, tenant)
         session = gateway.session(tenant, kernel_id)
     except DOMAIN_ERRORS as exc:
         await _refuse(websocket, status_for(exc), str(detail_for(exc)))

@@ -3,7 +3,9 @@
 A kernel is a session of the caller's tenant: started through ``Gateway.create_session``,
 listed by ``/v1/sessions`` too, and another tenant's is a 404. Profiles are the kernelspecs,
 the default profile named ``python3``. Auth is the API's: ``Authorization: token <key>``
-(jupyter_server's gateway client), ``Bearer <key>`` or ``?token=<key>``.
+(jupyter_server's gateway client), ``Bearer <key>`` or ``?token=<key>``; a kernel's start, get
+and restart also leave a pass onto its channels for a client that sends no key there
+(:mod:`gateway.jupyter._passes`).
 ``/api/kernels/{id}/channels`` speaks Jupyter's kernel WebSocket protocol, JSON or the
 ``v1.kernel.websocket.jupyter.org`` binary subprotocol (:mod:`gateway.jupyter`).
 """
@@ -20,10 +22,12 @@ from gateway.deps import GatewayDep, TenantDep
 from gateway.jupyter import (
     DEFAULT_KERNEL,
     JupyterRoute,
+    channel_passes,
     find_profile,
     kernel_model,
     kernelspec,
     kernelspecs,
+    peer,
     serve_channels,
 )
 from gateway.wire import KernelCreate, KernelModel, SessionCreate
@@ -61,18 +65,23 @@ async def start_kernel(request: Request, response: Response, tenant: TenantDep,
     session = await gateway.create_session(
         tenant, SessionCreate(profile=profile.name, env=body.env), session_id=str(uuid.uuid4()))
     response.headers["Location"] = f"/api/kernels/{session.id}"
+    channel_passes(request.app).grant(session.id, tenant, peer(request))
     return kernel_model(session, request.app)
 
 
 @router.get("/api/kernels/{kernel_id}")
 async def get_kernel(kernel_id: str, request: Request, tenant: TenantDep,
                      gateway: GatewayDep) -> KernelModel:
-    return kernel_model(gateway.session(tenant, kernel_id), request.app)
+    model = kernel_model(gateway.session(tenant, kernel_id), request.app)
+    channel_passes(request.app).grant(kernel_id, tenant, peer(request))
+    return model
 
 
 @router.delete("/api/kernels/{kernel_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_kernel(kernel_id: str, tenant: TenantDep, gateway: GatewayDep) -> Response:
+async def delete_kernel(kernel_id: str, request: Request, tenant: TenantDep,
+                        gateway: GatewayDep) -> Response:
     await gateway.delete_session(tenant, kernel_id)
+    channel_passes(request.app).revoke(kernel_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -86,7 +95,9 @@ async def interrupt_kernel(kernel_id: str, tenant: TenantDep, gateway: GatewayDe
 async def restart_kernel(kernel_id: str, request: Request, tenant: TenantDep,
                          gateway: GatewayDep) -> KernelModel:
     """A fresh kernel on the same workspace: variables gone, files kept."""
-    return kernel_model(await gateway.restart(tenant, kernel_id), request.app)
+    model = kernel_model(await gateway.restart(tenant, kernel_id), request.app)
+    channel_passes(request.app).grant(kernel_id, tenant, peer(request))
+    return model
 
 
 @router.websocket("/api/kernels/{kernel_id}/channels")

@@ -3,14 +3,14 @@
 A real ``replgate serve`` (the session fixture), real sandboxes, and the Jupyter ecosystem's
 own code on the other side: jupyter_client's Session builds the messages, jupyter_server's
 framing functions speak the v1 binary subprotocol, a ``jupyter server --gateway-url`` subprocess
-proxies to replgate, and nbclient runs a notebook through jupyter_server's GatewayKernelManager.
+proxies to replgate, and nbclient and ``jupyter nbconvert --execute`` run a notebook through
+jupyter_server's GatewayKernelManager, unpatched, configured only as Jupyter documents it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import subprocess
@@ -25,26 +25,24 @@ from typing import Any
 import httpx
 import nbformat
 import pytest
-import websocket
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
-from jupyter_server.gateway.gateway_client import GatewayClient
-from jupyter_server.gateway.managers import GatewayKernelManager
 from jupyter_server.services.kernels.connection.base import (
     deserialize_binary_message,
     deserialize_msg_from_ws_v1,
     serialize_binary_message,
     serialize_msg_to_ws_v1,
 )
-from nbclient import NotebookClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
+from gateway.jupyter import ChannelPasses
 from gateway.jupyter import protocol as jupyter_protocol
 from tests.conftest import CLIENT_TIMEOUT_S, REPO, GatewayProcess, free_port
 
 V1 = "v1.kernel.websocket.jupyter.org"
+GATEWAY_KERNEL_MANAGER = "jupyter_server.gateway.managers.GatewayKernelManager"
 SANDBOX_CHECK = (
     "import os, socket\n"
     "print('uid', os.getuid())\n"
@@ -286,16 +284,68 @@ def test_other_tenant_sees_kernel_as_missing(beta: httpx.Client, kernel_id: str)
 # -- channels ------------------------------------------------------------------------------------
 
 
-async def test_channels_refuse_missing_token_or_other_tenant(gateway: GatewayProcess,
-                                                             kernel_id: str) -> None:
+async def refused_status(url: str, **options: Any) -> int:
     with pytest.raises(InvalidStatus) as refused:
-        async with connect(ws_url(gateway, kernel_id)):
+        async with connect(url, **options):
             pass
-    assert refused.value.response.status_code == 401
+    status: int = refused.value.response.status_code
+    return status
+
+
+async def test_channels_refuse_wrong_token_or_other_tenant(gateway: GatewayProcess,
+                                                           kernel_id: str) -> None:
+    wrong = {"Authorization": "token wrong"}
+    assert await refused_status(ws_url(gateway, kernel_id), additional_headers=wrong) == 401
     with pytest.raises(InvalidStatus) as missing:
         async with channels(gateway, kernel_id, tenant="beta"):
             pass
     assert missing.value.response.status_code == 404
+
+
+def test_channel_pass_is_single_use_for_its_address_and_expires() -> None:
+    now = [0.0]
+    passes = ChannelPasses(ttl_s=60, limit=2, clock=lambda: now[0])
+    passes.grant("k1", "alpha", "10.0.0.1")
+    assert passes.take("k1", "10.0.0.2") is None  # another address: refused, the pass stays
+    assert passes.take("k1", "10.0.0.1") == "alpha"
+    assert passes.take("k1", "10.0.0.1") is None  # used up
+    passes.grant("k2", "alpha", "10.0.0.1")
+    now[0] = 60.0
+    assert passes.take("k2", "10.0.0.1") is None  # expired
+    for kernel in ("k3", "k4", "k5"):
+        passes.grant(kernel, "beta", "10.0.0.1")
+    assert passes.take("k3", "10.0.0.1") is None  # the oldest dropped past the limit
+    assert passes.take("k5", "10.0.0.1") == "beta"
+
+
+async def test_channels_without_a_key_need_their_clients_pass(gateway: GatewayProcess,
+                                                              api: httpx.AsyncClient) -> None:
+    """jupyter_server's GatewayKernelClient opens the channels with no key: it is let in once
+    after its own authenticated request for the kernel, from that address; never on the kernel
+    id alone, another tenant's request, or another address's."""
+    answer = await api.post("/v1/sessions", json={})  # not a Jupyter request: no pass
+    assert answer.status_code == 201, answer.text
+    kid = answer.json()["id"]
+    url = ws_url(gateway, kid)
+    other = {"local_addr": ("127.0.0.2", 0)}  # another client address (loopback: any 127/8)
+    try:
+        assert await refused_status(url) == 401  # the kernel id alone
+        async with httpx.AsyncClient(base_url=gateway.url,
+                                     headers=token_headers(gateway, "beta")) as beta:
+            assert (await beta.get(f"/api/kernels/{kid}")).status_code == 404
+        assert await refused_status(url) == 401  # another tenant's request leaves no pass
+        async with httpx.AsyncClient(base_url=gateway.url, headers=token_headers(gateway),
+                                     transport=httpx.AsyncHTTPTransport(
+                                         local_address="127.0.0.2")) as elsewhere:
+            assert (await elsewhere.get(f"/api/kernels/{kid}")).status_code == 200
+        assert await refused_status(url) == 401  # the pass is 127.0.0.2's
+        async with connect(url, **other) as ws:
+            messages = await Channels(ws, binary=False).execute(
+                "import os; print(os.getuid(), os.getcwd())")
+        assert stdout(messages) == "1000 /workspace\n"
+        assert await refused_status(url, **other) == 401  # used up
+    finally:
+        await api.delete(f"/v1/sessions/{kid}")
 
 
 async def test_execute_over_json_streams_jupyter_messages(gateway: GatewayProcess,
@@ -488,53 +538,89 @@ async def test_jupyter_server_runs_code_in_the_sandbox(gateway: GatewayProcess,
     assert kid not in [s["id"] for s in (await api.get("/v1/sessions")).json()]
 
 
-@pytest.fixture
-def gateway_client(gateway: GatewayProcess,
-                   monkeypatch: pytest.MonkeyPatch) -> Iterator[GatewayClient]:
-    """jupyter_server's GatewayClient pointed at replgate with tenant alpha's key.
+NOTEBOOK = nbformat.v4.new_notebook(
+    metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    cells=[nbformat.v4.new_code_cell("import os\nanswer = 6 * 7\nprint(os.getuid(), os.getcwd())"),
+           nbformat.v4.new_code_cell("answer"),
+           nbformat.v4.new_code_cell("from IPython.display import HTML\nHTML('<b>bold</b>')")])
+RUN_NOTEBOOK = """
+import sys
+import nbformat
+from nbclient import NotebookClient
+from jupyter_server.gateway.managers import GatewayKernelManager
 
-    Its GatewayKernelClient opens the channels WebSocket without the auth header (upstream
-    passes none), so the header is added to websocket-client's ``create_connection``.
-    """
-    key = gateway.keys["alpha"]
-    # A request timeout past the gateway's own start timeout (60 s) and its second try in a
-    # fresh sandbox: on a busy machine a start once took over 40 s (under gVisor, while the
-    # engine was busy with other containers), and this test checks nbclient on replgate, not
-    # how fast a kernel starts. The client derives KERNEL_LAUNCH_TIMEOUT from it and writes
-    # both to its class and os.environ: restored afterwards.
-    monkeypatch.setenv("KERNEL_LAUNCH_TIMEOUT", "40")
-    monkeypatch.setattr(GatewayClient, "KERNEL_LAUNCH_TIMEOUT", GatewayClient.KERNEL_LAUNCH_TIMEOUT)
-    monkeypatch.setattr(websocket, "create_connection", functools.partial(
-        websocket.create_connection, header=[f"Authorization: token {key}"]))
-    GatewayClient.clear_instance()
-    client = GatewayClient.instance(url=gateway.url, auth_token=key,
-                                    request_timeout=CLIENT_TIMEOUT_S)
-    yield client
-    GatewayClient.clear_instance()
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, kernel_manager_class=GatewayKernelManager, timeout=60).execute()
+nbformat.write(nb, sys.argv[2])
+"""
+"""nbclient as Jupyter documents it for a gateway (the README's example)."""
 
 
-async def test_nbclient_executes_notebook_on_gateway_kernel(api: httpx.AsyncClient,
-                                                            gateway_client: GatewayClient) -> None:
-    notebook = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import os\nanswer = 6 * 7\nprint('uid', os.getuid())"),
-        nbformat.v4.new_code_cell("answer"),
-        nbformat.v4.new_code_cell("from IPython.display import HTML\nHTML('<b>bold</b>')"),
-    ])
-    manager = GatewayKernelManager()
-    client = NotebookClient(notebook, km=manager, kernel_name="python3", timeout=60)
-    try:
-        await client.async_execute()
-        kid = manager.kernel_id
-        assert kid in [s["id"] for s in (await api.get("/v1/sessions")).json()]
-        exported = (await api.get(f"/v1/sessions/{kid}/notebook")).json()
-        assert [c["source"] for c in exported["cells"]] == [c.source for c in notebook.cells]
-    finally:
-        if client.kc is not None:
-            client.kc.stop_channels()
-        await manager.shutdown_kernel()
-    first, second, third = notebook.cells
-    assert first.outputs[0]["text"].startswith("uid ") and first.outputs[0]["text"] != "uid 0\n"
+def jupyter_gateway_env(gateway: GatewayProcess, folder: Path) -> dict[str, str]:
+    """The environment Jupyter documents for a gateway, and nothing else of Jupyter's: the
+    GatewayClient singleton of a new process reads it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNEL_"))}
+    env.update({"JUPYTER_GATEWAY_URL": gateway.url,
+                "JUPYTER_GATEWAY_AUTH_TOKEN": gateway.keys["alpha"],
+                # A kernel start's margin on a loaded machine (CLIENT_TIMEOUT_S), not needed
+                # otherwise; also one of Jupyter's documented variables.
+                "JUPYTER_GATEWAY_REQUEST_TIMEOUT": str(CLIENT_TIMEOUT_S),
+                "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
+                "JUPYTER_DATA_DIR": str(folder / "data"),
+                "JUPYTER_CONFIG_DIR": str(folder / "config")})
+    return env
+
+
+def assert_ran_in_the_sandbox(path: Path) -> None:
+    first, second, third = nbformat.read(path, as_version=4).cells
+    assert os.getcwd() != "/workspace"  # the test's own process: the outputs below are not its
+    assert first.outputs[0]["text"] == "1000 /workspace\n"  # the sandbox's user and folder
     assert second.outputs[0]["data"]["text/plain"] == "42"
     assert second.execution_count == 2
     assert third.outputs[0]["data"]["text/html"] == "<b>bold</b>"
-    assert kid not in [s["id"] for s in (await api.get("/v1/sessions")).json()]
+
+
+def run_jupyter(command: list[str], env: dict[str, str], cwd: Path) -> None:
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=2 * CLIENT_TIMEOUT_S)
+    assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_nbclient_runs_notebook_on_gateway_configured_by_environment(
+        gateway: GatewayProcess, alpha: httpx.Client, tmp_path: Path) -> None:
+    """nbclient with jupyter_server's GatewayKernelManager, unpatched, configured only by
+    JUPYTER_GATEWAY_URL and JUPYTER_GATEWAY_AUTH_TOKEN (papermill runs the same way)."""
+    nbformat.write(NOTEBOOK, tmp_path / "in.ipynb")
+    before = {k["id"] for k in alpha.get("/api/kernels").json()}
+    run_jupyter([sys.executable, "-c", RUN_NOTEBOOK, "in.ipynb", "out.ipynb"],
+                jupyter_gateway_env(gateway, tmp_path), tmp_path)
+    assert_ran_in_the_sandbox(tmp_path / "out.ipynb")
+    assert {k["id"] for k in alpha.get("/api/kernels").json()} == before  # nbclient deleted it
+
+
+def test_nbconvert_execute_runs_notebook_on_gateway(gateway: GatewayProcess,
+                                                    tmp_path: Path) -> None:
+    """The command line: ``jupyter nbconvert --execute`` takes the kernel manager as config."""
+    nbformat.write(NOTEBOOK, tmp_path / "in.ipynb")
+    jupyter = str(Path(sys.executable).with_name("jupyter"))
+    run_jupyter([jupyter, "nbconvert", "--to", "notebook", "--execute",
+                 f"--ExecutePreprocessor.kernel_manager_class={GATEWAY_KERNEL_MANAGER}",
+                 "--output", "out.ipynb", "in.ipynb"],
+                jupyter_gateway_env(gateway, tmp_path), tmp_path)
+    assert_ran_in_the_sandbox(tmp_path / "out.ipynb")
+
+
+def test_jupyter_execute_ignores_kernel_manager_class(tmp_path: Path) -> None:
+    """Why the README says nbconvert: ``jupyter execute`` (nbclient's NbClientApp) gives its
+    NotebookClient no config, so a kernel manager set on the command line is dropped and a
+    local kernel runs. When this fails, nbclient passes it on: say so in the README."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os; os.getcwd()")])
+    nbformat.write(notebook, tmp_path / "in.ipynb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNEL_"))}
+    env["JUPYTER_GATEWAY_URL"] = "http://127.0.0.1:9"  # nothing listens: a gateway would fail
+    jupyter = str(Path(sys.executable).with_name("jupyter"))
+    run_jupyter([jupyter, "execute",
+                 f"--NotebookClient.kernel_manager_class={GATEWAY_KERNEL_MANAGER}",
+                 "--output=out.ipynb", "in.ipynb"], env, tmp_path)
+    cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0]
+    assert cell.outputs[0]["data"]["text/plain"] == repr(str(tmp_path))  # the local kernel's
