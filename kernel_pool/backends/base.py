@@ -86,6 +86,13 @@ class Sandbox(ABC):
         is disconnected for a :meth:`checkpoint`."""
         return None
 
+    @property
+    def pipe_folder(self) -> tuple[Path, str] | None:
+        """A folder the host and the kernel both reach, where a named pipe the host makes
+        carries a snapshot between them as it is written (the host's path, the sandbox's);
+        None where a pipe cannot cross (a snapshot then passes through a workspace file)."""
+        return None
+
     @abstractmethod
     async def launch_kernel(self) -> dict[str, Any]:
         """Start a kernel with a fresh key, the container first if it is gone.

@@ -336,6 +336,12 @@ class DockerSandbox(Sandbox):
             return None
         return "a gVisor sandbox cannot be checkpointed with CRIU"
 
+    @property
+    def pipe_folder(self) -> tuple[Path, str] | None:
+        # The socket folder is a bind mount: a pipe made there is the kernel's too. gVisor's
+        # gofer does not pass a host pipe through.
+        return (self._socket_dir, KERNEL_DIR) if self._through_init else None
+
     async def _launch_through_init(self, name: str) -> None:
         # Written once: a container remade below reads it as it starts (so a second request
         # would start a second kernel), and a signal without a request does nothing.
