@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from kernel_pool._sandbox_image import current_image
 
@@ -148,6 +148,35 @@ class PoolSettings(PoolLimits):
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+class BundleSettings(BaseModel):
+    """Where paused sessions are kept for any node to resume (``docs/bundles.md``)."""
+
+    store: str | None = Field(
+        None, description="s3://bucket/prefix (credentials, region and endpoint from the AWS_* "
+        "variables; AWS_ENDPOINT_URL for an S3-compatible server) or file:///path (a file system "
+        "the nodes share); unset: paused sessions stay in the state directory")
+    key: SecretStr | None = Field(
+        None, description="master key, base64 of 32 or more random bytes: each tenant's bundles "
+        "are encrypted with a key derived from it; required for s3://, optional for file://")
+
+    @model_validator(mode="after")
+    def _check(self) -> BundleSettings:
+        # imported here: the settings are read where the bundles' libraries may not be needed
+        from kernel_pool.bundles import BundleKeys, open_store
+
+        if self.store is None:
+            return self
+        open_store(self.store)
+        if self.key is not None:
+            BundleKeys.from_setting(self.key.get_secret_value())
+        elif self.store.startswith("s3://"):
+            raise ValueError("REPLGATE_BUNDLE_STORE is s3:// but REPLGATE_BUNDLE_KEY is unset: "
+                             "bundles hold sessions' memory and are encrypted at rest; make a "
+                             "key with: python -c 'import base64, os; "
+                             "print(base64.b64encode(os.urandom(32)).decode())'")
+        return self
 
 
 def default_max_kernels(memory_bytes: int | None = None) -> int:
