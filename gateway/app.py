@@ -74,9 +74,11 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(_make_state_dir, settings.state_dir)
-        async with Store.open(settings.db_path) as store:
+        async with Store.open(settings.database) as store:
             await ensure_api_keys(settings, store)
-            await store.mark_unfinished_as("interrupted")
+            # This gateway's own (its in-process node's), on a database others may share.
+            node = settings.pool.owner
+            await store.mark_unfinished_as("interrupted", node=node)
             audit = await AuditLog.open(store)
             # What start-up made (modules, schemas, routes: some 250,000 objects) lives as long
             # as the process: out of the collector's sight, a full collection under load takes
@@ -85,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
             gc.freeze()
             # Sessions a killed gateway left running are taken back; other containers it left
             # (warm kernels, deleted sessions) are removed.
-            records = {r.sandbox.container_id: r for r in await store.list_sessions()
+            records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
                        if r.sandbox is not None}
             pool = KernelPool(policy.pool_settings(settings.pool_settings()))
             kept = await pool.start(keep=lambda info: info.container_id in records)

@@ -6,10 +6,17 @@ table of the gateway's database, row ``seq`` (1, 2, 3, ...) with
 UPDATE and DELETE, so a slip fails loudly; someone who drops the triggers and edits, deletes or
 reorders rows is caught by :meth:`AuditLog.verify`, which recomputes the chain.
 
+Several gateways may append to one chain (on a shared PostgreSQL database). The chain's end
+lives in the database, in the one row of ``audit_head``: an append locks it (``SELECT ... FOR
+UPDATE``; on SQLite, ``BEGIN IMMEDIATE`` takes the file's write lock), chains on from it, and
+moves it in the same transaction that adds the record. So there is one writer at a time and
+no fork, whichever gateway writes.
+
 What the chain alone cannot show is a cut-off tail: dropping the last rows leaves a valid,
-shorter chain. So after each append the latest ``seq`` and ``hash`` go to ``audit.head`` beside
-the database (replaced atomically), and verify compares the log against it. Someone able to
-rewrite both the database and that file can still rewrite history: for that, copy the head (or
+shorter chain. The head row shows it when only the log was cut. With the embedded SQLite
+database the latest ``seq`` and ``hash`` also go to ``audit.head`` beside it after each append
+(replaced atomically), and verify compares the log against both. Someone able to rewrite the
+database (and that file) can still rewrite history: for that, copy the head (or
 :meth:`AuditLog.export`) somewhere they cannot reach.
 
 Records are built only from structured fields (:meth:`AuditRecord.for_execution`), never by
@@ -27,14 +34,16 @@ import json
 import logging
 import os
 import re
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import aiosqlite
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import text
 
+from gateway.database import Database
 from gateway.store import Store, utc_now
 from kernel_pool import CommandResult, Execution
 
@@ -53,20 +62,6 @@ logger = logging.getLogger(__name__)
 
 GENESIS_HASH = "0" * 64
 HEAD_FILE = "audit.head"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS audit_log (
-    seq INTEGER PRIMARY KEY,
-    record TEXT NOT NULL,
-    prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS audit_log_no_update BEFORE UPDATE ON audit_log
-BEGIN SELECT RAISE(ABORT, 'audit_log is append-only: UPDATE refused'); END;
-CREATE TRIGGER IF NOT EXISTS audit_log_no_delete BEFORE DELETE ON audit_log
-BEGIN SELECT RAISE(ABORT, 'audit_log is append-only: DELETE refused'); END;
-"""
-
 
 def canonical_json(value: Any) -> str:
     """The one JSON text of ``value`` that is hashed: sorted keys, no spaces, ASCII only."""
@@ -204,113 +199,130 @@ class _Head(BaseModel):
 class AuditLog:
     """The append-only, hash-chained log. Make one with :meth:`open`."""
 
-    def __init__(
-        self, db: aiosqlite.Connection, head_path: Path | None, tail: tuple[int, str],
-    ) -> None:
-        self._db = db
+    def __init__(self, database: Database, head_path: Path | None) -> None:
+        self._database = database
         self._head_path = head_path
-        self._last_seq, self._last_hash = tail
-        # One append at a time, so two records never take the same prev_hash (a fork).
+        self._last: tuple[int, str] | None = None
+        """The end this gateway last wrote or read, for ``repr`` only: others may append."""
+        # One append of this process at a time: they would queue on the database's lock
+        # anyway, and SQLite's busy handler polls where this wakes the next at once.
         self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, store: Store, head_path: Path | None = None) -> AuditLog:
-        """Create the table and triggers if needed and take up the chain where it ends.
+        """The log in the store's database (its tables are the schema's, made by migration).
 
-        ``head_path`` defaults to ``audit.head`` beside the database.
+        ``head_path`` defaults to ``audit.head`` beside a SQLite database, and to none on
+        PostgreSQL, where several gateways write and only the database holds the head.
         """
-        db = store.connection
-        head_path = head_path or store.path.parent / HEAD_FILE
-        await db.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
-        async with db.execute("SELECT seq, hash FROM audit_log ORDER BY seq DESC LIMIT 1") as cur:
-            row = await cur.fetchone()
-        tail = (0, GENESIS_HASH) if row is None else (int(row[0]), str(row[1]))
+        database = store.database
+        if head_path is None and database.sqlite_path is not None:
+            head_path = database.sqlite_path.parent / HEAD_FILE
+        audit = cls(database, head_path)
         try:
             head = await _read_head(head_path)
         except ValueError as exc:
             logger.error("%s is unreadable (%s); run verify", head_path, exc)
             head = None
-        if head is not None and (head.seq, head.hash) != tail and head.seq >= tail[0]:
-            # The log ends before, or differs from, the head we wrote last: rows were cut or
-            # rewritten. Chaining on from the head keeps that visible to verify() (a seq gap,
-            # a broken link) instead of letting the next append paper over it.
-            logger.error(
-                "audit log ends at seq %d but %s records seq %d; run verify",
-                tail[0], head_path, head.seq,
-            )
-            tail = (head.seq, head.hash)
-        return cls(db, head_path, tail)
+        stored = await audit._stored_head()
+        audit._last = (stored.seq, stored.hash)
+        if head is not None and head != stored and head.seq >= stored.seq:
+            # The database's head is behind, or differs from, the one we wrote last: the log
+            # was cut or rewritten with it. Chaining on from the file keeps that visible to
+            # verify() (a seq gap, a broken link) instead of letting the next append paper
+            # over it.
+            logger.error("audit log's head in the database is seq %d but %s records seq %d; "
+                         "run verify", stored.seq, head_path, head.seq)
+            async with database.transaction() as connection:
+                await connection.execute(
+                    text("UPDATE audit_head SET seq = :seq, hash = :hash WHERE id = 1"),
+                    {"seq": head.seq, "hash": head.hash})
+            audit._last = (head.seq, head.hash)
+        return audit
 
     def __repr__(self) -> str:
-        return f"<AuditLog {self._last_seq} records, head {self._last_hash[:12]}>"
+        seq, hash_ = self._last or (0, GENESIS_HASH)
+        return f"<AuditLog {seq} records, head {hash_[:12]}>"
+
+    async def _stored_head(self) -> _Head:
+        async with self._database.connect() as connection:
+            row = (await connection.execute(
+                text("SELECT seq, hash FROM audit_head WHERE id = 1"))).one()
+        return _Head(seq=row.seq, hash=row.hash)
 
     async def append(self, record: AuditRecord) -> AuditEntry:
-        """Add a record at the end of the chain and update ``audit.head``.
+        """Add a record at the end of the chain and update the head.
 
-        Shielded: a caller cancelled mid-append cannot leave the row written but the chain's
-        tail in memory stale. An error writing the head propagates; the row is in, and the
-        head, lagging one record, is repaired by the next append.
+        Shielded: a caller cancelled mid-append cannot leave the transaction half done. An
+        error writing ``audit.head`` propagates; the row and the database's head are in, and
+        the file, lagging one record, is repaired by the next append.
         """
         return await asyncio.shield(self._append(record.canonical()))
 
     async def _append(self, record_json: str) -> AuditEntry:
+        lock = " FOR UPDATE" if self._database.dialect == "postgresql" else ""
         async with self._lock:
-            seq = self._last_seq + 1
-            prev_hash = self._last_hash
-            entry = AuditEntry(
-                seq=seq, prev_hash=prev_hash, hash=chain_hash(prev_hash, record_json),
-                record=record_json,
-            )
-            # The record must be on disk before the head names it, or after a power cut the
-            # head would point past the end of the log and look like tampering. The store
-            # commits without syncing (synchronous=NORMAL): this one commit syncs the WAL
-            # (and with it the history written before the record), in the database's thread.
-            # SQLite does the syncing itself: a descriptor of the database file opened and
-            # closed in this process would drop the locks SQLite holds on it, and another
-            # process closing its connection could then delete the WAL under the gateway.
-            await self._db.execute("PRAGMA synchronous=FULL")
-            try:
-                await self._db.execute_fetchall(
-                    "INSERT INTO audit_log (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)",
-                    (entry.seq, entry.record, entry.prev_hash, entry.hash),
-                )
-            finally:
-                await self._db.execute("PRAGMA synchronous=NORMAL")
-            self._last_seq, self._last_hash = seq, entry.hash
+            # Durable: the record must be on disk before audit.head names it, or after a
+            # power cut the file would point past the end of the log and look like
+            # tampering. (On SQLite this commit also syncs the history written before it.)
+            async with self._database.transaction(durable=True) as connection:
+                row = (await connection.execute(
+                    text(f"SELECT seq, hash FROM audit_head WHERE id = 1{lock}"))).one()
+                entry = AuditEntry(seq=row.seq + 1, prev_hash=row.hash,
+                                   hash=chain_hash(row.hash, record_json), record=record_json)
+                await connection.execute(
+                    text("INSERT INTO audit_log (seq, record, prev_hash, hash) "
+                         "VALUES (:seq, :record, :prev_hash, :hash)"), entry.model_dump())
+                await connection.execute(
+                    text("UPDATE audit_head SET seq = :seq, hash = :hash WHERE id = 1"),
+                    {"seq": entry.seq, "hash": entry.hash})
+            self._last = (entry.seq, entry.hash)
             if self._head_path is not None:
-                await anyio.to_thread.run_sync(_write_head, self._head_path, seq, entry.hash)
+                await anyio.to_thread.run_sync(_write_head, self._head_path, entry.seq,
+                                               entry.hash)
             return entry
 
-    async def entries(self) -> AsyncIterator[AuditEntry]:
-        """Every stored row in ``seq`` order, as stored (nothing checked)."""
-        async with self._db.execute(
-            "SELECT seq, record, prev_hash, hash FROM audit_log ORDER BY seq"
-        ) as cursor:
-            async for row in cursor:
-                yield AuditEntry(
-                    seq=row[0], record=str(row[1]), prev_hash=str(row[2]), hash=str(row[3])
-                )
+    async def entries(self, batch: int = 1000) -> AsyncIterator[AuditEntry]:
+        """Every stored row in ``seq`` order, as stored (nothing checked), read ``batch`` rows
+        at a time (no transaction or cursor held open between them)."""
+        after: int | None = None
+        while True:
+            async with self._database.connect() as connection:
+                rows = (await connection.execute(text(
+                    "SELECT seq, record, prev_hash, hash FROM audit_log "
+                    f"{'' if after is None else 'WHERE seq > :after '}ORDER BY seq LIMIT :n"),
+                    {"after": after, "n": batch})).all()
+            for row in rows:
+                yield AuditEntry(seq=row.seq, record=str(row.record),
+                                 prev_hash=str(row.prev_hash), hash=str(row.hash))
+            if len(rows) < batch:
+                return
+            after = rows[-1].seq
 
     async def verify(self) -> VerifyResult:
-        """Recompute the chain and compare its end with ``audit.head``.
+        """Recompute the chain and compare its end with the database's head (and
+        ``audit.head``, with SQLite).
 
         Finds an edited record (its hash no longer matches), a deleted one (a seq gap and a
-        broken link), reordered ones (broken links), and, when ``audit.head`` exists, a cut
-        tail or a rewritten end. Without that file a cut tail shows only in ``records``:
-        nothing inside the database can tell a shortened log from a young one.
+        broken link), reordered ones (broken links), and a cut tail or a rewritten end that
+        the heads do not show. Without ``audit.head``, a log cut together with its head row
+        shows only in ``records``: nothing inside the database can tell it from a young one.
         """
-        # Read the head first: appends write the row before the head, so every row the head
-        # names is already in the table when we scan it.
+        # Read the heads first: appends write the row with (or before) the head, so every row
+        # a head names is already in the table when we scan it.
         problems: list[str] = []
         head_unreadable = False
         try:
-            head = await _read_head(self._head_path)
+            file_head = await _read_head(self._head_path)
         except ValueError:
-            head, head_unreadable = None, True
+            file_head, head_unreadable = None, True
             problems.append(f"{self._head_path} is unreadable, so the log's end is unchecked")
+        heads = [(await self._stored_head(), "the database's audit head")]
+        if file_head is not None:
+            heads.append((file_head, str(self._head_path)))
         count = 0
         prev_seq, prev_hash = 0, GENESIS_HASH
-        hashes_at_head: str | None = None
+        hashes_at_heads: dict[int, str] = {}
         async for entry in self.entries():
             count += 1
             if entry.seq != prev_seq + 1:
@@ -331,23 +343,22 @@ class AuditLog:
                     json.loads(entry.record)
                 except ValueError:
                     problems.append(f"seq {entry.seq}: record is not JSON")
-            if head is not None and entry.seq == head.seq:
-                hashes_at_head = entry.hash
+            if any(entry.seq == head.seq for head, _ in heads):
+                hashes_at_heads[entry.seq] = entry.hash
             prev_seq, prev_hash = entry.seq, entry.hash
-        if head is not None:
+        for head, source in heads:
+            if head.seq == 0:
+                continue
             if prev_seq < head.seq:
                 problems.append(
-                    f"seq {head.seq}: missing; {self._head_path} records seq {head.seq} but the "
-                    f"log ends at seq {prev_seq} (tail cut off)"
-                )
-            elif hashes_at_head is None:
-                problems.append(f"seq {head.seq}: missing, though {self._head_path} records it")
-            elif hashes_at_head != head.hash:
-                problems.append(
-                    f"seq {head.seq}: hash differs from the one {self._head_path} records "
-                    "(the log was rewritten)"
-                )
-        elif self._head_path is not None and count and not head_unreadable:
+                    f"seq {head.seq}: missing; {source} records seq {head.seq} but the log "
+                    f"ends at seq {prev_seq} (tail cut off)")
+            elif head.seq not in hashes_at_heads:
+                problems.append(f"seq {head.seq}: missing, though {source} records it")
+            elif hashes_at_heads[head.seq] != head.hash:
+                problems.append(f"seq {head.seq}: hash differs from the one {source} records "
+                                "(the log was rewritten)")
+        if file_head is None and self._head_path is not None and count and not head_unreadable:
             problems.append(
                 f"seq {prev_seq}: {self._head_path} is missing, so a cut-off tail cannot be "
                 "ruled out"
@@ -414,8 +425,10 @@ async def _read_head(path: Path | None) -> _Head | None:
 
 
 def _write_head(path: Path, seq: int, hash_: str) -> None:
-    temp = path.with_name(path.name + ".tmp")
-    with temp.open("w", encoding="utf-8") as file:
+    # A temporary file of this write's own: two appends (of two logs on one file) may write at
+    # once. Whichever lands last, the head names a record of the chain.
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(canonical_json({"hash": hash_, "seq": seq}) + "\n")
         file.flush()
         os.fsync(file.fileno())

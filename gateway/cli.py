@@ -139,11 +139,11 @@ async def _with_audit(action: str, target: str | None) -> int:
     from gateway.store import Store
 
     settings = Settings()
-    if not settings.db_path.is_file():
-        print(f"replgate: no database at {settings.db_path}; set REPLGATE_STATE_DIR",
-              file=sys.stderr)
+    if settings.database_url is None and not settings.db_path.is_file():
+        print(f"replgate: no database at {settings.db_path}; set REPLGATE_STATE_DIR or "
+              "REPLGATE_DATABASE_URL", file=sys.stderr)
         return 2
-    async with Store.open(settings.db_path) as store:
+    async with Store.open(settings.database) as store:
         audit = await AuditLog.open(store)
         if action == "verify":
             result = await audit.verify()

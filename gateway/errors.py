@@ -26,6 +26,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gateway.store import RecordExists, RecordNotFound, StoreError
 from kernel_pool import (
@@ -141,8 +143,8 @@ def status_for(exc: BaseException) -> int:
     for kind, status in STATUS_BY_ERROR:
         if isinstance(exc, kind):
             return status
-    if isinstance(exc, sqlite3.Error):
-        return _sqlite_status(exc)
+    if _is_database_error(exc):
+        return _database_status(exc)
     return 500
 
 
@@ -155,17 +157,34 @@ def detail_for(exc: BaseException) -> Any:
     """The ``detail`` of an error answer: the error's own sentence (or validation list)."""
     if isinstance(exc, GatewayError):
         return exc.detail
-    if isinstance(exc, sqlite3.Error):
-        return _sqlite_detail(exc)
+    if _is_database_error(exc):
+        return _database_detail(exc)
     return str(exc)
 
 
-def _sqlite_status(exc: sqlite3.Error) -> int:
-    return 507 if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL else 503
+_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE disk_full."""
 
 
-def _sqlite_detail(exc: sqlite3.Error) -> str:
-    if _sqlite_status(exc) == 507:
+def _is_database_error(exc: BaseException) -> bool:
+    """The database failed (SQLite's or PostgreSQL's driver, SQLAlchemy's wrapper of their
+    errors, its pool out of connections): the gateway's state is out of reach, not a bug."""
+    return isinstance(exc, sqlite3.Error | DBAPIError | PoolTimeout)
+
+
+def _database_status(exc: BaseException) -> int:
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return 507
+    return 507 if getattr(cause, "sqlstate", None) == _DISK_FULL else 503
+
+
+def _database_detail(exc: BaseException) -> str:
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if getattr(cause, "sqlstate", None) == _DISK_FULL:
+        return ("the gateway's PostgreSQL database is out of disk space; free space on its "
+                "server")
+    if _database_status(exc) == 507:
         return ("the gateway's state directory is full (its database cannot grow); delete "
                 "sessions or free disk space")
     return "the gateway's database is unavailable right now; retry in a few seconds"
@@ -195,7 +214,7 @@ def install(app: FastAPI) -> None:
         return error_response(exc)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, sqlite3.Error):
+        if _is_database_error(exc):
             logger.error("%s %s failed: the database: %s", request.method, request.url.path, exc)
             return error_response(exc)
         logger.exception("%s %s failed unexpectedly", request.method, request.url.path)

@@ -60,6 +60,9 @@ class Gateway:
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions whose recording (history, then audit) is not over: watchers
         catch up from them, and the history shows the finished ones before the store has them."""
+        self.node = settings.pool.owner
+        """The node its sessions run on, in this process: the pool's owner label, which sets
+        them apart from other gateways' in a shared database."""
         self.image = settings.limits.image
         """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
         pool.on_session_closed.append(self._closed_by_pool)
@@ -130,7 +133,7 @@ class Gateway:
             id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
             created_at=session.created_at, last_active_at=session.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
-            sandbox=session.sandbox_info().model_dump(mode="json")))
+            sandbox=session.sandbox_info().model_dump(mode="json"), node=self.node))
         return session
 
     async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
@@ -216,7 +219,7 @@ class Gateway:
                 status=child.status.value, created_at=child.created_at,
                 last_active_at=child.last_active_at, execution_count=0,
                 metadata=child.metadata, env=child.env,
-                sandbox=child.sandbox_info().model_dump(mode="json")))
+                sandbox=child.sandbox_info().model_dump(mode="json"), node=self.node))
         return children
 
     async def _record_lifecycle(self, session: Session) -> None:

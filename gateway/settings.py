@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     state_dir: Path = Field(default_factory=default_state_dir,
                             description="SQLite database, audit log, keys, workspaces, sockets")
+    database_url: str | None = Field(
+        None, description="where shared state lives (sessions, history, keys, the audit "
+        "chain): unset, SQLite in the state directory (replgate.db, one gateway); "
+        "postgresql://user:password@host:5432/db, a PostgreSQL database several gateways "
+        "share (its schema is migrated at start-up)")
     api_keys: str | None = Field(None, description="tenant:key pairs, comma-separated")
     log_json: bool = Field(False, description="log as JSON lines")
     log_level: str = "info"
@@ -150,6 +155,20 @@ class Settings(BaseSettings):
             parent.setdefault(path[-1], value)
         return data
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        # Imported here: `replgate mcp` reads these settings without the serve extra.
+        from gateway.database import DatabaseError, database_url
+
+        try:
+            database_url(value)
+        except DatabaseError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("state_min_free")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -172,7 +191,13 @@ class Settings(BaseSettings):
 
     @property
     def db_path(self) -> Path:
+        """The embedded SQLite database (used when ``database_url`` is unset)."""
         return self.state_dir / "replgate.db"
+
+    @property
+    def database(self) -> str | Path:
+        """The database to open: ``database_url``, else :attr:`db_path`."""
+        return self.database_url or self.db_path
 
     def pool_settings(self) -> PoolSettings:
         profile = self.limits.model_copy(update={"name": "default"})

@@ -1,10 +1,11 @@
-"""The embedded store: sessions, execution history and hashed API keys in one SQLite file.
+"""The store: sessions, execution history and hashed API keys, in the gateway's database.
 
-One :class:`Store` owns one ``aiosqlite`` connection (SQLite runs on aiosqlite's thread, never
-on the event loop), in WAL mode and autocommit: every method is a single statement, so no
-transaction is ever left open across an ``await`` for another coroutine's statements to join.
-The audit log (:mod:`gateway.audit`) keeps its own table in the same file, through
-:attr:`Store.connection`.
+One :class:`Store` over one :class:`~gateway.database.Database`: SQLite in the state directory
+(the embedded default) or PostgreSQL (``REPLGATE_DATABASE_URL``), with the same SQL for both.
+Every method is a single statement on an autocommitting connection, so no transaction is ever
+left open across an ``await`` for another coroutine's statements to join. The audit log
+(:mod:`gateway.audit`) keeps its own tables in the same database, through
+:attr:`Store.database`.
 
 Rows come back as pydantic models (:class:`SessionRecord`, :class:`ExecutionRecord`) with their
 JSON columns validated into models again. Timestamps are ISO 8601 UTC strings (:func:`utc_now`).
@@ -24,11 +25,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast, get_args
 
-import aiosqlite
-import anyio.to_thread
 from pydantic import BaseModel, Field, TypeAdapter
+from sqlalchemy import RowMapping, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
 
 from gateway.auth import hash_api_key
+from gateway.database import Database, StoreError
 from kernel_pool import Event, Execution, SandboxInfo
 
 __all__ = [
@@ -43,48 +46,10 @@ __all__ = [
     "utc_now",
 ]
 
-SCHEMA_VERSION = 1
 RUNNING = "running"
 """The status of an execution the store has started and not yet finished."""
 PENDING_APPROVAL = "pending_approval"
 """The status of an unfinished execution held until a person approves it (governance)."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    profile TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    last_active_at TEXT NOT NULL,
-    execution_count INTEGER NOT NULL,
-    metadata TEXT NOT NULL,
-    env TEXT NOT NULL,
-    sandbox TEXT,
-    deleted INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, deleted);
-CREATE TABLE IF NOT EXISTS executions (
-    id TEXT PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    code TEXT NOT NULL,
-    status TEXT NOT NULL,
-    execution_count INTEGER,
-    events TEXT NOT NULL,
-    result TEXT,
-    started_at TEXT NOT NULL,
-    finished_at TEXT,
-    UNIQUE (session_id, seq)
-);
-CREATE INDEX IF NOT EXISTS executions_status ON executions (status);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_hash TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-"""
 
 _SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox")
 _EXECUTION_COLUMNS = (
@@ -97,10 +62,6 @@ def utc_now() -> str:
     """The current time as an ISO 8601 UTC string, in kernel_pool's format
     (``2024-05-01T12:00:00.123456+00:00``), so stored and live timestamps compare."""
     return datetime.now(UTC).isoformat()
-
-
-class StoreError(Exception):
-    """Base of the store's errors."""
 
 
 class RecordNotFound(StoreError, LookupError):
@@ -136,6 +97,11 @@ class SessionRecord(BaseModel):
     sandbox: SandboxInfo | None = None
     """The sandbox it runs in, for re-adoption; None before it has one or after deletion."""
     deleted: bool = False
+    node: str | None = None
+    """The node running it (``replgate node``); None in one process, while paused, or before
+    it is placed."""
+    epoch: int = Field(default=0, ge=0)
+    """Raised by each new placement: a node holding an older one no longer owns the session."""
 
 
 class ExecutionRecord(BaseModel):
@@ -164,15 +130,15 @@ _EVENT_TYPES = tuple(get_args(get_args(Event)[0]))
 class _StoreOpener:
     """What :meth:`Store.open` returns: awaitable, and an async context manager that closes."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, target: str | Path | URL) -> None:
+        self._target = target
         self._store: Store | None = None
 
     def __await__(self) -> Generator[Any, None, Store]:
-        return Store._connect(self._path).__await__()
+        return Store._connect(self._target).__await__()
 
     async def __aenter__(self) -> Store:
-        self._store = await Store._connect(self._path)
+        self._store = await Store._connect(self._target)
         return self._store
 
     async def __aexit__(
@@ -186,78 +152,35 @@ class _StoreOpener:
 
 
 class Store:
-    """The gateway's SQLite database. Make one with :meth:`open`."""
+    """Sessions, history and keys. Make one with :meth:`open`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path,
-                 reader: aiosqlite.Connection | None = None) -> None:
-        self._db = db
-        self._reader = reader or db
-        """Reads that sit on a request's path (its key, an execution id's check, the history)
-        go to this second connection: under WAL they never queue behind the writer's commits."""
-        self._path = path
+    def __init__(self, database: Database) -> None:
+        self._database = database
         self._closed = False
         self._lookup: sqlite3.Connection | None = None
-        """A plain connection for :meth:`execution_taken`, used on the event loop."""
+        """SQLite only: a plain connection for :meth:`execution_taken`, used on the event loop."""
 
     @staticmethod
-    def open(path: str | Path) -> _StoreOpener:
-        """Open (creating if needed) the database at ``path``, and its parent folder.
+    def open(target: str | Path | URL) -> _StoreOpener:
+        """Open the database ``target`` names and bring its schema up to date: a path (a SQLite
+        file, made with its folder if needed) or a URL (``postgresql://...``, ``sqlite:///...``).
 
-        Use ``async with Store.open(path) as store`` or ``store = await Store.open(path)`` and
-        later ``await store.close()``.
+        Use ``async with Store.open(target) as store`` or ``store = await Store.open(target)``
+        and later ``await store.close()``.
         """
-        return _StoreOpener(Path(path))
+        return _StoreOpener(target)
 
     @classmethod
-    async def _connect(cls, path: Path) -> Store:
-        await anyio.to_thread.run_sync(lambda: path.parent.mkdir(parents=True, exist_ok=True))
-        # isolation_level=None: autocommit, see the module docstring.
-        db = await aiosqlite.connect(path, isolation_level=None)
-        try:
-            db.row_factory = aiosqlite.Row
-            await db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL: commits are not synced one by one (the WAL stays consistent; a process
-            # crash loses nothing). The audit log commits each record it appends with
-            # synchronous=FULL, before its head names it: a record, and the history
-            # written before it, are on disk then; a power cut can lose only what followed.
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.execute("PRAGMA busy_timeout=5000")
-            async with db.execute("PRAGMA user_version") as cursor:
-                row = await cursor.fetchone()
-            version = int(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"database {path} has schema version {version}, newer than this replgate's "
-                    f"{SCHEMA_VERSION}; upgrade replgate or use another REPLGATE_STATE_DIR"
-                )
-            await db.executescript(
-                f"BEGIN; {_SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-            )
-            reader = await aiosqlite.connect(path, isolation_level=None)
-        except BaseException:
-            await db.close()
-            raise
-        try:
-            reader.row_factory = aiosqlite.Row
-            await reader.execute("PRAGMA query_only=ON")
-            await reader.execute("PRAGMA busy_timeout=5000")
-        except BaseException:
-            await reader.close()
-            await db.close()
-            raise
-        return cls(db, path, reader)
+    async def _connect(cls, target: str | Path | URL) -> Store:
+        return cls(await Database.open(target))
 
     async def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the database's connections (idempotent)."""
         if not self._closed:
             self._closed = True
             if self._lookup is not None:
                 self._lookup.close()
-            try:
-                if self._reader is not self._db:
-                    await self._reader.close()
-            finally:
-                await self._db.close()
+            await self._database.close()
 
     async def __aenter__(self) -> Store:
         return self
@@ -271,17 +194,27 @@ class Store:
         await self.close()
 
     @property
-    def path(self) -> Path:
-        """The database file."""
-        return self._path
+    def database(self) -> Database:
+        """The database, shared with the audit log."""
+        return self._database
 
     @property
-    def connection(self) -> aiosqlite.Connection:
-        """The one connection, shared with the audit log so the file has a single writer."""
-        return self._db
+    def path(self) -> Path | None:
+        """The SQLite file, or None on PostgreSQL."""
+        return self._database.sqlite_path
 
     def __repr__(self) -> str:
-        return f"<Store {str(self._path)!r}{' closed' if self._closed else ''}>"
+        return f"<Store {self._database!r}{' closed' if self._closed else ''}>"
+
+    async def _fetch(self, sql: str, **params: Any) -> list[RowMapping]:
+        async with self._database.connect() as connection:
+            result = await connection.execute(text(sql), params)
+            return list(result.mappings()) if result.returns_rows else []
+
+    async def _change(self, sql: str, **params: Any) -> int:
+        """Run a statement that returns no rows; how many rows it changed."""
+        async with self._database.connect() as connection:
+            return (await connection.execute(text(sql), params)).rowcount
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -289,12 +222,10 @@ class Store:
         """Insert a new session; :class:`RecordExists` if its id is taken."""
         row = _session_row(record)
         columns = ", ".join(row)
-        marks = ", ".join("?" * len(row))
+        marks = ", ".join(f":{name}" for name in row)
         try:
-            await self._db.execute_fetchall(
-                f"INSERT INTO sessions ({columns}) VALUES ({marks})", tuple(row.values())
-            )
-        except sqlite3.IntegrityError as exc:
+            await self._change(f"INSERT INTO sessions ({columns}) VALUES ({marks})", **row)
+        except IntegrityError as exc:
             raise RecordExists("session", record.id) from exc
         return record
 
@@ -318,14 +249,13 @@ class Store:
             return current
         updated = SessionRecord.model_validate({**current.model_dump(), **fields})
         row = _session_row(updated)
-        assignments = ", ".join(f"{name} = ?" for name in fields)
-        rows = await self._db.execute_fetchall(
-            f"UPDATE sessions SET {assignments} WHERE id = ? RETURNING *",
-            (*(row[name] for name in fields), session_id),
-        )
+        assignments = ", ".join(f"{name} = :{name}" for name in fields)
+        rows = await self._fetch(
+            f"UPDATE sessions SET {assignments} WHERE id = :session_id RETURNING *",
+            **{name: row[name] for name in fields}, session_id=session_id)
         if not rows:
             raise RecordNotFound("session", session_id)
-        return _session_from_row(next(iter(rows)))
+        return _session_from_row(rows[0])
 
     async def record_activity(self, session_id: str, *, execution_count: int,
                               last_active_at: str, sandbox: SandboxInfo | None) -> None:
@@ -333,41 +263,38 @@ class Store:
         (:meth:`update_session` without its read and validation, for the hot path)."""
         sandbox_json = None if sandbox is None else json.dumps(
             sandbox.model_dump(mode="json"), separators=(",", ":"))
-        await self._db.execute_fetchall(
-            "UPDATE sessions SET execution_count = ?, last_active_at = ?, sandbox = ? "
-            "WHERE id = ?", (execution_count, last_active_at, sandbox_json, session_id))
+        await self._change(
+            "UPDATE sessions SET execution_count = :count, last_active_at = :active, "
+            "sandbox = :sandbox WHERE id = :id", count=execution_count, active=last_active_at,
+            sandbox=sandbox_json, id=session_id)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session with that id (deleted or not), or None."""
-        async with self._reader.execute("SELECT * FROM sessions WHERE id = ?",
-                                        (session_id,)) as cur:
-            row = await cur.fetchone()
-        return None if row is None else _session_from_row(row)
+        rows = await self._fetch("SELECT * FROM sessions WHERE id = :id", id=session_id)
+        return _session_from_row(rows[0]) if rows else None
 
     async def list_sessions(
-        self, tenant: str | None = None, include_deleted: bool = False
+        self, tenant: str | None = None, include_deleted: bool = False,
+        node: str | None = None,
     ) -> list[SessionRecord]:
-        """Sessions, oldest first; of one tenant if given; deleted ones only when asked."""
+        """Sessions, oldest first; of one tenant if given; deleted ones only when asked; of
+        one node if given (with those of none: rows from before sessions had a node)."""
         clauses: list[str] = []
-        params: list[Any] = []
         if tenant is not None:
-            clauses.append("tenant = ?")
-            params.append(tenant)
+            clauses.append("tenant = :tenant")
         if not include_deleted:
             clauses.append("deleted = 0")
+        if node is not None:
+            clauses.append("(node = :node OR node IS NULL)")
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = await self._reader.execute_fetchall(
-            f"SELECT * FROM sessions {where} ORDER BY created_at, id", params
-        )
+        rows = await self._fetch(f"SELECT * FROM sessions {where} ORDER BY created_at, id",
+                                 tenant=tenant, node=node)
         return [_session_from_row(row) for row in rows]
 
     async def mark_deleted(self, session_id: str) -> None:
         """Flag a session deleted; its row and history stay. :class:`RecordNotFound` if none."""
-        async with self._db.execute(
-            "UPDATE sessions SET deleted = 1 WHERE id = ?", (session_id,)
-        ) as cursor:
-            changed = cursor.rowcount
-        if changed == 0:
+        if not await self._change("UPDATE sessions SET deleted = 1 WHERE id = :id",
+                                  id=session_id):
             raise RecordNotFound("session", session_id)
 
     # -- executions -----------------------------------------------------------------------
@@ -386,17 +313,31 @@ class Store:
             code.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(f"code is not valid Unicode text: {exc.reason}") from exc
-        # The seq is computed inside the INSERT, so two starts can never take the same one.
+        # The seq is computed inside the INSERT, so two starts of one gateway never take the
+        # same one (SQLite: one writer). Gateways sharing PostgreSQL may record executions of
+        # one session at once: there the session's lock, held to the commit, orders them.
+        # (The casts type the SELECT's parameters and NULLs, which PostgreSQL would otherwise
+        # take for text.)
+        insert = text(
+            f"INSERT INTO executions ({_EXECUTION_COLUMNS}) SELECT CAST(:id AS TEXT), "
+            "CAST(:session_id AS TEXT), CAST(:tenant AS TEXT), COALESCE(MAX(seq), 0) + 1, "
+            "CAST(:code AS TEXT), CAST(:status AS TEXT), CAST(NULL AS INTEGER), '[]', "
+            "CAST(NULL AS TEXT), CAST(:started_at AS TEXT), CAST(NULL AS TEXT) "
+            "FROM executions WHERE session_id = :session_id RETURNING *")
+        params = {"id": execution_id, "session_id": session_id, "tenant": tenant, "code": code,
+                  "status": RUNNING, "started_at": utc_now()}
+        shared = self._database.dialect == "postgresql"
         try:
-            rows = await self._db.execute_fetchall(
-                f"INSERT INTO executions ({_EXECUTION_COLUMNS}) "
-                "SELECT ?, ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, NULL, '[]', NULL, ?, NULL "
-                "FROM executions WHERE session_id = ? RETURNING *",
-                (execution_id, session_id, tenant, code, RUNNING, utc_now(), session_id),
-            )
-        except sqlite3.IntegrityError as exc:
+            async with (self._database.transaction() if shared
+                        else self._database.connect()) as connection:
+                if shared:
+                    await connection.execute(
+                        text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"),
+                        {"sid": session_id})
+                row = (await connection.execute(insert, params)).mappings().one()
+        except IntegrityError as exc:
             raise RecordExists("execution", execution_id) from exc
-        return _execution_from_row(next(iter(rows)))
+        return _execution_from_row(row)
 
     async def finish_execution(
         self,
@@ -417,35 +358,36 @@ class Store:
             else _EVENTS.validate_python([_as_plain(event) for event in events]))
         valid_result = (result if isinstance(result, Execution) or result is None
                         else Execution.model_validate(_as_plain(result)))
-        rows = await self._db.execute_fetchall(
-            "UPDATE executions SET status = ?, execution_count = ?, events = ?, result = ?, "
-            "finished_at = ? WHERE id = ? RETURNING id, session_id, tenant, seq, code, "
-            "started_at, finished_at",
-            (str(status), execution_count, _EVENTS.dump_json(valid_events).decode(),
-             None if valid_result is None else valid_result.model_dump_json(), utc_now(),
-             execution_id),
-        )
+        rows = await self._fetch(
+            "UPDATE executions SET status = :status, execution_count = :count, "
+            "events = :events, result = :result, finished_at = :finished WHERE id = :id "
+            "RETURNING id, session_id, tenant, seq, code, started_at, finished_at",
+            status=str(status), count=execution_count,
+            events=_EVENTS.dump_json(valid_events).decode(),
+            result=None if valid_result is None else valid_result.model_dump_json(),
+            finished=utc_now(), id=execution_id)
         if not rows:
             raise RecordNotFound("execution", execution_id)
-        row = next(iter(rows))
         # Built from what was just written, not parsed back from its JSON.
         return ExecutionRecord.model_construct(
-            **dict(zip(row.keys(), tuple(row), strict=True)), status=str(status),
-            execution_count=execution_count, events=valid_events, result=valid_result)
+            **dict(rows[0]), status=str(status), execution_count=execution_count,
+            events=valid_events, result=valid_result)
 
     def execution_taken(self, execution_id: str) -> bool | None:
-        """Whether an execution has this id, answered on the calling thread (the event loop);
-        None when the database is busy, and then :meth:`get_execution` answers.
+        """Whether an execution has this id, answered on the calling thread (the event loop)
+        from a SQLite file; None when the database is busy or not SQLite, and then
+        :meth:`get_execution` answers.
 
         A lookup by primary key takes microseconds; a hop to a connection's thread costs a few
         hundred, and this sits on the path of every execution a client names itself. The
         lookup never waits for a lock (no busy timeout): under WAL readers do not need one.
         """
-        if self._closed:
+        path = self._database.sqlite_path
+        if self._closed or path is None:
             return None
         try:
             if self._lookup is None:
-                self._lookup = sqlite3.connect(self._path, timeout=0, isolation_level=None,
+                self._lookup = sqlite3.connect(path, timeout=0, isolation_level=None,
                                                check_same_thread=False)
                 self._lookup.execute("PRAGMA query_only=ON")
             row = self._lookup.execute(
@@ -456,37 +398,34 @@ class Store:
 
     async def get_execution(self, execution_id: str) -> ExecutionRecord | None:
         """The execution with that id, or None."""
-        async with self._reader.execute(
-            "SELECT * FROM executions WHERE id = ?", (execution_id,)
-        ) as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else _execution_from_row(row)
+        rows = await self._fetch("SELECT * FROM executions WHERE id = :id", id=execution_id)
+        return _execution_from_row(rows[0]) if rows else None
 
     async def list_executions(self, session_id: str) -> list[ExecutionRecord]:
         """A session's executions in the order it ran them."""
-        rows = await self._reader.execute_fetchall(
-            "SELECT * FROM executions WHERE session_id = ? ORDER BY seq", (session_id,)
-        )
+        rows = await self._fetch(
+            "SELECT * FROM executions WHERE session_id = :id ORDER BY seq", id=session_id)
         return [_execution_from_row(row) for row in rows]
 
-    async def mark_unfinished_as(self, status: str) -> int:
+    async def mark_unfinished_as(self, status: str, node: str | None = None) -> int:
         """Give every ``running`` (or ``pending_approval``) execution this status (at start-up,
-        after a crash).
+        after a crash); only those of sessions of ``node`` (or of none) when given, so a
+        gateway starting on a shared database leaves the others' running executions alone.
 
         Returns how many there were. Their events and result stay as they were (empty).
         """
-        async with self._db.execute(
-            "UPDATE executions SET status = ?, finished_at = ? WHERE status IN (?, ?)",
-            (str(status), utc_now(), RUNNING, PENDING_APPROVAL),
-        ) as cursor:
-            return cursor.rowcount
+        of_node = "" if node is None else (
+            " AND session_id IN (SELECT id FROM sessions WHERE node = :node OR node IS NULL)")
+        return await self._change(
+            "UPDATE executions SET status = :status, finished_at = :now "
+            f"WHERE status IN (:running, :pending){of_node}", status=str(status),
+            now=utc_now(), running=RUNNING, pending=PENDING_APPROVAL, node=node)
 
     async def set_execution_status(self, execution_id: str, status: str) -> None:
         """Change an unfinished execution's status (``running`` <-> ``pending_approval``)."""
-        await self._db.execute_fetchall(
-            "UPDATE executions SET status = ? WHERE id = ? AND finished_at IS NULL",
-            (str(status), execution_id),
-        )
+        await self._change(
+            "UPDATE executions SET status = :status WHERE id = :id AND finished_at IS NULL",
+            status=str(status), id=execution_id)
 
     # -- API keys -------------------------------------------------------------------------
 
@@ -499,16 +438,13 @@ class Store:
         if not tenant or not key:
             raise ValueError("an API key needs a non-empty tenant and key")
         key_hash = hash_api_key(key)
-        await self._db.execute_fetchall(
-            "INSERT OR IGNORE INTO api_keys (key_hash, tenant, created_at) VALUES (?, ?, ?)",
-            (key_hash, tenant, utc_now()),
-        )
-        async with self._db.execute(
-            "SELECT tenant FROM api_keys WHERE key_hash = ?", (key_hash,)
-        ) as cursor:
-            row = await cursor.fetchone()
-        if row is not None and row["tenant"] != tenant:
-            raise ValueError(f"that API key already belongs to tenant {row['tenant']!r}")
+        await self._change(
+            "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES (:hash, :tenant, :now) "
+            "ON CONFLICT DO NOTHING", hash=key_hash, tenant=tenant, now=utc_now())
+        rows = await self._fetch("SELECT tenant FROM api_keys WHERE key_hash = :hash",
+                                 hash=key_hash)
+        if rows and rows[0]["tenant"] != tenant:
+            raise ValueError(f"that API key already belongs to tenant {rows[0]['tenant']!r}")
 
     async def tenant_for_key(self, key: str) -> str | None:
         """The tenant owning this key, or None.
@@ -517,18 +453,15 @@ class Store:
         does not depend on which key (if any) matched. Tenants have few keys; this is cheap.
         """
         candidate = hash_api_key(key)
-        rows = await self._reader.execute_fetchall("SELECT key_hash, tenant FROM api_keys")
         found: str | None = None
-        for row in rows:
+        for row in await self._fetch("SELECT key_hash, tenant FROM api_keys"):
             if hmac.compare_digest(candidate, row["key_hash"]):
                 found = row["tenant"]
         return found
 
     async def list_tenants(self) -> list[str]:
         """Tenants that have at least one key, sorted."""
-        rows = await self._reader.execute_fetchall(
-            "SELECT DISTINCT tenant FROM api_keys ORDER BY tenant"
-        )
+        rows = await self._fetch("SELECT DISTINCT tenant FROM api_keys ORDER BY tenant")
         return [str(row["tenant"]) for row in rows]
 
 
@@ -544,16 +477,16 @@ def _session_row(record: SessionRecord) -> dict[str, Any]:
     return row
 
 
-def _session_from_row(row: sqlite3.Row) -> SessionRecord:
-    data = dict(zip(row.keys(), tuple(row), strict=True))
+def _session_from_row(row: RowMapping) -> SessionRecord:
+    data = dict(row)
     for name in _SESSION_JSON_COLUMNS:
         if data[name] is not None:
             data[name] = json.loads(data[name])
     return SessionRecord.model_validate(data)
 
 
-def _execution_from_row(row: sqlite3.Row) -> ExecutionRecord:
-    data = dict(zip(row.keys(), tuple(row), strict=True))
+def _execution_from_row(row: RowMapping) -> ExecutionRecord:
+    data = dict(row)
     data["events"] = json.loads(data["events"])
     if data["result"] is not None:
         data["result"] = json.loads(data["result"])

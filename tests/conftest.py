@@ -6,11 +6,14 @@ never skip) when it is missing: a green run that skipped the sandbox would prove
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -19,15 +22,27 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import docker
 import httpx
+import psycopg
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
 """The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
 under runc, then a subset again with ``REPLGATE_TEST_RUNTIME=gvisor`` (which and why: run.sh)."""
+TEST_DATABASE = os.environ.get("REPLGATE_TEST_DATABASE", "sqlite")
+"""The database of every test gateway: ``sqlite`` (the file in its state directory, the
+default) or ``postgresql`` (a database of its own on :data:`TEST_POSTGRES`, created with the
+gateway and dropped after it). CI runs the gateway's suites on SQLite, then a subset again with
+``REPLGATE_TEST_DATABASE=postgresql`` (which and why: run.sh)."""
+TEST_POSTGRES = os.environ.get("REPLGATE_TEST_POSTGRES",
+                               "postgresql://replgate:replgate@127.0.0.1:5432/replgate")
+"""A PostgreSQL server and a role that may create databases (run.sh's ensure_postgres starts
+Debian's and sets this)."""
 TEMPLATE_DIR = Path(tempfile.gettempdir()) / f"rg-templates-{os.getpid()}"
 """The kernel templates every pool and gateway of the run shares (as gateways of one host
 may): the first pool of a profile makes its template, the others restore from it. Tests of
@@ -51,6 +66,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+CREATED_DATABASES: list[str] = []
+"""PostgreSQL databases the run made; any still there at its end is dropped."""
+
+
+def _postgres(url: str = TEST_POSTGRES) -> psycopg.Connection[tuple[Any, ...]]:
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"no PostgreSQL answers at {url} ({exc}); run ./run.sh test, which "
+                    "starts one (or set REPLGATE_TEST_POSTGRES)")
+
+
+def create_database() -> str:
+    """A new, empty PostgreSQL database on :data:`TEST_POSTGRES`; its URL."""
+    name = f"rg_{secrets.token_hex(6)}"
+    with _postgres() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    CREATED_DATABASES.append(name)
+    return urlunsplit(urlsplit(TEST_POSTGRES)._replace(path=f"/{name}"))
+
+
+def drop_database(url: str) -> None:
+    """Drop a database :func:`create_database` made (its connections cut)."""
+    name = urlsplit(url).path.lstrip("/")
+    with _postgres() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    if name in CREATED_DATABASES:
+        CREATED_DATABASES.remove(name)
+
+
+@pytest.fixture
+def database_target(tmp_path: Path) -> Iterator[str | Path]:
+    """What ``Store.open`` takes, of the run's database kind: a SQLite file's path (in the
+    test's folder), or a new PostgreSQL database's URL (dropped after the test)."""
+    if TEST_DATABASE != "postgresql":
+        yield tmp_path / "state" / "replgate.db"
+        return
+    url = create_database()
+    yield url
+    drop_database(url)
+
+
 @dataclass
 class GatewayProcess:
     """A ``replgate serve`` subprocess with two tenants' keys and its own state and owner."""
@@ -62,9 +119,28 @@ class GatewayProcess:
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=Path)
+    own_database: bool = False
+    """Its PostgreSQL database was made for it alone (and goes with it)."""
 
     def headers(self, tenant: str = "alpha") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
+
+    @property
+    def database_url(self) -> str | None:
+        """Its PostgreSQL database, or None: SQLite in its state directory."""
+        return self.env.get("REPLGATE_DATABASE_URL")
+
+    def audit_records(self) -> list[dict[str, Any]]:
+        """The audit log's records in ``seq`` order, read from its database as it is now
+        (read-only on SQLite: a second read-write connection is what test_api's audit test
+        covers)."""
+        query = "SELECT record FROM audit_log ORDER BY seq"
+        if self.database_url is not None:
+            with _postgres(self.database_url) as db:
+                return [json.loads(row[0]) for row in db.execute(query)]
+        uri = f"file:{self.state_dir / 'replgate.db'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            return [json.loads(row[0]) for row in db.execute(query)]
 
     def start(self, timeout_s: float = 120.0) -> None:
         STARTED.append(self)
@@ -127,6 +203,8 @@ def _log_sizes() -> dict[Path, int]:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(TEMPLATE_DIR, ignore_errors=True)
+    for name in list(CREATED_DATABASES):
+        drop_database(urlunsplit(urlsplit(TEST_POSTGRES)._replace(path=f"/{name}")))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -177,9 +255,13 @@ def make_gateway(**settings: str) -> GatewayProcess:
         "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
         "REPLGATE_TEMPLATE_DIR": str(TEMPLATE_DIR),
     })
+    own_database = TEST_DATABASE == "postgresql" and "database_url" not in settings
+    if own_database:
+        env["REPLGATE_DATABASE_URL"] = create_database()
     env.update({f"REPLGATE_{k.upper()}": v for k, v in settings.items()})
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,
-                          keys=keys, env=env, log_path=state_dir.with_suffix(".log"))
+                          keys=keys, env=env, log_path=state_dir.with_suffix(".log"),
+                          own_database=own_database)
 
 
 @contextmanager
@@ -247,6 +329,8 @@ def running_gateway(docker_client: docker.DockerClient, process: GatewayProcess 
             docker_client.api.remove_container(cid, force=True)
         mounted = unmount_all(process.state_dir)
         shutil.rmtree(process.state_dir, ignore_errors=True)
+        if process.own_database and process.database_url is not None:
+            drop_database(process.database_url)
     assert not left, f"gateway left containers behind: {left}"
     assert not mounted, f"gateway left mounts behind: {mounted}"
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -298,12 +296,9 @@ def test_audit_records_after_a_cli_read_reach_the_database(
                    check=True)
     run(alpha, session_id, "after_cli_read = 'audit-after-cli-73'")
     run(alpha, session_id, "1")  # executions run in order: the first one's record is appended
-    uri = f"file:{gateway.state_dir / 'replgate.db'}?mode=ro"
     deadline = time.monotonic() + 10
     while True:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-            codes = [json.loads(row[0])["code"]
-                     for row in db.execute("SELECT record FROM audit_log")]
+        codes = [record["code"] for record in gateway.audit_records()]
         if "after_cli_read = 'audit-after-cli-73'" in codes or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -98,11 +96,9 @@ def test_http_command_is_audited(gateway: GatewayProcess, alpha: httpx.Client,
     # Read-only, not through `replgate audit`: a second process's read-write connection
     # closing while the gateway runs is what test_api's audit test covers.
     # The record is appended after the answer is sent: wait for it (bounded).
-    uri = f"file:{gateway.state_dir / 'replgate.db'}?mode=ro"
     deadline = time.monotonic() + 10
     while True:
-        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-            rows = [json.loads(row[0]) for row in db.execute("SELECT record FROM audit_log")]
+        rows = gateway.audit_records()
         found = [r for r in rows if r["code"] == "echo audited-command-42"]
         if found or time.monotonic() > deadline:
             break

@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import DBAPIError
 
 import gateway
 from gateway import errors
@@ -67,6 +68,23 @@ def test_full_database_is_507_with_a_sentence() -> None:
     assert "state directory is full" in errors.detail_for(full)
     assert status_for(busy) == 503
     assert "retry" in errors.detail_for(busy)
+    # as SQLAlchemy hands them on, wrapped
+    wrapped = DBAPIError("INSERT ...", None, full)
+    assert status_for(wrapped) == 507
+    assert "state directory is full" in errors.detail_for(wrapped)
+    assert status_for(DBAPIError("SELECT 1", None, busy)) == 503
+
+
+def test_postgresql_out_of_disk_is_507_and_lost_server_503() -> None:
+    import psycopg
+
+    full = psycopg.errors.DiskFull("could not extend file")
+    assert full.sqlstate == "53100"
+    assert status_for(DBAPIError("INSERT ...", None, full)) == 507
+    assert "out of disk space" in errors.detail_for(DBAPIError("INSERT ...", None, full))
+    gone = DBAPIError("SELECT 1", None, psycopg.OperationalError("connection refused"))
+    assert status_for(gone) == 503
+    assert "retry" in errors.detail_for(gone)
 
 
 def test_unknown_error_is_500() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import sqlite3
 import tempfile
 import threading
 import time
@@ -131,13 +130,10 @@ def audit_extra(process: GatewayProcess, execution_id: str) -> dict[str, Any]:
     """The execution's audit ``extra`` (the record is appended just after the answer)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        uri = f"file:{process.state_dir / 'replgate.db'}?mode=ro"
-        with sqlite3.connect(uri, uri=True) as db:
-            for (text,) in db.execute("SELECT record FROM audit_log ORDER BY seq DESC"):
-                record = json.loads(text)
-                if record["execution_id"] == execution_id:
-                    extra: dict[str, Any] = record["extra"]
-                    return extra
+        for record in reversed(process.audit_records()):
+            if record["execution_id"] == execution_id:
+                extra: dict[str, Any] = record["extra"]
+                return extra
         time.sleep(0.1)
     raise AssertionError(f"no audit record for {execution_id}")
 

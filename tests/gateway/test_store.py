@@ -1,8 +1,9 @@
-"""The embedded store, on real SQLite files."""
+"""The store, on real SQLite files and (REPLGATE_TEST_DATABASE=postgresql) a real PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -29,8 +30,9 @@ from kernel_pool import (
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    async with Store.open(tmp_path / "state" / "replgate.db") as opened:
+async def store(database_target: str | Path) -> AsyncIterator[Store]:
+    """The run's kind of database: SQLite, or PostgreSQL in the database leg."""
+    async with Store.open(database_target) as opened:
         yield opened
 
 
@@ -52,9 +54,8 @@ async def test_open_creates_folder_and_wal_database(tmp_path: Path) -> None:
     store = await Store.open(path)
     try:
         assert path.is_file()
-        async with store.connection.execute("PRAGMA journal_mode") as cursor:
-            row = await cursor.fetchone()
-        assert row is not None and row[0] == "wal"
+        with contextlib.closing(sqlite3.connect(path)) as raw:
+            assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         await store.close()
     await store.close()  # idempotent
