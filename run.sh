@@ -2,7 +2,8 @@
 # replgate's two set-up commands, each idempotent and self-installing:
 #   ./run.sh serve [--host H] [--port P]   start the gateway (127.0.0.1:8000 by default)
 #   ./run.sh test [pytest args]            run the whole test suite (ruff, mypy, runc, then a
-#                                          gVisor leg); with arguments, just pytest with them
+#                                          gVisor leg and a PostgreSQL leg); with arguments,
+#                                          just pytest with them
 #   ./run.sh lock [--upgrade]              update the locks (uv.lock, sandbox_image/requirements.txt)
 # Each brings up what it needs first: a virtualenv with the project's packages (from uv.lock), a running
 # Docker engine (Debian's docker.io, installed and started when none answers and we are root)
@@ -354,6 +355,39 @@ ensure_readme_tools() {
     curl jq >/dev/null
 }
 
+# PostgreSQL for the tests (tests/gateway's second database leg and the shared-database tests):
+# Debian's package, its cluster started, a role `replgate` that may create databases (each test
+# gateway gets one of its own). Only `test` needs it: `serve` keeps its state in SQLite unless
+# REPLGATE_DATABASE_URL names a server of the user's own.
+PG_ROLE=replgate
+ensure_postgres() {
+  if ! command -v pg_lsclusters >/dev/null 2>&1; then
+    say "installing Debian's PostgreSQL (for the tests)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      postgresql >/dev/null
+  fi
+  local cluster; cluster=$(pg_lsclusters -h | sort -V | tail -n 1)
+  if [ -z "$cluster" ]; then
+    as_root pg_createcluster "$(ls /usr/lib/postgresql | sort -V | tail -n 1)" main >/dev/null
+    cluster=$(pg_lsclusters -h | sort -V | tail -n 1)
+  fi
+  local version name port status
+  read -r version name port status _ <<<"$cluster"
+  case "$status" in online*) ;; *)
+    say "starting PostgreSQL $version/$name on port $port"
+    as_root pg_ctlcluster "$version" "$name" start ;;
+  esac
+  local sql="DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_ROLE') THEN
+    CREATE ROLE $PG_ROLE LOGIN CREATEDB PASSWORD '$PG_ROLE'; END IF; END \$\$;"
+  as_root runuser -u postgres -- psql -p "$port" -qAtX -c "$sql" >/dev/null
+  as_root runuser -u postgres -- psql -p "$port" -qAtX \
+    -c "SELECT 1 FROM pg_database WHERE datname = '$PG_ROLE'" | grep -q 1 ||
+    as_root runuser -u postgres -- createdb -p "$port" -O "$PG_ROLE" "$PG_ROLE"
+  # The server the tests make their databases in (tests/conftest.py reads it).
+  export REPLGATE_TEST_POSTGRES="postgresql://$PG_ROLE:$PG_ROLE@127.0.0.1:$port/$PG_ROLE"
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   serve)
@@ -363,6 +397,7 @@ case "$cmd" in
     update_locks "$@" ;;
   test)
     ensure_venv dev; ensure_engine; ensure_criu; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
+    ensure_postgres
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg
     # (REPLGATE_TEST_RUNTIME=gvisor: every sandbox under runsc), a subset chosen for time (about
@@ -393,7 +428,22 @@ case "$cmd" in
         or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))" \
       || gvisor_status=$?
     [ "$status" -ne 0 ] || status=${gvisor_status:-0}
-    [ "$status" -eq 0 ] || say "failed: see above (ruff and mypy first, then the runc leg, then the gVisor leg)"
+    # The PostgreSQL leg: every gateway on a database of its own in PostgreSQL instead of its
+    # SQLite file. The store's and the database's own suites, then every path that writes
+    # shared state through the API: sessions, history and keys (test_api, test_auth), the
+    # audit chain of executions and commands (test_api's CLI verify, test_commands_api),
+    # approvals' pending status (test_governance), pause, resume, fork and a restart taking
+    # sessions back (test_lifecycle), and E2B's sandboxes (create, timeout, kill, list,
+    # pause, fork, a gateway restart). The rest of the suite does not touch the database.
+    say "PostgreSQL leg: the store, the audit chain and the gateway's state on PostgreSQL"
+    REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest tests/gateway/test_store.py \
+      tests/gateway/test_database.py tests/gateway/test_api.py tests/gateway/test_auth.py \
+      tests/gateway/test_commands_api.py tests/gateway/test_governance.py \
+      tests/gateway/test_lifecycle.py tests/gateway/e2b/test_python_sdk.py \
+      -k "not test_python_sdk or create or timeout or kill or history or survives or pause \
+        or fork or list" || pg_status=$?
+    [ "$status" -ne 0 ] || status=${pg_status:-0}
+    [ "$status" -eq 0 ] || say "failed: see above (ruff and mypy first, then the runc leg, then the gVisor leg, then the PostgreSQL leg)"
     exit "$status" ;;
   *)
     echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args] | ./run.sh lock [--upgrade]" >&2
