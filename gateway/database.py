@@ -23,6 +23,7 @@ what differs is said here once:
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,9 @@ def _sqlite_autocommit(engine: AsyncEngine) -> None:
     @event.listens_for(sync_engine, "connect")
     def _connected(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
+        # Rows by column name for the store's one-hop reads (gateway.store); SQLAlchemy's own
+        # cursor reads them by position, as it does tuples.
+        dbapi_connection.driver_connection.row_factory = sqlite3.Row
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         # NORMAL: commits are not synced one by one (the WAL stays consistent; a process crash

@@ -206,8 +206,14 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store {self._database!r}{' closed' if self._closed else ''}>"
 
-    async def _fetch(self, sql: str, **params: Any) -> list[RowMapping]:
+    async def _fetch(self, sql: str, **params: Any) -> list[RowMapping] | list[sqlite3.Row]:
         async with self._database.connect() as connection:
+            if self._database.dialect == "sqlite":
+                # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open, execute,
+                # fetch, close), with the same named parameters: this is on every request's
+                # path (its key).
+                driver = (await connection.get_raw_connection()).driver_connection
+                return list(await driver.execute_fetchall(sql, params))
             result = await connection.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
 
@@ -370,7 +376,7 @@ class Store:
             raise RecordNotFound("execution", execution_id)
         # Built from what was just written, not parsed back from its JSON.
         return ExecutionRecord.model_construct(
-            **dict(rows[0]), status=str(status), execution_count=execution_count,
+            **_as_dict(rows[0]), status=str(status), execution_count=execution_count,
             events=valid_events, result=valid_result)
 
     def execution_taken(self, execution_id: str) -> bool | None:
@@ -465,6 +471,11 @@ class Store:
         return [str(row["tenant"]) for row in rows]
 
 
+def _as_dict(row: RowMapping | sqlite3.Row) -> dict[str, Any]:
+    return dict(zip(row.keys(), tuple(row), strict=True)) if isinstance(row, sqlite3.Row) \
+        else dict(row)
+
+
 def _as_plain(value: BaseModel | Mapping[str, Any]) -> Any:
     return value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
 
@@ -477,16 +488,16 @@ def _session_row(record: SessionRecord) -> dict[str, Any]:
     return row
 
 
-def _session_from_row(row: RowMapping) -> SessionRecord:
-    data = dict(row)
+def _session_from_row(row: RowMapping | sqlite3.Row) -> SessionRecord:
+    data = _as_dict(row)
     for name in _SESSION_JSON_COLUMNS:
         if data[name] is not None:
             data[name] = json.loads(data[name])
     return SessionRecord.model_validate(data)
 
 
-def _execution_from_row(row: RowMapping) -> ExecutionRecord:
-    data = dict(row)
+def _execution_from_row(row: RowMapping | sqlite3.Row) -> ExecutionRecord:
+    data = _as_dict(row)
     data["events"] = json.loads(data["events"])
     if data["result"] is not None:
         data["result"] = json.loads(data["result"])
