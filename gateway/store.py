@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, cast, get_args
 
+import aiosqlite
 from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import RowMapping, text
 from sqlalchemy.engine import URL
@@ -212,7 +213,8 @@ class Store:
                 # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open, execute,
                 # fetch, close), with the same named parameters: this is on every request's
                 # path (its key).
-                driver = (await connection.get_raw_connection()).driver_connection
+                driver: aiosqlite.Connection = (
+                    await connection.get_raw_connection()).driver_connection
                 return list(await driver.execute_fetchall(sql, params))
             result = await connection.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
