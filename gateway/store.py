@@ -213,8 +213,8 @@ class Store:
                 # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open, execute,
                 # fetch, close), with the same named parameters: this is on every request's
                 # path (its key).
-                driver: aiosqlite.Connection = (
-                    await connection.get_raw_connection()).driver_connection
+                driver = cast(aiosqlite.Connection,
+                              (await connection.get_raw_connection()).driver_connection)
                 return list(await driver.execute_fetchall(sql, params))
             result = await connection.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
