@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import sqlite3
+import time
 from collections.abc import Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +49,8 @@ __all__ = [
     "utc_now",
 ]
 
+KEYS_FRESH_S = 2.0
+"""How long the API keys read from the database answer requests before they are read again."""
 RUNNING = "running"
 """The status of an execution the store has started and not yet finished."""
 PENDING_APPROVAL = "pending_approval"
@@ -159,6 +163,8 @@ class Store:
         self._database = database
         self._closed = False
         self._lookup: sqlite3.Connection | None = None
+        self._keys: tuple[tuple[str, str], ...] = ()
+        self._keys_read_at = -math.inf
         """SQLite only: a plain connection for :meth:`execution_taken`, used on the event loop."""
 
     @staticmethod
@@ -449,6 +455,7 @@ class Store:
         await self._change(
             "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES (:hash, :tenant, :now) "
             "ON CONFLICT DO NOTHING", hash=key_hash, tenant=tenant, now=utc_now())
+        self._keys_read_at = -math.inf
         rows = await self._fetch("SELECT tenant FROM api_keys WHERE key_hash = :hash",
                                  hash=key_hash)
         if rows and rows[0]["tenant"] != tenant:
@@ -459,12 +466,18 @@ class Store:
 
         Every stored hash is compared, each with ``hmac.compare_digest``, so the time taken
         does not depend on which key (if any) matched. Tenants have few keys; this is cheap.
+        The keys are read from the database at most every :data:`KEYS_FRESH_S` (every request
+        asks; a key another gateway adds is known here that much later).
         """
         candidate = hash_api_key(key)
+        if time.monotonic() - self._keys_read_at > KEYS_FRESH_S:
+            rows = await self._fetch("SELECT key_hash, tenant FROM api_keys")
+            self._keys = tuple((str(row["key_hash"]), str(row["tenant"])) for row in rows)
+            self._keys_read_at = time.monotonic()
         found: str | None = None
-        for row in await self._fetch("SELECT key_hash, tenant FROM api_keys"):
-            if hmac.compare_digest(candidate, row["key_hash"]):
-                found = row["tenant"]
+        for key_hash, tenant in self._keys:
+            if hmac.compare_digest(candidate, key_hash):
+                found = tenant
         return found
 
     async def list_tenants(self) -> list[str]:

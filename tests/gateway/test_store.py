@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import store as store_module
 from gateway.store import (
     ExecutionRecord,
     RecordExists,
@@ -208,6 +209,19 @@ async def test_tenant_for_key_maps_two_tenants(store: Store) -> None:
     assert await store.tenant_for_key("rg_wrong") is None
     assert await store.tenant_for_key("") is None
     assert await store.list_tenants() == ["alice", "bob"]
+
+
+async def test_tenant_for_key_learns_another_stores_key_within_its_freshness(
+        database_target: str | Path) -> None:
+    """Keys are read at most every KEYS_FRESH_S: one added through another store (another
+    gateway on the database) answers after that, one added through this store at once."""
+    async with Store.open(database_target) as mine, Store.open(database_target) as theirs:
+        assert await mine.tenant_for_key("rg_theirs") is None  # read now: none yet
+        await theirs.add_api_key("carol", "rg_theirs")
+        await mine.add_api_key("dave", "rg_mine")
+        assert await mine.tenant_for_key("rg_mine") == "dave"
+        await asyncio.sleep(store_module.KEYS_FRESH_S + 0.1)
+        assert await mine.tenant_for_key("rg_theirs") == "carol"
 
 
 async def test_add_api_key_stores_only_hash(tmp_path: Path) -> None:
