@@ -105,7 +105,8 @@ class ExecutionRun:
     """Runs one piece of code; :meth:`run` emits its events and returns the ``done`` event."""
 
     def __init__(self, kernel: Kernel, code: str, *, timeout_s: float, caps: OutputCaps,
-                 execution_id: str, interrupt_grace_s: float) -> None:
+                 execution_id: str, interrupt_grace_s: float,
+                 restarted_before: str | None = None) -> None:
         self.kernel = kernel
         self.code = code
         self.timeout_s = timeout_s
@@ -120,7 +121,8 @@ class ExecutionRun:
         """Error outputs the kernel sent: with any, the status is ``error`` (a display
         formatter that raised leaves the reply ``ok``)."""
         self._lines = LineJoiner()
-        self._restart_reason: str | None = None
+        self._restart_reason = restarted_before
+        """Why the kernel was restarted before this execution (it then says so)."""
 
     def interrupt(self) -> bool:
         """Ask for the run to stop (status ``interrupted``); False if it is not running."""

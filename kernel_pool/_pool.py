@@ -539,20 +539,20 @@ class KernelPool:
         and is not bounded by ``max_kernels``. Otherwise kernels are started for them.
         """
         parent = self.get_session(parent_id)
-        raw, info = await parent.snapshot()
+        # The parent's variables, stored once for every copy (streamed into each).
+        key = f"{parent.id}-fork-{uuid.uuid4().hex[:12]}"
+        try:
+            info = await parent.snapshot(key)
+            return await self._fork(parent, key, info, count, metadata)
+        finally:
+            await anyio.to_thread.run_sync(self.snapshots.delete, key)
+
+    async def _fork(self, parent: Session, key: str, info: PauseInfo, count: int,
+                    metadata: dict[str, Any] | None) -> list[Session]:
         profile = parent.profile
         children: list[Session] = []
         held = {parent.id}  # making room for a copy must not pause the parent or a copy
         self._held |= held
-        packed: asyncio.Future[bytes] | None = None
-
-        def compressed() -> asyncio.Future[bytes]:
-            """The snapshot compressed once, for every paused copy (the first one asks)."""
-            nonlocal packed
-            if packed is None:
-                packed = asyncio.ensure_future(
-                    anyio.to_thread.run_sync(self.snapshots.compress, raw))
-            return packed
 
         async def one() -> None:
             # Decided in each copy's first step, before any await: the first copies take the
@@ -560,7 +560,7 @@ class KernelPool:
             # booting kernels beside the ones it starts.
             kernel = self._pop_warm(profile.name)
             if kernel is None and self.backend.stopped_sandboxes:
-                await self._paused_copy(parent, compressed(), info, metadata, children)
+                await self._paused_copy(parent, key, info, metadata, children)
                 return
             if kernel is None:
                 kernel = await self.acquire(profile.name, refill=False)
@@ -569,7 +569,7 @@ class KernelPool:
             held.add(child.id)
             self._held.add(child.id)
             await anyio.to_thread.run_sync(copy_workspace, parent.workspace, child.workspace)
-            await load_variables(child.kernel, child.workspace, raw, reseed=True)
+            await load_variables(child.kernel, self.snapshots, key, reseed=True)
 
         try:
             # Every copy's outcome is awaited, so a failure leaves none half-made behind.
@@ -585,12 +585,12 @@ class KernelPool:
             self._fill(profile.name)
         return children
 
-    async def _paused_copy(self, parent: Session, snapshot: asyncio.Future[bytes],
-                           info: PauseInfo, metadata: dict[str, Any] | None,
-                           children: list[Session]) -> None:
+    async def _paused_copy(self, parent: Session, key: str, info: PauseInfo,
+                           metadata: dict[str, Any] | None, children: list[Session]) -> None:
         """A paused copy of ``parent`` (appended to ``children`` as soon as it exists, for the
         fork to remove on failure): a sandbox made without starting it, the parent's files in
-        its workspace and the snapshot under its id, to be loaded reseeded when it resumes."""
+        its workspace and a copy of snapshot ``key`` under its id, to be loaded reseeded when
+        it resumes."""
         spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=parent.profile,
                            env=parent.env)
         with self._being_made(spec):
@@ -600,8 +600,7 @@ class KernelPool:
         children.append(child)
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(
-            self.snapshots.save_compressed, child.id, await snapshot,
-            info.model_copy(update={"reseed": True}))
+            self.snapshots.copy, key, child.id, info.model_copy(update={"reseed": True}))
         await sandbox.release()  # lean from the start: its image holds its files alone
 
     def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,

@@ -29,13 +29,14 @@ from kernel_pool._snapshot import (
     STOPPED_COMMAND,
     PauseInfo,
     SnapshotStore,
+    Transfer,
     copy_workspace,
     load_variables,
     save_variables,
 )
 from kernel_pool._workspace import Entry, FileInfo, Workspace, split_relative
 from kernel_pool.backends.base import SandboxInfo
-from kernel_pool.config import PoolSettings, Profile, parse_size
+from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.events import (
     CommandResult,
     DoneEvent,
@@ -153,6 +154,11 @@ class Session:
         self.pause_failed = False
         """The last pause failed and the session runs on (``reason`` says why): the pool
         does not pause it by itself again, until a pause asked for succeeds."""
+        self.transfer: Transfer | None = None
+        """The pause or resume moving the session's variables now, with its progress."""
+        self._lost: str | None = None
+        """Why the kernel was restarted since the last execution (it died between two): the
+        next execution says so (``restarted``), so no variable vanishes silently."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
@@ -297,7 +303,9 @@ class Session:
                     return
                 run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
                                    caps=self.profile.caps, execution_id=handle.id,
-                                   interrupt_grace_s=self._settings.interrupt_grace_s)
+                                   interrupt_grace_s=self._settings.interrupt_grace_s,
+                                   restarted_before=self._lost)
+                self._lost = None
                 handle.run = run
                 handle.started_at = utcnow()
                 self._notify(handle, None)
@@ -342,6 +350,8 @@ class Session:
             logger.info("session %s: kernel died between executions (%s); restarting it",
                         self.id, died.reason)
             self._restarting = True
+            self._lost = (f"{died.reason}, between executions; a fresh kernel was started "
+                          "(variables lost, files kept)")
             try:
                 await self.kernel.restart()
                 self.execution_count = 0
@@ -388,8 +398,8 @@ class Session:
             raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
         store = self.lifecycle.snapshots
         try:
-            raw, info = await save_variables(self.kernel, self.workspace, self._snapshot_limit)
-            info = await anyio.to_thread.run_sync(store.save, self.id, raw, info)
+            info: PauseInfo = await self._transferring("pause", save_variables(
+                self.kernel, store, self.id, progress=self._progress))
         except SnapshotError as exc:
             self.reason = f"pause failed, the session runs on: {exc}"
             self.pause_failed = True
@@ -573,10 +583,27 @@ class Session:
             await asyncio.wait([packing])
         return self._dump
 
-    @property
-    def _snapshot_limit(self) -> int:
-        """A snapshot passes through the workspace, so it is never larger than that."""
-        return parse_size(self.profile.workspace_size)
+    async def _transferring(self, operation: str, moving: Any) -> Any:
+        """Await ``moving`` (a snapshot's stream) with :attr:`transfer` showing its progress:
+        a pause's total is the sandbox's memory in use, a resume's the stored snapshot."""
+        total = 0
+        if operation == "pause":
+            total = (await self.kernel.sandbox.usage()).memory_bytes or 0
+        elif self.lifecycle is not None:
+            stored = await anyio.to_thread.run_sync(
+                self.lifecycle.snapshots.variables_only, self.id, PauseInfo())
+            total = stored.image_bytes
+        self.transfer = Transfer(operation=operation, total_bytes=total)
+        try:
+            return await moving
+        finally:
+            self.transfer = None
+
+    def _progress(self, done: int) -> None:
+        """A stream's progress (called from its worker thread: one attribute's store)."""
+        transfer = self.transfer
+        if transfer is not None:
+            transfer.done_bytes = done
 
     async def resume(self) -> None:
         """Start a kernel on the workspace again and put the snapshot's variables back.
@@ -612,14 +639,13 @@ class Session:
     async def _resume_variables(self, store: SnapshotStore) -> None:
         """A kernel with the variables snapshot loaded: a warm one, else the session's own."""
         assert self.lifecycle is not None
-        raw = await anyio.to_thread.run_sync(store.load, self.id)
         used = await anyio.to_thread.run_sync(self.workspace.used_bytes)
         warm = await self.lifecycle.take_warm(self) if used <= WARM_RESUME_MAX_BYTES else None
         reseed = self.pause_info is not None and self.pause_info.reseed
         if warm is not None:
-            await self._resume_onto(warm, raw, reseed)
+            await self._resume_onto(warm, store, reseed)
         else:
-            await self._resume_in_place(raw, reseed)
+            await self._resume_in_place(store, reseed)
 
     async def _restore(self) -> str | None:
         """Resume from the memory image: the sandbox restored, its kernel as it was. None
@@ -659,13 +685,14 @@ class Session:
         return (f"resumed from its variables snapshot: {why}"
                 + (f"; not kept: {', '.join(lost)}" if lost else ""))
 
-    async def _resume_in_place(self, raw: bytes, reseed: bool) -> None:
+    async def _resume_in_place(self, store: SnapshotStore, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""
         assert self.lifecycle is not None
         await self.lifecycle.reserve_slot(self)
         try:
             await self.kernel.start()
-            await load_variables(self.kernel, self.workspace, raw, reseed)
+            await self._transferring("resume", load_variables(
+                self.kernel, store, self.id, reseed, progress=self._progress))
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.kernel.stop())
@@ -673,7 +700,7 @@ class Session:
             self.lifecycle.release_slot(self)
             raise
 
-    async def _resume_onto(self, warm: Kernel, raw: bytes, reseed: bool) -> None:
+    async def _resume_onto(self, warm: Kernel, store: SnapshotStore, reseed: bool) -> None:
         """Onto a warm kernel: the workspace's files are copied into its workspace (small
         workspaces only), which beats starting a container and a kernel."""
         assert self.lifecycle is not None
@@ -683,7 +710,8 @@ class Session:
             if self.env:
                 warm.env = dict(self.env)
                 await warm.set_env(warm.env)
-            await load_variables(warm, warm.sandbox.workspace, raw, reseed)
+            await self._transferring("resume", load_variables(
+                warm, store, self.id, reseed, progress=self._progress))
         except BaseException:
             self.lifecycle.give_back(warm)
             raise
@@ -693,22 +721,24 @@ class Session:
             warm.egress.session_id = self.id
         self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
 
-    async def snapshot(self) -> tuple[bytes, PauseInfo]:
-        """The session's variables, pickled, and what they kept (for a fork); the session goes
-        on unchanged."""
+    async def snapshot(self, key: str) -> PauseInfo:
+        """Store the session's variables as snapshot ``key`` (for a fork; the caller deletes
+        it); what they kept. The session goes on unchanged."""
         if self._closed:
             raise SessionClosed(self.id)
         async with self._lock:
             if self.lifecycle is None:
                 raise SnapshotError("this session's pool cannot snapshot sessions")
+            store = self.lifecycle.snapshots
             if self.paused:
-                raw: bytes = await anyio.to_thread.run_sync(self.lifecycle.snapshots.load,
-                                                            self.id)
                 # A copy starts from the variables snapshot, never from the memory image.
-                return raw, (self.pause_info or PauseInfo()).without_memory()
+                info = (self.pause_info or PauseInfo()).without_memory()
+                copied: PauseInfo = await anyio.to_thread.run_sync(store.copy, self.id, key,
+                                                                   info)
+                return copied
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
-            return await save_variables(self.kernel, self.workspace, self._snapshot_limit)
+            return await save_variables(self.kernel, store, key)
 
     async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
         """Ask the gate; on a denial end the execution (error, done) without running it."""

@@ -1,10 +1,14 @@
 """Variables snapshots: what a paused session keeps of its kernel, and how forks are seeded.
 
 A snapshot is the user namespace pickled with dill by the kernel itself
-(``replgate_kernel.snapshot`` in the sandbox image), passed through a hidden file in the
-session's own workspace, and kept compressed in ``<state dir>/snapshots``, a folder only the
-gateway's user can read (mode 0700, files 0600) and that no sandbox mounts. The gateway never
-unpickles a snapshot: only a kernel of the same session (or of its fork) loads it.
+(``replgate_kernel.snapshot`` in the sandbox image), streamed as it is written through a named
+pipe in the sandbox's socket folder (a hidden file in its workspace where a pipe cannot cross,
+under gVisor), compressed on the way (:mod:`kernel_pool._streams`), and kept in
+``<state dir>/snapshots``, a folder only the gateway's user can read (mode 0700, files 0600)
+and that no sandbox mounts. Neither side holds the whole of it in memory: the kernel writes
+its arrays' buffers straight from their own memory, and the gateway moves a megabyte at a
+time. The gateway never unpickles a snapshot: only a kernel of the same session (or of its
+fork) loads it.
 
 This keeps variables, not processes: threads, open sockets and generators are listed in
 ``not_kept`` and the running state of a process (``/tmp``, a background thread) is not kept.
@@ -21,12 +25,14 @@ import ast
 import asyncio
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import secrets
+import select
 import stat
 import threading
-import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,23 +40,31 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio.to_thread
 from pydantic import BaseModel, Field
 
+from kernel_pool._streams import (
+    SUFFIX,
+    SUFFIXES,
+    ChunkReader,
+    FileChunkReader,
+    FileChunkWriter,
+    Progress,
+    Pump,
+    copy,
+)
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
-from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError, WorkspaceError
+from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 
 if TYPE_CHECKING:
     from kernel_pool._kernel import Kernel
 
-try:  # zstd is faster and smaller where the module is installed; zlib is always there
-    import zstandard
-except ImportError:  # pragma: no cover (depends on the environment)
-    zstandard = None
-
-SNAPSHOT_SUFFIX = ".zst" if zstandard is not None else ".zlib"
 MEMORY_INFIX = ".memory"
 """A memory image is ``<key>.memory.<the backend's suffix>``."""
 TRANSFER_NAME = ".replgate-snapshot"
-"""The hidden workspace file a snapshot passes through (a random suffix is added)."""
-SNAPSHOT_TIMEOUT_S = 120.0
+"""The pipe (or hidden workspace file) a snapshot passes through (a random suffix is added)."""
+SNAPSHOT_TIMEOUT_S = 600.0
+"""A snapshot streams the session's whole memory: minutes for many gigabytes, at worst."""
+PIPE_BYTES = 1 << 20
+"""A snapshot's pipe holds this much (the most an unprivileged process may ask for)."""
+PIPE_WAIT_S = 0.05
 STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 
@@ -72,6 +86,8 @@ class PauseInfo(BaseModel):
     memory image cannot be restored (the resume then says so)."""
     image_bytes: int = 0
     """What the session's snapshot takes on disk (variables, and memory image if any)."""
+    raw_bytes: int = 0
+    """What the kernel wrote of its variables, before compression (0: not known)."""
     paused_at: str = ""
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
@@ -86,6 +102,17 @@ class PauseInfo(BaseModel):
             "paused_with": "variables", "not_kept": {**self.variables_not_kept, **self.not_kept},
             "kept": [n for n in self.kept if n not in self.variables_not_kept],
             "variables_not_kept": {}})
+
+
+class Transfer(BaseModel):
+    """A pause or resume under way: its variables' stream, so far."""
+
+    operation: Literal["pause", "resume"]
+    done_bytes: int = 0
+    """A pause: what the kernel wrote so far; a resume: what was read of the stored snapshot."""
+    total_bytes: int = 0
+    """A pause: the sandbox's memory in use as it began (what the snapshot is about the size
+    of); a resume: the stored snapshot's size. 0 when not known."""
 
 
 class SnapshotStore:
@@ -127,70 +154,76 @@ class SnapshotStore:
                         total += entry.stat(follow_symlinks=False).st_size
         return total
 
-    @staticmethod
-    def compress(raw: bytes) -> bytes:
-        """A snapshot as it is kept (blocking; a fork compresses once for all its copies)."""
-        if zstandard is not None:
-            data: bytes = zstandard.ZstdCompressor(level=1).compress(raw)
-            return data
-        return zlib.compress(raw, 1)
-
-    def save(self, key: str, raw: bytes, info: PauseInfo) -> PauseInfo:
-        """Compress and write ``raw`` with its info, atomically; the info with the size."""
-        return self.save_compressed(key, self.compress(raw), info)
-
-    def save_compressed(self, key: str, data: bytes, info: PauseInfo) -> PauseInfo:
-        """Write ``data`` (from :meth:`compress`) with its info, atomically; the info with
-        the size."""
-        self._ensure_root()
-        info = info.model_copy(update={"image_bytes": len(data),
-                                       "paused_at": datetime.now(UTC).isoformat()})
-        about = info.model_dump_json().encode()
-        size = len(data) + len(about)
+    def _reserve(self, size: int) -> None:
+        """Count ``size`` more bytes being written against the budget, or
+        :class:`SnapshotBudgetExceeded`."""
         with self._budget_lock:
             if self._used_at_most is None or self._used_at_most + size > self.budget_bytes:
-                self._used_at_most = self.used_bytes()
+                self._used_at_most = self.used_bytes()  # partial files as they are now
             if self._used_at_most + size > self.budget_bytes:
                 raise SnapshotBudgetExceeded(
-                    f"the snapshot of {len(data)} bytes does not fit in the budget of "
-                    f"{self.budget_bytes} bytes (REPLGATE_SNAPSHOT_BUDGET); delete sessions or "
-                    "raise it")
+                    f"the snapshot does not fit in the budget of {self.budget_bytes} bytes "
+                    "(REPLGATE_SNAPSHOT_BUDGET); delete sessions or raise it")
             self._used_at_most += size
-        written = []
+
+    def open_write(self, key: str) -> FileChunkWriter:
+        """A writer of the key's variables snapshot (stored as :data:`SUFFIX` says), counted
+        against the budget as it goes; :meth:`commit` it with the info."""
+        self._ensure_root()
+        return FileChunkWriter(self._path(key, SUFFIX), self._reserve)
+
+    def commit(self, key: str, writer: FileChunkWriter, info: PauseInfo) -> PauseInfo:
+        """Make a written snapshot the key's, with its info (its size and time added)."""
         try:
-            for path, content in ((self._path(key, SNAPSHOT_SUFFIX), data),
-                                  (self._path(key, ".json"), about)):
-                _write_private(path, content)
-                written.append(path)
-        except SnapshotError:  # a full disk, most likely: what was written is taken back
-            for path in written:
-                path.unlink(missing_ok=True)
+            size = writer.commit()
+            for suffix in SUFFIXES:  # an earlier snapshot of the key in another form
+                if suffix != SUFFIX:
+                    self._path(key, suffix).unlink(missing_ok=True)
+            info = info.model_copy(update={"image_bytes": size,
+                                           "paused_at": datetime.now(UTC).isoformat()})
+            _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        except BaseException:
+            self._path(key, SUFFIX).unlink(missing_ok=True)
             raise
         return info
 
-    def load(self, key: str) -> bytes:
-        """The uncompressed snapshot, or SnapshotError naming what is wrong with it."""
-        path = self._path(key, SNAPSHOT_SUFFIX)
+    def open_read(self, key: str) -> tuple[ChunkReader, str]:
+        """The key's variables snapshot as stored, and how (its suffix)."""
+        for suffix in SUFFIXES:
+            path = self._path(key, suffix)
+            if path.is_file():
+                return FileChunkReader(path), suffix
+        raise SnapshotError("the session's snapshot is missing")
+
+    def copy(self, source: str, key: str, info: PauseInfo) -> PauseInfo:
+        """The snapshot of ``source`` as ``key``'s too (a fork's paused copy), with ``info``."""
+        reader, suffix = self.open_read(source)
         try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise SnapshotError(f"the session's snapshot cannot be read: {exc}") from exc
+            self._ensure_root()
+            writer = FileChunkWriter(self._path(key, suffix), self._reserve)
+            size = copy(reader, writer)
+        finally:
+            reader.close()
+        info = info.model_copy(update={"image_bytes": size,
+                                       "paused_at": datetime.now(UTC).isoformat()})
         try:
-            if zstandard is not None:
-                raw: bytes = zstandard.ZstdDecompressor().decompress(data)
-                return raw
-            return zlib.decompress(data)
-        except Exception as exc:
-            raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
+            _write_private(self._path(key, ".json"), info.model_dump_json().encode())
+        except BaseException:
+            self._path(key, suffix).unlink(missing_ok=True)
+            raise
+        return info
+
+    def _snapshot_size(self, key: str) -> int:
+        for suffix in SUFFIXES:
+            with contextlib.suppress(OSError):
+                return self._path(key, suffix).stat().st_size
+        return 0
 
     def variables_only(self, key: str, info: PauseInfo) -> PauseInfo:
         """The key's memory pause ``info`` as its variables snapshot's alone, with that
         snapshot's size."""
-        try:
-            size = self._path(key, SNAPSHOT_SUFFIX).stat().st_size
-        except OSError:
-            size = 0
-        return info.without_memory().model_copy(update={"image_bytes": size})
+        return info.without_memory().model_copy(
+            update={"image_bytes": self._snapshot_size(key)})
 
     def remove_partials(self) -> int:
         """Remove the partial files (``*.part``) an earlier gateway, stopped or killed while
@@ -267,7 +300,7 @@ class SnapshotStore:
 
     def delete(self, key: str) -> None:
         self.drop_held(key)
-        for suffix in (SNAPSHOT_SUFFIX, ".json"):
+        for suffix in (*SUFFIXES, ".json"):
             self._path(key, suffix).unlink(missing_ok=True)
         self.delete_memory(key)
 
@@ -339,6 +372,8 @@ async def evaluate(kernel: Kernel, expression: str, timeout_s: float) -> Any:
     finally:
         kernel.forget(msg_id)
     result = (msg["content"].get("user_expressions") or {}).get("r") or {}
+    if result.get("status") == "error" and result.get("ename") == "SnapshotRefused":
+        raise SnapshotError(str(result.get("evalue", ""))[:500])  # a sentence of its own
     if result.get("status") != "ok":
         raise SnapshotError(f"{result.get('ename', 'error')}: {result.get('evalue', '')}"[:500])
     try:
@@ -351,46 +386,230 @@ def _transfer_name() -> str:
     return f"{TRANSFER_NAME}-{secrets.token_hex(8)}"
 
 
-def _take_file(workspace: Workspace, name: str, limit: int) -> bytes:
+async def save_variables(kernel: Kernel, store: SnapshotStore, key: str,
+                         progress: Progress | None = None) -> PauseInfo:
+    """Stream the kernel's variables into the store as ``key``'s snapshot; what was kept
+    (with the snapshot's size). The kernel goes on unchanged, also when this fails."""
+    writer = await anyio.to_thread.run_sync(store.open_write, key)
     try:
-        return workspace.read_bytes(name, limit)
+        info = await _save_stream(kernel, writer, progress)
+        committed: PauseInfo = await anyio.to_thread.run_sync(store.commit, key, writer, info)
+    except BaseException:
+        writer.abort()
+        raise
+    return committed
+
+
+async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
+                       progress: Progress | None) -> PauseInfo:
+    sandbox, name, pump = kernel.sandbox, _transfer_name(), Pump()
+    folder = sandbox.pipe_folder
+    save = "__import__('replgate_kernel.snapshot').snapshot.save({!r})"
+    if folder is None:  # through a workspace file: written whole, then streamed
+        try:
+            answer = await evaluate(kernel, save.format(name), SNAPSHOT_TIMEOUT_S)
+            await _in_thread(pump, _pump_out_file, sandbox.workspace, name, writer, pump,
+                             progress)
+        finally:
+            await anyio.to_thread.run_sync(_unlink_in, sandbox.workspace, name)
+        return _kept(answer)
+    host = folder[0] / name
+    source = await anyio.to_thread.run_sync(_open_read_end, host)
+    pumping = asyncio.ensure_future(_in_thread(pump, _pump_out_pipe, source, writer, pump,
+                                               progress))
+    try:
+        try:
+            answer = await evaluate(kernel, save.format(f"{folder[1]}/{name}"),
+                                    SNAPSHOT_TIMEOUT_S)
+        except BaseException:
+            pump.stop()
+            await asyncio.wait([pumping])
+            failure = None if pumping.cancelled() else pumping.exception()
+            if isinstance(failure, SnapshotBudgetExceeded):  # why the kernel's writes broke
+                raise failure from None
+            raise
+        try:
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                await asyncio.shield(pumping)
+        except BaseException:  # a writer of the pipe's that never closes it, say
+            pump.stop()
+            await asyncio.wait([pumping])
+            raise
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(workspace.root / name)  # unlink never follows a link
+            host.unlink()
+    return _kept(answer)
 
 
-async def save_variables(kernel: Kernel, workspace: Workspace,
-                         limit: int) -> tuple[bytes, PauseInfo]:
-    """The kernel's variables (pickled) and what was kept; the kernel goes on unchanged."""
-    name = _transfer_name()
+def _kept(answer: Any) -> PauseInfo:
     try:
-        answer = await evaluate(
-            kernel, f"__import__('replgate_kernel.snapshot').snapshot.save({name!r})",
-            SNAPSHOT_TIMEOUT_S)
         summary = json.loads(answer)
-        raw = await anyio.to_thread.run_sync(_take_file, workspace, name, limit)
-    except WorkspaceError as exc:
-        raise SnapshotError(f"the variables could not be read back: {exc}") from exc
-    finally:
-        with contextlib.suppress(OSError):
-            await anyio.to_thread.run_sync(os.unlink, workspace.root / name)
-    return raw, PauseInfo(kept=summary["kept"], not_kept=summary["not_kept"])
+        return PauseInfo(kept=summary["kept"], not_kept=summary["not_kept"],
+                         raw_bytes=int(summary.get("bytes") or 0))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SnapshotError(f"the kernel's answer was unreadable: {exc}") from exc
 
 
-async def load_variables(kernel: Kernel, workspace: Workspace, raw: bytes,
-                         reseed: bool) -> None:
-    """Put pickled variables into the kernel (``reseed``: fresh random generators)."""
-    name = _transfer_name()
+async def load_variables(kernel: Kernel, store: SnapshotStore, key: str, reseed: bool,
+                         progress: Progress | None = None) -> None:
+    """Stream ``key``'s snapshot into the kernel's namespace (``reseed``: fresh random
+    generators, for a fork's copy)."""
+    reader, suffix = await anyio.to_thread.run_sync(store.open_read, key)
     try:
-        await anyio.to_thread.run_sync(workspace.write_bytes, name, raw)
-    except WorkspaceError as exc:
-        raise SnapshotError(f"the variables do not fit in the workspace: {exc}") from exc
+        await _load_stream(kernel, reader, suffix, reseed, progress)
+    finally:
+        reader.close()
+
+
+async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed: bool,
+                       progress: Progress | None) -> None:
+    sandbox, name, pump = kernel.sandbox, _transfer_name(), Pump()
+    folder = sandbox.pipe_folder
+    load = "__import__('replgate_kernel.snapshot').snapshot.load({!r}, {!r})"
+    if folder is None:  # through a workspace file: written whole, then loaded
+        try:
+            await _in_thread(pump, _pump_into_file, sandbox.workspace, name, reader, suffix,
+                             pump, progress)
+            await evaluate(kernel, load.format(name, reseed), SNAPSHOT_TIMEOUT_S)
+        finally:
+            await anyio.to_thread.run_sync(_unlink_in, sandbox.workspace, name)
+        return
+    host = folder[0] / name
+    identity = await anyio.to_thread.run_sync(_make_pipe, host)
+    pumping = asyncio.ensure_future(_in_thread(
+        pump, _pump_into_pipe, host, identity, reader, suffix, pump, progress))
     try:
-        await evaluate(kernel, f"__import__('replgate_kernel.snapshot').snapshot.load("
-                               f"{name!r}, {reseed!r})", SNAPSHOT_TIMEOUT_S)
+        try:
+            await evaluate(kernel, load.format(f"{folder[1]}/{name}", reseed),
+                           SNAPSHOT_TIMEOUT_S)
+        except BaseException:
+            pump.stop()
+            await asyncio.wait([pumping])
+            failure = None if pumping.cancelled() else pumping.exception()
+            if isinstance(failure, SnapshotError) and "kernel stopped" not in str(failure):
+                raise failure from None  # the stored snapshot's fault, not the kernel's
+            raise
+        await asyncio.shield(pumping)
     finally:
         with contextlib.suppress(OSError):
-            await anyio.to_thread.run_sync(os.unlink, workspace.root / name)
+            host.unlink()
+
+
+async def _in_thread(pump: Pump, func: Callable[..., None], *args: Any) -> None:
+    """``func`` in a worker thread; a cancellation stops the pump and waits for its end."""
+    call = asyncio.ensure_future(anyio.to_thread.run_sync(func, *args))
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        pump.stop()
+        await asyncio.wait([call])
+        raise
+
+
+# Pipes are made by the host in a folder the sandbox can write: each end is opened without
+# following a link, and checked to be the very pipe made (a planted file is refused).
+
+def _make_pipe(path: Path) -> tuple[int, int]:
+    """Make the named pipe at ``path``, the kernel's to open; its identity (device, inode)."""
+    os.mkfifo(path, 0o600)
+    if os.geteuid() == 0:
+        os.chown(path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
+    made = os.lstat(path)
+    return made.st_dev, made.st_ino
+
+
+def _checked(fd: int, identity: tuple[int, int]) -> int:
+    found = os.fstat(fd)
+    if not stat.S_ISFIFO(found.st_mode) or (found.st_dev, found.st_ino) != identity:
+        os.close(fd)
+        raise SnapshotError("the snapshot's pipe was replaced in the sandbox")
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    return fd
+
+
+def _open_read_end(path: Path) -> int:
+    """Make the pipe and open its reading end (without waiting for a writer)."""
+    identity = _make_pipe(path)
+    try:
+        return _checked(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), identity)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _pump_out_pipe(source: int, writer: FileChunkWriter, pump: Pump,
+                   progress: Progress | None) -> None:
+    """Wait for the kernel to open the pipe (until then a read would see its end), then
+    move its stream into storage."""
+    poller = select.poll()
+    poller.register(source, select.POLLIN | select.POLLHUP)
+    while not poller.poll(int(PIPE_WAIT_S * 1000)):
+        if pump.stopped:
+            os.close(source)
+            raise SnapshotError("the snapshot was stopped")
+    os.set_blocking(source, True)
+    pump.out(source, writer, SUFFIX, progress)
+
+
+def _pump_into_pipe(path: Path, identity: tuple[int, int], reader: ChunkReader, suffix: str,
+                    pump: Pump, progress: Progress | None) -> None:
+    """Wait for the kernel to open the pipe for reading, then feed it the stream."""
+    while True:
+        try:
+            target = _checked(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW),
+                              identity)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise SnapshotError(f"the snapshot's pipe cannot be opened: {exc}") from exc
+        if pump.stopped:
+            raise SnapshotError("the snapshot was stopped")
+        pump.wait(PIPE_WAIT_S)
+    os.set_blocking(target, True)
+    pump.into(reader, suffix, target, progress)
+
+
+def _pump_out_file(workspace: Workspace, name: str, writer: FileChunkWriter, pump: Pump,
+                   progress: Progress | None) -> None:
+    with workspace.access():
+        fd = _open_in(workspace, name, os.O_RDONLY)
+        pump.out(fd, writer, SUFFIX, progress)
+
+
+def _pump_into_file(workspace: Workspace, name: str, reader: ChunkReader, suffix: str,
+                    pump: Pump, progress: Progress | None) -> None:
+    with workspace.access(write=True):
+        fd = _open_in(workspace, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            if os.geteuid() == 0:
+                os.fchown(fd, SANDBOX_UID, SANDBOX_GID)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            pump.into(reader, suffix, fd, progress)
+        except OSError as exc:
+            raise SnapshotError(f"the variables do not fit in the workspace: {exc}") from exc
+
+
+def _open_in(workspace: Workspace, name: str, flags: int) -> int:
+    """A regular file at the top of the workspace, never through a link (nor a FIFO's wait)."""
+    try:
+        fd = os.open(workspace.root / name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise SnapshotError(f"the snapshot's file in the workspace cannot be opened: "
+                            f"{exc.strerror or exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SnapshotError("the snapshot's file in the workspace was replaced")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _unlink_in(workspace: Workspace, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(workspace.root / name)  # unlink never follows a link
 
 
 # -- workspace copies for forks --------------------------------------------------------------

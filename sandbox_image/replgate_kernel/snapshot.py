@@ -1,15 +1,35 @@
-"""Kernel-side half of a variables snapshot: the user namespace to a file and back, with dill.
+"""Kernel-side half of a variables snapshot: the user namespace to a stream and back, with dill.
 
 The gateway evaluates :func:`save` or :func:`load` as a user expression of a silent execution
-(nothing lands in the history or the namespace) and reads the JSON text they return. The file
-lies in the session's own workspace only while it passes between the gateway and the kernel.
+(nothing lands in the history or the namespace) and reads the JSON text they return. The
+stream is a named pipe the gateway reads (or feeds) as the kernel writes (or reads) it, or,
+where the sandbox cannot share a pipe with the host (gVisor), a file in the workspace.
+
+No second copy of the data is ever made in the sandbox: the pickle is protocol 5, and every
+buffer a value exposes (numpy arrays, and pandas frames through them) goes out of band,
+written to the stream straight from the value's own memory, and read back into one buffer
+that the loaded value then uses as its memory. The stream (:data:`MAGIC`, then records):
+
+- ``P`` + length + pickle bytes;
+- ``B`` + length + one out-of-band buffer, always before the pickle bytes that use it;
+- ``R``: what came before is void (a value could not be pickled; the dump starts again
+  without it);
+- ``E``: the end.
+
+A stream without :data:`MAGIC` is a plain dill pickle (snapshots of earlier versions).
+While it writes, the snapshot watches the sandbox's memory: one that would leave less than
+:data:`MIN_FREE_BYTES` free stops (:class:`SnapshotRefused`) and the kernel goes on unchanged.
 """
 
 import json
 import os
+import pickle
 import random
+import struct
+import sys
 import tempfile
 import threading
+from collections import deque
 from typing import Any
 
 import dill
@@ -20,9 +40,24 @@ MAX_REASON = 200
 KERNEL_TMP_PREFIXES = (".ipythondir-", ".mplconfigdir-")
 # /tmp entries named one by one in what a snapshot did not keep; past that, a count.
 MAX_TMP_LISTED = 10
+MAGIC = b"RGSNAP2\n"
+HEADER = struct.Struct(">cQ")
+CHUNK = 1 << 20
+"""Pickle bytes are gathered up to this size before they are written."""
+MIN_FREE_BYTES = 16 << 20
+"""The memory a snapshot leaves free in the sandbox at least, or it stops."""
+CGROUP_FILES = (  # (usage, limit, stat, the stat's reclaimable line): v2, then v1
+    ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max",
+     "/sys/fs/cgroup/memory.stat", b"inactive_file"),
+    ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+     "/sys/fs/cgroup/memory/memory.stat", b"total_inactive_file"))
 
 _kernel_threads: set[int | None] | None = None
 """The threads the kernel runs before any cell (IOPub, heartbeat, control, output pipes)."""
+
+
+class SnapshotRefused(Exception):
+    """The snapshot stopped before the sandbox ran out of memory; nothing was changed."""
 
 
 def install(shell: Any) -> None:
@@ -69,56 +104,341 @@ def _process_not_kept() -> dict[str, str]:
     return lost
 
 
-def save(path: str) -> str:
-    """Write the user's variables to ``path``; JSON with the names kept and what was not.
+# -- memory ------------------------------------------------------------------------------------
 
-    One pickle for all, so objects shared between variables stay shared; a value that cannot
-    be pickled (a thread, a socket, a generator) is left out with the reason. What is not a
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None  # "max" (v2, no limit) too
+
+
+def _memory_files() -> tuple[str, str, str, bytes] | None:
+    return next((files for files in CGROUP_FILES if os.path.exists(files[0])), None)
+
+
+def memory_free() -> int | None:
+    """The bytes the sandbox may still take before its limit (reclaimable file cache counted
+    free), or None where its cgroup cannot be read or sets no limit."""
+    files = _memory_files()
+    if files is None:
+        return None
+    usage, limit = _read_int(files[0]), _read_int(files[1])
+    if usage is None or limit is None or limit >= 1 << 60:
+        return None
+    reclaimable = 0
+    try:
+        with open(files[2], "rb") as f:
+            for line in f:
+                name, _, value = line.partition(b" ")
+                if name == files[3]:
+                    reclaimable = int(value)
+    except (OSError, ValueError):
+        pass
+    return limit - usage + reclaimable
+
+
+def _check_memory() -> None:
+    free = memory_free()
+    if free is not None and free < MIN_FREE_BYTES:
+        raise SnapshotRefused(
+            f"the sandbox has {free >> 20} MiB of memory left, and the snapshot needs "
+            f"{MIN_FREE_BYTES >> 20} MiB free to go on; free some (del a large variable) "
+            "or raise the profile's memory limit")
+
+
+# -- the stream --------------------------------------------------------------------------------
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _Writer:
+    """The stream's writing end: what the pickler writes, and its out-of-band buffers."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = bytearray()
+        self.written = 0
+        _write_all(fd, memoryview(MAGIC))
+
+    def _record(self, kind: bytes, data: memoryview) -> None:
+        _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
+        _write_all(self.fd, data)
+        self.written += data.nbytes
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes >= CHUNK:  # a large bytes value: straight from its own memory
+            self.flush()
+            _check_memory()
+            self._record(b"P", view)
+        else:
+            self.pending += view
+            if len(self.pending) >= CHUNK:
+                self.flush()
+        return view.nbytes
+
+    def flush(self) -> None:
+        if self.pending:
+            _check_memory()
+            self._record(b"P", memoryview(self.pending))
+            self.pending.clear()
+
+    def buffer(self, buffer: pickle.PickleBuffer) -> bool:
+        """The pickler's ``buffer_callback``: the buffer goes out of band (False)."""
+        self.flush()
+        _check_memory()
+        with buffer.raw() as view:
+            self._record(b"B", view)
+        return False
+
+    def void(self) -> None:
+        """What was written so far is void: the dump starts again."""
+        self.pending.clear()
+        _write_all(self.fd, memoryview(HEADER.pack(b"R", 0)))
+
+    def end(self) -> None:
+        self.flush()
+        _write_all(self.fd, memoryview(HEADER.pack(b"E", 0)))
+
+
+class _Restart(Exception):
+    """The stream says what came before is void (an ``R`` record)."""
+
+
+class _Reader:
+    """The stream's reading end, as a file for the unpickler; out-of-band buffers are read
+    into memory of their own as they come (:meth:`buffers` hands them over in order)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.left = 0  # of the current pickle record
+        self.queued: deque[bytearray] = deque()
+        self.ended = False
+
+    def _exact(self, size: int) -> bytes:
+        data = self.f.read(size)
+        if len(data) != size:
+            raise EOFError("the snapshot ends early")
+        return bytes(data)
+
+    def _next_record(self) -> None:
+        """Read records until pickle bytes come (or the end); buffers are queued."""
+        while self.left == 0 and not self.ended:
+            kind, size = HEADER.unpack(self._exact(HEADER.size))
+            if kind == b"P":
+                self.left = size
+            elif kind == b"B":
+                buffer = bytearray(size)
+                view, got = memoryview(buffer), 0
+                while got < size:
+                    n = self.f.readinto(view[got:])
+                    if not n:
+                        raise EOFError("the snapshot ends early")
+                    got += n
+                self.queued.append(buffer)
+            elif kind == b"R":
+                self.queued.clear()
+                raise _Restart
+            elif kind == b"E":
+                self.ended = True
+            else:
+                raise ValueError(f"the snapshot is corrupt (record {kind!r})")
+
+    def read(self, size: int = -1) -> bytes:
+        out = bytearray()
+        while size < 0 or len(out) < size:
+            self._next_record()
+            if self.left == 0:
+                break
+            want = self.left if size < 0 else min(self.left, size - len(out))
+            out += self._exact(want)
+            self.left -= want
+        return bytes(out)
+
+    def readinto(self, target: Any) -> int:
+        view = memoryview(target).cast("B")
+        done = 0
+        while done < view.nbytes:
+            self._next_record()
+            if self.left == 0:
+                break
+            want = min(self.left, view.nbytes - done)
+            n = self.f.readinto(view[done:done + want])
+            if not n:
+                raise EOFError("the snapshot ends early")
+            done += n
+            self.left -= n
+        return done
+
+    def readline(self) -> bytes:
+        out = bytearray()
+        while not out.endswith(b"\n"):
+            piece = self.read(1)
+            if not piece:
+                break
+            out += piece
+        return bytes(out)
+
+    def at_end(self) -> bool:
+        """Whether the stream's end came (not within a pickle: between two)."""
+        self._next_record()
+        return self.ended
+
+    def buffers(self) -> Any:
+        while True:
+            while not self.queued:  # never expected: a buffer comes before its use
+                if self.ended:
+                    raise ValueError("the snapshot is corrupt (a buffer is missing)")
+                pending = self.left
+                self.left = 0
+                if pending:
+                    raise ValueError("the snapshot is corrupt (a buffer comes late)")
+                self._next_record()
+            yield self.queued.popleft()
+
+
+class _Pickler(dill.Pickler):  # type: ignore[misc]
+    """dill's pickler, but numpy arrays pickle as numpy itself says for protocol 5 (their
+    buffer out of band): dill's own hook asks them for protocol 2's form, which copies the
+    whole array into one bytes object first."""
+
+    def reducer_override(self, obj: object) -> Any:
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and type(obj) is numpy.ndarray:
+            return obj.__reduce_ex__(5)
+        return NotImplemented
+
+
+def _sized(namespace: dict[str, object], names: list[str]) -> list[str]:
+    """Small values first: a value that cannot be pickled is then met before the large ones
+    are written, and the dump that starts again without it costs little."""
+
+    def size(name: str) -> int:
+        value = namespace[name]
+        nbytes = getattr(value, "nbytes", None)  # numpy arrays
+        if isinstance(nbytes, int):
+            return nbytes
+        if type(value).__module__.startswith("pandas"):
+            return 1 << 62  # pandas' own size is slow to ask (it reads every string)
+        try:
+            return sys.getsizeof(value)
+        except Exception:
+            return 0
+
+    return sorted(names, key=size)
+
+
+def save(path: str) -> str:
+    """Write the user's variables to ``path`` (a pipe, or a new file); JSON with the names
+    kept, what was not, and the bytes written.
+
+    One pickler for all (a pickle per variable, one memo), so objects shared between
+    variables stay shared; a value that cannot be pickled (a thread, a socket, a generator)
+    is left out with the reason, and the dump starts again without it. What is not a
     variable but is lost all the same (running threads, files in /tmp) is listed too.
+    :class:`SnapshotRefused` when the sandbox's memory would run out.
     """
     namespace, hidden = _namespace()
-    names = _user_names(namespace, hidden)
+    names = _sized(namespace, _user_names(namespace, hidden))
     lost: dict[str, str] = {}
-    while True:
-        values = {name: namespace[name] for name in names if name not in lost}
-        try:
-            with open(path, "wb") as f:
-                dill.dump(values, f, recurse=True)
-            break
-        except Exception:
-            before = len(lost)
-            for name, value in values.items():
-                try:
-                    dill.dumps(value, recurse=True)
-                except Exception as exc:
-                    lost[name] = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
-            if len(lost) == before:  # only together do they fail: give up honestly
-                lost.update({name: "could not be saved with the other variables"
-                             for name in values})
-                with open(path, "wb") as f:
-                    dill.dump({}, f)
+    _check_memory()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        writer = _Writer(fd)
+        while True:
+            pickler = _Pickler(writer, protocol=5, buffer_callback=writer.buffer,
+                               recurse=True)
+            name = ""
+            try:
+                for name in names:
+                    if name not in lost:
+                        pickler.dump((name, namespace[name]))
                 break
-    os.chmod(path, 0o600)
+            except (SnapshotRefused, OSError):
+                raise
+            except Exception as exc:
+                lost[name] = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
+                writer.void()
+        writer.end()
+    finally:
+        os.close(fd)
     return json.dumps({"kept": sorted(n for n in names if n not in lost),
-                       "not_kept": {**lost, **_process_not_kept()}})
+                       "not_kept": {**lost, **_process_not_kept()}, "bytes": writer.written})
 
 
 def load(path: str, reseed: bool) -> str:
-    """Put the variables saved in ``path`` back into the namespace and delete the file.
+    """Put the variables saved in ``path`` (a pipe, or a file, deleted after) back into the
+    namespace.
 
     ``reseed``: a copy of a session (a fork) must not draw the same random numbers as its
     siblings, so the generators of ``random`` and ``numpy.random`` start from fresh entropy.
     """
     try:
         with open(path, "rb") as f:
-            values = dill.load(f)
+            values = _load_stream(f)
     finally:
-        os.unlink(path)
+        if not _is_pipe(path):
+            os.unlink(path)
     namespace, _hidden = _namespace()
     namespace.update(values)
     if reseed:
         random.seed()
-        numpy = __import__("sys").modules.get("numpy")
+        numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()
     return json.dumps({"loaded": sorted(values)})
+
+
+def _is_pipe(path: str) -> bool:
+    try:
+        return os.stat(path, follow_symlinks=False).st_mode & 0o170000 == 0o010000
+    except OSError:
+        return False
+
+
+class _Prefixed:
+    """A file whose first bytes were read already (an older snapshot, for dill.load)."""
+
+    def __init__(self, head: bytes, f: Any) -> None:
+        self.head, self.f = head, f
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            head, self.head = self.head, b""
+            return head + self.f.read()
+        head, self.head = self.head[:size], self.head[size:]
+        return head + (self.f.read(size - len(head)) if size > len(head) else b"")
+
+    def readline(self) -> bytes:
+        if b"\n" in self.head:
+            line, _, self.head = self.head.partition(b"\n")
+            return line + b"\n"
+        head, self.head = self.head, b""
+        return head + self.f.readline()
+
+    def readinto(self, target: Any) -> int:
+        data = self.read(memoryview(target).nbytes)
+        memoryview(target).cast("B")[:len(data)] = data
+        return len(data)
+
+
+def _load_stream(f: Any) -> dict[str, object]:
+    head = f.read(len(MAGIC))
+    if head != MAGIC:
+        values: dict[str, object] = dill.load(_Prefixed(head, f))
+        return values
+    reader = _Reader(f)
+    while True:  # once per dump: an ``R`` record voids the one under way
+        values = {}
+        unpickler = dill.Unpickler(reader, buffers=reader.buffers())
+        try:
+            while not reader.at_end():
+                name, value = unpickler.load()
+                values[name] = value
+            return values
+        except _Restart:
+            continue

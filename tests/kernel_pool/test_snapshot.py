@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import threading
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace
+from kernel_pool._streams import SUFFIX, Pump
 from kernel_pool._workspace import SANDBOX_UID, Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 
@@ -24,51 +28,135 @@ def workspaces(tmp_path: Path) -> Iterator[tuple[Workspace, Workspace]]:
         workspace.destroy()
 
 
+def save(store: SnapshotStore, key: str, data: bytes,
+         info: PauseInfo | None = None) -> PauseInfo:
+    """Store ``data`` as a kernel's stream would be: read from a pipe, compressed on the way."""
+    source, sink = os.pipe()
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError), os.fdopen(sink, "wb") as pipe:
+            pipe.write(data)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    writer = store.open_write(key)
+    try:
+        Pump().out(source, writer, SUFFIX)
+        return store.commit(key, writer, info or PauseInfo())
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        feeder.join()
+
+
+def load(store: SnapshotStore, key: str) -> bytes:
+    """What a kernel would read of the stored snapshot (decompressed, through a pipe)."""
+    reader, suffix = store.open_read(key)
+    source, sink = os.pipe()
+    got = bytearray()
+
+    def drain() -> None:
+        with os.fdopen(source, "rb") as pipe:
+            while chunk := pipe.read(1 << 16):
+                got.extend(chunk)
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    try:
+        Pump().into(reader, suffix, sink)
+    finally:
+        reader.close()
+        drainer.join()
+    return bytes(got)
+
+
 def test_save_then_load_gives_the_bytes_back_privately(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**20)
-    info = store.save("s1", b"pickled" * 1000, PauseInfo(kept=["x"], not_kept={"t": "thread"}))
+    info = save(store, "s1", b"pickled" * 1000, PauseInfo(kept=["x"], not_kept={"t": "thread"}))
 
-    assert store.load("s1") == b"pickled" * 1000
+    assert load(store, "s1") == b"pickled" * 1000
     assert 0 < info.image_bytes < 7000 and info.paused_at
     assert store.info("s1") == info
     assert stat.S_IMODE((tmp_path / "snapshots").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in store.root.iterdir())
 
 
+def test_a_large_snapshot_streams_through_in_chunks(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+    data = b"x" * (3 << 20) + os.urandom(5 << 20)  # some compressible, most not
+
+    info = save(store, "s1", data)
+
+    assert load(store, "s1") == data
+    assert info.image_bytes < len(data)
+
+
 def test_save_over_the_budget_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 100)
 
     with pytest.raises(SnapshotBudgetExceeded, match="REPLGATE_SNAPSHOT_BUDGET"):
-        store.save("s1", os.urandom(4096), PauseInfo())
+        save(store, "s1", os.urandom(4096))
     assert store.info("s1") is None and store.used_bytes() == 0
 
 
+def test_a_snapshot_outgrowing_the_budget_midway_stops_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 3 << 20)
+
+    with pytest.raises(SnapshotBudgetExceeded):
+        save(store, "s1", os.urandom(8 << 20))
+    assert list(store.root.iterdir()) == [] and store.used_bytes() == 0
+
+
 def test_a_deleted_snapshot_makes_room_in_the_budget_at_once(tmp_path: Path) -> None:
-    first = SnapshotStore(tmp_path / "probe", 2**20).save("s", os.urandom(4096), PauseInfo())
+    first = save(SnapshotStore(tmp_path / "probe", 2**20), "s", os.urandom(4096))
     one = first.image_bytes + len(first.model_dump_json())
     store = SnapshotStore(tmp_path / "snapshots", 2 * one + one // 2)
-    store.save("s1", os.urandom(4096), PauseInfo())
-    store.save("s2", os.urandom(4096), PauseInfo())
+    save(store, "s1", os.urandom(4096))
+    save(store, "s2", os.urandom(4096))
     with pytest.raises(SnapshotBudgetExceeded):
-        store.save("s3", os.urandom(4096), PauseInfo())
+        save(store, "s3", os.urandom(4096))
     store.delete("s1")
-    assert store.save("s3", os.urandom(4096), PauseInfo()).image_bytes > 4096
+    assert save(store, "s3", os.urandom(4096)).image_bytes > 4096
 
 
 def test_load_of_a_corrupt_snapshot_says_so_and_keeps_it(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**20)
-    store.save("s1", b"data", PauseInfo())
+    save(store, "s1", b"data")
     image = next(p for p in store.root.iterdir() if not p.name.endswith(".json"))
     image.write_bytes(b"garbage")
 
     with pytest.raises(SnapshotError, match="corrupt"):
-        store.load("s1")
+        load(store, "s1")
     assert image.exists()
+
+
+def test_an_earlier_versions_zlib_snapshot_still_loads(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+    data = os.urandom(3 << 20) + b"x" * (2 << 20)
+    store.root.mkdir(mode=0o700)
+    (store.root / "old.zlib").write_bytes(zlib.compress(data, 1))
+
+    assert load(store, "old") == data
+    store.delete("old")
+    assert list(store.root.iterdir()) == []
+
+
+def test_a_copy_is_a_snapshot_of_its_own(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+    save(store, "parent", b"state" * 1000)
+
+    info = store.copy("parent", "child", PauseInfo(reseed=True))
+    store.delete("parent")
+
+    assert load(store, "child") == b"state" * 1000
+    assert info.reseed and store.info("child") == info
 
 
 def test_delete_removes_image_and_info(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**20)
-    store.save("s1", b"data", PauseInfo())
+    save(store, "s1", b"data")
     store.delete("s1")
 
     assert list(store.root.iterdir()) == []
@@ -77,7 +165,7 @@ def test_delete_removes_image_and_info(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key", ["", "../escape", ".hidden"])
 def test_bad_keys_are_refused(tmp_path: Path, key: str) -> None:
     with pytest.raises(SnapshotError):
-        SnapshotStore(tmp_path, 2**20).save(key, b"x", PauseInfo())
+        save(SnapshotStore(tmp_path, 2**20), key, b"x")
 
 
 def test_copy_keeps_files_folders_and_links_as_links(
@@ -118,7 +206,7 @@ def test_concurrent_saves_all_succeed(tmp_path: Path) -> None:
 
     def saves(worker: int) -> None:
         for n in range(60):
-            store.save(f"w{worker}-{n}", os.urandom(256), PauseInfo())
+            save(store, f"w{worker}-{n}", os.urandom(256))
 
     with ThreadPoolExecutor(8) as threads:
         list(threads.map(saves, range(8)))
@@ -127,14 +215,14 @@ def test_concurrent_saves_all_succeed(tmp_path: Path) -> None:
 
 def test_an_unpacked_memory_dump_counts_in_the_budget_until_dropped(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 64 * 1024)
-    info = store.save("s1", b"pickled", PauseInfo())
+    info = save(store, "s1", b"pickled")
 
     held = store.hold_memory("s1", 40 * 1024, info)
 
     assert held.paused_with == "memory" and store.info("s1") == held
     with pytest.raises(SnapshotBudgetExceeded):
-        store.save("s2", os.urandom(30 * 1024), PauseInfo())
+        save(store, "s2", os.urandom(30 * 1024))
     with pytest.raises(SnapshotBudgetExceeded):
         store.hold_memory("s3", 30 * 1024, info)
     store.drop_held("s1")
-    store.save("s2", os.urandom(30 * 1024), PauseInfo())
+    save(store, "s2", os.urandom(30 * 1024))

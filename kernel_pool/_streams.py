@@ -1,0 +1,318 @@
+"""Snapshots as streams of chunks: from the sandbox through a compressor into storage, and back.
+
+No replgate process holds a whole snapshot in memory: the kernel writes its variables into a
+pipe (or a file) as it pickles them, ``zstd`` compresses what it reads from there, and the
+gateway moves the compressed bytes to storage :data:`CHUNK` bytes at a time; a resume runs the
+same way backwards. Storage is reached through :class:`ChunkWriter` and :class:`ChunkReader`
+alone: a folder here (:class:`FileChunkWriter`, :class:`FileChunkReader`), an object store
+(multipart uploads, ranged reads) later, behind the same two shapes.
+
+Compression is ``zstd --fast=1`` with a thread per core where the host has ``zstd``: on the
+development machine it stored 200 MB of random floats in 0.25-0.3 s, where ``zstd -1`` took
+0.43-0.86 s to save 6 % of them (docs/benchmarks.md); without it, snapshots are stored as
+they are. Every call here blocks: callers run them in worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import threading
+import zlib
+from collections.abc import Callable
+from typing import Protocol
+
+from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
+
+CHUNK = 1 << 20
+WRITEBACK_BYTES = 32 << 20
+"""A written file is handed to the disk this often, so the final fsync has little left."""
+ZSTD = shutil.which("zstd")
+COMPRESS = [ZSTD or "zstd", "-q", "--fast=1", "-T0", "-c"]
+DECOMPRESS = [ZSTD or "zstd", "-q", "-d", "-c"]
+SUFFIXES = (".zst", ".raw", ".zlib")
+"""What a stored snapshot may be: zstd, as it is, or zlib (earlier versions' only)."""
+SUFFIX = SUFFIXES[0] if ZSTD else SUFFIXES[1]
+"""How snapshots are stored from now on."""
+
+Progress = Callable[[int], None]
+"""Called with the bytes done so far (from a worker thread)."""
+
+
+class ChunkWriter(Protocol):
+    """Where a snapshot's compressed bytes go, in order; nothing is kept before commit."""
+
+    def write(self, chunk: bytes) -> None:
+        """Append ``chunk`` (:class:`SnapshotBudgetExceeded` when storage has no room)."""
+
+    def commit(self) -> int:
+        """Make what was written durable and visible under its name; its size."""
+
+    def abort(self) -> None:
+        """Drop what was written (nothing is left of it)."""
+
+
+class ChunkReader(Protocol):
+    """A stored snapshot's bytes, in order."""
+
+    size: int
+
+    def read(self, size: int = CHUNK) -> bytes:
+        """The next bytes, at most ``size``; ``b""`` at the end."""
+
+    def close(self) -> None: ...
+
+
+def _storage_error(exc: OSError) -> SnapshotError:
+    """The file system's words without the path: the host's folders are not the tenant's."""
+    error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+        else SnapshotError
+    return error("the snapshot could not be written to the state directory: "
+                 f"{exc.strerror or type(exc).__name__}")
+
+
+class FileChunkWriter:
+    """A file (0600) written as ``<path>.part``, renamed to ``path`` when committed.
+    ``reserve`` is asked before each chunk is written (a budget's check)."""
+
+    def __init__(self, path: os.PathLike[str] | str,
+                 reserve: Callable[[int], None] = lambda _n: None) -> None:
+        self.path = os.fspath(path)
+        self.partial = self.path + ".part"
+        self._reserve = reserve
+        self.written = 0
+        self._synced = 0
+        try:
+            self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                               | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+
+    def write(self, chunk: bytes) -> None:
+        self._reserve(len(chunk))
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+        self.written += len(chunk)
+        if self.written - self._synced >= WRITEBACK_BYTES:
+            # Start the disk's writing now (and keep the page cache lean): the fsync at
+            # the commit then waits for the last few megabytes only.
+            os.posix_fadvise(self._fd, self._synced, self.written - self._synced,
+                             os.POSIX_FADV_DONTNEED)
+            self._synced = self.written
+
+    def commit(self) -> int:
+        try:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            self.abort()
+            raise _storage_error(exc) from exc
+        return self.written
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.partial)
+
+
+class FileChunkReader:
+    """A stored file's bytes (:class:`SnapshotError` when it cannot be opened)."""
+
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            self.size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise SnapshotError(f"the session's snapshot cannot be read: "
+                                f"{exc.strerror or exc}") from exc
+
+    def read(self, size: int = CHUNK) -> bytes:
+        return os.read(self._fd, size)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class Pump:
+    """One stream's move between a descriptor of the sandbox's side (a pipe's end, or a
+    file) and storage, through the codec; :meth:`stop` (any thread) cuts it short."""
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until stopped."""
+        self._stopped.wait(seconds)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+            if self._process is not None:
+                with contextlib.suppress(OSError):
+                    self._process.kill()
+
+    def _start(self, command: list[str], stdin: int, stdout: int) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._stopped.is_set():
+                raise SnapshotError("the snapshot was stopped")
+            # A stop signal to the gateway's group must not kill the compressor under a
+            # pause: the pause's own end (or stop()) ends it.
+            self._process = subprocess.Popen(
+                command, stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+                start_new_session=True)
+            return self._process
+
+    def _finish(self, process: subprocess.Popen[bytes], what: str) -> None:
+        assert process.stderr is not None
+        said = process.stderr.read(4096).decode(errors="replace").strip()
+        process.stderr.close()
+        if process.wait() and not self.stopped:
+            raise SnapshotError(f"{what} failed (exit status {process.returncode})"
+                                f"{': ' + said[-300:] if said else ''}")
+
+    def out(self, source: int, writer: ChunkWriter, suffix: str,
+            progress: Progress | None = None) -> None:
+        """Move what ``source`` gives (to its end) into ``writer``, compressed as ``suffix``
+        says; ``source`` is closed. ``progress``: the source's bytes read so far, roughly."""
+        if suffix == ".raw":
+            try:
+                done = 0
+                while not self.stopped and (chunk := _read(source)):
+                    writer.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done)
+            finally:
+                os.close(source)
+            return
+        try:
+            process = self._start(COMPRESS, stdin=source, stdout=subprocess.PIPE)
+        finally:
+            os.close(source)  # the compressor holds it: its end is the stream's end
+        assert process.stdout is not None
+        try:
+            while chunk := process.stdout.read(CHUNK):
+                writer.write(chunk)
+                if progress is not None:
+                    progress(_bytes_read(process.pid))
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            process.stdout.close()
+            self._finish(process, "compressing the snapshot")
+        if self.stopped:
+            raise SnapshotError("the snapshot was stopped")
+
+    def into(self, reader: ChunkReader, suffix: str, target: int,
+             progress: Progress | None = None) -> None:
+        """Move ``reader``'s stream, decompressed as ``suffix`` says, into ``target`` (closed
+        at the end, which the sandbox's side reads as the stream's end). ``progress``: the
+        stored bytes read so far."""
+        if suffix != ".zst":
+            try:
+                self._copy_into(reader, suffix, target, progress)
+            finally:
+                os.close(target)
+            return
+        try:
+            process = self._start(DECOMPRESS, stdin=subprocess.PIPE, stdout=target)
+        finally:
+            os.close(target)
+        assert process.stdin is not None
+        done = 0
+        try:
+            while not self.stopped and (chunk := reader.read(CHUNK)):
+                process.stdin.write(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done)
+        except BrokenPipeError:
+            if not self.stopped:  # the sandbox's side stopped reading: its reason comes
+                raise SnapshotError("the kernel stopped reading the snapshot") from None
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.close()
+            self._finish(process, "the session's snapshot is corrupt: decompressing it")
+
+    def _copy_into(self, reader: ChunkReader, suffix: str, target: int,
+                   progress: Progress | None) -> None:
+        inflate = zlib.decompressobj() if suffix == ".zlib" else None
+        done = 0
+        try:
+            while not self.stopped and (chunk := reader.read(CHUNK)):
+                done += len(chunk)
+                if inflate is None:
+                    _write(target, chunk)
+                else:
+                    data = inflate.decompress(chunk, CHUNK)
+                    while data:
+                        _write(target, data)
+                        data = inflate.decompress(inflate.unconsumed_tail, CHUNK)
+                if progress is not None:
+                    progress(done)
+        except zlib.error as exc:
+            raise SnapshotError(f"the session's snapshot is corrupt: {exc}") from exc
+        except BrokenPipeError:
+            if not self.stopped:
+                raise SnapshotError("the kernel stopped reading the snapshot") from None
+
+
+def copy(reader: ChunkReader, writer: ChunkWriter) -> int:
+    """Copy a stored snapshot as it is (a fork's paused copies); the writer is committed."""
+    try:
+        while chunk := reader.read(CHUNK):
+            writer.write(chunk)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.commit()
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, CHUNK)
+    except BlockingIOError:  # a pipe opened without blocking: wait for its writer's bytes
+        os.set_blocking(fd, True)
+        return os.read(fd, CHUNK)
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _bytes_read(pid: int) -> int:
+    """What process ``pid`` read so far (``rchar`` of its ``/proc/PID/io``), or 0."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+

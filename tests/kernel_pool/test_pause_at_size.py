@@ -1,0 +1,167 @@
+"""Pauses at real sizes (issue 26): a pause never costs a session its state, a kernel that died
+between executions is said so, and no process of ours holds a whole snapshot in memory
+(real engine, real kernels holding hundreds of megabytes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+import psutil
+import pytest
+from kp_support import (
+    OWNER,
+    eventually,
+    make_settings,
+    mounts_under,
+    owned_containers,
+    run_ok,
+)
+
+from kernel_pool import KernelPool, Profile, Session, SessionStatus, SnapshotError
+
+MiB = 1 << 20
+RSS_GROWTH_BOUND = 64 * MiB
+"""What the issue allows the gateway's memory to grow by over a 1 GiB session's pause."""
+
+
+def _profiles() -> dict[str, Profile]:
+    runtime = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
+    return {
+        "default": Profile(name="default", min_idle=0, memory="512m", workspace_size="64m",
+                           tmp_size="32m", runtime=runtime, max_timeout_s=300),
+        "big": Profile(name="big", min_idle=0, memory="2g", workspace_size="64m",
+                       tmp_size="32m", runtime=runtime, max_timeout_s=300),
+    }
+
+
+@pytest.fixture(scope="module")
+async def sized_pool(state_root: Path, docker_client: docker.DockerClient,
+                     ) -> AsyncIterator[KernelPool]:
+    """Variables pauses only: what is measured here is the variables snapshot's stream."""
+    owner = f"{OWNER}-sized"
+    pool = KernelPool(make_settings(state_root / "sized", owner=owner, profiles=_profiles(),
+                                    pause_with="variables", snapshot_budget="8g"))
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.close()
+    assert owned_containers(docker_client, owner) == []
+    assert mounts_under(pool.settings.state_dir) == []
+
+
+@pytest.fixture
+async def session(sized_pool: KernelPool) -> AsyncIterator[Session]:
+    own = await sized_pool.create_session()
+    yield own
+    await sized_pool.delete_session(own.id)
+
+
+async def test_pause_of_a_session_holding_60_percent_of_its_memory_keeps_every_variable(
+        session: Session) -> None:
+    # 300 MiB of a 512 MiB limit: a snapshot that copied the data once more inside the
+    # sandbox (pickle's bytes of each array) would be killed for memory, and lose them.
+    await run_ok(session, """
+import numpy as np, pandas as pd
+big = np.arange(280 * 2**20 // 8, dtype=np.float64)
+frame = pd.DataFrame({"x": np.arange(1_000_000), "y": np.linspace(0, 1, 1_000_000)})
+alias = big
+""", timeout_s=120)
+    info = await session.pause()
+    assert session.paused and info.not_kept == {}, info
+    assert info.raw_bytes > 290 * MiB  # the arrays' own bytes went out
+    assert await run_ok(session, "print(big[-1], big is alias, frame['x'].sum(), "
+                                 "round(frame['y'].sum()), big.flags.writeable)",
+                        timeout_s=120) == (f"{280 * 2**20 // 8 - 1}.0 True 499999500000 500000 "
+                                           "True\n")
+
+
+async def test_a_pause_that_would_run_the_sandbox_out_of_memory_is_refused_unchanged(
+        session: Session) -> None:
+    # Filled to within a few MiB of its limit, the sandbox has no room for a snapshot: the
+    # pause is refused before anything changes, and the session goes on with its variables.
+    await run_ok(session, """
+import numpy as np
+from replgate_kernel.snapshot import memory_free
+chunks = []
+while memory_free() > 12 * 2**20:
+    chunks.append(np.ones(2**20 // 8))
+kept = len(chunks)
+""", timeout_s=120)
+    with pytest.raises(SnapshotError, match="memory left"):
+        await session.pause()
+    assert not session.paused and session.reason and "runs on" in session.reason
+    assert await run_ok(session, "print(len(chunks) == kept)") == "True\n"
+
+
+async def test_a_kernel_killed_between_executions_makes_the_next_execution_say_so(
+        session: Session) -> None:
+    await run_ok(session, "kept = 41")
+    await session.kernel.sandbox.send_signal(signal.SIGKILL)
+    # The session notices the death by itself and starts a fresh kernel, before any request.
+    await eventually(lambda: session.status is SessionStatus.STARTING, timeout_s=30)
+    await eventually(lambda: session.status is SessionStatus.IDLE, timeout_s=60)
+    result = await session.execute("print(kept)")
+    assert result.restarted, result
+    assert result.reason is not None and "between executions" in result.reason
+    assert "variables lost" in result.reason
+    # Said once: the execution after it runs on the fresh kernel as usual.
+    again = await session.execute("kept = 1\nprint(kept)")
+    assert (again.restarted, again.stdout) == (False, "1\n")
+
+
+@contextmanager
+def peak_rss() -> Iterator[dict[str, int]]:
+    """This process's resident memory before, at its peak during the block (sampled every
+    5 ms), and after."""
+    me = psutil.Process()
+    figures = {"before": me.memory_info().rss, "peak": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            figures["peak"] = max(figures["peak"], me.memory_info().rss)
+            stop.wait(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield figures
+    finally:
+        stop.set()
+        sampler.join()
+        figures["after"] = me.memory_info().rss
+
+
+@pytest.mark.slow
+async def test_pause_and_resume_of_a_1_gib_session_grow_the_gateway_by_under_64_mib(
+        sized_pool: KernelPool) -> None:
+    # The pool runs in this process, as in the gateway's: its memory is the gateway's.
+    session = await sized_pool.create_session("big")
+    try:
+        await run_ok(session, "import numpy as np\n"
+                              "big = np.random.default_rng(7).random(2**27)  # 1 GiB\n"
+                              "check = float(big[::4096].sum())", timeout_s=300)
+        await asyncio.sleep(0.5)
+        with peak_rss() as rss:
+            started = time.monotonic()
+            info = await session.pause()
+            paused_s = time.monotonic() - started
+            await session.resume()
+        assert info.raw_bytes >= 2**30 and session.reason is None
+        assert await run_ok(session, "print(float(big[::4096].sum()) == check, big.nbytes)",
+                            timeout_s=300) == f"True {2**30}\n"
+        growth = rss["peak"] - rss["before"]
+        assert growth < RSS_GROWTH_BOUND, (
+            f"the gateway grew by {growth / MiB:.0f} MiB over a pause of {paused_s:.1f} s")
+        assert rss["after"] - rss["before"] < RSS_GROWTH_BOUND
+    finally:
+        await sized_pool.delete_session(session.id)
