@@ -51,7 +51,7 @@ async def main() -> None:
         for name, code in ERRORS.items():
             error = (await session.execute(code)).error
             assert error is not None and "\x1b" not in error.text
-            rows.append((name, measures("\n".join(error.traceback)), measures(error.text)))
+            rows.append((name, measures(error.traceback), measures(error.text)))
     finally:
         await pool.close()
         shutil.rmtree(state, ignore_errors=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from kernel_pool._tracebacks import short_form
 from kernel_pool._workspace import Workspace
 from kernel_pool.config import OutputCaps
 from kernel_pool.events import (
@@ -209,6 +210,8 @@ class OutputLimiter:
         self._errors += 1
         line, budget = self.caps.line_chars, self.caps.stream_chars
         lines = [_clip(text, line) for text in event.traceback]
+        # made before entries are dropped, which may be the user's frames
+        short = _clip(short_form(lines), budget)
         kept = sum(map(len, lines))
         dropped = 0
         while kept > budget and len(lines) > 2:
@@ -217,7 +220,7 @@ class OutputLimiter:
         if dropped:
             lines.insert(1, f"[... {dropped} traceback entries omitted]")
         capped = ErrorEvent(ename=_clip(event.ename, line), evalue=_clip(event.evalue, line),
-                            traceback=lines)
+                            traceback=lines, short=short)
         if capped != event:
             self.truncated = True
         return capped

@@ -11,15 +11,13 @@ refused before it ran (``denied``, ``budget_exceeded``) has only an ``error`` an
 
 from __future__ import annotations
 
-import re
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
-"""ANSI escape sequences (CSI, and the two-byte ones): Jupyter colours tracebacks with them."""
-
+from kernel_pool._tracebacks import plain, short_form
 
 CHART_MIME = "application/vnd.replgate.chart+json"
 """The MIME type under which the sandbox adds a figure's chart to its display bundle (and under
@@ -85,12 +83,23 @@ class ErrorEvent(BaseModel):
     traceback: list[str] = Field(default_factory=list)
     text: str = ""
     """The traceback as plain text (no ANSI colour codes); made from it when not given."""
+    short: str = ""
+    """The traceback's short form, for an agent: the frames of the user's own code and the
+    exception line, with a sentence when the code met the sandbox's missing network
+    (:mod:`kernel_pool._tracebacks`); made from it when not given."""
 
     @model_validator(mode="after")
     def _plain(self) -> ErrorEvent:
-        if not self.text and self.traceback:
-            self.text = _ANSI.sub("", "\n".join(self.traceback))
+        self.text, self.short = _texts(self.traceback, self.text, self.short)
         return self
+
+
+def _texts(traceback: list[str], text: str, short: str) -> tuple[str, str]:
+    """An error's plain ``text`` and ``short`` form, each made from its traceback when empty."""
+    if traceback:
+        text = text or plain(traceback)
+        short = short or short_form(traceback)
+    return text, short
 
 
 class FileChange(BaseModel):
@@ -195,11 +204,49 @@ class Output(BaseModel):
 
 
 class ExecutionError(BaseModel):
+    """The exception an execution raised (CONTRACT.md's ``error``).
+
+    On the wire it is ``{"ename", "evalue", "traceback": [str], "text", "short"}``. In Python it
+    also answers to the names of E2B's ``ExecutionError``: ``name``, ``value`` and
+    ``traceback``, which is E2B's one string (Jupyter's lines joined, coloured); the list is
+    :attr:`traceback_lines`.
+    """
+
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
     ename: str
     evalue: str
-    traceback: list[str] = Field(default_factory=list)
+    traceback_lines: list[str] = Field(default_factory=list, alias="traceback")
+    """Jupyter's traceback, one entry per block, with its ANSI colours (``traceback`` on the
+    wire)."""
     text: str = ""
     """The traceback as plain text, without Jupyter's ANSI colour codes."""
+    short: str = ""
+    """As :attr:`ErrorEvent.short`: what an agent should read."""
+
+    @model_validator(mode="after")
+    def _plain(self) -> ExecutionError:
+        self.text, self.short = _texts(self.traceback_lines, self.text, self.short)
+        return self
+
+    @property
+    def name(self) -> str:
+        """E2B's name of :attr:`ename`."""
+        return self.ename
+
+    @property
+    def value(self) -> str:
+        """E2B's name of :attr:`evalue`."""
+        return self.evalue
+
+    @property
+    def traceback(self) -> str:
+        """The traceback as E2B gives it: one string, Jupyter's entries joined by newlines."""
+        return "\n".join(self.traceback_lines)
+
+    def to_json(self) -> str:
+        """E2B's JSON of an error: ``{"name", "value", "traceback"}``."""
+        return json.dumps({"name": self.name, "value": self.value, "traceback": self.traceback})
 
 
 class Execution(BaseModel):
@@ -265,7 +312,8 @@ class ExecutionBuilder:
                 self._clear()
         elif isinstance(event, ErrorEvent):
             self._error = ExecutionError(ename=event.ename, evalue=event.evalue,
-                                         traceback=event.traceback, text=event.text)
+                                         traceback=event.traceback, text=event.text,
+                                         short=event.short)
         elif isinstance(event, DoneEvent):
             self._done = event
 

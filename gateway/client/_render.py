@@ -2,9 +2,10 @@
 
 An :class:`Execution` becomes a :class:`ToolResult`: stdout as printed, stderr, the cell's
 result and displays as text, PNG/JPEG displays as images with their chart's data as compact
-JSON, the traceback as plain text (``error.text``), the files the code touched, and a closing
-note whenever the status is not ``ok`` or the output was cut, saying what happened and what
-survived. Long texts keep their head and tail.
+JSON, the traceback's short form (``error.short``: the frames of the user's own code and the
+exception line, and a sentence when the code met the missing network), the files the code
+touched, and a closing note whenever the status is not ``ok`` or the output was cut, saying
+what happened and what survived. Long texts keep their head and tail.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def render_execution(execution: Execution, *,
             parts.append(TextPart(f"{label}\n{cut(strip_ansi(text), max_chars, _RESULT_ADVICE)}"))
     if execution.error is not None:
         error = execution.error
-        trace = (error.text or strip_ansi("\n".join(error.traceback))).strip()
+        trace = (error.short or error.text or strip_ansi(error.traceback)).strip()
         if not trace:
             trace = f"{error.ename}: {error.evalue}"
         parts.append(TextPart("[error]\n" + cut(trace, max_chars, _RESULT_ADVICE)))

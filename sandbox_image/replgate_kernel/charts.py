@@ -11,6 +11,13 @@ an ``unknown`` chart), and its output is bounded (elements per chart, points per
 of a superchart, bytes in all), thinned evenly rather than cut, with ``truncated`` set.
 Box plots are read from the statistics matplotlib drew them with (``Axes.bxp`` is wrapped to
 keep them on the axes), not guessed back from lines.
+
+On a categorical axis a point's value is its category's name, as E2B gives it (``("Mar", 6.0)``,
+not ``(2.0, 6.0)``; the ticks stay positions): matplotlib's category units name the positions
+of strings plotted as such (and of seaborn's plots); pandas' line plots of a non-numeric index
+(months as the index or as ``x=``), which draw at 0..n-1 and name only some ticks, keep their
+index on the axis (``LinePlot._post_plot_logic`` is wrapped to leave it there); and ticks at
+0..n-1 each named by hand name those positions, as E2B's scale detection reads them.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 MIME = "application/vnd.replgate.chart+json"
@@ -35,6 +43,7 @@ MAX_TEXT = 200
 
 _UNIT = re.compile(r"\s\((.*?)\)|\[(.*?)\]")
 _BOXES_ATTR = "_replgate_boxes"
+_CATEGORIES_ATTR = "_replgate_categories"
 
 
 def chart_of(figure: Any) -> dict[str, Any]:
@@ -67,6 +76,7 @@ def install(shell: Any) -> None:
     formatter.for_type_by_name("matplotlib.figure", "Figure", chart_of)
     shell.display_formatter.formatters[MIME] = formatter
     _keep_box_stats()
+    _keep_pandas_categories()
 
 
 def _keep_box_stats() -> None:
@@ -91,6 +101,29 @@ def _keep_box_stats() -> None:
 
     bxp._replgate = True  # type: ignore[attr-defined]
     Axes.bxp = bxp
+
+
+def _keep_pandas_categories() -> None:
+    """Leave a pandas line plot's non-numeric index on its x axis (see the module docstring)."""
+    try:
+        from pandas.plotting._matplotlib.core import LinePlot
+    except Exception:  # no pandas, or another layout of its private modules: no names kept
+        return
+    post_plot = LinePlot._post_plot_logic
+    if getattr(post_plot, "_replgate", False):
+        return
+
+    def post_plot_logic(self: Any, ax: Any, data: Any) -> Any:
+        done = post_plot(self, ax, data)
+        try:
+            if getattr(self, "_need_to_set_index", False):  # drawn at 0..n-1, ticks named
+                setattr(ax.xaxis, _CATEGORIES_ATTR, data.index)
+        except Exception:  # only the chart loses the names; the plot stands
+            pass
+        return done
+
+    post_plot_logic._replgate = True  # type: ignore[attr-defined]
+    LinePlot._post_plot_logic = post_plot_logic
 
 
 # -- figure and axes ----------------------------------------------------------------------------
@@ -183,9 +216,9 @@ def _line_elements(lines: list[Any], points: int) -> list[dict[str, Any]]:
     elements = []
     for number, line in enumerate(lines, 1):
         xs, ys = list(line.get_xdata()), list(line.get_ydata())
-        x_axis, y_axis = line.axes.xaxis, line.axes.yaxis
+        read_x, read_y = _reader(line.axes.xaxis), _reader(line.axes.yaxis)
         kept = _thin(list(zip(xs, ys, strict=False)), points)
-        pairs = [(_value(x_axis, x), _value(y_axis, y)) for x, y in kept]
+        pairs = [(read_x(x), read_y(y)) for x, y in kept]
         elements.append({"label": _series_label(line.get_label(), "Line", number),
                          "points": pairs, **_thinned(len(xs), points)})
     return elements
@@ -195,8 +228,8 @@ def _scatter_elements(collections: list[Any], points: int) -> list[dict[str, Any
     elements = []
     for number, collection in enumerate(collections, 1):
         offsets = [tuple(row) for row in collection.get_offsets()]
-        ax = collection.axes
-        pairs = [(_value(ax.xaxis, x), _value(ax.yaxis, y)) for x, y in _thin(offsets, points)]
+        read_x, read_y = _reader(collection.axes.xaxis), _reader(collection.axes.yaxis)
+        pairs = [(read_x(x), read_y(y)) for x, y in _thin(offsets, points)]
         elements.append({"label": _series_label(collection.get_label(), "Series", number),
                          "points": pairs, **_thinned(len(offsets), points)})
     return elements
@@ -302,10 +335,12 @@ def _scale(axis: Any, scale: str) -> str:
     if scale != "linear":
         return scale if scale in ("log", "symlog", "logit", "function", "functionlog",
                                   "asinh") else "unknown"
-    return "linear"
+    return "categorical" if _named_ticks(axis) is not None else "linear"
 
 
 def _converter_kind(axis: Any) -> str:
+    if getattr(axis, _CATEGORIES_ATTR, None) is not None:
+        return "categorical"
     converter = axis.get_converter() if hasattr(axis, "get_converter") else axis.converter
     name = type(converter).__name__ if converter is not None else ""
     if "Date" in name:
@@ -313,6 +348,52 @@ def _converter_kind(axis: Any) -> str:
     if "Category" in name:
         return "categorical"
     return ""
+
+
+def _reader(axis: Any) -> Callable[[Any], Any]:
+    """How a data value on ``axis`` reads: as :func:`_value`, and a category's position on a
+    categorical axis as the category's name."""
+    name_at = _category_names(axis)
+    if name_at is None:
+        return lambda value: _value(axis, value)
+
+    def read(value: Any) -> Any:
+        number = None if isinstance(value, str) else _number(value)
+        if number is not None and number.is_integer():
+            name = name_at(int(number))
+            if name is not None:
+                return name
+        return _value(axis, value)
+
+    return read
+
+
+def _category_names(axis: Any) -> Callable[[int], str | None] | None:
+    """The name of the category at each position of a categorical axis; None for another."""
+    index = getattr(axis, _CATEGORIES_ATTR, None)
+    if index is not None:  # a pandas plot's index, drawn at 0..n-1
+        size = len(index)
+        return lambda position: _text(index[position]) if 0 <= position < size else None
+    if _converter_kind(axis) != "categorical":
+        return _named_ticks(axis)
+    mapping = getattr(getattr(axis, "units", None), "_mapping", None)  # matplotlib's UnitData
+    if not isinstance(mapping, dict):
+        return None
+    names = {int(position): _text(name) for name, position in mapping.items()}
+    return names.get
+
+
+def _named_ticks(axis: Any) -> Callable[[int], str | None] | None:
+    """Ticks at 0..n-1 each named by hand (``plt.xticks(range(12), months)``): categories, as
+    E2B reads them; None for any other axis."""
+    if type(axis.get_major_locator()).__name__ != "FixedLocator":  # ticks placed by hand
+        return None
+    ticks, labels = _ticks(axis, axis.get_view_interval())
+    if len(ticks) < 2 or ticks != [float(i) for i in range(len(ticks))]:
+        return None
+    if any(not label or label == str(i) for i, label in enumerate(labels)):
+        return None
+    return dict(enumerate(labels)).get
 
 
 def _value(axis: Any, value: Any) -> Any:

@@ -281,7 +281,8 @@ def test_for_execution_fills_fields() -> None:
     shown = canonical_json({
         "stdout": "héllo", "stderr": "warn",
         "outputs": [o.model_dump(mode="json") for o in execution.outputs],
-        "error": {"ename": "ValueError", "evalue": "bad", "traceback": ["tb"], "text": "tb"},
+        "error": {"ename": "ValueError", "evalue": "bad", "traceback": ["tb"], "text": "tb",
+                  "short": "tb"},
     })
     assert record.status == "error" and record.execution_count == 7
     assert record.code_sha256 == hashlib.sha256("print('héllo')".encode()).hexdigest()

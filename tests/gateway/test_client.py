@@ -142,6 +142,27 @@ async def test_run_code_error_is_data_with_callback(sandbox: AsyncSandbox) -> No
     assert after.stdout == "1\n"
 
 
+async def test_error_answers_to_e2b_names_beside_ours(sandbox: AsyncSandbox) -> None:
+    from e2b_code_interpreter import ExecutionError as E2BExecutionError
+
+    code = "def check(n):\n    raise ValueError(f'bad {n}')\ncheck(3)"
+    for execution in (await sandbox.run_code(code), await sandbox.execute_http(code)):
+        error = execution.error
+        assert error is not None
+        assert (error.name, error.value) == (error.ename, error.evalue) == ("ValueError", "bad 3")
+        assert isinstance(error.traceback, str)  # E2B's one string, Jupyter's lines joined
+        assert error.traceback == "\n".join(error.traceback_lines)
+        assert "ValueError" in error.traceback and "\x1b[" in error.traceback
+        assert json.loads(error.to_json()) == {"name": "ValueError", "value": "bad 3",
+                                               "traceback": error.traceback}
+        assert error.short.endswith("ValueError: bad 3") and "check(3)" in error.short
+        e2b = E2BExecutionError(error.name, error.value, error.traceback)
+        assert {name: getattr(error, name) for name in vars(e2b)} == vars(e2b)
+        assert json.loads(error.to_json()) == json.loads(e2b.to_json())
+        # the wire keeps Jupyter's list under its own name
+        assert error.model_dump()["traceback"] == error.traceback_lines
+
+
 async def test_run_code_timeout_is_data_and_session_survives(sandbox: AsyncSandbox) -> None:
     execution = await sandbox.run_code("import time\ntime.sleep(30)", timeout=1)
     after = await sandbox.run_code("print('still here')")

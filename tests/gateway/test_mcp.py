@@ -165,6 +165,17 @@ async def test_execute_python_error_returns_plain_traceback(mcp: Client) -> None
     assert "[status: error]" in text
 
 
+async def test_execute_python_error_shows_the_short_traceback(mcp: Client) -> None:
+    pandas = await run(mcp, "import pandas as pd\npd.DataFrame({'a': [1]})['nope']")
+    offline = await run(mcp, "import urllib.request\nurllib.request.urlopen('https://pypi.org')")
+
+    text = texts(pandas)
+    assert "----> 2 pd.DataFrame({'a': [1]})['nope']" in text and "KeyError: 'nope'" in text
+    assert "frames in library code]" in text and "site-packages" not in text
+    assert "URLError" in texts(offline)
+    assert "[no network] The sandbox has no network access" in texts(offline)
+
+
 async def test_execute_python_timeout_marks_status(mcp: Client) -> None:
     result = await run(mcp, "import time\ntime.sleep(30)", timeout_s=1)
     after = await run(mcp, "print('alive')")

@@ -14,6 +14,7 @@ from kp_support import run_ok
 
 from kernel_pool import (
     DisplayEvent,
+    ErrorEvent,
     KernelPool,
     OutputCaps,
     Session,
@@ -87,6 +88,22 @@ def test_limiter_cuts_lines_across_chunks() -> None:
     cut = " [... line truncated]"
     assert shown.startswith("a" * 200 + cut + "\nb\n" + "c" * 200 + cut + "\n" + "d" * 11 + "\n")
     assert spilled == "".join(text for _, text in pieces)
+
+
+def test_limiter_keeps_the_users_frames_in_the_short_form_of_a_cut_traceback() -> None:
+    limiter = OutputLimiter(CAPS, "out.txt")
+    library = [f"File /opt/venv/lib/python3.11/site-packages/lib/m{i}.py:1, in f{i}()\n"
+               + "-" * 150 for i in range(20)]
+    error = ErrorEvent(ename="KeyError", evalue="'k'", traceback=[
+        "-" * 75, "KeyError        Traceback (most recent call last)",
+        "Cell In[4], line 1\n----> 1 load()\n", *library, "KeyError: 'k'"])
+
+    capped = limiter.error(error)
+
+    assert capped is not None and limiter.truncated
+    assert "Cell In[4]" not in capped.text  # the cut dropped the cell's frame from the text
+    assert capped.short == ("Cell In[4], line 1\n----> 1 load()\n\n"
+                            "[... 20 frames in library code]\n\nKeyError: 'k'")
 
 
 def test_limiter_caps_display_count_and_size() -> None:

@@ -39,6 +39,27 @@ async def test_execute_gives_chart_of_a_boxplot_and_of_a_figure_result(
     assert box["elements"][0]["outliers"] == [100]
 
 
+async def test_execute_gives_line_charts_over_months_with_the_months_as_x(
+        shared_session: Session) -> None:
+    # pandas draws a non-numeric index at 0..11 and names every other tick; seaborn draws at
+    # the positions of matplotlib's category units
+    result = await shared_session.execute(
+        "import calendar, matplotlib.pyplot as plt, pandas as pd, seaborn as sns\n"
+        "df = pd.DataFrame({'month': list(calendar.month_abbr)[1:], 'sales': range(12)})\n"
+        "df.plot(x='month', y='sales')\n"
+        "plt.show()\n"
+        "sns.lineplot(data=df, x='month', y='sales')\n"
+        "plt.show()")
+    assert result.status == "ok", result.error
+    charts = [o.chart for o in result.outputs if o.chart is not None]
+    assert len(charts) == 2
+    for chart in charts:
+        assert (chart["type"], chart["x_scale"]) == ("line", "categorical")
+        points = [tuple(p) for p in chart["elements"][0]["points"]]
+        assert points[:3] == [("Jan", 0.0), ("Feb", 1.0), ("Mar", 2.0)]
+        assert points[-1] == ("Dec", 11.0)
+
+
 async def test_execute_reports_files_created_modified_and_deleted(session: Session) -> None:
     await run_ok(session, "open('edit.txt', 'w').write('one'); open('gone.txt', 'w').write('x')")
     result = await session.execute(
@@ -68,6 +89,6 @@ async def test_execute_gives_files_of_a_failing_cell(session: Session) -> None:
 async def test_execute_gives_traceback_as_plain_text(shared_session: Session, code: str) -> None:
     result = await shared_session.execute(code)
     assert result.error is not None
-    assert any("\x1b[" in line for line in result.error.traceback)  # Jupyter's stays coloured
+    assert any("\x1b[" in line for line in result.error.traceback_lines)  # Jupyter's, coloured
     assert "\x1b" not in result.error.text
     assert result.error.ename in result.error.text

@@ -80,6 +80,48 @@ def test_chart_of_categorical_line_keeps_categories() -> None:
         ("apple", 3.0), ("banana", 1.0), ("cherry", 2.0)]
 
 
+MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+
+def test_chart_of_points_at_category_positions_gives_their_names() -> None:
+    # a scatter over strings, and a line drawn at the positions the axis gave them (seaborn)
+    fig, ax = plt.subplots()
+    ax.scatter(MONTHS[:3], [5, 6, 7])
+    found = chart(fig)
+    assert found["x_scale"] == "categorical"
+    assert [tuple(p) for p in found["elements"][0]["points"]] == [
+        ("Jan", 5.0), ("Feb", 6.0), ("Mar", 7.0)]
+    fig, ax = plt.subplots()
+    ax.xaxis.update_units(MONTHS)
+    ax.plot(ax.xaxis.convert_units(MONTHS), range(12))
+    points = chart(fig)["elements"][0]["points"]
+    assert points[0] == ("Jan", 0.0) and points[-1] == ("Dec", 11.0)
+
+
+def test_chart_of_line_with_ticks_named_by_hand_gives_the_names() -> None:
+    fig, ax = plt.subplots()
+    ax.plot(range(12), range(12))
+    ax.set_xticks(range(12), MONTHS)
+    found = chart(fig)
+    assert found["x_scale"] == "categorical"
+    assert found["x_ticks"] == [float(i) for i in range(12)]
+    assert found["elements"][0]["points"][:2] == [("Jan", 0.0), ("Feb", 1.0)]
+
+
+@pytest.mark.parametrize(("ticks", "labels"), [
+    (range(3), ["0", "1", "2"]),             # numbers named as numbers
+    ([0, 5, 10], ["start", "mid", "end"]),   # a few landmarks on a numeric axis
+])
+def test_chart_of_numeric_axis_with_fixed_ticks_stays_numeric(ticks: Any,
+                                                              labels: list[str]) -> None:
+    fig, ax = plt.subplots()
+    ax.plot(range(11), range(11))
+    ax.set_xticks(ticks, labels)
+    found = chart(fig)
+    assert found["x_scale"] == "linear"
+    assert found["elements"][0]["points"][0] == (0.0, 0.0)
+
+
 def test_chart_of_scatter_gives_each_series() -> None:
     rng = np.random.default_rng(19680801)
     fig, ax = plt.subplots()
