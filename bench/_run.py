@@ -21,15 +21,17 @@ from bench._lifecycle import held, lifecycle, pause_with
 from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
+from bench._sizes import pause_sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
-ON_REQUEST = ("held", "pause_with")
+ON_REQUEST = ("held", "pause_with", "pause_sizes")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
-workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU)."""
+workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU;
+``pause_sizes`` holds gigabytes of memory and writes them to disk)."""
 
 
 def log(message: str) -> None:
@@ -56,7 +58,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             figures.sandbox_image, log)
         await _e2b_only(sizes, results)
         return _finish(results, started)
-    if wanted <= {"lifecycle", "held", "pause_with"}:  # gateways of ours, no other contenders
+    if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
         await _lifecycle_only(wanted, sizes, args, results)
@@ -187,6 +189,10 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
             await asyncio.gather(variables.wait_idle(1), memory.wait_idle(1))
             await _loaded(results, "pause with variables against pause with memory",
                           "pause_with", pause_with(variables, memory, sizes.starts_cold))
+    if "pause_sizes" in wanted:
+        log("pause and resume at 200 MiB and 1 GiB, against the disk")
+        results["pause_sizes"] = await pause_sizes()
+        log(json.dumps(results["pause_sizes"], indent=2))
     if "held" in wanted:
         log(f"{args.held_sessions} paused sessions held")
         results["held"] = await held(args.held_sessions, args.held_sample)

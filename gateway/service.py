@@ -21,7 +21,14 @@ from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
-from gateway.wire import CommandRequest, ExecutionOut, ForkRequest, SessionCreate, SessionOut
+from gateway.wire import (
+    CommandRequest,
+    ExecutionOut,
+    ForkRequest,
+    SessionCreate,
+    SessionOut,
+    TransferOut,
+)
 from kernel_pool import (
     CommandResult,
     EgressAttempt,
@@ -106,7 +113,9 @@ class Gateway:
             budget=self.governance.budget(self._tenant_of.get(session.id, ""), session),
             paused_with=paused.paused_with if paused else None,
             not_kept=paused.not_kept if paused else None,
-            snapshot_bytes=paused.image_bytes if paused else None, reason=session.reason)
+            snapshot_bytes=paused.image_bytes if paused else None, reason=session.reason,
+            transfer=TransferOut.model_validate(session.transfer.model_dump())
+            if session.transfer is not None else None)
 
     # -- sessions ----------------------------------------------------------------------------
 

@@ -142,6 +142,16 @@ class BudgetOut(BaseModel):
     lifetime_left_s: float | None = None
 
 
+class TransferOut(BaseModel):
+    """A pause or resume under way, for a progress bar: the variables' stream so far."""
+
+    operation: Literal["pause", "resume"]
+    done_bytes: int
+    total_bytes: int = Field(description="a pause: the sandbox's memory in use as it began "
+                             "(about the snapshot's size); a resume: the stored snapshot's "
+                             "size; 0 when not known")
+
+
 class SessionOut(BaseModel):
     """A session (CONTRACT.md's Session); the client's ``SessionInfo``."""
 
@@ -164,6 +174,8 @@ class SessionOut(BaseModel):
                                "or kept less than asked (a memory pause that kept the variables "
                                "only, a resume from the variables snapshot); the session runs "
                                "on or stays paused, restorable")
+    transfer: TransferOut | None = Field(None, description="while a pause or resume moves the "
+                                         "session's variables: how far it is")
 
 
 class ForkRequest(Strict):

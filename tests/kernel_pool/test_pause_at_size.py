@@ -75,8 +75,18 @@ big = np.arange(280 * 2**20 // 8, dtype=np.float64)
 frame = pd.DataFrame({"x": np.arange(1_000_000), "y": np.linspace(0, 1, 1_000_000)})
 alias = big
 """, timeout_s=120)
-    info = await session.pause()
+    pausing = asyncio.ensure_future(session.pause())
+    seen = []  # the pause's progress, as a UI polling the session sees it
+    while not pausing.done():
+        if session.transfer is not None:
+            seen.append((session.transfer.operation, session.transfer.done_bytes,
+                         session.transfer.total_bytes))
+        await asyncio.sleep(0.005)
+    info = await pausing
     assert session.paused and info.not_kept == {}, info
+    assert session.transfer is None
+    assert {operation for operation, _, _ in seen} == {"pause"}
+    assert any(0 < done for _, done, _ in seen) and all(total > 280 * MiB for *_, total in seen)
     assert info.raw_bytes > 290 * MiB  # the arrays' own bytes went out
     assert await run_ok(session, "print(big[-1], big is alias, frame['x'].sum(), "
                                  "round(frame['y'].sum()), big.flags.writeable)",
