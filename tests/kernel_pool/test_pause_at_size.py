@@ -86,7 +86,7 @@ alias = big
     assert session.paused and info.not_kept == {}, info
     assert session.transfer is None
     assert {operation for operation, _, _ in seen} == {"pause"}
-    assert any(0 < done for _, done, _ in seen) and all(total > 280 * MiB for *_, total in seen)
+    assert any(done > 0 for _, done, _ in seen) and all(total > 280 * MiB for *_, total in seen)
     assert info.raw_bytes > 290 * MiB  # the arrays' own bytes went out
     assert await run_ok(session, "print(big[-1], big is alias, frame['x'].sum(), "
                                  "round(frame['y'].sum()), big.flags.writeable)",
