@@ -322,6 +322,19 @@ settle_engine_pid_files() {
 
 ensure_image() { "$VENV/bin/replgate" image build; }
 
+# zstd compresses pause snapshots as they stream out of the sandbox (without it they are stored
+# uncompressed: a pause still works, its files are larger).
+ensure_zstd() {
+  command -v zstd >/dev/null 2>&1 && return
+  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    say "no zstd, and installing it needs root: paused sessions will be stored uncompressed"; return
+  fi
+  say "installing Debian's zstd (pause snapshots are compressed with it)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zstd \
+    >/dev/null || say "could not install zstd: paused sessions will be stored uncompressed"
+}
+
 # The web UI's tests drive Debian's Chromium (no browser download happens anywhere).
 ensure_browser() {
   command -v chromium >/dev/null 2>&1 && return
@@ -391,12 +404,12 @@ ensure_postgres() {
 cmd=${1:-}; shift || true
 case "$cmd" in
   serve)
-    ensure_venv serve; ensure_engine; ensure_criu; ensure_image
+    ensure_venv serve; ensure_engine; ensure_criu; ensure_zstd; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
   lock)
     update_locks "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_criu; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
+    ensure_venv dev; ensure_engine; ensure_criu; ensure_zstd; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
     ensure_postgres
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg
