@@ -134,7 +134,9 @@ def test_shell_fork_bomb_is_reaped_at_execution_end(hostile: Hostile, sid: str) 
     # The bomb's processes leave the kernel's tree (their parents exit) and keep forking at
     # the pids limit: all are stopped, then killed, before the execution's result comes.
     result = hostile.run(sid, shell_bomb(2), timeout_s=30)
-    assert result["status"] == "ok" and result["stdout"].endswith("bombed\n"), brief(result)
+    assert result["status"] == "ok", brief(result)
+    # Its "Cannot fork" lines may fill the output cap, the last line then kept in a file only.
+    assert result["truncated"] or result["stdout"].endswith("bombed\n"), brief(result)
     assert not result["restarted"] and result["reaped"] >= 1, brief(result)
     # At once, no wait for a straggler: PID 1 and the kernel run, nothing else.
     assert len(running_processes(hostile, sid)) == 2, hostile.host_processes(sid)
