@@ -123,6 +123,11 @@ class ExecutionRun:
         self._lines = LineJoiner()
         self._restart_reason = restarted_before
         """Why the kernel was restarted before this execution (it then says so)."""
+        self.sent_ns: int | None = None
+        """When ``execute_request`` went to the kernel (``time.time_ns()``, for traces)."""
+        self.idle_ns: int | None = None
+        """When the kernel was idle again, its reply and output in (or the run otherwise
+        ended: a timeout, a death)."""
 
     def interrupt(self) -> bool:
         """Ask for the run to stop (status ``interrupted``); False if it is not running."""
@@ -148,6 +153,7 @@ class ExecutionRun:
         msg_id, route = self.kernel.request("execute_request", {
             "code": self.code, "silent": False, "store_history": True, "user_expressions": {},
             "allow_stdin": False, "stop_on_error": True})
+        self.sent_ns = time.time_ns()
         self._route = route
         try:
             # Read after sending: the readings overlap the message's way to the kernel instead
@@ -155,6 +161,7 @@ class ExecutionRun:
             before = await self.kernel.sandbox.usage()
             peak_reset = await self.kernel.sandbox.reset_peak_memory()
             done = await self._loop(route, emit, started)
+            self.idle_ns = time.time_ns()
         finally:
             self.kernel.forget(msg_id)
             self._route = None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
+from kernel_pool._caused import CausedAction, act_for
 from kernel_pool._execution import ExecutionRun
 from kernel_pool.events import DoneEvent, Event, Execution, ExecutionBuilder, ExecutionStatus
 
@@ -29,6 +31,14 @@ class ExecutionHandle:
         self.done: DoneEvent | None = None
         self.started_at = utcnow()
         self.finished_at: str | None = None
+        # Wall-clock marks (``time.time_ns()``) for traces: submitted, out of the queue (the
+        # session's lock taken), and done; the run's own are on ``run`` (``sent_ns``, ``idle_ns``).
+        self.submitted_ns = time.time_ns()
+        self.dequeued_ns: int | None = None
+        self.done_ns: int | None = None
+        self.actions: list[CausedAction] = []
+        """Lifecycle actions this execution caused (a resume, a restore, a restart, another
+        session's pause), timed, in the order they ended."""
         self._execution: Execution | None = None
         self.run: ExecutionRun | None = None
         self.gate: Gate | None = None
@@ -39,9 +49,16 @@ class ExecutionHandle:
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
 
+    def dequeued(self) -> None:
+        """Its turn came (the session's lock is taken): what its task does from here on, it
+        caused (see :func:`~kernel_pool._caused.caused`)."""
+        self.dequeued_ns = time.time_ns()
+        act_for(self)
+
     def _add(self, event: Event) -> None:
         self.events.append(event)
         if isinstance(event, DoneEvent):
+            self.done_ns = time.time_ns()
             self.done = event
             self.finished_at = utcnow()
             self._finished.set()

@@ -29,6 +29,7 @@ import zmq.asyncio
 from jupyter_client.adapter import adapt
 from jupyter_client.session import Session as MessageSession
 
+from kernel_pool._caused import caused
 from kernel_pool._channel import wait_disconnect
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
@@ -473,6 +474,7 @@ class Kernel:
                 socket.close(linger=0)
             self._sockets.clear()
 
+    @caused("restart")
     async def restart(self) -> None:
         """Kill every process in the sandbox and start a fresh kernel (new key), same files."""
         self.state = KernelState.RESTARTING

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 
+from kernel_pool._caused import caused
 from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
@@ -34,6 +35,7 @@ from kernel_pool._snapshot import (
     load_variables,
     save_variables,
 )
+from kernel_pool._usage import SandboxUsage, read_usage
 from kernel_pool._workspace import Entry, FileInfo, Workspace, split_relative
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile
@@ -290,6 +292,7 @@ class Session:
     async def _execute(self, handle: ExecutionHandle) -> None:
         try:
             async with self._lock:
+                handle.dequeued()
                 if self._closed:
                     raise SessionClosed(self.id)
                 if handle.withdrawn is not None:
@@ -376,6 +379,7 @@ class Session:
 
     # -- pause, resume ---------------------------------------------------------------------
 
+    @caused("pause")
     async def pause(self) -> PauseInfo:
         """Keep the session's variables in a snapshot and stop its kernel and container.
 
@@ -618,6 +622,7 @@ class Session:
                 raise SessionClosed(self.id)
             await self._resume_locked()
 
+    @caused("resume")
     async def _resume_locked(self) -> None:
         if not self.paused or self.lifecycle is None:
             return
@@ -647,6 +652,7 @@ class Session:
         else:
             await self._resume_in_place(store, reseed)
 
+    @caused("restore")
     async def _restore(self) -> str | None:
         """Resume from the memory image: the sandbox restored, its kernel as it was. None
         when it ran; else why not (the kernel is paused again, for a resume from the
@@ -920,6 +926,10 @@ class Session:
     def sandbox_info(self) -> SandboxInfo:
         """What a restarted gateway needs to take this session's sandbox back."""
         return self.kernel.sandbox.get_info()
+
+    async def usage(self) -> SandboxUsage:
+        """The sandbox's CPU time, memory and workspace disk in use now, and its limits."""
+        return await read_usage(self.kernel.sandbox, self.workspace, self.profile, self.paused)
 
     def egress_attempts(self) -> list[EgressAttempt]:
         """The latest connection attempts through the sandbox's egress proxy (none without)."""
