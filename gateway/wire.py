@@ -97,6 +97,7 @@ __all__ = [
     "SessionOut",
     "StreamEvent",
     "Timeout",
+    "TransferFrame",
     "UpdateDisplayEvent",
     "WsClientMessage",
     "WsCommand",
@@ -385,6 +386,23 @@ class LaggedFrame(Frame):
 
     type: Literal["lagged"] = "lagged"
     detail: str
+
+
+class TransferFrame(Frame):
+    """On the session and watch sockets: a pause or resume of the session moving its
+    variables, for a progress bar. Sent as it starts, at most every 250 ms while its bytes
+    advance, and once at its end (``state`` done or failed)."""
+
+    type: Literal["transfer"] = "transfer"
+    execution_id: str | None = Field(
+        None, description="the execution whose start resumed the paused session (its output "
+        "follows); null for a pause, or a resume asked by itself")
+    operation: Literal["pause", "resume"]
+    state: Literal["running", "done", "failed"] = Field(
+        description="done: every byte moved (done_bytes == total_bytes); failed: the session "
+        "runs on, or stays paused, restorable (its reason says why)")
+    done_bytes: int
+    total_bytes: int = Field(description="as the Session's transfer says; 0 when not known")
 
 
 # -- Jupyter's kernel API (``/api/kernels``) ----------------------------------------------------

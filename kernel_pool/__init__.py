@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import Denial, ExecutionHandle, Gate
     from kernel_pool._pool import KernelPool
-    from kernel_pool._session import Listener, Session, SessionStatus
-    from kernel_pool._snapshot import PauseInfo
+    from kernel_pool._session import Listener, Session, SessionStatus, TransferListener
+    from kernel_pool._snapshot import PauseInfo, Transfer
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
@@ -133,6 +133,8 @@ __all__ = [
     "StateDirFull",
     "StreamEvent",
     "TooManyCommands",
+    "Transfer",
+    "TransferListener",
     "UpdateDisplayEvent",
     "WorkspaceError",
     "WorkspaceFull",
@@ -196,6 +198,8 @@ _HOMES = {
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",
+    "Transfer": "kernel_pool._snapshot",
+    "TransferListener": "kernel_pool._session",
     "UpdateDisplayEvent": "kernel_pool.events",
     "WorkspaceError": "kernel_pool.exceptions",
     "WorkspaceFull": "kernel_pool.exceptions",

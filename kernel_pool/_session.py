@@ -112,6 +112,12 @@ def _why(exc: BaseException) -> str:
 
 Listener = Callable[["Session", ExecutionHandle, Event | None], None]
 """Called when an execution starts (event None) and for each of its events."""
+TransferListener = Callable[["Session", Transfer], None]
+"""Called on the event loop as a pause or resume moves the session's variables: when it
+starts, at most every :data:`TRANSFER_REPORT_S` while its bytes advance, and once at its end
+(``state`` done or failed). Each call gets a copy of its own."""
+TRANSFER_REPORT_S = 0.25
+"""How often a transfer's progress is told: a bar moves smoothly, a socket is not flooded."""
 
 class Session:
     """One kernel with its workspace. Executions queue (bounded) and run one at a time."""
@@ -158,6 +164,9 @@ class Session:
         does not pause it by itself again, until a pause asked for succeeds."""
         self.transfer: Transfer | None = None
         """The pause or resume moving the session's variables now, with its progress."""
+        self.transfer_listeners: list[TransferListener] = []
+        self._resuming_for: str | None = None
+        """The execution whose start is resuming the session (its transfer names it)."""
         self._lost: str | None = None
         """Why the kernel was restarted since the last execution (it died between two): the
         next execution says so (``restarted``), so no variable vanishes silently."""
@@ -366,6 +375,7 @@ class Session:
     async def _resume_failed(self, handle: ExecutionHandle) -> bool:
         """Resume a paused session for an execution; if it cannot, end the execution (an
         error with the reason) and leave the session paused."""
+        self._resuming_for = handle.id
         try:
             await self._resume_locked()
             return False
@@ -376,6 +386,8 @@ class Session:
             self._publish(handle, DoneEvent(status=ExecutionStatus.ERROR, execution_count=None,
                                             duration_ms=0.0, reason=reason))
             return True
+        finally:
+            self._resuming_for = None
 
     # -- pause, resume ---------------------------------------------------------------------
 
@@ -597,11 +609,44 @@ class Session:
             stored = await anyio.to_thread.run_sync(
                 self.lifecycle.snapshots.variables_only, self.id, PauseInfo())
             total = stored.image_bytes
-        self.transfer = Transfer(operation=operation, total_bytes=total)
+        transfer = self.transfer = Transfer(operation=operation, total_bytes=total,
+                                            execution_id=self._resuming_for)
+        self._tell(transfer.model_copy())
+        reporter = asyncio.create_task(self._report(transfer), name=f"transfer-{self.id}")
+        self._tasks.add(reporter)
+        reporter.add_done_callback(self._tasks.discard)
         try:
-            return await moving
+            result = await moving
+        except BaseException:
+            ended = transfer.model_copy(update={"state": "failed"})
+            raise
+        else:
+            # Every byte moved; a pause's size is known only now: what the kernel wrote.
+            size = max(transfer.done_bytes, result.raw_bytes if operation == "pause"
+                       else transfer.total_bytes)
+            ended = transfer.model_copy(update={"state": "done", "done_bytes": size,
+                                                "total_bytes": size})
         finally:
+            reporter.cancel()
             self.transfer = None
+            self._tell(ended)
+        return result
+
+    async def _report(self, transfer: Transfer) -> None:
+        """Tell the listeners ``transfer``'s progress while it advances (until cancelled)."""
+        told = transfer.done_bytes
+        while True:
+            await asyncio.sleep(TRANSFER_REPORT_S)
+            if transfer.done_bytes != told:
+                told = transfer.done_bytes
+                self._tell(transfer.model_copy())
+
+    def _tell(self, transfer: Transfer) -> None:
+        for listener in list(self.transfer_listeners):
+            try:
+                listener(self, transfer)
+            except Exception:
+                logger.exception("session transfer listener failed")
 
     def _progress(self, done: int) -> None:
         """A stream's progress (called from its worker thread: one attribute's store)."""

@@ -113,6 +113,12 @@ class Transfer(BaseModel):
     total_bytes: int = 0
     """A pause: the sandbox's memory in use as it began (what the snapshot is about the size
     of); a resume: the stored snapshot's size. 0 when not known."""
+    state: Literal["running", "done", "failed"] = "running"
+    """Running while it moves. Its last report says how it ended: done (every byte moved,
+    ``done_bytes == total_bytes``: a pause's total is then what the kernel wrote) or failed
+    (the session runs on, or stays paused, as :attr:`Session.reason` says)."""
+    execution_id: str | None = None
+    """The execution whose start resumed the paused session (it runs once this is done)."""
 
 
 class SnapshotStore:

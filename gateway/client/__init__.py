@@ -27,6 +27,7 @@ from gateway.wire import (
     FileWritten,
     Output,
     StreamEvent,
+    TransferFrame,
 )
 from gateway.wire import SessionOut as SessionInfo
 
@@ -79,6 +80,7 @@ __all__ = [
     "ToolSession",
     "ToolSessionOf",
     "ToolSpec",
+    "TransferFrame",
     "TransportError",
     "render_execution",
     "tool_specs",

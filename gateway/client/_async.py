@@ -14,7 +14,14 @@ from gateway.wire import SessionOut as SessionInfo
 from ._commands import AsyncCommands
 from ._errors import NotFoundError
 from ._files import AsyncFiles
-from ._stream import DisplayCallback, ErrorCallback, ExecutionStream, Handlers, StreamCallback
+from ._stream import (
+    DisplayCallback,
+    ErrorCallback,
+    ExecutionStream,
+    Handlers,
+    StreamCallback,
+    TransferCallback,
+)
 from ._tools import SandboxTools
 from ._transport import EXECUTE_TIMEOUT, Transport
 
@@ -91,6 +98,7 @@ class AsyncSandbox:
                        on_stderr: StreamCallback | None = None,
                        on_display: DisplayCallback | None = None,
                        on_error: ErrorCallback | None = None,
+                       on_transfer: TransferCallback | None = None,
                        timeout: float | None = None,  # noqa: ASYNC109  (see docstring)
                        whole_lines: bool = True,
                        ) -> Execution:
@@ -99,13 +107,17 @@ class AsyncSandbox:
         Each callback (a function or a coroutine function) gets the typed event as it arrives:
         ``on_display`` gets ``display`` and ``result`` events. ``on_stdout``/``on_stderr`` get
         whole lines (an unfinished one once the code ends it, or at the next display, error or
-        the end); ``whole_lines=False`` passes each text as the gateway sent it. ``timeout``
+        the end); ``whole_lines=False`` passes each text as the gateway sent it. When the session
+        is paused, the code's run resumes it first: ``on_transfer`` gets that resume's progress
+        (a :class:`TransferFrame`: ``done_bytes`` of ``total_bytes``, ``state``) before any
+        output. ``timeout``
         (seconds) overrides the session's time limit, which the gateway enforces (the answer is
         then ``status == "timeout"``). Returns the aggregate once the execution is done. Cancelling
         the call does not stop the code in the kernel: use :meth:`interrupt` for that.
         """
         handlers = Handlers(on_stdout=on_stdout, on_stderr=on_stderr, on_display=on_display,
-                            on_error=on_error, whole_lines=whole_lines)
+                            on_error=on_error, on_transfer=on_transfer,
+                            whole_lines=whole_lines)
         return await self._stream.run(code, timeout, handlers)
 
     async def execute_http(self, code: str, *,

@@ -4,7 +4,8 @@ One socket per sandbox, opened on first use, kept across executions and reopened
 closed. Executions on it run one at a time: each sends ``{"type": "execute", "id": ...}`` and
 reads until the ``done`` event carrying that id, skipping events of any other execution (such as
 the rest of one whose caller was cancelled). A ``rejected`` frame for it (a refused timeout, a
-full queue, code over the size limit) raises the matching :class:`ReplgateError` at once.
+full queue, code over the size limit) raises the matching :class:`ReplgateError` at once. A
+paused session's resume that the execution causes comes first, as ``transfer`` frames.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.wire import (
     Execution,
     ExecutionBuilder,
     StreamEvent,
+    TransferFrame,
     WsExecute,
 )
 
@@ -40,6 +42,7 @@ from ._errors import (
     TransportError,
     error_for_status,
 )
+from ._tracecontext import trace_fields
 
 StreamCallback = Callable[[StreamEvent], object]
 """Called with each ``stdout``/``stderr`` event; may be a plain function or a coroutine function."""
@@ -47,6 +50,9 @@ DisplayCallback = Callable[[DisplayEvent], object]
 """Called with each ``display``/``result`` event; plain function or coroutine function."""
 ErrorCallback = Callable[[ErrorEvent], object]
 """Called with the ``error`` event of an exception in the code; plain or coroutine function."""
+TransferCallback = Callable[[TransferFrame], object]
+"""Called with the progress of the paused session's resume the execution waits for (before
+any output); plain function or coroutine function."""
 
 # A rich output (an image) arrives as one message; the gateway caps outputs, so this bound only
 # guards against a misbehaving peer, well above websockets' 1 MiB default.
@@ -67,6 +73,7 @@ class Handlers:
     on_stderr: StreamCallback | None = None
     on_display: DisplayCallback | None = None
     on_error: ErrorCallback | None = None
+    on_transfer: TransferCallback | None = None
     whole_lines: bool = True
     _held: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -94,6 +101,8 @@ class Handlers:
             callback = self.on_display
         elif isinstance(event, ErrorEvent):
             callback = self.on_error
+        elif isinstance(event, TransferFrame):
+            callback = self.on_transfer
         if callback is not None:
             result = callback(event)
             if inspect.isawaitable(result):
@@ -114,7 +123,7 @@ class ExecutionStream:
         execution_id = str(uuid.uuid4())
         # Not validated here: the gateway judges the values, and its answer names the limit.
         request = WsExecute.model_construct(type="execute", code=code, id=execution_id,
-                                            timeout_s=timeout_s)
+                                            timeout_s=timeout_s, **trace_fields())
         builder = ExecutionBuilder()
         async with self._lock:
             socket = await self._send(request.model_dump_json(exclude_none=True), execution_id)
@@ -122,7 +131,8 @@ class ExecutionStream:
                 event = await self._receive(socket, execution_id)
                 if event is None:
                     continue
-                builder.add(event)
+                if not isinstance(event, TransferFrame):
+                    builder.add(event)
                 await handlers.dispatch(event)
                 if isinstance(event, DoneEvent):
                     return builder.build()
@@ -169,9 +179,12 @@ class ExecutionStream:
             # is one whose message it could not read, and this socket carries one message at
             # a time: ours.
             raise _rejected_error(message, execution_id)
-        if message.get("execution_id") != execution_id or message.get("type") not in EVENT_TYPES:
+        kind = message.get("type")
+        if message.get("execution_id") != execution_id or kind not in {*EVENT_TYPES, "transfer"}:
             return None  # another execution's event, or a kind this client predates
         try:
+            if kind == "transfer":
+                return TransferFrame.model_validate(message)
             return EventFrame.model_validate(message).event
         except ValidationError as exc:
             raise ReplgateError(f"The gateway sent an event this client cannot read: {exc}",

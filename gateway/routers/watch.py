@@ -5,12 +5,15 @@ browser). It first gets the history: each past execution as an ``{"type": "execu
 "execution_id", "code", "started_at"}`` frame followed by its stored events, then a
 ``{"type": "history_end"}`` frame, then live frames in the same shapes: an ``execution`` frame
 when an execution starts, then its events as the session WebSocket sends them
-(:class:`gateway.wire.EventFrame`). Clients send nothing (anything sent is ignored).
+(:class:`gateway.wire.EventFrame`). A pause or resume of the session comes live as
+``transfer`` frames (:class:`gateway.wire.TransferFrame`), for a progress bar. Clients send
+nothing (anything sent is ignored).
 
 Each watcher has a bounded queue fed by a :data:`Session.listeners <kernel_pool.Listener>`
-callback, which never blocks the session. A watcher that falls :data:`WATCH_BUFFER` events
-behind gets ``{"type": "lagged"}`` and the socket is closed with 1013 (try again later); it
-reconnects and gets the history again. When the session is deleted the socket closes with 4404.
+callback (and a transfer listener), which never blocks the session. A watcher that falls
+:data:`WATCH_BUFFER` events behind gets ``{"type": "lagged"}`` and the socket is closed with
+1013 (try again later); it reconnects and gets the history again. When the session is
+deleted the socket closes with 4404.
 
 Catching up without gaps or repeats: the listener is attached before the history is read, and
 executions whose finished record is not yet stored are replayed from their live handles. Each
@@ -26,7 +29,7 @@ import contextlib
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from gateway.errors import DOMAIN_ERRORS, WS_CLOSE_LAGGED, close_code_for
-from gateway.routers.ws import accept_session
+from gateway.routers.ws import accept_session, transfer_frame
 from gateway.service import Gateway
 from gateway.store import RUNNING
 from gateway.wire import (
@@ -36,8 +39,9 @@ from gateway.wire import (
     Frame,
     HistoryEndFrame,
     LaggedFrame,
+    TransferFrame,
 )
-from kernel_pool import ExecutionHandle, Session, SessionClosed
+from kernel_pool import ExecutionHandle, Session, SessionClosed, Transfer
 
 __all__ = ["WATCH_BUFFER", "WS_CLOSE_LAGGED", "Lagged", "Watcher", "router", "watch"]
 
@@ -48,7 +52,7 @@ WATCH_BUFFER = 1024
 CLOSED_POLL_S = 2.0
 """How often a quiet watcher checks that its session still exists."""
 
-Item = tuple[ExecutionHandle, Event | None, int]
+Item = tuple[ExecutionHandle, Event | None, int] | TransferFrame
 
 
 class Lagged(Exception):
@@ -58,9 +62,10 @@ class Lagged(Exception):
 class Watcher:
     """A bounded queue of one session's execution starts and events, as a session listener.
 
-    Attach it with ``session.listeners.append(watcher)``. The listener call never blocks and
-    never raises: when the queue is full the watcher is marked lagged and stops queueing, and
-    :meth:`next` raises :class:`Lagged`.
+    Attach it with ``session.listeners.append(watcher)`` (and its :meth:`transferred` to
+    ``session.transfer_listeners``). The listener calls never block and never raise: when
+    the queue is full the watcher is marked lagged and stops queueing, and :meth:`next`
+    raises :class:`Lagged`.
     """
 
     def __init__(self, maxsize: int = WATCH_BUFFER) -> None:
@@ -68,11 +73,18 @@ class Watcher:
         self.lagged = False
 
     def __call__(self, session: Session, handle: ExecutionHandle, event: Event | None) -> None:
+        # The position is how many of the execution's events exist with this one included.
+        self._put((handle, event, len(handle.events)))
+
+    def transferred(self, session: Session, transfer: Transfer) -> None:
+        """A transfer listener: the session's pause or resume, as its frame."""
+        self._put(transfer_frame(transfer))
+
+    def _put(self, item: Item) -> None:
         if self.lagged:
             return
         try:
-            # The position is how many of the execution's events exist with this one included.
-            self._queue.put_nowait((handle, event, len(handle.events)))
+            self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self.lagged = True
 
@@ -97,6 +109,7 @@ async def watch_socket(websocket: WebSocket, session_id: str) -> None:
     gateway, tenant, session = found
     watcher = Watcher()
     session.listeners.append(watcher)
+    session.transfer_listeners.append(watcher.transferred)
     # Taken in the same step as attaching the listener: nothing can finish in between.
     live = [h for h in gateway.live_executions(session.id) if h.run is not None or h.events]
     reader = asyncio.create_task(_until_disconnect(websocket))
@@ -106,6 +119,8 @@ async def watch_socket(websocket: WebSocket, session_id: str) -> None:
     finally:
         with contextlib.suppress(ValueError):
             session.listeners.remove(watcher)
+        with contextlib.suppress(ValueError):
+            session.transfer_listeners.remove(watcher.transferred)
         for task in (reader, sender):
             task.cancel()
         for task in (reader, sender):
@@ -166,6 +181,9 @@ async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: Se
                 await websocket.close(code=close_code_for(SessionClosed(session.id)),
                                       reason="session was deleted")
                 return
+            continue
+        if isinstance(item, TransferFrame):
+            await send(item)
             continue
         handle, event, position = item
         if handle.id not in sent:

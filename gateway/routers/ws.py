@@ -4,6 +4,10 @@ One sender task owns the socket's writes; each execution's events reach it throu
 queue, so a client that reads slowly slows only its own forwarding (the execution itself runs
 on, its capped events kept in the session). A client that disconnects leaves its executions
 running; their results stay in the session's history.
+
+Every pause or resume of the session while the socket is open, whoever asked for it, is
+streamed as ``transfer`` frames (:class:`gateway.wire.TransferFrame`); one that an execution's
+start caused carries that execution's id and comes before its output.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ from gateway.wire import (
     InterruptedFrame,
     RejectedFrame,
     StreamEvent,
+    TransferFrame,
     WsClientMessage,
     WsCommand,
     WsExecute,
     WsKillCommand,
 )
-from kernel_pool import ExecutionHandle, Session
+from kernel_pool import ExecutionHandle, Session, Transfer, TransferListener
 
 router = APIRouter()
 _MESSAGE = TypeAdapter(WsClientMessage)
@@ -90,6 +95,8 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
     outbox: asyncio.Queue[Frame] = asyncio.Queue(SEND_BUFFER)
     forwarders: set[asyncio.Task[None]] = set()
     sender = asyncio.create_task(_send_all(websocket, outbox))
+    transfers = _transfers_into(outbox, forwarders)
+    session.transfer_listeners.append(transfers)
     try:
         while True:
             raw = await websocket.receive_text()
@@ -99,6 +106,8 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
     except WebSocketDisconnect:
         pass
     finally:
+        with contextlib.suppress(ValueError):
+            session.transfer_listeners.remove(transfers)
         for task in (*forwarders, sender):
             task.cancel()
         for task in (*forwarders, sender):
@@ -131,6 +140,27 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
     forwarders.add(task)
     task.add_done_callback(forwarders.discard)
     return None
+
+
+def transfer_frame(transfer: Transfer) -> TransferFrame:
+    """A session's transfer as the sockets send it."""
+    return TransferFrame.model_validate(transfer.model_dump())
+
+
+def _transfers_into(outbox: asyncio.Queue[Frame],
+                    forwarders: set[asyncio.Task[None]]) -> TransferListener:
+    """A transfer listener queueing frames for this socket, never blocking the session: a
+    client too far behind misses progress frames, but a transfer's end waits for room."""
+    def told(_session: Session, transfer: Transfer) -> None:
+        frame = transfer_frame(transfer)
+        try:
+            outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            if transfer.state != "running":
+                task = asyncio.create_task(outbox.put(frame))
+                forwarders.add(task)
+                task.add_done_callback(forwarders.discard)
+    return told
 
 
 def _rejected(execution_id: str | None, exc: BaseException) -> RejectedFrame:

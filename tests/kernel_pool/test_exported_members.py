@@ -17,7 +17,7 @@ EXPORTED = [
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "Session", "SessionClosed", "SessionNotFound",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "UpdateDisplayEvent",
+    "TooManyCommands", "Transfer", "TransferListener", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py"}
