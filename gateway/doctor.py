@@ -4,12 +4,14 @@
 It reads the same settings and policy file as ``replgate serve`` and asks the Docker engine
 what it offers: that the engine answers, that each profile's image is there, that each
 profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line),
-and whether pauses can keep a kernel's whole memory (CRIU and the engine's experimental mode);
-their absence is not a problem (pauses keep the variables), so that line never fails.
+and whether pauses can keep a kernel's whole memory (CRIU and the engine's experimental mode)
+and compress their snapshots (``zstd``); their absence is not a problem (pauses keep the
+variables, stored uncompressed), so those lines never fail.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 import docker
@@ -57,7 +59,17 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
     support = checkpoint_support(info)
     found.append((True, memory_pauses(support, pool.pause_with)))
     found.append((True, kernel_templates(support, pool.kernel_templates)))
+    found.append((True, snapshot_compression(shutil.which("zstd"))))
     return found
+
+
+def snapshot_compression(zstd: str | None) -> str:
+    """The doctor's line on compressing pause snapshots with the host's ``zstd`` (never a
+    problem: without it snapshots are stored as they are, larger on disk)."""
+    if zstd is None:
+        return ("pause snapshots: stored uncompressed, no zstd on PATH; install Debian's "
+                "(sudo apt-get install zstd; ./run.sh does)")
+    return f"pause snapshots: compressed as they stream, by {zstd} (zstd --fast=1, all cores)"
 
 
 def kernel_templates(support: CheckpointSupport, wanted: bool) -> str:

@@ -8,7 +8,7 @@ import sys
 
 import docker
 
-from gateway.doctor import kernel_templates, memory_pauses
+from gateway.doctor import kernel_templates, memory_pauses, snapshot_compression
 from kernel_pool.backends.docker import CheckpointSupport
 from tests.conftest import REPO
 
@@ -27,6 +27,8 @@ def test_doctor_passes_gvisor_profile_on_configured_engine(
     # ./run.sh installs CRIU 4.2 and runs its engine in experimental mode
     assert "ok      memory pauses: available; criu 4.2" in done.stdout
     assert "ok      kernel templates: available;" in done.stdout
+    # ./run.sh installs Debian's zstd too
+    assert "ok      pause snapshots: compressed as they stream, by /" in done.stdout
     assert "PROBLEM" not in done.stdout
 
 
@@ -51,3 +53,11 @@ def test_kernel_templates_line_says_why_kernels_boot() -> None:
         "kernel templates: not available, so kernels boot; no criu on root's PATH")
     assert kernel_templates(missing, False) == (
         "kernel templates: off (REPLGATE_KERNEL_TEMPLATES=false), so kernels boot")
+
+
+def test_snapshot_compression_line_without_zstd_names_the_package() -> None:
+    assert snapshot_compression(None) == (
+        "pause snapshots: stored uncompressed, no zstd on PATH; install Debian's "
+        "(sudo apt-get install zstd; ./run.sh does)")
+    assert snapshot_compression("/usr/bin/zstd") == (
+        "pause snapshots: compressed as they stream, by /usr/bin/zstd (zstd --fast=1, all cores)")
