@@ -45,6 +45,7 @@
     pollTimer: null,
     approvalsAsked: 0,   // sequence number of the latest GET /v1/approvals
     refreshTimer: null,
+    transferTimer: null,  // hides the pause/resume bar a moment after its transfer ended
   };
 
   // -- small helpers -----------------------------------------------------------------------
@@ -369,6 +370,10 @@
       showSessionTitle(current.id, current);
       setStatusBadge($("session-status"), current.status);
       renderBudget(current.budget);
+      // Opened while a pause or resume runs: the bar shows before its next frame comes.
+      if (current.transfer && $("transfer").hidden) {
+        showTransfer({ ...current.transfer, state: "running" });
+      }
     }
     showBusy();
   }
@@ -548,6 +553,8 @@
     state.watch = null;
     state.runner = null;
     state.runnerQueue = [];
+    clearTimeout(state.transferTimer);
+    $("transfer").hidden = true;
     state.cells.clear();
     state.displays.clear();
     for (const cell of document.querySelectorAll("#transcript .cell")) cell.remove();
@@ -616,11 +623,41 @@
       case "execution":
         startCell(frame.execution_id, frame.code, frame.started_at);
         return;
+      case "transfer":
+        showTransfer(frame);
+        return;
       default: {
         const cell = state.cells.get(frame.execution_id);
         if (cell) addEvent(cell, frame);
       }
     }
+  }
+
+  // -- pause and resume progress -------------------------------------------------------------
+
+  // A pause or resume of the watched session moving its variables: a bar while it runs, its
+  // outcome for a moment after it ends.
+  function showTransfer(frame) {
+    const box = $("transfer");
+    const total = frame.total_bytes;
+    const pct = total ? Math.min(100, Math.floor((100 * frame.done_bytes) / total)) : 0;
+    const verb = frame.operation === "pause" ? "Pausing" : "Resuming";
+    box.dataset.operation = frame.operation;
+    box.dataset.state = frame.state;
+    box.setAttribute("aria-valuenow", String(pct));
+    $("transfer-bar").style.width = `${pct}%`;
+    clearTimeout(state.transferTimer);
+    if (frame.state === "running") {
+      const of = total ? ` of ${formatSize(total)}` : "";
+      $("transfer-text").textContent = `${verb}: ${formatSize(frame.done_bytes)}${of}`;
+    } else {
+      const past = frame.operation === "pause" ? "Paused" : "Resumed";
+      $("transfer-text").textContent = frame.state === "done"
+        ? `${past}: ${formatSize(frame.done_bytes)}` : `${verb} failed`;
+      state.transferTimer = setTimeout(() => { box.hidden = true; }, 2000);
+      refreshSessions().catch(() => {});
+    }
+    box.hidden = false;
   }
 
   // -- running code ------------------------------------------------------------------------
