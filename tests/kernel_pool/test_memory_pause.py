@@ -383,18 +383,22 @@ async def test_cancelled_memory_pause_ends_paused_with_variables(
         await memory_pool.delete_session(session.id)
 
 
-def runc_checkpoint_of(container_id: str) -> int | None:
-    """The pid of ``runc checkpoint`` of that container, if one runs."""
+def dump_of(container_id: str) -> int | None:
+    """The pid of ``runc checkpoint`` of that container, or of the ``nsenter`` running CRIU's
+    dump of a kernel's tree inside a container (only this test's dumps at the time), if one
+    runs."""
     for entry in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             if b"checkpoint" in argv and container_id.encode() in argv:
                 return int(entry.name)
+            if argv[0].endswith(b"nsenter") and b"dump" in argv:
+                return int(entry.name)
     return None
 
 
 def children_of(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (runc's criu)."""
+    """The processes whose parent is ``pid`` (runc's or nsenter's criu)."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, ValueError):
@@ -414,19 +418,19 @@ async def test_memory_pause_cancelled_mid_dump_settles_and_leaves_no_dump_runnin
     try:
         await run_ok(session, "x = 41")
         pausing = asyncio.create_task(session.pause())
-        runc = None
-        for _ in range(3000):  # the variables snapshot first, then runc's dump: 0.3 s or so
-            runc = runc_checkpoint_of(container_id)
-            if runc is not None or pausing.done():
+        dumper = None
+        for _ in range(3000):  # the variables snapshot first, then the dump: 0.3 s or so
+            dumper = dump_of(container_id)
+            if dumper is not None or pausing.done():
                 break
             await asyncio.sleep(0.002)
-        assert runc is not None, "the dump was not seen running"
-        dumpers = [runc, *children_of(runc)]
+        assert dumper is not None, "the dump was not seen running"
+        dumpers = [dumper, *children_of(dumper)]
         pausing.cancel()  # as a gateway shutting down cancels the pauses it started
         with contextlib.suppress(asyncio.CancelledError):
             await pausing
 
-        # The dump ended before the pause gave up: no runc or criu of it runs unowned.
+        # The dump ended before the pause gave up: no runc, nsenter or criu of it runs unowned.
         assert still_there(dumpers) == []
         assert engine_checkpoints(docker_client, container_id) == []  # what it made, gone
         assert session.kernel.state is KernelState.PAUSED  # paused, not dead (and restarted)

@@ -44,6 +44,7 @@ from kernel_pool.backends.base import (
 from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
+    TREE_KEY,
     CheckpointError,
     Packing,
     checkpoint_dir,
@@ -99,6 +100,9 @@ from kernel_pool.backends.docker._template import find as find_template
 from kernel_pool.backends.docker._template import refusal as templates_refusal
 from kernel_pool.backends.docker._template import remove_others as remove_other_templates
 from kernel_pool.backends.docker._template import restore as restore_template
+from kernel_pool.backends.docker._tree import dump as dump_tree
+from kernel_pool.backends.docker._tree import outside_the_tree, resume_stopped
+from kernel_pool.backends.docker._tree import restore as restore_tree
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -130,6 +134,8 @@ session's code cannot raise it for the host (which applies its own caps anyway).
 TEMPLATE_ATTEMPTS = 2
 """Templates made per profile in a gateway's life, when restores from them fail."""
 KERNEL_REKEY_TIMEOUT_S = 10.0
+TREE_STOP_TIMEOUT_S = 30
+"""A container killed after its kernel's tree was dumped ends at once; the wait is bounded."""
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
@@ -227,6 +233,10 @@ class DockerSandbox(Sandbox):
         first kernel may come from a template."""
         self.from_template = False
         """Whether the running kernel was restored from a template (not booted)."""
+        self.memory_path: str | None = None
+        """How the last memory pause dumped, or resume restored, the sandbox: ``"kernel
+        tree"`` (CRIU inside the container, :mod:`._tree`) or ``"engine"`` (the whole
+        container, runc's dump and the engine's ``start --checkpoint``)."""
 
     @property
     def _api(self) -> docker.APIClient:
@@ -641,14 +651,66 @@ class DockerSandbox(Sandbox):
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
-        try:
-            folder: Path = await _run(dump, self._api, self.info.container_id,
-                                      self._checkpoint_dir, about)
-        except (CheckpointError, OSError) as exc:
-            raise checkpoint_failure(exc) from exc
+        folder = await self._checkpoint_tree(about) if self._backend.tree_checkpoints else None
+        if folder is None:
+            try:
+                folder = await _run(dump, self._api, self.info.container_id,
+                                    self._checkpoint_dir, about)
+            except (CheckpointError, OSError) as exc:
+                raise checkpoint_failure(exc) from exc
+            self.memory_path = "engine"
         self._close_pidfd()
         self._pid, self._cgroup, self.info.kernel_ref = None, None, None
         return folder
+
+    async def _checkpoint_tree(self, about: dict[str, Any]) -> Path | None:
+        """The kernel's tree dumped from inside the container, which is then stopped (see
+        :mod:`._tree`); None, the kernel running on, where it cannot hold everything or
+        fails (the caller then dumps the whole container)."""
+        procs = self._cgroup.procs_file if self._cgroup is not None else None
+        if procs is None or not self._pid:
+            return None
+        outside = await _in_thread(outside_the_tree, procs, self._init_pid, self._pid)
+        if outside:
+            logger.info("sandbox %s: %d processes outside the kernel's tree; the whole "
+                        "container is dumped", self.info.sandbox_id, outside)
+            return None
+        started = time.monotonic()
+        try:
+            await _in_thread(self._dump_tree, procs, about)
+        except (TemplateError, CheckpointError, OSError, docker.errors.APIError) as exc:
+            logger.warning("sandbox %s: the kernel-tree dump failed (%s); the engine's runc "
+                           "dumps the whole container instead", self.info.sandbox_id,
+                           checkpoint_failure(exc))
+            return None
+        logger.info("sandbox %s: memory pause by a kernel-tree dump in %.3f s",
+                    self.info.sandbox_id, time.monotonic() - started)
+        self.memory_path = "kernel tree"
+        return self._checkpoint_dir
+
+    def _dump_tree(self, procs: Path, about: dict[str, Any]) -> None:
+        dump_tree(self._init_pid, self.info.container_id, procs, int(about["kernel_pid"]),
+                  self._checkpoint_dir, about)
+        # The tree is stopped, its image whole: the container ends as after runc's dump.
+        try:
+            self._api.kill(self.info.container_id)
+        except docker.errors.APIError:
+            discard(self._checkpoint_dir)
+            resume_stopped(procs, self._init_pid)
+            raise
+        self._api.wait(self.info.container_id, timeout=TREE_STOP_TIMEOUT_S)
+
+    def _restore_tree(self) -> None:
+        """Restore the kernel's tree into the started container (blocking)."""
+        started = time.monotonic()
+        init_pid = int(self._api.inspect_container(self.info.container_id)["State"]["Pid"])
+        work = self._backend.template_work / self.info.sandbox_id
+        try:
+            restore_tree(init_pid, self.info.container_id, self._checkpoint_dir, work)
+        except TemplateError as exc:
+            raise CheckpointError(f"the kernel's tree could not be restored: {exc}") from exc
+        logger.info("sandbox %s: kernel tree restored inside its container in %.3f s",
+                    self.info.sandbox_id, time.monotonic() - started)
 
     @property
     def _checkpoint_dir(self) -> Path:
@@ -697,9 +759,10 @@ class DockerSandbox(Sandbox):
     async def restore(self, image: Path) -> dict[str, Any]:
         try:
             about = await _run(restore_checkpoint, self._api, self.info.container_id,
-                               self._checkpoint_dir, image)
-        except (CheckpointError, OSError) as exc:
+                               self._checkpoint_dir, image, _TreeRestore(self))
+        except (CheckpointError, OSError, docker.errors.APIError) as exc:
             raise checkpoint_failure(exc) from exc
+        tree = about.get(TREE_KEY) is True
         name, pid, key = about.get("kernel_name"), about.get("kernel_pid"), about.get("key")
         if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
                 or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):
@@ -711,9 +774,16 @@ class DockerSandbox(Sandbox):
                          {**config, "ip": f"{KERNEL_DIR}/{name}"})
         self.info.kernel_name, self._exit_code = name, None
         await self._find_init()
+        if tree:
+            # CRIU, the restored tree's parent, has exited: PID 1 is its parent now, and must
+            # know it as its kernel to record its exit.
+            await _in_thread(request_adoption, self._socket_dir, name, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._init_pid, signal.SIGUSR1)
         await self._watch_init_child(name, 2.0)
         if self.info.kernel_ref is None:
             raise BackendError("the sandbox was restored without its kernel process")
+        self.memory_path = "kernel tree" if tree else "engine"
         return {**config, "ip": str(self._socket_dir / name)}
 
     def _write_records(self, name: str, pid: int, config: dict[str, Any]) -> None:
@@ -735,6 +805,19 @@ class DockerSandbox(Sandbox):
         return await DockerCommand.start(
             self._api, _run, self.info.container_id, command, env=env,
             cwd=f"/workspace/{cwd}".rstrip("/"), running=self._commands)
+
+
+class _TreeRestore:
+    """A sandbox's kernel-tree restore, as :func:`._checkpoint.restore` drives it."""
+
+    def __init__(self, sandbox: DockerSandbox) -> None:
+        self._sandbox = sandbox
+
+    def start(self) -> None:
+        self._sandbox._api.start(self._sandbox.info.container_id)
+
+    def restore(self, about: dict[str, Any]) -> None:
+        self._sandbox._restore_tree()
 
 
 class DockerBackend(SandboxBackend):
@@ -837,6 +920,9 @@ class DockerBackend(SandboxBackend):
     templates_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
     checkpoints = False
     checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
+    tree_checkpoints = False
+    """Whether memory pauses may dump the kernel's tree from inside its container (see
+    :mod:`._tree`): where CRIU's private root lets it run there, as for templates."""
     data_root = Path(DATA_ROOT)
     """The engine's data root, from ``docker info`` at :meth:`check` (an engine cannot change it
     without a restart; asking again would add 10-50 ms to every pause and resume)."""
@@ -980,6 +1066,7 @@ class DockerBackend(SandboxBackend):
                 logger.info("kernels boot: no kernel templates here (%s)", self.templates_refusal)
         if pauses:
             self.checkpoints = support.available and os.geteuid() == 0
+            self.tree_checkpoints = self.checkpoints and templates_refusal(support) is None
             self.checkpoint_refusal = (
                 None if self.checkpoints else support.reason if not support.available
                 else "the gateway is not root, and cannot reach the engine's checkpoints")

@@ -19,6 +19,10 @@ a restore unpacks it back there, or finds the folder not packed yet, and starts 
 from it (``POST /containers/{id}/start?checkpoint=``). Every call here blocks (runc, the
 engine's answer, the packing): callers run them in worker threads.
 
+A dump of the kernel's process tree alone, made inside the container (:mod:`._tree`, the
+memory pause's first choice), lies in the same folder and is packed the same way; its restore
+starts the container plainly and restores the tree into it (:class:`TreeRestore`).
+
 The records a restore needs beside CRIU's images (the kernel's name, its pid inside the
 container, its connection key) travel in the archive as ``replgate.json``: the socket folder,
 which held them, is the sandbox's and may be emptied while the session is paused.
@@ -26,6 +30,7 @@ which held them, is the sandbox's and may be emptied while the session is paused
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -33,10 +38,11 @@ import re
 import shutil
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 
@@ -45,6 +51,8 @@ from kernel_pool.exceptions import BackendError
 
 CHECKPOINT_NAME = "replgate"
 ABOUT_NAME = "replgate.json"
+TREE_KEY = "kernel_tree"
+"""Set in a dump's records when it holds the kernel's process tree alone (:mod:`._tree`)."""
 ZSTD = shutil.which("zstd")
 COMPRESSOR = [ZSTD, "-1", "-q", "-T0"] if ZSTD else ["gzip", "-1"]
 """zstd -1 packed a 93 MB checkpoint of a kernel to 23 MB in 0.30 s on the development machine;
@@ -233,11 +241,24 @@ def _runc_dump(runc: list[str], container_id: str, folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def restore(api: docker.APIClient, container_id: str, folder: Path,
-            image: Path) -> dict[str, Any]:
+class TreeRestore(Protocol):
+    """How a dump of the kernel's tree alone (:mod:`._tree`) is restored: the container
+    started as any stopped one, then the tree restored into it from the unpacked folder."""
+
+    def start(self) -> None:
+        """Start the container (blocking)."""
+
+    def restore(self, about: dict[str, Any]) -> None:
+        """Restore the tree into the started container (blocking)."""
+
+
+def restore(api: docker.APIClient, container_id: str, folder: Path, image: Path,
+            tree: TreeRestore) -> dict[str, Any]:
     """Unpack ``image`` into ``folder``, where the engine looks for it, and start the
     container from it; the records kept with it (``about`` of :func:`dump`). The image
-    itself is left in place.
+    itself is left in place. A dump of the kernel's tree alone (its records say so) is
+    restored through ``tree`` instead of the engine, its container started while the image
+    is unpacked (the records come first in the archive, see :class:`Packing`).
 
     ``image`` may also be :func:`dump`'s folder itself, not packed yet (a resume that comes
     during the packing): the container starts from it at once. Either way that folder is
@@ -249,13 +270,26 @@ def restore(api: docker.APIClient, container_id: str, folder: Path,
         folder.mkdir(parents=True, mode=0o700)
     records = b""
     try:
-        if not unpacked:
-            _unpack(image, folder)
+        early = None if unpacked else _first_records(image)
+        with concurrent.futures.ThreadPoolExecutor(1) as starter:
+            started = (starter.submit(tree.start)
+                       if early is not None and early.get(TREE_KEY) is True else None)
+            try:
+                if not unpacked:
+                    _unpack(image, folder)
+            finally:
+                if started is not None:
+                    started.result()
         records = (folder / ABOUT_NAME).read_bytes()
         about = json.loads(records)
         if not isinstance(about, dict):
             raise CheckpointError("the checkpoint's records are malformed")
-        _start(api, container_id)
+        if about.get(TREE_KEY) is True:
+            if started is None:
+                tree.start()
+            tree.restore(about)
+        else:
+            _start(api, container_id)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"the checkpoint cannot be read: {exc}") from exc
     finally:
@@ -263,6 +297,33 @@ def restore(api: docker.APIClient, container_id: str, folder: Path,
         if records:
             remove_staged_copies(records)
     return about
+
+
+def _first_records(image: Path) -> dict[str, Any] | None:
+    """The records of a packed dump, read from the head of its archive, where
+    :class:`Packing` puts them; None when they are not there (an archive of an earlier
+    gateway, or not one at all: the unpacking says so)."""
+    program = (ZSTD or "zstd") if image.name.endswith(".zst") else "gzip"
+    fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        with subprocess.Popen([program, "-dc"], stdin=fd, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL) as unpacker:
+            assert unpacker.stdout is not None
+            try:
+                with tarfile.open(fileobj=unpacker.stdout, mode="r|") as archive:
+                    member = archive.next()
+                    if member is None or member.name.lstrip("./") != ABOUT_NAME \
+                            or not member.isfile() or member.size > 1 << 16:
+                        return None
+                    read = archive.extractfile(member)
+                    about = json.loads(read.read()) if read is not None else None
+            except (tarfile.TarError, ValueError, OSError):
+                return None
+            finally:
+                unpacker.kill()
+    finally:
+        os.close(fd)
+    return about if isinstance(about, dict) else None
 
 
 def remove_staged_copies(records: bytes | None = None) -> int:
@@ -324,6 +385,10 @@ class Packing:
                 with contextlib.suppress(OSError):
                     process.kill()
 
+    def _names(self) -> list[str]:
+        others = sorted(name for name in os.listdir(self.folder) if name != ABOUT_NAME)
+        return [ABOUT_NAME, *others] if (self.folder / ABOUT_NAME).exists() else others
+
     def run(self) -> Path:
         """Pack (blocking); the archive. :class:`CheckpointError` when it failed or was
         cancelled."""
@@ -341,7 +406,9 @@ class Packing:
                 # (ci23: a SIGTERM in that window killed tar).
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
                 try:
-                    tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-", "."],
+                    # The records first: a restore reads them before the rest is unpacked.
+                    tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-",
+                                            "--", *self._names()],
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            start_new_session=True)
                     assert tar.stdout is not None

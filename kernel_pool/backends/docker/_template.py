@@ -130,7 +130,7 @@ def first_pid(init_pid: int, container_id: str, pid: int) -> None:
     ``init_pid``, take ``pid`` (the kernel PID 1 starts next, for a template)."""
     # The pid namespace's counter is written from inside it (nsenter's child), through the
     # host's /proc: the container's own /proc/sys is read-only.
-    with _entered(init_pid, container_id, ("pid",)) as (options, fds, _):
+    with entered(init_pid, container_id, ("pid",)) as (options, fds, _):
         _run(["nsenter", *options, "--", "sh", "-c",
               f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid"], "set the kernel's pid",
              pass_fds=fds)
@@ -151,7 +151,7 @@ def dump(init_pid: int, container_id: str, kernel_pid: int, root: Path, stem: st
     work = partial / "work"
     work.mkdir()
     try:
-        _criu(init_pid, container_id, ["dump", "-t", str(kernel_pid)], partial, work, "dump")
+        run_criu(init_pid, container_id, ["dump", "-t", str(kernel_pid)], partial, work, "dump")
     except TemplateError:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -202,7 +202,7 @@ def restore(template: Template, init_pid: int, container_id: str, work: Path) ->
     work.mkdir(parents=True, mode=0o700)
     try:
         started = time.monotonic()
-        _criu(init_pid, container_id,
+        run_criu(init_pid, container_id,
               ["restore", "--restore-detached", "--manage-cgroups=ignore"],
               template.folder, work, "restore", join_cgroups=True)
         return time.monotonic() - started
@@ -270,7 +270,7 @@ async def rekey(connection: dict[str, Any], old_key: str, timeout_s: float) -> N
 
 
 @contextlib.contextmanager
-def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
+def entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
              ) -> Iterator[tuple[list[str], tuple[int, ...], str]]:
     """``nsenter``'s options for the namespaces ``kinds`` of the container's PID 1, opened
     as file descriptors (to pass on), and its ``/proc/PID/cgroup``; only once host pid
@@ -302,11 +302,11 @@ def _entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
         os.close(pidfd)
 
 
-def _criu(init_pid: int, container_id: str, arguments: list[str], images: Path, work: Path,
+def run_criu(init_pid: int, container_id: str, arguments: list[str], images: Path, work: Path,
           log: str, join_cgroups: bool = False) -> None:
     """Run CRIU inside the namespaces (and, with ``join_cgroups``, the cgroups) of the
     container ``container_id``, whose PID 1 is host pid ``init_pid``."""
-    with _entered(init_pid, container_id, ("mnt", "pid", "net", "ipc", "uts")) as (
+    with entered(init_pid, container_id, ("mnt", "pid", "net", "ipc", "uts")) as (
             options, namespaces, proc_cgroup):
         procs = procs_files(proc_cgroup) if join_cgroups else []
         if join_cgroups and len(procs) < len(proc_cgroup.splitlines()):
