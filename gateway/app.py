@@ -25,6 +25,7 @@ from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import Store
+from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool
 
 logger = logging.getLogger("replgate")
@@ -70,11 +71,14 @@ def create_app(settings: Settings) -> FastAPI:
     The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem).
     """
     policy = load_policy(settings.policy_file)
+    tracing = setup_tracing()  # None unless the OTEL_* variables ask for traces
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(_make_state_dir, settings.state_dir)
         async with Store.open(settings.database) as store:
+            if tracing is not None:
+                tracing.instrument_engine(store.database.engine.sync_engine)
             await ensure_api_keys(settings, store)
             # This gateway's own (its in-process node's), on a database others may share.
             node = settings.pool.owner
@@ -93,7 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
             kept = await pool.start(keep=lambda info: info.container_id in records)
             governance = Governance(policy, approver_keys=settings.approver_keys,
                                     approval_timeout_s=settings.approval_timeout_s)
-            gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance)
+            gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance, tracing)
             await gateway.adopt(kept, records)
             app.state.gateway = gateway
             await e2b.start(app, gateway)
@@ -104,6 +108,8 @@ def create_app(settings: Settings) -> FastAPI:
             finally:
                 await gateway.drain()
                 await pool.close()
+                if tracing is not None:
+                    await anyio.to_thread.run_sync(tracing.flush)
 
     app = FastAPI(title="replgate", version=__version__, lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
@@ -115,4 +121,6 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     e2b.install(app)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
+    if tracing is not None:
+        tracing.instrument_app(app)
     return app

@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway import local
@@ -19,17 +19,31 @@ if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core 
 
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, ids: Callable[[], dict[str, str]] | None = None) -> None:
+        super().__init__()
+        self._ids = ids
+        """The current span's trace and span ids, when traces are exported: a line leads to
+        its trace."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": self.formatTime(record), "level": record.levelname,
-                           "logger": record.name, "message": record.getMessage()})
+        line = {"time": self.formatTime(record), "level": record.levelname,
+                "logger": record.name, "message": record.getMessage()}
+        if self._ids is not None:
+            line.update(self._ids())
+        return json.dumps(line)
 
 
 def configure_logging(settings: Settings) -> None:
     from gateway.audit import RedactSecrets
 
+    ids = None
+    if settings.log_json:
+        from gateway.tracing import log_ids, tracing_asked
+
+        ids = log_ids if tracing_asked(os.environ) else None
     handler = logging.StreamHandler()
     handler.addFilter(RedactSecrets())
-    handler.setFormatter(_JsonFormatter() if settings.log_json else logging.Formatter(
+    handler.setFormatter(_JsonFormatter(ids) if settings.log_json else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -11,8 +11,11 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
+
+from opentelemetry import trace
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import InvalidInput, TooManyRequests, Unauthorized
@@ -21,11 +24,14 @@ from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
 from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
+from gateway.tracing import Tracing
+from gateway.usage import UsageMeter
 from gateway.wire import (
     CommandRequest,
     ExecutionOut,
     ForkRequest,
     SessionCreate,
+    SessionMetricsOut,
     SessionOut,
     TransferOut,
 )
@@ -54,7 +60,8 @@ class Gateway:
     """Everything a request may ask of replgate, per tenant."""
 
     def __init__(self, settings: Settings, pool: KernelPool, store: Store, audit: AuditLog,
-                 metrics: Metrics, governance: Governance | None = None) -> None:
+                 metrics: Metrics, governance: Governance | None = None,
+                 tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
@@ -62,6 +69,10 @@ class Gateway:
         self.metrics = metrics
         self.governance = governance or Governance()
         """Policy, approvals and budgets: the gate every execution passes first."""
+        self.tracing = tracing
+        """Spans for executions and lifecycle requests; None when no exporter is set up (then
+        nothing here touches OpenTelemetry)."""
+        self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
@@ -190,6 +201,7 @@ class Gateway:
         await self.pool.delete_session(session_id)
 
     def _closed_by_pool(self, session: Session, reason: str) -> None:
+        self.usage.forget(session.id)
         if self._tenant_of.pop(session.id, None) is None:
             return  # never recorded: a copy of a fork that failed
         task = asyncio.get_running_loop().create_task(self.store.mark_deleted(session.id))
@@ -201,13 +213,15 @@ class Gateway:
         """Keep the session in a snapshot and free its kernel (waits for running code)."""
         session = self.session(tenant, session_id)
         self.check_disk()
-        await session.pause()
+        with self._span("replgate.pause", tenant, session_id):
+            await session.pause()
         await self._record_lifecycle(session)
         return session
 
     async def resume(self, tenant: str, session_id: str) -> Session:
         session = self.session(tenant, session_id)
-        await session.resume()
+        with self._span("replgate.resume", tenant, session_id):
+            await session.resume()
         await self._record_lifecycle(session)
         return session
 
@@ -220,7 +234,10 @@ class Gateway:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
                 f"REPLGATE_MAX_SESSIONS_PER_TENANT={self.settings.max_sessions_per_tenant}")
-        children = await self.pool.fork_session(session_id, request.count, request.metadata)
+        with self._span("replgate.fork", tenant, session_id) as span:
+            children = await self.pool.fork_session(session_id, request.count,
+                                                    request.metadata)
+            span.set_attribute("replgate.fork.count", len(children))
         for child in children:
             self._tenant_of[child.id] = tenant
             await self.store.create_session(SessionRecord(
@@ -230,6 +247,16 @@ class Gateway:
                 metadata=child.metadata, env=child.env,
                 sandbox=child.sandbox_info().model_dump(mode="json"), node=self.node))
         return children
+
+    def _span(self, name: str, tenant: str,
+              session_id: str) -> AbstractContextManager[trace.Span]:
+        if self.tracing is None:
+            return nullcontext(trace.INVALID_SPAN)
+        return self.tracing.lifecycle(name, tenant, session_id)
+
+    async def session_metrics(self, tenant: str, session_id: str) -> SessionMetricsOut:
+        """The sandbox's CPU, memory and disk use now (see :class:`UsageMeter`)."""
+        return await self.usage.read(self.session(tenant, session_id))
 
     async def _record_lifecycle(self, session: Session) -> None:
         """The store learns the session's status and sandbox (a resume makes a container)."""
@@ -245,7 +272,8 @@ class Gateway:
 
     async def restart(self, tenant: str, session_id: str) -> Session:
         session = self.session(tenant, session_id)
-        await session.restart()
+        with self._span("replgate.restart", tenant, session_id):
+            await session.restart()
         await self.store.update_session(session.id, execution_count=0,
                                         last_active_at=session.last_active_at)
         return session
@@ -272,10 +300,13 @@ class Gateway:
                                "space")
 
     def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
-               execution_id: str | None = None) -> ExecutionHandle:
+               execution_id: str | None = None,
+               trace_context: Mapping[str, str] | None = None) -> ExecutionHandle:
         """Queue code on the tenant's session; it is recorded and audited when it ends.
 
         A client-chosen ``execution_id`` must have passed :meth:`check_new_execution_id`.
+        ``trace_context`` (W3C ``traceparent``/``tracestate``) names the trace its span
+        joins, when not the current one (a WebSocket carries one per execution).
         """
         try:
             size = len(code.encode("utf-8"))
@@ -294,7 +325,10 @@ class Gateway:
                 "wait for some to finish")
         handle = session.submit(code, timeout_s, execution_id=execution_id,
                                 gate=self.governance.gate(tenant, session))
-        task = asyncio.get_running_loop().create_task(self._record(tenant, session, handle))
+        span = (self.tracing.start_execution(handle, tenant, session.id, trace_context)
+                if self.tracing is not None else None)
+        task = asyncio.get_running_loop().create_task(
+            self._record(tenant, session, handle, span))
         self._recorders[handle.id] = task
         self._live[handle.id] = (session.id, handle)
         task.add_done_callback(lambda _t: self._recorders.pop(handle.id, None))
@@ -322,7 +356,21 @@ class Gateway:
         """
         return await handle.result()
 
-    async def _record(self, tenant: str, session: Session, handle: ExecutionHandle) -> Execution:
+    async def _record(self, tenant: str, session: Session, handle: ExecutionHandle,
+                      span: trace.Span | None = None) -> Execution:
+        if span is None:
+            return await self._record_execution(tenant, session, handle)
+        # Its recording (the store's statements, the audit) is the execution's work too.
+        with trace.use_span(span, end_on_exit=False, record_exception=False,
+                            set_status_on_exception=False):
+            try:
+                return await self._record_execution(tenant, session, handle, span)
+            finally:
+                if span.is_recording():  # not ended with its marks: the recording failed
+                    span.end()
+
+    async def _record_execution(self, tenant: str, session: Session, handle: ExecutionHandle,
+                                span: trace.Span | None = None) -> Execution:
         await self.store.start_execution(handle.id, session.id, tenant, handle.code)
         try:
             await self.governance.follow(handle, self.store)  # pending_approval in history
@@ -330,6 +378,8 @@ class Gateway:
             # Counted as it ends, in the loop turn that answers its caller: a client told
             # "done" finds it in /metrics at once, not after the writes below (an fsync).
             self.metrics.observe(execution)
+            if span is not None and self.tracing is not None:
+                self.tracing.end_execution(span, handle, execution)
         finally:
             execution = handle.execution()
             await self.store.finish_execution(handle.id, execution.status.value,

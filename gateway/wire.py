@@ -94,6 +94,7 @@ __all__ = [
     "RejectedFrame",
     "ResourceUsage",
     "SessionCreate",
+    "SessionMetricsOut",
     "SessionOut",
     "StreamEvent",
     "Timeout",
@@ -151,6 +152,19 @@ class TransferOut(BaseModel):
     total_bytes: int = Field(description="a pause: the sandbox's memory in use as it began "
                              "(about the snapshot's size); a resume: the stored snapshot's "
                              "size; 0 when not known")
+
+
+class SessionMetricsOut(BaseModel):
+    """A session's sandbox use now (``GET /v1/sessions/{id}/metrics``, CONTRACT.md)."""
+
+    cpu_used_pct: float = Field(description="CPU used over the last few seconds, as a "
+                                "percentage of the sandbox's CPU limit (0 while paused)")
+    mem_used_bytes: int = Field(description="memory in use, page cache included as the limit "
+                                "counts it (0 while paused)")
+    mem_limit_bytes: int
+    disk_used_bytes: int = Field(description="what the workspace's files hold")
+    disk_limit_bytes: int = Field(description="the workspace's size cap")
+    at: str = Field(description="when the figures were read (ISO 8601)")
 
 
 class SessionOut(BaseModel):
@@ -269,6 +283,9 @@ class Health(BaseModel):
 
 class WsExecute(Strict):
     type: Literal["execute"]
+    traceparent: str | None = Field(None, max_length=256, description="W3C trace context: the "
+                                    "trace the execution's spans join (else the socket's)")
+    tracestate: str | None = Field(None, max_length=4096)
     code: str
     timeout_s: Timeout | None = None
     id: str | None = Field(None, min_length=1, max_length=128)

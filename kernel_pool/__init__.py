@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from kernel_pool._pool import KernelPool
     from kernel_pool._session import Listener, Session, SessionStatus, TransferListener
     from kernel_pool._snapshot import PauseInfo, Transfer
+    from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
@@ -124,6 +125,7 @@ __all__ = [
     "QueueFull",
     "ResourceUsage",
     "SandboxInfo",
+    "SandboxUsage",
     "Session",
     "SessionClosed",
     "SessionNotFound",
@@ -189,6 +191,7 @@ _HOMES = {
     "QueueFull": "kernel_pool.exceptions",
     "ResourceUsage": "kernel_pool.events",
     "SandboxInfo": "kernel_pool.backends.base",
+    "SandboxUsage": "kernel_pool._usage",
     "Session": "kernel_pool._session",
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",

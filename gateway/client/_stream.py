@@ -122,8 +122,11 @@ class ExecutionStream:
         """Execute ``code``, calling ``handlers`` per event; the aggregate once ``done`` came."""
         execution_id = str(uuid.uuid4())
         # Not validated here: the gateway judges the values, and its answer names the limit.
+        context = trace_fields()  # the caller's trace, which this execution's spans join
         request = WsExecute.model_construct(type="execute", code=code, id=execution_id,
-                                            timeout_s=timeout_s, **trace_fields())
+                                            timeout_s=timeout_s,
+                                            traceparent=context.get("traceparent"),
+                                            tracestate=context.get("tracestate"))
         builder = ExecutionBuilder()
         async with self._lock:
             socket = await self._send(request.model_dump_json(exclude_none=True), execution_id)

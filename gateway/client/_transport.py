@@ -15,6 +15,7 @@ import httpx
 from gateway import local
 
 from ._errors import AuthenticationError, TransportError, error_from_response
+from ._tracecontext import trace_headers
 
 # Starting a session may start a container; an execution lasts as long as its own timeout_s,
 # which the gateway enforces, so the client does not race it with a read timeout of its own.
@@ -60,7 +61,7 @@ class Transport:
         """Send a request; raise the matching :class:`ReplgateError` for an error answer."""
         try:
             response = await self._http.request(method, path, json=json, content=content,
-                                                timeout=limits)
+                                                timeout=limits, headers=trace_headers())
         except httpx.TimeoutException as exc:
             raise TransportError(
                 f"The gateway at {self.base_url} did not answer {method} {path} in time "

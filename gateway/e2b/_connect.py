@@ -139,7 +139,9 @@ class SandboxRpc:
             return
         token = TARGET.set(Target(gateway, tenant, session))
         try:
-            await service({**scope, "path": rpc_path, "root_path": ""}, receive, send)
+            # connectrpc types the ASGI messages as asgiref's TypedDicts, Starlette as mappings
+            asgi: Any = service
+            await asgi({**scope, "path": rpc_path, "root_path": ""}, receive, send)
         finally:
             TARGET.reset(token)
 

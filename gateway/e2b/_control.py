@@ -6,6 +6,7 @@ A template name is a profile name; the SDKs' default templates run on the ``defa
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -249,10 +250,19 @@ async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxe
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep) -> list[object]:
-    """No time series is kept: an empty list, as for a sandbox that has just started."""
-    gateway.session(tenant, sandbox_id)
-    return []
+async def metrics(sandbox_id: str, tenant: TenantDep,
+                  gateway: GatewayDep) -> list[dict[str, object]]:
+    """``Sandbox.get_metrics()``: replgate keeps no time series, so one entry, the figures now
+    (``GET /v1/sessions/{id}/metrics``; ``start``/``end`` are not needed to pick it).
+    ``cpuCount`` is the CPU limit rounded up; ``memCache`` is 0: the page cache is counted in
+    ``memUsed``, as the limit counts it."""
+    figures = await gateway.session_metrics(tenant, sandbox_id)
+    at = datetime.fromisoformat(figures.at)
+    return [{"timestamp": figures.at, "timestampUnix": int(at.timestamp()),
+             "cpuCount": max(1, math.ceil(gateway.session(tenant, sandbox_id).profile.cpus)),
+             "cpuUsedPct": figures.cpu_used_pct, "memUsed": figures.mem_used_bytes,
+             "memTotal": figures.mem_limit_bytes, "memCache": 0,
+             "diskUsed": figures.disk_used_bytes, "diskTotal": figures.disk_limit_bytes}]
 
 
 @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],

@@ -17,6 +17,7 @@ from gateway.wire import (
     InterruptOut,
     KillOut,
     SessionCreate,
+    SessionMetricsOut,
     SessionOut,
 )
 
@@ -38,6 +39,14 @@ async def list_sessions(tenant: TenantDep, gateway: GatewayDep) -> list[SessionO
 @router.get("/{session_id}")
 async def get_session(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
     return gateway.describe(gateway.session(tenant, session_id))
+
+
+@router.get("/{session_id}/metrics")
+async def session_metrics(session_id: str, tenant: TenantDep,
+                          gateway: GatewayDep) -> SessionMetricsOut:
+    """The sandbox's CPU, memory and disk use now; a first request waits a second to measure
+    the CPU; a paused session answers its last figures with memory 0."""
+    return await gateway.session_metrics(tenant, session_id)
 
 
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT)

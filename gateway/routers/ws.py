@@ -133,7 +133,8 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
         return InterruptedFrame(interrupted=await session.interrupt())
     try:
         await gateway.check_new_execution_id(message.id)
-        handle = gateway.submit(tenant, session, message.code, message.timeout_s, message.id)
+        handle = gateway.submit(tenant, session, message.code, message.timeout_s, message.id,
+                                trace_context=_trace_context(message))
     except DOMAIN_ERRORS as exc:
         return _rejected(message.id, exc)
     task = asyncio.create_task(_forward(gateway, handle, outbox))
@@ -161,6 +162,16 @@ def _transfers_into(outbox: asyncio.Queue[Frame],
                 forwarders.add(task)
                 task.add_done_callback(forwarders.discard)
     return told
+
+
+def _trace_context(message: WsExecute) -> dict[str, str] | None:
+    """The W3C trace context the message names, if any (one socket, many traces)."""
+    if message.traceparent is None:
+        return None
+    carrier = {"traceparent": message.traceparent}
+    if message.tracestate is not None:
+        carrier["tracestate"] = message.tracestate
+    return carrier
 
 
 def _rejected(execution_id: str | None, exc: BaseException) -> RejectedFrame:
