@@ -5,7 +5,9 @@ kernels; fails, never skips, without them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +17,13 @@ from kp_support import pausing_pool, run_ok
 
 from kernel_pool import KernelPool
 from kernel_pool.backends.docker._backend import DockerSandbox
+from kernel_pool.backends.docker._checkpoint import (
+    ABOUT_NAME,
+    COMPRESSOR,
+    IMAGE_SUFFIX,
+    Packing,
+    _first_records,
+)
 
 SETUP = """
 import os, subprocess, threading, time
@@ -147,3 +156,21 @@ async def test_a_failed_tree_dump_falls_back_to_the_engine_and_says_so(
         assert await run_ok(session, "print(scratch.tell(), child.poll())") == "3 None\n"
     finally:
         await memory_pool.delete_session(session.id)
+
+
+def test_a_packed_dump_gives_its_records_before_it_is_unpacked(tmp_path: Path) -> None:
+    # A resume starts the container while the rest is unpacked: the records come first.
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "a.img").write_bytes(bytes(range(256)) * 4096)
+    (dump / ABOUT_NAME).write_text(json.dumps({"kernel_tree": True, "kernel_name": "k1"}))
+    (dump / "z.img").write_text("z")
+    image = Packing(dump, tmp_path / "packed").run()
+    assert _first_records(image) == {"kernel_tree": True, "kernel_name": "k1"}
+    # An archive of an earlier gateway (records anywhere) is unpacked before it is read.
+    earlier = tmp_path / f"earlier{IMAGE_SUFFIX}"
+    with open(earlier, "wb") as out:
+        tar = subprocess.run(["tar", "-C", str(dump), "-cf", "-", "a.img", ABOUT_NAME],
+                             capture_output=True, check=True)
+        subprocess.run(COMPRESSOR, input=tar.stdout, stdout=out, check=True)
+    assert _first_records(earlier) is None
