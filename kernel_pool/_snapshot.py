@@ -65,6 +65,8 @@ SNAPSHOT_TIMEOUT_S = 600.0
 PIPE_BYTES = 1 << 20
 """A snapshot's pipe holds this much (the most an unprivileged process may ask for)."""
 PIPE_WAIT_S = 0.05
+PUMP_VERDICT_S = 2.0
+"""How long a failed load waits for the pump's own verdict (a corrupt stream) before stopping it."""
 STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 
@@ -428,6 +430,11 @@ async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
             answer = await evaluate(kernel, save.format(f"{folder[1]}/{name}"),
                                     SNAPSHOT_TIMEOUT_S)
         except BaseException:
+            # A stored stream that cannot be decompressed ends the kernel's read too, and its
+            # failure often arrives first: the pump is given a moment to say so itself (it ends
+            # at once either way, the pipe's reader being gone) before it is stopped, which
+            # would silence it.
+            await asyncio.wait([pumping], timeout=PUMP_VERDICT_S)
             pump.stop()
             await asyncio.wait([pumping])
             failure = None if pumping.cancelled() else pumping.exception()
@@ -489,6 +496,11 @@ async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed:
             await evaluate(kernel, load.format(f"{folder[1]}/{name}", reseed),
                            SNAPSHOT_TIMEOUT_S)
         except BaseException:
+            # A stored stream that cannot be decompressed ends the kernel's read too, and its
+            # failure often arrives first: the pump is given a moment to say so itself (it ends
+            # at once either way, the pipe's reader being gone) before it is stopped, which
+            # would silence it.
+            await asyncio.wait([pumping], timeout=PUMP_VERDICT_S)
             pump.stop()
             await asyncio.wait([pumping])
             failure = None if pumping.cancelled() else pumping.exception()
