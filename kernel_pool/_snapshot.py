@@ -66,7 +66,7 @@ PIPE_BYTES = 1 << 20
 """A snapshot's pipe holds this much (the most an unprivileged process may ask for)."""
 PIPE_WAIT_S = 0.05
 PUMP_VERDICT_S = 2.0
-"""How long a failed load waits for the pump's own verdict (a corrupt stream) before stopping it."""
+"""How long a failed snapshot or load waits for the pump's own verdict before stopping it."""
 STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 
@@ -430,14 +430,7 @@ async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
             answer = await evaluate(kernel, save.format(f"{folder[1]}/{name}"),
                                     SNAPSHOT_TIMEOUT_S)
         except BaseException:
-            # A stored stream that cannot be decompressed ends the kernel's read too, and its
-            # failure often arrives first: the pump is given a moment to say so itself (it ends
-            # at once either way, the pipe's reader being gone) before it is stopped, which
-            # would silence it.
-            await asyncio.wait([pumping], timeout=PUMP_VERDICT_S)
-            pump.stop()
-            await asyncio.wait([pumping])
-            failure = None if pumping.cancelled() else pumping.exception()
+            failure = await _verdict(pump, pumping)
             if isinstance(failure, SnapshotBudgetExceeded):  # why the kernel's writes broke
                 raise failure from None
             raise
@@ -496,14 +489,7 @@ async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed:
             await evaluate(kernel, load.format(f"{folder[1]}/{name}", reseed),
                            SNAPSHOT_TIMEOUT_S)
         except BaseException:
-            # A stored stream that cannot be decompressed ends the kernel's read too, and its
-            # failure often arrives first: the pump is given a moment to say so itself (it ends
-            # at once either way, the pipe's reader being gone) before it is stopped, which
-            # would silence it.
-            await asyncio.wait([pumping], timeout=PUMP_VERDICT_S)
-            pump.stop()
-            await asyncio.wait([pumping])
-            failure = None if pumping.cancelled() else pumping.exception()
+            failure = await _verdict(pump, pumping)
             if isinstance(failure, SnapshotError) and "kernel stopped" not in str(failure):
                 raise failure from None  # the stored snapshot's fault, not the kernel's
             raise
@@ -511,6 +497,20 @@ async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed:
     finally:
         with contextlib.suppress(OSError):
             host.unlink()
+
+
+async def _verdict(pump: Pump, pumping: asyncio.Future[None]) -> BaseException | None:
+    """Why the host's side of a snapshot's pipe failed, once the kernel's side has failed.
+
+    The pump's own failure (a corrupt stored stream, the snapshot budget) also ends the
+    kernel's side, and the kernel's error often arrives first: the pump is given a moment to
+    end by itself (it does at once, the pipe's other end being gone) before it is stopped,
+    which would silence it.
+    """
+    await asyncio.wait([pumping], timeout=PUMP_VERDICT_S)
+    pump.stop()
+    await asyncio.wait([pumping])
+    return None if pumping.cancelled() else pumping.exception()
 
 
 async def _in_thread(pump: Pump, func: Callable[..., None], *args: Any) -> None:
