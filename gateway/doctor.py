@@ -23,8 +23,10 @@ from kernel_pool.backends.docker import (
     CheckpointSupport,
     ImageInfo,
     build_image,
+    build_polyglot_image,
     checkpoint_support,
     missing_runtime,
+    polyglot_image,
     templates_refusal,
 )
 
@@ -49,8 +51,9 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
                 client.images.get(profile.image)
                 found.append((True, f"profile {profile.name}: image {profile.image} is there"))
             except docker.errors.ImageNotFound:
+                polyglot = " --polyglot" if profile.image == polyglot_image() else ""
                 found.append((False, f"profile {profile.name}: no image {profile.image}; "
-                                     "run `replgate image build`"))
+                                     f"run `replgate image build{polyglot}`"))
             problem = missing_runtime(info.get("Runtimes") or {}, [profile])
             found.append((problem is None, problem or
                           f"profile {profile.name}: runtime {profile.runtime} is available"))
@@ -95,12 +98,23 @@ def memory_pauses(support: CheckpointSupport, pause_with: str) -> str:
     return f"memory pauses: not available, so pauses keep variables{asked}; {support.reason}"
 
 
-def build_sandbox_image(
-    settings: Settings, *, force: bool, log: Callable[[str], None]
-) -> ImageInfo:
-    """Build (or find current) the sandbox image the settings name; raises ``ImageError``."""
+def build_sandbox_images(
+    settings: Settings, *, force: bool, polyglot: bool, log: Callable[[str], None]
+) -> list[ImageInfo]:
+    """Build (or find current) the sandbox image, and the polyglot one when ``polyglot`` or a
+    profile of the settings or the policy file names it; raises ``ImageError``."""
+    if not polyglot:
+        try:
+            pool = load_policy(settings.policy_file).pool_settings(settings.pool_settings())
+        except PolicyError:
+            pool = settings.pool_settings()  # serve says what is wrong with the file
+        polyglot = any(p.image == polyglot_image() for p in pool.profiles.values())
     client = docker.from_env()
     try:
-        return build_image(client, state_dir=settings.state_dir, force=force, log=log)
+        built = [build_image(client, state_dir=settings.state_dir, force=force, log=log)]
+        if polyglot:
+            built.append(build_polyglot_image(client, state_dir=settings.state_dir,
+                                              force=force, log=log))
+        return built
     finally:
         client.close()

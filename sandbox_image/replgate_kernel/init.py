@@ -3,8 +3,9 @@ until told to stop.
 
 Kernels descend from this process (not ``docker exec``) so that a checkpoint of the container
 (CRIU, which dumps PID 1's process tree) holds the kernel. The host asks for a kernel by
-writing ``/kernel/launch.json`` (``{"name": "k3", "max_output_bytes": N}``) and sending
-SIGUSR1; this process starts ``python -P -m replgate_kernel ... -f /kernel/k3.json``, writes
+writing ``/kernel/launch.json`` (``{"name": "k3", "max_output_bytes": N, "language": "r"}``,
+the language ``python`` unless named) and sending SIGUSR1; this process starts that language's
+kernel (:data:`KERNELS`: ``python -P -m replgate_kernel ... -f /kernel/k3.json``), writes
 its pid to ``/kernel/k3.pid`` and, once it has reaped it, its exit code to ``/kernel/k3.exit``.
 The host reads both as untrusted (the folder is the sandbox's). A request with ``"adopt": PID``
 starts nothing: it names a kernel the host restored from a template, which became this
@@ -25,6 +26,19 @@ KERNEL_DIR = "/kernel"
 REQUEST = os.path.join(KERNEL_DIR, "launch.json")
 NAME = re.compile(r"k[0-9]{1,9}")
 SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
+KERNELS = {
+    "python": ("python", "-P", "-m", "replgate_kernel", "--max-output-bytes={max_output_bytes}",
+               "-f", "{connection_file}"),
+    "bash": ("python", "-P", "-m", "bash_kernel", "-f", "{connection_file}"),
+    "r": ("R", "--no-echo", "--no-save", "--no-restore", "-e", "IRkernel::main()",
+          "--args", "{connection_file}"),
+    # Deno's kernel listens on TCP only: the relay puts it behind the ipc socket files.
+    "javascript": ("python", "-I", "-S", "/opt/replgate/replgate_kernel/relay.py",
+                   "{connection_file}", "deno", "jupyter", "--kernel", "--conn"),
+}
+"""Each language's kernel command. An image offers the languages whose programs it has (its
+``io.replgate.languages`` label); a kernel whose program is missing exits at once with 127."""
+NOT_FOUND = 127
 
 
 def _write(name: str, text: str) -> None:
@@ -48,6 +62,7 @@ def _launch(kernels: dict[int, str]) -> None:
         name = request["name"]
         adopt = request.get("adopt")
         max_output = int(request["max_output_bytes"]) if adopt is None else 0
+        language = request.get("language", "python")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     if not isinstance(name, str) or not NAME.fullmatch(name):
@@ -55,18 +70,31 @@ def _launch(kernels: dict[int, str]) -> None:
     if adopt is not None:
         _adopt(kernels, name, adopt)
         return
+    command = KERNELS.get(language) if isinstance(language, str) else None
+    if command is None:
+        _not_found(name)
+        return
+    argv = [part.format(connection_file=os.path.join(KERNEL_DIR, f"{name}.json"),
+                        max_output_bytes=max_output) for part in command]
     devnull = os.path.join(os.sep, "dev", "null")
-    pid = os.posix_spawnp(
-        "python",
-        ["python", "-P", "-m", "replgate_kernel", f"--max-output-bytes={max_output}",
-         "-f", os.path.join(KERNEL_DIR, f"{name}.json")],
-        dict(os.environ),
-        file_actions=[(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)],
-        setsid=True,
-        setsigmask=(),  # this process blocks the signals it waits for; the kernel must not
-    )
+    try:
+        pid = os.posix_spawnp(
+            argv[0], argv, dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)],
+            setsid=True,
+            setsigmask=(),  # this process blocks the signals it waits for; the kernel must not
+        )
+    except FileNotFoundError:  # a language whose program this image lacks
+        _not_found(name)
+        return
     kernels[pid] = name
     _write(f"{name}.pid", str(pid))
+
+
+def _not_found(name: str) -> None:
+    """Record at once that no kernel started (the host stops waiting for one)."""
+    _write(f"{name}.pid", "0")
+    _write(f"{name}.exit", str(NOT_FOUND))
 
 
 def _adopt(kernels: dict[int, str], name: str, pid: object) -> None:

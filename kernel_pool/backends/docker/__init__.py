@@ -1,4 +1,4 @@
-"""The Docker backend: hardened containers (:class:`DockerBackend`) and the sandbox image.
+"""The Docker backend: hardened containers (:class:`DockerBackend`) and the sandbox images.
 
 Registered under the ``replgate.backends`` entry point ``docker``; runs each profile under
 runc or gVisor (``missing_runtime`` says what the engine lacks for that); ``checkpoint_support``
@@ -7,7 +7,7 @@ why kernels cannot be restored from templates here; the only module of
 kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
-from kernel_pool._sandbox_image import current_image
+from kernel_pool._sandbox_image import current_image, polyglot_image
 from kernel_pool.backends.docker._backend import (
     LABEL_OWNER,
     LABEL_PROFILE,
@@ -18,7 +18,12 @@ from kernel_pool.backends.docker._backend import (
 )
 from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, missing_runtime
-from kernel_pool.backends.docker._image import ImageInfo, build_image, read_image_info
+from kernel_pool.backends.docker._image import (
+    ImageInfo,
+    build_image,
+    build_polyglot_image,
+    read_image_info,
+)
 from kernel_pool.backends.docker._template import refusal as templates_refusal
 
 __all__ = [
@@ -32,10 +37,12 @@ __all__ = [
     "DockerSandbox",
     "ImageInfo",
     "build_image",
+    "build_polyglot_image",
     "checkpoint_support",
     "container_name",
     "current_image",
     "missing_runtime",
+    "polyglot_image",
     "read_image_info",
     "templates_refusal",
 ]

@@ -1,9 +1,10 @@
-"""Build the sandbox image the pool runs (its tag: :mod:`kernel_pool._sandbox_image`).
+"""Build the sandbox images the pool runs (their tags: :mod:`kernel_pool._sandbox_image`).
 
 The tag is a hash of ``sandbox_image/``'s files, so a changed Dockerfile or pin gives a new
 image and an unchanged one is not rebuilt. The base is picked automatically: the official slim
 Python image where a registry answers, else a Debian root made locally with ``debootstrap`` and
-``docker import`` (no registry needed).
+``docker import`` (no registry needed). The polyglot image (R and Deno's kernels too) is built
+on the default one, from ``sandbox_image/polyglot/``, only when asked for.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ import docker
 import docker.errors
 from pydantic import BaseModel
 
-from kernel_pool._sandbox_image import IMAGE_REPOSITORY, content_version, context_dir
+from kernel_pool._sandbox_image import (
+    IMAGE_REPOSITORY,
+    POLYGLOT,
+    POLYGLOT_REPOSITORY,
+    content_version,
+    context_dir,
+    polyglot_version,
+)
 from kernel_pool.exceptions import ImageError
 
 LATEST_IMAGE = f"{IMAGE_REPOSITORY}:latest"
@@ -122,12 +130,9 @@ def build_image(
         base = choose_base(client, log)
         log(f"building {tag} from {base} (first time: a few minutes)")
         with tempfile.TemporaryDirectory(prefix="replgate-image-") as tmp:
-            build_context = Path(tmp, "context")
-            shutil.copytree(context, build_context,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-            ca = next((p for p in HOST_CA_BUNDLES if Path(p).is_file()), None)
-            Path(build_context, "host-ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
-            _stream_build(client, build_context, tag, base, version, log)
+            build_context = _copy_context(context, Path(tmp), POLYGLOT)
+            _stream_build(client, build_context, tag, version, log,
+                          {"BASE": base}, {"io.replgate.base": base})
         image = client.images.get(tag)
     else:
         base = str(image.labels.get("io.replgate.base", "unknown"))
@@ -139,14 +144,50 @@ def build_image(
     return info
 
 
-def _stream_build(
-    client: docker.DockerClient, context: Path, tag: str, base: str, version: str, log: Log
-) -> None:
+def build_polyglot_image(
+    client: docker.DockerClient,
+    *,
+    state_dir: Path,
+    force: bool = False,
+    log: Log = print,
+) -> ImageInfo:
+    """Build the polyglot image (the default one, built first if missing, plus the R and
+    JavaScript/TypeScript kernels) unless the current one is there (blocking)."""
+    default = build_image(client, state_dir=state_dir, log=log)
+    context = context_dir()
+    version = polyglot_version(context)
+    tag = f"{POLYGLOT_REPOSITORY}:{version}"
+    try:
+        image = None if force else client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        image = None
+    if image is None:
+        log(f"building {tag} on {default.tag} (R, Deno: about two minutes)")
+        with tempfile.TemporaryDirectory(prefix="replgate-image-") as tmp:
+            build_context = _copy_context(context / POLYGLOT, Path(tmp))
+            _stream_build(client, build_context, tag, version, log,
+                          {"SANDBOX_IMAGE": default.tag}, {"io.replgate.base": default.tag})
+        image = client.images.get(tag)
+    return ImageInfo(tag=tag, id=str(image.id), version=version, base=default.tag)
+
+
+def _copy_context(source: Path, tmp: Path, *skip: str) -> Path:
+    """A build context: ``source``'s files (but ``skip``) and ``host-ca.crt``, the build host's
+    CA bundle (empty when it has none), for a build behind the same TLS-inspecting proxy."""
+    context = tmp / "context"
+    shutil.copytree(source, context, ignore=shutil.ignore_patterns("__pycache__", *skip))
+    ca = next((p for p in HOST_CA_BUNDLES if Path(p).is_file()), None)
+    (context / "host-ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
+    return context
+
+
+def _stream_build(client: docker.DockerClient, context: Path, tag: str, version: str, log: Log,
+                  args: dict[str, str], labels: dict[str, str]) -> None:
     stream: Any = client.api.build(
         path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
         network_mode="host",
-        buildargs={"BASE": base, "REPLGATE_IMAGE_VERSION": version},
-        labels={"io.replgate.base": base},
+        buildargs={**args, "REPLGATE_IMAGE_VERSION": version},
+        labels=labels,
     )
     tail: list[str] = []
     for chunk in stream:

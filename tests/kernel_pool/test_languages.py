@@ -1,0 +1,365 @@
+"""Each language's kernel, started by the sandbox's PID 1 in a container the Docker backend made
+(no network, read-only root, uid 1000, its pids limit), reached over the ipc socket files as
+the pool reaches Python's: bash in the default image; R and Deno's JavaScript/TypeScript in the
+polyglot one (built here if missing, as ``replgate image build --polyglot`` does).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import queue
+import secrets
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import anyio.to_thread
+import docker
+import pytest
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from kp_support import make_settings
+
+from kernel_pool import Profile
+from kernel_pool._languages import KERNEL_LANGUAGES, kernel_language, offered
+from kernel_pool.backends.base import SandboxSpec
+from kernel_pool.backends.docker import DockerBackend, DockerSandbox, build_polyglot_image
+from kernel_pool.backends.docker._backend import KERNEL_DIR, _connection
+from kernel_pool.backends.docker._init_kernel import (
+    exit_code,
+    find_kernel,
+    request_kernel,
+    write_for_sandbox,
+)
+
+PIDS = 128
+LOOPS = {"bash": "while true; do :; done", "javascript": "while (true) {}", "r": "repeat {}"}
+NOTHING = {"bash": "true", "javascript": "1", "r": "1"}
+
+
+@dataclass
+class Reply:
+    status: str
+    stdout: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, message: dict[str, Any]) -> None:
+        kind, content = message["msg_type"], message["content"]
+        if kind == "stream" and content["name"] == "stdout":
+            self.stdout += content["text"]
+        elif kind in ("execute_result", "display_data"):
+            self.outputs.append(content)
+        elif kind == "error":
+            self.errors.append(content)
+
+    def plain(self) -> list[str]:
+        return [o["data"]["text/plain"] for o in self.outputs if "text/plain" in o["data"]]
+
+
+class Kernel:
+    """A kernel of one language in ``sandbox``, as PID 1 starts it for the host."""
+
+    def __init__(self, language: str, pid: int, init_pid: int,
+                 client: AsyncKernelClient) -> None:
+        self.language, self.pid, self.init_pid, self.client = language, pid, init_pid, client
+
+    @classmethod
+    async def start(cls, docker_client: docker.DockerClient, sandbox: DockerSandbox,
+                    language: str, name: str = "k1") -> Kernel:
+        socket_dir = Path(sandbox.info.socket_dir)
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        write_for_sandbox(socket_dir / f"{name}.json", json.dumps(config))
+        request_kernel(socket_dir, name, 1 << 20, language)
+        container = docker_client.api.inspect_container(sandbox.info.container_id)
+        init_pid = int(container["State"]["Pid"])
+        docker_client.api.kill(sandbox.info.container_id, "SIGUSR1")
+        pid, code = await anyio.to_thread.run_sync(find_kernel, socket_dir, name, init_pid, 10)
+        assert pid is not None, f"no {language} kernel started (exit {code})"
+        client = AsyncKernelClient()
+        client.load_connection_info(cast(Any, {**config, "ip": str(socket_dir / name)}))
+        client.start_channels(hb=False)
+        deadline = time.monotonic() + 60
+        while True:
+            client.kernel_info()
+            try:
+                # Answered, and the output channel connected: its status message arrives
+                # (output sent before the subscription is made would be lost).
+                await client.get_shell_msg(timeout=1)
+                await client.get_iopub_msg(timeout=1)
+                break
+            except queue.Empty:
+                assert exit_code(socket_dir, name) is None, f"the {language} kernel exited"
+                assert time.monotonic() < deadline, f"the {language} kernel never answered"
+        return cls(language, pid, init_pid, client)
+
+    async def execute(self, code: str, timeout_s: float = 60) -> Reply:
+        return await self.reply(self.client.execute(code), timeout_s)
+
+    async def reply(self, msg_id: str, timeout_s: float = 60) -> Reply:
+        shell = await self.client.get_shell_msg(timeout=timeout_s)
+        while shell["parent_header"]["msg_id"] != msg_id:  # a late kernel_info reply
+            shell = await self.client.get_shell_msg(timeout=timeout_s)
+        reply = Reply(shell["content"]["status"])
+        while True:
+            message = await self.client.get_iopub_msg(timeout=10)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "status":
+                if message["content"]["execution_state"] != "idle":
+                    continue
+                if self.language == "javascript":
+                    await self._late_output(msg_id, reply)
+                return reply
+            reply.add(message)
+
+    async def _late_output(self, msg_id: str, reply: Reply) -> None:
+        """Deno 2.9's kernel sends ``idle`` without waiting for the code's output, which a
+        second task sends (ext:cli/jupyter_kernel.js, iopubDrainer): it may come just after.
+        The host will have to wait for it the same way (a quiet moment after ``idle``)."""
+        while True:
+            try:
+                message = await self.client.get_iopub_msg(timeout=0.3)
+            except queue.Empty:
+                return
+            if message["parent_header"].get("msg_id") == msg_id:
+                reply.add(message)
+
+    def interrupt(self) -> None:
+        """As the host would: a message, or SIGINT to the kernel's process group (R)."""
+        if KERNEL_LANGUAGES[self.language].interrupt == "signal":
+            os.killpg(self.pid, signal.SIGINT)  # the kernel leads its group (PID 1's setsid)
+        else:
+            self.client.control_channel.send(self.client.session.msg("interrupt_request", {}))
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+@pytest.fixture(scope="session")
+def polyglot(docker_client: docker.DockerClient, state_root: Path) -> str:
+    return build_polyglot_image(docker_client, state_dir=state_root / "images",
+                                log=lambda _: None).tag
+
+
+async def _sandbox(state_root: Path, image: str | None) -> AsyncIterator[DockerSandbox]:
+    profile = Profile(name="languages", memory="1g", pids=PIDS, tmp_size="64m",
+                      workspace_size="64m", min_idle=0, **({"image": image} if image else {}))
+    backend = DockerBackend(make_settings(state_root / "languages",
+                                          profiles={"languages": profile}))
+    sandbox = await backend.create(SandboxSpec(sandbox_id=f"lang{secrets.token_hex(4)}",
+                                               profile=profile))
+    assert isinstance(sandbox, DockerSandbox)
+    try:
+        yield sandbox
+    finally:
+        await sandbox.kill()
+        await sandbox.cleanup()
+        await backend.close()
+
+
+@pytest.fixture
+async def polyglot_sandbox(state_root: Path, polyglot: str) -> AsyncIterator[DockerSandbox]:
+    async for sandbox in _sandbox(state_root, polyglot):
+        yield sandbox
+
+
+@pytest.fixture
+async def default_sandbox(state_root: Path) -> AsyncIterator[DockerSandbox]:
+    async for sandbox in _sandbox(state_root, None):
+        yield sandbox
+
+
+@pytest.fixture
+def started() -> Iterator[list[Kernel]]:
+    kernels: list[Kernel] = []
+    yield kernels
+    for kernel in kernels:
+        kernel.close()
+
+
+async def start(docker_client: docker.DockerClient, sandbox: DockerSandbox, language: str,
+                started: list[Kernel]) -> Kernel:
+    kernel = await Kernel.start(docker_client, sandbox, language)
+    started.append(kernel)
+    return kernel
+
+
+def test_images_name_their_languages(docker_client: docker.DockerClient, polyglot: str) -> None:
+    from kernel_pool.backends.docker import current_image
+
+    default = docker_client.images.get(current_image()).labels
+    assert offered(default) == ["python", "bash"]
+    assert offered(docker_client.images.get(polyglot).labels) == [
+        "python", "bash", "r", "javascript", "typescript"]
+    assert offered({}) == ["python"]
+    assert [kernel_language(name) for name in (None, "TS", "js", "r")] == [
+        "python", "javascript", "javascript", "r"]
+
+
+async def test_bash_kernel_in_the_default_image(
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
+        started: list[Kernel]) -> None:
+    kernel = await start(docker_client, default_sandbox, "bash", started)
+    echo = await kernel.execute("echo hi")
+    assert (echo.status, echo.stdout) == ("ok", "hi\n")
+    failed = await kernel.execute("ls /nowhere")
+    assert failed.status == "error" and failed.errors[0]["evalue"] == "2", failed
+
+
+async def test_a_language_the_image_lacks_exits_at_once(
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox) -> None:
+    socket_dir = Path(default_sandbox.info.socket_dir)
+    for name, language in (("k1", "r"), ("k2", "cobol")):
+        request_kernel(socket_dir, name, 1 << 20, language)
+        init_pid = docker_client.api.inspect_container(
+            default_sandbox.info.container_id)["State"]["Pid"]
+        docker_client.api.kill(default_sandbox.info.container_id, "SIGUSR1")
+        assert find_kernel(socket_dir, name, init_pid, wait_s=5) == (None, 127)
+
+
+async def test_r_kernel_prints_and_plots(docker_client: docker.DockerClient,
+                                         polyglot_sandbox: DockerSandbox,
+                                         started: list[Kernel]) -> None:
+    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    printed = await kernel.execute("print(1+1)")
+    assert (printed.status, printed.stdout) == ("ok", "[1] 2\n")
+    for plot in ("plot(1:10)", "library(ggplot2)\n"
+                 "ggplot(data.frame(x = 1:3, y = c(2, 4, 3)), aes(x, y)) + geom_line()"):
+        drawn = await kernel.execute(plot)
+        assert drawn.status == "ok", drawn
+        png = base64.b64decode(drawn.outputs[0]["data"]["image/png"])
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    failed = await kernel.execute('stop("boom")')
+    assert failed.status == "error" and "boom" in failed.errors[0]["evalue"]
+
+
+async def test_javascript_and_typescript_in_the_deno_kernel(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel]) -> None:
+    kernel = await start(docker_client, polyglot_sandbox, "javascript", started)
+    logged = await kernel.execute("console.log(2)")
+    assert (logged.status, logged.stdout) == ("ok", "2\n")
+    cells = {
+        "1 + 1": "2",
+        "await new Promise((done) => setTimeout(() => done(42), 50))": "42",
+        "interface Point { x: number }\nconst p: Point = { x: 3 };\np.x * 2": "6",
+        "'text'": '"text"',
+    }
+    for code, plain in cells.items():
+        answered = await kernel.execute(code)
+        assert (answered.status, answered.plain()) == ("ok", [plain]), code
+    failed = await kernel.execute("throw new Error('boom')")
+    assert failed.status == "error" and failed.errors[0]["evalue"] == "boom"
+
+
+@pytest.mark.parametrize("language", ["bash", "javascript", "r"])
+async def test_interrupt_stops_an_endless_loop(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel], language: str) -> None:
+    kernel = await start(docker_client, polyglot_sandbox, language, started)
+    msg_id = kernel.client.execute(LOOPS[language])
+    await anyio.sleep(1.5)
+    interrupted = time.monotonic()
+    kernel.interrupt()
+    stopped = await kernel.reply(msg_id, 10)
+    assert stopped.status in ("error", "abort") and time.monotonic() - interrupted < 5
+    after = await kernel.execute(NOTHING[language])
+    assert after.status == "ok"
+
+
+async def test_r_interrupt_stops_a_system_call(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel]) -> None:
+    # R ignores SIGINT while system() waits: the signal must reach the child, in its group.
+    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    msg_id = kernel.client.execute('system("sleep 60")')
+    await anyio.sleep(1.5)
+    interrupted = time.monotonic()
+    kernel.interrupt()
+    # system() returns once its child is gone: the cell ends, with no error of R's.
+    await kernel.reply(msg_id, 10)
+    assert time.monotonic() - interrupted < 5
+
+
+def _seen_from_host(pid: int) -> dict[str, Any]:
+    """The process's users, privileges and network interfaces, as the host sees them."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    status = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+    lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    return {"uid": status["Uid"].split(), "no_new_privs": status["NoNewPrivs"].strip(),
+            "seccomp": status["Seccomp"].strip(),
+            "interfaces": [line.split(":")[0].strip() for line in lines]}
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in
+            Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.parametrize("language", ["bash", "javascript", "r"])
+async def test_kernel_runs_as_the_sandbox_user_without_network(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel], language: str) -> None:
+    kernel = await start(docker_client, polyglot_sandbox, language, started)
+    # Deno's kernel is the relay's child: the one that runs the code is checked too.
+    pids = [kernel.pid, *(_children(kernel.pid) if language == "javascript" else [])]
+    for pid in pids:
+        # Seccomp 2: the engine's default filter applies.
+        assert _seen_from_host(pid) == {"uid": ["1000"] * 4, "no_new_privs": "1",
+                                        "seccomp": "2", "interfaces": ["lo"]}
+    probes = {
+        "bash": "(exec 3<>/dev/tcp/1.1.1.1/53) 2>&1 | grep -q unreachable && echo refused",
+        "javascript": "try { await Deno.connect({hostname: '1.1.1.1', port: 53}); 'connected' }"
+                      " catch (e) { console.log(e.name) }",
+        "r": 'tryCatch(socketConnection("1.1.1.1", 53, timeout = 3), error = function(e) '
+             'cat("refused\\n"))',
+    }
+    probe = await kernel.execute(probes[language])
+    assert probe.stdout.strip().splitlines()[-1] in ("NetworkUnreachable", "refused"), probe
+    assert "connected" not in str(probe.outputs)
+
+
+def _pids_cgroup(init_pid: int) -> Path:
+    """The container's pids cgroup folder, under cgroup v1 (its pids hierarchy) or v2."""
+    lines = [line.split(":", 2) for line in
+             Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()]
+    for _, controllers, relative in lines:
+        if "pids" in controllers.split(","):
+            return Path("/sys/fs/cgroup/pids", relative.lstrip("/"))
+    relative = next(path for _, controllers, path in lines if controllers == "")
+    return Path("/sys/fs/cgroup", relative.lstrip("/"))
+
+
+def _pids(cgroup: Path) -> tuple[int, int, int]:
+    """(limit, processes now, forks refused at the limit)."""
+    events = dict(line.split() for line in (cgroup / "pids.events").read_text().splitlines())
+    return (int((cgroup / "pids.max").read_text()), int((cgroup / "pids.current").read_text()),
+            int(events["max"]))
+
+
+@pytest.mark.parametrize("language", ["javascript", "r"])
+async def test_fork_bomb_is_bounded_by_the_pids_limit(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel], language: str) -> None:
+    kernel = await start(docker_client, polyglot_sandbox, language, started)
+    bomb = {"javascript": "new Deno.Command('sh', {args: ['-c', 'b(){ b|b& }; b'], "
+                          "stderr: 'null'}).spawn(); 'started'",
+            "r": 'system("b(){ b|b& }; b", wait = FALSE)'}
+    kernel.client.execute(bomb[language])
+    cgroup = _pids_cgroup(kernel.init_pid)
+    limit, current, refused = _pids(cgroup)
+    deadline = time.monotonic() + 20
+    while refused == 0 and time.monotonic() < deadline:
+        await anyio.sleep(0.5)
+        limit, current, refused = _pids(cgroup)
+    assert refused > 0, "the bomb never reached the pids limit"
+    assert limit == PIDS and current <= PIDS
+
+
+def test_a_profile_names_the_polyglot_image(polyglot: str) -> None:
+    assert Profile(image="polyglot").image == polyglot
