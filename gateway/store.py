@@ -16,6 +16,7 @@ JSON columns validated into models again. Timestamps are ISO 8601 UTC strings (:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
@@ -164,6 +165,9 @@ class Store:
         self._closed = False
         self._lookup: sqlite3.Connection | None = None
         self._keys: tuple[tuple[str, str], ...] = ()
+        self._starts = asyncio.Lock()
+        """Starts of executions take their seq in the order they were asked for (FIFO): the
+        connection pool would otherwise run them in whichever order its threads get to."""
         self._keys_read_at = -math.inf
         """SQLite only: a plain connection for :meth:`execution_taken`, used on the event loop."""
 
@@ -342,8 +346,8 @@ class Store:
                   "status": RUNNING, "started_at": utc_now()}
         shared = self._database.dialect == "postgresql"
         try:
-            async with (self._database.transaction() if shared
-                        else self._database.connect()) as connection:
+            async with self._starts, (self._database.transaction() if shared
+                                      else self._database.connect()) as connection:
                 if shared:
                     await connection.execute(
                         text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"),

@@ -276,3 +276,13 @@ async def test_record_activity_sets_count_activity_and_sandbox(store: Store) -> 
     assert got is not None
     assert (got.execution_count, got.last_active_at, got.sandbox) == (
         7, "2030-01-01T00:00:00", _sandbox())
+
+
+async def test_executions_started_at_once_take_their_seq_in_the_order_asked(
+        store: Store) -> None:
+    """The gateway starts a session's recordings in submission order, without waiting for
+    each: the history keeps that order."""
+    await store.create_session(SessionRecord(id="s-order", tenant="t", profile="default"))
+    ids = [f"e-order-{n:02d}" for n in range(30)]
+    await asyncio.gather(*(store.start_execution(i, "s-order", "t", "pass") for i in ids))
+    assert [r.id for r in await store.list_executions("s-order")] == ids
