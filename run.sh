@@ -320,7 +320,7 @@ settle_engine_pid_files() {
   running "$pid" containerd || as_root rm -f /run/docker/containerd/containerd.pid
 }
 
-ensure_image() { "$VENV/bin/replgate" image build; }
+ensure_image() { "$VENV/bin/replgate" image build "$@"; }
 
 # zstd compresses pause snapshots as they stream out of the sandbox (without it they are stored
 # uncompressed: a pause still works, its files are larger).
@@ -409,7 +409,8 @@ case "$cmd" in
   lock)
     update_locks "$@" ;;
   test)
-    ensure_venv dev; ensure_engine; ensure_criu; ensure_zstd; ensure_image; ensure_browser; ensure_readme_tools; ensure_node
+    # The tests of other languages run in the polyglot image (R, Deno): built here, once.
+    ensure_venv dev; ensure_engine; ensure_criu; ensure_zstd; ensure_image --polyglot; ensure_browser; ensure_readme_tools; ensure_node
     ensure_postgres
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg
