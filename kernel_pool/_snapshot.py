@@ -65,6 +65,8 @@ SNAPSHOT_TIMEOUT_S = 600.0
 PIPE_BYTES = 1 << 20
 """A snapshot's pipe holds this much (the most an unprivileged process may ask for)."""
 PIPE_WAIT_S = 0.05
+PIPE_LINGER_S = 10.0
+"""How long the end of a snapshot's stream may lag behind the kernel's answer."""
 PUMP_VERDICT_S = 2.0
 """How long a failed snapshot or load waits for the pump's own verdict before stopping it."""
 STOPPED_COMMAND = "command "
@@ -434,13 +436,15 @@ async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
             if isinstance(failure, SnapshotBudgetExceeded):  # why the kernel's writes broke
                 raise failure from None
             raise
-        try:
-            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
-                await asyncio.shield(pumping)
-        except BaseException:  # a writer of the pipe's that never closes it, say
-            pump.stop()
-            await asyncio.wait([pumping])
-            raise
+        # The kernel has closed its end: what is left is the pipe's buffer and the codec's
+        # flush. A process of the sandbox's own that holds the pipe open for writing would keep
+        # the stream from ending: after PIPE_LINGER_S the pause is refused instead of held.
+        done, _ = await asyncio.wait([pumping], timeout=PIPE_LINGER_S)
+        if not done:
+            failure = await _verdict(pump, pumping)  # its "stopped", retrieved
+            raise SnapshotError("a process in the sandbox kept the snapshot's pipe open after "
+                                "the kernel had written it; the pause was not taken") from failure
+        pumping.result()
     finally:
         with contextlib.suppress(OSError):
             host.unlink()

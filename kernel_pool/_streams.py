@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import shutil
 import subprocess
 import threading
@@ -28,6 +29,8 @@ from typing import Protocol
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 
 CHUNK = 1 << 20
+STOP_POLL_MS = 100
+"""How often a read from the sandbox's side that waits looks whether it was stopped."""
 WRITEBACK_BYTES = 32 << 20
 """A written file is handed to the disk this often, so the final fsync has little left."""
 ZSTD = shutil.which("zstd")
@@ -196,7 +199,7 @@ class Pump:
         if suffix == ".raw":
             try:
                 done = 0
-                while not self.stopped and (chunk := _read(source)):
+                while chunk := self._read_unless_stopped(source):
                     writer.write(chunk)
                     done += len(chunk)
                     if progress is not None:
@@ -222,6 +225,18 @@ class Pump:
             self._finish(process, "compressing the snapshot")
         if self.stopped:
             raise SnapshotError("the snapshot was stopped")
+
+    def _read_unless_stopped(self, source: int) -> bytes:
+        """The next bytes of ``source`` (empty at its end); a read that would wait is polled,
+        so that :meth:`stop` ends it (no codec process to kill here)."""
+        poller = select.poll()
+        poller.register(source, select.POLLIN | select.POLLHUP)
+        while not poller.poll(STOP_POLL_MS):
+            if self.stopped:
+                raise SnapshotError("the snapshot was stopped")
+        if self.stopped:
+            raise SnapshotError("the snapshot was stopped")
+        return _read(source)
 
     def into(self, reader: ChunkReader, suffix: str, target: int,
              progress: Progress | None = None) -> None:

@@ -21,6 +21,7 @@ While it writes, the snapshot watches the sandbox's memory: one that would leave
 :data:`MIN_FREE_BYTES` free stops (:class:`SnapshotRefused`) and the kernel goes on unchanged.
 """
 
+import io
 import json
 import os
 import pickle
@@ -358,6 +359,11 @@ def save(path: str) -> str:
                     if name not in lost:
                         pickler.dump((name, namespace[name]))
                 break
+            except io.UnsupportedOperation as exc:
+                # An open pipe's file (dill pickles a file by seeking it): not data, and not
+                # the writer's failure, though it is an OSError too.
+                lost[name] = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
+                writer.void()
             except (SnapshotRefused, OSError):
                 raise
             except Exception as exc:

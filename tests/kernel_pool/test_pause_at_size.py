@@ -175,3 +175,44 @@ async def test_pause_and_resume_of_a_1_gib_session_grow_the_gateway_by_under_64_
         assert rss["after"] - rss["before"] < RSS_GROWTH_BOUND
     finally:
         await sized_pool.delete_session(session.id)
+
+
+async def test_pause_refused_when_a_sandbox_process_holds_the_snapshot_pipe_open(
+        session: Session) -> None:
+    """The snapshot's pipe is in a folder the sandbox can write: a process of its own that
+    opens it for writing and never closes it would keep the stream from ending. The pause is
+    refused soon after the kernel's part is done (not held for SNAPSHOT_TIMEOUT_S), and the
+    session goes on with its variables."""
+    if session.kernel.sandbox.pipe_folder is None:
+        pytest.fail("this sandbox passes snapshots through a workspace file, not a pipe")
+    # A child of the kernel (spared by the reaping at an execution's end) watches for the
+    # pipe; 64 MiB of variables give it time to find it while the kernel writes.
+    await run_ok(session, HOLDER)
+    started = time.monotonic()
+    with pytest.raises(SnapshotError, match="kept the snapshot's pipe open"):
+        await session.pause()
+    assert time.monotonic() - started < 60
+    assert session.status is not SessionStatus.PAUSED
+    assert await run_ok(session, "print(kept, holder.stdout.readline().strip())") == \
+        "42 held\n"
+
+
+HOLDER = '''
+import subprocess, sys
+import numpy as np
+kept = 41 + 1
+ballast = np.ones(64 * 2**20 // 8)
+holder = subprocess.Popen([sys.executable, "-c", """
+import glob, os, time
+held = []
+while not held:
+    for path in glob.glob("/kernel/.replgate-snapshot*"):
+        try:
+            held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            print("held", flush=True)
+        except OSError:
+            pass
+    time.sleep(0.001)
+time.sleep(3600)
+"""], stdout=subprocess.PIPE, text=True)
+'''
