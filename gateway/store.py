@@ -164,12 +164,14 @@ class Store:
         self._database = database
         self._closed = False
         self._lookup: sqlite3.Connection | None = None
-        self._keys: tuple[tuple[str, str], ...] = ()
+        """SQLite only: a plain connection for :meth:`execution_taken`, used on the event loop."""
         self._starts = asyncio.Lock()
         """Starts of executions take their seq in the order they were asked for (FIFO): the
         connection pool would otherwise run them in whichever order its threads get to."""
+        self._keys: tuple[tuple[str, str], ...] = ()
         self._keys_read_at = -math.inf
-        """SQLite only: a plain connection for :meth:`execution_taken`, used on the event loop."""
+        self._keys_generation = 0
+        """Raised by each key this store adds: a read begun before it is not kept as fresh."""
 
     @staticmethod
     def open(target: str | Path | URL) -> _StoreOpener:
@@ -460,6 +462,7 @@ class Store:
             "INSERT INTO api_keys (key_hash, tenant, created_at) VALUES (:hash, :tenant, :now) "
             "ON CONFLICT DO NOTHING", hash=key_hash, tenant=tenant, now=utc_now())
         self._keys_read_at = -math.inf
+        self._keys_generation += 1
         rows = await self._fetch("SELECT tenant FROM api_keys WHERE key_hash = :hash",
                                  hash=key_hash)
         if rows and rows[0]["tenant"] != tenant:
@@ -474,12 +477,15 @@ class Store:
         asks; a key another gateway adds is known here that much later).
         """
         candidate = hash_api_key(key)
+        keys = self._keys
         if time.monotonic() - self._keys_read_at > KEYS_FRESH_S:
+            generation, began = self._keys_generation, time.monotonic()
             rows = await self._fetch("SELECT key_hash, tenant FROM api_keys")
-            self._keys = tuple((str(row["key_hash"]), str(row["tenant"])) for row in rows)
-            self._keys_read_at = time.monotonic()
+            keys = tuple((str(row["key_hash"]), str(row["tenant"])) for row in rows)
+            if generation == self._keys_generation:  # no key added meanwhile: keep it
+                self._keys, self._keys_read_at = keys, began
         found: str | None = None
-        for key_hash, tenant in self._keys:
+        for key_hash, tenant in keys:
             if hmac.compare_digest(candidate, key_hash):
                 found = tenant
         return found

@@ -8,7 +8,7 @@ HKDF-SHA256 from the tenant's key, the salt and the associated data, then 1 MiB 
 sealed by AES-256-GCM under the nonce ``prefix || segment index || last-segment flag``.
 A segment changed, moved, dropped or added, a stream cut short, another tenant's key or
 another object's associated data: each makes a segment fail its tag, and the reader stops
-there. ``tests/kernel_pool/bundles/test_crypto.py`` checks the bytes against Tink itself.
+there. ``tests/kernel_pool/bundles/test_sealing.py`` checks the bytes against Tink itself.
 
 Tenants' keys are derived from one master key (``REPLGATE_BUNDLE_KEY``) by HKDF-SHA256, so a
 node needs one secret, and no tenant's key opens another's bundles.
