@@ -8,6 +8,7 @@ The verdicts come from the host: the container's cgroup under runc, ``runsc ps``
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -78,7 +79,7 @@ def _at_the_limit(procs: Path) -> None:
 def test_kill_strays_reaps_a_fork_bomb_at_once(runc_box: Any, frozen: bool) -> None:
     init = int(runc_box.attrs["State"]["Pid"])
     procs = _procs(runc_box)
-    freezer = Freezer.for_pid(init) if frozen else None
+    freezer = Freezer.for_pid(init, runc_box.id) if frozen else None
     assert (freezer is not None) is frozen, "the tests run as root, on a host with a freezer"
     for _ in range(3):  # again and again: each time the bomb is at the limit
         _bomb(runc_box)
@@ -96,7 +97,7 @@ def test_kill_strays_reaps_a_fork_bomb_at_once(runc_box: Any, frozen: bool) -> N
 def test_kill_strays_leaves_a_paused_container_to_its_pause(runc_box: Any) -> None:
     init = int(runc_box.attrs["State"]["Pid"])
     procs = _procs(runc_box)
-    freezer = Freezer.for_pid(init)
+    freezer = Freezer.for_pid(init, runc_box.id)
     assert freezer is not None
     runc_box.exec_run(["sleep", "601"], user="1000:1000", detach=True)
     deadline = time.monotonic() + 10
@@ -154,3 +155,12 @@ async def test_gvisor_kill_strays_pauses_reaps_a_fork_bomb_and_resumes(
     while len(await gvisor_box.processes() or {}) <= before:
         assert time.monotonic() < deadline, "the sandbox stayed paused"
         await asyncio.sleep(0.05)
+
+
+def test_freezer_is_refused_for_a_pid_of_another_cgroup(runc_box: Any) -> None:
+    """A pid read from the engine earlier may be another process's by now: the freezer is
+    only found when the pid's cgroup is the container's own."""
+    init = int(runc_box.attrs["State"]["Pid"])
+    assert Freezer.for_pid(init, runc_box.id) is not None
+    assert Freezer.for_pid(init, "0" * 64) is None
+    assert Freezer.for_pid(os.getpid(), runc_box.id) is None

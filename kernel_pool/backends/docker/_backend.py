@@ -275,7 +275,8 @@ class DockerSandbox(Sandbox):
         gvisor = self.profile.runtime == "gvisor"
         self._runsc = Runsc.for_sandbox(self._init_pid, self.info.container_id) if gvisor else None
         # Under gVisor the cgroup holds the sentry, whose freeze would stop the whole sandbox.
-        self._freezer = None if gvisor else Freezer.for_pid(self._init_pid)
+        self._freezer = (None if gvisor
+                         else Freezer.for_pid(self._init_pid, self.info.container_id))
 
     async def launch_kernel(self) -> dict[str, Any]:
         await self._ensure_running()
@@ -1022,7 +1023,7 @@ class DockerBackend(SandboxBackend):
         if sandbox._through_init:
             state = details.get("State") or {}
             init_pid = int(state.get("Pid") or 0) if state.get("Running") else 0
-            freezer = Freezer.for_pid(init_pid) if init_pid else None
+            freezer = Freezer.for_pid(init_pid, info.container_id) if init_pid else None
             if freezer is not None and not state.get("Paused"):
                 # A gateway killed while it reaped strays left the freeze (the engine's own
                 # pause would say Paused): nothing in the container would run again.

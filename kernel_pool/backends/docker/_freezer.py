@@ -48,12 +48,16 @@ class Freezer:
         return f"<Freezer {'v2' if self.unified else 'v1'} {self.folder}>"
 
     @classmethod
-    def for_pid(cls, pid: int) -> Freezer | None:
+    def for_pid(cls, pid: int, container_id: str) -> Freezer | None:
         """The freezer of host process ``pid``'s cgroup (the container's PID 1); None where
-        the host has none that can be written (not root, a remote engine)."""
+        the host has none that can be written (not root, a remote engine), or where ``pid``'s
+        cgroup is not ``container_id``'s (the pid came from an earlier look at the engine and
+        may be another process's by now: its cgroup is never frozen or thawed)."""
         try:
             text = Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
+            return None
+        if container_id not in text:
             return None
         paths = {}
         for line in text.splitlines():
