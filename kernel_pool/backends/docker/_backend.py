@@ -692,6 +692,12 @@ class DockerSandbox(Sandbox):
     def _dump_tree(self, procs: Path, about: dict[str, Any]) -> None:
         dump_tree(self._init_pid, self.info.container_id, procs, int(about["kernel_pid"]),
                   self._checkpoint_dir, about)
+        # Looked at again now that the tree is stopped: a process that left it since the first
+        # look (an orphan re-parented to PID 1) is in no image and would die with the container.
+        if self._pid and outside_the_tree(procs, self._init_pid, self._pid):
+            discard(self._checkpoint_dir)
+            resume_stopped(procs, self._init_pid)
+            raise CheckpointError("a process left the kernel's tree while it was dumped")
         # The tree is stopped, its image whole: the container ends as after runc's dump.
         try:
             self._api.kill(self.info.container_id)
@@ -699,7 +705,13 @@ class DockerSandbox(Sandbox):
             discard(self._checkpoint_dir)
             resume_stopped(procs, self._init_pid)
             raise
-        self._api.wait(self.info.container_id, timeout=TREE_STOP_TIMEOUT_S)
+        try:
+            self._api.wait(self.info.container_id, timeout=TREE_STOP_TIMEOUT_S)
+        except (OSError, docker.errors.APIError) as exc:
+            # Killed with its image whole: a slow answer is no reason to dump it again (the
+            # caller's fallback would find the container gone).
+            logger.warning("sandbox %s: the engine did not confirm the container's end (%s)",
+                           self.info.sandbox_id, exc)
 
     def _restore_tree(self) -> None:
         """Restore the kernel's tree into the started container (blocking)."""
