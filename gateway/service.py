@@ -23,7 +23,7 @@ from gateway.governance import Governance
 from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
-from gateway.store import RUNNING, ExecutionRecord, SessionRecord, Store
+from gateway.store import PENDING_APPROVAL, RUNNING, ExecutionRecord, SessionRecord, Store
 from gateway.tracing import Tracing
 from gateway.usage import UsageMeter
 from gateway.wire import (
@@ -420,23 +420,26 @@ class Gateway:
 
     async def history(self, tenant: str, session_id: str) -> list[ExecutionRecord]:
         """The session's executions in order, each finished one with its result, including
-        those finished a moment ago whose record the store has not written yet."""
+        those submitted or finished a moment ago whose record the store has not written yet
+        (a client told "pending approval" or "done" finds them here at once)."""
         self.session(tenant, session_id)
         # Taken before the store is read: one that leaves ``_live`` meanwhile is stored by then.
-        finished = {handle.id: handle for sid, handle in list(self._live.values())
-                    if sid == session_id and handle.done is not None}
+        live = {handle.id: handle for sid, handle in list(self._live.values())
+                if sid == session_id}
         records = await self.store.list_executions(session_id)
-        if not finished:
+        if not live:
             return records
         for index, record in enumerate(records):
-            handle = finished.pop(record.id, None)
-            if handle is not None and record.finished_at is None:
+            handle = live.pop(record.id, None)
+            if handle is not None and handle.done is not None and record.finished_at is None:
                 records[index] = _finished(record, handle)
-        for handle in finished.values():  # started and finished before the store heard of it
-            records.append(_finished(ExecutionRecord(
+        for handle in live.values():  # submitted before the store heard of it
+            record = ExecutionRecord(
                 id=handle.id, session_id=session_id, tenant=tenant,
-                seq=records[-1].seq + 1 if records else 1, code=handle.code, status=RUNNING,
-                started_at=handle.started_at), handle))
+                seq=records[-1].seq + 1 if records else 1, code=handle.code,
+                status=_unfinished_status(handle), events=list(handle.events),
+                started_at=handle.started_at)
+            records.append(record if handle.done is None else _finished(record, handle))
         return records
 
     async def notebook(self, tenant: str, session_id: str) -> dict[str, Any]:
@@ -484,6 +487,12 @@ def _finished(record: ExecutionRecord, handle: ExecutionHandle) -> ExecutionReco
         "status": execution.status.value, "execution_count": execution.execution_count,
         "events": list(handle.events), "result": execution,
         "finished_at": handle.finished_at})
+
+
+def _unfinished_status(handle: ExecutionHandle) -> str:
+    """``pending_approval`` while the handle waits for a person's decision, else ``running``."""
+    held = [e.type for e in handle.events if e.type in ("pending_approval", "approval")]
+    return PENDING_APPROVAL if held and held[-1] == "pending_approval" else RUNNING
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
