@@ -97,7 +97,8 @@ def test_fork_bomb_stays_under_pids_limit(hostile: Hostile, sid: str) -> None:
 
 
 RELAUNCHER = """
-import subprocess, time
+import subprocess, sys, time
+open(sys.argv[1], 'w').close()  # started: the bomb may come
 while True:
     try:
         subprocess.Popen(['sh', '-c', 'b(){ b|b& }; b'], stderr=subprocess.DEVNULL)
@@ -109,11 +110,20 @@ def shell_bomb(seconds: float) -> str:
     """The code of issue 30: a shell fork bomb started, then a wait. Alone, the bomb dies out
     now and then at the pids limit (all its forks failing at once): a detached relauncher
     (re-parented to PID 1 once its shell exits) keeps one running when the code ends, the race
-    the issue is about, and is one more process to reap."""
-    return ("import subprocess, sys, time\n"
-            f"subprocess.Popen(['sh', '-c', '\"$0\" -c \"$1\" &', sys.executable, "
-            f"{RELAUNCHER!r}])\n"
-            "subprocess.Popen(['sh', '-c', 'b(){ b|b& }; b'])\n"
+    the issue is about, and is one more process to reap. The bomb starts once the relauncher
+    runs: started together, the bomb could fill the pids limit before the relauncher's shell
+    had forked it."""
+    return ("import os, subprocess, sys, time, uuid\n"
+            "ready = f'/tmp/relauncher-{uuid.uuid4().hex}'\n"
+            f"subprocess.Popen(['sh', '-c', '\"$0\" -c \"$1\" \"$2\" &', sys.executable, "
+            f"{RELAUNCHER!r}, ready])\n"
+            "deadline = time.monotonic() + 20\n"
+            "while not os.path.exists(ready) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n"
+            "try:\n"
+            "    subprocess.Popen(['sh', '-c', 'b(){ b|b& }; b'])\n"
+            "except OSError:\n"
+            "    pass  # the relauncher's bomb is at the pids limit already\n"
             f"time.sleep({seconds})\nprint('bombed')")
 
 
