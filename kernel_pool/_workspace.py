@@ -575,9 +575,22 @@ def _refill(image: Path) -> None:
 
 def _mount(image: Path, root: Path, read_only: bool) -> None:
     options = "loop,nosuid,nodev,noinit_itable" + (",ro,noexec" if read_only else "")
-    _run(["mount", "-o", options, str(image), str(root)])
+    deadline = time.monotonic() + MOUNT_SETTLE_S
+    while True:
+        try:
+            _run(["mount", "-o", options, str(image), str(root)])
+            return
+        except WorkspaceError as exc:
+            # The loop device of the image's last mount is let go after its unmount returns
+            # (autoclear): until then mount takes the image for one still mounted.
+            if "already mounted or mount point busy" not in str(exc) or \
+                    time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
+MOUNT_SETTLE_S = 2.0
+"""How long a mount waits for the image's previous loop device to be let go."""
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
