@@ -69,12 +69,14 @@ def owned_containers(client: docker.DockerClient, owner: str = OWNER) -> list[st
 
 @asynccontextmanager
 async def pausing_pool(state_root: Path, docker_client: docker.DockerClient, name: str,
+                       profiles: dict[str, Profile] | None = None,
                        **settings: Any) -> AsyncIterator[KernelPool]:
-    """A started pool of its own (owner and state folder named by ``name``) on the small
-    :func:`pause_profiles`; after it closes, no container or mount of it may be left."""
+    """A started pool of its own (owner and state folder named by ``name``) on ``profiles``
+    (the small :func:`pause_profiles` by default); after it closes, no container or mount of
+    it may be left."""
     owner = f"{OWNER}-{name}"
-    pool = KernelPool(make_settings(state_root / name, owner=owner, profiles=pause_profiles(),
-                                    **settings))
+    pool = KernelPool(make_settings(state_root / name, owner=owner,
+                                    profiles=profiles or pause_profiles(), **settings))
     await pool.start()
     try:
         yield pool

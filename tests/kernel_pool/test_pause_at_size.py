@@ -16,14 +16,7 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from kp_support import (
-    OWNER,
-    eventually,
-    make_settings,
-    mounts_under,
-    owned_containers,
-    run_ok,
-)
+from kp_support import eventually, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Profile, Session, SessionStatus, SnapshotError
 
@@ -46,16 +39,9 @@ def _profiles() -> dict[str, Profile]:
 async def sized_pool(state_root: Path, docker_client: docker.DockerClient,
                      ) -> AsyncIterator[KernelPool]:
     """Variables pauses only: what is measured here is the variables snapshot's stream."""
-    owner = f"{OWNER}-sized"
-    pool = KernelPool(make_settings(state_root / "sized", owner=owner, profiles=_profiles(),
-                                    pause_with="variables", snapshot_budget="8g"))
-    await pool.start()
-    try:
+    async with pausing_pool(state_root, docker_client, "sized", profiles=_profiles(),
+                            pause_with="variables", snapshot_budget="8g") as pool:
         yield pool
-    finally:
-        await pool.close()
-    assert owned_containers(docker_client, owner) == []
-    assert mounts_under(pool.settings.state_dir) == []
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.images import Image
 from pydantic import BaseModel
 
 from kernel_pool._sandbox_image import (
@@ -122,10 +123,7 @@ def build_image(
     context = context_dir()
     version = content_version(context)
     tag = f"{IMAGE_REPOSITORY}:{version}"
-    try:
-        image = None if force else client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        image = None
+    image = None if force else _present(client, tag)
     if image is None:
         base = choose_base(client, log)
         log(f"building {tag} from {base} (first time: a few minutes)")
@@ -157,10 +155,7 @@ def build_polyglot_image(
     context = context_dir()
     version = polyglot_version(context)
     tag = f"{POLYGLOT_REPOSITORY}:{version}"
-    try:
-        image = None if force else client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        image = None
+    image = None if force else _present(client, tag)
     if image is None:
         log(f"building {tag} on {default.tag} (R, Deno: about two minutes)")
         with tempfile.TemporaryDirectory(prefix="replgate-image-") as tmp:
@@ -169,6 +164,14 @@ def build_polyglot_image(
                           {"SANDBOX_IMAGE": default.tag}, {"io.replgate.base": default.tag})
         image = client.images.get(tag)
     return ImageInfo(tag=tag, id=str(image.id), version=version, base=default.tag)
+
+
+def _present(client: docker.DockerClient, tag: str) -> Image | None:
+    """The engine's image of ``tag``, or None when it has none."""
+    try:
+        return client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return None
 
 
 def _copy_context(source: Path, tmp: Path, *skip: str) -> Path:
