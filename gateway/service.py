@@ -96,13 +96,13 @@ class Gateway:
             raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
         return tenant
 
-    def session(self, tenant: str, session_id: str) -> Session:
+    async def session(self, tenant: str, session_id: str) -> Session:
         """The tenant's live session; another tenant's is exactly as absent as a missing one."""
         if self._tenant_of.get(session_id) != tenant:
             raise SessionNotFound(session_id)
         return self.pool.get_session(session_id)
 
-    def owner(self, session_id: str) -> str | None:
+    async def owner(self, session_id: str) -> str | None:
         """The tenant of a live session, for a caller that proved its right to it otherwise
         (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
         return self._tenant_of.get(session_id)
@@ -111,7 +111,12 @@ class Gateway:
         """The sandbox profiles sessions may be created with."""
         return list(self.pool.settings.profiles.values())
 
-    def sessions(self, tenant: str) -> list[Session]:
+    async def sessions(self, tenant: str) -> list[Session]:
+        """The tenant's live sessions."""
+        return self._local_sessions(tenant)
+
+    def _local_sessions(self, tenant: str) -> list[Session]:
+        """The tenant's sessions this process holds."""
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
 
     def describe(self, session: Session) -> SessionOut:
@@ -133,7 +138,7 @@ class Gateway:
     async def create_session(self, tenant: str, request: SessionCreate,
                              session_id: str | None = None) -> Session:
         self.check_disk()
-        if len(self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
+        if len(await self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
                 "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
@@ -197,7 +202,7 @@ class Gateway:
         await self.pool.remove_leftovers()  # of sandboxes no session above took back
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
-        self.session(tenant, session_id)
+        await self.session(tenant, session_id)
         await self.pool.delete_session(session_id)
 
     def _closed_by_pool(self, session: Session, reason: str) -> None:
@@ -211,7 +216,7 @@ class Gateway:
 
     async def pause(self, tenant: str, session_id: str) -> Session:
         """Keep the session in a snapshot and free its kernel (waits for running code)."""
-        session = self.session(tenant, session_id)
+        session = await self.session(tenant, session_id)
         self.check_disk()
         with self._span("replgate.pause", tenant, session_id):
             await session.pause()
@@ -219,7 +224,7 @@ class Gateway:
         return session
 
     async def resume(self, tenant: str, session_id: str) -> Session:
-        session = self.session(tenant, session_id)
+        session = await self.session(tenant, session_id)
         with self._span("replgate.resume", tenant, session_id):
             await session.resume()
         await self._record_lifecycle(session)
@@ -227,9 +232,9 @@ class Gateway:
 
     async def fork(self, tenant: str, session_id: str, request: ForkRequest) -> list[Session]:
         """New sessions of the tenant with the session's variables and workspace files."""
-        self.session(tenant, session_id)
+        await self.session(tenant, session_id)
         self.check_disk()
-        held = len(self.sessions(tenant))
+        held = len(await self.sessions(tenant))
         if held + request.count > self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
@@ -256,7 +261,7 @@ class Gateway:
 
     async def session_metrics(self, tenant: str, session_id: str) -> SessionMetricsOut:
         """The sandbox's CPU, memory and disk use now (see :class:`UsageMeter`)."""
-        return await self.usage.read(self.session(tenant, session_id))
+        return await self.usage.read(await self.session(tenant, session_id))
 
     async def _record_lifecycle(self, session: Session) -> None:
         """The store learns the session's status and sandbox (a resume makes a container)."""
@@ -271,7 +276,7 @@ class Gateway:
             task.add_done_callback(_log_failure)
 
     async def restart(self, tenant: str, session_id: str) -> Session:
-        session = self.session(tenant, session_id)
+        session = await self.session(tenant, session_id)
         with self._span("replgate.restart", tenant, session_id):
             await session.restart()
         await self.store.update_session(session.id, execution_count=0,
@@ -318,7 +323,7 @@ class Gateway:
         if execution_id is not None and execution_id in self._live:
             raise ExecutionIdTaken(execution_id)
         self.check_disk()
-        running = sum(s.pending for s in self.sessions(tenant))
+        running = sum(s.pending for s in self._local_sessions(tenant))
         if running >= self.settings.max_concurrent_executions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {running} executions queued or running, the limit; "
@@ -412,9 +417,9 @@ class Gateway:
         await asyncio.shield(self.audit.append(record))
         return result
 
-    def kill_command(self, tenant: str, session_id: str, command_id: str) -> bool:
+    def kill_command(self, session: Session, command_id: str) -> bool:
         """Stop a running command of the session; False when none runs under that id."""
-        return self.session(tenant, session_id).kill_command(command_id)
+        return session.kill_command(command_id)
 
     # -- history, notebook, files ------------------------------------------------------------
 
@@ -422,7 +427,7 @@ class Gateway:
         """The session's executions in order, each finished one with its result, including
         those submitted or finished a moment ago whose record the store has not written yet
         (a client told "pending approval" or "done" finds them here at once)."""
-        self.session(tenant, session_id)
+        await self.session(tenant, session_id)
         # Taken before the store is read: one that leaves ``_live`` meanwhile is stored by then.
         live = {handle.id: handle for sid, handle in list(self._live.values())
                 if sid == session_id}
@@ -443,7 +448,7 @@ class Gateway:
         return records
 
     async def notebook(self, tenant: str, session_id: str) -> dict[str, Any]:
-        session = self.session(tenant, session_id)
+        session = await self.session(tenant, session_id)
         records = await self.history(tenant, session_id)
         cells = [NotebookCell(code=r.code, execution_count=r.execution_count,
                               events=[e.model_dump(mode="json") for e in r.events],
@@ -453,23 +458,23 @@ class Gateway:
              "created_at": session.created_at}, cells)
 
     async def write_file(self, tenant: str, session_id: str, path: str, data: bytes) -> int:
-        session = self.session(tenant, session_id)
+        session = await self.session(tenant, session_id)
         if len(data) > self.settings.max_upload_bytes:
             raise upload_too_large(self.settings.max_upload_bytes)
         return await session.write_file(path, data)
 
     async def read_file(self, tenant: str, session_id: str, path: str) -> bytes:
-        return await self.session(tenant, session_id).read_file(
+        return await (await self.session(tenant, session_id)).read_file(
             path, self.settings.max_download_bytes)
 
     async def list_files(self, tenant: str, session_id: str) -> list[FileInfo]:
-        return await self.session(tenant, session_id).list_files()
+        return await (await self.session(tenant, session_id)).list_files()
 
-    def egress_attempts(self, tenant: str, session_id: str) -> list[EgressAttempt]:
-        return self.session(tenant, session_id).egress_attempts()
+    async def egress_attempts(self, tenant: str, session_id: str) -> list[EgressAttempt]:
+        return (await self.session(tenant, session_id)).egress_attempts()
 
     async def interrupt(self, tenant: str, session_id: str) -> bool:
-        return await self.session(tenant, session_id).interrupt()
+        return await (await self.session(tenant, session_id)).interrupt()
 
     # -- shutdown ----------------------------------------------------------------------------
 

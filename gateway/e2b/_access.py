@@ -23,7 +23,7 @@ ENVD_PORT = 49983
 """envd's port: ``/files`` and the filesystem and process RPC services."""
 
 
-def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandboxes,
+async def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandboxes,
                  *ports: int) -> tuple[str, Session]:
     """The tenant and session a sandbox request is for, once its token is checked."""
     sandbox_id = headers.get("e2b-sandbox-id")
@@ -36,9 +36,9 @@ def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandbo
                             "here: replgate serves this path on port "
                             f"{' or '.join(str(p) for p in ports)}")
     token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
-    tenant = sandboxes.owner(sandbox_id, token)
+    tenant = await sandboxes.owner(sandbox_id, token)
     try:
-        return tenant, gateway.session(tenant, sandbox_id)
+        return tenant, await gateway.session(tenant, sandbox_id)
     except (SessionNotFound, SessionClosed):  # deleted a moment ago
         raise E2BError(502, f"The sandbox {sandbox_id} was not found") from None
 

@@ -130,7 +130,7 @@ class SandboxRpc:
             if service is None:
                 raise E2BError(404, f"no such service: {rpc_path}")
             gateway, sandboxes = services(connection)
-            tenant, session = find_sandbox(connection.headers, gateway, sandboxes, ENVD_PORT)
+            tenant, session = await find_sandbox(connection.headers, gateway, sandboxes, ENVD_PORT)
         except E2BError as exc:
             body = json.dumps({"code": exc.status, "message": exc.message}).encode()
             await send({"type": "http.response.start", "status": exc.status,

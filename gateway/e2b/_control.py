@@ -100,12 +100,12 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     return sandboxes.created(session)
 
 
-def _listed(gateway: Gateway, sandboxes: Sandboxes, tenant: str, metadata: str | None,
+async def _listed(gateway: Gateway, sandboxes: Sandboxes, tenant: str, metadata: str | None,
             state: list[str], started_after: datetime | None = None,
             template: str | None = None) -> list[ListedSandbox]:
     if started_after is not None and started_after.tzinfo is None:
         started_after = started_after.replace(tzinfo=UTC)
-    return select((sandboxes.listed(s) for s in gateway.sessions(tenant)), metadata=metadata,
+    return select((sandboxes.listed(s) for s in await gateway.sessions(tenant)), metadata=metadata,
                   state=state, started_after=started_after, template=template)
 
 
@@ -117,7 +117,7 @@ async def list_sandboxes(tenant: TenantDep, gateway: GatewayDep, sandboxes: Sand
                          metadata: str | None = None,
                          state: StateQuery = []) -> list[ListedSandbox]:  # noqa: B006
     """The tenant's sandboxes, filtered by metadata (``k=v&k2=v2``) and state, unpaged."""
-    return _listed(gateway, sandboxes, tenant, metadata, state)
+    return await _listed(gateway, sandboxes, tenant, metadata, state)
 
 
 @router.get("/v2/sandboxes")
@@ -131,7 +131,7 @@ async def list_sandboxes_v2(
 ) -> list[ListedSandbox]:
     """``Sandbox.list()``: one page of the tenant's sandboxes, filtered, newest first unless
     ``order=asc``; ``X-Next-Token`` when another page follows, and ``X-Total-Running``."""
-    found = _listed(gateway, sandboxes, tenant, metadata, state, started_after, template)
+    found = await _listed(gateway, sandboxes, tenant, metadata, state, started_after, template)
     items, token = page(found, order=order, limit=limit, next_token=next_token)
     if token is not None:
         response.headers["X-Next-Token"] = token
@@ -143,7 +143,7 @@ async def list_sandboxes_v2(
 @router.get("/sandboxes/{sandbox_id}")
 async def get_sandbox(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                       sandboxes: SandboxesDep) -> SandboxDetail:
-    return sandboxes.detail(gateway.session(tenant, sandbox_id))
+    return sandboxes.detail(await gateway.session(tenant, sandbox_id))
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -157,7 +157,7 @@ async def kill(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep) -> Respo
 async def set_timeout(sandbox_id: str, body: TimeoutRequest, tenant: TenantDep,
                       gateway: GatewayDep, sandboxes: SandboxesDep) -> Response:
     """The sandbox now ends ``timeout`` seconds from now."""
-    sandboxes.set_timeout(tenant, gateway.session(tenant, sandbox_id), body.timeout)
+    sandboxes.set_timeout(tenant, await gateway.session(tenant, sandbox_id), body.timeout)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -184,7 +184,7 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     seconds from now unless it ends later; 201 when a paused one was resumed first (replgate's
     pause keeps its variables) and ends ``timeout`` seconds from now."""
     body = body or ConnectRequest()
-    session: Session = gateway.session(tenant, sandbox_id)
+    session: Session = await gateway.session(tenant, sandbox_id)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if session.paused:
@@ -200,7 +200,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                  sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> SandboxOut:
     """The deprecated resume: a paused sandbox only (409 for a running one)."""
     body = body or ConnectRequest()
-    session: Session = gateway.session(tenant, sandbox_id)
+    session: Session = await gateway.session(tenant, sandbox_id)
     timeout = RESUME_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if not session.paused:
@@ -222,7 +222,7 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     expiring; connecting or running code resumes it. ``memory: false`` keeps the files only
     (the kernel is restarted first, so nothing of its memory is kept). 409 when it already is
     paused, which the SDKs read as ``False``."""
-    session: Session = gateway.session(tenant, sandbox_id)
+    session: Session = await gateway.session(tenant, sandbox_id)
     if session.paused:
         raise E2BError(409, f"Sandbox {sandbox_id} is already paused")
     if body is not None and not body.memory:
@@ -241,7 +241,7 @@ async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxe
     and a count past replgate's limit (16; E2B's is 20) is a 400 that names it."""
     body = body or ForkSandbox()
     sandboxes.check_timeout(body.timeout)
-    parent = gateway.session(tenant, sandbox_id)
+    parent = await gateway.session(tenant, sandbox_id)
     request = ForkRequest(count=body.count, metadata=dict(parent.metadata))
     children = await gateway.fork(tenant, sandbox_id, request)
     for child in children:
@@ -258,8 +258,9 @@ async def metrics(sandbox_id: str, tenant: TenantDep,
     ``memUsed``, as the limit counts it."""
     figures = await gateway.session_metrics(tenant, sandbox_id)
     at = datetime.fromisoformat(figures.at)
+    cpus = (await gateway.session(tenant, sandbox_id)).profile.cpus
     return [{"timestamp": figures.at, "timestampUnix": int(at.timestamp()),
-             "cpuCount": max(1, math.ceil(gateway.session(tenant, sandbox_id).profile.cpus)),
+             "cpuCount": max(1, math.ceil(cpus)),
              "cpuUsedPct": figures.cpu_used_pct, "memUsed": figures.mem_used_bytes,
              "memTotal": figures.mem_limit_bytes, "memCache": 0,
              "diskUsed": figures.disk_used_bytes, "diskTotal": figures.disk_limit_bytes}]

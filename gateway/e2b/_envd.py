@@ -25,7 +25,7 @@ router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2BRoute,
 @router.get("/files")
 async def download(request: Request, path: str = "") -> Response:
     gateway, sandboxes = services(request)
-    tenant, session = find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     if not path:
         raise E2BError(400, "the query parameter path is required")
     data = await gateway.read_file(tenant, session.id, to_workspace(path))
@@ -35,7 +35,7 @@ async def download(request: Request, path: str = "") -> Response:
 @router.post("/files")
 async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
-    tenant, session = find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     if request.headers.get("content-encoding", "identity") != "identity":
         raise E2BError(400, "compressed uploads are not accepted; send the file as is")
     body = await read_upload(request, gateway.settings.max_upload_bytes)

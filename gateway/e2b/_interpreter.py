@@ -62,14 +62,14 @@ async def execute(request: Request) -> Response:
     """
     try:
         body = ExecuteRequest.model_validate_json(await request.body())
-        return _submit(request, body)
+        return await _submit(request, body)
     except Exception as exc:
         return answer(exc, request, PlainTextRoute.render)
 
 
-def _submit(request: Request, body: ExecuteRequest) -> Response:
+async def _submit(request: Request, body: ExecuteRequest) -> Response:
     gateway, sandboxes = services(request)
-    tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     if body.context_id and body.language:
         raise E2BError(400, "Only one of context_id or language can be provided")
     if body.language and body.language.strip().lower() not in ("python", "python3"):
@@ -91,23 +91,23 @@ def _submit(request: Request, body: ExecuteRequest) -> Response:
 @router.get("/contexts")
 async def list_contexts(request: Request) -> list[dict[str, str]]:
     gateway, sandboxes = services(request)
-    _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     return [_context(session)]
 
 
 @router.post("/contexts")
 async def create_context(body: CreateContext, request: Request) -> dict[str, Any]:
     gateway, sandboxes = services(request)
-    find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     raise unsupported("a second code context in one sandbox",
                       "each sandbox has one Python context (its kernel); use run_code without "
                       "a context, or create another sandbox for separate state")
 
 
-def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
+async def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
     """The sandbox whose one context ``context_id`` names (404 for any other id)."""
     gateway, sandboxes = services(request)
-    tenant, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     if context_id != session.id:
         raise E2BError(404, f"Context {context_id} not found")
     return tenant, session
@@ -116,13 +116,13 @@ def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
 @router.post("/contexts/{context_id}/restart")
 async def restart_context(context_id: str, request: Request) -> None:
     """Restart the kernel: variables gone, files kept."""
-    tenant, session = _the_context(request, context_id)
+    tenant, session = await _the_context(request, context_id)
     await services(request)[0].restart(tenant, session.id)
 
 
 @router.delete("/contexts/{context_id}")
 async def remove_context(context_id: str, request: Request) -> None:
-    _the_context(request, context_id)
+    await _the_context(request, context_id)
     raise unsupported("removing the sandbox's only context", "kill the sandbox instead")
 
 
@@ -132,7 +132,8 @@ async def health(request: Request) -> Response:
     paused it (E2B's proxy answers a paused sandbox as one not found, which ``is_running()``
     reads as False)."""
     gateway, sandboxes = services(request)
-    _, session = find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT, ENVD_PORT)
+    _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT,
+                                    ENVD_PORT)
     if sandboxes.held(session):
         raise E2BError(502, f"The sandbox {session.id} was not found running: it is paused; "
                             "Sandbox.connect resumes it")

@@ -67,10 +67,10 @@ class Sandboxes:
         digest = hmac.new(self._key, session_id.encode(), hashlib.sha256).digest()
         return "rgt_" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
-    def owner(self, session_id: str, token: str | None) -> str:
+    async def owner(self, session_id: str, token: str | None) -> str:
         """The tenant of the session ``token`` opens; 401 for a wrong token, and E2B's 502
         "was not found" (what its proxy answers) for a sandbox that does not exist."""
-        tenant = self.gateway.owner(session_id)
+        tenant = await self.gateway.owner(session_id)
         if tenant is None:
             raise E2BError(502, f"The sandbox {session_id} was not found")
         if not token or not hmac.compare_digest(token, self.token(session_id)):

@@ -131,7 +131,7 @@ async def serve_channels(websocket: WebSocket, kernel_id: str) -> None:
             logger.info("kernel %s: channels opened without a key, on the pass of tenant %s's "
                         "request for it (jupyter_server's GatewayKernelClient sends none)",
                         kernel_id, tenant)
-        session = gateway.session(tenant, kernel_id)
+        session = await gateway.session(tenant, kernel_id)
     except DOMAIN_ERRORS as exc:
         await _refuse(websocket, status_for(exc), str(detail_for(exc)))
         return

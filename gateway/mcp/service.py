@@ -62,7 +62,7 @@ class ServiceBackend:
 
     async def execute(self, code: str, timeout_s: float | None) -> Execution:
         async def run() -> Execution:
-            session = self._gateway.session(self._tenant, self.session_id)
+            session = await self._gateway.session(self._tenant, self.session_id)
             return await self._gateway.execute(self._tenant, session, code, timeout_s)
 
         return await self._call(run)
@@ -86,7 +86,7 @@ class ServiceBackend:
 
     async def run_command(self, cmd: str, timeout_s: float | None) -> CommandResult:
         async def run() -> CommandResult:
-            session = self._gateway.session(self._tenant, self.session_id)
+            session = await self._gateway.session(self._tenant, self.session_id)
             return await self._gateway.run_command(
                 self._tenant, session, CommandRequest(cmd=cmd, timeout_s=timeout_s))
 
@@ -99,7 +99,7 @@ class ServiceBackend:
 
     async def exists(self) -> bool:
         try:
-            self._gateway.session(self._tenant, self.session_id)
+            await self._gateway.session(self._tenant, self.session_id)
         except KernelPoolError:
             return False
         return True

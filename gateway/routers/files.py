@@ -21,7 +21,7 @@ async def list_files(session_id: str, tenant: TenantDep, gateway: GatewayDep) ->
 async def upload(session_id: str, path: str, request: Request, tenant: TenantDep,
                  gateway: GatewayDep) -> FileWritten:
     """Write the raw request body to ``path`` (parent folders are created)."""
-    gateway.session(tenant, session_id)
+    await gateway.session(tenant, session_id)
     data = await read_upload(request, gateway.settings.max_upload_bytes)
     written = await gateway.write_file(tenant, session_id, path, data)
     return FileWritten(path=path, size=written)

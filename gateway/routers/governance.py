@@ -79,4 +79,4 @@ async def reject(approval_id: str, caller: CallerDep, gateway: GatewayDep,
 async def egress_log(session_id: str, tenant: TenantDep,
                      gateway: GatewayDep) -> list[EgressAttempt]:
     """The session's latest connection attempts through its egress proxy (empty without one)."""
-    return gateway.egress_attempts(tenant, session_id)
+    return await gateway.egress_attempts(tenant, session_id)

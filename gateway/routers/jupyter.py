@@ -53,7 +53,7 @@ async def get_kernelspec(name: str, tenant: TenantDep, gateway: GatewayDep) -> d
 @router.get("/api/kernels")
 async def list_kernels(request: Request, tenant: TenantDep,
                        gateway: GatewayDep) -> list[KernelModel]:
-    return [kernel_model(s, request.app) for s in gateway.sessions(tenant)]
+    return [kernel_model(s, request.app) for s in await gateway.sessions(tenant)]
 
 
 @router.post("/api/kernels", status_code=status.HTTP_201_CREATED)
@@ -72,7 +72,7 @@ async def start_kernel(request: Request, response: Response, tenant: TenantDep,
 @router.get("/api/kernels/{kernel_id}")
 async def get_kernel(kernel_id: str, request: Request, tenant: TenantDep,
                      gateway: GatewayDep) -> KernelModel:
-    model = kernel_model(gateway.session(tenant, kernel_id), request.app)
+    model = kernel_model(await gateway.session(tenant, kernel_id), request.app)
     channel_passes(request.app).grant(kernel_id, tenant, peer(request))
     return model
 

@@ -33,12 +33,12 @@ async def create_session(tenant: TenantDep, gateway: GatewayDep,
 
 @router.get("")
 async def list_sessions(tenant: TenantDep, gateway: GatewayDep) -> list[SessionOut]:
-    return [gateway.describe(s) for s in gateway.sessions(tenant)]
+    return [gateway.describe(s) for s in await gateway.sessions(tenant)]
 
 
 @router.get("/{session_id}")
 async def get_session(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
-    return gateway.describe(gateway.session(tenant, session_id))
+    return gateway.describe(await gateway.session(tenant, session_id))
 
 
 @router.get("/{session_id}/metrics")
@@ -60,7 +60,7 @@ async def delete_session(session_id: str, tenant: TenantDep, gateway: GatewayDep
 async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
                   gateway: GatewayDep) -> ExecutionOut:
     """Run code and answer with its result once it ends (stream it on the WebSocket instead)."""
-    session = gateway.session(tenant, session_id)
+    session = await gateway.session(tenant, session_id)
     return await gateway.execute(tenant, session, body.code, body.timeout_s)
 
 
@@ -68,7 +68,7 @@ async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
 async def run_command(session_id: str, body: CommandRequest, tenant: TenantDep,
                       gateway: GatewayDep) -> CommandResult:
     """Run ``sh -c cmd`` in the session's sandbox beside the kernel; a non-zero exit is data."""
-    session = gateway.session(tenant, session_id)
+    session = await gateway.session(tenant, session_id)
     return await gateway.run_command(tenant, session, body)
 
 
@@ -76,7 +76,8 @@ async def run_command(session_id: str, body: CommandRequest, tenant: TenantDep,
 async def kill_command(session_id: str, command_id: str, tenant: TenantDep,
                        gateway: GatewayDep) -> KillOut:
     """Stop a running command (started with an ``id``) and its process group."""
-    return KillOut(killed=gateway.kill_command(tenant, session_id, command_id))
+    session = await gateway.session(tenant, session_id)
+    return KillOut(killed=gateway.kill_command(session, command_id))
 
 
 @router.post("/{session_id}/interrupt")

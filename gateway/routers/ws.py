@@ -79,7 +79,7 @@ async def accept_session(websocket: WebSocket,
         return None
     gateway, tenant = accepted
     try:
-        session = gateway.session(tenant, session_id)
+        session = await gateway.session(tenant, session_id)
     except DOMAIN_ERRORS as exc:
         await websocket.close(code=close_code_for(exc), reason="session not found")
         return None
@@ -125,7 +125,7 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
         return _rejected(None, MalformedMessage(json.loads(json.dumps(detail, default=str))))
     if isinstance(message, WsKillCommand):
         return CommandKilledFrame(execution_id=message.id, command_id=message.id,
-                                  killed=gateway.kill_command(tenant, session.id, message.id))
+                                  killed=gateway.kill_command(session, message.id))
     if isinstance(message, WsCommand):
         _start_command(message, gateway, tenant, session, outbox, forwarders)
         return None
@@ -210,7 +210,7 @@ def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: S
                 await outbox.put(frame)
         finally:
             if not runner.done():
-                gateway.kill_command(tenant, session.id, command_id)
+                gateway.kill_command(session, command_id)
             await asyncio.shield(runner)
 
     task = asyncio.create_task(forward())
