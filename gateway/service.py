@@ -46,8 +46,8 @@ from kernel_pool import (
     PayloadTooLarge,
     Profile,
     SandboxInfo,
-    Session,
     SessionNotFound,
+    SessionPort,
     StateDirFull,
     StreamEvent,
     parse_size,
@@ -96,7 +96,7 @@ class Gateway:
             raise Unauthorized("missing or wrong API key: send 'Authorization: Bearer <key>'")
         return tenant
 
-    async def session(self, tenant: str, session_id: str) -> Session:
+    async def session(self, tenant: str, session_id: str) -> SessionPort:
         """The tenant's live session; another tenant's is exactly as absent as a missing one."""
         if self._tenant_of.get(session_id) != tenant:
             raise SessionNotFound(session_id)
@@ -111,15 +111,15 @@ class Gateway:
         """The sandbox profiles sessions may be created with."""
         return list(self.pool.settings.profiles.values())
 
-    async def sessions(self, tenant: str) -> list[Session]:
+    async def sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's live sessions."""
         return self._local_sessions(tenant)
 
-    def _local_sessions(self, tenant: str) -> list[Session]:
+    def _local_sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's sessions this process holds."""
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
 
-    def describe(self, session: Session) -> SessionOut:
+    def describe(self, session: SessionPort) -> SessionOut:
         paused = session.pause_info if session.paused else None
         return SessionOut(
             id=session.id, tenant=self._tenant_of.get(session.id, ""),
@@ -136,7 +136,7 @@ class Gateway:
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self, tenant: str, request: SessionCreate,
-                             session_id: str | None = None) -> Session:
+                             session_id: str | None = None) -> SessionPort:
         self.check_disk()
         if len(await self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
@@ -205,7 +205,7 @@ class Gateway:
         await self.session(tenant, session_id)
         await self.pool.delete_session(session_id)
 
-    def _closed_by_pool(self, session: Session, reason: str) -> None:
+    def _closed_by_pool(self, session: SessionPort, reason: str) -> None:
         self.usage.forget(session.id)
         if self._tenant_of.pop(session.id, None) is None:
             return  # never recorded: a copy of a fork that failed
@@ -214,7 +214,7 @@ class Gateway:
 
     # -- pause, resume, fork -----------------------------------------------------------------
 
-    async def pause(self, tenant: str, session_id: str) -> Session:
+    async def pause(self, tenant: str, session_id: str) -> SessionPort:
         """Keep the session in a snapshot and free its kernel (waits for running code)."""
         session = await self.session(tenant, session_id)
         self.check_disk()
@@ -223,14 +223,14 @@ class Gateway:
         await self._record_lifecycle(session)
         return session
 
-    async def resume(self, tenant: str, session_id: str) -> Session:
+    async def resume(self, tenant: str, session_id: str) -> SessionPort:
         session = await self.session(tenant, session_id)
         with self._span("replgate.resume", tenant, session_id):
             await session.resume()
         await self._record_lifecycle(session)
         return session
 
-    async def fork(self, tenant: str, session_id: str, request: ForkRequest) -> list[Session]:
+    async def fork(self, tenant: str, session_id: str, request: ForkRequest) -> list[SessionPort]:
         """New sessions of the tenant with the session's variables and workspace files."""
         await self.session(tenant, session_id)
         self.check_disk()
@@ -240,8 +240,8 @@ class Gateway:
                 f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
                 f"REPLGATE_MAX_SESSIONS_PER_TENANT={self.settings.max_sessions_per_tenant}")
         with self._span("replgate.fork", tenant, session_id) as span:
-            children = await self.pool.fork_session(session_id, request.count,
-                                                    request.metadata)
+            children: list[SessionPort] = list(await self.pool.fork_session(
+                session_id, request.count, request.metadata))
             span.set_attribute("replgate.fork.count", len(children))
         for child in children:
             self._tenant_of[child.id] = tenant
@@ -263,19 +263,19 @@ class Gateway:
         """The sandbox's CPU, memory and disk use now (see :class:`UsageMeter`)."""
         return await self.usage.read(await self.session(tenant, session_id))
 
-    async def _record_lifecycle(self, session: Session) -> None:
+    async def _record_lifecycle(self, session: SessionPort) -> None:
         """The store learns the session's status and sandbox (a resume makes a container)."""
         await self.store.update_session(
             session.id, status=session.status.value,
             sandbox=session.sandbox_info().model_dump(mode="json"))
 
-    def _lifecycle_changed(self, session: Session) -> None:
+    def _lifecycle_changed(self, session: SessionPort) -> None:
         """A pause or resume the pool made: the store learns the session's new sandbox."""
         if session.id in self._tenant_of:
             task = asyncio.get_running_loop().create_task(self._record_lifecycle(session))
             task.add_done_callback(_log_failure)
 
-    async def restart(self, tenant: str, session_id: str) -> Session:
+    async def restart(self, tenant: str, session_id: str) -> SessionPort:
         session = await self.session(tenant, session_id)
         with self._span("replgate.restart", tenant, session_id):
             await session.restart()
@@ -304,7 +304,7 @@ class Gateway:
                                f"{self.settings.state_min_free}); delete sessions or free disk "
                                "space")
 
-    def submit(self, tenant: str, session: Session, code: str, timeout_s: float | None,
+    def submit(self, tenant: str, session: SessionPort, code: str, timeout_s: float | None,
                execution_id: str | None = None,
                trace_context: Mapping[str, str] | None = None) -> ExecutionHandle:
         """Queue code on the tenant's session; it is recorded and audited when it ends.
@@ -345,7 +345,7 @@ class Gateway:
         in submission order (a watcher replays them from their handles)."""
         return [handle for sid, handle in self._live.values() if sid == session_id]
 
-    async def execute(self, tenant: str, session: Session, code: str,
+    async def execute(self, tenant: str, session: SessionPort, code: str,
                       timeout_s: float | None) -> ExecutionOut:
         handle = self.submit(tenant, session, code, timeout_s)
         execution = await self.recorded(handle)
@@ -361,7 +361,7 @@ class Gateway:
         """
         return await handle.result()
 
-    async def _record(self, tenant: str, session: Session, handle: ExecutionHandle,
+    async def _record(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                       span: trace.Span | None = None) -> Execution:
         if span is None:
             return await self._record_execution(tenant, session, handle)
@@ -374,7 +374,7 @@ class Gateway:
                 if span.is_recording():  # not ended with its marks: the recording failed
                     span.end()
 
-    async def _record_execution(self, tenant: str, session: Session, handle: ExecutionHandle,
+    async def _record_execution(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                                 span: trace.Span | None = None) -> Execution:
         await self.store.start_execution(handle.id, session.id, tenant, handle.code)
         try:
@@ -403,7 +403,7 @@ class Gateway:
 
     # -- shell commands ----------------------------------------------------------------------
 
-    async def run_command(self, tenant: str, session: Session, request: CommandRequest,
+    async def run_command(self, tenant: str, session: SessionPort, request: CommandRequest,
                           emit: Callable[[StreamEvent], None] | None = None) -> CommandResult:
         """Run a shell command beside the session's kernel; audited like code."""
         self.check_disk()
@@ -417,7 +417,7 @@ class Gateway:
         await asyncio.shield(self.audit.append(record))
         return result
 
-    def kill_command(self, session: Session, command_id: str) -> bool:
+    def kill_command(self, session: SessionPort, command_id: str) -> bool:
         """Stop a running command of the session; False when none runs under that id."""
         return session.kill_command(command_id)
 

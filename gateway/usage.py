@@ -15,7 +15,7 @@ from collections import deque
 from datetime import UTC, datetime
 
 from gateway.wire import SessionMetricsOut
-from kernel_pool import SandboxUsage, Session
+from kernel_pool import SandboxUsage, SessionPort
 
 WINDOW_S = 5.0
 """The CPU figure covers at most the last this many seconds."""
@@ -30,7 +30,7 @@ class UsageMeter:
         self._readings: dict[str, deque[tuple[float, int]]] = {}
         self._last: dict[str, SessionMetricsOut] = {}
 
-    async def read(self, session: Session) -> SessionMetricsOut:
+    async def read(self, session: SessionPort) -> SessionMetricsOut:
         """The session's figures now; a paused one's last figures with memory and CPU 0."""
         usage = await session.usage()
         at = datetime.now(UTC).isoformat()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import Denial, ExecutionHandle, Gate
     from kernel_pool._pool import KernelPool
-    from kernel_pool._session import Listener, Session, SessionStatus, TransferListener
+    from kernel_pool._session import Session, SessionStatus
     from kernel_pool._snapshot import PauseInfo, Transfer
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
@@ -76,6 +76,7 @@ if TYPE_CHECKING:
         WorkspaceError,
         WorkspaceFull,
     )
+    from kernel_pool.port import Listener, SessionPort, TransferListener
 
 __all__ = [
     "CHART_MIME",
@@ -129,6 +130,7 @@ __all__ = [
     "Session",
     "SessionClosed",
     "SessionNotFound",
+    "SessionPort",
     "SessionStatus",
     "SnapshotBudgetExceeded",
     "SnapshotError",
@@ -176,7 +178,7 @@ _HOMES = {
     "KernelPoolError": "kernel_pool.exceptions",
     "KernelStartError": "kernel_pool.exceptions",
     "KernelUnavailable": "kernel_pool.exceptions",
-    "Listener": "kernel_pool._session",
+    "Listener": "kernel_pool.port",
     "Output": "kernel_pool.events",
     "OutputCaps": "kernel_pool.config",
     "OutputEvent": "kernel_pool.events",
@@ -193,6 +195,7 @@ _HOMES = {
     "SandboxInfo": "kernel_pool.backends.base",
     "SandboxUsage": "kernel_pool._usage",
     "Session": "kernel_pool._session",
+    "SessionPort": "kernel_pool.port",
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",
     "SessionStatus": "kernel_pool._session",
@@ -202,7 +205,7 @@ _HOMES = {
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",
     "Transfer": "kernel_pool._snapshot",
-    "TransferListener": "kernel_pool._session",
+    "TransferListener": "kernel_pool.port",
     "UpdateDisplayEvent": "kernel_pool.events",
     "WorkspaceError": "kernel_pool.exceptions",
     "WorkspaceFull": "kernel_pool.exceptions",

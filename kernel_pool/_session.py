@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +56,7 @@ from kernel_pool.exceptions import (
     SnapshotError,
     TooManyCommands,
 )
+from kernel_pool.port import Listener, TransferListener
 
 logger = logging.getLogger(__name__)
 
@@ -110,12 +111,6 @@ def _why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-Listener = Callable[["Session", ExecutionHandle, Event | None], None]
-"""Called when an execution starts (event None) and for each of its events."""
-TransferListener = Callable[["Session", Transfer], None]
-"""Called on the event loop as a pause or resume moves the session's variables: when it
-starts, at most every :data:`TRANSFER_REPORT_S` while its bytes advance, and once at its end
-(``state`` done or failed). Each call gets a copy of its own."""
 TRANSFER_REPORT_S = 0.25
 """How often a transfer's progress is told: a bar moves smoothly, a socket is not flooded."""
 

@@ -15,7 +15,7 @@ from starlette.requests import HTTPConnection
 from gateway.e2b._errors import E2BError
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
-from kernel_pool import Session, SessionClosed, SessionNotFound
+from kernel_pool import SessionClosed, SessionNotFound, SessionPort
 
 INTERPRETER_PORT = 49999
 """The code interpreter's port: ``/execute`` and ``/contexts``."""
@@ -24,7 +24,7 @@ ENVD_PORT = 49983
 
 
 async def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandboxes,
-                 *ports: int) -> tuple[str, Session]:
+                 *ports: int) -> tuple[str, SessionPort]:
     """The tenant and session a sandbox request is for, once its token is checked."""
     sandbox_id = headers.get("e2b-sandbox-id")
     if not sandbox_id:

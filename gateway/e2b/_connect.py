@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError
 from gateway.service import Gateway
-from kernel_pool import Session
+from kernel_pool import SessionPort
 
 M = TypeVar("M", bound=BaseModel)
 Req = TypeVar("Req", bound=BaseModel)
@@ -74,7 +74,7 @@ class Target:
 
     gateway: Gateway
     tenant: str
-    session: Session
+    session: SessionPort
 
 
 TARGET: contextvars.ContextVar[Target] = contextvars.ContextVar("e2b_rpc_target")

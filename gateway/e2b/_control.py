@@ -31,7 +31,7 @@ from gateway.e2b._models import (
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
-from kernel_pool import Session
+from kernel_pool import SessionPort
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2BRoute)
 
@@ -166,7 +166,7 @@ RESUME_TIMEOUT_S = 15
 ``ResumedSandbox`` default)."""
 
 
-async def _wake(tenant: str, session: Session, gateway: Gateway, sandboxes: Sandboxes,
+async def _wake(tenant: str, session: SessionPort, gateway: Gateway, sandboxes: Sandboxes,
                 memory: bool) -> None:
     """Resume a paused sandbox; ``memory=False`` (E2B's reboot) starts it from its files
     alone, its variables dropped."""
@@ -184,7 +184,7 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     seconds from now unless it ends later; 201 when a paused one was resumed first (replgate's
     pause keeps its variables) and ends ``timeout`` seconds from now."""
     body = body or ConnectRequest()
-    session: Session = await gateway.session(tenant, sandbox_id)
+    session: SessionPort = await gateway.session(tenant, sandbox_id)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if session.paused:
@@ -200,7 +200,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                  sandboxes: SandboxesDep, body: ConnectRequest | None = None) -> SandboxOut:
     """The deprecated resume: a paused sandbox only (409 for a running one)."""
     body = body or ConnectRequest()
-    session: Session = await gateway.session(tenant, sandbox_id)
+    session: SessionPort = await gateway.session(tenant, sandbox_id)
     timeout = RESUME_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if not session.paused:
@@ -222,7 +222,7 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     expiring; connecting or running code resumes it. ``memory: false`` keeps the files only
     (the kernel is restarted first, so nothing of its memory is kept). 409 when it already is
     paused, which the SDKs read as ``False``."""
-    session: Session = await gateway.session(tenant, sandbox_id)
+    session: SessionPort = await gateway.session(tenant, sandbox_id)
     if session.paused:
         raise E2BError(409, f"Sandbox {sandbox_id} is already paused")
     if body is not None and not body.memory:

@@ -26,7 +26,7 @@ from gateway.e2b._connect import (
 )
 from gateway.e2b._errors import E2BError
 from gateway.e2b._paths import to_e2b, to_workspace
-from kernel_pool import Entry, FileMissing, Session, WorkspaceError
+from kernel_pool import Entry, FileMissing, SessionPort, WorkspaceError
 
 SERVICE = "filesystem.Filesystem"
 T = TypeVar("T")
@@ -88,7 +88,7 @@ def entry_info(entry: Entry) -> EntryInfo:
         symlink_target=entry.target)
 
 
-async def _on_workspace(operation: Callable[[Session], Awaitable[T]]) -> T:
+async def _on_workspace(operation: Callable[[SessionPort], Awaitable[T]]) -> T:
     """A workspace operation of the target session, its errors as Connect's."""
     try:
         return await operation(TARGET.get().session)

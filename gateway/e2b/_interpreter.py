@@ -17,7 +17,7 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._stream import ExecutionStream
-from kernel_pool import Session
+from kernel_pool import SessionPort
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
                    include_in_schema=False)
@@ -37,7 +37,7 @@ class CreateContext(BaseModel):
     cwd: str | None = None
 
 
-def _context(session: Session) -> dict[str, str]:
+def _context(session: SessionPort) -> dict[str, str]:
     return {"id": session.id, "language": "python", "cwd": HOME}
 
 
@@ -104,7 +104,7 @@ async def create_context(body: CreateContext, request: Request) -> dict[str, Any
                       "a context, or create another sandbox for separate state")
 
 
-async def _the_context(request: Request, context_id: str) -> tuple[str, Session]:
+async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort]:
     """The sandbox whose one context ``context_id`` names (404 for any other id)."""
     gateway, sandboxes = services(request)
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)

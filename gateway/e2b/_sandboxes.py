@@ -26,7 +26,7 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
-from kernel_pool import KernelPoolError, Session, parse_size
+from kernel_pool import KernelPoolError, SessionPort, parse_size
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Sandboxes:
             raise E2BError(400, f"timeout must be at most {limit:g} seconds "
                                 "(REPLGATE_MAX_LIFETIME_S)")
 
-    def set_timeout(self, tenant: str, session: Session, seconds: int) -> None:
+    def set_timeout(self, tenant: str, session: SessionPort, seconds: int) -> None:
         """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
         self.check_timeout(seconds)
         self._cancel_timer(session.id)
@@ -95,23 +95,23 @@ class Sandboxes:
         timer = loop.call_later(seconds, self._expire, tenant, session.id)
         self._ends[session.id] = (datetime.now(UTC) + timedelta(seconds=seconds), timer)
 
-    def extend(self, tenant: str, session: Session, seconds: int) -> None:
+    def extend(self, tenant: str, session: SessionPort, seconds: int) -> None:
         """Connect's rule: the sandbox ends ``seconds`` from now unless it already ends later
         (a sandbox with no timer, after a restart or a pause, gets one)."""
         ended = self._ends.get(session.id)
         if ended is None or ended[0] < datetime.now(UTC) + timedelta(seconds=seconds):
             self.set_timeout(tenant, session, seconds)
 
-    def paused(self, session: Session) -> None:
+    def paused(self, session: SessionPort) -> None:
         """The SDK paused the sandbox: it does not expire, as on E2B (its timer is dropped
         until a connect resumes it with a new one), and it is not running until then."""
         self._cancel_timer(session.id)
         self._paused.add(session.id)
 
-    def resumed(self, session: Session) -> None:
+    def resumed(self, session: SessionPort) -> None:
         self._paused.discard(session.id)
 
-    def held(self, session: Session) -> bool:
+    def held(self, session: SessionPort) -> bool:
         """Paused by the SDK and not resumed since: E2B's proxy answers such a sandbox as not
         running. (A session replgate paused for idleness, or that running code resumed, is
         running for E2B's purposes: its next use resumes it, as E2B's auto-resume does.)"""
@@ -136,7 +136,7 @@ class Sandboxes:
         if ended is not None:
             ended[1].cancel()
 
-    def end_at(self, session: Session) -> datetime:
+    def end_at(self, session: SessionPort) -> datetime:
         ended = self._ends.get(session.id)
         if ended is not None:
             return ended[0]
@@ -145,13 +145,13 @@ class Sandboxes:
 
     # -- descriptions ------------------------------------------------------------------------
 
-    def created(self, session: Session) -> SandboxOut:
+    def created(self, session: SessionPort) -> SandboxOut:
         token = self.token(session.id)
         return SandboxOut(templateID=session.profile.name, sandboxID=session.id,
                           alias=session.profile.name, envdAccessToken=token,
                           trafficAccessToken=token)
 
-    def listed(self, session: Session) -> ListedSandbox:
+    def listed(self, session: SessionPort) -> ListedSandbox:
         profile = session.profile
         return ListedSandbox(
             templateID=profile.name, sandboxID=session.id, alias=profile.name,
@@ -161,6 +161,6 @@ class Sandboxes:
             state="paused" if session.status.value == "paused" else "running",
             metadata=session.metadata)
 
-    def detail(self, session: Session) -> SandboxDetail:
+    def detail(self, session: SessionPort) -> SandboxDetail:
         return SandboxDetail(**self.listed(session).model_dump(),
                              envdAccessToken=self.token(session.id))

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.e2b._results import END, KEEPALIVE, Translator
-from kernel_pool import DisplayEvent, DoneEvent, Event, ExecutionHandle, Session
+from kernel_pool import DisplayEvent, DoneEvent, Event, ExecutionHandle, SessionPort
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class ExecutionStream(Response):
 
     media_type = "application/x-ndjson"
 
-    def __init__(self, session: Session, handle: ExecutionHandle) -> None:
+    def __init__(self, session: SessionPort, handle: ExecutionHandle) -> None:
         # Not Response.__init__: it would declare a Content-Length of the (empty) body.
         self.status_code = 200
         self.background = None

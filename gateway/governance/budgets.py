@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from gateway.governance.policy import Budgets
 from gateway.wire import BudgetOut
-from kernel_pool import DoneEvent, Event, ExecutionHandle, Session
+from kernel_pool import DoneEvent, Event, ExecutionHandle, SessionPort
 
 __all__ = ["BudgetTracker"]
 
@@ -31,7 +31,7 @@ def _age(created_at: str) -> float:
 class BudgetTracker:
     """One session's budget: its limits and what it has used."""
 
-    def __init__(self, limits: Budgets, session: Session) -> None:
+    def __init__(self, limits: Budgets, session: SessionPort) -> None:
         self.limits = limits
         self.session = session
         self.executions = 0
@@ -46,7 +46,7 @@ class BudgetTracker:
     def limited(self) -> bool:
         return any(value is not None for value in self.limits.model_dump().values())
 
-    def listener(self, session: Session, handle: ExecutionHandle, event: Event | None) -> None:
+    def listener(self, session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
         """A :data:`kernel_pool._session.Listener`: counts each execution that ran, at its end."""
         if isinstance(event, DoneEvent) and handle.run is not None:
             self.executions += 1

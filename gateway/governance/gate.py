@@ -34,7 +34,7 @@ from kernel_pool import (
     ExecutionStatus,
     Gate,
     PendingApprovalEvent,
-    Session,
+    SessionPort,
 )
 
 __all__ = ["PENDING_APPROVAL", "Governance"]
@@ -63,7 +63,7 @@ class Governance:
 
     # -- budgets -----------------------------------------------------------------------------
 
-    def tracker(self, tenant: str, session: Session) -> BudgetTracker:
+    def tracker(self, tenant: str, session: SessionPort) -> BudgetTracker:
         tracker = self._budgets.get(session.id)
         if tracker is None:
             tracker = BudgetTracker(self.policy.budgets_for(tenant, session.profile.name),
@@ -72,19 +72,19 @@ class Governance:
             session.listeners.append(tracker.listener)
         return tracker
 
-    def budget(self, tenant: str, session: Session) -> BudgetOut:
+    def budget(self, tenant: str, session: SessionPort) -> BudgetOut:
         """What is left of the session's budgets (all null when unlimited)."""
         if not tenant:  # a session no longer the gateway's
             return BudgetOut()
         return self.tracker(tenant, session).remaining()
 
-    def forget(self, session: Session, reason: str = "") -> None:
+    def forget(self, session: SessionPort, reason: str = "") -> None:
         """The session is gone (a ``KernelPool.on_session_closed`` callback)."""
         self._budgets.pop(session.id, None)
 
     # -- the gate ----------------------------------------------------------------------------
 
-    def gate(self, tenant: str, session: Session) -> Gate:
+    def gate(self, tenant: str, session: SessionPort) -> Gate:
         """The gate for one execution of the tenant's session (see the module docstring)."""
 
         async def check(handle: ExecutionHandle, emit: Emit) -> Denial | None:
@@ -92,7 +92,7 @@ class Governance:
 
         return check
 
-    async def _check(self, tenant: str, session: Session, handle: ExecutionHandle,
+    async def _check(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                      emit: Emit) -> Denial | None:
         rules = self.policy.rules_for(tenant, session.profile.name)
         if len(handle.code) > _THREAD_ABOVE and rules:
@@ -140,7 +140,7 @@ class Governance:
         self._records[handle.id] = record
         return ExecutionStatus.BUDGET_EXCEEDED, "BudgetExceeded", message
 
-    async def _approval(self, tenant: str, session: Session, handle: ExecutionHandle,
+    async def _approval(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                         emit: Emit, matches: list[Match],
                         record: dict[str, Any]) -> Denial | None:
         asking = [m for m in matches if m.action == "approve"]

@@ -2,7 +2,7 @@
 
 ``execute_request`` runs through the gateway's engine (limits, real timeouts, output caps,
 history, audit, notebook export) and its outcome is told back as Jupyter messages; the other
-shell and control requests go to the kernel through :meth:`kernel_pool.Session.relay` and its
+shell and control requests go to the kernel through :meth:`kernel_pool.SessionPort.relay` and its
 replies are rebuilt from their parsed content (:mod:`gateway.jupyter.protocol`). stdin is not
 offered: ``input()`` fails fast.
 """
@@ -40,7 +40,7 @@ from gateway.wire import (
     PendingApprovalEvent,
     StreamEvent,
 )
-from kernel_pool import Session
+from kernel_pool import SessionPort
 
 __all__ = ["KernelChannels"]
 
@@ -58,7 +58,7 @@ class KernelChannels:
     """One channels WebSocket: a receiver, an executor running execute_requests in order,
     relays for other requests, and one sender owning the socket's writes (bounded queue)."""
 
-    def __init__(self, websocket: WebSocket, gateway: Gateway, tenant: str, session: Session,
+    def __init__(self, websocket: WebSocket, gateway: Gateway, tenant: str, session: SessionPort,
                  binary: bool) -> None:
         self.websocket = websocket
         self.gateway = gateway
@@ -73,7 +73,7 @@ class KernelChannels:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
 
-    def _on_closed(self, session: Session, reason: str) -> None:
+    def _on_closed(self, session: SessionPort, reason: str) -> None:
         if session.id == self.session.id:
             self._closed.set()
 

@@ -31,7 +31,7 @@ from gateway.jupyter._passes import PASS_TTL_S, channel_passes, peer
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
 from gateway.service import Gateway
 from gateway.wire import KernelModel
-from kernel_pool import Profile, Session, SessionStatus
+from kernel_pool import Profile, SessionPort, SessionStatus
 
 __all__ = ["DEFAULT_KERNEL", "JupyterRoute", "find_profile", "kernel_model", "kernelspec",
            "kernelspecs", "serve_channels"]
@@ -102,7 +102,7 @@ def connections(app: FastAPI) -> Counter[str]:
     return counter
 
 
-def kernel_model(session: Session, app: FastAPI) -> KernelModel:
+def kernel_model(session: SessionPort, app: FastAPI) -> KernelModel:
     active = datetime.fromisoformat(session.last_active_at).astimezone(UTC)
     return KernelModel(id=session.id, name=kernel_name(session.profile.name),
                        last_activity=active.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),

@@ -41,7 +41,7 @@ from gateway.wire import (
     LaggedFrame,
     TransferFrame,
 )
-from kernel_pool import ExecutionHandle, Session, SessionClosed, Transfer
+from kernel_pool import ExecutionHandle, SessionClosed, SessionPort, Transfer
 
 __all__ = ["WATCH_BUFFER", "WS_CLOSE_LAGGED", "Lagged", "Watcher", "router", "watch"]
 
@@ -72,11 +72,11 @@ class Watcher:
         self._queue: asyncio.Queue[Item] = asyncio.Queue(maxsize)
         self.lagged = False
 
-    def __call__(self, session: Session, handle: ExecutionHandle, event: Event | None) -> None:
+    def __call__(self, session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
         # The position is how many of the execution's events exist with this one included.
         self._put((handle, event, len(handle.events)))
 
-    def transferred(self, session: Session, transfer: Transfer) -> None:
+    def transferred(self, session: SessionPort, transfer: Transfer) -> None:
         """A transfer listener: the session's pause or resume, as its frame."""
         self._put(transfer_frame(transfer))
 
@@ -134,7 +134,7 @@ async def _until_disconnect(websocket: WebSocket) -> None:
             await websocket.receive_text()
 
 
-async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: Session,
+async def watch(websocket: WebSocket, gateway: Gateway, tenant: str, session: SessionPort,
                 watcher: Watcher, live: list[ExecutionHandle]) -> None:
     """Send the history, then what ``watcher`` queues, until lagged or the session is gone.
 

@@ -47,7 +47,7 @@ from gateway.wire import (
     WsExecute,
     WsKillCommand,
 )
-from kernel_pool import ExecutionHandle, Session, Transfer, TransferListener
+from kernel_pool import ExecutionHandle, SessionPort, Transfer, TransferListener
 
 router = APIRouter()
 _MESSAGE = TypeAdapter(WsClientMessage)
@@ -72,7 +72,7 @@ async def accept_authenticated(websocket: WebSocket) -> tuple[Gateway, str] | No
 
 
 async def accept_session(websocket: WebSocket,
-                         session_id: str) -> tuple[Gateway, str, Session] | None:
+                         session_id: str) -> tuple[Gateway, str, SessionPort] | None:
     """Accept, authenticate, and find the tenant's session (closing with 4404 when absent)."""
     accepted = await accept_authenticated(websocket)
     if accepted is None:
@@ -115,7 +115,7 @@ async def session_socket(websocket: WebSocket, session_id: str) -> None:
                 await task
 
 
-async def _handle(raw: str, gateway: Gateway, tenant: str, session: Session,
+async def _handle(raw: str, gateway: Gateway, tenant: str, session: SessionPort,
                   outbox: asyncio.Queue[Frame], forwarders: set[asyncio.Task[None]]
                   ) -> Frame | None:
     try:
@@ -152,7 +152,7 @@ def _transfers_into(outbox: asyncio.Queue[Frame],
                     forwarders: set[asyncio.Task[None]]) -> TransferListener:
     """A transfer listener queueing frames for this socket, never blocking the session: a
     client too far behind misses progress frames, but a transfer's end waits for room."""
-    def told(_session: Session, transfer: Transfer) -> None:
+    def told(_session: SessionPort, transfer: Transfer) -> None:
         frame = transfer_frame(transfer)
         try:
             outbox.put_nowait(frame)
@@ -179,7 +179,7 @@ def _rejected(execution_id: str | None, exc: BaseException) -> RejectedFrame:
                          detail=detail_for(exc))
 
 
-def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: Session,
+def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: SessionPort,
                    outbox: asyncio.Queue[Frame], forwarders: set[asyncio.Task[None]]) -> None:
     """Run a shell command whose events the socket streams (a refusal as a rejected frame).
     A socket that closes stops its commands: nobody would read their output."""

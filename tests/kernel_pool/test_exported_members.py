@@ -16,7 +16,7 @@ EXPORTED = [
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
-    "SessionNotFound",
+    "SessionNotFound", "SessionPort",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
     "TooManyCommands", "Transfer", "TransferListener", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",

@@ -1,0 +1,123 @@
+"""The port between the gateway and where sessions run: what it may ask of one session.
+
+Two implementations serve it. :class:`~kernel_pool.Session` is the one in the same process
+(one machine, no hop). ``node.remote.RemoteSession`` is the one over the network: every call
+is a request to the ``replgate node`` that runs the session, carrying only the serializable
+models of this package (events, :class:`PauseInfo`, :class:`Transfer`, :class:`Profile`), and
+its executions' events stream back into a handle on the gateway's side.
+
+The gateway types its sessions as :class:`SessionPort` and never reaches below it, so it cannot
+tell which one it holds, except in speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kernel_pool._commands import CommandEmit, CommandRun
+    from kernel_pool._egress import EgressAttempt
+    from kernel_pool._handle import ExecutionHandle, Gate
+    from kernel_pool._session import SessionStatus
+    from kernel_pool._snapshot import PauseInfo, Transfer
+    from kernel_pool._usage import SandboxUsage
+    from kernel_pool._workspace import Entry, FileInfo
+    from kernel_pool.backends.base import SandboxInfo
+    from kernel_pool.config import Profile
+    from kernel_pool.events import CommandResult, Event
+
+Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
+"""Told of each event of every execution of a session (``None``: the execution started)."""
+TransferListener = Callable[["SessionPort", "Transfer"], None]
+"""Told of a pause's or resume's progress."""
+
+
+class SessionPort(Protocol):
+    """One session, wherever it runs: its state, its executions, its files and commands."""
+
+    id: str
+    profile: Profile
+    env: dict[str, str]
+    metadata: dict[str, Any]
+    created_at: str
+    last_active_at: str
+    execution_count: int
+    pause_info: PauseInfo | None
+    reason: str | None
+    transfer: Transfer | None
+    listeners: list[Listener]
+    transfer_listeners: list[TransferListener]
+
+    @property
+    def status(self) -> SessionStatus: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def current(self) -> ExecutionHandle | None: ...
+
+    # -- executions ---------------------------------------------------------------------------
+
+    def submit(self, code: str, timeout_s: float | None = None,
+               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+        """Queue code; the handle streams its events and ends with its result. ``gate`` (the
+        gateway's approvals and policy) decides, in queue order, whether it runs."""
+
+    async def interrupt(self) -> bool: ...
+
+    async def restart(self) -> None: ...
+
+    def relay(self, msg_type: str, content: dict[str, Any], *,
+              channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One raw Jupyter request beside the queue, and the messages it caused."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def pause(self) -> Awaitable[PauseInfo]: ...
+
+    async def resume(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # -- files and commands -------------------------------------------------------------------
+
+    async def read_file(self, path: str, limit: int) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes) -> int: ...
+
+    async def list_files(self) -> list[FileInfo]: ...
+
+    async def stat_path(self, path: str) -> Entry: ...
+
+    async def list_dir(self, path: str, depth: int = 1) -> list[Entry]: ...
+
+    async def make_dir(self, path: str) -> bool: ...
+
+    async def remove_path(self, path: str) -> None: ...
+
+    async def move_path(self, source: str, destination: str) -> Entry: ...
+
+    def prepare_command(self, command: str, *, timeout_s: float | None = None,
+                        env: dict[str, str] | None = None, cwd: str | None = None,
+                        command_id: str | None = None) -> CommandRun: ...
+
+    async def run_command(self, run: CommandRun,
+                          emit: CommandEmit | None = None) -> CommandResult: ...
+
+    def kill_command(self, command_id: str) -> bool: ...
+
+    # -- the sandbox --------------------------------------------------------------------------
+
+    def sandbox_info(self) -> SandboxInfo: ...
+
+    async def usage(self) -> SandboxUsage: ...
+
+    def egress_attempts(self) -> list[EgressAttempt]: ...
