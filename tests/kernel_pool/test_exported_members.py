@@ -21,7 +21,7 @@ EXPORTED = [
     "TooManyCommands", "Transfer", "TransferListener", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
 ]
-PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py"}
+PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py"}
 
 
 def test_all_lists_exactly_the_public_names_sorted() -> None:
