@@ -9,7 +9,14 @@ from datetime import UTC, datetime
 
 from kernel_pool._caused import CausedAction, act_for
 from kernel_pool._execution import ExecutionRun
-from kernel_pool.events import DoneEvent, Event, Execution, ExecutionBuilder, ExecutionStatus
+from kernel_pool.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    Execution,
+    ExecutionBuilder,
+    ExecutionStatus,
+)
 
 
 def utcnow() -> str:
@@ -106,3 +113,31 @@ It may emit events (e.g. ``pending_approval``), may wait (for a person's approva
 ``handle.timeout_s``, and returns None to let the code run or a :data:`Denial` to refuse it:
 the execution then ends with an ``error`` event and a ``done`` of that status, never running.
 """
+
+
+async def refused_at_gate(handle: ExecutionHandle, gate: Gate,
+                          publish: Callable[[Event], None]) -> bool:
+    """Ask the gate; on a denial end the execution (error, done) without running it.
+
+    An interrupt meanwhile (``handle.gating`` cancelled) withdraws it the same way.
+    """
+    started = time.monotonic()
+    gating = asyncio.ensure_future(gate(handle, publish))
+    handle.gating = gating
+    try:
+        denial = await gating
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if (task is not None and task.cancelling()) or not gating.cancelled():
+            raise
+        denial = (ExecutionStatus.INTERRUPTED, "KeyboardInterrupt",
+                  "interrupted on request before it ran (it was held by the gate)")
+    finally:
+        handle.gating = None
+    if denial is None:
+        return False
+    status, ename, evalue = denial
+    publish(ErrorEvent(ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"]))
+    publish(DoneEvent(status=status, execution_count=None, reason=evalue,
+                      duration_ms=round((time.monotonic() - started) * 1000, 3)))
+    return True

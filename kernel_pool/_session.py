@@ -24,7 +24,7 @@ from kernel_pool._caused import caused
 from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
-from kernel_pool._handle import ExecutionHandle, Gate, utcnow
+from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
@@ -208,15 +208,6 @@ class Session:
     def age(self) -> float:
         return time.monotonic() - self._created_mono
 
-    def check_timeout(self, timeout_s: float | None) -> float:
-        """The timeout to use, or InvalidRequest naming the profile's range."""
-        value = self.profile.default_timeout_s if timeout_s is None else float(timeout_s)
-        if not 0 < value <= self.profile.max_timeout_s:
-            raise InvalidRequest(
-                f"timeout_s must be above 0 and at most {self.profile.max_timeout_s:g} "
-                f"(profile {self.profile.name!r}); got {timeout_s}")
-        return value
-
     # -- executions ----------------------------------------------------------------------------
 
     def submit(self, code: str, timeout_s: float | None = None,
@@ -228,7 +219,7 @@ class Session:
         """
         if self._closed:
             raise SessionClosed(self.id)
-        timeout = self.check_timeout(timeout_s)
+        timeout = self.profile.timeout_for(timeout_s)
         if len(self._pending) >= self._settings.max_queued_executions:
             raise QueueFull(self.id, self._settings.max_queued_executions)
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
@@ -258,7 +249,7 @@ class Session:
             raise InvalidRequest("cmd is empty; send the shell command to run, e.g. 'ls -la'")
         if "\x00" in command:
             raise InvalidRequest("cmd contains a NUL character, which a shell cannot take")
-        timeout = self.check_timeout(timeout_s)
+        timeout = self.profile.timeout_for(timeout_s)
         if cwd is not None and (cwd == "/workspace" or cwd.startswith("/workspace/")):
             cwd = cwd.removeprefix("/workspace").lstrip("/")  # the path as the sandbox sees it
         folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
@@ -304,7 +295,8 @@ class Session:
                         status=ExecutionStatus.INTERRUPTED, execution_count=None,
                         duration_ms=0.0, reason=handle.withdrawn))
                     return
-                if handle.gate is not None and await self._refused(handle, handle.gate):
+                if handle.gate is not None and await refused_at_gate(
+                        handle, handle.gate, lambda e: self._publish(handle, e)):
                     return
                 if self.paused and await self._resume_failed(handle):
                     return
@@ -785,31 +777,6 @@ class Session:
             if self.kernel.state is not KernelState.READY:
                 raise SnapshotError(f"the kernel is {self.kernel.state.value}, not ready")
             return await save_variables(self.kernel, store, key)
-
-    async def _refused(self, handle: ExecutionHandle, gate: Gate) -> bool:
-        """Ask the gate; on a denial end the execution (error, done) without running it."""
-        started = time.monotonic()
-        gating = asyncio.ensure_future(gate(handle, lambda e: self._publish(handle, e)))
-        handle.gating = gating
-        try:
-            denial = await gating
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if (task is not None and task.cancelling()) or not gating.cancelled():
-                raise
-            denial = (ExecutionStatus.INTERRUPTED, "KeyboardInterrupt",
-                      "interrupted on request before it ran (it was held by the gate)")
-        finally:
-            handle.gating = None
-        if denial is None:
-            return False
-        status, ename, evalue = denial
-        self._publish(handle, ErrorEvent(ename=ename, evalue=evalue,
-                                         traceback=[f"{ename}: {evalue}"]))
-        self._publish(handle, DoneEvent(
-            status=status, execution_count=None, reason=evalue,
-            duration_ms=round((time.monotonic() - started) * 1000, 3)))
-        return True
 
     def _publish(self, handle: ExecutionHandle, event: Event) -> None:
         handle._add(event)

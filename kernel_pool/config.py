@@ -97,6 +97,18 @@ class Profile(BaseModel):
                              f"max_timeout_s ({self.max_timeout_s:g})")
         return self
 
+    def timeout_for(self, timeout_s: float | None) -> float:
+        """The timeout an execution asking for ``timeout_s`` gets (None: the default), or
+        InvalidRequest naming the profile's range."""
+        from kernel_pool.exceptions import InvalidRequest
+
+        value = self.default_timeout_s if timeout_s is None else float(timeout_s)
+        if not 0 < value <= self.max_timeout_s:
+            raise InvalidRequest(
+                f"timeout_s must be above 0 and at most {self.max_timeout_s:g} "
+                f"(profile {self.name!r}); got {timeout_s}")
+        return value
+
 
 class PoolLimits(BaseModel):
     """How the pool runs: its caps and clocks (the gateway's ``REPLGATE_POOL__*``)."""
