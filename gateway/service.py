@@ -471,7 +471,7 @@ class Gateway:
         return await (await self.session(tenant, session_id)).list_files()
 
     async def egress_attempts(self, tenant: str, session_id: str) -> list[EgressAttempt]:
-        return (await self.session(tenant, session_id)).egress_attempts()
+        return await (await self.session(tenant, session_id)).egress_attempts()
 
     async def interrupt(self, tenant: str, session_id: str) -> bool:
         return await (await self.session(tenant, session_id)).interrupt()

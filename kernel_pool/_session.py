@@ -938,7 +938,7 @@ class Session:
         """The sandbox's CPU time, memory and workspace disk in use now, and its limits."""
         return await read_usage(self.kernel.sandbox, self.workspace, self.profile, self.paused)
 
-    def egress_attempts(self) -> list[EgressAttempt]:
+    async def egress_attempts(self) -> list[EgressAttempt]:
         """The latest connection attempts through the sandbox's egress proxy (none without)."""
         egress = self.kernel.egress
         return egress.attempts if egress is not None else []

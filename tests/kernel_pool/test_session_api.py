@@ -73,7 +73,7 @@ async def test_sandbox_info_and_egress_attempts(shared_session: Session) -> None
     info = shared_session.sandbox_info()
 
     assert info.backend == "docker" and info.container_id
-    assert shared_session.egress_attempts() == []  # the default profile has no network
+    assert await shared_session.egress_attempts() == []  # the default profile has no network
 
 
 async def test_interrupt_when_idle_is_false(shared_session: Session) -> None:

@@ -1,0 +1,437 @@
+"""The gateway's side of the port: sessions that run on a node, reached over mutual TLS.
+
+:class:`NodeClient` speaks to one node (one kept HTTP connection pool, httpx). A
+:class:`RemoteSession` is a :class:`~kernel_pool.SessionPort` whose every call is a request to
+its node; its executions get a handle on the gateway's side, fed by the node's stream of events,
+so history, audit, watchers and tracing read it as they read a local one. Approvals and policy
+hold an execution here, before it is sent: the node's queue only ever holds code that may run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from kernel_pool import (
+    CommandResult,
+    DoneEvent,
+    EgressAttempt,
+    Entry,
+    Event,
+    ExecutionHandle,
+    ExecutionStatus,
+    FileInfo,
+    Gate,
+    InvalidRequest,
+    KernelPoolError,
+    KernelUnavailable,
+    Listener,
+    PauseInfo,
+    Profile,
+    SandboxInfo,
+    SandboxUsage,
+    SessionClosed,
+    SessionNotFound,
+    SessionStatus,
+    Transfer,
+    TransferListener,
+)
+from kernel_pool._commands import CommandEmit, CommandRun
+from kernel_pool._handle import refused_at_gate
+from node.wire import (
+    PREFIX,
+    CreateSession,
+    ErrorOut,
+    ForkSession,
+    Frame,
+    Interrupted,
+    NodeInfo,
+    SessionState,
+    Submit,
+    Written,
+    error_from,
+)
+
+logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+_STATES = TypeAdapter(list[SessionState])
+_FILES = TypeAdapter(list[FileInfo])
+_EGRESS = TypeAdapter(list[EgressAttempt])
+
+
+class NodeUnreachable(KernelUnavailable):
+    """The session's node did not answer (down, restarting, or the network between)."""
+
+
+class NodeClient:
+    """Requests to one node's port; the connection is kept between them."""
+
+    def __init__(self, node_id: str, address: str, tls: ssl.SSLContext | None, *,
+                 timeout_s: float = 30.0) -> None:
+        self.node_id = node_id
+        self.address = address
+        scheme = "https" if tls is not None else "http"
+        base = address if "://" in address else f"{scheme}://{address}"
+        self._http = httpx.AsyncClient(
+            base_url=base + PREFIX, verify=tls if tls is not None else True,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60))
+
+    def __repr__(self) -> str:
+        return f"<NodeClient {self.node_id} {self.address}>"
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def call(self, method: str, path: str, answer: type[M] | None = None, *,
+                   session_id: str | None = None, **kwargs: Any) -> Any:
+        """One request; its answer as ``answer`` (or the raw response when None)."""
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise NodeUnreachable(session_id or "-", f"its node {self.node_id} at "
+                                  f"{self.address} did not answer ({exc!r})") from None
+        if response.status_code >= 400:
+            raise _error(response, session_id)
+        if answer is None:
+            return response
+        return answer.model_validate_json(response.content)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, body: BaseModel,
+                     session_id: str) -> AsyncIterator[AsyncIterator[Frame]]:
+        """A streamed answer, as frames."""
+        request = self._http.build_request(
+            "POST", path, content=body.model_dump_json(),
+            headers={"content-type": "application/json"},
+            # An execution's events may be minutes apart: only a silent connection times out.
+            timeout=httpx.Timeout(None, connect=5.0))
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise NodeUnreachable(session_id, f"its node {self.node_id} did not answer "
+                                  f"({exc!r})") from None
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _error(response, session_id)
+            yield _frames(response, self.node_id, session_id)
+        finally:
+            await response.aclose()
+
+    async def info(self) -> NodeInfo:
+        info: NodeInfo = await self.call("GET", "/info", NodeInfo)
+        return info
+
+    async def create(self, request: CreateSession) -> SessionState:
+        state: SessionState = await self.call("POST", "/sessions", SessionState,
+                                              content=request.model_dump_json(),
+                                              headers={"content-type": "application/json"})
+        return state
+
+    async def sessions(self) -> list[SessionState]:
+        response = await self.call("GET", "/sessions")
+        return _STATES.validate_json(response.content)
+
+    async def state(self, session_id: str) -> SessionState:
+        state: SessionState = await self.call("GET", f"/sessions/{session_id}", SessionState,
+                                              session_id=session_id)
+        return state
+
+    async def fork(self, session_id: str, request: ForkSession) -> list[SessionState]:
+        response = await self.call("POST", f"/sessions/{session_id}/fork",
+                                   session_id=session_id, content=request.model_dump_json(),
+                                   headers={"content-type": "application/json"})
+        return _STATES.validate_json(response.content)
+
+
+async def _frames(response: httpx.Response, node_id: str,
+                  session_id: str) -> AsyncIterator[Frame]:
+    try:
+        async for line in response.aiter_lines():
+            if line:
+                yield Frame.model_validate_json(line)
+    except httpx.TransportError as exc:
+        raise NodeUnreachable(session_id, f"its node {node_id} stopped answering "
+                              f"({exc!r})") from None
+
+
+def _error(response: httpx.Response, session_id: str | None) -> KernelPoolError:
+    try:
+        return error_from(ErrorOut.model_validate_json(response.content))
+    except ValueError:
+        text = response.text[:300]
+        return KernelPoolError(f"the node answered {response.status_code}: {text}"
+                               if session_id is None else
+                               f"session {session_id}: the node answered "
+                               f"{response.status_code}: {text}")
+
+
+class RemoteSession:
+    """A session that runs on a node (see the module's docstring)."""
+
+    def __init__(self, client: NodeClient, state: SessionState) -> None:
+        self.client = client
+        self.listeners: list[Listener] = []
+        self.transfer_listeners: list[TransferListener] = []
+        self._pending: list[ExecutionHandle] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Executions reach the node in the order they were submitted here: each holds it from
+        # its gate until the node has queued it.
+        self._order = asyncio.Lock()
+        self._closed = False
+        self.apply(state)
+
+    def __repr__(self) -> str:
+        return f"<RemoteSession {self.id} on {self.client.node_id} {self._status.value}>"
+
+    @property
+    def node(self) -> str:
+        return self.client.node_id
+
+    def apply(self, state: SessionState) -> None:
+        """What the node said of the session, as of its last answer."""
+        self.id = state.id
+        self.profile: Profile = state.profile
+        self.env = state.env
+        self.metadata = state.metadata
+        self.created_at = state.created_at
+        self.last_active_at = state.last_active_at
+        self.execution_count = state.execution_count
+        self.pause_info: PauseInfo | None = state.pause_info
+        self.reason = state.reason
+        self.transfer: Transfer | None = state.transfer
+        self._status = state.status
+        self._sandbox = state.sandbox
+
+    async def refresh(self) -> None:
+        self.apply(await self.client.state(self.id))
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def status(self) -> SessionStatus:
+        if self._closed:
+            return SessionStatus.DEAD
+        if self._pending and self._status is SessionStatus.IDLE:
+            return SessionStatus.BUSY
+        return self._status
+
+    @property
+    def paused(self) -> bool:
+        return self._status is SessionStatus.PAUSED
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def current(self) -> ExecutionHandle | None:
+        head = self._pending[0] if self._pending else None
+        return head if head is not None and head.dequeued_ns is not None else None
+
+    # -- executions ---------------------------------------------------------------------------
+
+    def submit(self, code: str, timeout_s: float | None = None,
+               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+        if self._closed:
+            raise SessionClosed(self.id)
+        timeout = self.profile.timeout_for(timeout_s)
+        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
+        handle.gate = gate
+        self._pending.append(handle)
+        task = asyncio.create_task(self._execute(handle), name=f"remote-exec-{handle.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return handle
+
+    async def _execute(self, handle: ExecutionHandle) -> None:
+        ordering = False
+        try:
+            await self._order.acquire()
+            ordering = True
+            if handle.gate is not None and await refused_at_gate(
+                    handle, handle.gate, lambda e: self._publish(handle, e)):
+                return
+            submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id)
+            async with self.client.stream(f"/sessions/{self.id}/executions", submit,
+                                          self.id) as frames:
+                async for frame in frames:
+                    if frame.error is not None:
+                        raise error_from(frame.error)
+                    if frame.accepted is not None:
+                        self.apply(frame.accepted)
+                        self._order.release()  # queued on the node: the next may go
+                        ordering = False
+                        handle.dequeued()
+                        self._notify(handle, None)
+                    elif frame.event is not None:
+                        self._publish(handle, frame.event)
+                        if isinstance(frame.event, DoneEvent):
+                            self._ended(frame.event)
+                            break
+            if handle.done is None:
+                raise NodeUnreachable(self.id, f"its node {self.node} ended the execution's "
+                                      "stream before it was done")
+        except BaseException as exc:
+            if handle.done is None:
+                reason = ("the session was closed" if self._closed
+                          else str(exc) if isinstance(exc, KernelPoolError)
+                          else f"internal error: {exc!r}")
+                if not isinstance(exc, asyncio.CancelledError | KernelPoolError):
+                    logger.exception("remote execution %s failed", handle.id)
+                self._publish(handle, DoneEvent(status=ExecutionStatus.DIED,
+                                                execution_count=None, duration_ms=0.0,
+                                                reason=reason))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if ordering:
+                self._order.release()
+            with contextlib.suppress(ValueError):
+                self._pending.remove(handle)
+
+    def _ended(self, done: DoneEvent) -> None:
+        if done.execution_count is not None:
+            self.execution_count = done.execution_count
+        elif done.restarted:
+            self.execution_count = 0
+
+    def _publish(self, handle: ExecutionHandle, event: Event) -> None:
+        handle._add(event)
+        self._notify(handle, event)
+
+    def _notify(self, handle: ExecutionHandle, event: Event | None) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self, handle, event)
+            except Exception:
+                logger.exception("session listener failed")
+
+    async def interrupt(self) -> bool:
+        head = self._pending[0] if self._pending else None
+        if head is not None and head.gating is not None:
+            return head.gating.cancel()  # held by its gate here: withdraw it
+        answer: Interrupted = await self.client.call(
+            "POST", f"/sessions/{self.id}/interrupt", Interrupted, session_id=self.id)
+        return answer.interrupted
+
+    async def restart(self) -> None:
+        self.apply(await self._state_call("POST", "restart"))
+
+    def relay(self, msg_type: str, content: dict[str, Any], *,
+              channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        raise _not_on_nodes("raw Jupyter requests (the Jupyter channels)")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def pause(self) -> Awaitable[PauseInfo]:
+        return self._pause()
+
+    async def _pause(self) -> PauseInfo:
+        self.apply(await self._state_call("POST", "pause"))
+        if self.pause_info is None:
+            raise KernelPoolError(f"session {self.id}: its node paused it but sent no pause "
+                                  "information")
+        return self.pause_info
+
+    async def resume(self) -> None:
+        self.apply(await self._state_call("POST", "resume"))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.client.call("DELETE", f"/sessions/{self.id}", session_id=self.id)
+        except (SessionNotFound, SessionClosed):
+            pass  # gone already (the node culled it, or another gateway deleted it)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _state_call(self, method: str, action: str) -> SessionState:
+        state: SessionState = await self.client.call(
+            method, f"/sessions/{self.id}/{action}", SessionState, session_id=self.id)
+        return state
+
+    # -- files and commands -------------------------------------------------------------------
+
+    async def read_file(self, path: str, limit: int) -> bytes:
+        response = await self.client.call("GET", f"/sessions/{self.id}/file",
+                                          session_id=self.id,
+                                          params={"path": path, "limit": limit})
+        content: bytes = response.content
+        return content
+
+    async def write_file(self, path: str, data: bytes) -> int:
+        written: Written = await self.client.call(
+            "PUT", f"/sessions/{self.id}/file", Written, session_id=self.id,
+            params={"path": path}, content=data,
+            headers={"content-type": "application/octet-stream"})
+        return written.size
+
+    async def list_files(self) -> list[FileInfo]:
+        response = await self.client.call("GET", f"/sessions/{self.id}/files",
+                                          session_id=self.id)
+        return _FILES.validate_json(response.content)
+
+    async def stat_path(self, path: str) -> Entry:
+        raise _not_on_nodes("E2B's filesystem service")
+
+    async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
+        raise _not_on_nodes("E2B's filesystem service")
+
+    async def make_dir(self, path: str) -> bool:
+        raise _not_on_nodes("E2B's filesystem service")
+
+    async def remove_path(self, path: str) -> None:
+        raise _not_on_nodes("E2B's filesystem service")
+
+    async def move_path(self, source: str, destination: str) -> Entry:
+        raise _not_on_nodes("E2B's filesystem service")
+
+    def prepare_command(self, command: str, *, timeout_s: float | None = None,
+                        env: dict[str, str] | None = None, cwd: str | None = None,
+                        command_id: str | None = None) -> CommandRun:
+        raise _not_on_nodes("shell commands")
+
+    async def run_command(self, run: CommandRun,
+                          emit: CommandEmit | None = None) -> CommandResult:
+        raise _not_on_nodes("shell commands")
+
+    def kill_command(self, command_id: str) -> bool:
+        return False  # none runs: commands are not served through nodes yet
+
+    # -- the sandbox --------------------------------------------------------------------------
+
+    def sandbox_info(self) -> SandboxInfo:
+        return self._sandbox
+
+    async def usage(self) -> SandboxUsage:
+        usage: SandboxUsage = await self.client.call(
+            "GET", f"/sessions/{self.id}/usage", SandboxUsage, session_id=self.id)
+        return usage
+
+    async def egress_attempts(self) -> list[EgressAttempt]:
+        response = await self.client.call("GET", f"/sessions/{self.id}/egress",
+                                          session_id=self.id)
+        return _EGRESS.validate_json(response.content)
+
+
+def _not_on_nodes(what: str) -> InvalidRequest:
+    return InvalidRequest(f"{what} of a session on a node are not served yet; replgate serve "
+                          "without a database (one machine) serves them")

@@ -1,0 +1,189 @@
+"""The port served by a node: its kernel pool's sessions, over HTTP to gateways.
+
+Only gateways reach it (mutual TLS: :mod:`node.tls`), so it checks no API key and knows no
+tenant; the gateway did both, and holds approvals before it submits. An execution answers a
+stream of :class:`~node.wire.Frame` lines; everything else answers one model, or an
+:class:`~node.wire.ErrorOut` with the status the gateway would give the same error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gateway.errors import status_for
+from kernel_pool import (
+    EgressAttempt,
+    FileInfo,
+    KernelPool,
+    KernelPoolError,
+    SandboxUsage,
+    Session,
+)
+from node.wire import (
+    PREFIX,
+    CreateSession,
+    ErrorOut,
+    ForkSession,
+    Frame,
+    Interrupted,
+    NodeInfo,
+    SessionState,
+    Submit,
+    Written,
+)
+
+router = APIRouter(prefix=PREFIX)
+
+
+def _pool(request: Request) -> KernelPool:
+    pool: KernelPool = request.app.state.pool
+    return pool
+
+
+def _session(request: Request, session_id: str) -> Session:
+    return _pool(request).get_session(session_id)
+
+
+@router.get("/info")
+async def info(request: Request) -> NodeInfo:
+    pool = _pool(request)
+    return NodeInfo(id=request.app.state.node_id, profiles=list(pool.settings.profiles.values()),
+                    stats=pool.stats(), image=request.app.state.image)
+
+
+@router.post("/sessions")
+async def create(request: Request, body: CreateSession) -> SessionState:
+    pool = _pool(request)
+    session = await pool.create_session(body.profile, env=body.env, metadata=body.metadata,
+                                        session_id=body.session_id)
+    if body.default_timeout_s is not None:
+        session.profile = session.profile.model_copy(
+            update={"default_timeout_s": body.default_timeout_s})
+    return SessionState.of(session)
+
+
+@router.get("/sessions")
+async def listed(request: Request) -> list[SessionState]:
+    return [SessionState.of(s) for s in _pool(request).sessions.values()]
+
+
+@router.get("/sessions/{session_id}")
+async def state(request: Request, session_id: str) -> SessionState:
+    return SessionState.of(_session(request, session_id))
+
+
+@router.delete("/sessions/{session_id}", status_code=204)
+async def delete(request: Request, session_id: str) -> None:
+    await _pool(request).delete_session(session_id)
+
+
+@router.post("/sessions/{session_id}/fork")
+async def fork(request: Request, session_id: str, body: ForkSession) -> list[SessionState]:
+    children = await _pool(request).fork_session(session_id, body.count, body.metadata)
+    return [SessionState.of(child) for child in children]
+
+
+@router.post("/sessions/{session_id}/executions")
+async def submit(request: Request, session_id: str, body: Submit) -> StreamingResponse:
+    """Queue the code; the stream says it is accepted, then carries its events to ``done``.
+
+    The execution runs to its end whatever the gateway does meanwhile: a gateway that goes
+    away does not stop code another gateway's watcher may follow.
+    """
+    session = _session(request, session_id)
+    handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield _line(Frame(accepted=SessionState.of(session)))
+        async for event in handle.stream():
+            yield _line(Frame(event=event))
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/sessions/{session_id}/interrupt")
+async def interrupt(request: Request, session_id: str) -> Interrupted:
+    return Interrupted(interrupted=await _session(request, session_id).interrupt())
+
+
+@router.post("/sessions/{session_id}/restart")
+async def restart(request: Request, session_id: str) -> SessionState:
+    session = _session(request, session_id)
+    await session.restart()
+    return SessionState.of(session)
+
+
+@router.post("/sessions/{session_id}/pause")
+async def pause(request: Request, session_id: str) -> SessionState:
+    session = _session(request, session_id)
+    await session.pause()
+    return SessionState.of(session)
+
+
+@router.post("/sessions/{session_id}/resume")
+async def resume(request: Request, session_id: str) -> SessionState:
+    session = _session(request, session_id)
+    await session.resume()
+    return SessionState.of(session)
+
+
+@router.get("/sessions/{session_id}/file")
+async def read_file(request: Request, session_id: str, path: str,
+                    limit: Annotated[int, Query(ge=0)]) -> Response:
+    data = await _session(request, session_id).read_file(path, limit)
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.put("/sessions/{session_id}/file")
+async def write_file(request: Request, session_id: str, path: str,
+                     data: Annotated[bytes, Body(media_type="application/octet-stream")]
+                     ) -> Written:
+    return Written(size=await _session(request, session_id).write_file(path, data))
+
+
+@router.get("/sessions/{session_id}/files")
+async def list_files(request: Request, session_id: str) -> list[FileInfo]:
+    return await _session(request, session_id).list_files()
+
+
+@router.get("/sessions/{session_id}/usage")
+async def usage(request: Request, session_id: str) -> SandboxUsage:
+    return await _session(request, session_id).usage()
+
+
+@router.get("/sessions/{session_id}/egress")
+async def egress(request: Request, session_id: str) -> list[EgressAttempt]:
+    return await _session(request, session_id).egress_attempts()
+
+
+def _line(frame: Frame) -> bytes:
+    return frame.model_dump_json(exclude_none=True).encode() + b"\n"
+
+
+def create_node_app(pool: KernelPool, node_id: str, image: str, *,
+                    lifespan: Callable[[FastAPI], Any] | None = None) -> FastAPI:
+    """The port over ``pool``'s sessions, as an ASGI app (the pool is started by the caller)."""
+    app = FastAPI(title="replgate node", lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None)
+    app.state.pool = pool
+    app.state.node_id = node_id
+    app.state.image = image
+
+    @app.exception_handler(KernelPoolError)
+    async def pool_error(request: Request, exc: KernelPoolError) -> JSONResponse:
+        return JSONResponse(ErrorOut(error=type(exc).__name__, detail=str(exc)).model_dump(),
+                            status_code=status_for(exc))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "node": node_id}
+
+    app.include_router(router)
+    return app
+
+
+__all__ = ["create_node_app"]

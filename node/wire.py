@@ -1,0 +1,124 @@
+"""The port's requests and answers as they cross the network between a gateway and a node.
+
+Each is a pydantic model built from kernel_pool's own serializable models. An execution's
+answer is a stream of :class:`Frame` lines (JSON, one per line): the node's acceptance first
+(so the gateway knows the execution holds its place in the session's queue), then its events,
+the last one ``done``. An error travels as :class:`ErrorOut` and becomes, on the gateway's
+side, the same kernel_pool exception class with the same message (:func:`error_from`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from kernel_pool import (
+    Event,
+    KernelPoolError,
+    PauseInfo,
+    Profile,
+    SandboxInfo,
+    SessionPort,
+    SessionStatus,
+    Transfer,
+)
+from kernel_pool import exceptions as pool_errors
+
+PREFIX = "/port/v1"
+"""Where a node serves the port (its other path is ``/healthz``)."""
+
+
+class SessionState(BaseModel):
+    """Everything a gateway reads of a session without asking again: sent by the node with
+    every answer about the session."""
+
+    id: str
+    profile: Profile
+    env: dict[str, str]
+    metadata: dict[str, Any]
+    created_at: str
+    last_active_at: str
+    execution_count: int
+    status: SessionStatus
+    pending: int
+    pause_info: PauseInfo | None = None
+    reason: str | None = None
+    transfer: Transfer | None = None
+    sandbox: SandboxInfo
+
+    @classmethod
+    def of(cls, session: SessionPort) -> SessionState:
+        return cls(id=session.id, profile=session.profile, env=session.env,
+                   metadata=session.metadata, created_at=session.created_at,
+                   last_active_at=session.last_active_at,
+                   execution_count=session.execution_count, status=session.status,
+                   pending=session.pending, pause_info=session.pause_info,
+                   reason=session.reason, transfer=session.transfer,
+                   sandbox=session.sandbox_info())
+
+
+class CreateSession(BaseModel):
+    profile: str = "default"
+    env: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    session_id: str | None = None
+    default_timeout_s: float | None = None
+    """The session's own default execution timeout, when its creator set one."""
+
+
+class ForkSession(BaseModel):
+    count: int = Field(ge=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Submit(BaseModel):
+    code: str
+    timeout_s: float | None = None
+    execution_id: str
+
+
+class Frame(BaseModel):
+    """One line of an execution's stream: exactly one field is set."""
+
+    accepted: SessionState | None = None
+    event: Event | None = None
+    error: ErrorOut | None = None
+
+
+class ErrorOut(BaseModel):
+    """A kernel_pool error: its class's name and its message."""
+
+    error: str
+    detail: str
+
+
+class Interrupted(BaseModel):
+    interrupted: bool
+
+
+class Written(BaseModel):
+    size: int
+
+
+class NodeInfo(BaseModel):
+    """What a node says of itself (``GET /port/v1/info``)."""
+
+    id: str
+    profiles: list[Profile]
+    stats: dict[str, int]
+    image: str
+
+
+def error_from(out: ErrorOut) -> KernelPoolError:
+    """The node's error as the gateway raises it: the same class (so the gateway answers the
+    same status and code that test for the class still work) with the node's message."""
+    kind = getattr(pool_errors, out.error, None)
+    if not (isinstance(kind, type) and issubclass(kind, KernelPoolError)):
+        kind = KernelPoolError
+    error = kind.__new__(kind)
+    Exception.__init__(error, out.detail)
+    return error
+
+
+Frame.model_rebuild()
