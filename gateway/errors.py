@@ -33,6 +33,7 @@ from gateway.store import RecordExists, RecordNotFound, StoreError
 from kernel_pool import (
     BackendError,
     CapacityError,
+    ContextNotFound,
     ExecutionIdTaken,
     FileMissing,
     ImageError,
@@ -107,6 +108,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     # the pool's (most specific first: the first match wins)
     (SessionNotFound, 404),
     (SessionClosed, 404),
+    (ContextNotFound, 404),
     (FileMissing, 404),
     (ProfileNotFound, 400),
     (InvalidRequest, 400),

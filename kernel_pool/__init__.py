@@ -20,6 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import Denial, ExecutionHandle, Gate
     from kernel_pool._pool import KernelPool
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from kernel_pool.exceptions import (
         BackendError,
         CapacityError,
+        ContextNotFound,
         ExecutionIdTaken,
         FileMissing,
         FileTooLarge,
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         SnapshotError,
         StateDirFull,
         TooManyCommands,
+        UnknownLanguage,
         WorkspaceError,
         WorkspaceFull,
     )
@@ -87,6 +90,8 @@ __all__ = [
     "CommandDone",
     "CommandResult",
     "CommandStatus",
+    "ContextInfo",
+    "ContextNotFound",
     "Denial",
     "DisplayEvent",
     "DoneEvent",
@@ -139,6 +144,7 @@ __all__ = [
     "TooManyCommands",
     "Transfer",
     "TransferListener",
+    "UnknownLanguage",
     "UpdateDisplayEvent",
     "WorkspaceError",
     "WorkspaceFull",
@@ -154,6 +160,8 @@ _HOMES = {
     "CommandDone": "kernel_pool.events",
     "CommandResult": "kernel_pool.events",
     "CommandStatus": "kernel_pool.events",
+    "ContextInfo": "kernel_pool._contexts",
+    "ContextNotFound": "kernel_pool.exceptions",
     "Denial": "kernel_pool._handle",
     "DisplayEvent": "kernel_pool.events",
     "DoneEvent": "kernel_pool.events",
@@ -206,6 +214,7 @@ _HOMES = {
     "TooManyCommands": "kernel_pool.exceptions",
     "Transfer": "kernel_pool._snapshot",
     "TransferListener": "kernel_pool.port",
+    "UnknownLanguage": "kernel_pool.exceptions",
     "UpdateDisplayEvent": "kernel_pool.events",
     "WorkspaceError": "kernel_pool.exceptions",
     "WorkspaceFull": "kernel_pool.exceptions",

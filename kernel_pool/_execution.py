@@ -106,7 +106,7 @@ class ExecutionRun:
 
     def __init__(self, kernel: Kernel, code: str, *, timeout_s: float, caps: OutputCaps,
                  execution_id: str, interrupt_grace_s: float,
-                 restarted_before: str | None = None) -> None:
+                 restarted_before: str | None = None, quiet_after_idle_s: float = 0.0) -> None:
         self.kernel = kernel
         self.code = code
         self.timeout_s = timeout_s
@@ -123,6 +123,9 @@ class ExecutionRun:
         self._lines = LineJoiner()
         self._restart_reason = restarted_before
         """Why the kernel was restarted before this execution (it then says so)."""
+        self.quiet_after_idle_s = quiet_after_idle_s
+        """How long output may still come after the kernel's ``idle`` (Deno's sends its
+        console output from a second task, after it): the run ends once it was quiet so long."""
         self.sent_ns: int | None = None
         """When ``execute_request`` went to the kernel (``time.time_ns()``, for traces)."""
         self.idle_ns: int | None = None
@@ -260,6 +263,8 @@ class ExecutionRun:
                 self._emit(event, emit)
                 await self._spill()
         assert reply is not None
+        if idle and self.quiet_after_idle_s:
+            await self._late_output(route, emit, deadline_loop)
         count = reply.get("execution_count")
         status = self._status
         if self.kernel.channel_breaks != breaks:
@@ -271,6 +276,24 @@ class ExecutionRun:
             self.limiter.truncated = True
         return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
                          duration_ms=0.0, reason=reason, files=files)
+
+    async def _late_output(self, route: asyncio.Queue[tuple[str, Any]], emit: Emit,
+                           deadline: float) -> None:
+        """Take the output that follows ``idle`` until it has been quiet for
+        ``quiet_after_idle_s`` (or the execution's time is up)."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline and not self._interrupt_requested:
+            try:
+                async with asyncio.timeout_at(min(deadline, loop.time()
+                                                  + self.quiet_after_idle_s)):
+                    channel, msg = await route.get()
+            except TimeoutError:
+                return
+            if channel == "iopub" and isinstance(msg, dict):
+                event = translate(msg)
+                if event is not None:
+                    self._emit(event, emit)
+                    await self._spill()
 
     async def _channel_lost(self, count: int | None, emit: Emit) -> DoneEvent:
         """End an execution part of whose output was lost with a broken channel: ``error``,
@@ -329,9 +352,8 @@ class ExecutionRun:
         await self.kernel.restart()
         return DoneEvent(status=self._status or ExecutionStatus.TIMEOUT, execution_count=None,
                          restarted=True, duration_ms=0.0,
-                         reason=f"{reason}; the kernel did not stop, so every process in the "
-                                "sandbox was killed and a fresh kernel started (variables lost, "
-                                "files kept)")
+                         reason=f"{reason}; the kernel did not stop, so {self.kernel.hard_stop} "
+                                "and a fresh kernel started (variables lost, files kept)")
 
     async def _recover_death(self, died: KernelDied) -> DoneEvent:
         status = ExecutionStatus.DIED

@@ -30,10 +30,15 @@ class ExecutionHandle:
     that connects late, see the whole stream from the start.
     """
 
-    def __init__(self, execution_id: str, code: str, timeout_s: float) -> None:
+    def __init__(self, execution_id: str, code: str, timeout_s: float, *,
+                 language: str = "python", context_id: str = "python") -> None:
         self.id = execution_id
         self.code = code
         self.timeout_s = timeout_s
+        self.language = language
+        """The language it was sent as (``typescript`` runs in the JavaScript context)."""
+        self.context_id = context_id
+        """The code context it runs in (``python``: the session's own kernel)."""
         self.events: list[Event] = []
         self.done: DoneEvent | None = None
         self.started_at = utcnow()

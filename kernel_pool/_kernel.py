@@ -188,6 +188,14 @@ class Kernel:
     def id(self) -> str:
         return self.sandbox.info.sandbox_id
 
+    hard_stop = "every process in the sandbox was killed"
+    """What a hard stop of this kernel (:meth:`restart`) kills, as an execution says it."""
+
+    @property
+    def zmq_context(self) -> zmq.asyncio.Context:
+        """The ZMQ context its sockets belong to (a session's other kernels share it)."""
+        return self._context
+
     @property
     def state(self) -> KernelState:
         return self._state

@@ -22,12 +22,21 @@ import anyio.to_thread
 
 from kernel_pool._caused import caused
 from kernel_pool._commands import CommandEmit, CommandRun
+from kernel_pool._contexts import (
+    JS_QUIET_S,
+    CodeContext,
+    ContextInfo,
+    Contexts,
+    close_context,
+    display_language,
+)
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
+    STOPPED_CONTEXT,
     PauseInfo,
     SnapshotStore,
     Transfer,
@@ -49,7 +58,9 @@ from kernel_pool.events import (
 )
 from kernel_pool.exceptions import (
     BackendError,
+    ContextNotFound,
     InvalidRequest,
+    KernelPoolError,
     KernelUnavailable,
     QueueFull,
     SessionClosed,
@@ -165,6 +176,8 @@ class Session:
         self._lost: str | None = None
         """Why the kernel was restarted since the last execution (it died between two): the
         next execution says so (``restarted``), so no variable vanishes silently."""
+        self._contexts = Contexts(self.id)
+        """Its code contexts: the kernel above (``python``) and those of other languages."""
 
     def __repr__(self) -> str:
         return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
@@ -211,18 +224,25 @@ class Session:
     # -- executions ----------------------------------------------------------------------------
 
     def submit(self, code: str, timeout_s: float | None = None,
-               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+               execution_id: str | None = None, gate: Gate | None = None, *,
+               language: str | None = None, context_id: str | None = None) -> ExecutionHandle:
         """Queue ``code``; returns at once with a handle to stream or await.
 
         ``gate``, if given, decides under the session's lock whether the code runs (see
-        :data:`Gate`).
+        :data:`Gate`). ``context_id`` names the code context to run in; else ``language``
+        (None: python) runs in that language's default context, made now if need be
+        (:class:`UnknownLanguage` for one the image does not offer). Executions of every
+        context share the session's one queue.
         """
         if self._closed:
             raise SessionClosed(self.id)
         timeout = self.profile.timeout_for(timeout_s)
+        context = self._contexts.resolve(language, context_id, self.languages)
         if len(self._pending) >= self._settings.max_queued_executions:
             raise QueueFull(self.id, self._settings.max_queued_executions)
-        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
+        sent_as = context.language if language is None else self._contexts.sent_as(language)
+        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout,
+                                 language=sent_as, context_id=context.id)
         handle.gate = gate
         self._pending.append(handle)
         self._touch()
@@ -300,19 +320,35 @@ class Session:
                     return
                 if self.paused and await self._resume_failed(handle):
                     return
-                run = ExecutionRun(self.kernel, handle.code, timeout_s=handle.timeout_s,
+                context = await self._context_ready(handle)
+                if context is None:
+                    return
+                kernel = self.kernel if context.kernel is None else context.kernel
+                lost = self._lost if context.default else context.lost
+                run = ExecutionRun(kernel, handle.code, timeout_s=handle.timeout_s,
                                    caps=self.profile.caps, execution_id=handle.id,
                                    interrupt_grace_s=self._settings.interrupt_grace_s,
-                                   restarted_before=self._lost)
-                self._lost = None
+                                   restarted_before=lost,
+                                   quiet_after_idle_s=JS_QUIET_S
+                                   if context.language == "javascript" else 0.0)
+                if context.default:
+                    self._lost = None
+                context.lost = None
                 handle.run = run
                 handle.started_at = utcnow()
                 self._notify(handle, None)
-                done = await run.run(lambda event: self._publish(handle, event))
-                if done.execution_count is not None:
-                    self.execution_count = done.execution_count
-                elif done.restarted:
-                    self.execution_count = 0
+                context.busy = True
+                try:
+                    done = await run.run(lambda event: self._publish(handle, event))
+                finally:
+                    context.busy = False
+                count = (done.execution_count if done.execution_count is not None
+                         else 0 if done.restarted else None)
+                if count is not None:
+                    if context.default:
+                        self.execution_count = count
+                    else:
+                        context.execution_count = count
                 self._publish(handle, done)
         except BaseException as exc:
             if handle.done is None:
@@ -331,6 +367,26 @@ class Session:
             death = self.kernel.death
             if not self._closed and self.kernel.state == KernelState.DEAD and death is not None:
                 self._kernel_died(death)  # died in the clean-up after the reply
+
+    async def _context_ready(self, handle: ExecutionHandle) -> CodeContext | None:
+        """The execution's context with its kernel ready (started now at its first use, or
+        again after a death); None when it cannot be had (the execution then ends with an
+        error that says why)."""
+        try:
+            context = self._contexts.get(handle.context_id)
+            if not context.default:
+                await self._contexts.start(context, self.kernel.sandbox, self.env, self.kernel,
+                                           self._settings.kernel_start_timeout_s)
+            return context
+        except KernelPoolError as exc:
+            ename = type(exc).__name__
+            reason = (str(exc) if isinstance(exc, ContextNotFound) else
+                      f"the {display_language(handle.language)} kernel did not start: {exc}")
+        self._publish(handle, ErrorEvent(ename=ename, evalue=reason,
+                                         traceback=[f"{ename}: {reason}"]))
+        self._publish(handle, DoneEvent(status=ExecutionStatus.ERROR, execution_count=None,
+                                        duration_ms=0.0, reason=reason))
+        return None
 
     def _kernel_died(self, died: KernelDied) -> None:
         """The kernel died: a running execution recovers it; between executions, or after an
@@ -412,7 +468,7 @@ class Session:
         self.pause_failed = False
         wants_memory = self._settings.pause_with == "memory" or (
             self._settings.pause_with == "auto" and bool(info.not_kept))
-        ended = await self._end_commands()
+        ended = {**await self._end_commands(), **await self._end_contexts()}
         if ended:
             info = info.model_copy(update={"not_kept": {**info.not_kept, **ended}})
             await anyio.to_thread.run_sync(store.save_info, self.id, info)
@@ -445,6 +501,23 @@ class Session:
             if not self.commands:
                 break
             await asyncio.sleep(0.05)
+        return ended
+
+    async def _end_contexts(self) -> dict[str, str]:
+        """End the kernels of the code contexts, which no pause keeps (only the session's own
+        kernel is snapshotted or checkpointed); what was ended, as ``not_kept`` entries. Each
+        starts afresh at its next execution, which says so."""
+        ended = {}
+        for context in self._contexts:
+            if context.default or context.kernel is None:
+                continue
+            await close_context(context)
+            language = display_language(context.language)
+            context.lost = (f"the session was paused, and a pause keeps no {language} kernel: "
+                            "a fresh one was started (variables lost, files kept)")
+            ended[f"{STOPPED_CONTEXT}{context.id!r}"] = (
+                f"its {language} kernel: a pause keeps Python's variables only; it starts "
+                "afresh at its next execution")
         return ended
 
     async def _stop_paused(self) -> None:
@@ -795,16 +868,63 @@ class Session:
 
     # -- the kernel ----------------------------------------------------------------------------
 
-    async def interrupt(self) -> bool:
+    async def interrupt(self, context_id: str | None = None) -> bool:
         """Interrupt the running execution (or withdraw one its gate holds); False when
-        nothing was running."""
-        return self._interrupt()
+        nothing was running (in context ``context_id``, if named)."""
+        if context_id is not None:
+            self._contexts.get(context_id)
+        return self._interrupt(context_id)
 
-    def _interrupt(self) -> bool:
-        current = self.current
-        if current is None and self._pending and self._pending[0].gating is not None:
-            return self._pending[0].gating.cancel()  # held by its gate: withdraw it
-        return bool(current and current.run and current.run.interrupt())
+    def _interrupt(self, context_id: str | None = None) -> bool:
+        head = self._pending[0] if self._pending else None
+        if head is None or context_id not in (None, head.context_id):
+            return False
+        if head.run is None and head.gating is not None:
+            return head.gating.cancel()  # held by its gate: withdraw it
+        return bool(head.run and head.run.interrupt())
+
+    # -- code contexts -------------------------------------------------------------------
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The languages the session's image offers (``typescript`` beside ``javascript``)."""
+        return self.kernel.sandbox.languages
+
+    async def list_contexts(self) -> list[ContextInfo]:
+        """The session's code contexts, its own Python kernel first."""
+        return [context.info(self.execution_count if context.default else None)
+                for context in self._contexts]
+
+    async def create_context(self, language: str | None = None) -> ContextInfo:
+        """A new code context of ``language`` (its kernel starts at its first execution)."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        return self._contexts.create(language, self.languages).info()
+
+    async def restart_context(self, context_id: str) -> None:
+        """A fresh kernel for one context (its variables gone, files and other contexts
+        kept); the session's own (``python``) is :meth:`restart`."""
+        context = self._contexts.get(context_id)
+        if context.default:
+            await self.restart()
+            return
+        if self._closed:
+            raise SessionClosed(self.id)
+        self._interrupt(context_id)
+        async with self._lock:
+            # Ended now, started at its next execution: no kernel runs unasked.
+            await close_context(context)
+            context.lost = None
+
+    async def remove_context(self, context_id: str) -> None:
+        """End a context's kernel and forget the context (not the session's own)."""
+        context = self._contexts.pop(context_id)
+        for handle in self._pending:
+            if handle.context_id == context_id and handle.run is None:
+                handle.withdrawn = "withdrawn: its code context was removed before it ran"
+        self._interrupt(context_id)
+        async with self._lock:
+            await close_context(context)
 
     async def restart(self) -> None:
         """A fresh kernel on the same workspace: variables gone, files kept."""
@@ -957,4 +1077,6 @@ class Session:
             with contextlib.suppress(Exception):
                 await self.kernel.sandbox.discard_checkpoint(self._dump)
             self._dump = None
+        for context in self._contexts:
+            await close_context(context, kill=False)  # the container goes with the kernel's
         await self.kernel.close()

@@ -71,6 +71,9 @@ PUMP_VERDICT_S = 2.0
 """How long a failed snapshot or load waits for the pump's own verdict before stopping it."""
 STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
+STOPPED_CONTEXT = "context "
+"""How a ``not_kept`` entry of a code context a pause ended begins (no pause keeps one but
+the session's Python kernel)."""
 
 
 class PauseInfo(BaseModel):
@@ -84,7 +87,7 @@ class PauseInfo(BaseModel):
     not_kept: dict[str, str] = Field(default_factory=dict)
     """What could not be kept, each with the reason: variables by name, ``thread 'name'``,
     ``/tmp/name``; with "memory" only the shell commands the pause stopped (``command '...'``,
-    which no pause keeps)."""
+    which no pause keeps) and the code contexts it ended (``context 'r'``)."""
     variables_not_kept: dict[str, str] = Field(default_factory=dict)
     """With "memory": the names the variables snapshot could not keep, lost only if the
     memory image cannot be restored (the resume then says so)."""
@@ -328,9 +331,10 @@ class SnapshotStore:
 
 def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
     """The variables snapshot's info as a memory pause's, the memory's ``size`` added: what
-    the variables lost the memory keeps, but for the shell commands the pause stopped."""
+    the variables lost the memory keeps, but for the shell commands and code contexts the
+    pause stopped."""
     stopped = {name: why for name, why in info.not_kept.items()
-               if name.startswith(STOPPED_COMMAND)}
+               if name.startswith((STOPPED_COMMAND, STOPPED_CONTEXT))}
     kept = [name for name in info.not_kept if name not in stopped]
     return info.model_copy(update={
         "paused_with": "memory", "image_bytes": info.image_bytes + size,

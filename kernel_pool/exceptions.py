@@ -13,6 +13,8 @@
     ├── TooManyCommands        too many shell commands running in one session
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
+    │   └── UnknownLanguage    a language the session's image does not offer
+    ├── ContextNotFound        no code context of that id in the session
     ├── PayloadTooLarge        code or an upload over its size limit
     ├── StateDirFull           the state directory (database, workspaces) has no room left
     ├── SnapshotError          a pause, resume or fork could not keep or restore the state
@@ -106,6 +108,25 @@ class ExecutionIdTaken(KernelPoolError):
 
 class InvalidRequest(KernelPoolError):
     """A request value is out of range; the message names the limit."""
+
+
+class UnknownLanguage(InvalidRequest):
+    def __init__(self, language: str, offered: list[str]) -> None:
+        self.language = language
+        self.offered = offered
+        super().__init__(
+            f"unknown language {language!r}; this session offers: {', '.join(offered)}"
+            + ("" if "r" in offered else
+               " (R and JavaScript/TypeScript are in the polyglot image: a profile with "
+               "image = \"polyglot\")"))
+
+
+class ContextNotFound(KernelPoolError):
+    def __init__(self, session_id: str, context_id: str) -> None:
+        self.session_id = session_id
+        self.context_id = context_id
+        super().__init__(f"session {session_id} has no code context {context_id!r}; list "
+                         "its contexts for their ids")
 
 
 class PayloadTooLarge(KernelPoolError):

@@ -74,10 +74,13 @@ class CommandProcess(ABC):
 
 
 class Sandbox(ABC):
-    """One isolated container with a workspace, hosting one kernel at a time."""
+    """One isolated container with a workspace, hosting one kernel at a time (and those of
+    the session's code contexts beside it, :meth:`add_kernel`)."""
 
     info: SandboxInfo
     workspace: Workspace
+    languages: tuple[str, ...] = ("python",)
+    """The languages its image offers (``kernel_pool._languages.offered``)."""
 
     @property
     def checkpoint_refusal(self) -> str | None:
@@ -99,6 +102,16 @@ class Sandbox(ABC):
 
         Returns the host-side connection info (jupyter_client's connection-file dict).
         """
+
+    async def add_kernel(self, language: str, name: str, env: dict[str, str]) -> Sandbox:
+        """The face of one more kernel in this sandbox (a code context): a :class:`Sandbox`
+        whose ``launch_kernel`` starts a kernel of ``language`` (one of :attr:`languages`)
+        named ``name`` in the same container and workspace, under the same limits, with
+        ``env`` added; its ``poll``, ``wait``, ``send_signal`` (to the kernel's process group),
+        ``kill`` and ``kill_strays`` reach that kernel and its descendants alone, and its
+        ``cleanup`` never removes the container. This sandbox's own clean-up after an
+        execution spares those kernels; its hard stop (``kill``) ends them too."""
+        raise BackendError(f"the {self.info.backend} backend runs one kernel per sandbox")
 
     async def connection_info(self) -> dict[str, Any] | None:
         """The host-side connection info of the kernel running now (after ``load``), if any."""

@@ -8,7 +8,8 @@ import kernel_pool
 
 EXPORTED = [
     "ApprovalEvent", "BackendError", "CHART_MIME", "CapacityError", "ClearOutputEvent",
-    "CommandDone", "CommandResult", "CommandStatus", "Denial", "DisplayEvent", "DoneEvent",
+    "CommandDone", "CommandResult", "CommandStatus", "ContextInfo", "ContextNotFound", "Denial",
+    "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
     "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
@@ -18,7 +19,7 @@ EXPORTED = [
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionNotFound", "SessionPort",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "Transfer", "TransferListener", "UpdateDisplayEvent",
+    "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py"}

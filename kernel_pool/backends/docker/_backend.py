@@ -32,6 +32,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
+from kernel_pool._languages import offered
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace, detach
 from kernel_pool.backends.base import (
     CgroupUsage,
@@ -228,6 +229,8 @@ class DockerSandbox(Sandbox):
         self._exit_code: int | None = None
         self._commands: set[int] = set()
         """Host pids of the shell commands' wrappers running now."""
+        self.context_pids: set[int] = set()
+        """Host pids of the code contexts' kernels running now (:meth:`add_kernel`)."""
         self.fresh = False
         """Whether the container was made (or remade) and no kernel has run in it yet: its
         first kernel may come from a template."""
@@ -637,13 +640,27 @@ class DockerSandbox(Sandbox):
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid or not self._init_pid:
             return 0
-        spared = frozenset(self._commands)
+        spared = frozenset(self._commands | self.context_pids)
         # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
         if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0
         killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
                                        keep_kernel_children, spared, self._freezer)
         return killed
+
+    @property
+    def procs_file(self) -> Path | None:
+        """The container's cgroup list of processes (host pids), once it runs under runc."""
+        return self._cgroup.procs_file if self._cgroup is not None else None
+
+    async def add_kernel(self, language: str, name: str, env: dict[str, str]) -> Sandbox:
+        if not self._through_init:
+            raise BackendError("code contexts in other languages need a runc sandbox; this "
+                               "profile runs gVisor")
+        # Imported here: the context's sandbox builds on this module's helpers.
+        from kernel_pool.backends.docker._context import DockerContextSandbox
+
+        return DockerContextSandbox(self, language, name, {**self._env, **env})
 
     async def checkpoint(self) -> Path:
         """runc's checkpoint of the container (CRIU on the engine's host), in the folder the
@@ -858,6 +875,7 @@ class DockerBackend(SandboxBackend):
         self._templates: dict[str, Template] = {}
         self._template_tasks: dict[str, asyncio.Task[None]] = {}
         self._template_failures: dict[str, int] = {}
+        self._languages: dict[str, tuple[str, ...]] = {}
 
     def _labels(self, sandbox_id: str, profile: Profile, workspace: Path,
                 socket_dir: Path) -> dict[str, str]:
@@ -976,6 +994,7 @@ class DockerBackend(SandboxBackend):
                            workspace=str(workspace.root), socket_dir=str(socket_dir))
         sandbox = DockerSandbox(self, info, spec.profile, workspace, spec.env)
         sandbox.fresh = start
+        sandbox.languages = await self.image_languages(spec.profile.image)
         return sandbox
 
     @staticmethod
@@ -1031,6 +1050,7 @@ class DockerBackend(SandboxBackend):
         env = dict(item.split("=", 1) for item in details["Config"].get("Env") or []
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
+        sandbox.languages = await self.image_languages(profile.image)
         info.kernel_name, info.kernel_ref = None, None
         if sandbox._through_init:
             state = details.get("State") or {}
@@ -1106,7 +1126,19 @@ class DockerBackend(SandboxBackend):
         except WorkspaceError as exc:
             raise BackendError(f"cannot take back the sandbox's workspace: {exc}") from exc
         stopped = info.model_copy(update={"kernel_name": None, "kernel_ref": None})
-        return DockerSandbox(self, stopped, profile, workspace, env)
+        sandbox = DockerSandbox(self, stopped, profile, workspace, env)
+        sandbox.languages = await self.image_languages(profile.image)
+        return sandbox
+
+    async def image_languages(self, image: str) -> tuple[str, ...]:
+        """The languages ``image`` offers, by its label (asked of the engine once per image)."""
+        if image not in self._languages:
+            try:
+                details = await _run(self.client.api.inspect_image, image)
+            except BackendError:
+                return ("python",)  # not asked again: the next sandbox's creation may find it
+            self._languages[image] = tuple(offered((details.get("Config") or {}).get("Labels")))
+        return self._languages[image]
 
     async def image_digest(self, image: str) -> str | None:
         try:

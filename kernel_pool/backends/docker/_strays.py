@@ -184,3 +184,43 @@ def wait_gone(procs_file: Path, init_pid: int, timeout_s: float = GONE_WAIT_S) -
             return False
         time.sleep(0.01)
     return True
+
+
+def kill_tree(procs_file: Path, root_pid: int, spared_levels: int) -> int:
+    """Kill ``root_pid``'s tree but its top ``spared_levels`` levels (0: the whole tree, the
+    root too; 1: its descendants) and wait until they are gone; how many were killed. Each
+    pass stops them first (SIGSTOP until none runs), so that a fork bomb forks no more and
+    no child is re-parented out of the tree between finding it and killing it."""
+    killed: set[tuple[int, int]] = set()
+    for _ in range(ROUNDS):
+        stopped: set[tuple[int, int]] = set()
+        tree: dict[int, tuple[str, int, int]] = {}
+        for _ in range(STOP_ROUNDS):
+            tree = _tree(procs_file, root_pid, spared_levels)
+            running = {pid: info for pid, info in tree.items() if (pid, info[2]) not in stopped}
+            if not running:
+                break
+            stopped |= _signal(running, signal.SIGSTOP)
+        victims = _signal(tree, signal.SIGKILL)
+        if not victims:
+            break
+        killed |= victims
+        _wait_dead(victims)
+    return len(killed)
+
+
+def _tree(procs_file: Path, root_pid: int, spared_levels: int,
+          ) -> dict[int, tuple[str, int, int]]:
+    """The living processes of the root's tree below its top ``spared_levels`` levels."""
+    found = {pid: info for pid in _read_pids(procs_file) if (info := _stat(pid)) is not None}
+    tree = {}
+    for pid, info in found.items():
+        level, current = 0, pid
+        while current != root_pid and level <= len(found):
+            parent = found.get(current)
+            if parent is None:
+                break
+            current, level = parent[1], level + 1
+        if current == root_pid and level >= spared_levels and info[0] != "Z":
+            tree[pid] = info
+    return tree

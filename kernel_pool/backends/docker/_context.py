@@ -1,0 +1,224 @@
+"""A code context's kernel in a Docker sandbox: one more kernel beside the session's own.
+
+It starts with ``docker exec`` (as the sandbox's user, in its workspace, with the session's
+environment) of the command PID 1 would run for that language (read from ``init.py``'s
+``KERNELS``, the one table of them), and binds its sockets in the same socket folder under a
+name of its own (``x<hex>``, which nothing of the session's kernel globs). An exec'd process
+leads its own process group and session, so a signal to the group reaches the kernel's
+children too (R's ``system()``), and a hard stop kills the group and every descendant.
+
+It is not PID 1's child, so no checkpoint holds it: a pause ends every context but the
+session's own kernel, and says so (``kernel_pool._contexts``). The session's sandbox spares
+its processes when it kills what a Python execution left behind.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import secrets
+import select
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from kernel_pool._sandbox_image import context_dir
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
+from kernel_pool.backends.base import CgroupUsage, Sandbox
+from kernel_pool.backends.docker._backend import (
+    KERNEL_DIR,
+    DockerSandbox,
+    _connection,
+    _in_thread,
+    _run,
+)
+from kernel_pool.backends.docker._init_kernel import write_for_sandbox
+from kernel_pool.backends.docker._strays import kill_tree
+from kernel_pool.exceptions import BackendError
+
+FIND_PID_S = 10.0
+"""How long the engine may take to start the exec and say its pid."""
+
+
+@functools.cache
+def kernel_commands() -> dict[str, tuple[str, ...]]:
+    """Each language's kernel command, as ``init.py`` in the image runs it (its source is
+    what the image's tag hashes, so the two cannot differ)."""
+    source = (context_dir() / "replgate_kernel" / "init.py").read_text()
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "KERNELS"):
+            table: dict[str, tuple[str, ...]] = ast.literal_eval(node.value)
+            return table
+    raise BackendError("init.py names no KERNELS table")
+
+
+class DockerContextSandbox(Sandbox):
+    """One context's kernel in the container of ``parent``: the sandbox face a
+    :class:`~kernel_pool._kernel.Kernel` drives, reaching that kernel alone."""
+
+    def __init__(self, parent: DockerSandbox, language: str, name: str,
+                 env: dict[str, str]) -> None:
+        self._parent = parent
+        self.language = language
+        self.name = name
+        self.env = dict(env)
+        self.info = parent.info.model_copy(update={"kernel_name": name, "kernel_ref": None})
+        self.workspace = parent.workspace
+        self.languages = parent.languages
+        self._pid = 0
+        self._pidfd: int | None = None
+        self._exit_code: int | None = None
+        # Deno's kernel is its relay's child: it and the relay are spared by a clean-up.
+        self._kernel_levels = 2 if language == "javascript" else 1
+
+    @property
+    def _socket_dir(self) -> Path:
+        return Path(self._parent.info.socket_dir)
+
+    async def launch_kernel(self) -> dict[str, Any]:
+        command = kernel_commands().get(self.language)
+        if command is None:
+            raise BackendError(f"the sandbox image has no {self.language} kernel")
+        self._forget()
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{self.name}")
+        await _in_thread(self._write_connection_file, config)
+        argv = [part.format(connection_file=f"{KERNEL_DIR}/{self.name}.json",
+                            max_output_bytes=self._parent.profile.caps.display_bytes)
+                for part in command]
+        api = self._parent._api
+        exec_id = (await _run(api.exec_create, self._parent.info.container_id, argv,
+                              user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
+                              environment=self.env, stdout=False, stderr=False))["Id"]
+        await _run(api.exec_start, exec_id, detach=True)
+        self.info.kernel_ref = exec_id
+        await self._find_pid(exec_id)
+        return {**config, "ip": str(self._socket_dir / self.name)}
+
+    def _write_connection_file(self, config: dict[str, Any]) -> None:
+        # The folder is the sandbox's: whatever it planted at this kernel's names goes first.
+        for planted in self._socket_dir.glob(f"{self.name}-*"):
+            planted.unlink(missing_ok=True)
+        write_for_sandbox(self._socket_dir / f"{self.name}.json", json.dumps(config))
+
+    async def _find_pid(self, exec_id: str) -> None:
+        api = self._parent._api
+        deadline = time.monotonic() + FIND_PID_S
+        while True:
+            details = await _run(api.exec_inspect, exec_id)
+            if details.get("Pid") or details.get("ExitCode") is not None:
+                break
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        pid = int(details.get("Pid") or 0)
+        if not pid or not details.get("Running"):
+            code = details.get("ExitCode")
+            self._exit_code = int(code) if code is not None else -1
+            return
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:
+            self._exit_code = -1  # gone already
+            return
+        self._pid = pid
+        self._parent.context_pids.add(pid)
+
+    def _forget(self) -> None:
+        """Drop the handle on the previous kernel (its pidfd, its pid spared by the parent)."""
+        self._parent.context_pids.discard(self._pid)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+        self._pid, self._pidfd, self._exit_code = 0, None, None
+
+    def _exited(self) -> bool:
+        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
+
+    async def poll(self) -> int | None:
+        if self._exit_code is not None:
+            return self._exit_code
+        if not self._exited():
+            return None
+        return await self._read_exit_code()
+
+    async def _read_exit_code(self) -> int:
+        code: int | None = None
+        if self.info.kernel_ref is not None:
+            with contextlib.suppress(BackendError):
+                for _ in range(50):  # the engine's exec record may lag the process by a moment
+                    details = await _run(self._parent._api.exec_inspect, self.info.kernel_ref)
+                    if not details.get("Running"):
+                        code = details.get("ExitCode")
+                        break
+                    await asyncio.sleep(0.02)
+        self._exit_code = int(code) if code is not None else -signal.SIGKILL
+        return self._exit_code
+
+    async def wait(self) -> int:
+        fd = self._pidfd
+        if fd is not None and self._exit_code is None:
+            loop = asyncio.get_running_loop()
+            exited: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, lambda: None if exited.done() else exited.set_result(None))
+            try:
+                await exited
+            finally:
+                loop.remove_reader(fd)
+        code = await self.poll()
+        return code if code is not None else -1
+
+    async def send_signal(self, signum: int) -> None:
+        """``signum`` to the kernel's process group (it leads one: an exec'd process does)."""
+        if self._pidfd is None or self._exited():
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # The pidfd, not readable, holds the pid: it names this kernel still.
+            os.killpg(self._pid, signum)
+
+    async def kill(self, restart: bool = False) -> None:
+        """Kill the kernel, its group and every descendant (nothing else of the sandbox)."""
+        procs = self._parent.procs_file
+        if self._pid and procs is not None:
+            await _in_thread(kill_tree, procs, self._pid, 0)
+        elif self._pidfd is not None and not self._exited():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        self._forget()
+        if not restart:
+            await _in_thread(self._remove_files)
+
+    def _remove_files(self) -> None:
+        for path in (*self._socket_dir.glob(f"{self.name}-*"),
+                     self._socket_dir / f"{self.name}.json"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    async def usage(self) -> CgroupUsage:
+        return await self._parent.usage()  # one cgroup: the session's limits cover them all
+
+    async def reset_peak_memory(self) -> bool:
+        return await self._parent.reset_peak_memory()
+
+    async def kill_strays(self, keep_kernel_children: bool = True) -> int:
+        """After a cut execution (timeout, interrupt), this kernel's own descendants; then
+        what any execution left re-parented to PID 1 (the parent's clean-up, which spares
+        every kernel of the sandbox and its children)."""
+        killed = 0
+        procs = self._parent.procs_file
+        if not keep_kernel_children and self._pid and procs is not None:
+            killed = await _in_thread(kill_tree, procs, self._pid,
+                                    self._kernel_levels)
+        return killed + await self._parent.kill_strays(keep_kernel_children=True)
+
+    async def reserve(self) -> None:
+        return None  # the session's sandbox runs: nothing was given back
+
+    async def release(self) -> None:
+        return None

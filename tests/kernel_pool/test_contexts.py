@@ -1,0 +1,186 @@
+"""Code contexts: R, JavaScript/TypeScript and bash kernels started lazily in a session's own
+sandbox (the polyglot image), beside its Python kernel, through the session's one queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+from kp_support import pausing_pool
+
+from kernel_pool import (
+    ContextNotFound,
+    KernelPool,
+    Profile,
+    Session,
+    StreamEvent,
+    UnknownLanguage,
+)
+from kernel_pool.backends.docker import build_polyglot_image
+
+LANGUAGES = ["r", "javascript", "bash"]
+SET = {"r": "x <- 41", "javascript": "var x = 41", "bash": "x=41"}
+GET = {"r": "cat(x + 1, '\\n')", "javascript": "console.log(x + 1)", "bash": "echo $((x + 1))"}
+LOOP = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while true; do :; done"}
+TWO_LINES = {"r": "cat('a\\n'); Sys.sleep(1.5); cat('b\\n')",
+             "javascript": "console.log('a'); await new Promise(r => setTimeout(r, 1500)); "
+                           "console.log('b')",
+             "bash": "echo a; sleep 1.5; echo b"}
+ERROR = {"r": 'stop("boom")', "javascript": "throw new Error('boom')",
+         "bash": "echo boom >&2; false"}
+WRITE = {"r": 'writeLines("from r", "from_r.txt")',
+         "javascript": "Deno.writeTextFileSync('from_javascript.txt', 'from javascript\\n')",
+         "bash": "echo 'from bash' > from_bash.txt"}
+
+
+@pytest.fixture(scope="module")
+async def polyglot_pool(state_root: Path,
+                        docker_client: docker.DockerClient) -> AsyncIterator[KernelPool]:
+    build_polyglot_image(docker_client, state_dir=state_root / "images", log=lambda _: None)
+    profile = Profile(name="default", image="polyglot", memory="1g", workspace_size="64m",
+                      tmp_size="32m", pids=256, min_idle=0, default_timeout_s=60,
+                      max_timeout_s=120)
+    async with pausing_pool(state_root, docker_client, "contexts",
+                            profiles={"default": profile}) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+async def poly(polyglot_pool: KernelPool) -> AsyncIterator[Session]:
+    """One session for the tests whose contexts' state does not matter to the others."""
+    session = await polyglot_pool.create_session()
+    yield session
+    await polyglot_pool.delete_session(session.id)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_language_keeps_its_state_beside_python(poly: Session, language: str) -> None:
+    await poly.execute("x = 'python'")
+    started = time.monotonic()
+    first = await poly.submit(SET[language], language=language).result()
+    assert first.status == "ok", first
+    took = time.monotonic() - started
+    got = await poly.submit(GET[language], language=language).result()
+    assert (got.status, got.stdout.strip()) == ("ok", "42"), got
+    assert (await poly.execute("print(x)")).stdout == "python\n"
+    contexts = {c.id: c for c in await poly.list_contexts()}
+    assert contexts[language].language == language and contexts[language].running
+    assert contexts["python"].language == "python"
+    print(f"{language}: first execution (kernel start) {took:.2f} s")
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_output_streams_as_it_comes(poly: Session, language: str) -> None:
+    handle = poly.submit(TWO_LINES[language], language=language)
+    seen: list[tuple[str, float]] = []
+    async for event in handle.stream():
+        if isinstance(event, StreamEvent):
+            seen.append((event.text, time.monotonic()))
+    done = time.monotonic()
+    assert handle.done is not None and handle.done.status == "ok", handle.done
+    assert "".join(text for text, _ in seen) == "a\nb\n"
+    assert done - seen[0][1] > 1.0, "the first line came only with the end"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_an_error_is_plain_text(poly: Session, language: str) -> None:
+    failed = await poly.submit(ERROR[language], language=language).result()
+    assert failed.status == "error", failed
+    assert failed.error is not None and "\x1b[" not in "".join(failed.error.traceback)
+    if language == "bash":  # bash_kernel's terminal merges stderr into stdout
+        assert (failed.stdout, failed.error.evalue) == ("boom\n", "1"), failed
+    else:
+        assert "boom" in failed.error.evalue
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_file_written_in_a_language_is_pythons_to_read(poly: Session,
+                                                             language: str) -> None:
+    written = await poly.submit(WRITE[language], language=language).result()
+    assert written.status == "ok", written
+    read = await poly.execute(f"print(open('from_{language}.txt').read(), end='')")
+    assert read.stdout == f"from {language}\n"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_interrupt_stops_a_loop_in_its_context_only(poly: Session,
+                                                          language: str) -> None:
+    handle = poly.submit(LOOP[language], language=language)
+    for _ in range(300):
+        if handle.run is not None:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    assert not await poly.interrupt("python")  # not the context running now
+    asked = time.monotonic()
+    assert await poly.interrupt(language)
+    result = await handle.result()
+    assert result.status == "interrupted" and time.monotonic() - asked < 10, result
+    after = await poly.submit(GET[language], language=language).result()
+    assert after.status == "ok", (result.reason, after.reason)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_timeout_stops_the_code(polyglot_pool: KernelPool, language: str) -> None:
+    session = await polyglot_pool.create_session()
+    try:
+        ran = await session.submit(LOOP[language], timeout_s=2, language=language).result()
+        assert ran.status == "timeout", ran
+        again = await session.submit(SET[language], language=language).result()
+        assert again.status == "ok", again
+        assert (await session.execute("1 + 1")).status == "ok"
+    finally:
+        await polyglot_pool.delete_session(session.id)
+
+
+async def test_contexts_made_restarted_and_removed(poly: Session) -> None:
+    made = await poly.create_context("R")
+    assert made.language == "r" and not made.running and made.id.startswith("ctx-")
+    assert (await poly.submit("y <- 1", context_id=made.id).result()).status == "ok"
+    # Its own variables, not the default R context's.
+    other = await poly.submit("exists('y')", language="r").result()
+    assert "FALSE" in str(other.outputs), other
+    await poly.restart_context(made.id)
+    gone = await poly.submit("exists('y')", context_id=made.id).result()
+    assert "FALSE" in str(gone.outputs), gone
+    await poly.remove_context(made.id)
+    with pytest.raises(ContextNotFound):
+        poly.submit("1", context_id=made.id)
+    assert made.id not in {c.id for c in await poly.list_contexts()}
+
+
+async def test_typescript_runs_in_the_javascript_context(poly: Session) -> None:
+    await poly.submit("var shared = 5", language="js").result()
+    typed = await poly.submit("const n: number = shared * 2; n", language="TypeScript").result()
+    assert (typed.status, typed.outputs[0].data["text/plain"]) == ("ok", "10"), typed
+
+
+async def test_an_unknown_language_names_the_offered_ones(poly: Session,
+                                                          shared_session: Session) -> None:
+    with pytest.raises(UnknownLanguage) as raised:
+        poly.submit("1", language="cobol")
+    assert raised.value.offered == ["python", "bash", "r", "javascript", "typescript"]
+    with pytest.raises(UnknownLanguage) as default_image:
+        shared_session.submit("1", language="r")  # the default image: python and bash
+    assert default_image.value.offered == ["python", "bash"]
+    assert "polyglot" in str(default_image.value)
+
+
+async def test_a_pause_says_which_contexts_lost_their_state(polyglot_pool: KernelPool) -> None:
+    session = await polyglot_pool.create_session()
+    try:
+        await session.execute("kept = 1")
+        for language in ("r", "javascript"):
+            assert (await session.submit(SET[language], language=language).result()).status == "ok"
+        info = await session.pause()
+        assert {"context 'r'", "context 'javascript'"} <= set(info.not_kept), info
+        assert not [name for name in info.kept if name.startswith("context ")]
+        back = await session.submit("exists('x')", language="r").result()
+        assert back.restarted and "FALSE" in str(back.outputs), back
+        assert (await session.execute("print(kept)")).stdout == "1\n"
+    finally:
+        await polyglot_pool.delete_session(session.id)
