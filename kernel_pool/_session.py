@@ -852,6 +852,8 @@ class Session:
             return await save_variables(self.kernel, store, key)
 
     def _publish(self, handle: ExecutionHandle, event: Event) -> None:
+        if isinstance(event, DoneEvent):
+            event.language = handle.language
         handle._add(event)
         self._notify(handle, event)
 

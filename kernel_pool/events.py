@@ -127,6 +127,9 @@ class DoneEvent(BaseModel):
     reaped: int = Field(0, ge=0)
     """Processes the code left running in the sandbox (daemons, a fork bomb's), killed when it
     ended; none of them is left for the next execution."""
+    language: str = "python"
+    """The language it ran as (``r``, ``javascript``, ``typescript``, ``bash``: a code
+    context's kernel)."""
 
 
 class CommandStatus(StrEnum):
@@ -266,6 +269,8 @@ class Execution(BaseModel):
     files: list[FileChange] = Field(default_factory=list)
     reaped: int = Field(0, ge=0)
     """As :attr:`DoneEvent.reaped`."""
+    language: str = "python"
+    """As :attr:`DoneEvent.language`."""
 
     @classmethod
     def from_events(cls, events: list[Any]) -> Execution:
@@ -331,7 +336,7 @@ class ExecutionBuilder:
             stdout="".join(self._stdout), stderr="".join(self._stderr),
             outputs=list(self._outputs), error=self._error, truncated=done.truncated,
             restarted=done.restarted, duration_ms=done.duration_ms, reason=done.reason,
-            metrics=done.metrics, files=done.files, reaped=done.reaped,
+            metrics=done.metrics, files=done.files, reaped=done.reaped, language=done.language,
         )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from kernel_pool._commands import CommandEmit, CommandRun
+    from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import ExecutionHandle, Gate
     from kernel_pool._session import SessionStatus
@@ -67,17 +68,34 @@ class SessionPort(Protocol):
     # -- executions ---------------------------------------------------------------------------
 
     def submit(self, code: str, timeout_s: float | None = None,
-               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+               execution_id: str | None = None, gate: Gate | None = None, *,
+               language: str | None = None, context_id: str | None = None) -> ExecutionHandle:
         """Queue code; the handle streams its events and ends with its result. ``gate`` (the
-        gateway's approvals and policy) decides, in queue order, whether it runs."""
+        gateway's approvals and policy) decides, in queue order, whether it runs.
+        ``language`` or ``context_id`` picks the code context it runs in (Python's own by
+        default)."""
 
-    async def interrupt(self) -> bool: ...
+    async def interrupt(self, context_id: str | None = None) -> bool: ...
 
     async def restart(self) -> None: ...
 
     def relay(self, msg_type: str, content: dict[str, Any], *,
               channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """One raw Jupyter request beside the queue, and the messages it caused."""
+
+    # -- code contexts ------------------------------------------------------------------------
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The languages the session's image offers."""
+
+    async def list_contexts(self) -> list[ContextInfo]: ...
+
+    async def create_context(self, language: str | None = None) -> ContextInfo: ...
+
+    async def restart_context(self, context_id: str) -> None: ...
+
+    async def remove_context(self, context_id: str) -> None: ...
 
     # -- lifecycle ----------------------------------------------------------------------------
 

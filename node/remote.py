@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from kernel_pool import (
     CommandResult,
+    ContextInfo,
     DoneEvent,
     EgressAttempt,
     Entry,
@@ -246,9 +247,12 @@ class RemoteSession:
     # -- executions ---------------------------------------------------------------------------
 
     def submit(self, code: str, timeout_s: float | None = None,
-               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
+               execution_id: str | None = None, gate: Gate | None = None, *,
+               language: str | None = None, context_id: str | None = None) -> ExecutionHandle:
         if self._closed:
             raise SessionClosed(self.id)
+        if (language or "python").lower() != "python" or context_id not in (None, "python"):
+            raise _not_on_nodes("code contexts in other languages")
         timeout = self.profile.timeout_for(timeout_s)
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
         handle.gate = gate
@@ -321,7 +325,9 @@ class RemoteSession:
             except Exception:
                 logger.exception("session listener failed")
 
-    async def interrupt(self) -> bool:
+    async def interrupt(self, context_id: str | None = None) -> bool:
+        if context_id not in (None, "python"):
+            raise _not_on_nodes("code contexts in other languages")
         head = self._pending[0] if self._pending else None
         if head is not None and head.gating is not None:
             return head.gating.cancel()  # held by its gate here: withdraw it
@@ -430,6 +436,28 @@ class RemoteSession:
         response = await self.client.call("GET", f"/sessions/{self.id}/egress",
                                           session_id=self.id)
         return _EGRESS.validate_json(response.content)
+
+
+    # -- code contexts: the session's own Python kernel only, through nodes for now ----------
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        return ("python",)
+
+    async def list_contexts(self) -> list[ContextInfo]:
+        return [ContextInfo(id="python", language="python",
+                            execution_count=self.execution_count, running=not self.paused)]
+
+    async def create_context(self, language: str | None = None) -> ContextInfo:
+        raise _not_on_nodes("code contexts in other languages")
+
+    async def restart_context(self, context_id: str) -> None:
+        if context_id != "python":
+            raise _not_on_nodes("code contexts in other languages")
+        await self.restart()
+
+    async def remove_context(self, context_id: str) -> None:
+        raise _not_on_nodes("code contexts in other languages")
 
 
 def _not_on_nodes(what: str) -> InvalidRequest:
