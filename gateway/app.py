@@ -20,7 +20,7 @@ from gateway.governance import Governance, load_policy
 from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.metrics import Metrics
-from gateway.routers import files, health, jupyter, sessions, ui, watch, ws
+from gateway.routers import contexts, files, health, jupyter, sessions, ui, watch, ws
 from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
@@ -117,7 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     bodies.install(app)
     mcp = mcp_endpoint(settings)
     app.router.routes.append(Route("/mcp", mcp))  # MCP over streamable HTTP, same API keys
-    for module in (health, sessions, files, ws, watch, jupyter, ui):
+    for module in (health, sessions, contexts, files, ws, watch, jupyter, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     e2b.install(app)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified

@@ -109,6 +109,10 @@ def _code_cell(cell: NotebookCell, displays: dict[str, list[NotebookNode]]) -> N
     }}
     if done is not None and done.files:
         metadata["replgate"]["files"] = [f.model_dump() for f in done.files]
+    if done is not None and done.language != "python":
+        # A code context's cell: its language for readers, and in the key VS Code reads.
+        metadata["replgate"]["language"] = done.language
+        metadata["vscode"] = {"languageId": done.language}
     return _new_code_cell(source=cell.code, execution_count=execution_count, outputs=outputs,
                          metadata=metadata)
 

@@ -198,9 +198,35 @@ class ForkRequest(Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+Language = Annotated[str, Field(max_length=32, description=(
+    "python (the default), r, javascript (js), typescript (ts) or bash, any case; the "
+    "session's image must offer it"))]
+ContextId = Annotated[str, Field(min_length=1, max_length=64, description=(
+    "a code context of the session (GET /v1/sessions/{id}/contexts)"))]
+
+
 class ExecuteRequest(Strict):
     code: str
     timeout_s: Timeout | None = None
+    language: Language | None = None
+    context_id: ContextId | None = None
+
+
+class ContextCreate(Strict):
+    """``POST /v1/sessions/{id}/contexts``: another kernel of a language in the session."""
+
+    language: Language = "python"
+
+
+class ContextOut(BaseModel):
+    """A code context: a kernel of the session, with its own variables."""
+
+    id: str
+    language: str = Field(description="python, r, javascript (TypeScript runs there too) "
+                          "or bash")
+    execution_count: int
+    running: bool = Field(description="whether its kernel runs now (a context starts it at "
+                          "its first execution)")
 
 
 class ExecutionOut(Execution):
@@ -289,6 +315,8 @@ class WsExecute(Strict):
     code: str
     timeout_s: Timeout | None = None
     id: str | None = Field(None, min_length=1, max_length=128)
+    language: Language | None = None
+    context_id: ContextId | None = None
 
 
 class WsInterrupt(Strict):

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
+from gateway.routers.contexts import in_context
 from gateway.wire import (
     CommandRequest,
     CommandResult,
@@ -59,8 +60,11 @@ async def delete_session(session_id: str, tenant: TenantDep, gateway: GatewayDep
 @router.post("/{session_id}/execute")
 async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
                   gateway: GatewayDep) -> ExecutionOut:
-    """Run code and answer with its result once it ends (stream it on the WebSocket instead)."""
-    session = await gateway.session(tenant, session_id)
+    """Run code and answer with its result once it ends (stream it on the WebSocket instead);
+    in the code context ``context_id`` names, else in ``language``'s (Python's own kernel by
+    default)."""
+    session = in_context(await gateway.session(tenant, session_id), body.language,
+                         body.context_id)
     return await gateway.execute(tenant, session, body.code, body.timeout_s)
 
 

@@ -1,0 +1,110 @@
+"""Code contexts over HTTP and the WebSocket: a gateway whose profile runs the polyglot image."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import nbformat
+import pytest
+from websockets.sync.client import connect
+
+from kernel_pool.backends.docker import build_polyglot_image
+from tests.conftest import CLIENT_TIMEOUT_S, GatewayProcess, running_gateway
+
+
+@pytest.fixture(scope="module")
+def polyglot_gateway(docker_client: docker.DockerClient,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    build_polyglot_image(docker_client, state_dir=tmp_path_factory.mktemp("images"),
+                         log=lambda _: None)
+    with running_gateway(docker_client, image="polyglot") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(polyglot_gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=polyglot_gateway.url, headers=polyglot_gateway.headers(),
+                      timeout=CLIENT_TIMEOUT_S) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sid(client: httpx.Client) -> Iterator[str]:
+    answer = client.post("/v1/sessions")
+    assert answer.status_code == 201, answer.text
+    yield answer.json()["id"]
+    client.delete(f"/v1/sessions/{answer.json()['id']}")
+
+
+def run(client: httpx.Client, sid: str, code: str, **fields: Any) -> dict[str, Any]:
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": code, **fields})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+def test_execute_in_a_language_keeps_its_state(client: httpx.Client, sid: str) -> None:
+    assert run(client, sid, "x <- 6 * 7", language="R")["status"] == "ok"
+    got = run(client, sid, "cat(x)", language="r")
+    assert (got["status"], got["stdout"], got["language"]) == ("ok", "42", "r")
+    python = run(client, sid, "x = 1; print(x)")
+    assert (python["stdout"], python["language"]) == ("1\n", "python")
+    contexts = client.get(f"/v1/sessions/{sid}/contexts").json()
+    assert [c["id"] for c in contexts][:2] == ["python", "r"]
+    assert contexts[1]["language"] == "r" and contexts[1]["running"] is True
+
+
+def test_unknown_language_and_context_are_refused(client: httpx.Client, sid: str) -> None:
+    answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": "1", "language": "cobol"})
+    assert answer.status_code == 400
+    assert "python, bash, r, javascript, typescript" in answer.json()["detail"]
+    missing = client.post(f"/v1/sessions/{sid}/execute", json={"code": "1", "context_id": "nope"})
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+    made = client.post(f"/v1/sessions/{sid}/contexts", json={"language": "klingon"})
+    assert made.status_code == 400 and "klingon" in made.json()["detail"]
+
+
+def test_a_context_is_made_restarted_and_removed(client: httpx.Client, sid: str) -> None:
+    made = client.post(f"/v1/sessions/{sid}/contexts", json={"language": "bash"})
+    assert made.status_code == 201, made.text
+    context = made.json()
+    assert (context["language"], context["running"]) == ("bash", False)
+    cid = context["id"]
+    assert run(client, sid, "n=5", context_id=cid)["status"] == "ok"
+    assert run(client, sid, "echo ${n:-unset}", context_id=cid)["stdout"] == "5\n"
+    restarted = client.post(f"/v1/sessions/{sid}/contexts/{cid}/restart")
+    assert restarted.status_code == 200 and restarted.json()["execution_count"] == 0
+    assert run(client, sid, "echo ${n:-unset}", context_id=cid)["stdout"] == "unset\n"
+    assert client.delete(f"/v1/sessions/{sid}/contexts/{cid}").status_code == 204
+    assert client.delete(f"/v1/sessions/{sid}/contexts/{cid}").status_code == 404
+    assert client.delete(f"/v1/sessions/{sid}/contexts/python").status_code == 400
+
+
+def test_websocket_streams_javascript(polyglot_gateway: GatewayProcess, sid: str) -> None:
+    url = polyglot_gateway.url.replace("http", "ws", 1) + f"/v1/sessions/{sid}/ws"
+    with connect(url, additional_headers=polyglot_gateway.headers()) as ws:
+        ws.send(json.dumps({"type": "execute", "code": "console.log('hi'); 1 + 1",
+                            "language": "ts", "id": "ws-js-1"}))
+        frames = []
+        while not frames or frames[-1]["type"] != "done":
+            frames.append(json.loads(ws.recv(timeout=60)))
+    kinds = [(f["type"], f.get("text") or f.get("data", {}).get("text/plain")) for f in frames]
+    assert ("stdout", "hi\n") in kinds and ("result", "2") in kinds, frames
+    assert frames[-1]["status"] == "ok" and frames[-1]["language"] == "typescript"
+
+
+def test_notebook_tags_cells_with_their_language(client: httpx.Client, sid: str) -> None:
+    run(client, sid, "print(1)")
+    run(client, sid, "cat(2)", language="r")
+    answer = client.get(f"/v1/sessions/{sid}/notebook")
+    assert answer.status_code == 200
+    notebook = nbformat.from_dict(answer.json())
+    nbformat.validate(notebook)
+    languages = [cell.metadata.get("replgate", {}).get("language", "python")
+                 for cell in notebook.cells]
+    assert languages[-2:] == ["python", "r"]
+    assert notebook.cells[-1].metadata["vscode"] == {"languageId": "r"}
