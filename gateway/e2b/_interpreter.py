@@ -1,8 +1,9 @@
 """E2B's code interpreter (port 49999) on a session's kernel: ``/execute`` and ``/contexts``.
 
 ``/execute`` answers a stream of JSON lines as the code runs (:mod:`gateway.e2b._stream`),
-bounded on the server by the profile's maximum timeout. A sandbox has one context, its Python
-kernel: it is listed and can be restarted, but no second one can be made.
+bounded on the server by the profile's maximum timeout. A sandbox's contexts are its session's
+code contexts: its Python kernel (whose E2B id is the sandbox's id, as before contexts), each
+language's default one (``run_code(language=...)``) and those ``create_code_context`` makes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._stream import ExecutionStream
-from kernel_pool import SessionPort
+from gateway.routers.contexts import in_context
+from kernel_pool import ContextInfo, SessionPort
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
                    include_in_schema=False)
@@ -37,8 +39,24 @@ class CreateContext(BaseModel):
     cwd: str | None = None
 
 
-def _context(session: SessionPort) -> dict[str, str]:
-    return {"id": session.id, "language": "python", "cwd": HOME}
+PYTHON = "python"
+"""replgate's id of the session's own kernel as a context."""
+
+
+def _context(session: SessionPort, context: ContextInfo) -> dict[str, str]:
+    """A context as E2B's SDKs read it; the Python kernel's id is the sandbox's."""
+    return {"id": session.id if context.id == PYTHON else context.id,
+            "language": context.language, "cwd": HOME}
+
+
+def _ours(session: SessionPort, context_id: str) -> str:
+    """replgate's id of the context E2B names ``context_id``."""
+    return PYTHON if context_id == session.id else context_id
+
+
+def _language(language: str | None) -> str | None:
+    """E2B's language name as replgate's (its template's kernel name ``python3`` is python)."""
+    return PYTHON if language and language.strip().lower() == "python3" else language
 
 
 def _env_code(env: dict[str, str]) -> tuple[str, str]:
@@ -72,19 +90,24 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     if body.context_id and body.language:
         raise E2BError(400, "Only one of context_id or language can be provided")
-    if body.language and body.language.strip().lower() not in ("python", "python3"):
-        raise unsupported(f"the language {body.language!r}", "replgate runs Python only")
-    if body.context_id and body.context_id != session.id:
+    language = _language(body.language)
+    context_id = _ours(session, body.context_id) if body.context_id else None
+    if context_id is not None and context_id not in {
+            c.id for c in await session.list_contexts()}:
         raise E2BError(404, f"Context {body.context_id} not found")
+    target = in_context(session, language, context_id)
     timeout = session.profile.max_timeout_s
     env = {k: v for k, v in (body.env_vars or {}).items() if k}
     restore = None
     if env:
+        if (language or PYTHON).strip().lower() != PYTHON or context_id not in (None, PYTHON):
+            raise unsupported("env_vars in a context of another language than Python",
+                              "set the variables in the code itself")
         setup, restore = _env_code(env)
-        gateway.submit(tenant, session, setup, timeout)
-    handle = gateway.submit(tenant, session, body.code, timeout)
+        gateway.submit(tenant, target, setup, timeout)
+    handle = gateway.submit(tenant, target, body.code, timeout)
     if restore is not None:
-        gateway.submit(tenant, session, restore, timeout)
+        gateway.submit(tenant, target, restore, timeout)
     return ExecutionStream(session, handle)
 
 
@@ -92,38 +115,48 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
 async def list_contexts(request: Request) -> list[dict[str, str]]:
     gateway, sandboxes = services(request)
     _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    return [_context(session)]
+    return [_context(session, context) for context in await session.list_contexts()]
 
 
 @router.post("/contexts")
 async def create_context(body: CreateContext, request: Request) -> dict[str, Any]:
+    """Another kernel of ``language`` in the sandbox, with its own variables (started at its
+    first execution); its working folder is the sandbox's home, as every context's."""
     gateway, sandboxes = services(request)
-    await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    raise unsupported("a second code context in one sandbox",
-                      "each sandbox has one Python context (its kernel); use run_code without "
-                      "a context, or create another sandbox for separate state")
+    _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
+    if body.cwd not in (None, "", HOME):
+        raise unsupported(f"a context whose working folder is {body.cwd!r}",
+                          f"every context starts in {HOME}; change folders in the code")
+    return _context(session, await session.create_context(_language(body.language)))
 
 
-async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort]:
-    """The sandbox whose one context ``context_id`` names (404 for any other id)."""
+async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort, str]:
+    """The sandbox with context ``context_id`` and replgate's id of it (404 for none)."""
     gateway, sandboxes = services(request)
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    if context_id != session.id:
+    ours = _ours(session, context_id)
+    if ours not in {c.id for c in await session.list_contexts()}:
         raise E2BError(404, f"Context {context_id} not found")
-    return tenant, session
+    return tenant, session, ours
 
 
 @router.post("/contexts/{context_id}/restart")
 async def restart_context(context_id: str, request: Request) -> None:
-    """Restart the kernel: variables gone, files kept."""
-    tenant, session = await _the_context(request, context_id)
-    await services(request)[0].restart(tenant, session.id)
+    """Restart the context's kernel: its variables gone, files (and other contexts) kept."""
+    tenant, session, ours = await _the_context(request, context_id)
+    if ours == PYTHON:
+        await services(request)[0].restart(tenant, session.id)
+    else:
+        await session.restart_context(ours)
 
 
 @router.delete("/contexts/{context_id}")
 async def remove_context(context_id: str, request: Request) -> None:
-    await _the_context(request, context_id)
-    raise unsupported("removing the sandbox's only context", "kill the sandbox instead")
+    _, session, ours = await _the_context(request, context_id)
+    if ours == PYTHON:
+        raise unsupported("removing the sandbox's Python context (its own kernel)",
+                          "kill the sandbox instead")
+    await session.remove_context(ours)
 
 
 @router.get("/health")

@@ -229,9 +229,39 @@ def test_restart_code_context_drops_variables_keeps_files(sandbox: Sandbox) -> N
     assert execution.text == "(False, 'k')"
 
 
-def test_second_code_context_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="one Python context"):
-        sandbox.create_code_context()
+def test_run_code_in_another_language_keeps_its_own_state(e2b_env: dict[str, str]) -> None:
+    # Its own sandbox: the one above counts its contexts.
+    sandbox = Sandbox.create()
+    try:
+        assert sandbox.run_code("n=41", language="bash").error is None
+        counted = sandbox.run_code("echo $((n + 1))", language="bash")
+        assert counted.logs.stdout == ["42\n"]
+        python = sandbox.run_code("n = 'py'; n")
+        assert python.text == "py"
+        contexts = {c.language: c for c in sandbox.list_code_contexts()}
+        assert contexts["python"].id == sandbox.sandbox_id and "bash" in contexts
+        with pytest.raises(SandboxException, match="python, bash"):
+            sandbox.run_code("1", language="r")  # the default image offers python and bash
+    finally:
+        sandbox.kill()
+
+
+def test_code_contexts_are_made_restarted_and_removed(e2b_env: dict[str, str]) -> None:
+    sandbox = Sandbox.create()
+    try:
+        context = sandbox.create_code_context(language="bash")
+        assert (context.language, context.cwd) == ("bash", "/home/user")
+        sandbox.run_code("k=7", context=context)
+        assert sandbox.run_code("echo ${k:-unset}", context=context).logs.stdout == ["7\n"]
+        sandbox.restart_code_context(context)
+        after = sandbox.run_code("echo ${k:-unset}", context=context)
+        assert after.logs.stdout == ["unset\n"]
+        sandbox.remove_code_context(context)
+        assert context.id not in [c.id for c in sandbox.list_code_contexts()]
+        with pytest.raises(SandboxException, match="Python context"):
+            sandbox.remove_code_context(sandbox.sandbox_id)
+    finally:
+        sandbox.kill()
 
 
 def test_connect_by_id_reaches_the_same_state(sandbox: Sandbox) -> None:
