@@ -8,7 +8,8 @@ in one statement each:
   gets ``sessions + 1`` by a conditional UPDATE that re-checks ``sessions < max_kernels`` on the
   row it changes, so concurrent placements never fill a node past its capacity. On PostgreSQL
   the row is chosen ``FOR UPDATE SKIP LOCKED`` (concurrent claims spread over the nodes rather
-  than queue behind one row); a claim that found every candidate locked waits for the best one.
+  than queue behind one row); a claim that found every candidate locked waits for one of them,
+  drawn at random.
   On SQLite the statement holds the file's write lock.
 - **A lost node** (:meth:`Registry.mark_lost`): ``up``/``draining`` to ``down`` when its
   heartbeat is older than the timeout; the UPDATE re-checks the state, so one caller wins per
@@ -120,16 +121,19 @@ class Registry:
                       f"AND heartbeat_at >= {cutoff} AND id NOT IN :exclude")
         exclude = bindparam("exclude", expanding=True, type_=String)
 
-        def claim(lock: str) -> TextClause:
+        def claim(order: str, lock: str) -> TextClause:
             return text(
                 f"UPDATE nodes SET sessions = sessions + 1, claimed_at = {now} "
-                f"WHERE id = (SELECT id {candidates} "
-                f"ORDER BY max_kernels - sessions DESC, id LIMIT 1 {lock}) "
+                f"WHERE id = (SELECT id {candidates} ORDER BY {order} LIMIT 1 {lock}) "
                 f"AND state = 'up' AND sessions < max_kernels RETURNING {_COLUMNS}"
             ).bindparams(exclude)
 
-        self._claim_first = claim("FOR UPDATE SKIP LOCKED" if postgres else "")
-        self._claim_waiting = claim("FOR UPDATE" if postgres else "")
+        self._locking = postgres
+        self._claim_first = claim("max_kernels - sessions DESC, id",
+                                  "FOR UPDATE SKIP LOCKED" if postgres else "")
+        # Claims that found every candidate locked wait each on one drawn at random: on the
+        # best one, they would all queue behind a single row while the others stand idle.
+        self._claim_waiting = claim("random()", "FOR UPDATE")
         self._any_room = text(f"SELECT count(*) {candidates}").bindparams(exclude)
         self._register = text(
             "INSERT INTO nodes (id, address, state, kernels, max_kernels, sessions, "
@@ -222,11 +226,14 @@ class Registry:
         params = {"cutoff": self._cutoff, "exclude": list(exclude)}
         async with self.database.connect() as connection:
             row = await self._first(connection, self._claim_first, params)
-            # Nothing claimed: either no room anywhere, or (PostgreSQL) every candidate's row
-            # was being claimed by someone else at that instant. Then wait for the best one;
-            # a row that filled up meanwhile is refused by the UPDATE, and we look again.
-            while row is None and (await connection.execute(self._any_room, params)).scalar():
+            # Nothing claimed on PostgreSQL: no room anywhere, or every candidate's row was
+            # being claimed by someone else at that instant. Then wait for one; a row that
+            # filled up meanwhile is refused by the UPDATE, and we look again.
+            while row is None and self._locking:
                 row = await self._first(connection, self._claim_waiting, params)
+                if row is None and not (
+                        await connection.execute(self._any_room, params)).scalar():
+                    break
         if row is None:
             raise NoNodeAvailable(await self.nodes(), exclude)
         return NodeRecord.model_validate(dict(row))
