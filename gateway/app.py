@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -11,22 +13,26 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI
+from node.registry import Registry
+from node.tls import client_context
 from starlette.routing import Route
 
 from gateway import __version__, bodies, e2b, errors
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
-from gateway.governance import Governance, load_policy
+from gateway.governance import Governance, Policy, load_policy
 from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.metrics import Metrics
-from gateway.routers import contexts, files, health, jupyter, sessions, ui, watch, ws
+from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
 from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
 from gateway.settings import Settings
-from gateway.store import Store
+from gateway.store import SessionRecord, Store
 from gateway.tracing import setup_tracing
-from kernel_pool import KernelPool
+from kernel_pool import KernelPool, SandboxInfo
+from kernel_pool.port import SessionHost
+from node.placement import RemoteNodes
 
 logger = logging.getLogger("replgate")
 
@@ -65,6 +71,51 @@ async def ensure_api_keys(settings: Settings, store: Store) -> None:
         logger.info("API key for tenant 'default' is in %s", path)
 
 
+
+Leftovers = tuple[list[SandboxInfo], dict[str, SessionRecord]]
+"""A previous gateway's sandboxes on this host, and the records of its sessions."""
+
+
+@asynccontextmanager
+async def _session_host(settings: Settings, policy: Policy,
+                        store: Store) -> AsyncIterator[tuple[SessionHost, Leftovers | None]]:
+    """This process's pool (one machine) with what a previous gateway left in it to take
+    back, or the nodes of the shared database."""
+    pool_settings = policy.pool_settings(settings.pool_settings())
+    if not settings.hosts_sessions:
+        if settings.tls_ca is None or settings.tls_cert is None or settings.tls_key is None:
+            raise ValueError(
+                "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL set, "
+                "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
+                "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
+        nodes = RemoteNodes(pool_settings, Registry(
+            store.database, heartbeat_timeout_s=settings.node_timeout_s),
+            client_context(settings.tls_cert, settings.tls_key, settings.tls_ca))
+        watching = asyncio.create_task(nodes.watch(settings.node_timeout_s / 2))
+        try:
+            yield nodes, None
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            await nodes.close()
+        return
+    # This gateway's own node, on a database others may share: what it ran when it was
+    # killed is over.
+    node = settings.pool.owner
+    await store.mark_unfinished_as("interrupted", node=node)
+    # Sessions a killed gateway left running are taken back; other containers it left
+    # (warm kernels, deleted sessions) are removed.
+    records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
+               if r.sandbox is not None}
+    pool = KernelPool(pool_settings)
+    kept = await pool.start(keep=lambda info: info.container_id in records)
+    try:
+        yield pool, (kept, records)
+    finally:
+        await pool.close()
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The gateway as an ASGI app; nothing starts until its lifespan runs.
 
@@ -80,36 +131,29 @@ def create_app(settings: Settings) -> FastAPI:
             if tracing is not None:
                 tracing.instrument_engine(store.database.engine.sync_engine)
             await ensure_api_keys(settings, store)
-            # This gateway's own (its in-process node's), on a database others may share.
-            node = settings.pool.owner
-            await store.mark_unfinished_as("interrupted", node=node)
             audit = await AuditLog.open(store)
             # What start-up made (modules, schemas, routes: some 250,000 objects) lives as long
             # as the process: out of the collector's sight, a full collection under load takes
             # about 45 ms instead of 170, during which no request is answered. (Frozen before
             # any session exists: a session's objects must stay collectable.)
             gc.freeze()
-            # Sessions a killed gateway left running are taken back; other containers it left
-            # (warm kernels, deleted sessions) are removed.
-            records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
-                       if r.sandbox is not None}
-            pool = KernelPool(policy.pool_settings(settings.pool_settings()))
-            kept = await pool.start(keep=lambda info: info.container_id in records)
             governance = Governance(policy, approver_keys=settings.approver_keys,
                                     approval_timeout_s=settings.approval_timeout_s)
-            gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance, tracing)
-            await gateway.adopt(kept, records)
-            app.state.gateway = gateway
-            await e2b.start(app, gateway)
-            logger.info("replgate ready: %r, %r", pool, governance)
-            try:
-                async with mcp.run():  # MCP sessions end (and their sessions go) before the pool
-                    yield
-            finally:
-                await gateway.drain()
-                await pool.close()
-                if tracing is not None:
-                    await anyio.to_thread.run_sync(tracing.flush)
+            async with _session_host(settings, policy, store) as (pool, leftovers):
+                gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
+                                  tracing)
+                if isinstance(pool, KernelPool) and leftovers is not None:
+                    await gateway.adopt(pool, *leftovers)
+                app.state.gateway = gateway
+                await e2b.start(app, gateway)
+                logger.info("replgate ready: %r, %r", pool, governance)
+                try:
+                    async with mcp.run():  # MCP sessions end (and their sessions go) first
+                        yield
+                finally:
+                    await gateway.drain()
+                    if tracing is not None:
+                        await anyio.to_thread.run_sync(tracing.flush)
 
     app = FastAPI(title="replgate", version=__version__, lifespan=lifespan,
                   description="A hardened, persistent Python REPL for AI agents.")
@@ -117,7 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
     bodies.install(app)
     mcp = mcp_endpoint(settings)
     app.router.routes.append(Route("/mcp", mcp))  # MCP over streamable HTTP, same API keys
-    for module in (health, sessions, contexts, files, ws, watch, jupyter, ui):
+    for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     e2b.install(app)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified

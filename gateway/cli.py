@@ -1,4 +1,4 @@
-"""``replgate``: the command line (serve, mcp, image, audit)."""
+"""``replgate``: the command line (serve, node, mcp, image, audit)."""
 
 from __future__ import annotations
 
@@ -104,6 +104,46 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     return 0
 
 
+def _node(args: argparse.Namespace) -> int:
+    from gateway.settings import Settings
+    from gateway.statelock import StartRefused, StateLock, bind_socket
+
+    host, port = _host_port(args.listen or f"0.0.0.0:{_host_port(args.advertise)[1]}")
+    settings = Settings()
+    try:
+        lock = StateLock.acquire(settings.state_dir)
+    except StartRefused as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 1
+    try:
+        sock = bind_socket(host, port)
+    except StartRefused as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        lock.release()
+        return 1
+    try:
+        from node.agent import run_node
+
+        configure_logging(settings)
+        logging.getLogger("replgate").info("node %s on %s:%d (pid %d), advertised as %s",
+                                           args.id, host, port, os.getpid(), args.advertise)
+        run_node(settings, node_id=args.id, advertise=args.advertise, sock=sock)
+        return 0
+    except ValueError as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        sock.close()
+        lock.release()
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"replgate: {value!r} is not HOST:PORT (e.g. 10.0.0.5:7070)")
+    return host.strip("[]"), int(port)
+
+
 def _mcp(args: argparse.Namespace) -> int:
     import anyio
 
@@ -182,6 +222,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.set_defaults(func=_serve)
+
+    node = commands.add_parser(
+        "node", help="run sessions for the gateways of a shared database (many machines)",
+        description="Run this machine's sandboxes for gateways: registered in "
+        "REPLGATE_DATABASE_URL, reached over mutual TLS (REPLGATE_TLS_CA, REPLGATE_TLS_CERT, "
+        "REPLGATE_TLS_KEY). See docs/cluster.md.")
+    node.add_argument("--advertise", required=True, metavar="HOST:PORT",
+                      help="the address gateways reach this node on")
+    node.add_argument("--listen", metavar="HOST:PORT",
+                      help="the address to bind (default: all addresses, the advertised port)")
+    node.add_argument("--id", default=socket.gethostname(),
+                      help="this node's id, unique among the nodes (default: the host name)")
+    node.set_defaults(func=_node)
 
     mcp = commands.add_parser(
         "mcp", help="an MCP server on stdio: a persistent sandboxed Python session as tools",

@@ -52,6 +52,7 @@ from kernel_pool import (
     TooManyCommands,
     WorkspaceError,
 )
+from node.registry import NoNodeAvailable, UnknownNode
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (BackendError, 503),
     (ImageError, 503),
     (StateDirFull, 507),
+    # the nodes'
+    (UnknownNode, 404),
+    (NoNodeAvailable, 503),
     (SnapshotBudgetExceeded, 507),
     (SnapshotError, 409),
     # the store's

@@ -8,11 +8,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kernel_pool import Execution, KernelPool
+from kernel_pool import Execution
+from kernel_pool.port import SessionHost
 
 
 class _PoolCollector(Collector):
-    def __init__(self, pool: KernelPool) -> None:
+    def __init__(self, pool: SessionHost) -> None:
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
@@ -30,7 +31,7 @@ class _PoolCollector(Collector):
 class Metrics:
     """The gateway's own registry (not the process-global one), so apps never collide."""
 
-    def __init__(self, pool: KernelPool) -> None:
+    def __init__(self, pool: SessionHost) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_PoolCollector(pool))
         self.executions = Counter("replgate_executions", "Executions by final status",

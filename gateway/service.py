@@ -18,12 +18,19 @@ from typing import Any
 from opentelemetry import trace
 
 from gateway.audit import AuditLog, AuditRecord
-from gateway.errors import InvalidInput, TooManyRequests, Unauthorized
+from gateway.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unauthorized
 from gateway.governance import Governance
 from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.settings import Settings
-from gateway.store import PENDING_APPROVAL, RUNNING, ExecutionRecord, SessionRecord, Store
+from gateway.store import (
+    PENDING_APPROVAL,
+    RUNNING,
+    ExecutionRecord,
+    SessionRecord,
+    Store,
+    utc_now,
+)
 from gateway.tracing import Tracing
 from gateway.usage import UsageMeter
 from gateway.wire import (
@@ -43,6 +50,7 @@ from kernel_pool import (
     ExecutionIdTaken,
     FileInfo,
     KernelPool,
+    KernelPoolError,
     PayloadTooLarge,
     Profile,
     SandboxInfo,
@@ -52,6 +60,10 @@ from kernel_pool import (
     StreamEvent,
     parse_size,
 )
+from kernel_pool.port import SessionHost
+from node.placement import RemoteNodes
+from node.registry import NodeRecord
+from node.remote import NodeUnreachable, RemoteSession
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +71,13 @@ logger = logging.getLogger(__name__)
 class Gateway:
     """Everything a request may ask of replgate, per tenant."""
 
-    def __init__(self, settings: Settings, pool: KernelPool, store: Store, audit: AuditLog,
+    def __init__(self, settings: Settings, pool: SessionHost, store: Store, audit: AuditLog,
                  metrics: Metrics, governance: Governance | None = None,
                  tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.pool = pool
+        """Where sessions are made and found: this process's pool (one machine), or the
+        nodes of many (``node.placement.RemoteNodes``)."""
         self.store = store
         self.audit = audit
         self.metrics = metrics
@@ -75,6 +89,7 @@ class Gateway:
         self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
+        self._draining: set[asyncio.Task[None]] = set()
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions whose recording (history, then audit) is not over: watchers
         catch up from them, and the history shows the finished ones before the store has them."""
@@ -97,23 +112,102 @@ class Gateway:
         return tenant
 
     async def session(self, tenant: str, session_id: str) -> SessionPort:
-        """The tenant's live session; another tenant's is exactly as absent as a missing one."""
-        if self._tenant_of.get(session_id) != tenant:
+        """The tenant's live session; another tenant's is exactly as absent as a missing one.
+
+        On many machines the shared database says whether it exists and where it runs (another
+        gateway may have created, deleted or placed it again), and its node is reached with
+        the connection this gateway keeps.
+        """
+        if not isinstance(self.pool, RemoteNodes):
+            if self._tenant_of.get(session_id) != tenant:
+                raise SessionNotFound(session_id)
+            return self.pool.get_session(session_id)
+        record = await self.store.get_session(session_id)
+        if record is None or record.tenant != tenant or record.deleted or record.node is None:
+            if record is not None and record.deleted:
+                self.pool.forget(session_id)
+                self._tenant_of.pop(session_id, None)
             raise SessionNotFound(session_id)
-        return self.pool.get_session(session_id)
+        try:
+            if self.pool.is_down(record.node):
+                raise NodeUnreachable(session_id, f"its node {record.node} is down")
+            session: SessionPort = await self.pool.attach(session_id, record.node)
+        except (SessionNotFound, NodeUnreachable) as exc:
+            self._tenant_of.pop(session_id, None)
+            session = await self._lost(record, self.pool, exc)
+        self._tenant_of[session_id] = tenant
+        return session
+
+    async def _lost(self, record: SessionRecord, nodes: RemoteNodes,
+                    exc: SessionNotFound | NodeUnreachable) -> SessionPort:
+        """A session whose node no longer has it: placed again on a fresh kernel with its id,
+        its next execution saying why (``restarted``, ``reason``), when its node is down or
+        answers without it; otherwise ``exc`` stands (a node away for a moment, or a session
+        it ended a moment ago)."""
+        node = await nodes.registry.get(record.node or "")
+        fresh = await self.store.get_session(record.id)
+        if fresh is None or fresh.deleted or fresh.node != record.node:
+            if fresh is not None and not fresh.deleted and fresh.node is not None:
+                return await nodes.attach(record.id, fresh.node)  # placed again meanwhile
+            raise SessionNotFound(record.id) from None
+        if isinstance(exc, NodeUnreachable) and (node is not None and node.state != "down"):
+            raise exc
+        if isinstance(exc, SessionNotFound) and node is not None and node.state == "up":
+            # Up, and without it: it ended it a moment ago (its record is marked deleted
+            # right after), or it restarted before it was declared down. Only the latter
+            # leaves the record live for long.
+            await asyncio.sleep(0.5)
+            again = await self.store.get_session(record.id)
+            if again is None or again.deleted:
+                raise exc
+        reason = (f"its node {record.node} was lost (down since its heartbeat stopped); the "
+                  "session starts again on another node with a fresh kernel: variables are "
+                  "gone, files too")
+        logger.warning("session %s: %s", record.id, reason)
+        session = await nodes.create_session(record.profile, env=record.env,
+                                             metadata=record.metadata, session_id=record.id,
+                                             lost=reason, exclude=[record.node or ""])
+        if not await nodes.registry.move(record.id, session.node, fresh.epoch):
+            # Another gateway placed it first: that placement stands, this copy goes.
+            await nodes.discard(session)
+            winner = await self.store.get_session(record.id)
+            if winner is None or winner.deleted or winner.node is None:
+                raise SessionNotFound(record.id) from None
+            return await nodes.attach(record.id, winner.node)
+        await self.store.update_session(record.id, status=session.status.value,
+                                        sandbox=session.sandbox_info().model_dump(mode="json"))
+        return session
 
     async def owner(self, session_id: str) -> str | None:
         """The tenant of a live session, for a caller that proved its right to it otherwise
         (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
-        return self._tenant_of.get(session_id)
+        tenant = self._tenant_of.get(session_id)
+        if tenant is None and isinstance(self.pool, RemoteNodes):
+            record = await self.store.get_session(session_id)
+            if record is not None and not record.deleted:
+                tenant = record.tenant
+        return tenant
 
     def profiles(self) -> list[Profile]:
         """The sandbox profiles sessions may be created with."""
         return list(self.pool.settings.profiles.values())
 
     async def sessions(self, tenant: str) -> list[SessionPort]:
-        """The tenant's live sessions."""
-        return self._local_sessions(tenant)
+        """The tenant's live sessions (on many machines: wherever they run)."""
+        if not isinstance(self.pool, RemoteNodes):
+            return self._local_sessions(tenant)
+        found: list[SessionPort] = []
+        for record in await self.store.list_sessions(tenant=tenant):
+            try:
+                found.append(await self.session(tenant, record.id))
+            except KernelPoolError as exc:  # its node is down: listed once it is back
+                logger.warning("session %s not listed: %s", record.id, exc)
+        return found
+
+    async def _count_sessions(self, tenant: str) -> int:
+        if not isinstance(self.pool, RemoteNodes):
+            return len(self._local_sessions(tenant))
+        return len(await self.store.list_sessions(tenant=tenant))
 
     def _local_sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's sessions this process holds."""
@@ -131,14 +225,15 @@ class Gateway:
             not_kept=paused.not_kept if paused else None,
             snapshot_bytes=paused.image_bytes if paused else None, reason=session.reason,
             transfer=TransferOut.model_validate(session.transfer.model_dump())
-            if session.transfer is not None else None)
+            if session.transfer is not None else None,
+            node=None if session.paused else self._node_of(session))
 
     # -- sessions ----------------------------------------------------------------------------
 
     async def create_session(self, tenant: str, request: SessionCreate,
                              session_id: str | None = None) -> SessionPort:
         self.check_disk()
-        if len(await self.sessions(tenant)) >= self.settings.max_sessions_per_tenant:
+        if await self._count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
                 "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
@@ -158,39 +253,42 @@ class Gateway:
             id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
             created_at=session.created_at, last_active_at=session.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
-            sandbox=session.sandbox_info().model_dump(mode="json"), node=self.node))
+            sandbox=session.sandbox_info().model_dump(mode="json"), node=self._node_of(session)))
+        await self._placed(session)
         return session
 
-    async def adopt(self, kept: list[SandboxInfo], records: dict[str, SessionRecord]) -> None:
-        """Take back the sessions a previous gateway left running or paused; forget those that
-        are gone, and remove every other sandbox it left on the host."""
+    async def adopt(self, pool: KernelPool, kept: list[SandboxInfo],
+                    records: dict[str, SessionRecord]) -> None:
+        """Take back the sessions a previous gateway left running or paused in its own
+        ``pool``; forget those that are gone, and remove every other sandbox it left on the
+        host."""
         image = self.settings.limits.image
-        digest = await self.pool.image_digest(image)
+        digest = await pool.image_digest(image)
         if digest:
             self.image = f"{image}@{digest}"
         for info in kept:
             record = records[info.container_id]
-            if self.pool.snapshots.info(record.id) is not None:
+            if pool.snapshots.info(record.id) is not None:
                 continue  # paused, its container not removed yet: taken back as paused below
             try:
-                session = await self.pool.adopt_session(
+                session = await pool.adopt_session(
                     info, session_id=record.id, env=record.env, metadata=record.metadata,
                     created_at=record.created_at, execution_count=record.execution_count)
             except Exception as exc:
                 logger.error("could not take back session %s: %s", record.id, exc)
-                await self.pool.remove_sandbox(info)
+                await pool.remove_sandbox(info)
                 continue
             self._tenant_of[session.id] = record.tenant
             logger.info("took back session %s of tenant %s", session.id, record.tenant)
-        live = set(self.pool.sessions)
+        live = set(pool.sessions)
         for record in records.values():
             if record.id in live or record.sandbox is None:
                 continue
             # A paused session (its container, if still there, runs no kernel: the next start
             # of the session reuses or removes it).
-            if self.pool.snapshots.info(record.id) is not None:  # paused: resumed when used
+            if pool.snapshots.info(record.id) is not None:  # paused: resumed when used
                 try:
-                    await self.pool.adopt_paused_session(
+                    await pool.adopt_paused_session(
                         record.sandbox, session_id=record.id, env=record.env,
                         metadata=record.metadata, created_at=record.created_at,
                         execution_count=record.execution_count)
@@ -199,7 +297,7 @@ class Gateway:
                 except Exception as exc:
                     logger.error("could not take back paused session %s: %s", record.id, exc)
             await self.store.mark_deleted(record.id)
-        await self.pool.remove_leftovers()  # of sandboxes no session above took back
+        await pool.remove_leftovers()  # of sandboxes no session above took back
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         await self.session(tenant, session_id)
@@ -234,7 +332,7 @@ class Gateway:
         """New sessions of the tenant with the session's variables and workspace files."""
         await self.session(tenant, session_id)
         self.check_disk()
-        held = len(await self.sessions(tenant))
+        held = await self._count_sessions(tenant)
         if held + request.count > self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
@@ -250,8 +348,17 @@ class Gateway:
                 status=child.status.value, created_at=child.created_at,
                 last_active_at=child.last_active_at, execution_count=0,
                 metadata=child.metadata, env=child.env,
-                sandbox=child.sandbox_info().model_dump(mode="json"), node=self.node))
+                sandbox=child.sandbox_info().model_dump(mode="json"), node=self._node_of(child)))
+            await self._placed(child)
         return children
+
+    def _node_of(self, session: SessionPort) -> str:
+        return session.node if isinstance(session, RemoteSession) else self.node
+
+    async def _placed(self, session: SessionPort) -> None:
+        """A new placement raises the session's epoch: an older owner is fenced off."""
+        if isinstance(self.pool, RemoteNodes) and isinstance(session, RemoteSession):
+            await self.pool.registry.assign(session.id, session.node)
 
     def _span(self, name: str, tenant: str,
               session_id: str) -> AbstractContextManager[trace.Span]:
@@ -475,6 +582,52 @@ class Gateway:
 
     async def interrupt(self, tenant: str, session_id: str) -> bool:
         return await (await self.session(tenant, session_id)).interrupt()
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    async def refresh(self, session: SessionPort) -> SessionPort:
+        """The session with its state as its node has it now (a session on another machine
+        may have run code through another gateway since this one last heard of it)."""
+        if isinstance(session, RemoteSession):
+            await session.refresh()
+        return session
+
+    async def nodes(self) -> list[NodeRecord]:
+        """The nodes sessions run on: on one machine, this gateway's own process."""
+        if isinstance(self.pool, RemoteNodes):
+            return await self.pool.registry.nodes()
+        stats = self.pool.stats()
+        return [NodeRecord(id=self.node, address=f"{self.settings.host}:{self.settings.port}",
+                           state="up", kernels=stats["idle"] + stats["in_use"],
+                           max_kernels=self.pool.settings.max_kernels,
+                           sessions=stats["sessions"], heartbeat_at=utc_now())]
+
+    async def set_draining(self, node_id: str, draining: bool) -> NodeRecord:
+        """Take a node out of service (no new sessions; its sessions paused) or back in."""
+        if not isinstance(self.pool, RemoteNodes):
+            raise Conflict("one machine has one node, this gateway: there is nowhere to drain "
+                           "it to (run `replgate node` processes with a shared database)")
+        registry = self.pool.registry
+        if await registry.get(node_id) is None:
+            raise NotFound(f"no node {node_id!r}; GET /v1/nodes lists them")
+        if not draining:
+            return await registry.undrain(node_id)
+        record = await registry.drain(node_id)
+        task = asyncio.get_running_loop().create_task(self._pause_all(node_id))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+        return record
+
+    async def _pause_all(self, node_id: str) -> None:
+        assert isinstance(self.pool, RemoteNodes)
+        for session_id in await self.pool.registry.sessions_of(node_id):
+            try:
+                session = await self.pool.attach(session_id, node_id)
+                if not session.paused:
+                    await session.pause()
+            except Exception as exc:
+                logger.warning("drain of node %s: session %s not paused: %s", node_id,
+                               session_id, exc)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -96,6 +96,22 @@ class Settings(BaseSettings):
         "clients keep idle connections to reuse (the E2B SDK 300 s, httpx 5 s), so that a "
         "client never sends a request on a connection the gateway is closing that moment")
 
+    # many machines (docs/cluster.md)
+    local_node: bool | None = Field(
+        None, description="run sessions in this process: unset, yes without a database URL "
+        "(one machine) and no with one (sessions then run on `replgate node` processes "
+        "registered in that database)")
+    tls_ca: Path | None = Field(None, description="PEM: the CA whose certificates gateways and "
+                                "nodes accept from each other (mutual TLS)")
+    tls_cert: Path | None = Field(None, description="PEM: this process's certificate, signed by "
+                                  "REPLGATE_TLS_CA")
+    tls_key: Path | None = Field(None, description="PEM: the key of REPLGATE_TLS_CERT")
+    admin_keys: str | None = Field(None, description="bare keys, comma-separated, of operators: "
+                                   "GET /v1/nodes, drain and undrain")
+    node_timeout_s: float = Field(
+        10.0, gt=0, description="a node that has not sent a heartbeat for this long is down: "
+        "its sessions are placed again elsewhere when next used (nodes beat every third of it)")
+
     # the pool
     pool: PoolLimits = Field(default_factory=PoolLimits,
                              description="kernels in all, clocks, the containers' owner label")
@@ -188,6 +204,19 @@ class Settings(BaseSettings):
             raise ValueError("a key is both in REPLGATE_API_KEYS and REPLGATE_APPROVER_KEYS; "
                              "give approvers keys of their own")
         return self
+
+    @model_validator(mode="after")
+    def _tls(self) -> Settings:
+        given = [f for f in ("tls_ca", "tls_cert", "tls_key") if getattr(self, f) is not None]
+        if given and len(given) != 3:
+            raise ValueError("set all of REPLGATE_TLS_CA, REPLGATE_TLS_CERT and REPLGATE_TLS_KEY, "
+                             "or none")
+        return self
+
+    @property
+    def hosts_sessions(self) -> bool:
+        """Whether this gateway runs sessions itself (see ``local_node``)."""
+        return self.local_node if self.local_node is not None else self.database_url is None
 
     @property
     def db_path(self) -> Path:

@@ -191,6 +191,8 @@ class SessionOut(BaseModel):
                                "on or stays paused, restorable")
     transfer: TransferOut | None = Field(None, description="while a pause or resume moves the "
                                          "session's variables: how far it is")
+    node: str | None = Field(None, description="the id of the node running it (one machine: "
+                             "the gateway's own, REPLGATE_OWNER); null while paused")
 
 
 class ForkRequest(Strict):

@@ -38,6 +38,7 @@ from kernel_pool.exceptions import (
     ProfileNotFound,
     SessionNotFound,
 )
+from kernel_pool.port import ClosedListener, SessionPort
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +70,11 @@ class KernelPool:
         self._failures: dict[str, int] = dict.fromkeys(settings.profiles, 0)
         self._refill_at: dict[str, float] = dict.fromkeys(settings.profiles, 0.0)
         self._closing = False
-        self.on_session_closed: list[Callable[[Session, str], None]] = []
+        self.on_session_closed: list[ClosedListener] = []
         """Called with (session, reason) when the pool culls or closes a session."""
-        self.on_session_paused: list[Callable[[Session], None]] = []
+        self.on_session_paused: list[Callable[[SessionPort], None]] = []
         """Called when the pool paused a session by itself (idle, or to make room)."""
-        self.on_session_resumed: list[Callable[[Session], None]] = []
+        self.on_session_resumed: list[Callable[[SessionPort], None]] = []
         """Called when a paused session runs again (its sandbox may be a new one)."""
         self.acquire_seconds: list[float] = []
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
@@ -506,10 +507,17 @@ class KernelPool:
 
     async def create_session(self, profile: str = "default", *, env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None) -> Session:
-        """A session on a warm kernel (a hand-off: milliseconds when one is idle)."""
-        return await self._open_session(await self.acquire(profile), env=env,
-                                        metadata=metadata, session_id=session_id)
+                             session_id: str | None = None,
+                             lost: str | None = None) -> Session:
+        """A session on a warm kernel (a hand-off: milliseconds when one is idle).
+
+        ``lost``: why this session, known elsewhere before, starts again on a fresh kernel (its
+        node was lost): its first execution says so (``restarted``, ``reason``).
+        """
+        session = await self._open_session(await self.acquire(profile), env=env,
+                                           metadata=metadata, session_id=session_id)
+        session._lost = lost
+        return session
 
     async def _open_session(self, kernel: Kernel, *, env: dict[str, str] | None,
                             metadata: dict[str, Any] | None,

@@ -7,12 +7,13 @@ models of this package (events, :class:`PauseInfo`, :class:`Transfer`, :class:`P
 its executions' events stream back into a handle on the gateway's side.
 
 The gateway types its sessions as :class:`SessionPort` and never reaches below it, so it cannot
-tell which one it holds, except in speed.
+tell which one it holds, except in speed. Where they come from is a :class:`SessionHost`: the
+gateway's own :class:`~kernel_pool.KernelPool`, or ``node.placement.RemoteNodes``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -25,13 +26,15 @@ if TYPE_CHECKING:
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
-    from kernel_pool.config import Profile
+    from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""
 TransferListener = Callable[["SessionPort", "Transfer"], None]
 """Told of a pause's or resume's progress."""
+ClosedListener = Callable[["SessionPort", str], None]
+"""Told, with the reason, that a session was closed (deleted, culled, over its lifetime)."""
 
 
 class SessionPort(Protocol):
@@ -139,3 +142,35 @@ class SessionPort(Protocol):
     async def usage(self) -> SandboxUsage: ...
 
     async def egress_attempts(self) -> list[EgressAttempt]: ...
+
+
+class SessionHost(Protocol):
+    """Where a gateway's sessions are made and found: its own pool, or the nodes."""
+
+    settings: PoolSettings
+    """The profiles sessions may be created with, and the limits they run under."""
+    on_session_closed: list[ClosedListener]
+    on_session_paused: list[Callable[[SessionPort], None]]
+    """Told of a pause the host made by itself (idle, or to make room)."""
+    on_session_resumed: list[Callable[[SessionPort], None]]
+
+    def stats(self) -> dict[str, int]:
+        """Kernels and sessions, as ``/healthz`` and ``/metrics`` show them."""
+
+    def profile(self, name: str) -> Profile: ...
+
+    async def create_session(self, profile: str = "default", *,
+                             env: dict[str, str] | None = None,
+                             metadata: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> SessionPort: ...
+
+    async def fork_session(self, parent_id: str, count: int = 1,
+                           metadata: dict[str, Any] | None = None) -> Sequence[SessionPort]: ...
+
+    async def delete_session(self, session_id: str) -> None: ...
+
+    def get_session(self, session_id: str) -> SessionPort:
+        """A session this host holds now; SessionNotFound otherwise."""
+
+    @property
+    def sessions(self) -> Mapping[str, SessionPort]: ...

@@ -360,14 +360,16 @@ class RemoteSession:
     async def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        try:
+        # Gone already: the node culled it, or another gateway deleted it.
+        with contextlib.suppress(SessionNotFound, SessionClosed):
             await self.client.call("DELETE", f"/sessions/{self.id}", session_id=self.id)
-        except (SessionNotFound, SessionClosed):
-            pass  # gone already (the node culled it, or another gateway deleted it)
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """End the session on this side only (its node is gone, or removes it itself)."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
 
     async def _state_call(self, method: str, action: str) -> SessionState:
         state: SessionState = await self.client.call(

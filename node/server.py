@@ -59,10 +59,7 @@ async def info(request: Request) -> NodeInfo:
 async def create(request: Request, body: CreateSession) -> SessionState:
     pool = _pool(request)
     session = await pool.create_session(body.profile, env=body.env, metadata=body.metadata,
-                                        session_id=body.session_id)
-    if body.default_timeout_s is not None:
-        session.profile = session.profile.model_copy(
-            update={"default_timeout_s": body.default_timeout_s})
+                                        session_id=body.session_id, lost=body.lost)
     return SessionState.of(session)
 
 

@@ -63,8 +63,8 @@ class CreateSession(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     session_id: str | None = None
-    default_timeout_s: float | None = None
-    """The session's own default execution timeout, when its creator set one."""
+    lost: str | None = None
+    """Why a session known before starts again here on a fresh kernel (its node was lost)."""
 
 
 class ForkSession(BaseModel):

@@ -121,6 +121,8 @@ class GatewayProcess:
     log_path: Path = field(default_factory=Path)
     own_database: bool = False
     """Its PostgreSQL database was made for it alone (and goes with it)."""
+    warm: bool = True
+    """It runs sessions itself: ready once a warm kernel is (else once it answers)."""
 
     def headers(self, tenant: str = "alpha") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
@@ -156,7 +158,8 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-3000:]}")
             try:
                 answer = httpx.get(f"{self.url}/healthz", timeout=1)
-                if answer.status_code == 200 and answer.json()["pool"]["idle"] >= 1:
+                if answer.status_code == 200 and (
+                        not self.warm or answer.json()["pool"]["idle"] >= 1):
                     return
             except httpx.HTTPError:
                 pass
@@ -254,6 +257,9 @@ def make_gateway(**settings: str) -> GatewayProcess:
         # sessions that survive a stop turn this back on.
         "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
         "REPLGATE_TEMPLATE_DIR": str(TEMPLATE_DIR),
+        # Its own sessions even with a database URL (the PostgreSQL leg): the cluster tests
+        # turn this off, for gateways whose sessions run on nodes.
+        "REPLGATE_LOCAL_NODE": "true",
     })
     own_database = TEST_DATABASE == "postgresql" and "database_url" not in settings
     if own_database:

@@ -34,12 +34,12 @@ async def create_session(tenant: TenantDep, gateway: GatewayDep,
 
 @router.get("")
 async def list_sessions(tenant: TenantDep, gateway: GatewayDep) -> list[SessionOut]:
-    return [gateway.describe(s) for s in await gateway.sessions(tenant)]
+    return [gateway.describe(await gateway.refresh(s)) for s in await gateway.sessions(tenant)]
 
 
 @router.get("/{session_id}")
 async def get_session(session_id: str, tenant: TenantDep, gateway: GatewayDep) -> SessionOut:
-    return gateway.describe(await gateway.session(tenant, session_id))
+    return gateway.describe(await gateway.refresh(await gateway.session(tenant, session_id)))
 
 
 @router.get("/{session_id}/metrics")

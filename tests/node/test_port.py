@@ -58,7 +58,7 @@ async def node(docker_client: docker.DockerClient) -> AsyncIterator[NodeClient]:
     try:
         await pool.start()
         await pool.wait_ready(timeout_s=120)
-        while not server.started:
+        while not server.started:  # noqa: ASYNC110 (uvicorn's Server has only this flag)
             await asyncio.sleep(0.02)
         yield client
     finally:

@@ -1,0 +1,137 @@
+"""``replgate node``: one host's kernel pool, serving the port to gateways over mutual TLS.
+
+The node registers itself in the shared database (its id, the address gateways reach it on,
+its capacity) and beats there every third of ``REPLGATE_NODE_TIMEOUT_S``. What it does to its
+sessions by itself (culling, idle pauses) it records there too, so gateways that hold no state
+of their own see it. A node that learns it was declared down (its heartbeat was late: the
+gateways placed its sessions elsewhere) removes every session it had and starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+import uvicorn
+from fastapi import FastAPI
+
+from gateway.governance import load_policy
+from gateway.settings import Settings
+from gateway.store import RecordNotFound, Store
+from kernel_pool import KernelPool, SessionPort
+from node.registry import Fenced, Registry
+from node.server import create_node_app
+from node.tls import uvicorn_ssl_options
+
+logger = logging.getLogger("replgate.node")
+
+
+class NodeAgent:
+    """The node's books in the shared database: registration, heartbeat, sessions it ended."""
+
+    def __init__(self, node_id: str, advertise: str, pool: KernelPool, store: Store,
+                 registry: Registry, beat_s: float) -> None:
+        self.node_id = node_id
+        self.advertise = advertise
+        self.pool = pool
+        self.store = store
+        self.registry = registry
+        self.beat_s = beat_s
+        self._tasks: set[asyncio.Task[Any]] = set()
+        pool.on_session_closed.append(self._closed)
+        pool.on_session_paused.append(self._lifecycle)
+        pool.on_session_resumed.append(self._lifecycle)
+
+    async def register(self) -> None:
+        await self.registry.register(self.node_id, self.advertise, self.pool.settings.max_kernels)
+        logger.info("node %s registered at %s (%d kernels at most)", self.node_id,
+                    self.advertise, self.pool.settings.max_kernels)
+
+    async def beat(self) -> None:
+        """Heartbeats until cancelled; a fenced node drops its sessions and registers again."""
+        while True:
+            await asyncio.sleep(self.beat_s)
+            stats = self.pool.stats()
+            try:
+                await self.registry.heartbeat(self.node_id, kernels=stats["in_use"] + stats["idle"],
+                                              sessions=stats["sessions"])
+            except Fenced:
+                logger.warning("node %s was declared down while away: its sessions run "
+                               "elsewhere now; removing them here", self.node_id)
+                for session_id in list(self.pool.sessions):
+                    with contextlib.suppress(Exception):
+                        await self.pool.delete_session(session_id)
+                await self.register()
+            except Exception as exc:  # the database away for a moment: beat again later
+                logger.warning("heartbeat of node %s failed: %s", self.node_id, exc)
+
+    def _closed(self, session: SessionPort, reason: str) -> None:
+        self._spawn(self._record_closed(session.id, reason))
+
+    async def _record_closed(self, session_id: str, reason: str) -> None:
+        with contextlib.suppress(RecordNotFound):  # never recorded: a fork's failed copy
+            await self.store.mark_deleted(session_id)
+        await self.registry.release(self.node_id)
+        logger.info("session %s ended on node %s: %s", session_id, self.node_id, reason)
+
+    def _lifecycle(self, session: SessionPort) -> None:
+        self._spawn(self.store.update_session(
+            session.id, status=session.status.value,
+            sandbox=session.sandbox_info().model_dump(mode="json")))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("node %s: recording failed: %s", self.node_id, task.exception())
+
+
+def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.socket) -> None:
+    """Serve the port on ``sock`` until stopped (SIGTERM, SIGINT)."""
+    if settings.database_url is None:
+        raise ValueError("replgate node needs REPLGATE_DATABASE_URL: the PostgreSQL database "
+                         "its gateways share")
+    if settings.tls_ca is None or settings.tls_cert is None or settings.tls_key is None:
+        raise ValueError("replgate node needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
+                         "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
+    policy = load_policy(settings.policy_file)
+    limits = settings.pool.model_copy(update={"owner": node_id})  # nodes share an engine
+    pool_settings = policy.pool_settings(
+        settings.model_copy(update={"pool": limits}).pool_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(
+            lambda: settings.state_dir.mkdir(parents=True, exist_ok=True))
+        async with Store.open(settings.database) as store:
+            registry = Registry(store.database, heartbeat_timeout_s=settings.node_timeout_s)
+            await pool.start()  # what a previous life left here is removed: it was placed anew
+            agent = NodeAgent(node_id, advertise, pool, store, registry,
+                              beat_s=settings.node_timeout_s / 3)
+            await agent.register()
+            beating = asyncio.create_task(agent.beat())
+            try:
+                yield
+            finally:
+                beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beating
+                await pool.close()
+
+    pool = KernelPool(pool_settings)
+    app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan)
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=settings.http_keep_alive_s,
+                            **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
+                                                  settings.tls_ca))
+    uvicorn.Server(config).run(sockets=[sock])

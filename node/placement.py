@@ -1,0 +1,190 @@
+"""The nodes as a gateway sees them: where it places new sessions and finds existing ones.
+
+:class:`RemoteNodes` is the gateway's :class:`~kernel_pool.port.SessionHost` when sessions
+run on ``replgate node`` processes. It keeps no state a restart would lose: which node runs a
+session is in the shared database (the :class:`~node.registry.Registry`), and each session's
+state is its node's. It keeps what is cheap to rebuild: one connection pool per node, and the
+sessions it attached, until they are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from kernel_pool import PoolSettings, Profile, ProfileNotFound, SessionNotFound, SessionPort
+from kernel_pool.port import ClosedListener
+from node.registry import NodeRecord, Registry
+from node.remote import NodeClient, NodeUnreachable, RemoteSession
+from node.wire import CreateSession, ForkSession
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteNodes:
+    """Sessions placed on, and reached at, the nodes the registry knows."""
+
+    def __init__(self, settings: PoolSettings, registry: Registry,
+                 tls: ssl.SSLContext | None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self._tls = tls
+        self._clients: dict[str, NodeClient] = {}
+        self._sessions: dict[str, RemoteSession] = {}
+        self._attaching: dict[str, asyncio.Future[RemoteSession]] = {}
+        self._down: set[str] = set()
+        """The nodes declared down, as of the last look (:meth:`watch`)."""
+        self.on_session_closed: list[ClosedListener] = []
+        self.on_session_paused: list[Callable[[SessionPort], None]] = []
+        self.on_session_resumed: list[Callable[[SessionPort], None]] = []
+
+    def __repr__(self) -> str:
+        return f"<RemoteNodes {len(self._clients)} reached, {len(self._sessions)} sessions>"
+
+    def stats(self) -> dict[str, int]:
+        """What this gateway holds: kernels are the nodes' (``GET /v1/nodes``)."""
+        return {"idle": 0, "starting": 0, "in_use": 0, "sessions": len(self._sessions),
+                "max": 0, "nodes": len(self._clients)}
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.settings.profiles[name]
+        except KeyError:
+            raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
+
+    async def client(self, node_id: str) -> NodeClient:
+        """The connection to a node, made on first use from its registered address."""
+        client = self._clients.get(node_id)
+        if client is None:
+            record = await self.registry.get(node_id)
+            if record is None:
+                raise NodeUnreachable("-", f"node {node_id} is not registered")
+            client = self._client_for(record)
+        return client
+
+    def _client_for(self, record: NodeRecord) -> NodeClient:
+        client = self._clients.get(record.id)
+        if client is None or client.address != record.address:
+            client = NodeClient(record.id, record.address, self._tls)
+            self._clients[record.id] = client
+        return client
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def create_session(self, profile: str = "default", *,
+                             env: dict[str, str] | None = None,
+                             metadata: dict[str, Any] | None = None,
+                             session_id: str | None = None, lost: str | None = None,
+                             exclude: Collection[str] = ()) -> RemoteSession:
+        """A session on the node with the most room (its slot claimed in the database first:
+        two gateways placing at once never fill a node past its capacity). ``lost``: see
+        :meth:`KernelPool.create_session`; ``exclude``: nodes not to place it on."""
+        self.profile(profile)
+        node = await self.registry.place(exclude=exclude)
+        try:
+            client = self._client_for(node)
+            state = await client.create(CreateSession(profile=profile, env=env or {},
+                                                      metadata=metadata or {},
+                                                      session_id=session_id, lost=lost))
+        except BaseException:
+            await self.registry.release(node.id)
+            raise
+        session = RemoteSession(client, state)
+        self._sessions[session.id] = session
+        return session
+
+    async def attach(self, session_id: str, node_id: str) -> RemoteSession:
+        """The session another gateway (or this one, before a restart) placed on ``node_id``.
+
+        One request to its node per session and gateway: concurrent first requests share it.
+        """
+        session = self._sessions.get(session_id)
+        if session is not None and session.node == node_id and not session.closed:
+            return session
+        attaching = self._attaching.get(session_id)
+        if attaching is None:
+            attaching = asyncio.ensure_future(self._attach(session_id, node_id))
+            self._attaching[session_id] = attaching
+            attaching.add_done_callback(lambda _: self._attaching.pop(session_id, None))
+        return await asyncio.shield(attaching)
+
+    async def _attach(self, session_id: str, node_id: str) -> RemoteSession:
+        client = await self.client(node_id)
+        session = RemoteSession(client, await client.state(session_id))
+        self._sessions[session_id] = session
+        return session
+
+    async def fork_session(self, parent_id: str, count: int = 1,
+                           metadata: dict[str, Any] | None = None) -> list[RemoteSession]:
+        """Copies on the parent's node (they share its snapshot there)."""
+        parent = self.get_session(parent_id)
+        states = await parent.client.fork(parent_id, ForkSession(count=count,
+                                                                 metadata=metadata or {}))
+        children = [RemoteSession(parent.client, state) for state in states]
+        for child in children:
+            self._sessions[child.id] = child
+        return children
+
+    def is_down(self, node_id: str) -> bool:
+        """Whether the node was declared down (its sessions are to be placed again)."""
+        return node_id in self._down
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete the session on its node; a node that is down removes it as it comes back
+        (it is fenced then), so the session ends here at once. A node up but not answering
+        is an error, and nothing changes."""
+        session = self.get_session(session_id)
+        if self.is_down(session.node):
+            session.abandon()
+        else:
+            await session.close()
+        # (Its slot is given back by its node, which does so for every session it ends.)
+        self._sessions.pop(session_id, None)
+        for listener in self.on_session_closed:
+            try:
+                listener(session, "deleted")
+            except Exception:
+                logger.exception("on_session_closed listener failed")
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session this gateway attached: it was deleted (through another gateway, or
+        ended by its node)."""
+        self._sessions.pop(session_id, None)
+
+    async def discard(self, session: RemoteSession) -> None:
+        """Remove a copy that lost the race to be placed (the session lives on elsewhere)."""
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+        await session.close()
+
+    def get_session(self, session_id: str) -> RemoteSession:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(session_id) from None
+
+    @property
+    def sessions(self) -> Mapping[str, RemoteSession]:
+        return dict(self._sessions)
+
+    async def watch(self, every_s: float) -> None:
+        """Declare down the nodes whose heartbeat is late, until cancelled (every gateway
+        does; the database lets one win per node)."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                for node_id in await self.registry.mark_lost():
+                    logger.warning("node %s is down: its heartbeat is late; its sessions will "
+                                   "be placed again when next used", node_id)
+                self._down = {n.id for n in await self.registry.nodes() if n.state == "down"}
+            except Exception as exc:  # the database away for a moment: look again later
+                logger.warning("could not look for lost nodes: %s", exc)
+
+    async def close(self) -> None:
+        """Close the connections; the sessions run on, on their nodes."""
+        for client in list(self._clients.values()):
+            await client.close()
+        self._clients.clear()

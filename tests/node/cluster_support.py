@@ -1,0 +1,167 @@
+"""A local cluster for tests: three ``replgate node`` processes and two ``replgate serve``
+gateways on one PostgreSQL database, talking over TCP with mutual TLS only.
+
+Each node has its own state directory and container owner label; they share nothing but the
+database (and the Docker engine, as nodes on one machine do).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import psycopg
+
+from node.tls import ClusterCerts, make_cluster_certs
+from tests.conftest import (
+    REPO,
+    TEMPLATE_DIR,
+    TEST_RUNTIME,
+    GatewayProcess,
+    containers_of,
+    create_database,
+    drop_database,
+    free_port,
+    make_gateway,
+    running_gateway,
+    unmount_all,
+)
+
+NODE_TIMEOUT_S = 4.0
+"""Short, so a killed node is declared down within the test (beats every third of it)."""
+
+
+@dataclass
+class NodeProcess:
+    """A ``replgate node`` subprocess with its own state directory."""
+
+    node_id: str
+    port: int
+    env: dict[str, str]
+    state_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(default_factory=Path)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "node", "--advertise", self.address,
+                 "--listen", self.address, "--id", self.node_id],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                start_new_session=True)
+
+    def wait_registered(self, database_url: str, timeout_s: float = 120.0) -> None:
+        """Until the node's row says up with a warm kernel (its first heartbeat counted it)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"node {self.node_id} exited: {self.log()}")
+            with psycopg.connect(database_url, autocommit=True) as db:
+                try:
+                    row = db.execute("SELECT state, kernels FROM nodes WHERE id = %s",
+                                     (self.node_id,)).fetchone()
+                except psycopg.errors.UndefinedTable:  # the first node's migration is running
+                    row = None
+            if row is not None and row[0] == "up" and row[1] >= 1:
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"node {self.node_id} not registered in {timeout_s}s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.process = None
+
+
+@dataclass
+class Cluster:
+    database_url: str
+    certs: ClusterCerts
+    nodes: list[NodeProcess]
+    gateways: list[GatewayProcess]
+
+
+def _tls_env(certs: ClusterCerts, role: str) -> dict[str, str]:
+    cert, key = ((certs.node_cert, certs.node_key) if role == "node"
+                 else (certs.gateway_cert, certs.gateway_key))
+    return {"REPLGATE_TLS_CA": str(certs.ca), "REPLGATE_TLS_CERT": str(cert),
+            "REPLGATE_TLS_KEY": str(key)}
+
+
+def make_node(node_id: str, database_url: str, certs: ClusterCerts) -> NodeProcess:
+    state_dir = Path(tempfile.mkdtemp(prefix=f"rg-{node_id}-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    env.update({
+        "REPLGATE_RUNTIME": TEST_RUNTIME, "REPLGATE_STATE_DIR": str(state_dir),
+        "REPLGATE_DATABASE_URL": database_url, "REPLGATE_NODE_TIMEOUT_S": str(NODE_TIMEOUT_S),
+        "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "4", "REPLGATE_WORKSPACE_SIZE": "64m",
+        "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
+        "REPLGATE_TEMPLATE_DIR": str(TEMPLATE_DIR), "REPLGATE_LOG_LEVEL": "info",
+        **_tls_env(certs, "node"),
+    })
+    return NodeProcess(node_id=node_id, port=free_port(), env=env, state_dir=state_dir,
+                       log_path=state_dir.with_suffix(".log"))
+
+
+@contextmanager
+def running_cluster(docker_client: docker.DockerClient, nodes: int = 3,
+                    gateways: int = 2) -> Iterator[Cluster]:
+    """The cluster, started; afterwards no container or mount of it remains."""
+    database_url = create_database()
+    certs_dir = Path(tempfile.mkdtemp(prefix="rg-certs-", dir="/tmp"))
+    certs = make_cluster_certs(certs_dir)
+    members = [make_node(f"node-{i}-{os.getpid()}", database_url, certs)
+               for i in range(1, nodes + 1)]
+    try:
+        for member in members:
+            member.start()
+        for member in members:
+            member.wait_registered(database_url)
+        with ExitStack() as stack:
+            processes = []
+            for _ in range(gateways):
+                process = make_gateway(database_url=database_url, local_node="false",
+                                       node_timeout_s=str(NODE_TIMEOUT_S),
+                                       **{k.removeprefix("REPLGATE_").lower(): v
+                                          for k, v in _tls_env(certs, "gateway").items()})
+                process.warm = False
+                processes.append(stack.enter_context(running_gateway(docker_client, process)))
+            yield Cluster(database_url, certs, members, processes)
+    finally:
+        left: list[str] = []
+        mounted: list[str] = []
+        for member in members:
+            member.stop()
+            left += containers_of(docker_client, member.node_id)
+            for container_id in containers_of(docker_client, member.node_id):
+                docker_client.api.remove_container(container_id, force=True, v=True)
+            mounted += unmount_all(member.state_dir)
+            shutil.rmtree(member.state_dir, ignore_errors=True)
+        shutil.rmtree(certs_dir, ignore_errors=True)
+        drop_database(database_url)
+    assert not left, f"the nodes left containers behind: {left}"
+    assert not mounted, f"the nodes left mounts behind: {mounted}"

@@ -1,0 +1,176 @@
+"""Many machines on one: three nodes and two gateways (separate processes, own state
+directories) on a real PostgreSQL, over TCP with mutual TLS only (see cluster_support)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from cluster_support import NODE_TIMEOUT_S, Cluster, running_cluster
+from websockets.asyncio.client import connect
+
+from node.tls import client_context, make_cluster_certs
+from tests.conftest import REPO, GatewayProcess
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
+    with running_cluster(docker_client) as started:
+        yield started
+
+
+def _client(gateway: GatewayProcess, key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
+    """A client of ``gateway`` with a key ``key_of`` made (the keys are shared state)."""
+    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
+                             timeout=120)
+
+
+async def _create(client: httpx.AsyncClient) -> dict[str, Any]:
+    answer = await client.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+async def _run(client: httpx.AsyncClient, sid: str, code: str) -> dict[str, Any]:
+    answer = await client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+async def test_sessions_spread_over_the_nodes_and_any_gateway_serves_any(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with _client(one) as first, _client(two, key_of=one) as second:
+        created = [await _create(first) for _ in range(3)]
+        try:
+            placed = {s["node"] for s in created}
+            assert placed == {n.node_id for n in cluster.nodes}, \
+                "each new session went to the node with the most room"
+            sid = created[0]["id"]
+            assert (await _run(first, sid, "x = 41"))["status"] == "ok"
+            # The other gateway never saw this session: it finds it in the database.
+            result = await _run(second, sid, "x + 1")
+            assert result["outputs"][-1]["data"]["text/plain"] == "42"
+            seen = (await second.get(f"/v1/sessions/{sid}")).json()
+            assert seen["node"] == created[0]["node"] and seen["execution_count"] == 2
+            history = (await second.get(f"/v1/sessions/{sid}/executions")).json()
+            assert [h["code"] for h in history] == ["x = 41", "x + 1"]
+            listed = {s["id"] for s in (await second.get("/v1/sessions")).json()}
+            assert {s["id"] for s in created} <= listed
+            # Another tenant's key finds none of them, through either gateway.
+            other = await second.get(f"/v1/sessions/{sid}", headers=two.headers("beta"))
+            assert other.status_code == 404
+        finally:
+            for session in created:
+                await second.delete(f"/v1/sessions/{session['id']}")
+        gone = await first.get(f"/v1/sessions/{created[1]['id']}")
+        assert gone.status_code == 404, "deleted through one gateway is gone through the other"
+
+
+async def test_websocket_and_files_through_another_gateway(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with _client(one) as first, _client(two, key_of=one) as second:
+        sid = (await _create(first))["id"]
+        try:
+            put = await second.put(f"/v1/sessions/{sid}/files/data.csv", content=b"a,b\n1,2\n")
+            assert put.status_code in (200, 201), put.text
+            url = two.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/ws"
+            async with connect(url, additional_headers=one.headers()) as ws:
+                code = ("import time\nprint(open('data.csv').read().split()[1], flush=True)\n"
+                        "time.sleep(1)\nprint('later')")
+                await ws.send(json.dumps({"type": "execute", "code": code, "id": "ws-1"}))
+                frames = []
+                async with asyncio.timeout(60):
+                    while not frames or frames[-1]["type"] != "done":
+                        frame = json.loads(await ws.recv())
+                        if frame.get("execution_id") == "ws-1":
+                            frames.append(frame)
+            assert frames[0]["type"] == "stdout" and frames[0]["text"] == "1,2\n"
+            assert frames[-1]["status"] == "ok"
+            got = await first.get(f"/v1/sessions/{sid}/files/data.csv")
+            assert got.content == b"a,b\n1,2\n"
+        finally:
+            await first.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_node_refuses_a_client_of_another_ca(cluster: Cluster) -> None:
+    strangers = make_cluster_certs(Path(tempfile.mkdtemp(prefix="rg-strangers-", dir="/tmp")))
+    node = cluster.nodes[0]
+    ours = client_context(cluster.certs.gateway_cert, cluster.certs.gateway_key,
+                          cluster.certs.ca)
+    answer = httpx.get(f"https://{node.address}/healthz", verify=ours)
+    assert answer.status_code == 200 and answer.json()["node"] == node.node_id
+    # A certificate of another CA: the node's handshake refuses it.
+    theirs = client_context(strangers.gateway_cert, strangers.gateway_key, cluster.certs.ca)
+    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        httpx.get(f"https://{node.address}/healthz", verify=theirs)
+    # No certificate at all: refused too.
+    bare = ssl.create_default_context(cafile=str(cluster.certs.ca))
+    with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+        httpx.get(f"https://{node.address}/healthz", verify=bare)
+
+
+async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with _client(two, key_of=one) as second:
+        sid = (await _create(second))["id"]
+        try:
+            async with _client(one) as first:
+                running = asyncio.ensure_future(first.post(
+                    f"/v1/sessions/{sid}/execute",
+                    json={"code": "import time\ntime.sleep(2)\ny = 'done'"}))
+                await asyncio.sleep(0.8)
+                one.stop(signal.SIGKILL)
+                with pytest.raises(httpx.HTTPError):
+                    await running
+            # The node ran it to its end: the other gateway sees its effect.
+            await asyncio.sleep(2)
+            result = await _run(second, sid, "print(y)")
+            assert result["stdout"] == "done\n"
+        finally:
+            await second.delete(f"/v1/sessions/{sid}")
+            one.start()  # back for the tests after this one
+
+
+async def test_a_lost_node_sessions_start_again_elsewhere_saying_so(cluster: Cluster) -> None:
+    one = cluster.gateways[0]
+    async with _client(one) as first:
+        sid = (await _create(first))["id"]
+        await _run(first, sid, "z = 1")
+        placed = (await first.get(f"/v1/sessions/{sid}")).json()["node"]
+        lost = next(n for n in cluster.nodes if n.node_id == placed)
+        lost.stop(signal.SIGKILL)
+        try:
+            await asyncio.sleep(NODE_TIMEOUT_S * 2)  # declared down by a gateway's watch
+            result = await _run(first, sid, "'z' in dir()")
+            assert result["restarted"] is True and "lost" in (result["reason"] or "")
+            assert result["outputs"][-1]["data"]["text/plain"] == "False"
+            now = (await first.get(f"/v1/sessions/{sid}")).json()
+            assert now["node"] != lost.node_id
+        finally:
+            await first.delete(f"/v1/sessions/{sid}")
+            lost.start()
+            lost.wait_registered(cluster.database_url)
+
+
+def test_the_audit_chain_written_by_both_gateways_verifies(cluster: Cluster) -> None:
+    env = {**os.environ, "REPLGATE_DATABASE_URL": cluster.database_url}
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "audit", "verify"], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("ok: ") and int(done.stdout.split()[1]) >= 4
+
