@@ -413,12 +413,15 @@ class Gateway:
 
     def submit(self, tenant: str, session: SessionPort, code: str, timeout_s: float | None,
                execution_id: str | None = None,
-               trace_context: Mapping[str, str] | None = None) -> ExecutionHandle:
+               trace_context: Mapping[str, str] | None = None, *,
+               language: str | None = None, context_id: str | None = None) -> ExecutionHandle:
         """Queue code on the tenant's session; it is recorded and audited when it ends.
 
         A client-chosen ``execution_id`` must have passed :meth:`check_new_execution_id`.
         ``trace_context`` (W3C ``traceparent``/``tracestate``) names the trace its span
-        joins, when not the current one (a WebSocket carries one per execution).
+        joins, when not the current one (a WebSocket carries one per execution). The code runs
+        in the code context ``context_id`` names, else in ``language``'s default one (both
+        None: Python's own kernel).
         """
         try:
             size = len(code.encode("utf-8"))
@@ -436,7 +439,8 @@ class Gateway:
                 f"tenant {tenant!r} has {running} executions queued or running, the limit; "
                 "wait for some to finish")
         handle = session.submit(code, timeout_s, execution_id=execution_id,
-                                gate=self.governance.gate(tenant, session))
+                                gate=self.governance.gate(tenant, session),
+                                language=language, context_id=context_id)
         span = (self.tracing.start_execution(handle, tenant, session.id, trace_context)
                 if self.tracing is not None else None)
         task = asyncio.get_running_loop().create_task(
@@ -453,8 +457,10 @@ class Gateway:
         return [handle for sid, handle in self._live.values() if sid == session_id]
 
     async def execute(self, tenant: str, session: SessionPort, code: str,
-                      timeout_s: float | None) -> ExecutionOut:
-        handle = self.submit(tenant, session, code, timeout_s)
+                      timeout_s: float | None, *, language: str | None = None,
+                      context_id: str | None = None) -> ExecutionOut:
+        handle = self.submit(tenant, session, code, timeout_s, language=language,
+                             context_id=context_id)
         execution = await self.recorded(handle)
         return ExecutionOut(id=handle.id, **execution.model_dump())
 

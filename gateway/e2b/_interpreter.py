@@ -18,7 +18,6 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._stream import ExecutionStream
-from gateway.routers.contexts import in_context
 from kernel_pool import ContextInfo, SessionPort
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
@@ -95,7 +94,6 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
     if context_id is not None and context_id not in {
             c.id for c in await session.list_contexts()}:
         raise E2BError(404, f"Context {body.context_id} not found")
-    target = in_context(session, language, context_id)
     timeout = session.profile.max_timeout_s
     env = {k: v for k, v in (body.env_vars or {}).items() if k}
     restore = None
@@ -104,10 +102,11 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
             raise unsupported("env_vars in a context of another language than Python",
                               "set the variables in the code itself")
         setup, restore = _env_code(env)
-        gateway.submit(tenant, target, setup, timeout)
-    handle = gateway.submit(tenant, target, body.code, timeout)
+        gateway.submit(tenant, session, setup, timeout)
+    handle = gateway.submit(tenant, session, body.code, timeout, language=language,
+                            context_id=context_id)
     if restore is not None:
-        gateway.submit(tenant, target, restore, timeout)
+        gateway.submit(tenant, session, restore, timeout)
     return ExecutionStream(session, handle)
 
 

@@ -3,18 +3,16 @@
 Each context is a kernel of the session's sandbox with its own variables: the session's own
 Python kernel (``python``), each language's default context (its id is the language, made by
 the first execution in it) and those made here. Executions pick one by ``language`` or
-``context_id`` (:func:`in_context`).
+``context_id`` on execute (:meth:`gateway.service.Gateway.submit`).
 """
 
 from __future__ import annotations
-
-from typing import Any, cast
 
 from fastapi import APIRouter, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
 from gateway.wire import ContextCreate, ContextOut, InterruptOut
-from kernel_pool import ContextInfo, ExecutionHandle, Gate, SessionPort
+from kernel_pool import ContextInfo
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/contexts", tags=["contexts"])
 
@@ -65,30 +63,3 @@ async def remove_context(session_id: str, context_id: str, tenant: TenantDep,
     await session.remove_context(context_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
-
-class _InContext:
-    """A session whose ``submit`` sends code to one context: what ``Gateway.submit`` is
-    given while it takes no language of its own. Everything else is the session's."""
-
-    def __init__(self, session: SessionPort, language: str | None,
-                 context_id: str | None) -> None:
-        self._session = session
-        self._language = language
-        self._context_id = context_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
-
-    def submit(self, code: str, timeout_s: float | None = None,
-               execution_id: str | None = None, gate: Gate | None = None) -> ExecutionHandle:
-        return self._session.submit(code, timeout_s, execution_id, gate,
-                                    language=self._language, context_id=self._context_id)
-
-
-def in_context(session: SessionPort, language: str | None,
-               context_id: str | None) -> SessionPort:
-    """``session``, its executions sent to ``context_id``'s context, else to ``language``'s
-    default one (both None: the session itself, Python's own kernel)."""
-    if language is None and context_id is None:
-        return session
-    return cast(SessionPort, _InContext(session, language, context_id))

@@ -7,7 +7,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Response, status
 
 from gateway.deps import GatewayDep, TenantDep
-from gateway.routers.contexts import in_context
 from gateway.wire import (
     CommandRequest,
     CommandResult,
@@ -63,9 +62,9 @@ async def execute(session_id: str, body: ExecuteRequest, tenant: TenantDep,
     """Run code and answer with its result once it ends (stream it on the WebSocket instead);
     in the code context ``context_id`` names, else in ``language``'s (Python's own kernel by
     default)."""
-    session = in_context(await gateway.session(tenant, session_id), body.language,
-                         body.context_id)
-    return await gateway.execute(tenant, session, body.code, body.timeout_s)
+    session = await gateway.session(tenant, session_id)
+    return await gateway.execute(tenant, session, body.code, body.timeout_s,
+                                 language=body.language, context_id=body.context_id)
 
 
 @router.post("/{session_id}/commands")

@@ -29,7 +29,6 @@ from gateway.errors import (
     detail_for,
     status_for,
 )
-from gateway.routers.contexts import in_context
 from gateway.service import Gateway
 from gateway.wire import (
     CommandDone,
@@ -134,10 +133,9 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: SessionPort,
         return InterruptedFrame(interrupted=await session.interrupt())
     try:
         await gateway.check_new_execution_id(message.id)
-        handle = gateway.submit(tenant, in_context(session, message.language,
-                                                   message.context_id),
-                                message.code, message.timeout_s, message.id,
-                                trace_context=_trace_context(message))
+        handle = gateway.submit(tenant, session, message.code, message.timeout_s, message.id,
+                                trace_context=_trace_context(message),
+                                language=message.language, context_id=message.context_id)
     except DOMAIN_ERRORS as exc:
         return _rejected(message.id, exc)
     task = asyncio.create_task(_forward(gateway, handle, outbox))
