@@ -368,9 +368,9 @@ ensure_readme_tools() {
     curl jq >/dev/null
 }
 
-# PostgreSQL for the tests (tests/gateway's second database leg and the shared-database tests):
-# Debian's package, its cluster started, a role `replgate` that may create databases (each test
-# gateway gets one of its own). Only `test` needs it: `serve` keeps its state in SQLite unless
+# PostgreSQL for the tests (tests/gateway's second database leg and the shared-database tests)
+# and for `cluster`: Debian's package, its cluster started, a role `replgate` that may create
+# databases (each test gateway gets one of its own). `serve` keeps its state in SQLite unless
 # REPLGATE_DATABASE_URL names a server of the user's own.
 PG_ROLE=replgate
 ensure_postgres() {
@@ -406,6 +406,16 @@ case "$cmd" in
   serve)
     ensure_venv serve; ensure_engine; ensure_criu; ensure_zstd; ensure_image
     exec "$VENV/bin/replgate" serve "$@" ;;
+  cluster)
+    # Many machines on this one (docs/cluster.md): three nodes and two gateways on a database
+    # of their own in the local PostgreSQL, made anew each time.
+    ensure_venv serve; ensure_engine; ensure_criu; ensure_zstd; ensure_image; ensure_postgres
+    pg_port=${REPLGATE_TEST_POSTGRES##*:}; pg_port=${pg_port%%/*}
+    as_root runuser -u postgres -- env PGOPTIONS="-c client_min_messages=warning" \
+      psql -p "$pg_port" -qAtX -c "DROP DATABASE IF EXISTS replgate_cluster WITH (FORCE)"
+    as_root runuser -u postgres -- createdb -p "$pg_port" -O "$PG_ROLE" replgate_cluster
+    exec "$VENV/bin/replgate" cluster \
+      --database-url "${REPLGATE_TEST_POSTGRES%/*}/replgate_cluster" "$@" ;;
   lock)
     update_locks "$@" ;;
   test)
@@ -460,6 +470,6 @@ case "$cmd" in
     [ "$status" -eq 0 ] || say "failed: see above (ruff and mypy first, then the runc leg, then the gVisor leg, then the PostgreSQL leg)"
     exit "$status" ;;
   *)
-    echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args] | ./run.sh lock [--upgrade]" >&2
+    echo "usage: ./run.sh serve [--host H] [--port P] | ./run.sh test [pytest args] | ./run.sh cluster [--nodes N] [--gateways N] | ./run.sh lock [--upgrade]" >&2
     exit 2 ;;
 esac

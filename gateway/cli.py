@@ -137,6 +137,43 @@ def _node(args: argparse.Namespace) -> int:
         lock.release()
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    from node.local import LocalCluster
+
+    database_url = args.database_url or os.environ.get("REPLGATE_DATABASE_URL")
+    if not database_url:
+        print("replgate cluster: no database: pass --database-url postgresql://... or set "
+              "REPLGATE_DATABASE_URL (./run.sh cluster starts a local PostgreSQL)",
+              file=sys.stderr)
+        return 2
+    folder = Path(args.dir or tempfile.mkdtemp(prefix="replgate-cluster-"))
+    cluster = LocalCluster(folder, database_url, nodes=args.nodes, gateways=args.gateways,
+                           gateway_port=args.port, node_port=args.node_port,
+                           env={"REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        cluster.start()
+        print(f"replgate cluster: {args.nodes} nodes and {args.gateways} gateways, state and "
+              f"logs in {folder}", flush=True)
+        for url in cluster.urls:
+            print(f"  gateway {url}", flush=True)
+        print(f"  API key (tenant 'default'): {cluster.api_key}\n"
+              "Ctrl-C stops them all.", flush=True)
+        signal.pause()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    except RuntimeError as exc:
+        print(f"replgate cluster: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+    return 0
+
+
 def _host_port(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -235,6 +272,22 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--id", default=socket.gethostname(),
                       help="this node's id, unique among the nodes (default: the host name)")
     node.set_defaults(func=_node)
+
+    cluster = commands.add_parser(
+        "cluster", help="many machines on this one: nodes and gateways in processes of their own",
+        description="Start `replgate node` and `replgate serve` processes on this machine, on "
+        "one PostgreSQL database, with mutual TLS between them (certificates made for them), "
+        "and stop them all on Ctrl-C. See docs/cluster.md.")
+    cluster.add_argument("--nodes", type=int, default=3)
+    cluster.add_argument("--gateways", type=int, default=2)
+    cluster.add_argument("--port", type=int, default=8000, help="the first gateway's port "
+                         "(the next ones follow)")
+    cluster.add_argument("--node-port", type=int, default=7070, help="the first node's port")
+    cluster.add_argument("--database-url", help="postgresql://... (default: "
+                         "REPLGATE_DATABASE_URL)")
+    cluster.add_argument("--dir", help="where state, certificates and logs go (default: a new "
+                         "temporary folder)")
+    cluster.set_defaults(func=_cluster)
 
     mcp = commands.add_parser(
         "mcp", help="an MCP server on stdio: a persistent sandboxed Python session as tools",

@@ -106,8 +106,10 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                          "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
     policy = load_policy(settings.policy_file)
     limits = settings.pool.model_copy(update={"owner": node_id})  # nodes share an engine
-    pool_settings = policy.pool_settings(
-        settings.model_copy(update={"pool": limits}).pool_settings())
+    # A stopped node's sessions are placed again by the gateways (a node takes none back
+    # when it starts): its sandboxes go with it.
+    pool_settings = policy.pool_settings(settings.model_copy(
+        update={"pool": limits, "keep_sessions_on_stop": False}).pool_settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

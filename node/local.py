@@ -1,0 +1,126 @@
+"""``replgate cluster``: many machines on one, to try them (``./run.sh cluster``).
+
+Nodes and gateways are the real commands (``replgate node``, ``replgate serve``) in processes
+of their own, each with its own state directory under one folder, on one PostgreSQL database,
+talking over TCP with mutual TLS (certificates made under the folder). Nothing is shared but
+the database and the Docker engine, as on separate machines.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gateway.auth import generate_api_key
+from node.tls import ClusterCerts, client_context, make_cluster_certs
+
+
+@dataclass
+class Member:
+    """One process of the cluster: a node or a gateway."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    ready_url: str
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        self.process = None
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
+
+
+class LocalCluster:
+    """``nodes`` nodes and ``gateways`` gateways on this machine (see the module's docstring)."""
+
+    def __init__(self, folder: Path, database_url: str, *, nodes: int = 3, gateways: int = 2,
+                 gateway_port: int = 8000, node_port: int = 7070,
+                 env: dict[str, str] | None = None) -> None:
+        self.folder = folder
+        self.database_url = database_url
+        self.api_key = generate_api_key()
+        self.certs: ClusterCerts = make_cluster_certs(folder / "certs")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+        base.update(env or {})
+        base["REPLGATE_DATABASE_URL"] = database_url
+        self.nodes = [self._node(i, node_port + i - 1, base) for i in range(1, nodes + 1)]
+        self.gateways = [self._gateway(i, gateway_port + i - 1, base)
+                         for i in range(1, gateways + 1)]
+
+    def _node(self, index: int, port: int, base: dict[str, str]) -> Member:
+        name = f"node-{index}"
+        state = self.folder / name
+        env = {**base, "REPLGATE_STATE_DIR": str(state), "REPLGATE_TLS_CA": str(self.certs.ca),
+               "REPLGATE_TLS_CERT": str(self.certs.node_cert),
+               "REPLGATE_TLS_KEY": str(self.certs.node_key)}
+        return Member(name, [sys.executable, "-m", "gateway.cli", "node", "--id", name,
+                             "--advertise", f"127.0.0.1:{port}",
+                             "--listen", f"127.0.0.1:{port}"],
+                      env, self.folder / f"{name}.log", f"https://127.0.0.1:{port}/healthz")
+
+    def _gateway(self, index: int, port: int, base: dict[str, str]) -> Member:
+        name = f"gateway-{index}"
+        env = {**base, "REPLGATE_STATE_DIR": str(self.folder / name),
+               "REPLGATE_API_KEYS": f"default:{self.api_key}",
+               "REPLGATE_TLS_CA": str(self.certs.ca),
+               "REPLGATE_TLS_CERT": str(self.certs.gateway_cert),
+               "REPLGATE_TLS_KEY": str(self.certs.gateway_key)}
+        return Member(name, [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
+                      env, self.folder / f"{name}.log", f"http://127.0.0.1:{port}/healthz")
+
+    @property
+    def urls(self) -> list[str]:
+        return [g.ready_url.removesuffix("/healthz") for g in self.gateways]
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Nodes first (each answering over mutual TLS), then the gateways."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for group in (self.nodes, self.gateways):
+            for member in group:
+                member.start()
+            for member in group:
+                self._wait(member, timeout_s)
+
+    def _wait(self, member: Member, timeout_s: float) -> None:
+        tls = client_context(self.certs.gateway_cert, self.certs.gateway_key, self.certs.ca)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if member.process is None or member.process.poll() is not None:
+                raise RuntimeError(f"{member.name} exited:\n{member.log_tail()}")
+            try:
+                if httpx.get(member.ready_url, verify=tls, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{member.name} not ready in {timeout_s:g}s:\n{member.log_tail()}")
+
+    def stop(self) -> None:
+        """Gateways first, then the nodes (which remove their sandboxes as they stop)."""
+        for member in [*self.gateways, *self.nodes]:
+            member.stop()
+
