@@ -147,8 +147,11 @@ def create_app(settings: Settings) -> FastAPI:
                 app.state.gateway = gateway
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
+                # Sessions through nodes run Python alone (RemoteSession's contexts).
+                languages = (await pool.languages("default") if isinstance(pool, KernelPool)
+                             else ("python",))
                 try:
-                    async with mcp.run():  # MCP sessions end (and their sessions go) first
+                    async with mcp.run(languages):  # MCP sessions end (and their sessions go) first
                         yield
                 finally:
                     await gateway.drain()

@@ -118,6 +118,11 @@ class KernelPool:
         except KeyError:
             raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
 
+    async def languages(self, profile: str) -> tuple[str, ...]:
+        """The languages sessions of ``profile`` offer, by its image (``typescript`` beside
+        ``javascript``), before any session of it exists."""
+        return await self.backend.image_languages(self.profile(profile).image)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, keep: Callable[[SandboxInfo], bool] | None = None) -> list[SandboxInfo]:

@@ -101,6 +101,8 @@ class AsyncSandbox:
                        on_transfer: TransferCallback | None = None,
                        timeout: float | None = None,  # noqa: ASYNC109  (see docstring)
                        whole_lines: bool = True,
+                       language: str | None = None,
+                       context_id: str | None = None,
                        ) -> Execution:
         """Run ``code`` in the session's kernel, streaming its events over the WebSocket.
 
@@ -114,23 +116,32 @@ class AsyncSandbox:
         (seconds) overrides the session's time limit, which the gateway enforces (the answer is
         then ``status == "timeout"``). Returns the aggregate once the execution is done. Cancelling
         the call does not stop the code in the kernel: use :meth:`interrupt` for that.
+        ``language`` (``"r"``, ``"javascript"``, ``"typescript"``, ``"bash"``; Python by
+        default) runs it in that language's context of the session, ``context_id`` in that
+        context (the languages the image offers: ``/v1/sessions/{id}/contexts``'s docs).
         """
         handlers = Handlers(on_stdout=on_stdout, on_stderr=on_stderr, on_display=on_display,
                             on_error=on_error, on_transfer=on_transfer,
                             whole_lines=whole_lines)
-        return await self._stream.run(code, timeout, handlers)
+        return await self._stream.run(code, timeout, handlers, language=language,
+                                      context_id=context_id)
 
     async def execute_http(self, code: str, *,
                            timeout: float | None = None,  # noqa: ASYNC109  (see docstring)
+                           language: str | None = None,
+                           context_id: str | None = None,
                            ) -> Execution:
         """Run ``code`` through one plain HTTP request, without streaming.
 
         ``timeout`` (seconds) is the time limit the gateway enforces on the code, as in
-        :meth:`run_code`, not a limit on waiting for the answer.
+        :meth:`run_code`, not a limit on waiting for the answer; ``language`` and
+        ``context_id`` too are :meth:`run_code`'s.
         """
         body: dict[str, Any] = {"code": code}
-        if timeout is not None:
-            body["timeout_s"] = timeout
+        for name, value in (("timeout_s", timeout), ("language", language),
+                            ("context_id", context_id)):
+            if value is not None:
+                body[name] = value
         response = await self._transport.request("POST", f"{self._path}/execute", json=body,
                                                  limits=EXECUTE_TIMEOUT)
         return Execution.model_validate(response.json())
@@ -220,8 +231,9 @@ class ToolSessionOf:
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
 
-    async def execute(self, code: str, timeout_s: float | None) -> Execution:
-        return await self._sandbox.run_code(code, timeout=timeout_s)
+    async def execute(self, code: str, timeout_s: float | None,
+                      language: str | None = None) -> Execution:
+        return await self._sandbox.run_code(code, timeout=timeout_s, language=language)
 
     async def write_file(self, path: str, data: bytes) -> int:
         return (await self._sandbox.files.write(path, data)).size

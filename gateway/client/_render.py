@@ -215,7 +215,8 @@ def _status_note(execution: Execution) -> str:
     elif status is ExecutionStatus.INTERRUPTED:
         notes.append(f"[status: interrupted] The execution was interrupted{reason}.")
     elif status is ExecutionStatus.DIED:
-        notes.append(f"[status: died] The Python process died{reason}, for instance out of "
+        process = "Python" if execution.language == "python" else execution.language
+        notes.append(f"[status: died] The {process} process died{reason}, for instance out of "
                      "memory. Use less memory (smaller data, chunks).")
     elif status.value == "denied":  # statuses of the gateway's policy (governance)
         notes.append(f"[status: denied] The gateway's policy refused this code before it "

@@ -118,13 +118,16 @@ class ExecutionStream:
         self._socket: ClientConnection | None = None
         self._lock = asyncio.Lock()
 
-    async def run(self, code: str, timeout_s: float | None, handlers: Handlers) -> Execution:
-        """Execute ``code``, calling ``handlers`` per event; the aggregate once ``done`` came."""
+    async def run(self, code: str, timeout_s: float | None, handlers: Handlers, *,
+                  language: str | None = None, context_id: str | None = None) -> Execution:
+        """Execute ``code`` (in ``language``'s or ``context_id``'s context), calling
+        ``handlers`` per event; the aggregate once ``done`` came."""
         execution_id = str(uuid.uuid4())
         # Not validated here: the gateway judges the values, and its answer names the limit.
         context = trace_fields()  # the caller's trace, which this execution's spans join
         request = WsExecute.model_construct(type="execute", code=code, id=execution_id,
-                                            timeout_s=timeout_s,
+                                            timeout_s=timeout_s, language=language,
+                                            context_id=context_id,
                                             traceparent=context.get("traceparent"),
                                             tracestate=context.get("tracestate"))
         builder = ExecutionBuilder()

@@ -1,6 +1,6 @@
 """replgate as tools for a model: their definitions, and a tool call turned into a result.
 
-The same seven tools serve MCP (``replgate mcp``) and function calling; their arguments are the
+The same eight tools serve MCP (``replgate mcp``) and function calling; their arguments are the
 pydantic models below, their descriptions are written for a model, and :class:`SandboxTools`
 implements them once over :class:`ToolSession`, the few operations a session offers.
 
@@ -53,6 +53,12 @@ FileContent = Annotated[str, Field(description=(
 ShellCommand = Annotated[str, Field(min_length=1, description=(
     "A shell command, run as `sh -c cmd` in the working directory, e.g. 'ls -la data' or "
     "'wc -l data/sales.csv'."))]
+CodeInLanguage = Annotated[str, Field(description=(
+    "Code in the language named by language, like a notebook cell: statements, then "
+    "optionally an expression whose value is shown."))]
+LanguageName = Annotated[str, Field(min_length=1, max_length=32, description=(
+    "The language of the code: 'r', 'javascript', 'typescript', 'bash' or 'python' (as "
+    "execute_python); the sandbox must offer it (see the tool's description)."))]
 NotebookPath = Annotated[str | None, Field(min_length=1, description=(
     "Save the notebook at this path in the working directory (e.g. 'analysis.ipynb') instead "
     "of returning its JSON."))]
@@ -64,6 +70,12 @@ class _Arguments(BaseModel):
 
 class ExecutePythonArgs(_Arguments):
     code: Code
+    timeout_s: TimeoutS = None
+
+
+class ExecuteCodeArgs(_Arguments):
+    code: CodeInLanguage
+    language: LanguageName
     timeout_s: TimeoutS = None
 
 
@@ -116,6 +128,8 @@ class ToolLimits:
     """stdout+stderr characters the gateway returns per execution (REPLGATE_STREAM_CHARS)."""
     text_chars: int = DEFAULT_TEXT_CHARS
     """Characters of one result, display or file returned whole to the model."""
+    languages: tuple[str, ...] | None = None
+    """The languages the sandbox offers (``python``, ``bash``, ``r``, ...), when known."""
 
 
 @dataclass(frozen=True)
@@ -142,8 +156,31 @@ class ToolSpec:
                 "input_schema": self.parameters()}
 
 
+LANGUAGE_NOTES = {
+    "python": "'python' (the same session as execute_python)",
+    "r": ("'r' (R: print() or a last expression shows values; plot() and ggplot charts come "
+          "back as PNG images; library() loads the packages installed, nothing can be installed)"),
+    "javascript": ("'javascript' (Deno: console.log prints, the last expression's value is "
+                   "shown, top-level await works)"),
+    "typescript": "'typescript' (the same Deno session as 'javascript', with types)",
+    "bash": ("'bash' (a persistent shell: variables and the current directory stay; a "
+             "command exiting non-zero is an error)"),
+}
+
+
+def _languages_text(languages: tuple[str, ...] | None) -> str:
+    if languages is None:
+        return ("Languages: " + ", ".join(LANGUAGE_NOTES.values()) + ". Which of them this "
+                "sandbox has depends on its image (the default image: python and bash; R and "
+                "JavaScript/TypeScript come with the polyglot image); asking for one it lacks "
+                "returns an error naming those it has.")
+    known = [LANGUAGE_NOTES[name] for name in languages if name in LANGUAGE_NOTES]
+    return ("This sandbox offers: " + ", ".join(known) + ". No other language can be run "
+            "here.")
+
+
 def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
-    """The seven tools, described with ``limits``."""
+    """The eight tools, described with ``limits``."""
     lim = limits or ToolLimits()
     execute = (
         "Run Python code in a persistent, sandboxed Python (IPython) session and get back what "
@@ -164,8 +201,23 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
         "len(x)); save big results to files and read back what you need; show a chart with "
         "plt.show(). When a call fails, read the traceback, fix the code and run again: what "
         "was defined before is still there. Load files given with upload_file by their path.")
+    execute_code = (
+        "Run code in another language than Python in this same sandbox, and get back what it "
+        "printed, the value of its last expression, the error if it failed, and charts as "
+        "PNG images. " + _languages_text(lim.languages) + "\n\n"
+        "Each language has its own persistent session, like a notebook of its own: its "
+        "variables and definitions stay between calls in that language, apart from "
+        "Python's. All languages share the working directory's files: pass data between "
+        "them through files (write a CSV in Python, read it in R). The first call in a "
+        "language starts its interpreter (a second or so).\n\n"
+        f"Limits as for execute_python: {lim.default_timeout_s:g} s per call by default "
+        f"(timeout_s up to {lim.max_timeout_s:g} s; past it the code is interrupted, and if "
+        "it does not stop that language's session restarts and its variables are lost), "
+        f"output capped at about {lim.output_chars} characters, no network, no stdin, "
+        "nothing can be installed. Print summaries rather than whole datasets.")
     return [
         ToolSpec("execute_python", execute, ExecutePythonArgs),
+        ToolSpec("execute_code", execute_code, ExecuteCodeArgs),
         ToolSpec("upload_file", (
             "Write a file into the Python session's working directory (replacing any file of "
             "that name), for the code run by execute_python to read, e.g. "
@@ -235,8 +287,10 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
 class ToolSession(Protocol):
     """What the tools need of a session: the client's sandbox and the gateway both offer it."""
 
-    async def execute(self, code: str, timeout_s: float | None) -> Execution:
-        """Run code; an exception in it is data, in the result."""
+    async def execute(self, code: str, timeout_s: float | None,
+                      language: str | None = None) -> Execution:
+        """Run code (in ``language``'s context; Python's by default); an exception in it is
+        data, in the result."""
         ...
 
     async def write_file(self, path: str, data: bytes) -> int:
@@ -272,7 +326,7 @@ _IMAGE_BYTES = 5 * 2**20
 
 
 class SandboxTools:
-    """The seven tools over one session, for a model's tool calls.
+    """The eight tools over one session, for a model's tool calls.
 
     :meth:`call` runs a call by name with its arguments (a dict, or the JSON text OpenAI
     sends) and returns a :class:`ToolResult`. A mistake of the model (an unknown tool, bad
@@ -327,6 +381,15 @@ class SandboxTools:
         """Run ``code``; its output, result, error and images as parts."""
         try:
             execution = await self._session.execute(code, timeout_s)
+        except InvalidRequestError as exc:
+            return _error(f"The code was not run: {exc.message}")
+        return render_execution(execution, max_chars=self.limits.text_chars)
+
+    async def execute_code(self, code: str, language: str,
+                           timeout_s: float | None = None) -> ToolResult:
+        """Run ``code`` in ``language``'s context; its output, result, error and images."""
+        try:
+            execution = await self._session.execute(code, timeout_s, language)
         except InvalidRequestError as exc:
             return _error(f"The code was not run: {exc.message}")
         return render_execution(execution, max_chars=self.limits.text_chars)

@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -66,18 +66,28 @@ class McpEndpoint:
         self._idle_ttl_s = idle_ttl_s
         self._connections: dict[str, _Connection] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self.server = build_server(self._resolve, limits)
+        self._build()
+
+    def _build(self) -> None:
+        self.server = build_server(self._resolve, self._limits)
         # The gateway checks the key on every request, so a page that DNS-rebinds to it gains
         # nothing: the SDK's Host/Origin allow-list (which would refuse a gateway serving on
         # another name) is off.
         self.server.streamable_http_app(
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            session_idle_timeout=idle_ttl_s)
+            session_idle_timeout=self._idle_ttl_s)
         self._manager = self.server.session_manager
 
     @contextlib.asynccontextmanager
-    async def run(self) -> AsyncIterator[None]:
-        """Serve while inside; on exit, end every MCP session and delete their sessions."""
+    async def run(self, languages: Sequence[str] | None = None) -> AsyncIterator[None]:
+        """Serve while inside; on exit, end every MCP session and delete their sessions.
+
+        ``languages``: those the sessions' image offers, which the tools' descriptions then
+        name (known once the pool runs, after this endpoint was made).
+        """
+        if languages is not None:
+            self._limits = replace(self._limits or ToolLimits(), languages=tuple(languages))
+            self._build()
         async with self._manager.run():
             try:
                 yield

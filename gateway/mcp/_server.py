@@ -1,4 +1,4 @@
-"""The MCP server: replgate's seven tools, for stdio and for the gateway's ``/mcp`` mount alike.
+"""The MCP server: replgate's eight tools, for stdio and for the gateway's ``/mcp`` mount alike.
 
 The tools are those of :class:`gateway.client.SandboxTools`, with the same descriptions and
 arguments as for function calling. Which session a call runs on is the :data:`Resolver`'s
@@ -18,9 +18,11 @@ from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, To
 from gateway.client._tools import (
     Base64Flag,
     Code,
+    CodeInLanguage,
     FileContent,
     FilePath,
     ForkCount,
+    LanguageName,
     NotebookPath,
     ShellCommand,
     TimeoutS,
@@ -32,7 +34,9 @@ Resolver = Callable[[Context], Awaitable[SandboxTools]]
 INSTRUCTIONS = (
     "replgate gives you a persistent Python session in a sandbox, like a Jupyter notebook that "
     "you drive with execute_python: variables, imports and files persist between calls for "
-    "this whole connection. Upload data with upload_file, inspect results with read_file and "
+    "this whole connection. execute_code runs other languages the sandbox offers (R, "
+    "JavaScript/TypeScript, bash), each in a persistent session of its own, on the same "
+    "files. Upload data with upload_file, inspect results with read_file and "
     "list_files, run shell commands with run_shell, and export the work as a notebook with "
     "export_notebook. The sandbox has no network access.")
 
@@ -67,6 +71,10 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                              ) -> CallToolResult:
         return await run(ctx, lambda tools: tools.execute_python(code, timeout_s))
 
+    async def execute_code(code: CodeInLanguage, language: LanguageName, ctx: Context,
+                           timeout_s: TimeoutS = None) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.execute_code(code, language, timeout_s))
+
     async def upload_file(path: FilePath, content: FileContent, ctx: Context,
                           base64: Base64Flag = False) -> CallToolResult:
         return await run(ctx, lambda tools: tools.upload_file(path, content, base64))
@@ -94,6 +102,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
     hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
         execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
                                         open_world_hint=False),
+        execute_code: ToolAnnotations(title="Run code in another language",
+                                      destructive_hint=False, open_world_hint=False),
         upload_file: ToolAnnotations(title="Upload a file", destructive_hint=True,
                                      idempotent_hint=True, open_world_hint=False),
         read_file: ToolAnnotations(title="Read a file", read_only_hint=True,

@@ -83,8 +83,9 @@ class LazySession:
                 "gateway keeps sessions) and was deleted: its variables and files are gone. "
                 "Call the tool again to start a fresh session.", status_code=404) from None
 
-    async def execute(self, code: str, timeout_s: float | None) -> Execution:
-        return await self._run(lambda backend: backend.execute(code, timeout_s))
+    async def execute(self, code: str, timeout_s: float | None,
+                      language: str | None = None) -> Execution:
+        return await self._run(lambda backend: backend.execute(code, timeout_s, language))
 
     async def write_file(self, path: str, data: bytes) -> int:
         return await self._run(lambda backend: backend.write_file(path, data))

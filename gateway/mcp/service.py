@@ -60,10 +60,12 @@ class ServiceBackend:
         async with _translated():
             return await operation()
 
-    async def execute(self, code: str, timeout_s: float | None) -> Execution:
+    async def execute(self, code: str, timeout_s: float | None,
+                      language: str | None = None) -> Execution:
         async def run() -> Execution:
             session = await self._gateway.session(self._tenant, self.session_id)
-            return await self._gateway.execute(self._tenant, session, code, timeout_s)
+            return await self._gateway.execute(self._tenant, session, code, timeout_s,
+                                               language=language)
 
         return await self._call(run)
 

@@ -252,6 +252,11 @@ class SandboxBackend(ABC):
         workspace without its container say so."""
         raise BackendError(f"the {self.name} backend cannot take back a paused session")
 
+    async def image_languages(self, image: str) -> tuple[str, ...]:
+        """The languages sandboxes of ``image`` offer (a backend that runs no other kernel:
+        python alone)."""
+        return ("python",)
+
     @abstractmethod
     async def list_sandboxes(self) -> list[SandboxInfo]:
         """Sandboxes of this gateway (its owner label, in its state directory), running or not."""

@@ -303,8 +303,8 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     openai = sandbox.tools.openai()
     anthropic = sandbox.tools.anthropic()
 
-    names = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
-             "export_notebook", "run_shell", "fork_session"]
+    names = ["execute_python", "execute_code", "upload_file", "read_file", "list_files",
+             "restart_kernel", "export_notebook", "run_shell", "fork_session"]
     assert [tool["function"]["name"] for tool in openai] == names
     assert [tool["name"] for tool in anthropic] == names
     execute = openai[0]
@@ -319,6 +319,16 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     for phrase in ("persist", "60 s", "20000 characters", "no network", "input()", "df.head()"):
         assert phrase in description
     assert [t["name"] for t in sandbox.tools.anthropic(["execute_python"])] == ["execute_python"]
+
+
+async def test_run_code_in_another_language_over_both_paths(sandbox: AsyncSandbox) -> None:
+    streamed = await sandbox.run_code("greeting=hi; echo $greeting", language="bash")
+    plain = await sandbox.execute_http("echo ${greeting}-again", language="bash")
+    tool = await sandbox.tools.call("execute_code", {"code": "echo $greeting", "language": "bash"})
+
+    assert (streamed.status, streamed.stdout, streamed.language) == ("ok", "hi\n", "bash")
+    assert (plain.stdout, plain.language) == ("hi-again\n", "bash")
+    assert not tool.is_error and tool.text.startswith("hi\n")
 
 
 async def test_tool_call_anthropic_round_trip_returns_text_and_image(

@@ -33,7 +33,7 @@ from tests.conftest import GatewayProcess
 
 REPLGATE = Path(sys.executable).with_name("replgate")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TOOLS = ["execute_python", "upload_file", "read_file", "list_files", "restart_kernel",
+TOOLS = ["execute_python", "execute_code", "upload_file", "read_file", "list_files", "restart_kernel",
          "export_notebook", "run_shell", "fork_session"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
@@ -133,6 +133,42 @@ async def test_list_tools_describes_persistence_and_limits(mcp: Client) -> None:
         assert phrase in execute.description
     assert tools["read_file"].annotations is not None
     assert tools["read_file"].annotations.read_only_hint is True
+
+
+async def test_execute_code_names_the_languages_of_the_sandbox(mcp: Client) -> None:
+    tools = {tool.name: tool for tool in (await mcp.list_tools()).tools}
+    code = tools["execute_code"]
+    assert code.input_schema["required"] == ["code", "language"]
+    assert code.description is not None
+    assert "own persistent session" in code.description and "60 s" in code.description
+    if "This sandbox offers" in code.description:  # /mcp: the gateway knows its image
+        offered = code.description.split("This sandbox offers: ")[1].split(". No other")[0]
+        assert offered.startswith("'python'") and "'bash'" in offered
+        assert "'r'" not in offered  # the default image has no R
+    else:  # stdio: the client cannot know the image before its session exists
+        assert "this sandbox has depends on its image" in code.description
+
+
+async def test_execute_code_runs_bash_with_its_own_state(mcp: Client) -> None:
+    first = await mcp.call_tool("execute_code", {"code": "word=sandboxed; cd /tmp",
+                                                 "language": "bash"})
+    second = await mcp.call_tool("execute_code", {"code": 'echo "$word in $(pwd)"',
+                                                  "language": "Bash"})
+    python = await run(mcp, "print(globals().get('word'))")
+    failed = await mcp.call_tool("execute_code", {"code": "false", "language": "bash"})
+
+    assert not first.is_error and not second.is_error, texts(second)
+    assert texts(second).startswith("sandboxed in /tmp\n")
+    assert texts(python).startswith("None\n")  # bash's variables are not Python's
+    assert failed.is_error and "[status: error]" in texts(failed)
+
+
+async def test_execute_code_in_a_missing_language_names_those_offered(mcp: Client) -> None:
+    result = await mcp.call_tool("execute_code", {"code": "1", "language": "cobol"})
+
+    assert result.is_error
+    assert "The code was not run" in texts(result)
+    assert "cobol" in texts(result) and "python, bash" in texts(result)
 
 
 async def test_execute_python_keeps_state_across_calls(mcp: Client) -> None:
