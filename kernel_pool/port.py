@@ -155,7 +155,8 @@ class SessionHost(Protocol):
     on_session_resumed: list[Callable[[SessionPort], None]]
 
     def stats(self) -> dict[str, int]:
-        """Kernels and sessions, as ``/healthz`` and ``/metrics`` show them."""
+        """Kernels (``idle``, ``starting``, ``in_use``, ``max``) and sessions (``sessions``,
+        ``paused``), as ``/healthz`` and ``/metrics`` show them."""
 
     def profile(self, name: str) -> Profile: ...
 

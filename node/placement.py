@@ -47,7 +47,8 @@ class RemoteNodes:
     def stats(self) -> dict[str, int]:
         """What this gateway holds: kernels are the nodes' (``GET /v1/nodes``)."""
         return {"idle": 0, "starting": 0, "in_use": 0, "sessions": len(self._sessions),
-                "max": 0, "nodes": len(self._clients)}
+                "paused": sum(s.paused for s in self._sessions.values()), "max": 0,
+                "nodes": len(self._clients)}
 
     def profile(self, name: str) -> Profile:
         try:

@@ -8,6 +8,7 @@ database (and the Docker engine, as nodes on one machine do).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,8 @@ from tests.conftest import (
 
 NODE_TIMEOUT_S = 4.0
 """Short, so a killed node is declared down within the test (beats every third of it)."""
+ADMIN_KEY = f"rg_admin_{secrets.token_hex(8)}"
+"""The operators' key of the cluster's gateways (REPLGATE_ADMIN_KEYS)."""
 
 
 @dataclass
@@ -145,7 +148,7 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3,
             processes = []
             for _ in range(gateways):
                 process = make_gateway(database_url=database_url, local_node="false",
-                                       node_timeout_s=str(NODE_TIMEOUT_S),
+                                       node_timeout_s=str(NODE_TIMEOUT_S), admin_keys=ADMIN_KEY,
                                        **{k.removeprefix("REPLGATE_").lower(): v
                                           for k, v in _tls_env(certs, "gateway").items()})
                 process.warm = False

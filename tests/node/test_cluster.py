@@ -18,7 +18,7 @@ from typing import Any
 import docker
 import httpx
 import pytest
-from cluster_support import NODE_TIMEOUT_S, Cluster, running_cluster
+from cluster_support import ADMIN_KEY, NODE_TIMEOUT_S, Cluster, running_cluster
 from websockets.asyncio.client import connect
 
 from node.tls import client_context, make_cluster_certs
@@ -174,3 +174,29 @@ def test_the_audit_chain_written_by_both_gateways_verifies(cluster: Cluster) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok: ") and int(done.stdout.split()[1]) >= 4
 
+
+
+async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with _client(one) as first, httpx.AsyncClient(base_url=two.url, headers=admin,
+                                                        timeout=60) as ops:
+        nodes = (await ops.get("/v1/nodes")).json()
+        assert {n["id"] for n in nodes} == {n.node_id for n in cluster.nodes}
+        assert all(n["state"] == "up" and n["max_kernels"] == 4 for n in nodes)
+        assert (await first.get("/v1/nodes")).status_code == 403, "a tenant's key is refused"
+        assert (await ops.get("/v1/nodes", headers={"Authorization": ""})).status_code == 401
+        assert (await ops.post("/v1/nodes/nope/drain")).status_code == 404
+        drained = cluster.nodes[2].node_id
+        answer = await ops.post(f"/v1/nodes/{drained}/drain")
+        assert answer.status_code == 202 and answer.json()["state"] == "draining"
+        try:
+            created = [await _create(first) for _ in range(4)]
+            assert drained not in {s["node"] for s in created}, "no new session on a drained node"
+            for session in created:
+                await first.delete(f"/v1/sessions/{session['id']}")
+        finally:
+            back = await ops.post(f"/v1/nodes/{drained}/undrain")
+        assert back.status_code == 200 and back.json()["state"] == "up"
+        metrics = await first.get("/metrics")
+        assert metrics.status_code == 200 and "replgate_sessions " in metrics.text
