@@ -90,7 +90,8 @@ async def _session_host(settings: Settings, policy: Policy,
                 "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
         nodes = RemoteNodes(pool_settings, Registry(
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
-            client_context(settings.tls_cert, settings.tls_key, settings.tls_ca))
+            client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
+                           check_hostname=settings.tls_check_node_names))
         watching = asyncio.create_task(nodes.watch(settings.node_timeout_s / 2))
         try:
             yield nodes, None

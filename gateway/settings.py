@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     tls_cert: Path | None = Field(None, description="PEM: this process's certificate, signed by "
                                   "REPLGATE_TLS_CA")
     tls_key: Path | None = Field(None, description="PEM: the key of REPLGATE_TLS_CERT")
+    tls_check_node_names: bool = Field(
+        True, description="a gateway checks that a node's certificate names the address it "
+        "dials; false: any server certificate of REPLGATE_TLS_CA is a node (Kubernetes, where "
+        "a pod's address is not known when its certificate is made)")
     admin_keys: str | None = Field(None, description="bare keys, comma-separated, of operators: "
                                    "GET /v1/nodes, drain and undrain")
     node_timeout_s: float = Field(
