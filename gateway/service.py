@@ -520,9 +520,9 @@ class Gateway:
                           emit: Callable[[StreamEvent], None] | None = None) -> CommandResult:
         """Run a shell command beside the session's kernel; audited like code."""
         self.check_disk()
-        run = session.prepare_command(request.cmd, timeout_s=request.timeout_s, env=request.env,
-                                      cwd=request.cwd, command_id=request.id)
-        result = await session.run_command(run, emit)
+        result = await session.run_command(request.cmd, timeout_s=request.timeout_s,
+                                           env=request.env, cwd=request.cwd,
+                                           command_id=request.id, emit=emit)
         record = AuditRecord.for_command(
             result, command=request.cmd, tenant=tenant, session_id=session.id,
             image=self.image, limits=session.profile.model_dump(mode="json", exclude={"caps"}))
@@ -530,9 +530,9 @@ class Gateway:
         await asyncio.shield(self.audit.append(record))
         return result
 
-    def kill_command(self, session: SessionPort, command_id: str) -> bool:
+    async def kill_command(self, session: SessionPort, command_id: str) -> bool:
         """Stop a running command of the session; False when none runs under that id."""
-        return session.kill_command(command_id)
+        return await session.kill_command(command_id)
 
     # -- history, notebook, files ------------------------------------------------------------
 

@@ -258,7 +258,7 @@ class Session:
     def prepare_command(self, command: str, *, timeout_s: float | None = None,
                         env: dict[str, str] | None = None, cwd: str | None = None,
                         command_id: str | None = None) -> CommandRun:
-        """Check a shell command's request; the run to pass to :meth:`run_command`.
+        """Check a shell command's request; the run to pass to :meth:`run_prepared`.
 
         Commands run beside the kernel, not in the execution queue: one may run while code
         does (at most ``max_commands`` per session at once).
@@ -282,13 +282,23 @@ class Session:
                           timeout_s=timeout, caps=self.profile.caps,
                           env={**self.env, **(env or {})}, cwd=folder)
 
-    def kill_command(self, command_id: str) -> bool:
+    async def kill_command(self, command_id: str) -> bool:
         """Stop a running command and its process group; False when none runs under that id."""
         run = self.commands.get(command_id)
         return run is not None and run.kill()
 
-    async def run_command(self, run: CommandRun,
+    async def run_command(self, command: str, *, timeout_s: float | None = None,
+                          env: dict[str, str] | None = None, cwd: str | None = None,
+                          command_id: str | None = None,
                           emit: CommandEmit | None = None) -> CommandResult:
+        """Run a shell command to its end (:meth:`prepare_command` says what is refused);
+        ``emit`` is told of its output as it comes; its aggregate result."""
+        run = self.prepare_command(command, timeout_s=timeout_s, env=env, cwd=cwd,
+                                   command_id=command_id)
+        return await self.run_prepared(run, emit)
+
+    async def run_prepared(self, run: CommandRun,
+                           emit: CommandEmit | None = None) -> CommandResult:
         """Run a command from :meth:`prepare_command` to its end; its aggregate result."""
         if run.id in self.commands:
             raise InvalidRequest(f"command id {run.id!r} is already running")
@@ -891,6 +901,11 @@ class Session:
     def languages(self) -> tuple[str, ...]:
         """The languages the session's image offers (``typescript`` beside ``javascript``)."""
         return self.kernel.sandbox.languages
+
+    @property
+    def contexts(self) -> dict[str, str]:
+        """Its code contexts' languages by id (what a node tells gateways with its state)."""
+        return {context.id: context.language for context in self._contexts}
 
     async def list_contexts(self) -> list[ContextInfo]:
         """The session's code contexts, its own Python kernel first."""

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from kernel_pool._commands import CommandEmit, CommandRun
+    from kernel_pool._commands import CommandEmit
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import ExecutionHandle, Gate
@@ -126,14 +126,14 @@ class SessionPort(Protocol):
 
     async def move_path(self, source: str, destination: str) -> Entry: ...
 
-    def prepare_command(self, command: str, *, timeout_s: float | None = None,
-                        env: dict[str, str] | None = None, cwd: str | None = None,
-                        command_id: str | None = None) -> CommandRun: ...
+    async def run_command(self, command: str, *, timeout_s: float | None = None,
+                          env: dict[str, str] | None = None, cwd: str | None = None,
+                          command_id: str | None = None,
+                          emit: CommandEmit | None = None) -> CommandResult:
+        """A shell command beside the kernel, to its end; ``emit`` hears its output."""
 
-    async def run_command(self, run: CommandRun,
-                          emit: CommandEmit | None = None) -> CommandResult: ...
-
-    def kill_command(self, command_id: str) -> bool: ...
+    async def kill_command(self, command_id: str) -> bool:
+        """Stop the command running under that id; False when none does."""
 
     # -- the sandbox --------------------------------------------------------------------------
 

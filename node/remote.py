@@ -42,19 +42,27 @@ from kernel_pool import (
     SessionClosed,
     SessionNotFound,
     SessionStatus,
+    StreamEvent,
     Transfer,
     TransferListener,
 )
-from kernel_pool._commands import CommandEmit, CommandRun
+from kernel_pool._commands import CommandEmit
+from kernel_pool._contexts import DEFAULT_CONTEXT, Contexts
 from kernel_pool._handle import refused_at_gate
 from node.wire import (
     PREFIX,
+    CreateContext,
     CreateSession,
     ErrorOut,
     ForkSession,
     Frame,
     Interrupted,
+    Killed,
+    Made,
+    Move,
     NodeInfo,
+    Relay,
+    RunCommand,
     SessionState,
     Submit,
     Written,
@@ -67,6 +75,8 @@ M = TypeVar("M", bound=BaseModel)
 _STATES = TypeAdapter(list[SessionState])
 _FILES = TypeAdapter(list[FileInfo])
 _EGRESS = TypeAdapter(list[EgressAttempt])
+_ENTRIES = TypeAdapter(list[Entry])
+_CONTEXTS = TypeAdapter(list[ContextInfo])
 
 
 class NodeUnreachable(KernelUnavailable):
@@ -213,6 +223,8 @@ class RemoteSession:
         self.transfer: Transfer | None = state.transfer
         self._status = state.status
         self._sandbox = state.sandbox
+        self._languages = state.languages
+        self._contexts = dict(state.contexts)
 
     async def refresh(self) -> None:
         self.apply(await self.client.state(self.id))
@@ -251,18 +263,39 @@ class RemoteSession:
                language: str | None = None, context_id: str | None = None) -> ExecutionHandle:
         if self._closed:
             raise SessionClosed(self.id)
-        if (language or "python").lower() != "python" or context_id not in (None, "python"):
-            raise _not_on_nodes("code contexts in other languages")
         timeout = self.profile.timeout_for(timeout_s)
-        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout)
+        sent_as, context = self._context_of(language, context_id)
+        handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout,
+                                 language=sent_as, context_id=context)
         handle.gate = gate
         self._pending.append(handle)
-        task = asyncio.create_task(self._execute(handle), name=f"remote-exec-{handle.id}")
+        task = asyncio.create_task(self._execute(handle, language, context_id),
+                                   name=f"remote-exec-{handle.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return handle
 
-    async def _execute(self, handle: ExecutionHandle) -> None:
+    def _context_of(self, language: str | None, context_id: str | None) -> tuple[str, str]:
+        """The language and context an execution is recorded with, checked as far as this
+        side knows: a language the image lacks is refused here, as the node would; a context
+        this side has not heard of may have been made through another gateway, so the node
+        decides (an unknown one ends the execution with the node's refusal)."""
+        checker = Contexts(self.id)
+        if context_id is not None:
+            known = self._contexts.get(context_id)
+            if known is not None and language is not None and (
+                    checker.check_language(language, self._languages) != known):
+                raise InvalidRequest(
+                    f"context {context_id!r} runs {known}, not {language}; send either the "
+                    "context_id or the language")
+            sent = (Contexts.sent_as(language) if language is not None
+                    else known or DEFAULT_CONTEXT)
+            return sent, context_id
+        kernel = checker.check_language(language, self._languages)
+        return (kernel if language is None else Contexts.sent_as(language)), kernel
+
+    async def _execute(self, handle: ExecutionHandle, language: str | None,
+                       context_id: str | None) -> None:
         ordering = False
         try:
             await self._order.acquire()
@@ -270,7 +303,8 @@ class RemoteSession:
             if handle.gate is not None and await refused_at_gate(
                     handle, handle.gate, lambda e: self._publish(handle, e)):
                 return
-            submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id)
+            submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id,
+                            language=language, context_id=context_id)
             async with self.client.stream(f"/sessions/{self.id}/executions", submit,
                                           self.id) as frames:
                 async for frame in frames:
@@ -326,21 +360,30 @@ class RemoteSession:
                 logger.exception("session listener failed")
 
     async def interrupt(self, context_id: str | None = None) -> bool:
-        if context_id not in (None, "python"):
-            raise _not_on_nodes("code contexts in other languages")
         head = self._pending[0] if self._pending else None
-        if head is not None and head.gating is not None:
+        if (head is not None and head.gating is not None
+                and context_id in (None, head.context_id)):
             return head.gating.cancel()  # held by its gate here: withdraw it
+        params = {} if context_id is None else {"context_id": context_id}
         answer: Interrupted = await self.client.call(
-            "POST", f"/sessions/{self.id}/interrupt", Interrupted, session_id=self.id)
+            "POST", f"/sessions/{self.id}/interrupt", Interrupted, session_id=self.id,
+            params=params)
         return answer.interrupted
 
     async def restart(self) -> None:
         self.apply(await self._state_call("POST", "restart"))
 
-    def relay(self, msg_type: str, content: dict[str, Any], *,
-              channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        raise _not_on_nodes("raw Jupyter requests (the Jupyter channels)")
+    async def relay(self, msg_type: str, content: dict[str, Any], *,
+                    channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        async with self.client.stream(
+                f"/sessions/{self.id}/relay",
+                Relay(msg_type=msg_type, content=content, channel=channel), self.id) as frames:
+            async for frame in frames:
+                if frame.error is not None:
+                    raise error_from(frame.error)
+                if frame.relayed is not None:
+                    message = {**frame.relayed.message, "buffers": frame.relayed.buffers}
+                    yield frame.relayed.channel, message
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -398,31 +441,63 @@ class RemoteSession:
         return _FILES.validate_json(response.content)
 
     async def stat_path(self, path: str) -> Entry:
-        raise _not_on_nodes("E2B's filesystem service")
+        entry: Entry = await self.client.call("GET", f"/sessions/{self.id}/entry", Entry,
+                                              session_id=self.id, params={"path": path})
+        return entry
 
     async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
-        raise _not_on_nodes("E2B's filesystem service")
+        response = await self.client.call("GET", f"/sessions/{self.id}/dir", session_id=self.id,
+                                          params={"path": path, "depth": depth})
+        return _ENTRIES.validate_json(response.content)
 
     async def make_dir(self, path: str) -> bool:
-        raise _not_on_nodes("E2B's filesystem service")
+        made: Made = await self.client.call("POST", f"/sessions/{self.id}/dir", Made,
+                                            session_id=self.id, params={"path": path})
+        return made.made
 
     async def remove_path(self, path: str) -> None:
-        raise _not_on_nodes("E2B's filesystem service")
+        await self.client.call("DELETE", f"/sessions/{self.id}/entry", session_id=self.id,
+                               params={"path": path})
 
     async def move_path(self, source: str, destination: str) -> Entry:
-        raise _not_on_nodes("E2B's filesystem service")
+        entry: Entry = await self.client.call(
+            "POST", f"/sessions/{self.id}/move", Entry, session_id=self.id,
+            content=Move(source=source, destination=destination).model_dump_json(),
+            headers={"content-type": "application/json"})
+        return entry
 
-    def prepare_command(self, command: str, *, timeout_s: float | None = None,
-                        env: dict[str, str] | None = None, cwd: str | None = None,
-                        command_id: str | None = None) -> CommandRun:
-        raise _not_on_nodes("shell commands")
-
-    async def run_command(self, run: CommandRun,
+    async def run_command(self, command: str, *, timeout_s: float | None = None,
+                          env: dict[str, str] | None = None, cwd: str | None = None,
+                          command_id: str | None = None,
                           emit: CommandEmit | None = None) -> CommandResult:
-        raise _not_on_nodes("shell commands")
+        if self._closed:
+            raise SessionClosed(self.id)
+        # Named here, so a kill can reach it before its first output comes back.
+        request = RunCommand(command=command, command_id=command_id or f"cmd-{uuid.uuid4().hex}",
+                             timeout_s=timeout_s, env=env, cwd=cwd)
+        try:
+            async with self.client.stream(f"/sessions/{self.id}/commands", request,
+                                          self.id) as frames:
+                async for frame in frames:
+                    if frame.error is not None:
+                        raise error_from(frame.error)
+                    if isinstance(frame.event, StreamEvent) and emit is not None:
+                        emit(frame.event)
+                    elif frame.command is not None:
+                        return frame.command
+        except asyncio.CancelledError:
+            # The closed stream stops it on the node too; the kill makes sure of it at once.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.kill_command(request.command_id))
+            raise
+        raise NodeUnreachable(self.id, f"its node {self.node} ended the command's stream "
+                              "before it was done")
 
-    def kill_command(self, command_id: str) -> bool:
-        return False  # none runs: commands are not served through nodes yet
+    async def kill_command(self, command_id: str) -> bool:
+        killed: Killed = await self.client.call(
+            "POST", f"/sessions/{self.id}/commands/{command_id}/kill", Killed,
+            session_id=self.id)
+        return killed.killed
 
     # -- the sandbox --------------------------------------------------------------------------
 
@@ -440,28 +515,31 @@ class RemoteSession:
         return _EGRESS.validate_json(response.content)
 
 
-    # -- code contexts: the session's own Python kernel only, through nodes for now ----------
+    # -- code contexts --------------------------------------------------------------------
 
     @property
     def languages(self) -> tuple[str, ...]:
-        return ("python",)
+        return self._languages
 
     async def list_contexts(self) -> list[ContextInfo]:
-        return [ContextInfo(id="python", language="python",
-                            execution_count=self.execution_count, running=not self.paused)]
+        response = await self.client.call("GET", f"/sessions/{self.id}/contexts",
+                                          session_id=self.id)
+        contexts = _CONTEXTS.validate_json(response.content)
+        self._contexts = {context.id: context.language for context in contexts}
+        return contexts
 
     async def create_context(self, language: str | None = None) -> ContextInfo:
-        raise _not_on_nodes("code contexts in other languages")
+        if self._closed:
+            raise SessionClosed(self.id)
+        context: ContextInfo = await self.client.call(
+            "POST", f"/sessions/{self.id}/contexts", ContextInfo, session_id=self.id,
+            content=CreateContext(language=language).model_dump_json(),
+            headers={"content-type": "application/json"})
+        self._contexts[context.id] = context.language
+        return context
 
     async def restart_context(self, context_id: str) -> None:
-        if context_id != "python":
-            raise _not_on_nodes("code contexts in other languages")
-        await self.restart()
+        self.apply(await self._state_call("POST", f"contexts/{context_id}/restart"))
 
     async def remove_context(self, context_id: str) -> None:
-        raise _not_on_nodes("code contexts in other languages")
-
-
-def _not_on_nodes(what: str) -> InvalidRequest:
-    return InvalidRequest(f"{what} of a session on a node are not served yet; replgate serve "
-                          "without a database (one machine) serves them")
+        self.apply(await self._state_call("DELETE", f"contexts/{context_id}"))

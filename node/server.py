@@ -8,6 +8,8 @@ stream of :class:`~node.wire.Frame` lines; everything else answers one model, or
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -16,21 +18,31 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.errors import status_for
 from kernel_pool import (
+    ContextInfo,
     EgressAttempt,
+    Entry,
     FileInfo,
     KernelPool,
     KernelPoolError,
     SandboxUsage,
     Session,
+    StreamEvent,
 )
 from node.wire import (
     PREFIX,
+    CreateContext,
     CreateSession,
     ErrorOut,
     ForkSession,
     Frame,
     Interrupted,
+    Killed,
+    Made,
+    Move,
     NodeInfo,
+    Relay,
+    Relayed,
+    RunCommand,
     SessionState,
     Submit,
     Written,
@@ -92,7 +104,8 @@ async def submit(request: Request, session_id: str, body: Submit) -> StreamingRe
     away does not stop code another gateway's watcher may follow.
     """
     session = _session(request, session_id)
-    handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id)
+    handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id,
+                            language=body.language, context_id=body.context_id)
 
     async def lines() -> AsyncIterator[bytes]:
         yield _line(Frame(accepted=SessionState.of(session)))
@@ -103,8 +116,9 @@ async def submit(request: Request, session_id: str, body: Submit) -> StreamingRe
 
 
 @router.post("/sessions/{session_id}/interrupt")
-async def interrupt(request: Request, session_id: str) -> Interrupted:
-    return Interrupted(interrupted=await _session(request, session_id).interrupt())
+async def interrupt(request: Request, session_id: str,
+                    context_id: str | None = None) -> Interrupted:
+    return Interrupted(interrupted=await _session(request, session_id).interrupt(context_id))
 
 
 @router.post("/sessions/{session_id}/restart")
@@ -157,8 +171,127 @@ async def egress(request: Request, session_id: str) -> list[EgressAttempt]:
     return await _session(request, session_id).egress_attempts()
 
 
+@router.get("/sessions/{session_id}/entry")
+async def stat_path(request: Request, session_id: str, path: str) -> Entry:
+    return await _session(request, session_id).stat_path(path)
+
+
+@router.delete("/sessions/{session_id}/entry", status_code=204)
+async def remove_path(request: Request, session_id: str, path: str) -> None:
+    await _session(request, session_id).remove_path(path)
+
+
+@router.get("/sessions/{session_id}/dir")
+async def list_dir(request: Request, session_id: str, path: str,
+                   depth: Annotated[int, Query(ge=1)] = 1) -> list[Entry]:
+    return await _session(request, session_id).list_dir(path, depth)
+
+
+@router.post("/sessions/{session_id}/dir")
+async def make_dir(request: Request, session_id: str, path: str) -> Made:
+    return Made(made=await _session(request, session_id).make_dir(path))
+
+
+@router.post("/sessions/{session_id}/move")
+async def move_path(request: Request, session_id: str, body: Move) -> Entry:
+    return await _session(request, session_id).move_path(body.source, body.destination)
+
+
+@router.post("/sessions/{session_id}/commands")
+async def run_command(request: Request, session_id: str, body: RunCommand) -> StreamingResponse:
+    """Run a shell command; the stream carries its output events, then its result.
+
+    A request refused (an empty command, too many running) answers its error at once. The
+    command is the stream's: a gateway that goes away (its caller gone) stops it.
+    """
+    session = _session(request, session_id)
+    run = session.prepare_command(body.command, timeout_s=body.timeout_s, env=body.env,
+                                  cwd=body.cwd, command_id=body.command_id)
+    output: asyncio.Queue[StreamEvent] = asyncio.Queue()  # the caps bound it
+
+    async def lines() -> AsyncIterator[bytes]:
+        running = asyncio.ensure_future(session.run_prepared(run, output.put_nowait))
+        try:
+            while not running.done():
+                getting = asyncio.ensure_future(output.get())
+                await asyncio.wait({getting, running}, return_when=asyncio.FIRST_COMPLETED)
+                if getting.done():
+                    yield _line(Frame(event=getting.result()))
+                else:
+                    getting.cancel()
+            while not output.empty():
+                yield _line(Frame(event=output.get_nowait()))
+            try:
+                yield _line(Frame(command=running.result()))
+            except KernelPoolError as exc:
+                yield _line(Frame(error=_error_out(exc)))
+        finally:
+            if not running.done():
+                running.cancel()  # the command is killed with its process group
+                with contextlib.suppress(BaseException):
+                    await running
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.post("/sessions/{session_id}/commands/{command_id}/kill")
+async def kill_command(request: Request, session_id: str, command_id: str) -> Killed:
+    return Killed(killed=await _session(request, session_id).kill_command(command_id))
+
+
+@router.post("/sessions/{session_id}/relay")
+async def relay(request: Request, session_id: str, body: Relay) -> StreamingResponse:
+    """One raw Jupyter request; the stream carries the messages it caused until the kernel is
+    idle again, or the error that ended it."""
+    session = _session(request, session_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for channel, message in session.relay(body.msg_type, body.content,
+                                                         channel=body.channel):
+                buffers = [bytes(b) for b in message.get("buffers") or ()]
+                kept = {k: v for k, v in message.items() if k != "buffers"}
+                yield _line(Frame(relayed=Relayed(channel=channel, message=kept,
+                                                  buffers=buffers)))
+        except KernelPoolError as exc:
+            yield _line(Frame(error=_error_out(exc)))
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/sessions/{session_id}/contexts")
+async def list_contexts(request: Request, session_id: str) -> list[ContextInfo]:
+    return await _session(request, session_id).list_contexts()
+
+
+@router.post("/sessions/{session_id}/contexts")
+async def create_context(request: Request, session_id: str, body: CreateContext) -> ContextInfo:
+    return await _session(request, session_id).create_context(body.language)
+
+
+@router.post("/sessions/{session_id}/contexts/{context_id}/restart")
+async def restart_context(request: Request, session_id: str, context_id: str) -> SessionState:
+    session = _session(request, session_id)
+    await session.restart_context(context_id)
+    return SessionState.of(session)
+
+
+@router.delete("/sessions/{session_id}/contexts/{context_id}")
+async def remove_context(request: Request, session_id: str, context_id: str) -> SessionState:
+    session = _session(request, session_id)
+    await session.remove_context(context_id)
+    return SessionState.of(session)
+
+
+def _error_out(exc: KernelPoolError) -> ErrorOut:
+    return ErrorOut(error=type(exc).__name__, detail=str(exc))
+
+
 def _line(frame: Frame) -> bytes:
-    return frame.model_dump_json(exclude_none=True).encode() + b"\n"
+    # Only the frame's unset fields are left out: a null inside (a killed command's exit
+    # code, a died execution's count) is the answer's.
+    fields = {name for name, value in frame if value is not None}
+    return frame.model_dump_json(include=fields).encode() + b"\n"
 
 
 def create_node_app(pool: KernelPool, node_id: str, image: str, *,
@@ -172,8 +305,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
 
     @app.exception_handler(KernelPoolError)
     async def pool_error(request: Request, exc: KernelPoolError) -> JSONResponse:
-        return JSONResponse(ErrorOut(error=type(exc).__name__, detail=str(exc)).model_dump(),
-                            status_code=status_for(exc))
+        return JSONResponse(_error_out(exc).model_dump(), status_code=status_for(exc))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

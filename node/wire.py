@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Base64Bytes, BaseModel, Field
 
 from kernel_pool import (
+    CommandResult,
     Event,
     KernelPoolError,
     PauseInfo,
     Profile,
     SandboxInfo,
-    SessionPort,
+    Session,
     SessionStatus,
     Transfer,
 )
@@ -46,16 +47,21 @@ class SessionState(BaseModel):
     reason: str | None = None
     transfer: Transfer | None = None
     sandbox: SandboxInfo
+    languages: tuple[str, ...] = ("python",)
+    """The languages its image offers."""
+    contexts: dict[str, str] = Field(default_factory=dict)
+    """Its code contexts' languages by id, as of this answer."""
 
     @classmethod
-    def of(cls, session: SessionPort) -> SessionState:
+    def of(cls, session: Session) -> SessionState:
         return cls(id=session.id, profile=session.profile, env=session.env,
                    metadata=session.metadata, created_at=session.created_at,
                    last_active_at=session.last_active_at,
                    execution_count=session.execution_count, status=session.status,
                    pending=session.pending, pause_info=session.pause_info,
                    reason=session.reason, transfer=session.transfer,
-                   sandbox=session.sandbox_info())
+                   sandbox=session.sandbox_info(), languages=session.languages,
+                   contexts=session.contexts)
 
 
 class CreateSession(BaseModel):
@@ -76,13 +82,46 @@ class Submit(BaseModel):
     code: str
     timeout_s: float | None = None
     execution_id: str
+    language: str | None = None
+    context_id: str | None = None
+
+
+class RunCommand(BaseModel):
+    """A shell command to run beside the kernel (``SessionPort.run_command``)."""
+
+    command: str
+    command_id: str
+    timeout_s: float | None = None
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+class Relay(BaseModel):
+    """One raw Jupyter request (``SessionPort.relay``)."""
+
+    msg_type: str
+    content: dict[str, Any]
+    channel: str = "shell"
+
+
+class Relayed(BaseModel):
+    """A message a relayed request caused: its channel, the parsed message without its
+    buffers, and the buffers."""
+
+    channel: str
+    message: dict[str, Any]
+    buffers: list[Base64Bytes] = Field(default_factory=list)
 
 
 class Frame(BaseModel):
-    """One line of an execution's stream: exactly one field is set."""
+    """One line of a stream (an execution's, a command's, a relayed request's): exactly one
+    field is set."""
 
     accepted: SessionState | None = None
     event: Event | None = None
+    command: CommandResult | None = None
+    """A command's end (its stream's last line)."""
+    relayed: Relayed | None = None
     error: ErrorOut | None = None
 
 
@@ -99,6 +138,23 @@ class Interrupted(BaseModel):
 
 class Written(BaseModel):
     size: int
+
+
+class Killed(BaseModel):
+    killed: bool
+
+
+class Made(BaseModel):
+    made: bool
+
+
+class Move(BaseModel):
+    source: str
+    destination: str
+
+
+class CreateContext(BaseModel):
+    language: str | None = None
 
 
 class NodeInfo(BaseModel):

@@ -289,7 +289,7 @@ class Processes:
                                f"replgate does not send {request.signal} to commands; it stops "
                                "them with SIGKILL or SIGTERM only")
         with contextlib.suppress(KernelPoolError):  # ended meanwhile: nothing left to stop
-            target.gateway.kill_command(target.session, running.command_id)
+            await target.gateway.kill_command(target.session, running.command_id)
         return Empty()
 
     def service(self) -> ConnectService:

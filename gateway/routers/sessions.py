@@ -80,7 +80,7 @@ async def kill_command(session_id: str, command_id: str, tenant: TenantDep,
                        gateway: GatewayDep) -> KillOut:
     """Stop a running command (started with an ``id``) and its process group."""
     session = await gateway.session(tenant, session_id)
-    return KillOut(killed=gateway.kill_command(session, command_id))
+    return KillOut(killed=await gateway.kill_command(session, command_id))
 
 
 @router.post("/{session_id}/interrupt")

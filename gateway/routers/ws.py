@@ -125,7 +125,7 @@ async def _handle(raw: str, gateway: Gateway, tenant: str, session: SessionPort,
         return _rejected(None, MalformedMessage(json.loads(json.dumps(detail, default=str))))
     if isinstance(message, WsKillCommand):
         return CommandKilledFrame(execution_id=message.id, command_id=message.id,
-                                  killed=gateway.kill_command(session, message.id))
+                                  killed=await gateway.kill_command(session, message.id))
     if isinstance(message, WsCommand):
         _start_command(message, gateway, tenant, session, outbox, forwarders)
         return None
@@ -211,7 +211,7 @@ def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: S
                 await outbox.put(frame)
         finally:
             if not runner.done():
-                gateway.kill_command(session, command_id)
+                await gateway.kill_command(session, command_id)
             await asyncio.shield(runner)
 
     task = asyncio.create_task(forward())

@@ -16,7 +16,7 @@ from kernel_pool.events import StreamEvent
 
 
 async def test_command_gives_exit_code_and_output(shared_session: Session) -> None:
-    result = await shared_session.run_command(shared_session.prepare_command(
+    result = await shared_session.run_prepared(shared_session.prepare_command(
         "echo out; echo err >&2; exit 3"))
     assert (result.status, result.exit_code) == ("ok", 3)
     assert (result.stdout, result.stderr) == ("out\n", "err\n")
@@ -26,18 +26,18 @@ async def test_command_gives_exit_code_and_output(shared_session: Session) -> No
 async def test_command_runs_in_workspace_as_sandbox_user_with_env(
         shared_session: Session) -> None:
     await run_ok(shared_session, "import os; os.makedirs('sub', exist_ok=True)")
-    result = await shared_session.run_command(shared_session.prepare_command(
+    result = await shared_session.run_prepared(shared_session.prepare_command(
         'pwd; id -u; echo "$GREETING|$REPLGATE_TEST_GREETING"', env={"GREETING": "hi"},
         cwd="sub"))
     assert result.stdout.splitlines() == [
         "/workspace/sub", "1000", f"hi|{SESSION_ENV['REPLGATE_TEST_GREETING']}"]
-    absolute = await shared_session.run_command(shared_session.prepare_command(
+    absolute = await shared_session.run_prepared(shared_session.prepare_command(
         "pwd", cwd="/workspace/sub"))
     assert absolute.stdout == "/workspace/sub\n"
 
 
 async def test_command_has_no_network(shared_session: Session) -> None:
-    result = await shared_session.run_command(shared_session.prepare_command(
+    result = await shared_session.run_prepared(shared_session.prepare_command(
         "python -c \"import socket; socket.create_connection(('1.1.1.1', 53), 3)\""))
     assert result.exit_code != 0
     assert "unreachable" in result.stderr.lower() or "error" in result.stderr.lower()
@@ -46,7 +46,7 @@ async def test_command_has_no_network(shared_session: Session) -> None:
 async def test_command_streams_output_as_it_comes(shared_session: Session) -> None:
     seen: list[tuple[float, StreamEvent]] = []
     started = time.monotonic()
-    result = await shared_session.run_command(
+    result = await shared_session.run_prepared(
         shared_session.prepare_command("echo first; sleep 1; echo second"),
         lambda event: seen.append((time.monotonic() - started, event)))
     assert result.stdout == "first\nsecond\n"
@@ -56,7 +56,7 @@ async def test_command_streams_output_as_it_comes(shared_session: Session) -> No
 
 async def test_command_timeout_kills_its_process_group(session: Session) -> None:
     started = time.monotonic()
-    result = await session.run_command(session.prepare_command(
+    result = await session.run_prepared(session.prepare_command(
         "sleep 100 & echo started; sleep 100", timeout_s=2))
     assert result.status == "timeout"
     assert result.exit_code is None
@@ -91,14 +91,14 @@ async def test_command_whose_pid_is_unknown_is_still_let_go_at_once(session: Ses
 
 
 async def test_command_ending_kills_its_background_children(session: Session) -> None:
-    result = await session.run_command(session.prepare_command("sleep 100 & echo done"))
+    result = await session.run_prepared(session.prepare_command("sleep 100 & echo done"))
     assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")
     assert not [p for p in await processes(session) if "sleep" in p[2]]
 
 
 async def test_command_is_killed_on_request(session: Session) -> None:
     command = session.prepare_command("echo up; sleep 100")
-    running = asyncio.ensure_future(session.run_command(command))
+    running = asyncio.ensure_future(session.run_prepared(command))
     await asyncio.sleep(1)
     assert session.commands[command.id] is command
     assert command.kill() is True
@@ -109,7 +109,7 @@ async def test_command_is_killed_on_request(session: Session) -> None:
 
 
 async def test_command_flood_is_capped_and_spilled(session: Session) -> None:
-    result = await session.run_command(session.prepare_command(
+    result = await session.run_prepared(session.prepare_command(
         "yes 0123456789abcdef | head -c 30000000", timeout_s=60))
     assert result.status == "ok"
     assert result.truncated is True
@@ -121,7 +121,7 @@ async def test_command_flood_is_capped_and_spilled(session: Session) -> None:
 
 
 async def test_command_fork_bomb_is_contained(session: Session) -> None:
-    result = await session.run_command(session.prepare_command(
+    result = await session.run_prepared(session.prepare_command(
         "bomb() { bomb | bomb & }; bomb; sleep 5", timeout_s=5))
     assert result.status in ("timeout", "ok")
     assert (await session.execute("21 * 2")).outputs[0].data["text/plain"] == "42"
@@ -131,14 +131,14 @@ async def test_command_fork_bomb_is_contained(session: Session) -> None:
 async def test_command_runs_beside_a_running_execution(session: Session) -> None:
     handle = session.submit("import time; time.sleep(3); 'slept'")
     await asyncio.sleep(0.5)
-    result = await session.run_command(session.prepare_command("echo beside"))
+    result = await session.run_prepared(session.prepare_command("echo beside"))
     assert result.stdout == "beside\n"
     assert (await handle.result()).outputs[0].data["text/plain"] == "'slept'"
 
 
 async def test_command_outlives_an_execution_that_ends_beside_it(session: Session) -> None:
     command = session.prepare_command("sleep 3; echo survived")
-    running = asyncio.ensure_future(session.run_command(command))
+    running = asyncio.ensure_future(session.run_prepared(command))
     await asyncio.sleep(0.5)
     await run_ok(session, "1")  # its clean-up kills strays, but not a running command
     assert (await running).stdout == "survived\n"
@@ -165,7 +165,7 @@ async def test_command_on_closed_session_is_refused(pool: object) -> None:
 
 async def test_pause_stops_a_running_command_and_says_so(session: Session) -> None:
     command = session.prepare_command("echo up; sleep 100")
-    running = asyncio.ensure_future(session.run_command(command))
+    running = asyncio.ensure_future(session.run_prepared(command))
     await asyncio.sleep(1)
     info = await session.pause()
     result = await asyncio.wait_for(running, 10)
@@ -184,7 +184,7 @@ async def test_idle_pause_and_cull_wait_for_a_running_command(
     async with pausing_pool(state_root, docker_client, "command-idle", pause_after_s=0.5,
                             idle_ttl_s=1.0, cull_interval_s=0.2) as pool:
         session = await pool.create_session()
-        result = await session.run_command(session.prepare_command("sleep 3; echo done"))
+        result = await session.run_prepared(session.prepare_command("sleep 3; echo done"))
         # Three seconds past both the idle pause (0.5 s) and the idle TTL (1 s): neither came.
         assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "done\n")
         assert not session.paused and not session.closed

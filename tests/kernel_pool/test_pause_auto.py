@@ -85,7 +85,7 @@ async def test_memory_pause_stops_a_running_command_before_its_dump(
         session: Session) -> None:
     await run_ok(session, PROCESS_STATE)
     command = session.prepare_command("sleep 100")
-    running = asyncio.ensure_future(session.run_command(command))
+    running = asyncio.ensure_future(session.run_prepared(command))
     await asyncio.sleep(1)
     info = await session.pause()
     assert info.paused_with == "memory", session.reason

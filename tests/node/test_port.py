@@ -20,17 +20,21 @@ import pytest
 import uvicorn
 
 from kernel_pool import (
+    CommandStatus,
+    ContextNotFound,
     DoneEvent,
     ExecutionHandle,
     ExecutionStatus,
     FileMissing,
     InvalidRequest,
     KernelPool,
+    PathOutsideWorkspace,
     PoolSettings,
     Profile,
     SessionNotFound,
     SessionPort,
     StreamEvent,
+    UnknownLanguage,
 )
 from node.remote import NodeClient, NodeUnreachable, RemoteSession
 from node.server import create_node_app
@@ -200,3 +204,124 @@ async def test_an_unreachable_node_is_named_in_the_error() -> None:
             await lost.info()
     finally:
         await lost.close()
+
+
+async def test_commands_stream_and_are_killed_through_another_handle(node: NodeClient) -> None:
+    session = await _session(node)
+    # Another gateway's view of the same session: a kill from it reaches the node.
+    other = RemoteSession(node, await node.state(session.id))
+    seen: list[StreamEvent] = []
+    try:
+        result = await session.run_command("echo out; echo err >&2; exit 3", emit=seen.append)
+        assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+        assert result.status is CommandStatus.OK
+        assert [(e.type, e.text) for e in seen] == [("stdout", "out\n"), ("stderr", "err\n")]
+        up = asyncio.Event()
+        running = asyncio.ensure_future(session.run_command(
+            "echo up; sleep 100", command_id="c-long", emit=lambda _e: up.set()))
+        await up.wait()
+        assert await other.kill_command("c-long") is True
+        killed = await running
+        assert killed.status is CommandStatus.KILLED and killed.exit_code is None
+        assert await other.kill_command("c-long") is False, "none runs under that id now"
+        timed = await session.run_command("sleep 30", timeout_s=1)
+        assert timed.status is CommandStatus.TIMEOUT and "timeout_s=1" in (timed.reason or "")
+        with pytest.raises(InvalidRequest, match="cmd is empty"):
+            await session.run_command("  ")
+        in_folder = await session.run_command("mkdir -p d && cd d && pwd")
+        assert (await session.run_command("pwd", cwd="/workspace/d")).stdout == \
+            in_folder.stdout
+    finally:
+        await session.close()
+
+
+async def test_a_command_whose_caller_goes_away_is_stopped_on_the_node(
+        node: NodeClient) -> None:
+    session = await _session(node)
+    up = asyncio.Event()
+    try:
+        running = asyncio.ensure_future(session.run_command(
+            "echo up; sleep 5; touch /workspace/survived", emit=lambda _e: up.set()))
+        await up.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await asyncio.sleep(6)
+        assert not any(f.path == "survived" for f in await session.list_files()), \
+            "the command went on running after its caller had gone"
+    finally:
+        await session.close()
+
+
+async def test_the_filesystem_service_over_the_port(node: NodeClient) -> None:
+    session = await _session(node)
+    try:
+        assert await session.make_dir("r/2026") is True
+        assert await session.make_dir("r/2026") is False
+        await session.write_file("r/2026/a.txt", b"abc")
+        assert (await session.stat_path("r/2026/a.txt")).size == 3
+        listed = {e.path: e.kind for e in await session.list_dir("", depth=3)}
+        assert listed == {"r": "dir", "r/2026": "dir", "r/2026/a.txt": "file"}
+        assert [e.path for e in await session.list_dir("r")] == ["r/2026"]
+        moved = await session.move_path("r/2026/a.txt", "s/b.txt")
+        assert moved.path == "s/b.txt" and moved.size == 3
+        await session.remove_path("r")
+        assert {e.path for e in await session.list_dir("")} == {"s"}
+        with pytest.raises(FileMissing):
+            await session.stat_path("r")
+        with pytest.raises(PathOutsideWorkspace):
+            await session.list_dir("../etc")
+    finally:
+        await session.close()
+
+
+async def test_raw_jupyter_requests_are_relayed_until_idle(node: NodeClient) -> None:
+    session = await _session(node)
+    try:
+        await session.submit("import json\nvalue_one = 1").result()
+        seen = [(channel, msg) async for channel, msg in session.relay(
+            "kernel_info_request", {}, channel="control")]
+        kinds = [(channel, msg["msg_type"]) for channel, msg in seen]
+        assert ("control", "kernel_info_reply") in kinds
+        # The reply and the idle status come on two sockets, in either order.
+        assert {"execution_state": "idle"} in [m["content"] for c, m in seen if c == "iopub"]
+        info = next(msg for _, msg in seen if msg["msg_type"] == "kernel_info_reply")
+        assert info["content"]["language_info"]["name"] == "python"
+        assert all(isinstance(msg["buffers"], list) for _, msg in seen)
+        replies = [msg async for channel, msg in session.relay(
+            "complete_request", {"code": "value_o", "cursor_pos": 7}) if channel == "shell"]
+        assert "value_one" in replies[0]["content"]["matches"]
+    finally:
+        await session.close()
+    with pytest.raises(SessionNotFound):
+        async for _ in session.relay("kernel_info_request", {}):
+            pass
+
+
+async def test_code_contexts_of_other_languages_over_the_port(node: NodeClient) -> None:
+    session = await _session(node)
+    other = RemoteSession(node, await node.state(session.id))
+    try:
+        assert "bash" in session.languages
+        result = await session.submit("X=7; echo $X", language="bash").result()
+        assert result.status is ExecutionStatus.OK and result.stdout.strip() == "7"
+        made = await session.create_context("bash")
+        # Made through one gateway, used through another that has not heard of it.
+        ran = await other.submit("echo ${X:-unset}", context_id=made.id).result()
+        assert ran.stdout.strip() == "unset", "a new context has variables of its own"
+        assert {c.id for c in await other.list_contexts()} == {"python", "bash", made.id}
+        await other.restart_context("bash")
+        again = await session.submit("echo ${X:-gone}", language="bash").result()
+        assert again.stdout.strip() == "gone"
+        await session.remove_context(made.id)
+        missing = await other.submit("echo hi", context_id=made.id).result()
+        assert missing.status is ExecutionStatus.DIED and made.id in (missing.reason or "")
+        with pytest.raises(ContextNotFound):
+            await session.remove_context(made.id)
+        with pytest.raises(UnknownLanguage, match="bash"):
+            session.submit("1", language="cobol")
+        with pytest.raises(InvalidRequest, match="runs python"):
+            session.submit("1", language="bash", context_id="python")
+        assert await session.interrupt("bash") is False
+    finally:
+        await session.close()
