@@ -8,24 +8,32 @@ framing (:mod:`.protocol`).
 
 from gateway.jupyter._kernels import (
     DEFAULT_KERNEL,
+    KERNEL_LANGUAGE_KEY,
     JupyterRoute,
-    find_profile,
+    find_kernelspec,
+    interrupt_kernel,
+    kernel_language,
     kernel_model,
     kernelspec,
     kernelspecs,
+    restart_kernel,
     serve_channels,
 )
 from gateway.jupyter._passes import ChannelPasses, channel_passes, peer
 
 __all__ = [
     "DEFAULT_KERNEL",
+    "KERNEL_LANGUAGE_KEY",
     "ChannelPasses",
     "JupyterRoute",
     "channel_passes",
-    "find_profile",
+    "find_kernelspec",
+    "interrupt_kernel",
+    "kernel_language",
     "kernel_model",
     "kernelspec",
     "kernelspecs",
     "peer",
+    "restart_kernel",
     "serve_channels",
 ]

@@ -4,7 +4,9 @@
 history, audit, notebook export) and its outcome is told back as Jupyter messages; the other
 shell and control requests go to the kernel through :meth:`kernel_pool.SessionPort.relay` and its
 replies are rebuilt from their parsed content (:mod:`gateway.jupyter.protocol`). stdin is not
-offered: ``input()`` fails fast.
+offered: ``input()`` fails fast. A kernel of another language than Python runs its executions
+in that language's context; its ``kernel_info_request`` is answered here (the relay reaches
+the session's Python kernel only) and its other requests are refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from typing import Any
 from fastapi import WebSocket
 
 from gateway.errors import DOMAIN_ERRORS, InvalidInput
+from gateway.jupyter._languages import (
+    LANGUAGE_SPECS,
+    interrupt_kernel,
+    restart_kernel,
+)
 from gateway.jupyter.protocol import (
     Message,
     ProtocolError,
@@ -59,8 +66,10 @@ class KernelChannels:
     relays for other requests, and one sender owning the socket's writes (bounded queue)."""
 
     def __init__(self, websocket: WebSocket, gateway: Gateway, tenant: str, session: SessionPort,
-                 binary: bool) -> None:
+                 binary: bool, language: str = "python") -> None:
         self.websocket = websocket
+        self.language = language
+        """The language its executions run in (its kernelspec's)."""
         self.gateway = gateway
         self.tenant = tenant
         self.session = session
@@ -155,10 +164,12 @@ class KernelChannels:
         if kind == "execute_request":
             await self._enqueue(request)
         elif kind == "interrupt_request":
-            await self.session.interrupt()
+            await interrupt_kernel(self.gateway, self.tenant, self.session)
             await self._reply(request, "interrupt_reply", {"status": "ok"})
         elif kind == "shutdown_request":
             self._spawn(self._shutdown(request))
+        elif kind in RELAYED and self.language != "python":
+            await self._answer_here(request)
         elif kind in RELAYED:
             if len(self._tasks) >= MAX_RELAYS:
                 await self._reply(request, kind.removesuffix("_request") + "_reply", {
@@ -179,8 +190,28 @@ class KernelChannels:
         ``DELETE /api/kernels/{id}`` (what jupyter_server sends) or the idle cull."""
         restart = request.content.get("restart") is True
         if restart:
-            await self.gateway.restart(self.tenant, self.session.id)
+            await restart_kernel(self.gateway, self.tenant, self.session)
         await self._reply(request, "shutdown_reply", {"status": "ok", "restart": restart})
+
+    # -- requests to a kernel of another language -------------------------------------------
+
+    async def _answer_here(self, request: Message) -> None:
+        """``kernel_info`` from the language's spec (what nbclient needs); the others are
+        refused, the kernel being out of the relay's reach."""
+        kind = request.msg_type
+        await self._status(request, "busy")
+        if kind == "kernel_info_request":
+            spec = LANGUAGE_SPECS[self.language]
+            await self._reply(request, "kernel_info_reply", {
+                "status": "ok", "protocol_version": "5.3", "implementation": spec.name,
+                "implementation_version": "", "language_info": spec.language_info,
+                "banner": f"{spec.display_name}, a code context of a replgate session",
+                "help_links": [], "debugger": False})
+        else:
+            await self._reply(request, kind.removesuffix("_request") + "_reply", {
+                "status": "error", "ename": "NotOffered", "traceback": [],
+                "evalue": f"{kind} is answered by Python kernels only here"})
+        await self._status(request, "idle")
 
     # -- relayed requests --------------------------------------------------------------------
 
@@ -247,6 +278,14 @@ class KernelChannels:
             "traceback": error.traceback})
         await self._status(request, "idle")
 
+    async def _next_count(self) -> int:
+        """The kernel's count for the execution just submitted (its done event says it for
+        sure)."""
+        if self.language == "python":
+            return self.session.execution_count + self.session.pending
+        contexts = await self.session.list_contexts()
+        return next((c.execution_count for c in contexts if c.id == self.language), 0) + 1
+
     async def _execute(self, request: Message) -> bool:
         """Run one execute_request through the engine; True when it ended ``ok``."""
         code, silent = request.content.get("code"), request.content.get("silent") is True
@@ -255,11 +294,13 @@ class KernelChannels:
         try:
             if not isinstance(code, str):
                 raise InvalidInput("execute_request content.code must be a string")
-            handle = self.gateway.submit(self.tenant, self.session, code, None)
+            handle = self.gateway.submit(
+                self.tenant, self.session, code, None,
+                language=None if self.language == "python" else self.language)
         except DOMAIN_ERRORS as exc:
             await self._fail(request, type(exc).__name__, str(exc))
             return False
-        count = self.session.execution_count + self.session.pending  # the kernel's next count
+        count = await self._next_count()
         if not silent:
             await self._send(request, "iopub", "execute_input",
                              {"code": code, "execution_count": count})

@@ -1,7 +1,10 @@
 """Jupyter's view of replgate: profiles as kernelspecs, sessions as kernels, its error shape.
 
 A kernel is a session of the caller's tenant (ids are dashed UUIDs, which jupyter_server's URL
-patterns require); the default profile is the kernelspec ``python3``.
+patterns require); the default profile is the kernelspec ``python3``. Each other language a
+profile's image offers is a kernelspec too, named as its own kernel's (``ir``, ``deno``,
+``bash``; another profile's prefixed: ``big-ir``): a kernel of it is a session whose
+executions run in that language's context (:data:`KERNEL_LANGUAGE_KEY` in its metadata).
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ from gateway.errors import (
     status_for,
 )
 from gateway.jupyter._channels import KernelChannels
+from gateway.jupyter._languages import (
+    KERNEL_LANGUAGE_KEY,
+    LANGUAGE_SPECS,
+    interrupt_kernel,
+    kernel_language,
+    restart_kernel,
+)
 from gateway.jupyter._passes import PASS_TTL_S, channel_passes, peer
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
 from gateway.service import Gateway
 from gateway.wire import KernelModel
-from kernel_pool import Profile, SessionPort, SessionStatus
+from kernel_pool import KernelPool, Profile, SessionPort, SessionStatus
 
-__all__ = ["DEFAULT_KERNEL", "JupyterRoute", "find_profile", "kernel_model", "kernelspec",
-           "kernelspecs", "serve_channels"]
+__all__ = ["DEFAULT_KERNEL", "KERNEL_LANGUAGE_KEY", "JupyterRoute", "find_kernelspec",
+           "interrupt_kernel", "kernel_language", "kernel_model", "kernelspec", "kernelspecs",
+           "restart_kernel", "serve_channels"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,34 +75,56 @@ class JupyterRoute(APIRoute):
         return route
 
 
-def kernel_name(profile: str) -> str:
-    return DEFAULT_KERNEL if profile == "default" else profile
+def kernel_name(profile: str, language: str = "python") -> str:
+    """The kernelspec of ``language`` in ``profile``'s sessions."""
+    if language == "python":
+        return DEFAULT_KERNEL if profile == "default" else profile
+    own = LANGUAGE_SPECS[language].name
+    return own if profile == "default" else f"{profile}-{own}"
 
 
-def kernelspec(profile: Profile) -> dict[str, Any]:
-    name = kernel_name(profile.name)
+def kernelspec(profile: Profile, language: str = "python") -> dict[str, Any]:
     label = "sandbox" if profile.name == "default" else profile.name
-    return {"name": name, "resources": {}, "spec": {
-        "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python 3 (replgate {label})", "language": "python",
-        "interrupt_mode": "message", "env": {},
-        "metadata": {"replgate": {"profile": profile.name, "memory": profile.memory,
-                                  "cpus": profile.cpus, "timeout_s": profile.default_timeout_s,
-                                  "max_timeout_s": profile.max_timeout_s}}}}
+    metadata = {"replgate": {"profile": profile.name, "language": language,
+                             "memory": profile.memory, "cpus": profile.cpus,
+                             "timeout_s": profile.default_timeout_s,
+                             "max_timeout_s": profile.max_timeout_s}}
+    if language == "python":
+        spec: dict[str, Any] = {
+            "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python 3 (replgate {label})", "language": "python",
+            "interrupt_mode": "message"}
+    else:
+        own = LANGUAGE_SPECS[language]
+        spec = {"argv": own.argv, "display_name": f"{own.display_name} (replgate {label})",
+                "language": own.language, "interrupt_mode": own.interrupt_mode}
+    return {"name": kernel_name(profile.name, language), "resources": {},
+            "spec": {**spec, "env": {}, "metadata": metadata}}
 
 
-def kernelspecs(gateway: Gateway) -> dict[str, Any]:
-    return {"default": DEFAULT_KERNEL,
-            "kernelspecs": {kernel_name(p.name): kernelspec(p) for p in gateway.profiles()}}
+async def profile_languages(gateway: Gateway, profile: Profile) -> list[str]:
+    """The kernels ``profile``'s sessions offer, Python first (TypeScript runs in Deno's, so
+    it has none of its own); sessions through nodes run Python alone."""
+    if not isinstance(gateway.pool, KernelPool):
+        return ["python"]
+    offered = await gateway.pool.languages(profile.name)
+    return ["python", *(name for name in offered if name in LANGUAGE_SPECS)]
 
 
-def find_profile(gateway: Gateway, name: str) -> Profile:
-    """The profile a kernelspec name stands for; :class:`NotFound` for an unknown one."""
-    wanted = "default" if name == DEFAULT_KERNEL else name
-    profile = next((p for p in gateway.profiles() if p.name == wanted), None)
-    if profile is None or kernel_name(profile.name) != name:
-        raise NotFound(f"no kernelspec named {name!r}; GET /api/kernelspecs lists them")
-    return profile
+async def kernelspecs(gateway: Gateway) -> dict[str, Any]:
+    specs = [kernelspec(profile, language) for profile in gateway.profiles()
+             for language in await profile_languages(gateway, profile)]
+    return {"default": DEFAULT_KERNEL, "kernelspecs": {spec["name"]: spec for spec in specs}}
+
+
+async def find_kernelspec(gateway: Gateway, name: str) -> tuple[Profile, str]:
+    """The profile and language a kernelspec name stands for; :class:`NotFound` for an
+    unknown one."""
+    for profile in gateway.profiles():
+        for language in await profile_languages(gateway, profile):
+            if kernel_name(profile.name, language) == name:
+                return profile, language
+    raise NotFound(f"no kernelspec named {name!r}; GET /api/kernelspecs lists them")
 
 
 def connections(app: FastAPI) -> Counter[str]:
@@ -104,7 +137,8 @@ def connections(app: FastAPI) -> Counter[str]:
 
 def kernel_model(session: SessionPort, app: FastAPI) -> KernelModel:
     active = datetime.fromisoformat(session.last_active_at).astimezone(UTC)
-    return KernelModel(id=session.id, name=kernel_name(session.profile.name),
+    return KernelModel(id=session.id,
+                       name=kernel_name(session.profile.name, kernel_language(session)),
                        last_activity=active.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                        # Jupyter knows no "paused": such a kernel is idle, resumed on use.
                        execution_state="idle" if session.status is SessionStatus.PAUSED
@@ -140,7 +174,8 @@ async def serve_channels(websocket: WebSocket, kernel_id: str) -> None:
     counter = connections(websocket.app)
     counter[session.id] += 1
     try:
-        await KernelChannels(websocket, gateway, tenant, session, binary).serve()
+        await KernelChannels(websocket, gateway, tenant, session, binary,
+                             kernel_language(session)).serve()
     finally:
         counter[session.id] -= 1
         if counter[session.id] <= 0:

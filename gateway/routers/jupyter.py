@@ -21,15 +21,18 @@ from gateway import __version__
 from gateway.deps import GatewayDep, TenantDep
 from gateway.jupyter import (
     DEFAULT_KERNEL,
+    KERNEL_LANGUAGE_KEY,
     JupyterRoute,
     channel_passes,
-    find_profile,
+    find_kernelspec,
     kernel_model,
     kernelspec,
     kernelspecs,
     peer,
     serve_channels,
 )
+from gateway.jupyter import interrupt_kernel as interrupt_kernel_of
+from gateway.jupyter import restart_kernel as restart_kernel_of
 from gateway.wire import KernelCreate, KernelModel, SessionCreate
 
 router = APIRouter(tags=["jupyter"], route_class=JupyterRoute)
@@ -42,12 +45,12 @@ async def api_version(tenant: TenantDep) -> dict[str, str]:
 
 @router.get("/api/kernelspecs")
 async def list_kernelspecs(tenant: TenantDep, gateway: GatewayDep) -> dict[str, Any]:
-    return kernelspecs(gateway)
+    return await kernelspecs(gateway)
 
 
 @router.get("/api/kernelspecs/{name}")
 async def get_kernelspec(name: str, tenant: TenantDep, gateway: GatewayDep) -> dict[str, Any]:
-    return kernelspec(find_profile(gateway, name))
+    return kernelspec(*await find_kernelspec(gateway, name))
 
 
 @router.get("/api/kernels")
@@ -59,11 +62,14 @@ async def list_kernels(request: Request, tenant: TenantDep,
 @router.post("/api/kernels", status_code=status.HTTP_201_CREATED)
 async def start_kernel(request: Request, response: Response, tenant: TenantDep,
                        gateway: GatewayDep, body: KernelCreate | None = None) -> KernelModel:
-    """A new session on a warm kernel; ``env`` reaches the kernel as given."""
+    """A new session on a warm kernel; ``env`` reaches the kernel as given. Another
+    language's kernelspec gives a session whose executions run in that language's context."""
     body = body or KernelCreate()
-    profile = find_profile(gateway, body.name or DEFAULT_KERNEL)
+    profile, language = await find_kernelspec(gateway, body.name or DEFAULT_KERNEL)
+    metadata = {} if language == "python" else {KERNEL_LANGUAGE_KEY: language}
     session = await gateway.create_session(
-        tenant, SessionCreate(profile=profile.name, env=body.env), session_id=str(uuid.uuid4()))
+        tenant, SessionCreate(profile=profile.name, env=body.env, metadata=metadata),
+        session_id=str(uuid.uuid4()))
     response.headers["Location"] = f"/api/kernels/{session.id}"
     channel_passes(request.app).grant(session.id, tenant, peer(request))
     return kernel_model(session, request.app)
@@ -87,7 +93,7 @@ async def delete_kernel(kernel_id: str, request: Request, tenant: TenantDep,
 
 @router.post("/api/kernels/{kernel_id}/interrupt", status_code=status.HTTP_204_NO_CONTENT)
 async def interrupt_kernel(kernel_id: str, tenant: TenantDep, gateway: GatewayDep) -> Response:
-    await gateway.interrupt(tenant, kernel_id)
+    await interrupt_kernel_of(gateway, tenant, await gateway.session(tenant, kernel_id))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -95,7 +101,8 @@ async def interrupt_kernel(kernel_id: str, tenant: TenantDep, gateway: GatewayDe
 async def restart_kernel(kernel_id: str, request: Request, tenant: TenantDep,
                          gateway: GatewayDep) -> KernelModel:
     """A fresh kernel on the same workspace: variables gone, files kept."""
-    model = kernel_model(await gateway.restart(tenant, kernel_id), request.app)
+    session = await restart_kernel_of(gateway, tenant, await gateway.session(tenant, kernel_id))
+    model = kernel_model(session, request.app)
     channel_passes(request.app).grant(kernel_id, tenant, peer(request))
     return model
 

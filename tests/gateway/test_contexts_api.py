@@ -108,3 +108,31 @@ def test_notebook_tags_cells_with_their_language(client: httpx.Client, sid: str)
                  for cell in notebook.cells]
     assert languages[-2:] == ["python", "r"]
     assert notebook.cells[-1].metadata["vscode"] == {"languageId": "r"}
+
+
+def test_jupyter_api_offers_each_language_and_runs_r(polyglot_gateway: GatewayProcess,
+                                                     client: httpx.Client) -> None:
+    specs = client.get("/api/kernelspecs").json()["kernelspecs"]
+    assert set(specs) == {"python3", "ir", "deno", "bash"}
+    assert (specs["ir"]["spec"]["language"], specs["deno"]["spec"]["language"]) == (
+        "R", "typescript")
+    started = client.post("/api/kernels", json={"name": "ir"})
+    assert started.status_code == 201 and started.json()["name"] == "ir", started.text
+    kid = started.json()["id"]
+    url = polyglot_gateway.url.replace("http", "ws", 1) + f"/api/kernels/{kid}/channels"
+    request = {"header": {"msg_id": "r-1", "msg_type": "execute_request", "session": "s",
+                          "username": "test", "version": "5.3", "date": ""},
+               "parent_header": {}, "metadata": {}, "channel": "shell",
+               "content": {"code": "x <- 6 * 7\ncat(x)", "silent": False}}
+    try:
+        with connect(url, additional_headers=polyglot_gateway.headers()) as ws:
+            ws.send(json.dumps(request))
+            replies: list[dict[str, Any]] = []
+            while not replies or replies[-1]["msg_type"] != "execute_reply":
+                message = json.loads(ws.recv(timeout=60))
+                if message["parent_header"].get("msg_id") == "r-1":
+                    replies.append(message)
+    finally:
+        assert client.delete(f"/api/kernels/{kid}").status_code == 204
+    printed = [m["content"]["text"] for m in replies if m["msg_type"] == "stream"]
+    assert printed == ["42"] and replies[-1]["content"]["status"] == "ok", replies

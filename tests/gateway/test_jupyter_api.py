@@ -624,3 +624,69 @@ def test_jupyter_execute_ignores_kernel_manager_class(tmp_path: Path) -> None:
                  "--output=out.ipynb", "in.ipynb"], env, tmp_path)
     cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0]
     assert cell.outputs[0]["data"]["text/plain"] == repr(str(tmp_path))  # the local kernel's
+
+
+# -- kernels of other languages ----------------------------------------------------------------
+
+BASH_NOTEBOOK = nbformat.v4.new_notebook(
+    metadata={"kernelspec": {"name": "bash", "display_name": "Bash", "language": "bash"}},
+    cells=[nbformat.v4.new_code_cell("answer=$((6 * 7))\ncd /tmp"),
+           nbformat.v4.new_code_cell('echo "$answer in $(pwd) as $(id -u)"')])
+
+
+def test_kernelspecs_list_each_language_of_the_image(alpha: httpx.Client) -> None:
+    specs = alpha.get("/api/kernelspecs").json()["kernelspecs"]
+    assert {"python3", "bash"} <= set(specs) and "ir" not in specs  # the default image's
+    bash = specs["bash"]
+    assert bash["name"] == "bash" and bash["resources"] == {}
+    assert bash["spec"]["language"] == "bash" and bash["spec"]["metadata"]["replgate"][
+        "language"] == "bash"
+    assert set(bash["spec"]) == set(specs["python3"]["spec"])
+    assert alpha.get("/api/kernelspecs/bash").json() == bash
+    assert alpha.post("/api/kernels", json={"name": "ir"}).status_code == 404
+
+
+async def test_a_bash_kernel_runs_bash_over_its_channels(gateway: GatewayProcess,
+                                                         api: httpx.AsyncClient) -> None:
+    answer = await api.post("/api/kernels", json={"name": "bash"})
+    assert answer.status_code == 201, answer.text
+    kid = answer.json()["id"]
+    try:
+        assert answer.json()["name"] == "bash"
+        async with channels(gateway, kid) as ch:
+            info_id = await ch.send("kernel_info_request", {})
+            info = of_type(await ch.collect(info_id), "kernel_info_reply")[0]["content"]
+            first = await ch.execute("n=5; echo $((n * 2))")
+            failed = await ch.execute("ls /nowhere")
+            assert (await api.post(f"/api/kernels/{kid}/restart")).status_code == 200
+            after = await ch.execute("echo ${n:-gone}")
+        assert info["language_info"]["name"] == "bash" and info["status"] == "ok"
+        assert stdout(first) == "10\n"
+        assert of_type(first, "execute_reply")[0]["content"]["status"] == "ok"
+        assert of_type(failed, "execute_reply")[0]["content"]["status"] == "error"
+        assert stdout(after) == "gone\n"  # the restart gave bash a fresh shell
+        history = (await api.get(f"/v1/sessions/{kid}/executions")).json()
+        assert history[0]["result"]["language"] == "bash"
+    finally:
+        assert (await api.delete(f"/api/kernels/{kid}")).status_code == 204
+
+
+RUN_NAMED_NOTEBOOK = RUN_NOTEBOOK.replace(
+    "timeout=60).execute()",
+    "timeout=60).execute(kernel_name=nb.metadata.kernelspec.name)")
+"""nbclient naming the notebook's kernelspec to the kernel manager: GatewayKernelManager's
+start_kernel reads the name from its arguments alone (python3 otherwise), which nbclient
+passes only when told (jupyter_server's own kernel manager passes it)."""
+
+
+def test_nbclient_runs_a_bash_notebook_on_the_gateway(gateway: GatewayProcess,
+                                                      tmp_path: Path) -> None:
+    """nbclient through jupyter_server's GatewayKernelManager, the notebook's kernelspec
+    ``bash``: its cells run in the sandbox's bash, one shell for the whole notebook."""
+    assert RUN_NAMED_NOTEBOOK != RUN_NOTEBOOK
+    nbformat.write(BASH_NOTEBOOK, tmp_path / "in.ipynb")
+    run_jupyter([sys.executable, "-c", RUN_NAMED_NOTEBOOK, "in.ipynb", "out.ipynb"],
+                jupyter_gateway_env(gateway, tmp_path), tmp_path)
+    ran = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert ran.cells[1].outputs[0]["text"] == "42 in /tmp as 1000\n"
+    assert ran.metadata["language_info"]["name"] == "bash"

@@ -33,8 +33,8 @@ from tests.conftest import GatewayProcess
 
 REPLGATE = Path(sys.executable).with_name("replgate")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TOOLS = ["execute_python", "execute_code", "upload_file", "read_file", "list_files", "restart_kernel",
-         "export_notebook", "run_shell", "fork_session"]
+TOOLS = ["execute_python", "execute_code", "upload_file", "read_file", "list_files",
+         "restart_kernel", "export_notebook", "run_shell", "fork_session"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
