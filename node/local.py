@@ -59,8 +59,11 @@ class LocalCluster:
 
     def __init__(self, folder: Path, database_url: str, *, nodes: int = 3, gateways: int = 2,
                  gateway_port: int = 8000, node_port: int = 7070,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str = "") -> None:
+        """``name``: a prefix of the nodes' ids (their containers' owner label), to tell
+        clusters of one engine apart."""
         self.folder = folder
+        self.name = name
         self.database_url = database_url
         self.api_key = generate_api_key()
         self.certs: ClusterCerts = make_cluster_certs(folder / "certs")
@@ -72,7 +75,7 @@ class LocalCluster:
                          for i in range(1, gateways + 1)]
 
     def _node(self, index: int, port: int, base: dict[str, str]) -> Member:
-        name = f"node-{index}"
+        name = f"{self.name}node-{index}"
         state = self.folder / name
         env = {**base, "REPLGATE_STATE_DIR": str(state), "REPLGATE_TLS_CA": str(self.certs.ca),
                "REPLGATE_TLS_CERT": str(self.certs.node_cert),

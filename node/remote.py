@@ -14,7 +14,7 @@ import contextlib
 import logging
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -79,6 +79,29 @@ _ENTRIES = TypeAdapter(list[Entry])
 _CONTEXTS = TypeAdapter(list[ContextInfo])
 
 
+MINE_KEPT = 1024
+"""Executions submitted here whose ids a session remembers, so its followed stream does not
+tell of them twice (each one's own stream does)."""
+FOLLOW_AGAIN_S = 1.0
+"""The wait before a session's events are followed again after the stream broke."""
+
+
+class _Followed(list["TransferListener"]):
+    """A session's transfer listeners, which tell it when their number changes."""
+
+    def __init__(self, changed: Callable[[], None]) -> None:
+        super().__init__()
+        self._changed = changed
+
+    def append(self, listener: TransferListener) -> None:
+        super().append(listener)
+        self._changed()
+
+    def remove(self, listener: TransferListener) -> None:
+        super().remove(listener)
+        self._changed()
+
+
 class NodeUnreachable(KernelUnavailable):
     """The session's node did not answer (down, restarting, or the network between)."""
 
@@ -118,12 +141,13 @@ class NodeClient:
         return answer.model_validate_json(response.content)
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, body: BaseModel,
+    async def stream(self, path: str, body: BaseModel | None,
                      session_id: str) -> AsyncIterator[AsyncIterator[Frame]]:
-        """A streamed answer, as frames."""
+        """A streamed answer, as frames (to a POST of ``body``; a GET without one)."""
         request = self._http.build_request(
-            "POST", path, content=body.model_dump_json(),
-            headers={"content-type": "application/json"},
+            "GET" if body is None else "POST", path,
+            content=None if body is None else body.model_dump_json(),
+            headers={} if body is None else {"content-type": "application/json"},
             # An execution's events may be minutes apart: only a silent connection times out.
             timeout=httpx.Timeout(None, connect=5.0))
         try:
@@ -193,7 +217,14 @@ class RemoteSession:
     def __init__(self, client: NodeClient, state: SessionState) -> None:
         self.client = client
         self.listeners: list[Listener] = []
-        self.transfer_listeners: list[TransferListener] = []
+        self.transfer_listeners: list[TransferListener] = _Followed(self._follow_or_not)
+        self._following: asyncio.Task[None] | None = None
+        self.followed = asyncio.Event()
+        """Set while the session's events on its node are followed (see :meth:`_follow`)."""
+        self._mine: dict[str, None] = {}
+        """The latest executions submitted here (their events come from their own stream)."""
+        self._theirs: dict[str, ExecutionHandle] = {}
+        """Executions submitted through other gateways, followed here, until done."""
         self._pending: list[ExecutionHandle] = []
         self._tasks: set[asyncio.Task[None]] = set()
         # Executions reach the node in the order they were submitted here: each holds it from
@@ -269,6 +300,9 @@ class RemoteSession:
                                  language=sent_as, context_id=context)
         handle.gate = gate
         self._pending.append(handle)
+        self._mine[handle.id] = None
+        if len(self._mine) > MINE_KEPT:
+            del self._mine[next(iter(self._mine))]
         task = asyncio.create_task(self._execute(handle, language, context_id),
                                    name=f"remote-exec-{handle.id}")
         self._tasks.add(task)
@@ -319,8 +353,10 @@ class RemoteSession:
                     elif frame.event is not None:
                         self._publish(handle, frame.event)
                         if isinstance(frame.event, DoneEvent):
+                            # Read on to the stream's end (it ends after done): a response
+                            # left unread closes its connection, and the next execution
+                            # would pay a new TLS handshake.
                             self._ended(frame.event)
-                            break
             if handle.done is None:
                 raise NodeUnreachable(self.id, f"its node {self.node} ended the execution's "
                                       "stream before it was done")
@@ -411,8 +447,74 @@ class RemoteSession:
     def abandon(self) -> None:
         """End the session on this side only (its node is gone, or removes it itself)."""
         self._closed = True
+        if self._following is not None:
+            self._following.cancel()
         for task in list(self._tasks):
             task.cancel()
+
+    # -- following the session on its node ----------------------------------------------------
+
+    def _follow_or_not(self) -> None:
+        """Follow the session's events on its node while anyone listens to its transfers (a
+        session socket, a watcher): pauses and resumes, and executions submitted through
+        other gateways, reach them then as they reach a local session's listeners."""
+        wanted = bool(self.transfer_listeners) and not self._closed
+        if wanted and (self._following is None or self._following.done()):
+            self._following = asyncio.create_task(self._follow(), name=f"follow-{self.id}")
+        elif not wanted and self._following is not None:
+            self._following.cancel()
+            self._following = None
+            self.followed.clear()
+
+    async def _follow(self) -> None:
+        """Hear the node's stream of the session's events, again after a break, until no one
+        listens or the session is gone."""
+        while not self._closed:
+            try:
+                async with self.client.stream(f"/sessions/{self.id}/events", None,
+                                              self.id) as frames:
+                    async for frame in frames:
+                        self._heard(frame)
+            except (SessionNotFound, SessionClosed):
+                return
+            except KernelPoolError as exc:
+                logger.info("following session %s: %s; following again", self.id, exc)
+            finally:
+                self.followed.clear()
+                for handle in self._theirs.values():  # their ends went unheard
+                    self._publish(handle, DoneEvent(
+                        status=ExecutionStatus.DIED, execution_count=None, duration_ms=0.0,
+                        reason="its events were lost on the way from the node; its history "
+                               "has its result"))
+                self._theirs.clear()
+            await asyncio.sleep(FOLLOW_AGAIN_S)
+
+    def _heard(self, frame: Frame) -> None:
+        if frame.accepted is not None:
+            self.apply(frame.accepted)
+            self.followed.set()
+        elif frame.transfer is not None:
+            transfer = frame.transfer
+            self.transfer = transfer if transfer.state == "running" else None
+            for listener in list(self.transfer_listeners):
+                try:
+                    listener(self, transfer)
+                except Exception:
+                    logger.exception("session transfer listener failed")
+        elif frame.started is not None and frame.started.execution_id not in self._mine:
+            started = frame.started
+            handle = ExecutionHandle(started.execution_id, started.code, started.timeout_s,
+                                     language=started.language, context_id=started.context_id)
+            handle.dequeued_ns = handle.submitted_ns
+            self._theirs[handle.id] = handle
+            self._notify(handle, None)
+        elif frame.executed is not None:
+            theirs = self._theirs.get(frame.executed.execution_id)
+            if theirs is not None:  # (one begun before this side followed is not told)
+                self._publish(theirs, frame.executed.event)
+                if isinstance(frame.executed.event, DoneEvent):
+                    self._ended(frame.executed.event)
+                    del self._theirs[theirs.id]
 
     async def _state_call(self, method: str, action: str) -> SessionState:
         state: SessionState = await self.client.call(
@@ -478,13 +580,18 @@ class RemoteSession:
         try:
             async with self.client.stream(f"/sessions/{self.id}/commands", request,
                                           self.id) as frames:
+                # Read to the stream's end (it ends after the result): a response left
+                # unread would close its connection.
+                result: CommandResult | None = None
                 async for frame in frames:
                     if frame.error is not None:
                         raise error_from(frame.error)
                     if isinstance(frame.event, StreamEvent) and emit is not None:
                         emit(frame.event)
                     elif frame.command is not None:
-                        return frame.command
+                        result = frame.command
+            if result is not None:
+                return result
         except asyncio.CancelledError:
             # The closed stream stops it on the node too; the kill makes sure of it at once.
             with contextlib.suppress(Exception):

@@ -200,3 +200,58 @@ async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
         assert back.status_code == 200 and back.json()["state"] == "up"
         metrics = await first.get("/metrics")
         assert metrics.status_code == 200 and "replgate_sessions " in metrics.text
+
+
+async def test_postgresql_restarted_under_load_loses_nothing(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with _client(one) as first, _client(two, key_of=one) as second:
+        sids = [(await _create(first))["id"] for _ in range(2)]
+        answered: dict[str, list[int]] = {sid: [] for sid in sids}
+        statuses: list[int] = []
+        stop = asyncio.Event()
+
+        async def load(client: httpx.AsyncClient, sid: str) -> None:
+            index = 0
+            while not stop.is_set():
+                index += 1
+                try:
+                    answer = await client.post(f"/v1/sessions/{sid}/execute",
+                                               json={"code": f"n = {index}"})
+                except httpx.HTTPError:
+                    continue
+                statuses.append(answer.status_code)
+                if answer.status_code == 200:
+                    answered[sid].append(index)
+                await asyncio.sleep(0.05)
+
+        workers = [asyncio.create_task(load(client, sid))
+                   for client, sid in ((first, sids[0]), (second, sids[1]))]
+        try:
+            await asyncio.sleep(1)
+            restart = await asyncio.create_subprocess_exec(
+                "pg_ctlcluster", *_postgres_cluster(), "restart")
+            assert await restart.wait() == 0
+            await asyncio.sleep(3)
+        finally:
+            stop.set()
+            await asyncio.gather(*workers)
+        try:
+            assert set(statuses) <= {200, 503}, f"only 503 while the database was away: {statuses}"
+            for sid in sids:
+                result = await _run(second, sid, "n")
+                assert result["status"] == "ok"
+                history = (await first.get(f"/v1/sessions/{sid}/executions")).json()
+                recorded = {h["code"] for h in history if h["status"] == "ok"}
+                missing = [i for i in answered[sid] if f"n = {i}" not in recorded]
+                assert not missing, f"answered 200 but not in the history: {missing}"
+            assert len([s for s in statuses if s == 200]) > 10
+        finally:
+            for sid in sids:
+                await first.delete(f"/v1/sessions/{sid}")
+
+
+def _postgres_cluster() -> list[str]:
+    """The version and name of the local PostgreSQL cluster the tests use."""
+    listed = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, check=True)
+    version, name = listed.stdout.split()[:2]
+    return [version, name]
