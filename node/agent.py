@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from gateway.governance import load_policy
 from gateway.settings import Settings
 from gateway.store import RecordNotFound, Store
+from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
 from node.registry import Fenced, Registry
 from node.server import create_node_app
@@ -137,3 +138,8 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
                                                   settings.tls_ca))
     uvicorn.Server(config).run(sockets=[sock])
+    # Spans of the node's requests join the gateway's trace (its httpx calls carry the
+    # traceparent): an execution's trace shows the hop and the node's side of it.
+    tracing = setup_tracing()
+    if tracing is not None:
+        tracing.instrument_app(app)

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.errors import status_for
 from kernel_pool import (
+from gateway.metrics import Metrics
     ContextInfo,
     EgressAttempt,
     Entry,
@@ -316,3 +317,10 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
 
 
 __all__ = ["create_node_app"]
+    figures = Metrics(pool)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """The node's kernels and sessions, as Prometheus text (over mutual TLS, as all)."""
+        return Response(figures.render(), media_type="text/plain; version=0.0.4")
+
