@@ -17,8 +17,8 @@ from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.errors import status_for
-from kernel_pool import (
 from gateway.metrics import Metrics
+from kernel_pool import (
     ContextInfo,
     EgressAttempt,
     Entry,
@@ -312,11 +312,6 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "node": node_id}
 
-    app.include_router(router)
-    return app
-
-
-__all__ = ["create_node_app"]
     figures = Metrics(pool)
 
     @app.get("/metrics")
@@ -324,3 +319,8 @@ __all__ = ["create_node_app"]
         """The node's kernels and sessions, as Prometheus text (over mutual TLS, as all)."""
         return Response(figures.render(), media_type="text/plain; version=0.0.4")
 
+    app.include_router(router)
+    return app
+
+
+__all__ = ["create_node_app"]
