@@ -23,8 +23,8 @@ from fastapi import FastAPI
 
 from gateway.governance import load_policy
 from gateway.settings import Settings
-from gateway.store import RecordNotFound, Store
 from gateway.tracing import setup_tracing
+from gateway.store import RecordNotFound, Store
 from kernel_pool import KernelPool, SessionPort
 from node.registry import Fenced, Registry
 from node.server import create_node_app
@@ -133,13 +133,13 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
 
     pool = KernelPool(pool_settings)
     app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan)
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
-                            timeout_keep_alive=settings.http_keep_alive_s,
-                            **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
-                                                  settings.tls_ca))
-    uvicorn.Server(config).run(sockets=[sock])
     # Spans of the node's requests join the gateway's trace (its httpx calls carry the
     # traceparent): an execution's trace shows the hop and the node's side of it.
     tracing = setup_tracing()
     if tracing is not None:
         tracing.instrument_app(app)
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=settings.http_keep_alive_s,
+                            **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
+                                                  settings.tls_ca))
+    uvicorn.Server(config).run(sockets=[sock])
