@@ -74,8 +74,10 @@ class DockerContextSandbox(Sandbox):
         self._pid = 0
         self._pidfd: int | None = None
         self._exit_code: int | None = None
-        # Deno's kernel is its relay's child: it and the relay are spared by a clean-up.
-        self._kernel_levels = 2 if language == "javascript" else 1
+        # Deno's kernel is its relay's child, bash_kernel's shell its child (pexpect's): both
+        # levels are spared by a clean-up (a killed shell made the next execution "Restarting
+        # Bash" without running its code).
+        self._kernel_levels = 2 if language in ("javascript", "bash") else 1
 
     @property
     def _socket_dir(self) -> Path:

@@ -1,0 +1,136 @@
+"""Hostile code in R, JavaScript (Deno) and bash: a few cases per language, on the polyglot image.
+
+The same limits as ``test_hostile_code.py``'s gateway (512 MiB, 128 processes), and the same
+verdicts from outside: the answer's status within its time limit, the sandbox's pids cgroup,
+the session usable afterwards in that language and in Python. A context's kernel runs in the
+session's own container, so every rule of the sandbox holds for it: no network, a read-only
+system, the pids limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from kernel_pool.backends.docker import build_polyglot_image
+from tests.conftest import containers_of, make_gateway
+from tests.security.conftest import GRACE_S, LIMITS, RESTART_BUDGET_S, Hostile, brief
+
+LANGUAGES = ["r", "javascript", "bash"]
+LOOPS = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while :; do :; done"}
+BOMB = "b(){ b|b& }; b"
+BOMBS = {
+    "r": f"system('{BOMB}')\nSys.sleep(3)",
+    "javascript": (f"new Deno.Command('sh', {{args: ['-c', '{BOMB}']}}).spawn();\n"
+                   "await new Promise((done) => setTimeout(done, 3000))"),
+    "bash": ":(){ :|:& };:\nsleep 3",
+}
+OUTSIDE = {  # each prints 'refused' and the reason when the write fails
+    "r": ("tryCatch(writeLines('x', '/usr/evil'), warning = function(w) cat('refused',"
+          " conditionMessage(w)), error = function(e) cat('refused', conditionMessage(e)))"),
+    "javascript": ("try { Deno.writeTextFileSync('/usr/evil', 'x') }"
+                   " catch (e) { console.log('refused', e.name) }"),
+    "bash": "echo x > /usr/evil || echo refused",
+}
+NETWORK = {  # each prints 'unreachable' when no connection can be made
+    "r": ("tryCatch(readLines(url('http://1.1.1.1/'), warn = FALSE), warning = function(w)"
+          " cat('unreachable', conditionMessage(w)), error = function(e) cat('unreachable',"
+          " conditionMessage(e)))"),
+    "javascript": ("await fetch('http://1.1.1.1/').then(() => console.log('reached'),"
+                   " (e) => console.log('unreachable', e.name))"),
+    "bash": "(exec 3<>/dev/tcp/1.1.1.1/80) 2>/dev/null && echo reached || echo unreachable",
+}
+CHECKS = {"r": "cat(6 * 7)", "javascript": "console.log(6 * 7)", "bash": "echo $((6 * 7))"}
+
+
+@pytest.fixture(scope="module")
+def polyglot(docker_client: docker.DockerClient,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    """A gateway of the polyglot image with the hostile suite's limits."""
+    build_polyglot_image(docker_client, state_dir=tmp_path_factory.mktemp("images"),
+                         log=lambda _: None)
+    gateway = make_gateway(**LIMITS, image="polyglot", max_kernels="4", min_idle="1",
+                           interrupt_grace_s=str(GRACE_S))
+    gateway.start()
+    attack = Hostile(gateway, docker_client, host_canary="unused")
+    try:
+        yield attack
+    finally:
+        for client in attack.clients.values():
+            client.close()
+        gateway.stop()
+        left = containers_of(docker_client, gateway.owner)
+        for cid in left:
+            docker_client.api.remove_container(cid, force=True)
+        assert not left, f"the polyglot gateway left containers behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def sid(polyglot: Hostile) -> Iterator[str]:
+    """One session for the module: each case must leave it usable for the next."""
+    session_id = polyglot.new_session()
+    yield session_id
+    polyglot.delete(session_id)
+
+
+def run(hostile: Hostile, sid: str, code: str, language: str,
+        timeout_s: float = 30) -> dict[str, Any]:
+    started = time.monotonic()
+    answer = hostile.client().post(f"/v1/sessions/{sid}/execute", json={
+        "code": code, "language": language, "timeout_s": timeout_s})
+    elapsed = time.monotonic() - started
+    assert answer.status_code == 200, answer.text[:2000]
+    result: dict[str, Any] = answer.json()
+    assert elapsed < timeout_s + GRACE_S + RESTART_BUDGET_S, (elapsed, brief(result))
+    assert result["language"] == language, brief(result)
+    return result
+
+
+def usable(hostile: Hostile, sid: str, language: str) -> None:
+    """The language's context and Python's answer correctly."""
+    result = run(hostile, sid, CHECKS[language], language)
+    assert (result["status"], result["stdout"].strip()) == ("ok", "42"), brief(result)
+    hostile.usable(sid)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_infinite_loop_ends_at_its_timeout(polyglot: Hostile, sid: str, language: str) -> None:
+    result = run(polyglot, sid, LOOPS[language], language, timeout_s=2)
+    assert result["status"] == "timeout", brief(result)
+    assert "timeout_s=2" in (result["reason"] or "")
+    usable(polyglot, sid, language)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_fork_bomb_stays_under_the_pids_limit(polyglot: Hostile, sid: str,
+                                              language: str) -> None:
+    result = run(polyglot, sid, BOMBS[language], language, timeout_s=10)
+    assert result["status"] in ("ok", "error", "timeout", "died"), brief(result)
+    assert polyglot.pids_limit(sid) == 128
+    assert polyglot.pids_current(sid) <= 128
+    # Nothing of the bomb outlives its execution: the session forks again at once.
+    assert not [c for c in polyglot.host_processes(sid) if "b|b&" in c or ":|:&" in c]
+    # The next code runs. Bash may first complain of background jobs it can no longer wait
+    # for (killed from outside: "wait_for: No record of process N"), a status error once.
+    after = run(polyglot, sid, CHECKS[language], language)
+    assert after["stdout"].startswith("42\n") or after["stdout"] == "42", brief(after)
+    usable(polyglot, sid, language)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_a_file_outside_the_workspace_is_refused(polyglot: Hostile, sid: str,
+                                                 language: str) -> None:
+    result = run(polyglot, sid, OUTSIDE[language], language)
+    assert "refused" in result["stdout"], brief(result)
+    listing = polyglot.container(sid).exec_run(["ls", "/usr/evil"])
+    assert listing.exit_code != 0, listing.output
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_the_network_is_unreachable(polyglot: Hostile, sid: str, language: str) -> None:
+    result = run(polyglot, sid, NETWORK[language], language, timeout_s=20)
+    assert result["stdout"].startswith("unreachable"), brief(result)
