@@ -23,8 +23,8 @@ from fastapi import FastAPI
 
 from gateway.governance import load_policy
 from gateway.settings import Settings
-from gateway.tracing import setup_tracing
 from gateway.store import RecordNotFound, Store
+from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
 from node.registry import Fenced, Registry
 from node.server import create_node_app
