@@ -5,6 +5,9 @@
 its node; its executions get a handle on the gateway's side, fed by the node's stream of events,
 so history, audit, watchers and tracing read it as they read a local one. Approvals and policy
 hold an execution here, before it is sent: the node's queue only ever holds code that may run.
+While anyone listens to a session's transfers (a session socket, a watcher), the session
+follows its node's stream of what happens to it: pauses' and resumes' progress, and the
+executions other gateways submitted, which its listeners then hear as a local session's do.
 """
 
 from __future__ import annotations

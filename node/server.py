@@ -1,8 +1,9 @@
 """The port served by a node: its kernel pool's sessions, over HTTP to gateways.
 
 Only gateways reach it (mutual TLS: :mod:`node.tls`), so it checks no API key and knows no
-tenant; the gateway did both, and holds approvals before it submits. An execution answers a
-stream of :class:`~node.wire.Frame` lines; everything else answers one model, or an
+tenant; the gateway did both, and holds approvals before it submits. An execution, a shell
+command, a raw Jupyter request and a session's followed events answer a stream of
+:class:`~node.wire.Frame` lines; everything else answers one model, or an
 :class:`~node.wire.ErrorOut` with the status the gateway would give the same error.
 """
 
@@ -22,18 +23,23 @@ from kernel_pool import (
     ContextInfo,
     EgressAttempt,
     Entry,
+    Event,
+    ExecutionHandle,
     FileInfo,
     KernelPool,
     KernelPoolError,
     SandboxUsage,
     Session,
+    SessionPort,
     StreamEvent,
+    Transfer,
 )
 from node.wire import (
     PREFIX,
     CreateContext,
     CreateSession,
     ErrorOut,
+    Executed,
     ForkSession,
     Frame,
     Interrupted,
@@ -45,11 +51,19 @@ from node.wire import (
     Relayed,
     RunCommand,
     SessionState,
+    Started,
     Submit,
     Written,
 )
 
 router = APIRouter(prefix=PREFIX)
+
+FOLLOW_BUFFER = 4096
+"""Frames a follower of a session may fall behind before its stream is ended (it follows
+again, having missed some)."""
+FOLLOW_KEEPALIVE_S = 5.0
+"""How often a quiet follower's stream carries an empty line: a gateway gone is noticed, and
+a session closed ends the stream."""
 
 
 def _pool(request: Request) -> KernelPool:
@@ -282,6 +296,54 @@ async def remove_context(request: Request, session_id: str, context_id: str) -> 
     session = _session(request, session_id)
     await session.remove_context(context_id)
     return SessionState.of(session)
+
+
+@router.get("/sessions/{session_id}/events")
+async def follow(request: Request, session_id: str) -> StreamingResponse:
+    """What the session's listeners hear, whoever submitted the execution: each execution's
+    start and events, and each transfer (a pause's or resume's progress). The first line is
+    the session's state (the follower is attached from then on)."""
+    session = _session(request, session_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[Frame | None] = asyncio.Queue(FOLLOW_BUFFER)
+
+        def put(frame: Frame) -> None:
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(frame)
+                return
+            with contextlib.suppress(asyncio.QueueEmpty):  # too far behind: end, keep none
+                while True:
+                    queue.get_nowait()
+            queue.put_nowait(None)
+
+        def heard(_session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
+            put(Frame(started=Started(
+                execution_id=handle.id, code=handle.code, timeout_s=handle.timeout_s,
+                language=handle.language, context_id=handle.context_id)) if event is None
+                else Frame(executed=Executed(execution_id=handle.id, event=event)))
+
+        def moved(_session: SessionPort, transfer: Transfer) -> None:
+            put(Frame(transfer=transfer))
+
+        session.listeners.append(heard)
+        session.transfer_listeners.append(moved)
+        try:
+            yield _line(Frame(accepted=SessionState.of(session)))
+            while not session.closed:
+                try:
+                    frame = await asyncio.wait_for(queue.get(), FOLLOW_KEEPALIVE_S)
+                except TimeoutError:
+                    yield b"\n"
+                    continue
+                if frame is None:
+                    return
+                yield _line(frame)
+        finally:
+            session.listeners.remove(heard)
+            session.transfer_listeners.remove(moved)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
 def _error_out(exc: KernelPoolError) -> ErrorOut:

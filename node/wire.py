@@ -113,15 +113,35 @@ class Relayed(BaseModel):
     buffers: list[Base64Bytes] = Field(default_factory=list)
 
 
+class Started(BaseModel):
+    """An execution of the session began (its events follow as :class:`Executed`)."""
+
+    execution_id: str
+    code: str
+    timeout_s: float
+    language: str
+    context_id: str
+
+
+class Executed(BaseModel):
+    """One event of an execution, for those following the session."""
+
+    execution_id: str
+    event: Event
+
+
 class Frame(BaseModel):
-    """One line of a stream (an execution's, a command's, a relayed request's): exactly one
-    field is set."""
+    """One line of a stream (an execution's, a command's, a relayed request's, or what a
+    session's followers hear): exactly one field is set."""
 
     accepted: SessionState | None = None
     event: Event | None = None
     command: CommandResult | None = None
     """A command's end (its stream's last line)."""
     relayed: Relayed | None = None
+    started: Started | None = None
+    executed: Executed | None = None
+    transfer: Transfer | None = None
     error: ErrorOut | None = None
 
 

@@ -185,3 +185,39 @@ async def test_mcp_on_one_gateway_and_its_session_through_the_other(cluster: Clu
         assert read.status_code == 200 and read.content == b"hi"
         command = await http.post(f"/v1/sessions/{sid}/commands", json={"cmd": "cat note.txt"})
         assert command.status_code == 200 and command.json()["stdout"] == "hi", command.text
+
+
+async def test_a_watcher_on_one_gateway_sees_what_runs_through_the_other(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    headers = one.headers()
+    async with httpx.AsyncClient(base_url=one.url, headers=headers, timeout=60) as http:
+        created = await http.post("/v1/sessions", json={})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        try:
+            url = two.url.replace("http://", "ws://") + f"/v1/sessions/{sid}/watch"
+            async with connect(url, additional_headers=headers) as ws:
+                async with asyncio.timeout(30):
+                    while json.loads(await ws.recv())["type"] != "history_end":
+                        pass
+                # The watcher follows the session's node from now on (give it a moment).
+                await asyncio.sleep(1.0)
+                ran = await http.post(f"/v1/sessions/{sid}/execute",
+                                      json={"code": "print('seen elsewhere')"})
+                assert ran.status_code == 200, ran.text
+                paused = await http.post(f"/v1/sessions/{sid}/pause")
+                assert paused.status_code == 200, paused.text
+                frames: list[dict[str, Any]] = []
+                async with asyncio.timeout(60):
+                    while not (frames and frames[-1]["type"] == "transfer"
+                               and frames[-1]["state"] != "running"):
+                        frames.append(json.loads(await ws.recv()))
+        finally:
+            await http.delete(f"/v1/sessions/{sid}")
+    kinds = [f["type"] for f in frames]
+    assert kinds[0] == "execution" and frames[0]["code"] == "print('seen elsewhere')"
+    assert {"type": "stdout", "text": "seen elsewhere\n"}.items() <= next(
+        f for f in frames if f["type"] == "stdout").items()
+    assert "done" in kinds and frames[-1]["operation"] == "pause"
+    assert frames[-1]["state"] == "done"

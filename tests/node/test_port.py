@@ -23,6 +23,7 @@ from kernel_pool import (
     CommandStatus,
     ContextNotFound,
     DoneEvent,
+    Event,
     ExecutionHandle,
     ExecutionStatus,
     FileMissing,
@@ -34,6 +35,7 @@ from kernel_pool import (
     SessionNotFound,
     SessionPort,
     StreamEvent,
+    Transfer,
     UnknownLanguage,
 )
 from node.remote import NodeClient, NodeUnreachable, RemoteSession
@@ -323,5 +325,48 @@ async def test_code_contexts_of_other_languages_over_the_port(node: NodeClient) 
         with pytest.raises(InvalidRequest, match="runs python"):
             session.submit("1", language="bash", context_id="python")
         assert await session.interrupt("bash") is False
+    finally:
+        await session.close()
+
+
+async def test_a_follower_hears_executions_and_transfers_from_another_gateway(
+        node: NodeClient) -> None:
+    session = await _session(node)
+    follower = RemoteSession(node, await node.state(session.id))
+    heard: list[tuple[str, Event | None]] = []
+    moved: list[Transfer] = []
+    ended = asyncio.Event()
+
+    def listener(_s: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
+        heard.append((handle.id, event))
+        if isinstance(event, DoneEvent):
+            ended.set()
+
+    def transferred(_s: SessionPort, transfer: Transfer) -> None:
+        moved.append(transfer)
+        if transfer.state != "running":
+            ended.set()
+
+    follower.listeners.append(listener)
+    try:
+        follower.transfer_listeners.append(transferred)
+        await asyncio.wait_for(follower.followed.wait(), 30)
+        elsewhere = session.submit("print('elsewhere')\n6 * 7")
+        await asyncio.wait_for(ended.wait(), 60)
+        assert {hid for hid, _ in heard} == {elsewhere.id}
+        assert heard[0][1] is None, "the start is told first, as a local session tells it"
+        assert [e.text for _, e in heard if isinstance(e, StreamEvent)] == ["elsewhere\n"]
+        assert follower.execution_count == 1
+        ended.clear()
+        mine = follower.submit("1")
+        await mine.result()
+        assert [hid for hid, e in heard if e is None] == [elsewhere.id, mine.id], \
+            "an execution submitted through the follower itself is told once"
+        ended.clear()
+        await session.pause()
+        await asyncio.wait_for(ended.wait(), 60)
+        assert moved[0].operation == "pause" and moved[-1].state == "done"
+        follower.transfer_listeners.remove(transferred)
+        assert not follower.followed.is_set(), "no one listens: the node is not followed"
     finally:
         await session.close()
