@@ -13,8 +13,6 @@ from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI
-from node.registry import Registry
-from node.tls import client_context
 from starlette.routing import Route
 
 from gateway import __version__, bodies, e2b, errors
@@ -33,6 +31,8 @@ from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SandboxInfo
 from kernel_pool.port import SessionHost
 from node.placement import RemoteNodes
+from node.registry import Registry
+from node.tls import client_context
 
 logger = logging.getLogger("replgate")
 
