@@ -211,7 +211,10 @@ def _start_command(message: WsCommand, gateway: Gateway, tenant: str, session: S
                 await outbox.put(frame)
         finally:
             if not runner.done():
-                await gateway.kill_command(session, command_id)
+                try:
+                    await gateway.kill_command(session, command_id)
+                except DOMAIN_ERRORS:  # its node did not answer: closing its stream stops it
+                    runner.cancel()
             await asyncio.shield(runner)
 
     task = asyncio.create_task(forward())
