@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import local
@@ -50,9 +52,33 @@ def configure_logging(settings: Settings) -> None:
     root.setLevel(settings.log_level.upper())
 
 
+@contextlib.contextmanager
+def _claimed(state_dir: Path, host: str, port: int, *,
+             record: bool) -> Iterator[socket.socket]:
+    """The state directory's lock, then the port, before anything else (even the slow
+    imports): a second process on this state directory, or one whose port is taken, must leave
+    the running one alone. ``record``: the address goes in the lock, where clients of this
+    machine find the gateway. ``StartRefused`` says why not."""
+    from gateway.statelock import StateLock, bind_socket, socket_url
+
+    lock = StateLock.acquire(state_dir)
+    try:
+        sock = bind_socket(host, port)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        if record:
+            lock.record_address(socket_url(sock))
+        yield sock
+    finally:
+        sock.close()
+        lock.release()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
-    from gateway.statelock import StartRefused, StateLock, bind_socket, socket_url
+    from gateway.statelock import StartRefused
 
     overrides: dict[str, Any] = {}
     if args.host:
@@ -60,25 +86,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = Settings(**overrides)
-    # The lock, then the port, before anything else (even the slow imports): a second gateway
-    # on this state directory, or one whose port is taken, must leave the running one alone.
     try:
-        lock = StateLock.acquire(settings.state_dir)
+        with _claimed(settings.state_dir, settings.host, settings.port, record=True) as sock:
+            return _run_gateway(settings, sock)
     except StartRefused as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 1
-    try:
-        sock = bind_socket(settings.host, settings.port)
-    except StartRefused as exc:
-        print(f"replgate: {exc}", file=sys.stderr)
-        lock.release()
-        return 1
-    try:
-        lock.record_address(socket_url(sock))
-        return _run_gateway(settings, sock)
-    finally:
-        sock.close()
-        lock.release()
 
 
 def _run_gateway(settings: Settings, sock: socket.socket) -> int:
@@ -106,41 +119,31 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
-    from gateway.statelock import StartRefused, StateLock, bind_socket
+    from gateway.statelock import StartRefused
 
     host, port = _host_port(args.listen or f"0.0.0.0:{_host_port(args.advertise)[1]}")
     settings = Settings()
     try:
-        lock = StateLock.acquire(settings.state_dir)
-    except StartRefused as exc:
-        print(f"replgate: {exc}", file=sys.stderr)
-        return 1
-    try:
-        sock = bind_socket(host, port)
-    except StartRefused as exc:
-        print(f"replgate: {exc}", file=sys.stderr)
-        lock.release()
-        return 1
-    try:
-        from node.agent import run_node
+        with _claimed(settings.state_dir, host, port, record=False) as sock:
+            from node.agent import run_node
 
-        configure_logging(settings)
-        logging.getLogger("replgate").info("node %s on %s:%d (pid %d), advertised as %s",
-                                           args.id, host, port, os.getpid(), args.advertise)
-        run_node(settings, node_id=args.id, advertise=args.advertise, sock=sock)
-        return 0
+            configure_logging(settings)
+            logging.getLogger("replgate").info(
+                "node %s on %s:%d (pid %d), advertised as %s", args.id, host, port,
+                os.getpid(), args.advertise)
+            run_node(settings, node_id=args.id, advertise=args.advertise, sock=sock)
+            return 0
+    except StartRefused as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
-    finally:
-        sock.close()
-        lock.release()
 
 
 def _cluster(args: argparse.Namespace) -> int:
     import signal
     import tempfile
-    from pathlib import Path
 
     from node.local import LocalCluster
 

@@ -39,15 +39,8 @@ class Member:
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        if self.process is not None:
+            stop_group(self.process, sig)
         self.process = None
 
     def log_tail(self) -> str:
@@ -127,3 +120,16 @@ class LocalCluster:
         for member in [*self.gateways, *self.nodes]:
             member.stop()
 
+
+
+def stop_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop a process started in a session of its own, and its children: ``sig`` to the
+    group, SIGKILL after 30 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, sig)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)

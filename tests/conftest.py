@@ -30,6 +30,8 @@ import httpx
 import psycopg
 import pytest
 
+from node.local import stop_group
+
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
 """The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
@@ -168,15 +170,8 @@ class GatewayProcess:
         raise RuntimeError(f"gateway not ready in {timeout_s}s: {log}")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        if self.process is not None:
+            stop_group(self.process, sig)
         self.process = None
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import docker
 import psycopg
 
+from node.local import stop_group
 from node.tls import ClusterCerts, make_cluster_certs
 from tests.conftest import (
     REPO,
@@ -88,15 +89,8 @@ class NodeProcess:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        if self.process is not None:
+            stop_group(self.process, sig)
         self.process = None
 
 
