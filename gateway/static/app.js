@@ -23,6 +23,13 @@
     budget_exceeded: "budget exceeded",
   };
   const REFUSED = new Set(["denied", "budget_exceeded"]);
+  const LANGUAGE_LABELS = {
+    python: "Python", r: "R", javascript: "JavaScript", typescript: "TypeScript", bash: "Bash",
+  };
+  const PLACEHOLDERS = {
+    python: "print('hello')", r: "summary(c(1, 2, 3))", javascript: "console.log('hello')",
+    typescript: "const n: number = 42; n", bash: "ls -la",
+  };
   const MIME_ORDER = [
     "text/html", "image/svg+xml", "image/png", "image/jpeg", "image/gif",
     "text/markdown", "text/latex", "application/json", "text/plain",
@@ -46,6 +53,7 @@
     approvalsAsked: 0,   // sequence number of the latest GET /v1/approvals
     refreshTimer: null,
     transferTimer: null,  // hides the pause/resume bar a moment after its transfer ended
+    kernelspecs: null,    // GET /api/kernelspecs, once: the languages of each profile
   };
 
   // -- small helpers -----------------------------------------------------------------------
@@ -249,6 +257,7 @@
     localStorage.removeItem(KEY_STORAGE);
     state.key = null;
     state.waiting = new Map();
+    state.kernelspecs = null;  // another key's tenant may have other profiles
     if (message === undefined) setApproverKey(null);  // signing out on purpose forgets both
     closeApproverPanel();
     closeSession();
@@ -541,6 +550,7 @@
     }
     connectWatch();
     refreshFiles();
+    loadLanguages(known ? known.profile : "default");
     $("code").focus();
   }
 
@@ -700,12 +710,14 @@
     const code = textarea.value;
     if (!code.trim() || !state.current) return;
     const id = randomId();
-    const cell = createCell(id, code);
+    const language = $("language").value || "python";
+    const cell = createCell(id, code, language);
     cell.pending = true;
     setCellStatus(cell, "queued");
     $("transcript").append(cell.node);
     $("transcript-empty").hidden = true;
-    send({ type: "execute", code, id });
+    send(language === "python" ? { type: "execute", code, id }
+      : { type: "execute", code, id, language });
     textarea.value = "";
     autosize();
     scrollToEnd(true);
@@ -802,20 +814,73 @@
 
   // -- cells -------------------------------------------------------------------------------
 
-  function createCell(id, code) {
+  function createCell(id, code, language = "python") {
     const outputs = el("div", { class: "cell-outputs" });
     const status = el("span", { class: "badge" });
     const meta = el("div", { class: "cell-meta" }, status);
     const prompt = el("div", { class: "cell-prompt mono", text: "[ ]" });
-    const codeNode = el("pre", { class: "cell-code" }, highlightPython(code));
+    const codeNode = el("pre", { class: "cell-code" });
     const node = el("article", { class: "cell", "data-execution-id": id },
       prompt, el("div", { class: "cell-body" }, codeNode, outputs, meta));
     const cell = {
-      id, node, outputs, meta, status, prompt, pending: false,
-      stream: null, clearPending: false, displayNodes: [],
+      id, node, outputs, meta, status, prompt, pending: false, code, codeNode,
+      language: null, languageTag: null, stream: null, clearPending: false, displayNodes: [],
     };
+    setCellLanguage(cell, language);
     state.cells.set(id, cell);
     return cell;
+  }
+
+  /** The cell's language: its tag beside the status (none for Python) and its code's look
+   * (Python's highlighted, the others plain). A cell another client ran learns it from its
+   * done frame. */
+  function setCellLanguage(cell, language) {
+    if (cell.language === language) return;
+    cell.language = language;
+    cell.node.dataset.language = language;
+    cell.codeNode.replaceChildren(
+      language === "python" ? highlightPython(cell.code) : document.createTextNode(cell.code));
+    if (cell.languageTag) cell.languageTag.remove();
+    cell.languageTag = language === "python" ? null
+      : el("span", { class: "cell-language", text: LANGUAGE_LABELS[language] || language });
+    if (cell.languageTag) cell.status.after(cell.languageTag);
+  }
+
+  /** The languages the session's profile offers, from the Jupyter API's kernelspecs (one per
+   * language of the profile's image), in the picker; the choice is kept where still offered. */
+  async function loadLanguages(profile) {
+    if (!state.kernelspecs) {
+      state.kernelspecs = api("GET", "/api/kernelspecs").catch((error) => {
+        state.kernelspecs = null;
+        throw error;
+      });
+    }
+    let specs;
+    try {
+      specs = (await state.kernelspecs).kernelspecs;
+    } catch {
+      return;  // Python alone, as the picker starts
+    }
+    const offered = [];
+    for (const spec of Object.values(specs)) {
+      const replgate = (spec.spec.metadata || {}).replgate || {};
+      if (replgate.profile === profile && replgate.language) offered.push(replgate.language);
+      if (replgate.profile === profile && replgate.language === "javascript") {
+        offered.push("typescript");  // Deno's kernel runs both
+      }
+    }
+    const picker = $("language");
+    const chosen = picker.value;
+    const ordered = Object.keys(LANGUAGE_LABELS).filter((name) => offered.includes(name));
+    picker.replaceChildren(...ordered.map((name) =>
+      el("option", { value: name, text: LANGUAGE_LABELS[name] })));
+    picker.value = ordered.includes(chosen) ? chosen : "python";
+    picker.hidden = ordered.length < 2;
+    setPlaceholder();
+  }
+
+  function setPlaceholder() {
+    $("code").placeholder = PLACEHOLDERS[$("language").value] || PLACEHOLDERS.python;
   }
 
   function startCell(id, code, startedAt) {
@@ -1080,6 +1145,7 @@
         showDecision(cell, frame);
         break;
       case "done":
+        if (frame.language) setCellLanguage(cell, frame.language);
         finishCell(cell, frame);
         break;
       default:
@@ -1571,6 +1637,7 @@
     $("composer").addEventListener("submit", runCode);
     $("code").addEventListener("keydown", onCodeKey);
     $("code").addEventListener("input", autosize);
+    $("language").addEventListener("change", setPlaceholder);
     $("interrupt").addEventListener("click", interrupt);
     $("restart").addEventListener("click", restart);
     $("download-notebook").addEventListener("click", downloadNotebook);
