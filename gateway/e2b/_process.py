@@ -4,8 +4,9 @@ E2B's ``commands.run(cmd)`` starts ``/bin/bash -l -c CMD``; replgate runs that c
 (without ``-l``: a login shell's profile would reset the sandbox's PATH) beside the kernel,
 under the sandbox's limits, in the workspace (``cwd`` under ``/home/user``). Output streams as
 ``data`` events, the exit as ``end`` (the SDK raises ``CommandExitException`` on a non-zero
-code). Each command gets a small pid by which ``SendSignal`` (SIGKILL, SIGTERM), ``List`` and
-``Connect`` find it.
+code). Each command gets a pid by which ``SendSignal`` (SIGKILL, SIGTERM), ``List`` and
+``Connect`` find it; on many machines ``SendSignal`` reaches one started through another
+gateway too (``List`` and ``Connect`` know those started through their own).
 
 As in E2B, a command outlives the stream that started it (``disconnect``, then ``connect`` by
 pid); it is bounded by its ``timeout`` (the stream's deadline) or, with ``timeout=0``, by the
@@ -19,6 +20,7 @@ import base64
 import contextlib
 import itertools
 import logging
+import secrets
 import shlex
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -149,6 +151,11 @@ class Running:
             queue.put_nowait(said)
 
 
+def _command_id(pid: int) -> str:
+    """The id of the command E2B knows by ``pid`` (on the session's node too)."""
+    return f"e2b-{pid}"
+
+
 def _command_line(config: ProcessConfig) -> str:
     args = config.args
     if config.cmd.rsplit("/", 1)[-1] in ("bash", "sh"):
@@ -204,7 +211,9 @@ class Processes:
     """The service, with the commands it started: per session, by pid."""
 
     def __init__(self) -> None:
-        self._pids = itertools.count(1000)
+        # Each gateway counts from its own random start: a command started through one is
+        # killed through another by the id its pid makes (on many machines).
+        self._pids = itertools.count(1000 + secrets.randbelow(1 << 20) * 1000)
         self._running: dict[str, dict[int, Running]] = {}
 
     def _of(self, session_id: str) -> dict[int, Running]:
@@ -254,7 +263,7 @@ class Processes:
         try:
             cwd = to_workspace(config.cwd) if config.cwd else None
             command = CommandRequest(
-                cmd=_command_line(config), env=config.envs, cwd=cwd, id=f"e2b-{pid}",
+                cmd=_command_line(config), env=config.envs, cwd=cwd, id=_command_id(pid),
                 timeout_s=min(limit, deadline_ms / 1000) if deadline_ms else limit)
         except E2BError as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, exc.message) from None
@@ -283,13 +292,23 @@ class Processes:
 
     async def send_signal(self, request: SignalRequest) -> Empty:
         target = TARGET.get()
-        running = self._find(target.session.id, request.process)
+        try:
+            command_id, here = self._find(target.session.id, request.process).command_id, True
+        except ConnectError:
+            if request.process.pid is None:
+                raise
+            # Perhaps started through another gateway: the session's node knows its id.
+            command_id, here = _command_id(request.process.pid), False
         if str(request.signal) not in _STOPPING:
             raise ConnectError(Code.INVALID_ARGUMENT,
                                f"replgate does not send {request.signal} to commands; it stops "
                                "them with SIGKILL or SIGTERM only")
+        killed = False
         with contextlib.suppress(KernelPoolError):  # ended meanwhile: nothing left to stop
-            await target.gateway.kill_command(target.session, running.command_id)
+            killed = await target.gateway.kill_command(target.session, command_id)
+        if not (here or killed):
+            raise ConnectError(Code.NOT_FOUND,
+                               f"no running command with pid {request.process.pid}")
         return Empty()
 
     def service(self) -> ConnectService:

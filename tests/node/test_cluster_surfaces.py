@@ -19,6 +19,7 @@ import httpx
 import httpx2
 import pytest
 from cluster_support import Cluster, running_cluster
+from e2b import CommandExitException
 from e2b_code_interpreter import AsyncSandbox
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session as JupyterSession
@@ -71,8 +72,13 @@ async def test_e2b_sdk_made_through_one_gateway_is_served_by_the_other(
                                         on_stdout=out.append)
         assert (done.exit_code, done.stderr) == (0, "err\n") and "".join(out) == done.stdout
         assert done.stdout.startswith("out\n") and done.stdout.endswith("/cmd_dir\n")
-        background = await there.commands.run("sleep 100", background=True)
+        # Started through one gateway, killed through the other.
+        background = await made.commands.run("sleep 100", background=True)
         assert await there.commands.kill(background.pid)
+        assert not await there.commands.kill(background.pid)
+        with pytest.raises(CommandExitException):
+            await background.wait()  # its own stream, through the first, says it was killed
+        assert background.pid not in [p.pid for p in await made.commands.list()]
 
         await there.files.write("/home/user/reports/a.txt", "from the other gateway")
         assert await made.files.read("reports/a.txt") == "from the other gateway"
