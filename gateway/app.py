@@ -28,8 +28,7 @@ from gateway.service import Gateway
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
 from gateway.tracing import setup_tracing
-from kernel_pool import KernelPool, SandboxInfo
-from kernel_pool.port import SessionHost
+from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
 from node.registry import Registry
 from node.tls import client_context

@@ -8,8 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kernel_pool import Execution
-from kernel_pool.port import SessionHost
+from kernel_pool import Execution, SessionHost
 
 
 class _PoolCollector(Collector):

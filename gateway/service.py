@@ -54,13 +54,13 @@ from kernel_pool import (
     PayloadTooLarge,
     Profile,
     SandboxInfo,
+    SessionHost,
     SessionNotFound,
     SessionPort,
     StateDirFull,
     StreamEvent,
     parse_size,
 )
-from kernel_pool.port import SessionHost
 from node.placement import RemoteNodes
 from node.registry import NodeRecord
 from node.remote import NodeUnreachable, RemoteSession

@@ -79,7 +79,13 @@ if TYPE_CHECKING:
         WorkspaceError,
         WorkspaceFull,
     )
-    from kernel_pool.port import Listener, SessionPort, TransferListener
+    from kernel_pool.port import (
+        ClosedListener,
+        Listener,
+        SessionHost,
+        SessionPort,
+        TransferListener,
+    )
 
 __all__ = [
     "CHART_MIME",
@@ -87,6 +93,7 @@ __all__ = [
     "BackendError",
     "CapacityError",
     "ClearOutputEvent",
+    "ClosedListener",
     "CommandDone",
     "CommandResult",
     "CommandStatus",
@@ -134,6 +141,7 @@ __all__ = [
     "SandboxUsage",
     "Session",
     "SessionClosed",
+    "SessionHost",
     "SessionNotFound",
     "SessionPort",
     "SessionStatus",
@@ -204,6 +212,8 @@ _HOMES = {
     "SandboxUsage": "kernel_pool._usage",
     "Session": "kernel_pool._session",
     "SessionPort": "kernel_pool.port",
+    "SessionHost": "kernel_pool.port",
+    "ClosedListener": "kernel_pool.port",
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",
     "SessionStatus": "kernel_pool._session",

@@ -15,8 +15,14 @@ import ssl
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from kernel_pool import PoolSettings, Profile, ProfileNotFound, SessionNotFound, SessionPort
-from kernel_pool.port import ClosedListener
+from kernel_pool import (
+    ClosedListener,
+    PoolSettings,
+    Profile,
+    ProfileNotFound,
+    SessionNotFound,
+    SessionPort,
+)
 from node.registry import NodeRecord, Registry
 from node.remote import NodeClient, NodeUnreachable, RemoteSession
 from node.wire import CreateSession, ForkSession

@@ -8,6 +8,7 @@ import kernel_pool
 
 EXPORTED = [
     "ApprovalEvent", "BackendError", "CHART_MIME", "CapacityError", "ClearOutputEvent",
+    "ClosedListener",
     "CommandDone", "CommandResult", "CommandStatus", "ContextInfo", "ContextNotFound", "Denial",
     "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
@@ -17,7 +18,7 @@ EXPORTED = [
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
-    "SessionNotFound", "SessionPort",
+    "SessionHost", "SessionNotFound", "SessionPort",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
     "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
