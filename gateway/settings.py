@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -115,6 +115,14 @@ class Settings(BaseSettings):
     node_timeout_s: float = Field(
         10.0, gt=0, description="a node that has not sent a heartbeat for this long is down: "
         "its sessions are placed again elsewhere when next used (nodes beat every third of it)")
+    bundle_store: str | None = Field(
+        None, description="where paused sessions are kept for any node to resume them "
+        "(docs/bundles.md): s3://bucket/prefix (credentials, region and endpoint from the AWS_* "
+        "variables, AWS_ENDPOINT_URL for an S3-compatible server) or file:///path (a file "
+        "system the nodes share); unset: a paused session stays on its node")
+    bundle_key: SecretStr | None = Field(
+        None, description="base64 of 32 or more random bytes, the same on every node: each "
+        "tenant's bundles are encrypted with a key derived from it; required for s3://")
 
     # the pool
     pool: PoolLimits = Field(default_factory=PoolLimits,

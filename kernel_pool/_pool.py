@@ -15,7 +15,7 @@ import logging
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -23,6 +23,7 @@ import anyio.to_thread
 from kernel_pool._kernel import Kernel, KernelState, make_context
 from kernel_pool._session import Session, SessionStatus
 from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace, load_variables
+from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import (
     Sandbox,
     SandboxBackend,
@@ -76,6 +77,9 @@ class KernelPool:
         """Called when the pool paused a session by itself (idle, or to make room)."""
         self.on_session_resumed: list[Callable[[SessionPort], None]] = []
         """Called when a paused session runs again (its sandbox may be a new one)."""
+        self.keep_paused: Callable[[Session], Awaitable[None]] | None = None
+        """Awaited after each pause, before it answers (a node writes the session's bundle to
+        shared storage); it says in the session's ``reason`` what it could not keep."""
         self.acquire_seconds: list[float] = []
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
                                        parse_size(settings.snapshot_budget))
@@ -463,6 +467,10 @@ class KernelPool:
         """Remove a kernel a session no longer uses (Lifecycle)."""
         self._spawn(self.release(kernel), f"removing kernel {kernel.id}")
 
+    async def paused_here(self, session: Session) -> None:
+        if self.keep_paused is not None:
+            await self.keep_paused(session)
+
     def resumed(self, session: Session) -> None:
         """Tell the listeners that a paused session runs again (Lifecycle)."""
         for callback in self.on_session_resumed:
@@ -629,6 +637,46 @@ class KernelPool:
         self._sessions[session.id] = session
         return session
 
+    async def restore_session(self, fill: Callable[[Workspace], Awaitable[PauseInfo]], *,
+                              session_id: str, profile: str = "default",
+                              env: dict[str, str] | None = None,
+                              metadata: dict[str, Any] | None = None,
+                              created_at: str | None = None, execution_count: int = 0,
+                              lost: str | None = None) -> Session:
+        """A paused session made from what another pool kept of it (a node's bundle): a
+        sandbox made without starting it, ``fill`` puts the files in its workspace and the
+        variables snapshot in :attr:`snapshots` under ``session_id`` (what it keeps returned);
+        the session resumes when first needed. ``lost``: see :meth:`create_session`. On any
+        failure nothing of it is left."""
+        chosen = self.profile(profile)
+        if not self.backend.stopped_sandboxes:
+            raise BackendError(f"the {self.backend.name} backend cannot make a sandbox without "
+                               "starting it, which a restored session needs")
+        spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=chosen, env=env or {})
+        with self._being_made(spec):
+            sandbox = await self.backend.create_stopped(spec)
+            kernel = self._new_kernel(sandbox, chosen)
+        try:
+            info = await fill(sandbox.workspace)
+            await sandbox.release()  # lean from the start: its image holds its files alone
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(kernel.close())
+            await anyio.to_thread.run_sync(self.snapshots.delete, session_id)
+            raise
+        kernel.env = dict(env or {})
+        kernel.state = KernelState.PAUSED
+        session = Session(kernel, chosen, self.settings, session_id=session_id, env=env,
+                          metadata=metadata)
+        session.lifecycle = self
+        session.pause_info = info
+        session._lost = lost
+        if created_at:
+            session.created_at = created_at
+        session.execution_count = execution_count
+        self._sessions[session.id] = session
+        return session
+
     async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,
                                    env: dict[str, str] | None = None,
                                    metadata: dict[str, Any] | None = None,
@@ -710,9 +758,10 @@ class KernelPool:
     def sessions(self) -> dict[str, Session]:
         return dict(self._sessions)
 
-    async def delete_session(self, session_id: str) -> None:
-        """Close the session and remove its container and workspace."""
-        await self._close_session(self.get_session(session_id), "deleted")
+    async def delete_session(self, session_id: str, reason: str = "deleted") -> None:
+        """Close the session and remove its container and workspace; ``reason`` is what the
+        ``on_session_closed`` listeners hear (``"moved"``: it lives on elsewhere)."""
+        await self._close_session(self.get_session(session_id), reason)
 
     async def _close_session(self, session: Session, reason: str) -> None:
         if self._sessions.pop(session.id, None) is None:

@@ -105,6 +105,11 @@ class Lifecycle(Protocol):
     def resumed(self, session: Session) -> None:
         """The session runs again (on a new sandbox, perhaps): the pool tells its listeners."""
 
+    async def paused_here(self, session: Session) -> None:
+        """The session is paused (its snapshot written, its kernel stopped or checkpointed):
+        kept elsewhere too where the pool is told to (a node's bundle store), before the
+        pause answers and before anything may resume it (the session's lock is held)."""
+
 
 WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
 """Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
@@ -495,8 +500,10 @@ class Session:
             if memory is not None:
                 self.pause_info = memory
                 self.lifecycle.release_slot(self)
+                await self.lifecycle.paused_here(self)
                 return memory
         await self._stop_paused()
+        await self.lifecycle.paused_here(self)
         return info
 
     async def _end_commands(self) -> dict[str, str]:

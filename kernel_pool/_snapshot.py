@@ -179,24 +179,29 @@ class SnapshotStore:
                     "(REPLGATE_SNAPSHOT_BUDGET); delete sessions or raise it")
             self._used_at_most += size
 
-    def open_write(self, key: str) -> FileChunkWriter:
-        """A writer of the key's variables snapshot (stored as :data:`SUFFIX` says), counted
-        against the budget as it goes; :meth:`commit` it with the info."""
+    def open_write(self, key: str, suffix: str = SUFFIX) -> FileChunkWriter:
+        """A writer of the key's variables snapshot (stored as :data:`SUFFIX` says, or as
+        ``suffix``: one another node stored, received as it is), counted against the budget as
+        it goes; :meth:`commit` it with the info."""
+        if suffix not in SUFFIXES:
+            raise SnapshotError(f"a snapshot stored as {suffix!r} cannot be read here")
         self._ensure_root()
-        return FileChunkWriter(self._path(key, SUFFIX), self._reserve)
+        return FileChunkWriter(self._path(key, suffix), self._reserve)
 
-    def commit(self, key: str, writer: FileChunkWriter, info: PauseInfo) -> PauseInfo:
-        """Make a written snapshot the key's, with its info (its size and time added)."""
+    def commit(self, key: str, writer: FileChunkWriter, info: PauseInfo,
+               suffix: str = SUFFIX) -> PauseInfo:
+        """Make a written snapshot (of :meth:`open_write`'s ``suffix``) the key's, with its
+        info (its size and time added)."""
         try:
             size = writer.commit()
-            for suffix in SUFFIXES:  # an earlier snapshot of the key in another form
-                if suffix != SUFFIX:
-                    self._path(key, suffix).unlink(missing_ok=True)
+            for other in SUFFIXES:  # an earlier snapshot of the key in another form
+                if other != suffix:
+                    self._path(key, other).unlink(missing_ok=True)
             info = info.model_copy(update={"image_bytes": size,
                                            "paused_at": datetime.now(UTC).isoformat()})
             _write_private(self._path(key, ".json"), info.model_dump_json().encode())
         except BaseException:
-            self._path(key, SUFFIX).unlink(missing_ok=True)
+            self._path(key, suffix).unlink(missing_ok=True)
             raise
         return info
 

@@ -26,19 +26,31 @@ from gateway.settings import Settings
 from gateway.store import RecordNotFound, Store
 from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
+from kernel_pool.bundles import Bundles
+from kernel_pool.config import BundleSettings
+from node.bundles import BundleKeeper
 from node.registry import Fenced, Registry
+from node.restore import MOVED
 from node.server import create_node_app
 from node.tls import uvicorn_ssl_options
 
 logger = logging.getLogger("replgate.node")
+
+FENCED = "fenced"
+"""The reason a node removes the sessions it had when it learns it was declared down."""
 
 
 class NodeAgent:
     """The node's books in the shared database: registration, heartbeat, sessions it ended."""
 
     def __init__(self, node_id: str, advertise: str, pool: KernelPool, store: Store,
-                 registry: Registry, beat_s: float) -> None:
+                 registry: Registry, beat_s: float, keeper: BundleKeeper | None = None) -> None:
         self.node_id = node_id
+        self.keeper = keeper
+        """Where its paused sessions are kept for other nodes (None: no bundle store)."""
+        self.stopping = False
+        """Set as the node stops: the sessions its pool closes then are placed again by the
+        gateways when next used (paused ones from their bundles), not ended."""
         self.advertise = advertise
         self.pool = pool
         self.store = store
@@ -67,19 +79,31 @@ class NodeAgent:
                                "elsewhere now; removing them here", self.node_id)
                 for session_id in list(self.pool.sessions):
                     with contextlib.suppress(Exception):
-                        await self.pool.delete_session(session_id)
+                        await self.pool.delete_session(session_id, reason=FENCED)
                 await self.register()
             except Exception as exc:  # the database away for a moment: beat again later
                 logger.warning("heartbeat of node %s failed: %s", self.node_id, exc)
 
     def _closed(self, session: SessionPort, reason: str) -> None:
+        if self.stopping:
+            return
         self._spawn(self._record_closed(session.id, reason))
 
     async def _record_closed(self, session_id: str, reason: str) -> None:
-        with contextlib.suppress(RecordNotFound):  # never recorded: a fork's failed copy
-            await self.store.mark_deleted(session_id)
+        """The books of a session the node no longer holds: ended (its record marked deleted,
+        its bundle removed) unless it lives on elsewhere (placed on another node, or to be
+        placed again: this node was declared down)."""
+        record = await self.store.get_session(session_id)
+        elsewhere = reason in (MOVED, FENCED) or (
+            record is not None and record.node not in (None, self.node_id))
+        if not elsewhere:
+            with contextlib.suppress(RecordNotFound):  # never recorded: a fork's failed copy
+                await self.store.mark_deleted(session_id)
+            if self.keeper is not None and record is not None:
+                await self.keeper.forget(record.tenant, session_id)
         await self.registry.release(self.node_id)
-        logger.info("session %s ended on node %s: %s", session_id, self.node_id, reason)
+        logger.info("session %s %s node %s: %s", session_id,
+                    "left" if elsewhere else "ended on", self.node_id, reason)
 
     def _lifecycle(self, session: SessionPort) -> None:
         self._spawn(self.store.update_session(
@@ -106,6 +130,8 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
         raise ValueError("replgate node needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
                          "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
     policy = load_policy(settings.policy_file)
+    bundles = Bundles.from_settings(BundleSettings(store=settings.bundle_store,
+                                                   key=settings.bundle_key))
     limits = settings.pool.model_copy(update={"owner": node_id})  # nodes share an engine
     # A stopped node's sessions are placed again by the gateways (a node takes none back
     # when it starts): its sandboxes go with it.
@@ -119,8 +145,10 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
         async with Store.open(settings.database) as store:
             registry = Registry(store.database, heartbeat_timeout_s=settings.node_timeout_s)
             await pool.start()  # what a previous life left here is removed: it was placed anew
+            keeper = app.state.bundles = (
+                BundleKeeper(node_id, pool, bundles, store) if bundles is not None else None)
             agent = NodeAgent(node_id, advertise, pool, store, registry,
-                              beat_s=settings.node_timeout_s / 3)
+                              beat_s=settings.node_timeout_s / 3, keeper=keeper)
             await agent.register()
             beating = asyncio.create_task(agent.beat())
             try:
@@ -129,6 +157,7 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                 beating.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beating
+                agent.stopping = True
                 await pool.close()
 
     pool = KernelPool(pool_settings)

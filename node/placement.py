@@ -25,6 +25,7 @@ from kernel_pool import (
 )
 from node.registry import NodeRecord, Registry
 from node.remote import NodeClient, NodeUnreachable, RemoteSession
+from node.restore import RestoreSession, restore_on
 from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class RemoteNodes:
         self._attaching: dict[str, asyncio.Future[RemoteSession]] = {}
         self._down: set[str] = set()
         """The nodes declared down, as of the last look (:meth:`watch`)."""
+        self._draining: set[str] = set()
+        """The nodes drained, as of the last look or this gateway's own drain."""
         self.on_session_closed: list[ClosedListener] = []
         self.on_session_paused: list[Callable[[SessionPort], None]] = []
         self.on_session_resumed: list[Callable[[SessionPort], None]] = []
@@ -103,6 +106,27 @@ class RemoteNodes:
         self._sessions[session.id] = session
         return session
 
+    async def restore_session(self, request: RestoreSession, *,
+                              exclude: Collection[str] = ()) -> RemoteSession | None:
+        """The session made again, paused, from its bundle (its last pause, kept in the
+        bundle store) on the node with the most room, its slot claimed first; None when there
+        is nothing to make it from (no bundle, or no bundle store on that node)."""
+        node = await self.registry.place(exclude=exclude)
+        try:
+            client = self._client_for(node)
+            restored = await restore_on(client, request)
+        except BaseException:
+            await self.registry.release(node.id)
+            raise
+        if restored.state is None:
+            await self.registry.release(node.id)
+            logger.info("session %s not restored on node %s: %s", request.session_id, node.id,
+                        restored.missing)
+            return None
+        session = RemoteSession(client, restored.state)
+        self._sessions[session.id] = session
+        return session
+
     async def attach(self, session_id: str, node_id: str) -> RemoteSession:
         """The session another gateway (or this one, before a restart) placed on ``node_id``.
 
@@ -138,6 +162,24 @@ class RemoteNodes:
     def is_down(self, node_id: str) -> bool:
         """Whether the node was declared down (its sessions are to be placed again)."""
         return node_id in self._down
+
+    async def is_draining(self, node_id: str) -> bool:
+        """Whether the node is drained (its paused sessions are to move to other nodes): read
+        again from the registry when the last look said so (an undrain may be newer)."""
+        if node_id not in self._draining:
+            return False
+        record = await self.registry.get(node_id)
+        if record is None or record.state != "draining":
+            self._draining.discard(node_id)
+            return False
+        return True
+
+    def note_draining(self, node_id: str, draining: bool) -> None:
+        """This gateway drained or undrained the node (the others see it at their next look)."""
+        if draining:
+            self._draining.add(node_id)
+        else:
+            self._draining.discard(node_id)
 
     async def delete_session(self, session_id: str) -> None:
         """Delete the session on its node; a node that is down removes it as it comes back
@@ -186,7 +228,9 @@ class RemoteNodes:
                 for node_id in await self.registry.mark_lost():
                     logger.warning("node %s is down: its heartbeat is late; its sessions will "
                                    "be placed again when next used", node_id)
-                self._down = {n.id for n in await self.registry.nodes() if n.state == "down"}
+                nodes = await self.registry.nodes()
+                self._down = {n.id for n in nodes if n.state == "down"}
+                self._draining = {n.id for n in nodes if n.state == "draining"}
             except Exception as exc:  # the database away for a moment: look again later
                 logger.warning("could not look for lost nodes: %s", exc)
 

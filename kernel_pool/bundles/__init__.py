@@ -2,7 +2,8 @@
 
 :class:`Bundles` writes and reads a session's bundle (parts and a manifest) in a
 :class:`BundleStore` (``s3://`` or ``file://``, :func:`open_store`), streamed in bounded
-chunks, sealed per tenant (:class:`BundleKeys`) and checked on the way back.
+chunks, sealed per tenant (:class:`BundleKeys`) and checked on the way back;
+:func:`write_session` and :func:`read_session` keep a paused session there and restore it.
 """
 
 from kernel_pool.bundles._bundle import Bundle, Bundles, BundleWriter
@@ -11,6 +12,7 @@ from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound, BundleSto
 from kernel_pool.bundles._file import FileStore
 from kernel_pool.bundles._manifest import BundleInfo, Manifest, Part
 from kernel_pool.bundles._s3 import S3Store
+from kernel_pool.bundles._session import read_session, write_session
 from kernel_pool.bundles._store import PART_SIZE, BundleStore, ObjectWriter, open_store
 
 __all__ = [
@@ -30,4 +32,6 @@ __all__ = [
     "Part",
     "S3Store",
     "open_store",
+    "read_session",
+    "write_session",
 ]

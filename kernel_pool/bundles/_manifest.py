@@ -19,6 +19,12 @@ class BundleInfo(BaseModel):
     criu_version: str | None = Field(None, description="CRIU that took the memory image")
     kernel_version: str | None = Field(None, description="the host's kernel (uname -r) the "
                                        "memory image was taken on")
+    kept: list[str] = Field(default_factory=list, description="the variables the snapshot kept")
+    not_kept: dict[str, str] = Field(
+        default_factory=dict, description="what the bundle does not hold, each with the reason "
+        "(as a paused session's not_kept says it)")
+    reseed: bool = Field(False, description="a fork's copy that never ran: its random "
+                         "generators start afresh when it resumes")
 
 
 class Part(BaseModel):

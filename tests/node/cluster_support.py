@@ -7,6 +7,7 @@ database (and the Docker engine, as nodes on one machine do).
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import shutil
@@ -109,7 +110,8 @@ def _tls_env(certs: ClusterCerts, role: str) -> dict[str, str]:
             "REPLGATE_TLS_KEY": str(key)}
 
 
-def make_node(node_id: str, database_url: str, certs: ClusterCerts) -> NodeProcess:
+def make_node(node_id: str, database_url: str, certs: ClusterCerts,
+              extra_env: dict[str, str] | None = None) -> NodeProcess:
     state_dir = Path(tempfile.mkdtemp(prefix=f"rg-{node_id}-", dir="/tmp"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
     env.update({
@@ -118,20 +120,28 @@ def make_node(node_id: str, database_url: str, certs: ClusterCerts) -> NodeProce
         "REPLGATE_MIN_IDLE": "1", "REPLGATE_MAX_KERNELS": "4", "REPLGATE_WORKSPACE_SIZE": "64m",
         "REPLGATE_INTERRUPT_GRACE_S": "2.0", "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
         "REPLGATE_TEMPLATE_DIR": str(TEMPLATE_DIR), "REPLGATE_LOG_LEVEL": "info",
-        **_tls_env(certs, "node"),
+        **_tls_env(certs, "node"), **(extra_env or {}),
     })
     return NodeProcess(node_id=node_id, port=free_port(), env=env, state_dir=state_dir,
                        log_path=state_dir.with_suffix(".log"))
 
 
 @contextmanager
-def running_cluster(docker_client: docker.DockerClient, nodes: int = 3,
-                    gateways: int = 2) -> Iterator[Cluster]:
-    """The cluster, started; afterwards no container or mount of it remains."""
+def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways: int = 2,
+                    bundle_store: str | None = None,
+                    store_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """The cluster, started; afterwards no container or mount of it remains.
+
+    ``bundle_store``: where the nodes keep paused sessions (``REPLGATE_BUNDLE_STORE``, with a
+    bundle key made for the cluster), ``store_env`` what the nodes need to reach it (the
+    ``AWS_*`` variables of an S3 server)."""
     database_url = create_database()
     certs_dir = Path(tempfile.mkdtemp(prefix="rg-certs-", dir="/tmp"))
     certs = make_cluster_certs(certs_dir)
-    members = [make_node(f"node-{i}-{os.getpid()}", database_url, certs)
+    bundles = {} if bundle_store is None else {
+        "REPLGATE_BUNDLE_STORE": bundle_store, **(store_env or {}),
+        "REPLGATE_BUNDLE_KEY": base64.b64encode(os.urandom(32)).decode()}
+    members = [make_node(f"node-{i}-{os.getpid()}", database_url, certs, bundles)
                for i in range(1, nodes + 1)]
     try:
         for member in members:
@@ -141,8 +151,10 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3,
         with ExitStack() as stack:
             processes = []
             for _ in range(gateways):
+                stores = {} if bundle_store is None else {"bundle_store": bundle_store}
                 process = make_gateway(database_url=database_url, local_node="false",
                                        node_timeout_s=str(NODE_TIMEOUT_S), admin_keys=ADMIN_KEY,
+                                       **stores,
                                        **{k.removeprefix("REPLGATE_").lower(): v
                                           for k, v in _tls_env(certs, "gateway").items()})
                 process.warm = False

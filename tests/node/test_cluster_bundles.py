@@ -1,0 +1,159 @@
+"""Paused sessions in shared storage: two nodes and two gateways (processes of their own, own
+state directories, sharing no file) on a real PostgreSQL and a real S3 server (SeaweedFS), over
+mutual TLS. A session paused on one node resumes on the other, through a gateway, with its
+variables and its files, after a drain and after a kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from cluster_support import ADMIN_KEY, NODE_TIMEOUT_S, Cluster, running_cluster
+
+from tests.conftest import GatewayProcess
+from tests.kernel_pool.bundles.seaweed_support import BUCKET, running_seaweedfs
+
+FILE = "data/notes.txt"
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
+    with running_seaweedfs() as seaweed, running_cluster(
+            docker_client, nodes=2, bundle_store=f"s3://{BUCKET}/{secrets.token_hex(6)}",
+            store_env=seaweed.aws_env()) as started:
+        yield started
+
+
+def _client(gateway: GatewayProcess, key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
+                             timeout=120)
+
+
+async def _session(client: httpx.AsyncClient, code: str) -> tuple[str, str]:
+    """A new session that ran ``code`` and holds :data:`FILE`; its id and its node."""
+    created = await client.post("/v1/sessions", json={})
+    assert created.status_code == 201, created.text
+    sid, node = created.json()["id"], created.json()["node"]
+    put = await client.put(f"/v1/sessions/{sid}/files/{FILE}", content=f"of {sid}".encode())
+    assert put.status_code in (200, 201), put.text
+    assert (await _run(client, sid, code))["status"] == "ok"
+    return sid, node
+
+
+async def _run(client: httpx.AsyncClient, sid: str, code: str) -> dict[str, Any]:
+    answer = await client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+async def _pause(client: httpx.AsyncClient, sid: str) -> None:
+    paused = await client.post(f"/v1/sessions/{sid}/pause")
+    assert paused.status_code == 200 and paused.json()["status"] == "paused", paused.text
+
+
+@asynccontextmanager
+async def _operator(gateway: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60,
+                                 headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as ops:
+        yield ops
+
+
+async def _beside(client: httpx.AsyncClient, ops: httpx.AsyncClient, cluster: Cluster,
+                  node: str, code: str) -> str:
+    """A new session on ``node`` (the other drained meanwhile) that ran ``code``; its id."""
+    other = next(n.node_id for n in cluster.nodes if n.node_id != node)
+    await ops.post(f"/v1/nodes/{other}/drain")
+    try:
+        sid, placed = await _session(client, code)
+    finally:
+        await ops.post(f"/v1/nodes/{other}/undrain")
+    assert placed == node
+    return sid
+
+
+async def _held(ops: httpx.AsyncClient, node: str) -> int:
+    """The sessions ``node`` holds, as ``GET /v1/nodes`` says."""
+    held: int = next(n for n in (await ops.get("/v1/nodes")).json()
+                     if n["id"] == node)["sessions"]
+    return held
+
+
+async def _status(client: httpx.AsyncClient, sid: str) -> str:
+    status: str = (await client.get(f"/v1/sessions/{sid}")).json()["status"]
+    return status
+
+
+async def test_a_drained_node_sessions_resume_on_the_other_with_everything(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with _client(one) as first, _client(two, key_of=one) as second, \
+            _operator(two) as ops:
+        paused, node = await _session(first, "x = 41")
+        await _pause(first, paused)
+        # A session still running on the node when it is drained: the drain pauses it.
+        running = await _beside(first, ops, cluster, node, "y = 'kept'")
+        drained = await ops.post(f"/v1/nodes/{node}/drain")
+        assert drained.status_code == 202, drained.text
+        try:
+            async with asyncio.timeout(60):
+                while await _status(second, running) != "paused":  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+            # Through the other gateway: each resumes on the other node, as it was.
+            result = await _run(second, paused, "x + 1")
+            assert result["outputs"][-1]["data"]["text/plain"] == "42"
+            assert result["restarted"] is False, result
+            result = await _run(second, running, f"print(y, open({FILE!r}).read())")
+            assert result["stdout"] == f"kept of {running}\n" and not result["restarted"]
+            for sid in (paused, running):
+                now = (await second.get(f"/v1/sessions/{sid}")).json()
+                assert now["node"] not in (None, node), now
+                got = await first.get(f"/v1/sessions/{sid}/files/{FILE}")
+                assert got.content == f"of {sid}".encode()
+            # Nothing of them is left on the drained node: its copies were removed.
+            async with asyncio.timeout(2 * NODE_TIMEOUT_S):
+                while await _held(ops, node):  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)
+        finally:
+            await ops.post(f"/v1/nodes/{node}/undrain")
+            for sid in (paused, running):
+                await first.delete(f"/v1/sessions/{sid}")
+
+
+async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Cluster) -> None:
+    one = cluster.gateways[0]
+    async with _client(one) as first, _operator(one) as ops:
+        paused, node = await _session(first, "x = 41")
+        other = next(n.node_id for n in cluster.nodes if n.node_id != node)
+        ran_on = await _beside(first, ops, cluster, node, "z = 1")
+        await _pause(first, paused)
+        await _pause(first, ran_on)
+        await _run(first, ran_on, "z = 2")  # resumed: it runs on past its last pause
+        lost = next(n for n in cluster.nodes if n.node_id == node)
+        lost.stop(signal.SIGKILL)
+        try:
+            await asyncio.sleep(NODE_TIMEOUT_S * 2)  # declared down by a gateway's watch
+            # Paused when its node was lost: everything kept, nothing restarted.
+            result = await _run(first, paused, "x + 1")
+            assert result["outputs"][-1]["data"]["text/plain"] == "42"
+            assert result["restarted"] is False, result
+            # Running: back to its last pause, and its next execution says so.
+            result = await _run(first, ran_on, f"print(z, open({FILE!r}).read())")
+            assert result["restarted"] is True and "lost" in (result["reason"] or ""), result
+            assert "last pause" in result["reason"]
+            assert result["stdout"] == f"1 of {ran_on}\n"
+            for sid in (paused, ran_on):
+                now = (await first.get(f"/v1/sessions/{sid}")).json()
+                assert now["node"] == other, now
+        finally:
+            for sid in (paused, ran_on):
+                await first.delete(f"/v1/sessions/{sid}")
+            lost.start()
+            lost.wait_registered(cluster.database_url)
