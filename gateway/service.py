@@ -207,7 +207,7 @@ class Gateway:
     async def _count_sessions(self, tenant: str) -> int:
         if not isinstance(self.pool, RemoteNodes):
             return len(self._local_sessions(tenant))
-        return len(await self.store.list_sessions(tenant=tenant))
+        return await self.store.count_sessions(tenant)
 
     def _local_sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's sessions this process holds."""

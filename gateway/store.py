@@ -311,6 +311,12 @@ class Store:
                                  tenant=tenant, node=node)
         return [_session_from_row(row) for row in rows]
 
+    async def count_sessions(self, tenant: str) -> int:
+        """How many live sessions the tenant has."""
+        rows = await self._fetch("SELECT COUNT(*) AS n FROM sessions WHERE tenant = :tenant "
+                                 "AND deleted = 0", tenant=tenant)
+        return int(rows[0]["n"])
+
     async def mark_deleted(self, session_id: str) -> None:
         """Flag a session deleted; its row and history stay. :class:`RecordNotFound` if none."""
         if not await self._change("UPDATE sessions SET deleted = 1 WHERE id = :id",

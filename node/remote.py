@@ -82,9 +82,6 @@ _ENTRIES = TypeAdapter(list[Entry])
 _CONTEXTS = TypeAdapter(list[ContextInfo])
 
 
-MINE_KEPT = 1024
-"""Executions submitted here whose ids a session remembers, so its followed stream does not
-tell of them twice (each one's own stream does)."""
 FOLLOW_AGAIN_S = 1.0
 """The wait before a session's events are followed again after the stream broke."""
 
@@ -224,8 +221,9 @@ class RemoteSession:
         self._following: asyncio.Task[None] | None = None
         self.followed = asyncio.Event()
         """Set while the session's events on its node are followed (see :meth:`_follow`)."""
-        self._mine: dict[str, None] = {}
-        """The latest executions submitted here (their events come from their own stream)."""
+        self._origin = uuid.uuid4().hex
+        """Names the executions submitted here to the node, which leaves them out of what
+        this side follows (their events come from their own stream)."""
         self._theirs: dict[str, ExecutionHandle] = {}
         """Executions submitted through other gateways, followed here, until done."""
         self._pending: list[ExecutionHandle] = []
@@ -303,9 +301,6 @@ class RemoteSession:
                                  language=sent_as, context_id=context)
         handle.gate = gate
         self._pending.append(handle)
-        self._mine[handle.id] = None
-        if len(self._mine) > MINE_KEPT:
-            del self._mine[next(iter(self._mine))]
         task = asyncio.create_task(self._execute(handle, language, context_id),
                                    name=f"remote-exec-{handle.id}")
         self._tasks.add(task)
@@ -341,7 +336,7 @@ class RemoteSession:
                     handle, handle.gate, lambda e: self._publish(handle, e)):
                 return
             submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id,
-                            language=language, context_id=context_id)
+                            language=language, context_id=context_id, origin=self._origin)
             async with self.client.stream(f"/sessions/{self.id}/executions", submit,
                                           self.id) as frames:
                 async for frame in frames:
@@ -474,8 +469,9 @@ class RemoteSession:
         listens or the session is gone."""
         while not self._closed:
             try:
-                async with self.client.stream(f"/sessions/{self.id}/events", None,
-                                              self.id) as frames:
+                async with self.client.stream(
+                        f"/sessions/{self.id}/events?origin={self._origin}", None,
+                        self.id) as frames:
                     async for frame in frames:
                         self._heard(frame)
             except (SessionNotFound, SessionClosed):
@@ -504,7 +500,7 @@ class RemoteSession:
                     listener(self, transfer)
                 except Exception:
                     logger.exception("session transfer listener failed")
-        elif frame.started is not None and frame.started.execution_id not in self._mine:
+        elif frame.started is not None:
             started = frame.started
             handle = ExecutionHandle(started.execution_id, started.code, started.timeout_s,
                                      language=started.language, context_id=started.context_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
@@ -75,6 +76,12 @@ def _session(request: Request, session_id: str) -> Session:
     return _pool(request).get_session(session_id)
 
 
+def _origins(request: Request) -> weakref.WeakKeyDictionary[ExecutionHandle, str]:
+    """Who submitted each execution (``Submit.origin``), as long as it is kept."""
+    origins: weakref.WeakKeyDictionary[ExecutionHandle, str] = request.app.state.origins
+    return origins
+
+
 @router.get("/info")
 async def info(request: Request) -> NodeInfo:
     pool = _pool(request)
@@ -121,6 +128,8 @@ async def submit(request: Request, session_id: str, body: Submit) -> StreamingRe
     session = _session(request, session_id)
     handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id,
                             language=body.language, context_id=body.context_id)
+    if body.origin is not None:  # (set before its task first tells the listeners)
+        _origins(request)[handle] = body.origin
 
     async def lines() -> AsyncIterator[bytes]:
         yield _line(Frame(accepted=SessionState.of(session)))
@@ -299,11 +308,14 @@ async def remove_context(request: Request, session_id: str, context_id: str) -> 
 
 
 @router.get("/sessions/{session_id}/events")
-async def follow(request: Request, session_id: str) -> StreamingResponse:
-    """What the session's listeners hear, whoever submitted the execution: each execution's
-    start and events, and each transfer (a pause's or resume's progress). The first line is
-    the session's state (the follower is attached from then on)."""
+async def follow(request: Request, session_id: str,
+                 origin: str | None = None) -> StreamingResponse:
+    """What the session's listeners hear: each execution's start and events (but those
+    submitted by ``origin``, which has them already), and each transfer (a pause's or
+    resume's progress). The first line is the session's state (the follower is attached from
+    then on)."""
     session = _session(request, session_id)
+    origins = _origins(request)
 
     async def lines() -> AsyncIterator[bytes]:
         queue: asyncio.Queue[Frame | None] = asyncio.Queue(FOLLOW_BUFFER)
@@ -318,6 +330,8 @@ async def follow(request: Request, session_id: str) -> StreamingResponse:
             queue.put_nowait(None)
 
         def heard(_session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
+            if origin is not None and origins.get(handle) == origin:
+                return
             put(Frame(started=Started(
                 execution_id=handle.id, code=handle.code, timeout_s=handle.timeout_s,
                 language=handle.language, context_id=handle.context_id)) if event is None
@@ -365,6 +379,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.state.pool = pool
     app.state.node_id = node_id
     app.state.image = image
+    app.state.origins = weakref.WeakKeyDictionary()
 
     @app.exception_handler(KernelPoolError)
     async def pool_error(request: Request, exc: KernelPoolError) -> JSONResponse:

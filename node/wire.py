@@ -84,6 +84,8 @@ class Submit(BaseModel):
     execution_id: str
     language: str | None = None
     context_id: str | None = None
+    origin: str | None = None
+    """Who submitted it: its events are not sent again to a follower of that origin."""
 
 
 class RunCommand(BaseModel):
