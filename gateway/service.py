@@ -57,13 +57,15 @@ from kernel_pool import (
     SessionHost,
     SessionNotFound,
     SessionPort,
+    SessionStatus,
     StateDirFull,
     StreamEvent,
     parse_size,
 )
 from node.placement import RemoteNodes
-from node.registry import NodeRecord
+from node.registry import NodeRecord, NoNodeAvailable
 from node.remote import NodeUnreachable, RemoteSession
+from node.restore import RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +137,59 @@ class Gateway:
         except (SessionNotFound, NodeUnreachable) as exc:
             self._tenant_of.pop(session_id, None)
             session = await self._lost(record, self.pool, exc)
+        else:
+            if (self.settings.bundle_store is not None and isinstance(session, RemoteSession)
+                    and await self.pool.is_draining(record.node)):
+                await session.refresh()  # paused as of now, not as of this gateway's last look
+                if session.paused:
+                    session = await self._move(record, self.pool, session)
         self._tenant_of[session_id] = tenant
+        return session
+
+    def _restore_request(self, record: SessionRecord, lost: str | None) -> RestoreSession:
+        return RestoreSession(tenant=record.tenant, session_id=record.id,
+                              profile=record.profile, env=record.env, metadata=record.metadata,
+                              created_at=record.created_at,
+                              execution_count=record.execution_count, lost=lost)
+
+    async def _move(self, record: SessionRecord, nodes: RemoteNodes,
+                    session: SessionPort) -> SessionPort:
+        """A paused session of a drained node, placed on another from its bundle (and its
+        copy on the drained node removed). Where it cannot be (no bundle, no room elsewhere,
+        a bundle refused), it stays paused where it is, and resumes there when used."""
+        old = record.node or ""
+        try:
+            moved = await nodes.restore_session(self._restore_request(record, None),
+                                                exclude=[old])
+        except KernelPoolError as exc:
+            logger.warning("session %s stays on drained node %s: %s", record.id, old, exc)
+            return session
+        if moved is None:
+            return session
+        placed = await self._settle(record, nodes, moved)
+        if placed is moved:
+            logger.info("session %s moved from drained node %s to node %s", record.id, old,
+                        moved.node)
+            try:
+                await moved_from(await nodes.client(old), record.id)
+            except KernelPoolError as exc:  # it removes it as it stops, or when fenced
+                logger.warning("session %s: its copy on node %s was not removed: %s",
+                               record.id, old, exc)
+        return placed
+
+    async def _settle(self, record: SessionRecord, nodes: RemoteNodes,
+                      session: RemoteSession) -> SessionPort:
+        """Make ``session``, placed again, the session's placement (its epoch raised from the
+        one ``record`` saw), or, when another gateway placed it first, that placement's."""
+        if not await nodes.registry.move(record.id, session.node, record.epoch):
+            winner = await self.store.get_session(record.id)
+            if winner is None or winner.deleted or winner.node is None:
+                await nodes.discard(session)
+                raise SessionNotFound(record.id) from None
+            if winner.node != session.node:  # (on the same node, it is the same copy)
+                await nodes.discard(session)
+            return await nodes.attach(record.id, winner.node)
+        await self._record_lifecycle(session)
         return session
 
     async def _lost(self, record: SessionRecord, nodes: RemoteNodes,
@@ -160,23 +214,34 @@ class Gateway:
             again = await self.store.get_session(record.id)
             if again is None or again.deleted:
                 raise exc
-        reason = (f"its node {record.node} was lost (down since its heartbeat stopped); the "
-                  "session starts again on another node with a fresh kernel: variables are "
-                  "gone, files too")
-        logger.warning("session %s: %s", record.id, reason)
-        session = await nodes.create_session(record.profile, env=record.env,
-                                             metadata=record.metadata, session_id=record.id,
-                                             lost=reason, exclude=[record.node or ""])
-        if not await nodes.registry.move(record.id, session.node, fresh.epoch):
-            # Another gateway placed it first: that placement stands, this copy goes.
-            await nodes.discard(session)
-            winner = await self.store.get_session(record.id)
-            if winner is None or winner.deleted or winner.node is None:
-                raise SessionNotFound(record.id) from None
-            return await nodes.attach(record.id, winner.node)
-        await self.store.update_session(record.id, status=session.status.value,
-                                        sandbox=session.sandbox_info().model_dump(mode="json"))
-        return session
+        lost = f"its node {record.node} was lost (down since its heartbeat stopped)"
+        session: RemoteSession | None = None
+        refused = ""
+        if self.settings.bundle_store is not None:
+            # Paused, it kept everything in its bundle; running, it goes back to its last
+            # pause, and its next execution says so.
+            why = None if fresh.status == SessionStatus.PAUSED.value else (
+                f"{lost}; the session resumed on another node from its last pause: variables "
+                "and files are as they were then")
+            try:
+                session = await nodes.restore_session(self._restore_request(fresh, why),
+                                                      exclude=[record.node or ""])
+            except NoNodeAvailable:
+                raise
+            except KernelPoolError as exc:
+                refused = f" (its bundle could not be restored: {exc})"
+        if session is None:
+            reason = (f"{lost}; the session starts again on another node with a fresh kernel: "
+                      f"variables are gone, files too{refused}")
+            logger.warning("session %s: %s", record.id, reason)
+            session = await nodes.create_session(record.profile, env=record.env,
+                                                 metadata=record.metadata,
+                                                 session_id=record.id, lost=reason,
+                                                 exclude=[record.node or ""])
+        else:
+            logger.warning("session %s: %s; restored from its bundle on node %s", record.id,
+                           lost, session.node)
+        return await self._settle(fresh, nodes, session)
 
     async def owner(self, session_id: str) -> str | None:
         """The tenant of a live session, for a caller that proved its right to it otherwise
@@ -616,6 +681,7 @@ class Gateway:
         registry = self.pool.registry
         if await registry.get(node_id) is None:
             raise NotFound(f"no node {node_id!r}; GET /v1/nodes lists them")
+        self.pool.note_draining(node_id, draining)
         if not draining:
             return await registry.undrain(node_id)
         record = await registry.drain(node_id)
@@ -625,12 +691,17 @@ class Gateway:
         return record
 
     async def _pause_all(self, node_id: str) -> None:
+        """Pause the node's sessions (into the bundle store, when there is one: each moves to
+        another node when next used)."""
         assert isinstance(self.pool, RemoteNodes)
         for session_id in await self.pool.registry.sessions_of(node_id):
             try:
                 session = await self.pool.attach(session_id, node_id)
-                if not session.paused:
+                if self.settings.bundle_store is not None:
+                    session.apply(await keep_on(session.client, session_id))
+                elif not session.paused:
                     await session.pause()
+                await self._record_lifecycle(session)
             except Exception as exc:
                 logger.warning("drain of node %s: session %s not paused: %s", node_id,
                                session_id, exc)

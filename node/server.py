@@ -35,6 +35,7 @@ from kernel_pool import (
     StreamEvent,
     Transfer,
 )
+from node.restore import router as restore_router
 from node.wire import (
     PREFIX,
     CreateContext,
@@ -397,6 +398,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
         return Response(figures.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(router)
+    app.include_router(restore_router)  # sessions moving through the bundle store
     return app
 
 
