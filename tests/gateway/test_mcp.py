@@ -141,12 +141,10 @@ async def test_execute_code_names_the_languages_of_the_sandbox(mcp: Client) -> N
     assert code.input_schema["required"] == ["code", "language"]
     assert code.description is not None
     assert "own persistent session" in code.description and "60 s" in code.description
-    if "This sandbox offers" in code.description:  # /mcp: the gateway knows its image
-        offered = code.description.split("This sandbox offers: ")[1].split(". No other")[0]
-        assert offered.startswith("'python'") and "'bash'" in offered
-        assert "'r'" not in offered  # the default image has no R
-    else:  # stdio: the client cannot know the image before its session exists
-        assert "this sandbox has depends on its image" in code.description
+    # Both transports ask the gateway (stdio: its kernelspecs as the process starts).
+    offered = code.description.split("This sandbox offers: ")[1].split(". No other")[0]
+    assert offered.startswith("'python'") and "'bash'" in offered
+    assert "'r'" not in offered  # the default image has no R
 
 
 async def test_execute_code_runs_bash_with_its_own_state(mcp: Client) -> None:
