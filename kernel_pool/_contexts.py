@@ -15,6 +15,7 @@ use.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import signal
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
+from kernel_pool._execution import LateOutput
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._languages import KERNEL_LANGUAGES, SAME_KERNEL, kernel_language, normalize
 from kernel_pool.backends.base import Sandbox
@@ -34,9 +36,11 @@ DEFAULT_CONTEXT = "python"
 MAX_CONTEXTS = 6
 """Contexts a session may hold beside its own kernel: each one's sockets take inodes of the
 sandbox's small socket folder (and its memory the session's limit)."""
-JS_QUIET_S = 0.2
-"""Deno's kernel says ``idle`` before its output task has sent everything (its console
-output is drained by a second task): its executions wait this long for quiet after ``idle``."""
+JS_LATE_OUTPUT = LateOutput(lambda marker: f"console.log({json.dumps(marker)})", wait_s=2.0,
+                            quiet_s=0.2)
+"""Deno's kernel says ``idle`` before its output task has sent everything (its console output
+is published by a task of its own): its executions take the output until a marker printed
+after them comes (within 2 s; else until 0.2 s of quiet)."""
 
 
 class ContextInfo(BaseModel):

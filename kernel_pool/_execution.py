@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
@@ -40,6 +42,8 @@ from kernel_pool.events import (
 from kernel_pool.exceptions import KernelPoolError
 
 logger = logging.getLogger(__name__)
+MARKER_POLL_S = 0.005
+"""While waiting for a late-output marker, how often the execution's own queue is drained."""
 
 Emit = Callable[[OutputEvent], None]
 
@@ -101,12 +105,28 @@ def translate(msg: dict[str, Any]) -> OutputEvent | None:
     return None
 
 
+@dataclass(frozen=True)
+class LateOutput:
+    """How to take the output a kernel may still send after its ``idle``.
+
+    ``code(marker)``, run silently after the execution, prints ``marker`` behind everything the
+    execution printed (the kernel's output keeps its order): once the marker came, the output is
+    whole. Without it within ``wait_s`` (the code failed, or the user's code replaced the
+    printing function), the output is taken until it has been quiet ``quiet_s``.
+    """
+
+    code: Callable[[str], str]
+    wait_s: float
+    quiet_s: float
+
+
 class ExecutionRun:
     """Runs one piece of code; :meth:`run` emits its events and returns the ``done`` event."""
 
     def __init__(self, kernel: Kernel, code: str, *, timeout_s: float, caps: OutputCaps,
                  execution_id: str, interrupt_grace_s: float,
-                 restarted_before: str | None = None, quiet_after_idle_s: float = 0.0) -> None:
+                 restarted_before: str | None = None,
+                 late_output: LateOutput | None = None) -> None:
         self.kernel = kernel
         self.code = code
         self.timeout_s = timeout_s
@@ -123,9 +143,9 @@ class ExecutionRun:
         self._lines = LineJoiner()
         self._restart_reason = restarted_before
         """Why the kernel was restarted before this execution (it then says so)."""
-        self.quiet_after_idle_s = quiet_after_idle_s
-        """How long output may still come after the kernel's ``idle`` (Deno's sends its
-        console output from a second task, after it): the run ends once it was quiet so long."""
+        self.late_output = late_output
+        """For a kernel whose output may still come after its ``idle`` (Deno's sends its
+        console output from a task of its own, after it at times): how to know it is whole."""
         self.sent_ns: int | None = None
         """When ``execute_request`` went to the kernel (``time.time_ns()``, for traces)."""
         self.idle_ns: int | None = None
@@ -263,8 +283,8 @@ class ExecutionRun:
                 self._emit(event, emit)
                 await self._spill()
         assert reply is not None
-        if idle and self.quiet_after_idle_s:
-            await self._late_output(route, emit, deadline_loop)
+        if idle and self.late_output is not None:
+            await self._late_output(self.late_output, route, emit, deadline_loop)
         count = reply.get("execution_count")
         status = self._status
         if self.kernel.channel_breaks != breaks:
@@ -277,23 +297,71 @@ class ExecutionRun:
         return DoneEvent(status=status, execution_count=count if isinstance(count, int) else None,
                          duration_ms=0.0, reason=reason, files=files)
 
-    async def _late_output(self, route: asyncio.Queue[tuple[str, Any]], emit: Emit,
-                           deadline: float) -> None:
-        """Take the output that follows ``idle`` until it has been quiet for
-        ``quiet_after_idle_s`` (or the execution's time is up)."""
+    async def _late_output(self, late: LateOutput, route: asyncio.Queue[tuple[str, Any]],
+                           emit: Emit, deadline: float) -> None:
+        """Take the output that follows ``idle``: up to ``late``'s marker, else until it has
+        been quiet ``late.quiet_s`` (or the execution's time is up)."""
         loop = asyncio.get_running_loop()
+        if await self._until_marker(late, route, emit,
+                                    min(deadline, loop.time() + late.wait_s)):
+            return
         while loop.time() < deadline and not self._interrupt_requested:
             try:
-                async with asyncio.timeout_at(min(deadline, loop.time()
-                                                  + self.quiet_after_idle_s)):
+                async with asyncio.timeout_at(min(deadline, loop.time() + late.quiet_s)):
                     channel, msg = await route.get()
             except TimeoutError:
                 return
-            if channel == "iopub" and isinstance(msg, dict):
-                event = translate(msg)
-                if event is not None:
-                    self._emit(event, emit)
-                    await self._spill()
+            await self._take_late(channel, msg, emit)
+
+    async def _until_marker(self, late: LateOutput, route: asyncio.Queue[tuple[str, Any]],
+                            emit: Emit, deadline: float) -> bool:
+        """Run ``late``'s code and take the output until its marker; whether it came.
+
+        The kernel sends output under the request it runs last: what this execution printed
+        late comes under its own request, then under the marker's (a wait on the marker's
+        queue drains this one first, whose messages all came before).
+        """
+        loop = asyncio.get_running_loop()
+        marker = f"replgate-output-end-{secrets.token_hex(8)}"
+        msg_id, marked = self.kernel.request("execute_request", {
+            "code": late.code(marker), "silent": True, "store_history": False,
+            "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+        try:
+            while loop.time() < deadline and not self._interrupt_requested:
+                while not route.empty():
+                    await self._take_late(*route.get_nowait(), emit)
+                try:
+                    async with asyncio.timeout_at(min(deadline, loop.time() + MARKER_POLL_S)):
+                        channel, msg = await marked.get()
+                except TimeoutError:
+                    continue
+                while not route.empty():  # came before this message: goes first
+                    await self._take_late(*route.get_nowait(), emit)
+                if channel == "died":
+                    return False
+                if channel == "shell" and (msg.get("content") or {}).get("status") != "ok":
+                    return False  # the marker's code failed: no marker will come
+                content = msg.get("content") if channel == "iopub" else None
+                if msg.get("msg_type") != "stream" or not isinstance(content, dict):
+                    continue  # the marker's own status, input and reply
+                text = str(content.get("text", ""))
+                found = marker in text
+                text = text.replace(marker + "\n", "").replace(marker, "")
+                if text:
+                    await self._take_late(channel, {**msg, "content": {**content, "text": text}},
+                                          emit)
+                if found:
+                    return True
+            return False
+        finally:
+            self.kernel.forget(msg_id)
+
+    async def _take_late(self, channel: str, msg: Any, emit: Emit) -> None:
+        if channel == "iopub" and isinstance(msg, dict):
+            event = translate(msg)
+            if event is not None:
+                self._emit(event, emit)
+                await self._spill()
 
     async def _channel_lost(self, count: int | None, emit: Emit) -> DoneEvent:
         """End an execution part of whose output was lost with a broken channel: ``error``,

@@ -23,7 +23,7 @@ import anyio.to_thread
 from kernel_pool._caused import caused
 from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._contexts import (
-    JS_QUIET_S,
+    JS_LATE_OUTPUT,
     CodeContext,
     ContextInfo,
     Contexts,
@@ -344,8 +344,8 @@ class Session:
                                    caps=self.profile.caps, execution_id=handle.id,
                                    interrupt_grace_s=self._settings.interrupt_grace_s,
                                    restarted_before=lost,
-                                   quiet_after_idle_s=JS_QUIET_S
-                                   if context.language == "javascript" else 0.0)
+                                   late_output=JS_LATE_OUTPUT
+                                   if context.language == "javascript" else None)
                 if context.default:
                     self._lost = None
                 context.lost = None

@@ -20,6 +20,7 @@ from kernel_pool import (
     StreamEvent,
     UnknownLanguage,
 )
+from kernel_pool._contexts import JS_LATE_OUTPUT
 from kernel_pool.backends.docker import build_polyglot_image
 
 LANGUAGES = ["r", "javascript", "bash"]
@@ -157,6 +158,34 @@ async def test_typescript_runs_in_the_javascript_context(poly: Session) -> None:
     await poly.submit("var shared = 5", language="js").result()
     typed = await poly.submit("const n: number = shared * 2; n", language="TypeScript").result()
     assert (typed.status, typed.outputs[0].data["text/plain"]) == ("ok", "10"), typed
+
+
+async def test_javascript_output_is_whole_in_order_without_a_quiet_wait(poly: Session) -> None:
+    # Deno publishes console output from a task of its own, after its idle at times, and
+    # under the request it runs last: an execution takes it up to a marker printed after it.
+    code = "for (let i = 0; i < 60; i++) { console.log(i); console.error(`e${i}`) }"
+    for _ in range(8):
+        result = await poly.submit(code, language="javascript").result()
+        assert result.stdout == "".join(f"{i}\n" for i in range(60)), result.stdout
+        assert result.stderr == "".join(f"e{i}\n" for i in range(60)), result.stderr
+        assert "replgate-output-end" not in result.stdout
+    count = (await poly.submit("1+1", language="javascript").result()).execution_count
+    assert (await poly.submit("1+1", language="javascript").result()).execution_count == (
+        count or 0) + 1  # the marker's code runs silently, uncounted
+    spent = [(await poly.submit("1+1", language="javascript").result()).duration_ms
+             for _ in range(7)]
+    # The former wait for 0.2 s of quiet after every execution is gone.
+    assert sorted(spent)[3] < JS_LATE_OUTPUT.quiet_s * 1000, spent
+
+
+async def test_javascript_without_its_console_falls_back_to_a_quiet_wait(poly: Session) -> None:
+    broken = await poly.submit("var kept = console.log; console.log = () => {}; 7",
+                               language="javascript").result()
+    assert (broken.status, broken.outputs[0].data["text/plain"]) == ("ok", "7"), broken
+    assert broken.duration_ms >= JS_LATE_OUTPUT.wait_s * 1000  # no marker could come
+    back = await poly.submit("console.log = kept; console.log('back')",
+                             language="javascript").result()
+    assert (back.status, back.stdout) == ("ok", "back\n"), back
 
 
 async def test_an_unknown_language_names_the_offered_ones(poly: Session,
