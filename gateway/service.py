@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unauthorized
@@ -27,6 +29,7 @@ from gateway.store import (
     PENDING_APPROVAL,
     RUNNING,
     ExecutionRecord,
+    RecordExists,
     SessionRecord,
     Store,
     utc_now,
@@ -68,6 +71,9 @@ from node.remote import NodeUnreachable, RemoteSession
 from node.restore import RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)
+
+RECORD_RETRY_S = 60.0
+"""How long the recording of an execution that ran waits for the database to come back."""
 
 
 class Gateway:
@@ -554,7 +560,8 @@ class Gateway:
 
     async def _record_execution(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                                 span: trace.Span | None = None) -> Execution:
-        await self.store.start_execution(handle.id, session.id, tenant, handle.code)
+        await self._durably(f"execution {handle.id}'s start", self._start_record, handle.id,
+                            session.id, tenant, handle.code)
         try:
             await self.governance.follow(handle, self.store)  # pending_approval in history
             execution = await handle.result()
@@ -565,19 +572,51 @@ class Gateway:
                 self.tracing.end_execution(span, handle, execution)
         finally:
             execution = handle.execution()
-            await self.store.finish_execution(handle.id, execution.status.value,
-                                              execution.execution_count, handle.events,
-                                              execution)
-        await self.store.record_activity(
-            session.id, execution_count=session.execution_count,
-            last_active_at=session.last_active_at,
-            sandbox=session.sandbox_info())
-        await self.audit.append(AuditRecord.for_execution(
-            tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
-            execution=execution, image=self.image,
-            limits=session.profile.model_dump(mode="json", exclude={"caps"}),
-            extra=self.governance.audit_extra(handle.id)))
+            await self._durably(f"execution {handle.id}'s end", self.store.finish_execution,
+                                handle.id, execution.status.value, execution.execution_count,
+                                handle.events, execution)
+        await self._durably(f"session {session.id}'s activity", self.store.record_activity,
+                            session.id, execution_count=session.execution_count,
+                            last_active_at=session.last_active_at,
+                            sandbox=session.sandbox_info())
+        await self._durably(f"execution {handle.id}'s audit record", self.audit.append,
+                            AuditRecord.for_execution(
+                                tenant=tenant, session_id=session.id, execution_id=handle.id,
+                                code=handle.code, execution=execution, image=self.image,
+                                limits=session.profile.model_dump(mode="json",
+                                                                  exclude={"caps"}),
+                                extra=self.governance.audit_extra(handle.id)))
         return execution
+
+    async def _start_record(self, execution_id: str, session_id: str, tenant: str,
+                            code: str) -> None:
+        try:
+            await self.store.start_execution(execution_id, session_id, tenant, code)
+        except RecordExists:
+            # Written by a try the database answered too late (it was restarting): it is there.
+            if (await self.store.get_execution(execution_id)) is None:
+                raise
+
+    async def _durably(self, what: str, write: Callable[..., Awaitable[Any]], *args: Any,
+                       **kwargs: Any) -> None:
+        """A recording write, tried again for up to :data:`RECORD_RETRY_S` while the database
+        is away (a restart, a failover): what ran stays in the history and the audit log
+        through a moment's outage. (An audit append whose commit the database made but did
+        not confirm is written twice: the chain stays whole, with the record twice.)"""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECORD_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                await write(*args, **kwargs)
+                return
+            except (DBAPIError, PoolTimeout, OSError) as exc:
+                if loop.time() + delay > deadline:
+                    raise
+                logger.warning("%s not recorded yet, the database is away (%s); trying again",
+                               what, type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     # -- shell commands ----------------------------------------------------------------------
 
