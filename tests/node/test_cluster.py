@@ -93,7 +93,7 @@ async def test_websocket_and_files_through_another_gateway(cluster: Cluster) -> 
                 code = ("import time\nprint(open('data.csv').read().split()[1], flush=True)\n"
                         "time.sleep(1)\nprint('later')")
                 await ws.send(json.dumps({"type": "execute", "code": code, "id": "ws-1"}))
-                frames = []
+                frames: list[dict[str, Any]] = []
                 async with asyncio.timeout(60):
                     while not frames or frames[-1]["type"] != "done":
                         frame = json.loads(await ws.recv())
