@@ -80,6 +80,9 @@ class KernelPool:
         self.keep_paused: Callable[[Session], Awaitable[None]] | None = None
         """Awaited after each pause, before it answers (a node writes the session's bundle to
         shared storage); it says in the session's ``reason`` what it could not keep."""
+        self.keep_resumed: Callable[[Session], Awaitable[None]] | None = None
+        """Awaited after each resume, before any code runs (a node records that the session
+        runs past its last pause: lost with its node, it restarts from that pause)."""
         self.acquire_seconds: list[float] = []
         self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
                                        parse_size(settings.snapshot_budget))
@@ -470,6 +473,10 @@ class KernelPool:
     async def paused_here(self, session: Session) -> None:
         if self.keep_paused is not None:
             await self.keep_paused(session)
+
+    async def resumed_here(self, session: Session) -> None:
+        if self.keep_resumed is not None:
+            await self.keep_resumed(session)
 
     def resumed(self, session: Session) -> None:
         """Tell the listeners that a paused session runs again (Lifecycle)."""

@@ -110,6 +110,10 @@ class Lifecycle(Protocol):
         kept elsewhere too where the pool is told to (a node's bundle store), before the
         pause answers and before anything may resume it (the session's lock is held)."""
 
+    async def resumed_here(self, session: Session) -> None:
+        """The session runs again: noted where the pool is told to (a node records it in the
+        shared database) before any code runs (the session's lock is held)."""
+
 
 WARM_RESUME_MAX_BYTES = 64 * 1024 * 1024
 """Workspaces up to this size are copied onto a warm kernel on resume; larger ones get a new
@@ -762,6 +766,7 @@ class Session:
         self.reason = fallback
         await anyio.to_thread.run_sync(store.delete, self.id)
         self.lifecycle.resumed(self)
+        await self.lifecycle.resumed_here(self)
 
     async def _resume_variables(self, store: SnapshotStore) -> None:
         """A kernel with the variables snapshot loaded: a warm one, else the session's own."""

@@ -59,7 +59,7 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[Any]] = set()
         pool.on_session_closed.append(self._closed)
         pool.on_session_paused.append(self._lifecycle)
-        pool.on_session_resumed.append(self._lifecycle)
+        pool.keep_resumed = self._resumed
 
     async def register(self) -> None:
         await self.registry.register(self.node_id, self.advertise, self.pool.settings.max_kernels)
@@ -105,6 +105,17 @@ class NodeAgent:
         logger.info("session %s %s node %s: %s", session_id,
                     "left" if elsewhere else "ended on", self.node_id, reason)
 
+    async def _resumed(self, session: SessionPort) -> None:
+        """Recorded before the resumed session runs code: a node lost right after must leave
+        the record saying it ran past its last pause (it then restarts from that pause, and
+        says so), never paused (it would claim to have kept everything)."""
+        try:
+            await self.store.update_session(
+                session.id, status=session.status.value,
+                sandbox=session.sandbox_info().model_dump(mode="json"))
+        except Exception as exc:  # the database away: the resume stands, its record lags
+            logger.warning("session %s: its resume was not recorded: %s", session.id, exc)
+
     def _lifecycle(self, session: SessionPort) -> None:
         self._spawn(self.store.update_session(
             session.id, status=session.status.value,
@@ -145,6 +156,7 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
         async with Store.open(settings.database) as store:
             registry = Registry(store.database, heartbeat_timeout_s=settings.node_timeout_s)
             await pool.start()  # what a previous life left here is removed: it was placed anew
+            await pool.remove_leftovers()  # (and what its paused sessions left without a container)
             keeper = app.state.bundles = (
                 BundleKeeper(node_id, pool, bundles, store) if bundles is not None else None)
             agent = NodeAgent(node_id, advertise, pool, store, registry,
