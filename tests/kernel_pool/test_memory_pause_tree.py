@@ -133,6 +133,38 @@ async def test_a_process_outside_the_kernel_tree_makes_a_whole_container_dump(
         await memory_pool.delete_session(session.id)
 
 
+SYSV_QUEUE = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+queue = libc.msgget(0, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600: in no process's memory
+assert queue >= 0, ctypes.get_errno()
+message = ctypes.create_string_buffer(b"\\x01\\0\\0\\0\\0\\0\\0\\0kept in System V", 32)
+assert libc.msgsnd(queue, message, 16, 0) == 0, ctypes.get_errno()
+"""
+RECEIVE = """
+received = ctypes.create_string_buffer(32)
+size = libc.msgrcv(queue, received, 16, 0, 0o4000)  # IPC_NOWAIT
+print(received.raw[8:8 + size].decode() if size > 0 else f"no message: {ctypes.get_errno()}")
+"""
+
+
+async def test_a_system_v_message_queue_makes_a_whole_container_dump_that_keeps_it(
+        memory_pool: KernelPool) -> None:
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, SYSV_QUEUE)
+
+        assert (await session.pause()).paused_with == "memory", session.reason
+
+        # A tree dump would lose the queue (it is the IPC namespace's, in no process of the
+        # tree): the engine's dump of the whole container holds it.
+        assert sandbox_of(session).memory_path == "engine"
+        await session.resume()
+        assert await run_ok(session, RECEIVE) == "kept in System V\n"
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
 async def test_a_failed_tree_dump_falls_back_to_the_engine_and_says_so(
         memory_pool: KernelPool, caplog: pytest.LogCaptureFixture) -> None:
     session = await memory_pool.create_session()

@@ -102,7 +102,7 @@ from kernel_pool.backends.docker._template import refusal as templates_refusal
 from kernel_pool.backends.docker._template import remove_others as remove_other_templates
 from kernel_pool.backends.docker._template import restore as restore_template
 from kernel_pool.backends.docker._tree import dump as dump_tree
-from kernel_pool.backends.docker._tree import outside_the_tree, resume_stopped
+from kernel_pool.backends.docker._tree import outside_the_tree, resume_stopped, sysv_objects
 from kernel_pool.backends.docker._tree import restore as restore_tree
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
@@ -692,6 +692,16 @@ class DockerSandbox(Sandbox):
         if outside:
             logger.info("sandbox %s: %d processes outside the kernel's tree; the whole "
                         "container is dumped", self.info.sandbox_id, outside)
+            return None
+        try:
+            shared = await _in_thread(sysv_objects, self._init_pid)
+        except (OSError, subprocess.SubprocessError) as exc:
+            logger.warning("sandbox %s: its System V IPC objects could not be listed (%s); "
+                           "the whole container is dumped", self.info.sandbox_id, exc)
+            return None
+        if shared:
+            logger.info("sandbox %s: %d System V IPC objects, which a tree dump does not "
+                        "hold; the whole container is dumped", self.info.sandbox_id, shared)
             return None
         started = time.monotonic()
         try:

@@ -18,7 +18,11 @@ What the tree dump holds, and what it does not:
   stopped (nothing changes them meanwhile), and put back before the restore (CRIU reopens
   the files by path, and checks their sizes);
 - a process outside the kernel's tree (an orphan re-parented to PID 1, say) is not held:
-  :func:`outside_the_tree` finds them first, and the caller then dumps the whole container.
+  :func:`outside_the_tree` finds them first, and the caller then dumps the whole container;
+- System V IPC objects (shared memory segments, semaphores, message queues) belong to the
+  container's IPC namespace, not to the tree, and would be gone after the restore:
+  :func:`sysv_objects` finds them first, and the caller then dumps the whole container (whose
+  dump holds its IPC namespace).
 
 Every call here blocks: callers use worker threads.
 """
@@ -65,6 +69,18 @@ def outside_the_tree(procs_file: Path, init_pid: int, kernel_pid: int) -> int:
     """How many processes of the container are neither its PID 1 nor the kernel's tree
     (host pids): a tree dump would not hold them."""
     return len(find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children=True))
+
+
+def sysv_objects(init_pid: int) -> int:
+    """How many System V IPC objects the container whose PID 1 has host pid ``init_pid``
+    holds (``/proc/sysvipc`` shows the reader's IPC namespace: read from inside it)."""
+    listed = subprocess.run(
+        ["nsenter", f"--target={init_pid}", "--ipc", "--", "cat", "/proc/sysvipc/shm",
+         "/proc/sysvipc/sem", "/proc/sysvipc/msg"],
+        capture_output=True, text=True, timeout=10, check=True).stdout
+    # Each file is a header line, then one line per object.
+    return sum(1 for line in listed.splitlines()
+               if line.strip() and not line.lstrip().startswith("key"))
 
 
 def dump(init_pid: int, container_id: str, procs_file: Path, kernel_pid: int, folder: Path,
