@@ -66,9 +66,9 @@ from kernel_pool import (
     parse_size,
 )
 from node.placement import RemoteNodes
-from node.registry import NodeRecord, NoNodeAvailable
+from node.registry import NodeRecord
 from node.remote import NodeUnreachable, RemoteSession
-from node.restore import RestoreSession, keep_on, moved_from
+from node.restore import NotRestored, RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +167,8 @@ class Gateway:
         try:
             moved = await nodes.restore_session(self._restore_request(record, None),
                                                 exclude=[old])
-        except KernelPoolError as exc:
+        except (NotRestored, KernelPoolError) as exc:
             logger.warning("session %s stays on drained node %s: %s", record.id, old, exc)
-            return session
-        if moved is None:
             return session
         placed = await self._settle(record, nodes, moved)
         if placed is moved:
@@ -232,10 +230,9 @@ class Gateway:
             try:
                 session = await nodes.restore_session(self._restore_request(fresh, why),
                                                       exclude=[record.node or ""])
-            except NoNodeAvailable:
-                raise
-            except KernelPoolError as exc:
-                refused = f" (its bundle could not be restored: {exc})"
+            except NotRestored as exc:  # (a node or the store failing raises: tried again)
+                if exc.refused:
+                    refused = f" (its bundle was refused: {exc})"
         if session is None:
             reason = (f"{lost}; the session starts again on another node with a fresh kernel: "
                       f"variables are gone, files too{refused}")

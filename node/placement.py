@@ -25,7 +25,7 @@ from kernel_pool import (
 )
 from node.registry import NodeRecord, Registry
 from node.remote import NodeClient, NodeUnreachable, RemoteSession
-from node.restore import RestoreSession, restore_on
+from node.restore import NotRestored, RestoreSession, restore_on
 from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
@@ -107,10 +107,11 @@ class RemoteNodes:
         return session
 
     async def restore_session(self, request: RestoreSession, *,
-                              exclude: Collection[str] = ()) -> RemoteSession | None:
+                              exclude: Collection[str] = ()) -> RemoteSession:
         """The session made again, paused, from its bundle (its last pause, kept in the
-        bundle store) on the node with the most room, its slot claimed first; None when there
-        is nothing to make it from (no bundle, or no bundle store on that node)."""
+        bundle store) on the node with the most room, its slot claimed first.
+        :class:`~node.restore.NotRestored` when there is nothing to make it from (no bundle,
+        no bundle store on that node, or a bundle refused)."""
         node = await self.registry.place(exclude=exclude)
         try:
             client = self._client_for(node)
@@ -120,9 +121,10 @@ class RemoteNodes:
             raise
         if restored.state is None:
             await self.registry.release(node.id)
+            why = restored.refused or restored.missing or "nothing to restore it from"
             logger.info("session %s not restored on node %s: %s", request.session_id, node.id,
-                        restored.missing)
-            return None
+                        why)
+            raise NotRestored(why, refused=restored.refused is not None)
         session = RemoteSession(client, restored.state)
         self._sessions[session.id] = session
         return session

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from kernel_pool import KernelPool, SnapshotError
-from kernel_pool.bundles import BundleNotFound
+from kernel_pool.bundles import BundleCorrupt, BundleNotFound
 from node.bundles import BundleKeeper
 from node.remote import NodeClient
 from node.wire import PREFIX, SessionState
@@ -51,6 +51,18 @@ class Restored(BaseModel):
 
     state: SessionState | None = None
     missing: str | None = None
+    """No bundle (or no bundle store on the node)."""
+    refused: str | None = None
+    """A bundle that does not open or read back as written: nothing of it was restored."""
+
+
+class NotRestored(Exception):
+    """Nothing to restore a session from: no bundle, or one refused (``refused``). Not a
+    failure of the node or of the store, which raise as themselves (to be tried again)."""
+
+    def __init__(self, why: str, *, refused: bool) -> None:
+        self.refused = refused
+        super().__init__(why)
 
 
 def _keeper(request: Request) -> BundleKeeper | None:
@@ -78,6 +90,8 @@ async def restore(request: Request, body: RestoreSession) -> Restored:
             execution_count=body.execution_count, lost=body.lost)
     except BundleNotFound as exc:
         return Restored(missing=str(exc))
+    except BundleCorrupt as exc:
+        return Restored(refused=str(exc))
     return Restored(state=SessionState.of(session))
 
 

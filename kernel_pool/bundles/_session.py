@@ -30,6 +30,7 @@ from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound
 from kernel_pool.bundles._manifest import BundleInfo
 from kernel_pool.bundles._store import PART_SIZE
+from kernel_pool.exceptions import SnapshotError
 
 if TYPE_CHECKING:
     from kernel_pool.bundles._bundle import Bundle, Bundles
@@ -85,6 +86,13 @@ async def read_session(bundle: Bundle, session_id: str, snapshots: SnapshotStore
     try:
         async with contextlib.aclosing(bundle.read(WORKSPACE)) as chunks:
             await _consumed(chunks, lambda source: _untar_workspace(source, workspace))
+    except tarfile.TarError as exc:
+        await anyio.to_thread.run_sync(snapshots.delete, session_id)
+        raise BundleCorrupt(WORKSPACE, f"its files do not read as a tar stream: {exc}") from None
+    except OSError as exc:  # the host's words, not its paths: the tenant's error message
+        await anyio.to_thread.run_sync(snapshots.delete, session_id)
+        raise SnapshotError("the bundle's files could not be written into the new workspace: "
+                            f"{exc.strerror or type(exc).__name__}") from None
     except BaseException:
         await anyio.to_thread.run_sync(snapshots.delete, session_id)
         raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import socket
 import subprocess
@@ -103,7 +104,10 @@ def running_seaweedfs() -> Iterator[SeaweedFS]:
                  f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
                  "-master.volumeSizeLimitMB=1024", "-s3", f"-s3.port={s3}",
                  f"-s3.config={data / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                # weed takes AWS_* credentials from its environment as an identity of its own
+                # (another server's, when one is up for other tests): only s3.json's count
+                env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
         try:
             s3_url, filer_url = f"http://127.0.0.1:{s3}", f"http://127.0.0.1:{filer}"
             _wait_for(s3_url, process, log)
