@@ -12,6 +12,7 @@ a host like its own): a bundle keeps the variables, and says so in ``not_kept``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -36,6 +37,8 @@ class BundleKeeper:
         self._kept: set[str] = set()
         """The paused sessions whose bundle is their current pause's."""
         self._digests: dict[str, str] = {}
+        self._restoring: dict[str, asyncio.Future[Session]] = {}
+        """Restores under way, by session: two gateways asking at once get the same one."""
         pool.keep_paused = self.keep
         pool.on_session_resumed.append(self._resumed)
 
@@ -100,6 +103,14 @@ class BundleKeeper:
         """The session of ``tenant`` from its bundle, paused on this node (it resumes when
         first needed); ``session``: :meth:`KernelPool.restore_session`'s keywords.
         :class:`~kernel_pool.bundles.BundleNotFound` when it has none."""
+        restoring = self._restoring.get(session_id)
+        if restoring is None:
+            restoring = asyncio.ensure_future(self._restore(tenant, session_id, **session))
+            self._restoring[session_id] = restoring
+            restoring.add_done_callback(lambda _: self._restoring.pop(session_id, None))
+        return await asyncio.shield(restoring)
+
+    async def _restore(self, tenant: str, session_id: str, **session: Any) -> Session:
         bundle = await self.bundles.open(tenant, session_id)
         restored = await self.pool.restore_session(
             lambda workspace: read_session(bundle, session_id, self.pool.snapshots, workspace),
