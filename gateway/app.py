@@ -147,9 +147,10 @@ def create_app(settings: Settings) -> FastAPI:
                 app.state.gateway = gateway
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
-                # Sessions through nodes run Python alone (RemoteSession's contexts).
+                # A gateway of nodes cannot tell their image's languages before a session
+                # exists: the tools then say that the image decides.
                 languages = (await pool.languages("default") if isinstance(pool, KernelPool)
-                             else ("python",))
+                             else None)
                 try:
                     async with mcp.run(languages):  # MCP sessions end (and their sessions go) first
                         yield

@@ -104,7 +104,8 @@ def kernelspec(profile: Profile, language: str = "python") -> dict[str, Any]:
 
 async def profile_languages(gateway: Gateway, profile: Profile) -> list[str]:
     """The kernels ``profile``'s sessions offer, Python first (TypeScript runs in Deno's, so
-    it has none of its own); sessions through nodes run Python alone."""
+    it has none of its own). A gateway of nodes cannot tell their image's languages before a
+    session exists: Python's alone, which every image has."""
     if not isinstance(gateway.pool, KernelPool):
         return ["python"]
     offered = await gateway.pool.languages(profile.name)

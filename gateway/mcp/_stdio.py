@@ -66,7 +66,7 @@ async def run_stdio(*, base_url: str | None = None, api_key: str | None = None,
 async def offered_languages(base_url: str | None, api_key: str | None,
                             profile: str = "default") -> tuple[str, ...] | None:
     """The languages ``profile``'s sessions offer, from the gateway's Jupyter kernelspecs (one
-    per language of its image); None when the gateway cannot tell now (the tools then say the
+    per language of its image); None when the gateway cannot tell (the tools then say the
     image decides)."""
     try:
         transport = Transport(base_url, api_key)
@@ -84,4 +84,5 @@ async def offered_languages(base_url: str | None, api_key: str | None,
         await transport.aclose()
     if "javascript" in languages:
         languages.append("typescript")  # Deno's kernel runs both
-    return tuple(languages) or None
+    # Python's alone tells nothing: a gateway of nodes lists no other before a session exists.
+    return tuple(languages) if len(languages) > 1 else None
