@@ -6,7 +6,7 @@ cluster (``replgate cluster``: nodes and gateways over mutual TLS, on PostgreSQL
 Printed, side by side in one run (targets from the issue "Many machines"):
 
 - ``1+1`` over HTTP through a gateway whose session runs on a node, against the one-process
-  gateway: p50 difference (target <= 1.5 ms);
+  gateway on the same PostgreSQL: p50 difference (target <= 1.5 ms);
 - a session's creation in cluster mode, warm kernels on the nodes: p50 (target <= 15 ms);
 - throughput of ``1+1`` with ``--clients`` clients spread over the cluster's two gateways and
   three nodes, against the same clients on the one-process gateway (target >= 0.8x; one
@@ -68,7 +68,11 @@ async def main(n: int, clients: int, seconds: float) -> None:
                                 "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
                                 "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256"},
                            name=f"bench-{secrets.token_hex(3)}-")
-    alone = Replgate(min_idle=clients, max_kernels=clients + 2)
+    # The same database for both sides: what differs is the hop, not SQLite against PostgreSQL.
+    alone_database = create_database()
+    alone = Replgate(min_idle=clients, max_kernels=clients + 2,
+                     settings={"REPLGATE_DATABASE_URL": alone_database,
+                               "REPLGATE_LOCAL_NODE": "true"})
     headers = {"Authorization": f"Bearer {cluster.api_key}"}
     try:
         await asyncio.to_thread(cluster.start)
@@ -113,6 +117,7 @@ async def main(n: int, clients: int, seconds: float) -> None:
         await alone.stop()
         await asyncio.to_thread(cluster.stop)
         drop_database(database_url)
+        drop_database(alone_database)
     figures = {name: summary(values) for name, values in times.items()}
     print(f"1+1 over HTTP, {n} each, interleaved")
     for name, figure in figures.items():
