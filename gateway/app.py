@@ -137,7 +137,7 @@ def create_app(settings: Settings) -> FastAPI:
             # about 45 ms instead of 170, during which no request is answered. (Frozen before
             # any session exists: a session's objects must stay collectable.)
             gc.freeze()
-            governance = Governance(policy, approver_keys=settings.approver_keys,
+            governance = Governance(store, policy, approver_keys=settings.approver_keys,
                                     approval_timeout_s=settings.approval_timeout_s)
             async with _session_host(settings, policy, store) as (pool, leftovers):
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
@@ -156,6 +156,8 @@ def create_app(settings: Settings) -> FastAPI:
                         yield
                 finally:
                     await gateway.drain()
+                    await app.state.e2b.close()
+                    await governance.close()
                     if tracing is not None:
                         await anyio.to_thread.run_sync(tracing.flush)
 

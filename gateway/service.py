@@ -89,7 +89,7 @@ class Gateway:
         self.store = store
         self.audit = audit
         self.metrics = metrics
-        self.governance = governance or Governance()
+        self.governance = governance or Governance(store)
         """Policy, approvals and budgets: the gate every execution passes first."""
         self.tracing = tracing
         """Spans for executions and lifecycle requests; None when no exporter is set up (then

@@ -1,4 +1,5 @@
-"""The store: sessions, execution history and hashed API keys, in the gateway's database.
+"""The store: sessions, execution history, hashed API keys, and the state governance and E2B
+share between gateways (approvals, budgets' use, sandboxes' ends), in the gateway's database.
 
 One :class:`Store` over one :class:`~gateway.database.Database`: SQLite in the state directory
 (the embedded default) or PostgreSQL (``REPLGATE_DATABASE_URL``), with the same SQL for both.
@@ -36,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gateway.auth import hash_api_key
 from gateway.database import Database, StoreError
+from gateway.wire import Approval
 from kernel_pool import Event, Execution, SandboxInfo
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "StoreError",
+    "Usage",
     "utc_now",
 ]
 
@@ -56,6 +59,9 @@ RUNNING = "running"
 """The status of an execution the store has started and not yet finished."""
 PENDING_APPROVAL = "pending_approval"
 """The status of an unfinished execution held until a person approves it (governance)."""
+
+Usage = tuple[int, float, float]
+"""What a session has used of its budgets: executions, wall-time seconds, CPU seconds."""
 
 _SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox")
 _EXECUTION_COLUMNS = (
@@ -502,6 +508,128 @@ class Store:
         return [str(row["tenant"]) for row in rows]
 
 
+    # -- approvals (governance) -----------------------------------------------------------
+
+    async def add_approval(self, approval: Approval) -> None:
+        """Record a held execution's approval, pending."""
+        row = approval.model_dump(mode="json")
+        await self._change(
+            "INSERT INTO approvals (id, tenant, session_id, execution_id, code, rules, status, "
+            "created_at, expires_at) VALUES (:approval_id, :tenant, :session_id, "
+            ":execution_id, :code, :rules, :status, :created_at, :expires_at)",
+            **{name: row[name] for name in (
+                "approval_id", "tenant", "session_id", "execution_id", "code", "status",
+                "created_at", "expires_at")},
+            rules=json.dumps(row["rules"], separators=(",", ":")))
+
+    async def get_approval(self, approval_id: str) -> Approval | None:
+        """The approval with that id, pending or decided, or None."""
+        rows = await self._fetch("SELECT * FROM approvals WHERE id = :id", id=approval_id)
+        return _approval_from_row(rows[0]) if rows else None
+
+    async def pending_approvals(self, tenant: str, now: str) -> list[Approval]:
+        """The tenant's approvals still pending and not past their expiry, oldest first."""
+        rows = await self._fetch(
+            "SELECT * FROM approvals WHERE tenant = :tenant AND status = 'pending' "
+            "AND expires_at > :now ORDER BY created_at, id", tenant=tenant, now=now)
+        return [_approval_from_row(row) for row in rows]
+
+    async def close_approval(self, approval_id: str, status: str, at: str, *,
+                             by: str | None = None, comment: str | None = None,
+                             tenant: str | None = None) -> Approval | None:
+        """Decide a pending approval (``approved``, ``rejected``, ``expired``, ``withdrawn``)
+        and return it; None when it is not pending (decided first elsewhere), not the
+        tenant's, or (for a person's decision) past its expiry. One statement, so of two
+        gateways deciding at once one wins."""
+        person = status in ("approved", "rejected")
+        rows = await self._fetch(
+            "UPDATE approvals SET status = :status, decided_by = :by, decided_at = :at, "
+            "comment = :comment WHERE id = :id AND status = 'pending'"
+            + (" AND tenant = :tenant" if tenant is not None else "")
+            + (" AND expires_at > :at" if person else "") + " RETURNING *",
+            status=status, by=by, at=at, comment=comment, id=approval_id, tenant=tenant)
+        return _approval_from_row(rows[0]) if rows else None
+
+    async def decided_approvals(self, approval_ids: Sequence[str]) -> list[Approval]:
+        """Those of the approvals named that are no longer pending."""
+        if not approval_ids:
+            return []
+        names = {f"a{index}": value for index, value in enumerate(approval_ids)}
+        rows = await self._fetch(
+            f"SELECT * FROM approvals WHERE id IN ({', '.join(':' + n for n in names)}) "
+            "AND status <> 'pending'", **names)
+        return [_approval_from_row(row) for row in rows]
+
+    # -- budgets' use (governance) --------------------------------------------------------
+
+    async def session_usage(self, session_id: str) -> Usage:
+        """What the session has used of its budgets: (executions, wall s, CPU s)."""
+        rows = await self._fetch("SELECT executions, wall_s, cpu_s FROM session_usage "
+                                 "WHERE session_id = :id", id=session_id)
+        return _usage(rows[0]) if rows else (0, 0.0, 0.0)
+
+    async def add_session_usage(self, session_id: str, executions: int, wall_s: float,
+                                cpu_s: float) -> Usage:
+        """Add to what the session has used, atomically; the totals after."""
+        rows = await self._fetch(
+            "INSERT INTO session_usage (session_id, executions, wall_s, cpu_s) "
+            "VALUES (:id, :executions, :wall_s, :cpu_s) ON CONFLICT (session_id) DO UPDATE "
+            "SET executions = session_usage.executions + excluded.executions, "
+            "wall_s = session_usage.wall_s + excluded.wall_s, "
+            "cpu_s = session_usage.cpu_s + excluded.cpu_s "
+            "RETURNING executions, wall_s, cpu_s",
+            id=session_id, executions=executions, wall_s=wall_s, cpu_s=cpu_s)
+        return _usage(rows[0])
+
+    # -- E2B sandboxes' ends --------------------------------------------------------------
+
+    async def set_sandbox_end(self, session_id: str, tenant: str, end_at: str | None, *,
+                              later_only: bool = False) -> None:
+        """The E2B sandbox ends at ``end_at`` (None: it does not, paused by its SDK);
+        ``later_only`` keeps an end already later."""
+        keep = (" WHERE e2b_sandboxes.end_at IS NULL OR e2b_sandboxes.end_at < excluded.end_at"
+                if later_only else "")
+        await self._change(
+            "INSERT INTO e2b_sandboxes (session_id, tenant, end_at) VALUES (:id, :tenant, :end) "
+            "ON CONFLICT (session_id) DO UPDATE SET end_at = excluded.end_at" + keep,
+            id=session_id, tenant=tenant, end=end_at)
+
+    async def sandbox_ends(self, session_ids: Sequence[str]) -> dict[str, str | None]:
+        """The recorded ends of those sandboxes that have one (None: paused by its SDK)."""
+        if not session_ids:
+            return {}
+        names = {f"s{index}": value for index, value in enumerate(session_ids)}
+        rows = await self._fetch(
+            "SELECT session_id, end_at FROM e2b_sandboxes WHERE session_id IN "
+            f"({', '.join(':' + n for n in names)})", **names)
+        return {str(row["session_id"]): row["end_at"] for row in rows}
+
+    async def due_sandboxes(self, now: str) -> list[tuple[str, str, str]]:
+        """(session, tenant, end) of the sandboxes whose end has come."""
+        rows = await self._fetch("SELECT session_id, tenant, end_at FROM e2b_sandboxes "
+                                 "WHERE end_at <= :now ORDER BY end_at", now=now)
+        return [(str(row["session_id"]), str(row["tenant"]), str(row["end_at"]))
+                for row in rows]
+
+    async def claim_sandbox(self, session_id: str, seen_end: str, until: str) -> bool:
+        """Take the ending of a sandbox whose end was ``seen_end``, moving its end to
+        ``until`` (another gateway tries again then, if this one does not finish); False
+        when another gateway took it, or its end moved, first."""
+        return bool(await self._change(
+            "UPDATE e2b_sandboxes SET end_at = :until WHERE session_id = :id "
+            "AND end_at = :seen", until=until, id=session_id, seen=seen_end))
+
+    async def drop_sandbox(self, session_id: str) -> None:
+        """Forget a sandbox's end (it was killed, or its session is gone)."""
+        await self._change("DELETE FROM e2b_sandboxes WHERE session_id = :id", id=session_id)
+
+    async def next_sandbox_end(self) -> str | None:
+        """The earliest end of any sandbox, or None."""
+        rows = await self._fetch("SELECT MIN(end_at) AS end_at FROM e2b_sandboxes")
+        value = rows[0]["end_at"] if rows else None
+        return None if value is None else str(value)
+
+
 def _as_dict(row: RowMapping | sqlite3.Row) -> dict[str, Any]:
     return dict(zip(row.keys(), tuple(row), strict=True)) if isinstance(row, sqlite3.Row) \
         else dict(row)
@@ -533,3 +661,14 @@ def _execution_from_row(row: RowMapping | sqlite3.Row) -> ExecutionRecord:
     if data["result"] is not None:
         data["result"] = json.loads(data["result"])
     return ExecutionRecord.model_validate(data)
+
+
+def _approval_from_row(row: RowMapping | sqlite3.Row) -> Approval:
+    data = _as_dict(row)
+    data["approval_id"] = data.pop("id")
+    data["rules"] = json.loads(data["rules"])
+    return Approval.model_validate(data)
+
+
+def _usage(row: RowMapping | sqlite3.Row) -> Usage:
+    return int(row["executions"]), float(row["wall_s"]), float(row["cpu_s"])

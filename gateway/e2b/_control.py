@@ -96,7 +96,7 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     sandboxes.check_timeout(timeout)
     session = await gateway.create_session(tenant, SessionCreate(
         profile=profile, env=body.env_vars, metadata=dict(body.metadata)))
-    sandboxes.set_timeout(tenant, session, timeout)
+    await sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
 
@@ -105,7 +105,7 @@ async def _listed(gateway: Gateway, sandboxes: Sandboxes, tenant: str, metadata:
             template: str | None = None) -> list[ListedSandbox]:
     if started_after is not None and started_after.tzinfo is None:
         started_after = started_after.replace(tzinfo=UTC)
-    return select((sandboxes.listed(s) for s in await gateway.sessions(tenant)), metadata=metadata,
+    return select(await sandboxes.listed(await gateway.sessions(tenant)), metadata=metadata,
                   state=state, started_after=started_after, template=template)
 
 
@@ -143,7 +143,7 @@ async def list_sandboxes_v2(
 @router.get("/sandboxes/{sandbox_id}")
 async def get_sandbox(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                       sandboxes: SandboxesDep) -> SandboxDetail:
-    return sandboxes.detail(await gateway.session(tenant, sandbox_id))
+    return await sandboxes.detail(await gateway.session(tenant, sandbox_id))
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -157,7 +157,7 @@ async def kill(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep) -> Respo
 async def set_timeout(sandbox_id: str, body: TimeoutRequest, tenant: TenantDep,
                       gateway: GatewayDep, sandboxes: SandboxesDep) -> Response:
     """The sandbox now ends ``timeout`` seconds from now."""
-    sandboxes.set_timeout(tenant, await gateway.session(tenant, sandbox_id), body.timeout)
+    await sandboxes.set_timeout(tenant, await gateway.session(tenant, sandbox_id), body.timeout)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -189,9 +189,9 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     sandboxes.check_timeout(timeout)
     if session.paused:
         await _wake(tenant, session, gateway, sandboxes, body.memory)
-        sandboxes.set_timeout(tenant, session, timeout)
+        await sandboxes.set_timeout(tenant, session, timeout)
         return _sandbox_json(sandboxes.created(session), status.HTTP_201_CREATED)
-    sandboxes.extend(tenant, session, timeout)
+    await sandboxes.extend(tenant, session, timeout)
     return _sandbox_json(sandboxes.created(session), status.HTTP_200_OK)
 
 
@@ -206,7 +206,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     if not session.paused:
         raise E2BError(409, f"Sandbox {sandbox_id} is already running")
     await _wake(tenant, session, gateway, sandboxes, body.memory)
-    sandboxes.set_timeout(tenant, session, timeout)
+    await sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
 
@@ -228,7 +228,7 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     if body is not None and not body.memory:
         await gateway.restart(tenant, sandbox_id)
     await gateway.pause(tenant, sandbox_id)
-    sandboxes.paused(session)
+    await sandboxes.paused(tenant, session)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -245,7 +245,7 @@ async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxe
     request = ForkRequest(count=body.count, metadata=dict(parent.metadata))
     children = await gateway.fork(tenant, sandbox_id, request)
     for child in children:
-        sandboxes.set_timeout(tenant, child, body.timeout)
+        await sandboxes.set_timeout(tenant, child, body.timeout)
     return [ForkResult(sandbox=sandboxes.created(child)) for child in children]
 
 

@@ -3,9 +3,9 @@
 Each E2B sandbox is one replgate session with the same id. Its envd access token is derived
 from the id with a key kept in the state directory (HMAC-SHA256), so it needs no storage and
 stays valid when the gateway restarts and takes its sessions back. The E2B timeout (the
-sandbox's end) is a timer per session that deletes it, as E2B kills a sandbox at its end; such
-timers live in the gateway process, so after a restart a session lives by replgate's own idle
-TTL and maximum lifetime until the next ``set_timeout`` or ``connect``.
+sandbox's end) is a time in the database (``e2b_sandboxes``); at that time the session is
+deleted, as E2B kills a sandbox at its end, by whichever gateway sharing the database claims the
+end first (so a sandbox ends on time after the gateway that made it is gone, or restarted).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
 from datetime import UTC, datetime, timedelta
@@ -26,11 +27,16 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
-from kernel_pool import KernelPoolError, SessionPort, parse_size
+from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, parse_size
 
 logger = logging.getLogger(__name__)
 
 KEY_FILE = "e2b_token_key"
+REAP_POLL_S = 1.0
+"""On a shared database: how often a gateway looks for sandboxes' ends set through others."""
+CLAIM_S = 30.0
+"""A gateway that claimed a sandbox's end and did not end it leaves it to be tried again after
+this (it went away, or the session's node did not answer)."""
 
 
 def _load_key(state_dir: Path) -> bytes:
@@ -50,14 +56,28 @@ class Sandboxes:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.store = gateway.store
         self._key: bytes | None = None
-        self._ends: dict[str, tuple[datetime, asyncio.TimerHandle]] = {}
         self._paused: set[str] = set()
+        self._shared = self.store.database.dialect != "sqlite"
+        self._wake = asyncio.Event()
+        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         gateway.pool.on_session_closed.append(lambda session, _reason: self._forget(session.id))
 
     async def start(self) -> None:
-        """Read (or make) the token key; call once before the first request is served."""
+        """Read (or make) the token key and start ending sandboxes at their timeout; call once
+        before the first request is served."""
         self._key = await anyio.to_thread.run_sync(_load_key, self.gateway.settings.state_dir)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="e2b-reaper")
+
+    async def close(self) -> None:
+        """Stop ending sandboxes (the gateway is stopping; another, or this one started
+        again, ends them)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
 
     # -- tokens ------------------------------------------------------------------------------
 
@@ -87,61 +107,101 @@ class Sandboxes:
             raise E2BError(400, f"timeout must be at most {limit:g} seconds "
                                 "(REPLGATE_MAX_LIFETIME_S)")
 
-    def set_timeout(self, tenant: str, session: SessionPort, seconds: int) -> None:
+    async def set_timeout(self, tenant: str, session: SessionPort, seconds: int) -> None:
         """The sandbox ends (is deleted) ``seconds`` from now, as E2B's timeout does."""
         self.check_timeout(seconds)
-        self._cancel_timer(session.id)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(seconds, self._expire, tenant, session.id)
-        self._ends[session.id] = (datetime.now(UTC) + timedelta(seconds=seconds), timer)
+        await self.store.set_sandbox_end(session.id, tenant, _in(seconds))
+        self._wake.set()
 
-    def extend(self, tenant: str, session: SessionPort, seconds: int) -> None:
+    async def extend(self, tenant: str, session: SessionPort, seconds: int) -> None:
         """Connect's rule: the sandbox ends ``seconds`` from now unless it already ends later
-        (a sandbox with no timer, after a restart or a pause, gets one)."""
-        ended = self._ends.get(session.id)
-        if ended is None or ended[0] < datetime.now(UTC) + timedelta(seconds=seconds):
-            self.set_timeout(tenant, session, seconds)
+        (a sandbox with no end, paused by its SDK or made before it had one, gets one)."""
+        await self.store.set_sandbox_end(session.id, tenant, _in(seconds), later_only=True)
+        self._wake.set()
 
-    def paused(self, session: SessionPort) -> None:
-        """The SDK paused the sandbox: it does not expire, as on E2B (its timer is dropped
-        until a connect resumes it with a new one), and it is not running until then."""
-        self._cancel_timer(session.id)
+    async def paused(self, tenant: str, session: SessionPort) -> None:
+        """The SDK paused the sandbox: it does not end, as on E2B (until a connect resumes it
+        with a new timeout), and it is not running until then."""
+        await self.store.set_sandbox_end(session.id, tenant, None)
         self._paused.add(session.id)
 
     def resumed(self, session: SessionPort) -> None:
         self._paused.discard(session.id)
 
     def held(self, session: SessionPort) -> bool:
-        """Paused by the SDK and not resumed since: E2B's proxy answers such a sandbox as not
-        running. (A session replgate paused for idleness, or that running code resumed, is
-        running for E2B's purposes: its next use resumes it, as E2B's auto-resume does.)"""
+        """Paused by the SDK through this gateway and not resumed since: E2B's proxy answers
+        such a sandbox as not running. (A session replgate paused for idleness, or that running
+        code resumed, is running for E2B's purposes: its next use resumes it, as E2B's
+        auto-resume does.)"""
         return session.paused and session.id in self._paused
-
-    def _expire(self, tenant: str, session_id: str) -> None:
-        self._ends.pop(session_id, None)
-        logger.info("E2B sandbox %s reached its timeout; deleting it", session_id)
-        task = asyncio.get_running_loop().create_task(self._delete(tenant, session_id))
-        task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
-
-    async def _delete(self, tenant: str, session_id: str) -> None:
-        with contextlib.suppress(KernelPoolError):
-            await self.gateway.delete_session(tenant, session_id)
 
     def _forget(self, session_id: str) -> None:
         self._paused.discard(session_id)
-        self._cancel_timer(session_id)
+        task = asyncio.get_running_loop().create_task(self._drop(session_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _cancel_timer(self, session_id: str) -> None:
-        ended = self._ends.pop(session_id, None)
-        if ended is not None:
-            ended[1].cancel()
+    async def _drop(self, session_id: str) -> None:
+        try:
+            await self.store.drop_sandbox(session_id)
+        except Exception as exc:  # its end comes, finds no session, and is dropped then
+            logger.warning("E2B sandbox %s: its end not forgotten: %s", session_id, exc)
 
-    def end_at(self, session: SessionPort) -> datetime:
-        ended = self._ends.get(session.id)
-        if ended is not None:
-            return ended[0]
-        created = datetime.fromisoformat(session.created_at)
-        return created + timedelta(seconds=self.gateway.settings.pool.max_lifetime_s)
+    async def _reap_forever(self) -> None:
+        """End each sandbox at its end: at the earliest end recorded (a new one wakes it);
+        on a shared database at least every :data:`REAP_POLL_S` too, for ends set through
+        other gateways. Whichever gateway claims an end first ends that sandbox."""
+        while True:
+            self._wake.clear()
+            delay = REAP_POLL_S
+            try:
+                await self._reap()
+                upcoming = await self.store.next_sandbox_end()
+                if upcoming is None:
+                    delay = math.inf
+                else:
+                    delay = max(0.0, (datetime.fromisoformat(upcoming)
+                                      - datetime.now(UTC)).total_seconds())
+            except Exception as exc:  # the database away a moment: tried again
+                logger.warning("E2B sandboxes' ends not read: %s", exc)
+            if self._shared:
+                delay = min(delay, REAP_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(),
+                                       None if delay == math.inf else delay)
+
+    async def _reap(self) -> None:
+        now = datetime.now(UTC)
+        due = await self.store.due_sandboxes(_iso(now))
+        retry = _iso(now + timedelta(seconds=CLAIM_S))
+        await asyncio.gather(*(self._end(session_id, tenant, end, retry)
+                               for session_id, tenant, end in due))
+
+    async def _end(self, session_id: str, tenant: str, end: str, retry: str) -> None:
+        if not await self.store.claim_sandbox(session_id, end, retry):
+            return  # another gateway ends it, or its end moved
+        logger.info("E2B sandbox %s reached its timeout; deleting it", session_id)
+        try:
+            await self.gateway.delete_session(tenant, session_id)
+        except SessionNotFound:
+            pass  # gone already
+        except KernelPoolError as exc:
+            logger.warning("E2B sandbox %s not ended yet (tried again at %s): %s",
+                           session_id, retry, exc)
+            return
+        await self.store.drop_sandbox(session_id)
+
+    async def _ends(self, sessions: list[SessionPort]) -> dict[str, datetime]:
+        recorded = await self.store.sandbox_ends([s.id for s in sessions])
+        lifetime = timedelta(seconds=self.gateway.settings.pool.max_lifetime_s)
+        ends = {}
+        for session in sessions:
+            end = recorded.get(session.id)
+            # No end (paused by its SDK, or made before E2B knew it): replgate's maximum
+            # lifetime ends it.
+            ends[session.id] = (datetime.fromisoformat(end) if end is not None
+                                else datetime.fromisoformat(session.created_at) + lifetime)
+        return ends
 
     # -- descriptions ------------------------------------------------------------------------
 
@@ -151,16 +211,30 @@ class Sandboxes:
                           alias=session.profile.name, envdAccessToken=token,
                           trafficAccessToken=token)
 
-    def listed(self, session: SessionPort) -> ListedSandbox:
+    async def listed(self, sessions: list[SessionPort]) -> list[ListedSandbox]:
+        """The sandboxes as ``Sandbox.list()`` describes them (their ends read at once)."""
+        ends = await self._ends(sessions)
+        return [self._listed(session, ends[session.id]) for session in sessions]
+
+    def _listed(self, session: SessionPort, end: datetime) -> ListedSandbox:
         profile = session.profile
         return ListedSandbox(
             templateID=profile.name, sandboxID=session.id, alias=profile.name,
-            startedAt=session.created_at, endAt=self.end_at(session).isoformat(),
+            startedAt=session.created_at, endAt=end.isoformat(),
             cpuCount=max(1, round(profile.cpus)), memoryMB=parse_size(profile.memory) >> 20,
             diskSizeMB=parse_size(profile.workspace_size) >> 20,
             state="paused" if session.status.value == "paused" else "running",
             metadata=session.metadata)
 
-    def detail(self, session: SessionPort) -> SandboxDetail:
-        return SandboxDetail(**self.listed(session).model_dump(),
-                             envdAccessToken=self.token(session.id))
+    async def detail(self, session: SessionPort) -> SandboxDetail:
+        (listed,) = await self.listed([session])
+        return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id))
+
+
+def _iso(moment: datetime) -> str:
+    """Always with microseconds: the database compares these times as text."""
+    return moment.isoformat(timespec="microseconds")
+
+
+def _in(seconds: float) -> str:
+    return _iso(datetime.now(UTC) + timedelta(seconds=seconds))

@@ -1,24 +1,30 @@
 """Human approval: executions held until a person with an approver key decides, or expiry.
 
 An approver key (``REPLGATE_APPROVER_KEYS=tenant:name:key,...``) belongs to one tenant and acts
-only on that tenant's executions. Approvals live in memory: a gateway restart ends every wait
-(the held executions end with the gateway, recorded as interrupted).
+only on that tenant's executions. Approvals live in the database, so that any gateway lists and
+decides them; the wait of a held execution lives in the gateway that holds it, and ends with it
+(the held execution ends with that gateway, recorded as interrupted; its approval, left pending,
+shows as expired once its time is up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import logging
 import re
 import uuid
-from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gateway.auth import hash_api_key
 from gateway.errors import Conflict, Forbidden, NotFound
+from gateway.store import Store
 from gateway.wire import Approval, ApprovalStatus
 
 __all__ = [
@@ -32,7 +38,10 @@ __all__ = [
     "parse_approver_keys",
 ]
 
-DECIDED_KEPT = 1000
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.25
+"""How often a gateway holding approvals asks a shared database which were decided."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as REPLGATE_API_KEYS' tenants
 
@@ -100,71 +109,131 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class ApprovalBook:
-    """Pending approvals (with their waiters) and the latest decided ones, per tenant."""
+def _iso(moment: datetime) -> str:
+    """Always with microseconds: the database compares these times as text."""
+    return moment.isoformat(timespec="microseconds")
 
-    def __init__(self, timeout_s: float) -> None:
+
+class ApprovalBook:
+    """Approvals in the database (any gateway lists and decides them) and the waits of the
+    executions this gateway holds.
+
+    A decision made through this gateway wakes its held execution at once. One made through
+    another gateway is seen by a poll: while this gateway holds any, it asks the database every
+    :data:`POLL_S` which of them were decided (PostgreSQL only; on SQLite this gateway is the
+    only one). A poll rather than LISTEN/NOTIFY: a person's decision does not need better than
+    a quarter of a second, a poll needs no connection of its own kept open, and it misses
+    nothing across a database restart, where a notification sent meanwhile would be lost.
+    """
+
+    def __init__(self, store: Store, timeout_s: float) -> None:
+        self.store = store
         self.timeout_s = timeout_s
-        self._pending: dict[str, tuple[Approval, asyncio.Future[None]]] = {}
-        self._decided: OrderedDict[str, Approval] = OrderedDict()
+        self._held: dict[str, tuple[Approval, asyncio.Future[None]]] = {}
+        self._shared = store.database.dialect != "sqlite"
+        self._polling: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        return f"<ApprovalBook {len(self._pending)} pending, {len(self._decided)} decided>"
+        return f"<ApprovalBook {len(self._held)} held here>"
 
-    def open(self, *, tenant: str, session_id: str, execution_id: str, code: str,
-             rules: list[dict[str, Any]]) -> Approval:
+    async def open(self, *, tenant: str, session_id: str, execution_id: str, code: str,
+                   rules: list[dict[str, Any]]) -> Approval:
+        """Record a new pending approval, held by this gateway until :meth:`wait` ends."""
         now = _now()
         approval = Approval(
             approval_id=uuid.uuid4().hex, tenant=tenant, session_id=session_id,
-            execution_id=execution_id, code=code, rules=rules, created_at=now.isoformat(),
-            expires_at=(now + timedelta(seconds=self.timeout_s)).isoformat())
+            execution_id=execution_id, code=code, rules=rules, created_at=_iso(now),
+            expires_at=_iso(now + timedelta(seconds=self.timeout_s)))
+        await self.store.add_approval(approval)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[approval.approval_id] = (approval, future)
+        self._held[approval.approval_id] = (approval, future)
+        if self._shared and (self._polling is None or self._polling.done()):
+            self._polling = asyncio.create_task(self._poll(), name="approvals-poll")
         return approval
 
     async def wait(self, approval: Approval) -> Approval:
-        """Until decided or expired; a cancelled wait withdraws the approval."""
-        _, future = self._pending[approval.approval_id]
+        """Until decided (here or through another gateway) or expired; a cancelled wait
+        withdraws the approval. ``approval`` then tells what became of it."""
+        _, future = self._held[approval.approval_id]
         try:
             await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError:
-            self._close(approval, "expired", None, None)
+            await self._close(approval, "expired")
         except BaseException:
-            self._close(approval, "withdrawn", None, None)
+            # Recorded before the withdrawn execution's end is told: a client told
+            # "interrupted" no longer finds it pending.
+            withdrawing = asyncio.ensure_future(self._close(approval, "withdrawn"))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(withdrawing)
             raise
+        finally:
+            self._held.pop(approval.approval_id, None)
         return approval
 
-    def _close(self, approval: Approval, status: ApprovalStatus, by: str | None,
-               comment: str | None) -> None:
-        entry = self._pending.pop(approval.approval_id, None)
+    async def _close(self, approval: Approval, status: ApprovalStatus) -> None:
+        """End a wait as expired or withdrawn, unless a decision was recorded first (then
+        that decision stands)."""
+        closed = await self.store.close_approval(approval.approval_id, status, _iso(_now()))
+        if closed is None:
+            closed = await self.store.get_approval(approval.approval_id)
+        if closed is not None:
+            self._settle(closed)
+
+    def _settle(self, decided: Approval) -> None:
+        """A decision reached this gateway: its held execution (if here) learns it."""
+        entry = self._held.get(decided.approval_id)
         if entry is None:
             return
-        approval.status = status
-        approval.decided_by = by
-        approval.decided_at = _now().isoformat()
-        approval.comment = comment
-        self._decided[approval.approval_id] = approval
-        while len(self._decided) > DECIDED_KEPT:
-            self._decided.popitem(last=False)
-        if not entry[1].done():
-            entry[1].set_result(None)
+        approval, future = entry
+        approval.status = decided.status
+        approval.decided_by = decided.decided_by
+        approval.decided_at = decided.decided_at
+        approval.comment = decided.comment
+        if not future.done():
+            future.set_result(None)
 
-    def get(self, approval_id: str, tenant: str) -> Approval:
-        """The tenant's approval, pending or decided; another tenant's is as absent."""
-        entry = self._pending.get(approval_id)
-        approval = entry[0] if entry else self._decided.get(approval_id)
+    async def _poll(self) -> None:
+        while self._held:
+            await asyncio.sleep(POLL_S)
+            try:
+                decided = await self.store.decided_approvals(list(self._held))
+            except (DBAPIError, PoolTimeout, OSError) as exc:  # away a moment: next time
+                logger.warning("approvals not polled: %s", type(exc).__name__)
+                continue
+            for approval in decided:
+                self._settle(approval)
+
+    async def get(self, approval_id: str, tenant: str) -> Approval:
+        """The tenant's approval, pending or decided; another tenant's is as absent. One left
+        pending past its expiry (its gateway went away) shows as expired."""
+        held = self._held.get(approval_id)
+        approval = held[0] if held else await self.store.get_approval(approval_id)
         if approval is None or approval.tenant != tenant:
             raise ApprovalNotFound(f"approval {approval_id} not found")
+        if approval.status == "pending" and approval.expires_at <= _iso(_now()):
+            approval = approval.model_copy(update={"status": "expired"})
         return approval
 
-    def pending(self, tenant: str) -> list[Approval]:
-        return sorted((a for a, _ in self._pending.values() if a.tenant == tenant),
-                      key=lambda a: a.created_at)
+    async def pending(self, tenant: str) -> list[Approval]:
+        """The tenant's pending approvals, held by any gateway, oldest first."""
+        return await self.store.pending_approvals(tenant, _iso(_now()))
 
-    def decide(self, approval_id: str, approver: Approver, approve: bool,
-               comment: str | None) -> Approval:
-        approval = self.get(approval_id, approver.tenant)
-        if approval.status != "pending":
-            raise ApprovalDecided(f"approval {approval_id} is already {approval.status}")
-        self._close(approval, "approved" if approve else "rejected", approver.name, comment)
-        return approval
+    async def decide(self, approval_id: str, approver: Approver, approve: bool,
+                     comment: str | None) -> Approval:
+        """Approve or reject a pending approval of the approver's tenant (404 for none,
+        409 once it is decided, expired or withdrawn)."""
+        decided = await self.store.close_approval(
+            approval_id, "approved" if approve else "rejected", _iso(_now()),
+            by=approver.name, comment=comment, tenant=approver.tenant)
+        if decided is None:
+            current = await self.get(approval_id, approver.tenant)
+            raise ApprovalDecided(f"approval {approval_id} is already {current.status}")
+        self._settle(decided)
+        return decided
+
+    async def close(self) -> None:
+        """Stop polling (the gateway is stopping)."""
+        if self._polling is not None:
+            self._polling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._polling

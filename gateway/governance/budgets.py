@@ -1,20 +1,31 @@
 """Session budgets: executions, wall time, CPU time and lifetime, counted per session.
 
 Only executions that ran count (not those refused before running). CPU time is the cgroup's
-reading for each execution; where it could not be read (a hard restart), the wall time times the
-profile's CPUs stands in, an upper bound. Counts live in the gateway's memory: a gateway restart
-starts the taken-back sessions' counts again (their lifetime still counts from creation).
+reading for each execution; where it could not be read (a hard restart, or a session on a node,
+whose readings stay there), the wall time times the profile's CPUs stands in, an upper bound.
+
+What a session has used is kept in the database (``session_usage``), so that it outlives a
+gateway restart and, on many machines, counts each execution once whichever gateway ran it. An
+execution adds to it as it ends (off the execution's path); the gate reads it before the next:
+on a shared database every time (another gateway may have run some since), on SQLite once per
+session and gateway (it is the only one), so one machine pays no extra round trip per execution.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
 
 from gateway.governance.policy import Budgets
+from gateway.store import Store
 from gateway.wire import BudgetOut
 from kernel_pool import DoneEvent, Event, ExecutionHandle, SessionPort
+from node.remote import RemoteSession
 
 __all__ = ["BudgetTracker"]
+
+logger = logging.getLogger(__name__)
 
 _MORE = ("create a new session (POST /v1/sessions) for a fresh budget, or ask an operator to "
          "raise {name} in the policy file")
@@ -29,14 +40,23 @@ def _age(created_at: str) -> float:
 
 
 class BudgetTracker:
-    """One session's budget: its limits and what it has used."""
+    """One session's budget: its limits and what it has used, as this gateway knows it."""
 
-    def __init__(self, limits: Budgets, session: SessionPort) -> None:
+    def __init__(self, limits: Budgets, session: SessionPort, store: Store) -> None:
         self.limits = limits
         self.session = session
+        self.store = store
         self.executions = 0
         self.wall_s = 0.0
         self.cpu_s = 0.0
+        self.ours: set[str] = set()
+        """Executions that passed this gateway's gate: only these are counted here (a session
+        followed on its node also tells of executions other gateways ran, which they count)."""
+        self._unsaved = (0, 0.0, 0.0)
+        self._saving = asyncio.Lock()
+        self._shared = store.database.dialect != "sqlite"
+        self._read = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return (f"<BudgetTracker {self.session.id} {self.executions} runs, "
@@ -47,13 +67,57 @@ class BudgetTracker:
         return any(value is not None for value in self.limits.model_dump().values())
 
     def listener(self, session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
-        """A :data:`kernel_pool._session.Listener`: counts each execution that ran, at its end."""
-        if isinstance(event, DoneEvent) and handle.run is not None:
-            self.executions += 1
-            wall = event.duration_ms / 1000
-            self.wall_s += wall
-            cpu = event.metrics.cpu_time_ms
-            self.cpu_s += cpu / 1000 if cpu is not None else wall * session.profile.cpus
+        """A :data:`kernel_pool._session.Listener`: counts each execution that ran, at its end.
+
+        In this process an execution ran once it has a run in the kernel; on a node, once the
+        node took it (after the gate: whatever stopped it after that, it was the node's)."""
+        if not isinstance(event, DoneEvent) or handle.id not in self.ours:
+            return
+        self.ours.discard(handle.id)
+        ran = (handle.dequeued_ns is not None if isinstance(session, RemoteSession)
+               else handle.run is not None)
+        if not ran:
+            return
+        wall = event.duration_ms / 1000
+        cpu_ms = event.metrics.cpu_time_ms
+        cpu = cpu_ms / 1000 if cpu_ms is not None else wall * session.profile.cpus
+        self.executions += 1
+        self.wall_s += wall
+        self.cpu_s += cpu
+        runs, walls, cpus = self._unsaved
+        self._unsaved = (runs + 1, walls + wall, cpus + cpu)
+        task = asyncio.get_running_loop().create_task(self._save())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _save(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as exc:  # kept unsaved: the next execution's gate saves it
+            logger.warning("session %s: budget use not saved yet: %s", self.session.id, exc)
+
+    async def refresh(self) -> None:
+        """Save what this gateway added, and (on a shared database, or the first time) learn
+        what the session has used in all."""
+        async with self._saving:
+            unsaved, self._unsaved = self._unsaved, (0, 0.0, 0.0)
+            try:
+                if unsaved[0]:
+                    totals = await self.store.add_session_usage(self.session.id, *unsaved)
+                elif self._shared or not self._read:
+                    totals = await self.store.session_usage(self.session.id)
+                else:
+                    return
+            except BaseException:
+                runs, walls, cpus = self._unsaved
+                self._unsaved = (runs + unsaved[0], walls + unsaved[1], cpus + unsaved[2])
+                raise
+            self._read = True
+            # What ended while the database answered is added on top (saved next time).
+            runs, walls, cpus = self._unsaved
+            self.executions = totals[0] + runs
+            self.wall_s = totals[1] + walls
+            self.cpu_s = totals[2] + cpus
 
     def remaining(self) -> BudgetOut:
         limits = self.limits

@@ -47,13 +47,15 @@ _THREAD_ABOVE = 64 * 1024
 
 
 class Governance:
-    """Policy, approvals and budgets for one gateway."""
+    """Policy, approvals and budgets for one gateway; approvals and what sessions used of
+    their budgets are in the store's database, which other gateways may share."""
 
-    def __init__(self, policy: Policy | None = None, *, approver_keys: str | None = None,
-                 approval_timeout_s: float = 600.0) -> None:
+    def __init__(self, store: Store, policy: Policy | None = None, *,
+                 approver_keys: str | None = None, approval_timeout_s: float = 600.0) -> None:
+        self.store = store
         self.policy = policy or Policy()
         self.approvers = ApproverKeys(parse_approver_keys(approver_keys))
-        self.approvals = ApprovalBook(approval_timeout_s)
+        self.approvals = ApprovalBook(store, approval_timeout_s)
         self._budgets: dict[str, BudgetTracker] = {}
         self._records: dict[str, dict[str, Any]] = {}
 
@@ -61,14 +63,22 @@ class Governance:
         return (f"<Governance {self.policy!r}, {len(self.approvers)} approvers, "
                 f"{self.approvals!r}>")
 
+    async def close(self) -> None:
+        """Stop what runs in the background (the gateway is stopping)."""
+        await self.approvals.close()
+
     # -- budgets -----------------------------------------------------------------------------
 
     def tracker(self, tenant: str, session: SessionPort) -> BudgetTracker:
+        """The session's budget tracker, listening to the session object given (a session on
+        a node may be reached through a new one after it moved)."""
         tracker = self._budgets.get(session.id)
         if tracker is None:
             tracker = BudgetTracker(self.policy.budgets_for(tenant, session.profile.name),
-                                    session)
+                                    session, self.store)
             self._budgets[session.id] = tracker
+        tracker.session = session
+        if tracker.limited and tracker.listener not in session.listeners:
             session.listeners.append(tracker.listener)
         return tracker
 
@@ -112,16 +122,18 @@ class Governance:
                     f"rule {first.rule} matched line {first.line} ({first.matched}): "
                     f"{first.message}{more}; the code did not run")
         tracker = self.tracker(tenant, session)
-        denial = self._over_budget(tracker, handle, record)
+        denial = await self._over_budget(tracker, handle, record)
         if denial is not None:
             return denial
         if decision == "approve":
             denial = await self._approval(tenant, session, handle, emit, matches, record)
             if denial is not None:
                 return denial
-            denial = self._over_budget(tracker, handle, record)  # time passed while held
+            denial = await self._over_budget(tracker, handle, record)  # time passed while held
             if denial is not None:
                 return denial
+        if tracker.limited:
+            tracker.ours.add(handle.id)
         timeout = tracker.clamp(handle.timeout_s)
         if timeout < handle.timeout_s:
             record["timeout_clamped"] = {"asked_s": handle.timeout_s, "to_s": timeout}
@@ -129,8 +141,11 @@ class Governance:
             handle.timeout_s = timeout
         return None
 
-    def _over_budget(self, tracker: BudgetTracker, handle: ExecutionHandle,
-                     record: dict[str, Any]) -> Denial | None:
+    async def _over_budget(self, tracker: BudgetTracker, handle: ExecutionHandle,
+                           record: dict[str, Any]) -> Denial | None:
+        if not tracker.limited:
+            return None
+        await tracker.refresh()
         exceeded = tracker.exceeded()
         if exceeded is None:
             return None
@@ -144,7 +159,7 @@ class Governance:
                         emit: Emit, matches: list[Match],
                         record: dict[str, Any]) -> Denial | None:
         asking = [m for m in matches if m.action == "approve"]
-        approval = self.approvals.open(
+        approval = await self.approvals.open(
             tenant=tenant, session_id=session.id, execution_id=handle.id, code=handle.code,
             rules=[m.as_dict() for m in asking])
         record["approval"] = {"approval_id": approval.approval_id,

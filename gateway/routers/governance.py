@@ -42,37 +42,38 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 @router.get("/v1/approvals")
 async def list_approvals(caller: CallerDep, gateway: GatewayDep) -> list[Approval]:
     """The tenant's executions waiting for a person's approval, oldest first."""
-    return gateway.governance.approvals.pending(caller.tenant)
+    return await gateway.governance.approvals.pending(caller.tenant)
 
 
 @router.get("/v1/approvals/{approval_id}")
 async def get_approval(approval_id: str, caller: CallerDep, gateway: GatewayDep) -> Approval:
     """One approval, pending or decided (recent ones)."""
-    return gateway.governance.approvals.get(approval_id, caller.tenant)
+    return await gateway.governance.approvals.get(approval_id, caller.tenant)
 
 
-def _decide(gateway: GatewayDep, caller: Caller, approval_id: str, approve: bool,
-            body: DecisionIn | None) -> Approval:
+async def _decide(gateway: GatewayDep, caller: Caller, approval_id: str, approve: bool,
+                  body: DecisionIn | None) -> Approval:
     book = gateway.governance.approvals
     if caller.approver is None:
-        book.get(approval_id, caller.tenant)  # another tenant's: 404 before 403
+        await book.get(approval_id, caller.tenant)  # another tenant's: 404 before 403
         raise Forbidden("deciding an approval needs an approver key (REPLGATE_APPROVER_KEYS); "
                         "an agent's API key may only list approvals")
-    return book.decide(approval_id, caller.approver, approve, body.comment if body else None)
+    return await book.decide(approval_id, caller.approver, approve,
+                             body.comment if body else None)
 
 
 @router.post("/v1/approvals/{approval_id}/approve")
 async def approve(approval_id: str, caller: CallerDep, gateway: GatewayDep,
                   body: Annotated[DecisionIn | None, Body()] = None) -> Approval:
     """Let the held execution run."""
-    return _decide(gateway, caller, approval_id, True, body)
+    return await _decide(gateway, caller, approval_id, True, body)
 
 
 @router.post("/v1/approvals/{approval_id}/reject")
 async def reject(approval_id: str, caller: CallerDep, gateway: GatewayDep,
                  body: Annotated[DecisionIn | None, Body()] = None) -> Approval:
     """Refuse the held execution: it ends ``denied`` without running."""
-    return _decide(gateway, caller, approval_id, False, body)
+    return await _decide(gateway, caller, approval_id, False, body)
 
 
 @router.get("/v1/sessions/{session_id}/egress")
