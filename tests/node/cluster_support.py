@@ -129,12 +129,14 @@ def make_node(node_id: str, database_url: str, certs: ClusterCerts,
 @contextmanager
 def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways: int = 2,
                     bundle_store: str | None = None,
-                    store_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+                    store_env: dict[str, str] | None = None,
+                    gateway_settings: dict[str, str] | None = None) -> Iterator[Cluster]:
     """The cluster, started; afterwards no container or mount of it remains.
 
     ``bundle_store``: where the nodes keep paused sessions (``REPLGATE_BUNDLE_STORE``, with a
     bundle key made for the cluster), ``store_env`` what the nodes need to reach it (the
-    ``AWS_*`` variables of an S3 server)."""
+    ``AWS_*`` variables of an S3 server); ``gateway_settings`` more settings of the gateways
+    (``{"policy_file": ...}`` for ``REPLGATE_POLICY_FILE``)."""
     database_url = create_database()
     certs_dir = Path(tempfile.mkdtemp(prefix="rg-certs-", dir="/tmp"))
     certs = make_cluster_certs(certs_dir)
@@ -154,7 +156,7 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways
                 stores = {} if bundle_store is None else {"bundle_store": bundle_store}
                 process = make_gateway(database_url=database_url, local_node="false",
                                        node_timeout_s=str(NODE_TIMEOUT_S), admin_keys=ADMIN_KEY,
-                                       **stores,
+                                       **stores, **(gateway_settings or {}),
                                        **{k.removeprefix("REPLGATE_").lower(): v
                                           for k, v in _tls_env(certs, "gateway").items()})
                 process.warm = False

@@ -1,0 +1,163 @@
+"""Governance and E2B lifetimes on many machines: state that lived in one gateway's memory now
+lives in the shared database, so it holds whichever gateway a request reaches.
+
+A cluster of one node and two gateways (real PostgreSQL, mutual TLS: cluster_support) with a
+policy file and approver keys: an execution held through one gateway is approved through the
+other; a budget counts executions run through both; an E2B sandbox made through a gateway that
+is then killed -9 still ends at its timeout, ended by the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from cluster_support import Cluster, running_cluster
+from e2b_code_interpreter import AsyncSandbox
+
+from tests.conftest import GatewayProcess
+
+APPROVER = f"approver-alice-{secrets.token_hex(8)}"
+BUDGET = 3
+
+POLICY = f"""
+[[rules]]
+id = "ask-first"
+action = "approve"
+strings = ["*needs-approval*"]
+message = "a person must approve this"
+
+[defaults]
+rules = ["ask-first"]
+
+[tenants.beta.budgets]
+max_executions = {BUDGET}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
+    policy = Path(tempfile.mkdtemp(prefix="rg-pol-", dir="/tmp")) / "policy.toml"
+    policy.write_text(POLICY)
+    settings = {"policy_file": str(policy), "approval_timeout_s": "60",
+                "approver_keys": f"alpha:alice:{APPROVER}"}
+    with running_cluster(docker_client, nodes=1, gateway_settings=settings) as started:
+        yield started
+
+
+@asynccontextmanager
+async def _client(gateway: GatewayProcess, key: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120,
+                                 headers={"Authorization": f"Bearer {key}"}) as client:
+        yield client
+
+
+async def _create(client: httpx.AsyncClient) -> str:
+    answer = await client.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    session_id: str = answer.json()["id"]
+    return session_id
+
+
+async def _run(client: httpx.AsyncClient, session_id: str, code: str) -> dict[str, Any]:
+    answer = await client.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+async def test_held_through_one_gateway_approved_through_the_other_runs(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    key = one.keys["alpha"]
+    async with _client(one, key) as first, _client(two, key) as second, \
+            _client(two, APPROVER) as approver_there, _client(one, APPROVER) as approver_here:
+        sid = await _create(first)
+        try:
+            held = asyncio.ensure_future(_run(first, sid, "'needs-approval'\nprint('ran')"))
+            deadline = time.monotonic() + 30
+            pending: list[dict[str, Any]] = []
+            while not pending and time.monotonic() < deadline:
+                listed = await second.get("/v1/approvals")  # listed by the other gateway
+                assert listed.status_code == 200, listed.text
+                pending = [a for a in listed.json() if a["session_id"] == sid]
+                await asyncio.sleep(0.1)
+            assert pending and pending[0]["rules"][0]["rule"] == "ask-first"
+            approval_id = pending[0]["approval_id"]
+            assert not held.done()
+            decided_at = time.monotonic()
+            decided = await approver_there.post(f"/v1/approvals/{approval_id}/approve",
+                                                json={"comment": "fine"})
+            assert decided.status_code == 200, decided.text
+            assert decided.json()["status"] == "approved"
+            result = await asyncio.wait_for(held, 30)
+            assert result["status"] == "ok" and result["stdout"] == "ran\n", result
+            assert time.monotonic() - decided_at < 5  # learnt by a poll, not at expiry
+            # Decided once, for every gateway.
+            again = await approver_here.post(f"/v1/approvals/{approval_id}/reject")
+            assert again.status_code == 409 and "approved" in again.json()["detail"]
+            shown = (await first.get(f"/v1/approvals/{approval_id}")).json()
+            assert (shown["status"], shown["decided_by"], shown["comment"]) == (
+                "approved", "alice", "fine")
+            assert (await first.get("/v1/approvals")).json() == []
+        finally:
+            await first.delete(f"/v1/sessions/{sid}")
+
+
+async def test_a_budget_counts_executions_through_both_gateways(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    key = one.keys["beta"]
+    async with _client(one, key) as first, _client(two, key) as second:
+        sid = await _create(first)
+        try:
+            for client in (first, second, first):
+                assert (await _run(client, sid, "1"))["status"] == "ok"
+            over = await _run(second, sid, "open('over.txt', 'w')")
+            assert over["status"] == "budget_exceeded", over
+            assert "max_executions" in over["error"]["evalue"]
+            budget = (await second.get(f"/v1/sessions/{sid}")).json()["budget"]
+            assert budget["executions_left"] == 0
+            assert (await _run(first, sid, "1"))["status"] == "budget_exceeded"
+        finally:
+            await first.delete(f"/v1/sessions/{sid}")
+
+
+async def test_an_e2b_sandbox_ends_on_time_after_its_gateway_is_killed(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    key = one.keys["alpha"]
+    through_two = {"api_url": f"{two.url}/e2b", "sandbox_url": f"{two.url}/e2b/sandbox",
+                   "api_key": key}
+    sandbox = await AsyncSandbox.create(timeout=5, api_url=f"{one.url}/e2b",
+                                        sandbox_url=f"{one.url}/e2b/sandbox", api_key=key)
+    made = datetime.now(UTC)
+    try:
+        one.stop(signal.SIGKILL)
+        info = await AsyncSandbox.get_info(sandbox.sandbox_id, **through_two)
+        assert abs((info.end_at - made).total_seconds() - 5) < 3, info.end_at
+        async with _client(two, key) as second:
+            assert (await second.get(f"/v1/sessions/{sandbox.sandbox_id}")).status_code == 200
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                answer = await second.get(f"/v1/sessions/{sandbox.sandbox_id}")
+                if answer.status_code == 404:
+                    break
+                await asyncio.sleep(0.5)
+            assert answer.status_code == 404, "the sandbox outlived its timeout"
+        ended = (datetime.now(UTC) - made).total_seconds()
+        assert 4 < ended < 20, ended
+        assert not [s for s in await AsyncSandbox.list(**through_two).next_items()
+                    if s.sandbox_id == sandbox.sandbox_id]
+    finally:
+        one.start()  # back for the cluster's teardown
