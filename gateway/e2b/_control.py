@@ -166,12 +166,10 @@ RESUME_TIMEOUT_S = 15
 ``ResumedSandbox`` default)."""
 
 
-async def _wake(tenant: str, session: SessionPort, gateway: Gateway, sandboxes: Sandboxes,
-                memory: bool) -> None:
+async def _wake(tenant: str, session: SessionPort, gateway: Gateway, memory: bool) -> None:
     """Resume a paused sandbox; ``memory=False`` (E2B's reboot) starts it from its files
     alone, its variables dropped."""
     await gateway.resume(tenant, session.id)
-    sandboxes.resumed(session)
     if not memory:
         await gateway.restart(tenant, session.id)
 
@@ -188,7 +186,7 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
     if session.paused:
-        await _wake(tenant, session, gateway, sandboxes, body.memory)
+        await _wake(tenant, session, gateway, body.memory)
         await sandboxes.set_timeout(tenant, session, timeout)
         return _sandbox_json(sandboxes.created(session), status.HTTP_201_CREATED)
     await sandboxes.extend(tenant, session, timeout)
@@ -205,7 +203,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     sandboxes.check_timeout(timeout)
     if not session.paused:
         raise E2BError(409, f"Sandbox {sandbox_id} is already running")
-    await _wake(tenant, session, gateway, sandboxes, body.memory)
+    await _wake(tenant, session, gateway, body.memory)
     await sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 

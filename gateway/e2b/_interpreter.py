@@ -166,7 +166,7 @@ async def health(request: Request) -> Response:
     gateway, sandboxes = services(request)
     _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT,
                                     ENVD_PORT)
-    if sandboxes.held(session):
+    if await sandboxes.held(session):
         raise E2BError(502, f"The sandbox {session.id} was not found running: it is paused; "
                             "Sandbox.connect resumes it")
     if request.headers.get("e2b-sandbox-port") == str(ENVD_PORT):

@@ -58,7 +58,6 @@ class Sandboxes:
         self.gateway = gateway
         self.store = gateway.store
         self._key: bytes | None = None
-        self._paused: set[str] = set()
         self._shared = self.store.database.dialect != "sqlite"
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
@@ -123,20 +122,18 @@ class Sandboxes:
         """The SDK paused the sandbox: it does not end, as on E2B (until a connect resumes it
         with a new timeout), and it is not running until then."""
         await self.store.set_sandbox_end(session.id, tenant, None)
-        self._paused.add(session.id)
 
-    def resumed(self, session: SessionPort) -> None:
-        self._paused.discard(session.id)
-
-    def held(self, session: SessionPort) -> bool:
-        """Paused by the SDK through this gateway and not resumed since: E2B's proxy answers
-        such a sandbox as not running. (A session replgate paused for idleness, or that running
-        code resumed, is running for E2B's purposes: its next use resumes it, as E2B's
-        auto-resume does.)"""
-        return session.paused and session.id in self._paused
+    async def held(self, session: SessionPort) -> bool:
+        """Paused by the SDK (through any gateway) and not resumed by a connect since: E2B's
+        proxy answers such a sandbox as not running. (A session replgate paused for idleness,
+        or that running code resumed, is running for E2B's purposes: its next use resumes it,
+        as E2B's auto-resume does.)"""
+        if not session.paused:
+            return False
+        ends = await self.store.sandbox_ends([session.id])
+        return session.id in ends and ends[session.id] is None
 
     def _forget(self, session_id: str) -> None:
-        self._paused.discard(session_id)
         task = asyncio.get_running_loop().create_task(self._drop(session_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
