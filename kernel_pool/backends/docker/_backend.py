@@ -1265,7 +1265,17 @@ class DockerBackend(SandboxBackend):
         # reservation of the state directory's disk, for a moment).
         spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}",
                            profile=profile.model_copy(update={"workspace_size": "16m"}))
-        sandbox = await self._create(spec, start=True)
+        # Made to its end even when the pool closes meanwhile (the template task cancelled):
+        # a sandbox left half-made would keep its mounts.
+        creating = asyncio.ensure_future(self._create(spec, start=True))
+        try:
+            sandbox = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                made = await creating
+                await made.kill()
+                await made.cleanup()
+            raise
         assert isinstance(sandbox, DockerSandbox)
         try:
             await sandbox._find_init()
