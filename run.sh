@@ -432,6 +432,8 @@ case "$cmd" in
     # each, which under gVisor reach the kernel through its sockets across gVisor's boundary:
     # HTTP executions, files, restart and timeouts (test_api), streaming (test_ws), notebook
     # export, death and recovery (kernel_pool's test_recovery), the Jupyter API and MCP.
+    # Code contexts of other languages (bash through the Jupyter API and MCP) are refused under
+    # gVisor (docs/languages.md): those tests run in the runc leg only.
     # Left to the runc leg: the output, display and flood attacks and the gateway's own fault
     # tests (the gateway's side does not change with the runtime, and gVisor's slower I/O
     # makes the flood tests' time bounds a test of the machine), pause/resume/fork
@@ -449,7 +451,8 @@ case "$cmd" in
       tests/gateway/test_api.py tests/gateway/test_ws.py tests/gateway/test_notebook.py \
       tests/gateway/test_jupyter_api.py tests/gateway/test_mcp.py \
       -k "not (test_hostile_code and (flood or output or huge or garbage or imitating \
-        or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))" \
+        or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed)))) \
+        and not bash_kernel_runs and not bash_notebook and not execute_code_runs_bash" \
       || gvisor_status=$?
     [ "$status" -ne 0 ] || status=${gvisor_status:-0}
     # The PostgreSQL leg: every gateway on a database of its own in PostgreSQL instead of its
