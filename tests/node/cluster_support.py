@@ -20,8 +20,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
+import httpx
 import psycopg
 
 from node.local import stop_group
@@ -176,3 +178,25 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways
         drop_database(database_url)
     assert not left, f"the nodes left containers behind: {left}"
     assert not mounted, f"the nodes left mounts behind: {mounted}"
+
+
+def gateway_client(gateway: GatewayProcess,
+                   key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
+    """A client of ``gateway`` with tenant alpha's key as ``key_of`` made it (the keys are
+    shared state: any gateway's key opens every gateway)."""
+    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
+                             timeout=120)
+
+
+async def create_session(client: httpx.AsyncClient) -> dict[str, Any]:
+    answer = await client.post("/v1/sessions", json={})
+    assert answer.status_code == 201, answer.text
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+async def execute(client: httpx.AsyncClient, sid: str, code: str) -> dict[str, Any]:
+    answer = await client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result

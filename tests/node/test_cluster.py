@@ -18,11 +18,19 @@ from typing import Any
 import docker
 import httpx
 import pytest
-from cluster_support import ADMIN_KEY, NODE_TIMEOUT_S, Cluster, running_cluster
+from cluster_support import (
+    ADMIN_KEY,
+    NODE_TIMEOUT_S,
+    Cluster,
+    create_session,
+    execute,
+    gateway_client,
+    running_cluster,
+)
 from websockets.asyncio.client import connect
 
 from node.tls import client_context, make_cluster_certs
-from tests.conftest import REPO, GatewayProcess
+from tests.conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -31,39 +39,19 @@ def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
         yield started
 
 
-def _client(gateway: GatewayProcess, key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
-    """A client of ``gateway`` with a key ``key_of`` made (the keys are shared state)."""
-    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
-                             timeout=120)
-
-
-async def _create(client: httpx.AsyncClient) -> dict[str, Any]:
-    answer = await client.post("/v1/sessions", json={})
-    assert answer.status_code == 201, answer.text
-    created: dict[str, Any] = answer.json()
-    return created
-
-
-async def _run(client: httpx.AsyncClient, sid: str, code: str) -> dict[str, Any]:
-    answer = await client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
-    assert answer.status_code == 200, answer.text
-    result: dict[str, Any] = answer.json()
-    return result
-
-
 async def test_sessions_spread_over_the_nodes_and_any_gateway_serves_any(
         cluster: Cluster) -> None:
     one, two = cluster.gateways
-    async with _client(one) as first, _client(two, key_of=one) as second:
-        created = [await _create(first) for _ in range(3)]
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second:
+        created = [await create_session(first) for _ in range(3)]
         try:
             placed = {s["node"] for s in created}
             assert placed == {n.node_id for n in cluster.nodes}, \
                 "each new session went to the node with the most room"
             sid = created[0]["id"]
-            assert (await _run(first, sid, "x = 41"))["status"] == "ok"
+            assert (await execute(first, sid, "x = 41"))["status"] == "ok"
             # The other gateway never saw this session: it finds it in the database.
-            result = await _run(second, sid, "x + 1")
+            result = await execute(second, sid, "x + 1")
             assert result["outputs"][-1]["data"]["text/plain"] == "42"
             seen = (await second.get(f"/v1/sessions/{sid}")).json()
             assert seen["node"] == created[0]["node"] and seen["execution_count"] == 2
@@ -83,8 +71,8 @@ async def test_sessions_spread_over_the_nodes_and_any_gateway_serves_any(
 
 async def test_websocket_and_files_through_another_gateway(cluster: Cluster) -> None:
     one, two = cluster.gateways
-    async with _client(one) as first, _client(two, key_of=one) as second:
-        sid = (await _create(first))["id"]
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second:
+        sid = (await create_session(first))["id"]
         try:
             put = await second.put(f"/v1/sessions/{sid}/files/data.csv", content=b"a,b\n1,2\n")
             assert put.status_code in (200, 201), put.text
@@ -126,10 +114,10 @@ def test_a_node_refuses_a_client_of_another_ca(cluster: Cluster) -> None:
 
 async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> None:
     one, two = cluster.gateways
-    async with _client(two, key_of=one) as second:
-        sid = (await _create(second))["id"]
+    async with gateway_client(two, key_of=one) as second:
+        sid = (await create_session(second))["id"]
         try:
-            async with _client(one) as first:
+            async with gateway_client(one) as first:
                 running = asyncio.ensure_future(first.post(
                     f"/v1/sessions/{sid}/execute",
                     json={"code": "import time\ntime.sleep(2)\ny = 'done'"}))
@@ -139,7 +127,7 @@ async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> No
                     await running
             # The node ran it to its end: the other gateway sees its effect.
             await asyncio.sleep(2)
-            result = await _run(second, sid, "print(y)")
+            result = await execute(second, sid, "print(y)")
             assert result["stdout"] == "done\n"
         finally:
             await second.delete(f"/v1/sessions/{sid}")
@@ -148,15 +136,15 @@ async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> No
 
 async def test_a_lost_node_sessions_start_again_elsewhere_saying_so(cluster: Cluster) -> None:
     one = cluster.gateways[0]
-    async with _client(one) as first:
-        sid = (await _create(first))["id"]
-        await _run(first, sid, "z = 1")
+    async with gateway_client(one) as first:
+        sid = (await create_session(first))["id"]
+        await execute(first, sid, "z = 1")
         placed = (await first.get(f"/v1/sessions/{sid}")).json()["node"]
         lost = next(n for n in cluster.nodes if n.node_id == placed)
         lost.stop(signal.SIGKILL)
         try:
             await asyncio.sleep(NODE_TIMEOUT_S * 2)  # declared down by a gateway's watch
-            result = await _run(first, sid, "'z' in dir()")
+            result = await execute(first, sid, "'z' in dir()")
             assert result["restarted"] is True and "lost" in (result["reason"] or "")
             assert result["outputs"][-1]["data"]["text/plain"] == "False"
             now = (await first.get(f"/v1/sessions/{sid}")).json()
@@ -179,7 +167,7 @@ def test_the_audit_chain_written_by_both_gateways_verifies(cluster: Cluster) -> 
 async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
     one, two = cluster.gateways
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with _client(one) as first, httpx.AsyncClient(base_url=two.url, headers=admin,
+    async with gateway_client(one) as first, httpx.AsyncClient(base_url=two.url, headers=admin,
                                                         timeout=60) as ops:
         nodes = (await ops.get("/v1/nodes")).json()
         assert {n["id"] for n in nodes} == {n.node_id for n in cluster.nodes}
@@ -191,7 +179,7 @@ async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
         answer = await ops.post(f"/v1/nodes/{drained}/drain")
         assert answer.status_code == 202 and answer.json()["state"] == "draining"
         try:
-            created = [await _create(first) for _ in range(4)]
+            created = [await create_session(first) for _ in range(4)]
             assert drained not in {s["node"] for s in created}, "no new session on a drained node"
             for session in created:
                 await first.delete(f"/v1/sessions/{session['id']}")
@@ -204,8 +192,8 @@ async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
 
 async def test_postgresql_restarted_under_load_loses_nothing(cluster: Cluster) -> None:
     one, two = cluster.gateways
-    async with _client(one) as first, _client(two, key_of=one) as second:
-        sids = [(await _create(first))["id"] for _ in range(2)]
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second:
+        sids = [(await create_session(first))["id"] for _ in range(2)]
         answered: dict[str, list[int]] = {sid: [] for sid in sids}
         statuses: list[int] = []
         stop = asyncio.Event()
@@ -238,7 +226,7 @@ async def test_postgresql_restarted_under_load_loses_nothing(cluster: Cluster) -
         try:
             assert set(statuses) <= {200, 503}, f"only 503 while the database was away: {statuses}"
             for sid in sids:
-                result = await _run(second, sid, "n")
+                result = await execute(second, sid, "n")
                 assert result["status"] == "ok"
                 history = (await first.get(f"/v1/sessions/{sid}/executions")).json()
                 recorded = {h["code"] for h in history if h["status"] == "ok"}

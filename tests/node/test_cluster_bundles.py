@@ -10,12 +10,18 @@ import secrets
 import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import docker
 import httpx
 import pytest
-from cluster_support import ADMIN_KEY, NODE_TIMEOUT_S, Cluster, running_cluster
+from cluster_support import (
+    ADMIN_KEY,
+    NODE_TIMEOUT_S,
+    Cluster,
+    execute,
+    gateway_client,
+    running_cluster,
+)
 
 from tests.conftest import GatewayProcess
 from tests.kernel_pool.bundles.seaweed_support import BUCKET, running_seaweedfs
@@ -31,11 +37,6 @@ def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
         yield started
 
 
-def _client(gateway: GatewayProcess, key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
-                             timeout=120)
-
-
 async def _session(client: httpx.AsyncClient, code: str) -> tuple[str, str]:
     """A new session that ran ``code`` and holds :data:`FILE`; its id and its node."""
     created = await client.post("/v1/sessions", json={})
@@ -43,15 +44,8 @@ async def _session(client: httpx.AsyncClient, code: str) -> tuple[str, str]:
     sid, node = created.json()["id"], created.json()["node"]
     put = await client.put(f"/v1/sessions/{sid}/files/{FILE}", content=f"of {sid}".encode())
     assert put.status_code in (200, 201), put.text
-    assert (await _run(client, sid, code))["status"] == "ok"
+    assert (await execute(client, sid, code))["status"] == "ok"
     return sid, node
-
-
-async def _run(client: httpx.AsyncClient, sid: str, code: str) -> dict[str, Any]:
-    answer = await client.post(f"/v1/sessions/{sid}/execute", json={"code": code})
-    assert answer.status_code == 200, answer.text
-    result: dict[str, Any] = answer.json()
-    return result
 
 
 async def _pause(client: httpx.AsyncClient, sid: str) -> None:
@@ -94,7 +88,7 @@ async def _status(client: httpx.AsyncClient, sid: str) -> str:
 async def test_a_drained_node_sessions_resume_on_the_other_with_everything(
         cluster: Cluster) -> None:
     one, two = cluster.gateways
-    async with _client(one) as first, _client(two, key_of=one) as second, \
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second, \
             _operator(two) as ops:
         paused, node = await _session(first, "x = 41")
         await _pause(first, paused)
@@ -107,10 +101,10 @@ async def test_a_drained_node_sessions_resume_on_the_other_with_everything(
                 while await _status(second, running) != "paused":  # noqa: ASYNC110
                     await asyncio.sleep(0.2)
             # Through the other gateway: each resumes on the other node, as it was.
-            result = await _run(second, paused, "x + 1")
+            result = await execute(second, paused, "x + 1")
             assert result["outputs"][-1]["data"]["text/plain"] == "42"
             assert result["restarted"] is False, result
-            result = await _run(second, running, f"print(y, open({FILE!r}).read())")
+            result = await execute(second, running, f"print(y, open({FILE!r}).read())")
             assert result["stdout"] == f"kept of {running}\n" and not result["restarted"]
             for sid in (paused, running):
                 now = (await second.get(f"/v1/sessions/{sid}")).json()
@@ -129,23 +123,23 @@ async def test_a_drained_node_sessions_resume_on_the_other_with_everything(
 
 async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Cluster) -> None:
     one = cluster.gateways[0]
-    async with _client(one) as first, _operator(one) as ops:
+    async with gateway_client(one) as first, _operator(one) as ops:
         paused, node = await _session(first, "x = 41")
         other = next(n.node_id for n in cluster.nodes if n.node_id != node)
         ran_on = await _beside(first, ops, cluster, node, "z = 1")
         await _pause(first, paused)
         await _pause(first, ran_on)
-        await _run(first, ran_on, "z = 2")  # resumed: it runs on past its last pause
+        await execute(first, ran_on, "z = 2")  # resumed: it runs on past its last pause
         lost = next(n for n in cluster.nodes if n.node_id == node)
         lost.stop(signal.SIGKILL)
         try:
             await asyncio.sleep(NODE_TIMEOUT_S * 2)  # declared down by a gateway's watch
             # Paused when its node was lost: everything kept, nothing restarted.
-            result = await _run(first, paused, "x + 1")
+            result = await execute(first, paused, "x + 1")
             assert result["outputs"][-1]["data"]["text/plain"] == "42"
             assert result["restarted"] is False, result
             # Running: back to its last pause, and its next execution says so.
-            result = await _run(first, ran_on, f"print(z, open({FILE!r}).read())")
+            result = await execute(first, ran_on, f"print(z, open({FILE!r}).read())")
             assert result["restarted"] is True and "lost" in (result["reason"] or ""), result
             assert "last pause" in result["reason"]
             assert result["stdout"] == f"1 of {ran_on}\n"

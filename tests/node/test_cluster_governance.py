@@ -23,7 +23,7 @@ from typing import Any
 import docker
 import httpx
 import pytest
-from cluster_support import Cluster, running_cluster
+from cluster_support import Cluster, execute, running_cluster
 from e2b_code_interpreter import AsyncSandbox
 
 from tests.conftest import GatewayProcess
@@ -70,13 +70,6 @@ async def _create(client: httpx.AsyncClient) -> str:
     return session_id
 
 
-async def _run(client: httpx.AsyncClient, session_id: str, code: str) -> dict[str, Any]:
-    answer = await client.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
-    assert answer.status_code == 200, answer.text
-    result: dict[str, Any] = answer.json()
-    return result
-
-
 async def test_held_through_one_gateway_approved_through_the_other_runs(
         cluster: Cluster) -> None:
     one, two = cluster.gateways
@@ -85,7 +78,7 @@ async def test_held_through_one_gateway_approved_through_the_other_runs(
             _client(two, APPROVER) as approver_there, _client(one, APPROVER) as approver_here:
         sid = await _create(first)
         try:
-            held = asyncio.ensure_future(_run(first, sid, "'needs-approval'\nprint('ran')"))
+            held = asyncio.ensure_future(execute(first, sid, "'needs-approval'\nprint('ran')"))
             deadline = time.monotonic() + 30
             pending: list[dict[str, Any]] = []
             while not pending and time.monotonic() < deadline:
@@ -122,13 +115,13 @@ async def test_a_budget_counts_executions_through_both_gateways(cluster: Cluster
         sid = await _create(first)
         try:
             for client in (first, second, first):
-                assert (await _run(client, sid, "1"))["status"] == "ok"
-            over = await _run(second, sid, "open('over.txt', 'w')")
+                assert (await execute(client, sid, "1"))["status"] == "ok"
+            over = await execute(second, sid, "open('over.txt', 'w')")
             assert over["status"] == "budget_exceeded", over
             assert "max_executions" in over["error"]["evalue"]
             budget = (await second.get(f"/v1/sessions/{sid}")).json()["budget"]
             assert budget["executions_left"] == 0
-            assert (await _run(first, sid, "1"))["status"] == "budget_exceeded"
+            assert (await execute(first, sid, "1"))["status"] == "budget_exceeded"
         finally:
             await first.delete(f"/v1/sessions/{sid}")
 
