@@ -618,12 +618,15 @@ class Gateway:
     # -- shell commands ----------------------------------------------------------------------
 
     async def run_command(self, tenant: str, session: SessionPort, request: CommandRequest,
-                          emit: Callable[[StreamEvent], None] | None = None) -> CommandResult:
-        """Run a shell command beside the session's kernel; audited like code."""
+                          emit: Callable[[StreamEvent], None] | None = None,
+                          on_start: Callable[[], None] | None = None) -> CommandResult:
+        """Run a shell command beside the session's kernel; audited like code. ``on_start``
+        is called once :meth:`kill_command` reaches it."""
         self.check_disk()
         result = await session.run_command(request.cmd, timeout_s=request.timeout_s,
                                            env=request.env, cwd=request.cwd,
-                                           command_id=request.id, emit=emit)
+                                           command_id=request.id, emit=emit,
+                                           on_start=on_start)
         record = AuditRecord.for_command(
             result, command=request.cmd, tenant=tenant, session_id=session.id,
             image=self.image, limits=session.profile.model_dump(mode="json", exclude={"caps"}))

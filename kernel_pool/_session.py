@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,7 +131,7 @@ def _why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-TRANSFER_REPORT_S = 0.25
+TRANSFER_REPORT_S = 0.1
 """How often a transfer's progress is told: a bar moves smoothly, a socket is not flooded."""
 
 class Session:
@@ -299,16 +299,18 @@ class Session:
     async def run_command(self, command: str, *, timeout_s: float | None = None,
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
-                          emit: CommandEmit | None = None) -> CommandResult:
+                          emit: CommandEmit | None = None,
+                          on_start: Callable[[], None] | None = None) -> CommandResult:
         """Run a shell command to its end (:meth:`prepare_command` says what is refused);
         ``emit`` is told of its output as it comes; its aggregate result."""
         run = self.prepare_command(command, timeout_s=timeout_s, env=env, cwd=cwd,
                                    command_id=command_id)
-        return await self.run_prepared(run, emit)
+        return await self.run_prepared(run, emit, on_start)
 
-    async def run_prepared(self, run: CommandRun,
-                           emit: CommandEmit | None = None) -> CommandResult:
-        """Run a command from :meth:`prepare_command` to its end; its aggregate result."""
+    async def run_prepared(self, run: CommandRun, emit: CommandEmit | None = None,
+                           on_start: Callable[[], None] | None = None) -> CommandResult:
+        """Run a command from :meth:`prepare_command` to its end; its aggregate result.
+        ``on_start`` is called once :meth:`kill_command` can reach it by its id."""
         if run.id in self.commands:
             raise InvalidRequest(f"command id {run.id!r} is already running")
         if self.paused:  # a command runs in the sandbox's container: bring it back first
@@ -317,6 +319,8 @@ class Session:
         self.commands[run.id] = run
         self._touch()
         try:
+            if on_start is not None:
+                on_start()
             done = await run.run(emit or (lambda _event: None))
         finally:
             self.commands.pop(run.id, None)

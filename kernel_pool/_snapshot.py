@@ -41,7 +41,6 @@ import anyio.to_thread
 from pydantic import BaseModel, Field
 
 from kernel_pool._streams import (
-    SUFFIX,
     SUFFIXES,
     ChunkReader,
     FileChunkReader,
@@ -179,21 +178,22 @@ class SnapshotStore:
                     "(REPLGATE_SNAPSHOT_BUDGET); delete sessions or raise it")
             self._used_at_most += size
 
-    def open_write(self, key: str, suffix: str = SUFFIX) -> FileChunkWriter:
-        """A writer of the key's variables snapshot (stored as :data:`SUFFIX` says, or as
-        ``suffix``: one another node stored, received as it is), counted against the budget as
-        it goes; :meth:`commit` it with the info."""
-        if suffix not in SUFFIXES:
-            raise SnapshotError(f"a snapshot stored as {suffix!r} cannot be read here")
+    def open_write(self, key: str) -> FileChunkWriter:
+        """A writer of the key's variables snapshot, counted against the budget as it goes;
+        :meth:`commit` it with the info and how it is stored."""
         self._ensure_root()
-        return FileChunkWriter(self._path(key, suffix), self._reserve)
+        return FileChunkWriter(self._path(key, ""), self._reserve)
 
     def commit(self, key: str, writer: FileChunkWriter, info: PauseInfo,
-               suffix: str = SUFFIX) -> PauseInfo:
-        """Make a written snapshot (of :meth:`open_write`'s ``suffix``) the key's, with its
-        info (its size and time added)."""
+               suffix: str) -> PauseInfo:
+        """Make a written snapshot the key's, stored as ``suffix`` says (:data:`SUFFIXES`:
+        as the pump stored it, or as another node did), with its info (its size and time
+        added)."""
+        if suffix not in SUFFIXES:
+            writer.abort()
+            raise SnapshotError(f"a snapshot stored as {suffix!r} cannot be read here")
         try:
-            size = writer.commit()
+            size = writer.commit(self._path(key, suffix))
             for other in SUFFIXES:  # an earlier snapshot of the key in another form
                 if other != suffix:
                     self._path(key, other).unlink(missing_ok=True)
@@ -411,8 +411,9 @@ async def save_variables(kernel: Kernel, store: SnapshotStore, key: str,
     (with the snapshot's size). The kernel goes on unchanged, also when this fails."""
     writer = await anyio.to_thread.run_sync(store.open_write, key)
     try:
-        info = await _save_stream(kernel, writer, progress)
-        committed: PauseInfo = await anyio.to_thread.run_sync(store.commit, key, writer, info)
+        info, suffix = await _save_stream(kernel, writer, progress)
+        committed: PauseInfo = await anyio.to_thread.run_sync(store.commit, key, writer, info,
+                                                              suffix)
     except BaseException:
         writer.abort()
         raise
@@ -420,18 +421,19 @@ async def save_variables(kernel: Kernel, store: SnapshotStore, key: str,
 
 
 async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
-                       progress: Progress | None) -> PauseInfo:
+                       progress: Progress | None) -> tuple[PauseInfo, str]:
+    """What the kernel kept, streamed into ``writer``, and how it was stored (its suffix)."""
     sandbox, name, pump = kernel.sandbox, _transfer_name(), Pump()
     folder = sandbox.pipe_folder
     save = "__import__('replgate_kernel.snapshot').snapshot.save({!r})"
     if folder is None:  # through a workspace file: written whole, then streamed
         try:
             answer = await evaluate(kernel, save.format(name), SNAPSHOT_TIMEOUT_S)
-            await _in_thread(pump, _pump_out_file, sandbox.workspace, name, writer, pump,
-                             progress)
+            suffix = await _in_thread(pump, _pump_out_file, sandbox.workspace, name, writer,
+                                      pump, progress)
         finally:
             await anyio.to_thread.run_sync(_unlink_in, sandbox.workspace, name)
-        return _kept(answer)
+        return _kept(answer), suffix
     host = folder[0] / name
     source = await anyio.to_thread.run_sync(_open_read_end, host)
     pumping = asyncio.ensure_future(_in_thread(pump, _pump_out_pipe, source, writer, pump,
@@ -453,11 +455,11 @@ async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
             failure = await _verdict(pump, pumping)  # its "stopped", retrieved
             raise SnapshotError("a process in the sandbox kept the snapshot's pipe open after "
                                 "the kernel had written it; the pause was not taken") from failure
-        pumping.result()
+        suffix = pumping.result()
     finally:
         with contextlib.suppress(OSError):
             host.unlink()
-    return _kept(answer)
+    return _kept(answer), suffix
 
 
 def _kept(answer: Any) -> PauseInfo:
@@ -512,7 +514,7 @@ async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed:
             host.unlink()
 
 
-async def _verdict(pump: Pump, pumping: asyncio.Future[None]) -> BaseException | None:
+async def _verdict(pump: Pump, pumping: asyncio.Future[Any]) -> BaseException | None:
     """Why the host's side of a snapshot's pipe failed, once the kernel's side has failed.
 
     The pump's own failure (a corrupt stored stream, the snapshot budget) also ends the
@@ -526,11 +528,12 @@ async def _verdict(pump: Pump, pumping: asyncio.Future[None]) -> BaseException |
     return None if pumping.cancelled() else pumping.exception()
 
 
-async def _in_thread(pump: Pump, func: Callable[..., None], *args: Any) -> None:
-    """``func`` in a worker thread; a cancellation stops the pump and waits for its end."""
+async def _in_thread(pump: Pump, func: Callable[..., Any], *args: Any) -> Any:
+    """``func`` in a worker thread, its value; a cancellation stops the pump and waits for
+    its end."""
     call = asyncio.ensure_future(anyio.to_thread.run_sync(func, *args))
     try:
-        await asyncio.shield(call)
+        return await asyncio.shield(call)
     except asyncio.CancelledError:
         pump.stop()
         await asyncio.wait([call])
@@ -570,7 +573,7 @@ def _open_read_end(path: Path) -> int:
 
 
 def _pump_out_pipe(source: int, writer: FileChunkWriter, pump: Pump,
-                   progress: Progress | None) -> None:
+                   progress: Progress | None) -> str:
     """Wait for the kernel to open the pipe (until then a read would see its end), then
     move its stream into storage."""
     poller = select.poll()
@@ -580,7 +583,7 @@ def _pump_out_pipe(source: int, writer: FileChunkWriter, pump: Pump,
             os.close(source)
             raise SnapshotError("the snapshot was stopped")
     os.set_blocking(source, True)
-    pump.out(source, writer, SUFFIX, progress)
+    return pump.out(source, writer, progress)
 
 
 def _pump_into_pipe(path: Path, identity: tuple[int, int], reader: ChunkReader, suffix: str,
@@ -602,10 +605,10 @@ def _pump_into_pipe(path: Path, identity: tuple[int, int], reader: ChunkReader, 
 
 
 def _pump_out_file(workspace: Workspace, name: str, writer: FileChunkWriter, pump: Pump,
-                   progress: Progress | None) -> None:
+                   progress: Progress | None) -> str:
     with workspace.access():
         fd = _open_in(workspace, name, os.O_RDONLY)
-        pump.out(fd, writer, SUFFIX, progress)
+        return pump.out(fd, writer, progress)
 
 
 def _pump_into_file(workspace: Workspace, name: str, reader: ChunkReader, suffix: str,

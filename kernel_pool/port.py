@@ -129,8 +129,10 @@ class SessionPort(Protocol):
     async def run_command(self, command: str, *, timeout_s: float | None = None,
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
-                          emit: CommandEmit | None = None) -> CommandResult:
-        """A shell command beside the kernel, to its end; ``emit`` hears its output."""
+                          emit: CommandEmit | None = None,
+                          on_start: Callable[[], None] | None = None) -> CommandResult:
+        """A shell command beside the kernel, to its end; ``emit`` hears its output and
+        ``on_start`` is called once the command is running (a kill by its id reaches it)."""
 
     async def kill_command(self, command_id: str) -> bool:
         """Stop the command running under that id; False when none does."""

@@ -570,7 +570,8 @@ class RemoteSession:
     async def run_command(self, command: str, *, timeout_s: float | None = None,
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
-                          emit: CommandEmit | None = None) -> CommandResult:
+                          emit: CommandEmit | None = None,
+                          on_start: Callable[[], None] | None = None) -> CommandResult:
         if self._closed:
             raise SessionClosed(self.id)
         # Named here, so a kill can reach it before its first output comes back.
@@ -587,6 +588,8 @@ class RemoteSession:
                         raise error_from(frame.error)
                     if isinstance(frame.event, StreamEvent) and emit is not None:
                         emit(frame.event)
+                    elif frame.command_started is not None and on_start is not None:
+                        on_start()
                     elif frame.command is not None:
                         result = frame.command
             if result is not None:

@@ -232,20 +232,25 @@ async def run_command(request: Request, session_id: str, body: RunCommand) -> St
     session = _session(request, session_id)
     run = session.prepare_command(body.command, timeout_s=body.timeout_s, env=body.env,
                                   cwd=body.cwd, command_id=body.command_id)
-    output: asyncio.Queue[StreamEvent] = asyncio.Queue()  # the caps bound it
+    output: asyncio.Queue[StreamEvent | None] = asyncio.Queue()  # the caps bound it
+
+    def frame(said: StreamEvent | None) -> Frame:
+        # None is the command's start, queued before any of its output.
+        return Frame(command_started=run.id) if said is None else Frame(event=said)
 
     async def lines() -> AsyncIterator[bytes]:
-        running = asyncio.ensure_future(session.run_prepared(run, output.put_nowait))
+        running = asyncio.ensure_future(session.run_prepared(
+            run, output.put_nowait, lambda: output.put_nowait(None)))
         try:
             while not running.done():
                 getting = asyncio.ensure_future(output.get())
                 await asyncio.wait({getting, running}, return_when=asyncio.FIRST_COMPLETED)
                 if getting.done():
-                    yield _line(Frame(event=getting.result()))
+                    yield _line(frame(getting.result()))
                 else:
                     getting.cancel()
             while not output.empty():
-                yield _line(Frame(event=output.get_nowait()))
+                yield _line(frame(output.get_nowait()))
             try:
                 yield _line(Frame(command=running.result()))
             except KernelPoolError as exc:

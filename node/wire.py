@@ -140,6 +140,8 @@ class Frame(BaseModel):
     event: Event | None = None
     command: CommandResult | None = None
     """A command's end (its stream's last line)."""
+    command_started: str | None = None
+    """A command runs (its id): from now a kill by that id reaches it."""
     relayed: Relayed | None = None
     started: Started | None = None
     executed: Executed | None = None

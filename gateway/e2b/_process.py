@@ -145,6 +145,12 @@ class Running:
     tag: str | None
     streams: set[asyncio.Queue[Said]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
+    started: bool = False
+    """Running where the session is: a kill by its pid (through any gateway) reaches it."""
+
+    def start(self) -> None:
+        self.started = True
+        self.tell(ProcessEvent(start=StartEvent(pid=self.pid)))
 
     def tell(self, said: Said) -> None:
         for queue in self.streams:
@@ -188,10 +194,12 @@ def _keepalive_s(ctx: RequestContext[Any, Any]) -> float:
 
 async def _follow(running: Running, queue: asyncio.Queue[Said],
                   ctx: RequestContext[Any, Any]) -> AsyncIterator[EventResponse]:
-    """The stream of one follower: the start event, then what the command says to its end."""
+    """The stream of one follower: the start event (once the command runs, so that its pid
+    can be killed), then what the command says to its end."""
     keepalive = _keepalive_s(ctx)
     try:
-        yield EventResponse(event=ProcessEvent(start=StartEvent(pid=running.pid)))
+        if running.started:
+            yield EventResponse(event=ProcessEvent(start=StartEvent(pid=running.pid)))
         while True:
             try:
                 said = await asyncio.wait_for(queue.get(), keepalive)
@@ -232,7 +240,7 @@ class Processes:
         try:
             result = await target.gateway.run_command(
                 target.tenant, target.session, command,
-                lambda event: running.tell(_data(event)))
+                lambda event: running.tell(_data(event)), running.start)
             said = _end(result)
         except (GatewayError, KernelPoolError) as exc:
             said = ConnectError(_CODES.get(status_for(exc), Code.UNAVAILABLE), str(exc))

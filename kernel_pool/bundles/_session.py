@@ -26,6 +26,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from kernel_pool._snapshot import TRANSFER_NAME, PauseInfo, SnapshotStore
+from kernel_pool._streams import SUFFIXES
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound
 from kernel_pool.bundles._manifest import BundleInfo
@@ -71,7 +72,9 @@ async def read_session(bundle: Bundle, session_id: str, snapshots: SnapshotStore
     if len(names) != 1 or WORKSPACE not in manifest.parts:
         raise BundleNotFound(f"{manifest.tenant}/{session_id}: a snapshot and a workspace")
     suffix = names[0].removeprefix(SNAPSHOT)
-    writer = await anyio.to_thread.run_sync(snapshots.open_write, session_id, suffix)
+    if suffix not in SUFFIXES:  # known before a byte of it is moved
+        raise SnapshotError(f"a snapshot stored as {suffix!r} cannot be read here")
+    writer = await anyio.to_thread.run_sync(snapshots.open_write, session_id)
     try:
         async with contextlib.aclosing(bundle.read(names[0])) as chunks:
             async for chunk in chunks:

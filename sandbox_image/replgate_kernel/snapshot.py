@@ -302,15 +302,34 @@ class _Reader:
             yield self.queued.popleft()
 
 
+def _closed_file(name: str, mode: str, buffered: bool) -> io.IOBase:
+    """A closed file object named ``name``, as the one pickled was: made on the null device,
+    so that the file of that name is not opened (a ``'w'`` mode would truncate it)."""
+    safe = mode.replace("x", "w")  # the null device exists: 'x' would refuse it
+    f: Any = open(os.devnull, safe, buffering=-1 if buffered else 0)  # noqa: SIM115
+    raw = getattr(getattr(f, "buffer", f), "raw", getattr(f, "buffer", f))
+    raw.name = name
+    f.close()
+    return f  # type: ignore[no-any-return]
+
+
 class _Pickler(dill.Pickler):  # type: ignore[misc]
     """dill's pickler, but numpy arrays pickle as numpy itself says for protocol 5 (their
     buffer out of band): dill's own hook asks them for protocol 2's form, which copies the
-    whole array into one bytes object first."""
+    whole array into one bytes object first. A closed file comes back closed without its file
+    being opened, and an open one is opened again without truncation, at its position
+    (dill's default reopens it in its mode: ``'w'`` emptied the file at every resume)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, fmode=dill.CONTENTS_FMODE, **kwargs)
 
     def reducer_override(self, obj: object) -> Any:
         numpy = sys.modules.get("numpy")
         if numpy is not None and type(obj) is numpy.ndarray:
             return obj.__reduce_ex__(5)
+        if isinstance(obj, io.IOBase) and obj.closed and isinstance(
+                getattr(obj, "name", None), str) and isinstance(getattr(obj, "mode", None), str):
+            return _closed_file, (obj.name, obj.mode, not isinstance(obj, io.FileIO))
         return NotImplemented
 
 

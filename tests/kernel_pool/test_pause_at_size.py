@@ -114,6 +114,31 @@ async def test_a_kernel_killed_between_executions_makes_the_next_execution_say_s
     assert (again.restarted, again.stdout) == (False, "1\n")
 
 
+
+async def test_file_objects_in_the_namespace_leave_their_files_as_they_were(
+        session: Session) -> None:
+    # `with open(p, "wb") as f` leaves a closed handle in the namespace: a resume that opened
+    # its file again in its mode would empty the file the user wrote (it did, every time).
+    await run_ok(session, """
+with open("results.bin", "wb") as done:
+    done.write(b"written once")
+log = open("log.txt", "w")
+log.write("first line\\n")
+log.flush()
+reading = open("results.bin", "rb")
+reading.read(8)
+""")
+    info = await session.pause()
+    assert session.paused and {"done", "log", "reading"} <= set(info.kept), info
+    assert await run_ok(session, """
+print(open("results.bin", "rb").read(), done.closed, done.name, done.mode)
+log.write("second line\\n")
+log.close()
+print(repr(open("log.txt").read()), reading.read())
+""") == ("b'written once' True results.bin wb\n"
+         "'first line\\nsecond line\\n' b'once'\n")
+
+
 @contextmanager
 def peak_rss() -> Iterator[dict[str, int]]:
     """This process's resident memory before, at its peak during the block (sampled every

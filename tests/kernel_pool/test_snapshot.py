@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace
-from kernel_pool._streams import SUFFIX, Pump
+from kernel_pool._streams import HEAD_BYTES, Pump
 from kernel_pool._workspace import SANDBOX_UID, Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 
@@ -41,8 +41,8 @@ def save(store: SnapshotStore, key: str, data: bytes,
     feeder.start()
     writer = store.open_write(key)
     try:
-        Pump().out(source, writer, SUFFIX)
-        return store.commit(key, writer, info or PauseInfo())
+        suffix = Pump().out(source, writer)
+        return store.commit(key, writer, info or PauseInfo(), suffix)
     except BaseException:
         writer.abort()
         raise
@@ -90,6 +90,24 @@ def test_a_large_snapshot_streams_through_in_chunks(tmp_path: Path) -> None:
 
     assert load(store, "s1") == data
     assert info.image_bytes < len(data)
+
+
+def stored_as(store: SnapshotStore, key: str) -> str:
+    reader, suffix = store.open_read(key)
+    reader.close()
+    return suffix
+
+
+def test_a_stream_that_would_not_shrink_is_stored_as_it_is(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+    floats = os.urandom(2 * HEAD_BYTES + 12345)  # random floats' bytes: zstd saves nothing
+    text = b"a compressible frame, row after row\n" * (3 * HEAD_BYTES // 36)
+
+    assert save(store, "noise", floats).image_bytes == len(floats)
+    assert save(store, "text", text).image_bytes < len(text) // 4
+    assert (stored_as(store, "noise"), stored_as(store, "text")) == (".raw", ".zst")
+    # The head and the rest are two zstd frames, read back as one stream.
+    assert load(store, "noise") == floats and load(store, "text") == text
 
 
 def test_save_over_the_budget_is_refused_and_writes_nothing(tmp_path: Path) -> None:
