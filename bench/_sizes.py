@@ -12,6 +12,7 @@ numeric DataFrame.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ from bench._peers import Replgate
 
 MiB = 1 << 20
 SIZES_MIB = (200, 1024)
+ROUNDS = 3
+"""Pauses and resumes per size: the figures are their medians."""
 FRAME_MIB = 16
 """The DataFrame's share of each size (two float64 columns of 1,000,000 rows)."""
 
@@ -125,9 +128,33 @@ async def _one(rg: Replgate, code: str, check: str) -> dict[str, Any]:
         await rg.delete_session(sid)
 
 
+async def _rounds(rg: Replgate, mib: int, code: str, check: str) -> dict[str, Any]:
+    """:data:`ROUNDS` pauses and resumes of a session that ran ``code``, each beside the
+    disk's baseline for ``mib`` MiB: the medians, their ratios, and every round."""
+    runs = []
+    for _ in range(ROUNDS):
+        await rg.wait_idle(1)  # the resume takes the warm kernel, as on a quiet gateway
+        disk = disk_baseline(rg.state, mib * MiB)
+        runs.append({**await _one(rg, code, check), "disk": disk})
+    pause_s = statistics.median(run["pause_s"] for run in runs)
+    resume_s = statistics.median(run["resume_1plus1_s"] for run in runs)
+    write_s = statistics.median(run["disk"]["write_s"] for run in runs)
+    read_s = statistics.median(run["disk"]["read_s"] for run in runs)
+    return {"pause_s": pause_s, "resume_1plus1_s": resume_s,
+            "disk": {"write_s": write_s, "read_s": read_s},
+            "pause_vs_write": round(pause_s / write_s, 2),
+            "resume_vs_read": round(resume_s / read_s, 2),
+            "kept": all(run["kept"] for run in runs),
+            "paused_with": sorted({run["paused_with"] for run in runs}),
+            "snapshot_mib": max(run["snapshot_mib"] for run in runs),
+            "rounds": [{"pause_s": run["pause_s"], "resume_1plus1_s": run["resume_1plus1_s"],
+                        **run["disk"]} for run in runs]}
+
+
 async def pause_sizes() -> dict[str, Any]:
     """The size sweep: variables pauses of each of :data:`SIZES_MIB`, then a memory pause of
-    200 MiB (where the engine can checkpoint); each against the disk's own time, in one run."""
+    200 MiB (where the engine can checkpoint); each against the disk's own time, in one run
+    (medians of :data:`ROUNDS`)."""
     results: dict[str, Any] = {}
     variables = Replgate(min_idle=1, max_kernels=4, settings={
         "REPLGATE_PAUSE_WITH": "variables", "REPLGATE_MEMORY": "3g",
@@ -136,13 +163,8 @@ async def pause_sizes() -> dict[str, Any]:
         await variables.wait_idle(1)
         rss = _PeakRss(variables.pid)
         for mib in SIZES_MIB:
-            disk = disk_baseline(variables.state, mib * MiB)
-            figure = await _one(variables, _holding(mib),
-                                "float(data[::4096].sum()) == check")
-            figure["disk"] = disk
-            figure["pause_vs_write"] = round(figure["pause_s"] / disk["write_s"], 2)
-            figure["resume_vs_read"] = round(figure["resume_1plus1_s"] / disk["read_s"], 2)
-            results[f"variables_{mib}_mib"] = figure
+            results[f"variables_{mib}_mib"] = await _rounds(
+                variables, mib, _holding(mib), "float(data[::4096].sum()) == check")
         after = rss.stop()
         results["gateway_rss_mib"] = {"before": round(rss.before / MiB, 1),
                                       "peak": round(rss.peak / MiB, 1),
@@ -153,11 +175,9 @@ async def pause_sizes() -> dict[str, Any]:
     memory = Replgate(min_idle=1, max_kernels=4, settings={
         "REPLGATE_PAUSE_WITH": "memory", "REPLGATE_MEMORY": "1g"})
     try:
-        await memory.wait_idle(1)
-        results["memory_200_mib"] = await _one(
-            memory, "import numpy as np\nones = np.ones(200 * 2**20 // 8)\n"
-                    "held = open('/tmp/held.txt', 'w+')", "ones.sum() == ones.size")
-        results["memory_200_mib"]["disk"] = disk_baseline(memory.state, 200 * MiB)
+        results["memory_200_mib"] = await _rounds(
+            memory, 200, "import numpy as np\nones = np.ones(200 * 2**20 // 8)\n"
+                         "held = open('/tmp/held.txt', 'w+')", "ones.sum() == ones.size")
     finally:
         await memory.stop()
     return results
