@@ -11,11 +11,11 @@ import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from node.registry import NodeRecord
 
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep
 from gateway.errors import Forbidden, Unauthorized
+from node.registry import NodeRecord
 
 router = APIRouter(tags=["nodes"])
 
