@@ -506,11 +506,22 @@ class Gateway:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {running} executions queued or running, the limit; "
                 "wait for some to finish")
-        handle = session.submit(code, timeout_s, execution_id=execution_id,
-                                gate=self.governance.gate(tenant, session),
-                                language=language, context_id=context_id)
-        span = (self.tracing.start_execution(handle, tenant, session.id, trace_context)
+        span = (self.tracing.start_execution(tenant, session.id, code, trace_context)
                 if self.tracing is not None else None)
+        try:
+            # Under the span: a node's execution (its call from a task made here) is its child.
+            with (nullcontext() if span is None else trace.use_span(
+                    span, end_on_exit=False, record_exception=False,
+                    set_status_on_exception=False)):
+                handle = session.submit(code, timeout_s, execution_id=execution_id,
+                                        gate=self.governance.gate(tenant, session),
+                                        language=language, context_id=context_id)
+        except BaseException as exc:
+            if span is not None:
+                Tracing.refused(span, exc)
+            raise
+        if span is not None:
+            Tracing.submitted(span, handle)
         task = asyncio.get_running_loop().create_task(
             self._record(tenant, session, handle, span))
         self._recorders[handle.id] = task

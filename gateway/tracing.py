@@ -37,9 +37,6 @@ if TYPE_CHECKING:
 
     from kernel_pool import Execution, ExecutionHandle
 
-LANGUAGE = "python"
-"""The one language sessions run today (``replgate.language``)."""
-
 _SECRET_QUERY = re.compile(r"((?:^|[?&])token=)[^&#]*")
 _URL_ATTRIBUTES = ("http.url", "url.full", "http.target", "url.query")
 _FAILED = {"error", "timeout", "died"}
@@ -137,18 +134,31 @@ class Tracing:
         SQLAlchemyInstrumentor().instrument(engine=engine, tracer_provider=self.provider,
                                             skip_dep_check=True)
 
-    def start_execution(self, handle: ExecutionHandle, tenant: str, session_id: str,
+    def start_execution(self, tenant: str, session_id: str, code: str,
                         carrier: Mapping[str, str] | None = None) -> trace.Span:
-        """``replgate.execute`` from its submission, under the current span, or under the
-        trace a W3C ``carrier`` (``traceparent``, ``tracestate``) names."""
+        """``replgate.execute`` from now (its submission follows, under it: the call to a
+        node that runs it is its child), under the current span, or under the trace a W3C
+        ``carrier`` (``traceparent``, ``tracestate``) names."""
         parent: Context | None = propagate.extract(carrier) if carrier else None
         return self.tracer.start_span(
-            "replgate.execute", context=parent, start_time=handle.submitted_ns,
+            "replgate.execute", context=parent,
             attributes={"replgate.session_id": session_id, "replgate.tenant": tenant,
-                        "replgate.execution_id": handle.id, "replgate.language": LANGUAGE,
-                        "replgate.code.bytes": len(handle.code.encode("utf-8", "replace")),
-                        "replgate.code.sha256": code_digest(handle.code),
-                        "replgate.timeout_s": handle.timeout_s})
+                        "replgate.code.bytes": len(code.encode("utf-8", "replace")),
+                        "replgate.code.sha256": code_digest(code)})
+
+    @staticmethod
+    def submitted(span: trace.Span, handle: ExecutionHandle) -> None:
+        """What the submission made of the execution: its id, language and timeout."""
+        span.set_attributes({"replgate.execution_id": handle.id,
+                             "replgate.language": handle.language,
+                             "replgate.timeout_s": handle.timeout_s})
+
+    @staticmethod
+    def refused(span: trace.Span, exc: BaseException) -> None:
+        """The submission was refused: the span ends with the error's kind (its message
+        may quote the request)."""
+        span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+        span.end()
 
     def end_execution(self, span: trace.Span, handle: ExecutionHandle,
                       execution: Execution) -> None:
@@ -170,7 +180,13 @@ class Tracing:
             "replgate.caused": [action.kind for action in handle.actions]})
         if status in _FAILED:
             span.set_status(trace.StatusCode.ERROR, status)
-        under = trace.set_span_in_context(span)
+        self.draw_run(trace.set_span_in_context(span), handle)
+        span.end(end_time=handle.done_ns)
+
+    def draw_run(self, under: Context, handle: ExecutionHandle) -> None:
+        """The execution's child spans from its handle's marks, under ``under``: its queue,
+        the lifecycle actions it caused and its run in the kernel (on a node, under the
+        node's request span; the gateway draws what its side of the hop saw)."""
         if handle.dequeued_ns is not None:
             self._child("replgate.queue", under, handle.submitted_ns, handle.dequeued_ns)
         # Actions nest by time (a restore inside its resume, another session's pause inside
@@ -186,7 +202,6 @@ class Tracing:
         if run is not None and run.sent_ns is not None:
             self._child("replgate.kernel.run", under, run.sent_ns,
                         run.idle_ns or handle.done_ns or run.sent_ns)
-        span.end(end_time=handle.done_ns)
 
     def _child(self, name: str, parent: Context, start_ns: int, end_ns: int,
                failed: bool = False) -> trace.Span:

@@ -173,12 +173,11 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                 await pool.close()
 
     pool = KernelPool(pool_settings)
-    app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan)
     # Spans of the node's requests join the gateway's trace (its httpx calls carry the
     # traceparent): an execution's trace shows the hop and the node's side of it.
     tracing = setup_tracing()
-    if tracing is not None:
-        tracing.instrument_app(app)
+    app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan,
+                          tracing=tracing)
     config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
                             timeout_keep_alive=settings.http_keep_alive_s,
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,

@@ -17,9 +17,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import context as otel_context
 
 from gateway.errors import status_for
 from gateway.metrics import Metrics
+from gateway.tracing import Tracing
 from kernel_pool import (
     ContextInfo,
     EgressAttempt,
@@ -131,11 +133,16 @@ async def submit(request: Request, session_id: str, body: Submit) -> StreamingRe
                             language=body.language, context_id=body.context_id)
     if body.origin is not None:  # (set before its task first tells the listeners)
         _origins(request)[handle] = body.origin
+    tracing: Tracing | None = request.app.state.tracing
+    # The request's span (the gateway's replgate.execute above it, across the hop).
+    under = otel_context.get_current() if tracing is not None else None
 
     async def lines() -> AsyncIterator[bytes]:
         yield _line(Frame(accepted=SessionState.of(session)))
         async for event in handle.stream():
             yield _line(Frame(event=event))
+        if tracing is not None and under is not None:
+            tracing.draw_run(under, handle)  # its queue and its run in the kernel, here
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
@@ -378,14 +385,19 @@ def _line(frame: Frame) -> bytes:
 
 
 def create_node_app(pool: KernelPool, node_id: str, image: str, *,
-                    lifespan: Callable[[FastAPI], Any] | None = None) -> FastAPI:
-    """The port over ``pool``'s sessions, as an ASGI app (the pool is started by the caller)."""
+                    lifespan: Callable[[FastAPI], Any] | None = None,
+                    tracing: Tracing | None = None) -> FastAPI:
+    """The port over ``pool``'s sessions, as an ASGI app (the pool is started by the caller);
+    with ``tracing``, a span per request, and each execution's run drawn under its request's."""
     app = FastAPI(title="replgate node", lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None)
     app.state.pool = pool
     app.state.node_id = node_id
     app.state.image = image
     app.state.origins = weakref.WeakKeyDictionary()
+    app.state.tracing = tracing
+    if tracing is not None:
+        tracing.instrument_app(app)
 
     @app.exception_handler(KernelPoolError)
     async def pool_error(request: Request, exc: KernelPoolError) -> JSONResponse:

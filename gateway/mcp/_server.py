@@ -12,6 +12,8 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 
 from gateway import __version__
 from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
@@ -27,6 +29,7 @@ from gateway.client._tools import (
     ShellCommand,
     TimeoutS,
 )
+from gateway.client._tracecontext import W3C_FIELDS
 
 Resolver = Callable[[Context], Awaitable[SandboxTools]]
 """Finds the tools (bound to a session) for the connection a tool call came on."""
@@ -50,6 +53,24 @@ def to_call_result(result: ToolResult) -> CallToolResult:
     return CallToolResult(content=content, is_error=result.is_error)
 
 
+def trace_carrier(ctx: Context) -> dict[str, str]:
+    """The caller's W3C trace context for a tool call: the request's ``_meta``
+    (``traceparent``, ``tracestate``: OpenTelemetry's convention for MCP), else the HTTP
+    request's headers; empty without one. The tool runs in the MCP session's task, not the
+    HTTP request's, so the request's span is not current there."""
+    try:
+        request_context = ctx.request_context
+    except ValueError:
+        return {}
+    meta = request_context.meta or {}
+    carrier = {name: value for name in W3C_FIELDS
+               if isinstance(value := meta.get(name), str)}
+    headers = getattr(request_context.request, "headers", None)
+    if not carrier and headers is not None:
+        carrier = {name: headers[name] for name in W3C_FIELDS if name in headers}
+    return carrier
+
+
 def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServer[Any]:
     """An MCP server whose tools run on the session ``resolve`` finds for each call."""
     server: MCPServer[Any] = MCPServer("replgate", instructions=INSTRUCTIONS,
@@ -58,6 +79,10 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
 
     async def run(ctx: Context, call: Callable[[SandboxTools], Awaitable[ToolResult]]
                   ) -> CallToolResult:
+        carrier = trace_carrier(ctx)
+        # The caller's span as this task's current one: the gateway's spans (and the Python
+        # client's traceparent, from the stdio server) continue its trace.
+        token = otel_context.attach(propagate.extract(carrier)) if carrier else None
         try:
             tools = await resolve(ctx)
             result = await call(tools)
@@ -65,6 +90,9 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
             # The gateway failed or refused: tell the model in words it can act on.
             return CallToolResult(content=[TextContent(type="text", text=exc.message)],
                                   is_error=True)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         return to_call_result(result)
 
     async def execute_python(code: Code, ctx: Context, timeout_s: TimeoutS = None

@@ -3,6 +3,7 @@ exported over OTLP/HTTP to a real receiver (tests/otlp_receiver.py) and decoded 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -10,13 +11,18 @@ from collections.abc import AsyncIterator, Iterator
 
 import docker
 import httpx
+import httpx2
 import pytest
 import websockets
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from gateway.client import AsyncSandbox
 from tests.conftest import GatewayProcess, make_gateway, running_gateway
+from tests.gateway.test_mcp import stdio_config
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 SERVER = 2  # SpanKind.SERVER in OTLP
@@ -241,3 +247,28 @@ async def test_json_log_lines_carry_the_trace_and_span_ids(
               and line.get("trace_id") == trace_id]
     assert reaped, lines[-5:]
     assert all(line["span_id"] in ids for line in reaped)
+
+
+@pytest.mark.parametrize("carried_by", ["http_header", "meta", "stdio_meta"])
+async def test_an_mcp_tool_call_continues_the_callers_trace(
+        receiver: OtlpReceiver, traced: GatewayProcess, carried_by: str) -> None:
+    trace_id, caller, traceparent = new_trace()
+    meta = None if carried_by == "http_header" else {"traceparent": traceparent}
+    async with contextlib.AsyncExitStack() as stack:
+        if carried_by == "stdio_meta":  # the stdio server calls the gateway with the client
+            opened = Client(StdioServerParameters(**stdio_config(traced)))
+        else:
+            headers = traced.headers() | ({"traceparent": traceparent} if meta is None else {})
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)))
+            opened = Client(streamable_http_client(f"{traced.url}/mcp", http_client=http))
+        client = await stack.enter_async_context(opened)
+        result = await client.call_tool("execute_python", {"code": "6 * 7"}, meta=meta)
+    assert not result.is_error and "42" in str(result.content), result
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return any(s.name == "replgate.execute" and s.trace_id == trace_id for s in spans)
+
+    spans = await receiver.wait_for(complete)
+    # (from stdio: the client's WebSocket message carries the caller's span, as sent)
+    assert only(spans, "replgate.execute", trace_id=trace_id).parent_span_id == caller

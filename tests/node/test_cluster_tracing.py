@@ -92,7 +92,8 @@ async def test_an_execution_on_a_node_is_one_trace_across_the_hop(
     def complete(spans: list[ReceivedSpan]) -> bool:
         names = {(s.resource.get("service.name"), s.name) for s in spans
                  if s.trace_id == trace_id}
-        return {("replgate-node", hop), ("replgate-gateway", "replgate.execute")} <= names
+        return {("replgate-node", hop), ("replgate-node", "replgate.kernel.run"),
+                ("replgate-gateway", "replgate.execute")} <= names
 
     spans = [s for s in await receiver.wait_for(complete) if s.trace_id == trace_id]
     by_id = {s.span_id: s for s in spans}
@@ -105,6 +106,15 @@ async def test_an_execution_on_a_node_is_one_trace_across_the_hop(
     assert sent.start_ns <= on_node.start_ns
     request = next(s for s in spans if s.name == "POST /v1/sessions/{session_id}/execute")
     assert request.parent_span_id == caller
+    # The call to the node is the execution's own: replgate.execute holds the hop.
+    execute = by_id[sent.parent_span_id]
+    assert execute.name == "replgate.execute" and execute.parent_span_id == request.span_id
+    # The node draws the execution's queue and its run in the kernel under its request.
+    on_node_children = {s.name: s for s in spans if s.parent_span_id == on_node.span_id}
+    assert {"replgate.queue", "replgate.kernel.run"} <= set(on_node_children), spans
+    run = on_node_children["replgate.kernel.run"]
+    assert run.resource["service.name"] == "replgate-node"
+    assert on_node.start_ns <= run.start_ns <= run.end_ns <= on_node.end_ns
 
 
 def test_a_node_serves_its_figures_over_mutual_tls(
