@@ -49,6 +49,11 @@ PARENT_HEADER_MAX_BYTES = 64 * 1024
 """Messages over this size are checked and parsed in a worker thread, off the event loop."""
 ROUTE_BUFFER = 32
 """Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
+RECONNECT_MS = 5
+"""How often a socket of ours tries again to reach a kernel's that is not bound yet."""
+KERNEL_INFO_AGAIN_S = 0.25
+"""A start's ``kernel_info_request`` is sent again after this long without both its reply
+and a status on iopub (a subscriber that connected after the status was sent missed it)."""
 IOPUB_HWM = 64
 """Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
 memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
@@ -139,10 +144,16 @@ def _parent_id(parts: list[bytes] | list[zmq.Frame]) -> str:
 
 
 def make_context() -> zmq.asyncio.Context:
-    """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``."""
+    """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``.
+
+    A kernel starting binds its sockets after ours connect: ZMQ tries again every
+    ``RECONNECT_IVL``, 100 ms by default, which a code context's start (bash's, about half a
+    second in all) would wait half of on average. The ipc sockets are local files: trying
+    every few milliseconds costs nothing."""
     context = zmq.asyncio.Context()
     context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     context.setsockopt(zmq.LINGER, 0)
+    context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
     return context
 
 
@@ -338,7 +349,8 @@ class Kernel:
                         while not (got_reply and got_iopub):
                             getter = asyncio.ensure_future(route.get())
                             try:
-                                done, _ = await asyncio.wait({getter, died}, timeout=1.0,
+                                done, _ = await asyncio.wait({getter, died},
+                                                             timeout=KERNEL_INFO_AGAIN_S,
                                                              return_when=asyncio.FIRST_COMPLETED)
                             finally:  # also when cancelled or timed out: no orphan task
                                 if not getter.done():

@@ -42,7 +42,7 @@ LANGUAGE_SPECS = {
                                   "pygments_lexer": "typescript", "mimetype": "text/x.typescript",
                                   "file_extension": ".ts", "nbconvert_exporter": "script"}),
     "bash": LanguageSpec(
-        "bash", ["python", "-m", "bash_kernel", "-f", "{connection_file}"], "Bash", "bash",
+        "bash", ["python", "-m", "replgate_kernel.bash", "-f", "{connection_file}"], "Bash", "bash",
         "message", {"name": "bash", "codemirror_mode": "shell", "pygments_lexer": "bash",
                     "mimetype": "text/x-sh", "file_extension": ".sh"}),
 }

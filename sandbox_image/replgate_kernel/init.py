@@ -29,7 +29,7 @@ SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
 KERNELS = {
     "python": ("python", "-P", "-m", "replgate_kernel", "--max-output-bytes={max_output_bytes}",
                "-f", "{connection_file}"),
-    "bash": ("python", "-P", "-m", "bash_kernel", "-f", "{connection_file}"),
+    "bash": ("python", "-P", "-m", "replgate_kernel.bash", "-f", "{connection_file}"),
     "r": ("R", "--no-echo", "--no-save", "--no-restore", "-e", "IRkernel::main()",
           "--args", "{connection_file}"),
     # Deno's kernel listens on TCP only: the relay puts it behind the ipc socket files.
