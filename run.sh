@@ -425,21 +425,20 @@ case "$cmd" in
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg
     # (REPLGATE_TEST_RUNTIME=gvisor: every sandbox under runsc), a subset chosen for time (about
-    # 7 minutes on 2 cores). The attacks where gVisor changes what happens -- processes and
+    # 5 minutes on 2 cores). The attacks where gVisor changes what happens -- processes and
     # their limit, kills at timeouts and restarts, the three memory bombs (the OOM reason comes
     # back differently), privileged calls, PID 1, files and special files, the socket folder,
     # the network -- and the posture read back from the engine; then the public surfaces once
     # each, which under gVisor reach the kernel through its sockets across gVisor's boundary:
     # HTTP executions, files, restart and timeouts (test_api), streaming (test_ws), notebook
-    # export, death and recovery (kernel_pool's test_recovery), the Jupyter API and MCP.
-    # Code contexts of other languages (bash through the Jupyter API and MCP) are refused under
-    # gVisor (docs/languages.md): those tests run in the runc leg only.
+    # export, death and recovery (kernel_pool's test_recovery).
     # Left to the runc leg: the output, display and flood attacks and the gateway's own fault
     # tests (the gateway's side does not change with the runtime, and gVisor's slower I/O
     # makes the flood tests' time bounds a test of the machine), pause/resume/fork
     # (test_lifecycle: 3.5 minutes under gVisor, the same variables-only path as runc's
-    # fallback), the E2B, client, commands and UI suites (the same gateway code over the same
-    # kernel channel as the surfaces above).
+    # fallback), the Jupyter API, MCP, E2B, client, commands and UI suites (the same gateway
+    # code over the same kernel channel as the surfaces above; code contexts of other languages,
+    # which the Jupyter API and MCP tests use, are refused under gVisor: docs/languages.md).
     # Both legs run whatever the first gives; the exit status is the first failure's.
     status=0
     static_checks || status=$?
@@ -449,10 +448,8 @@ case "$cmd" in
       tests/security/test_posture.py tests/security/test_isolation.py \
       tests/security/test_hostile_code.py tests/kernel_pool/test_recovery.py \
       tests/gateway/test_api.py tests/gateway/test_ws.py tests/gateway/test_notebook.py \
-      tests/gateway/test_jupyter_api.py tests/gateway/test_mcp.py \
       -k "not (test_hostile_code and (flood or output or huge or garbage or imitating \
-        or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed)))) \
-        and not bash_kernel_runs and not bash_notebook and not execute_code_runs_bash" \
+        or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))" \
       || gvisor_status=$?
     [ "$status" -ne 0 ] || status=${gvisor_status:-0}
     # The PostgreSQL leg: every gateway on a database of its own in PostgreSQL instead of its
