@@ -664,8 +664,12 @@ class Gateway:
             return records
         for index, record in enumerate(records):
             handle = live.pop(record.id, None)
-            if handle is not None and handle.done is not None and record.finished_at is None:
+            if handle is None or record.finished_at is not None:
+                continue
+            if handle.done is not None:
                 records[index] = _finished(record, handle)
+            else:  # held or let through a moment ago: the store's row may not say so yet
+                records[index] = record.model_copy(update={"status": _unfinished_status(handle)})
         for handle in live.values():  # submitted before the store heard of it
             record = ExecutionRecord(
                 id=handle.id, session_id=session_id, tenant=tenant,
