@@ -131,7 +131,7 @@ def _why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-TRANSFER_REPORT_S = 0.1
+TRANSFER_REPORT_S = 0.05
 """How often a transfer's progress is told: a bar moves smoothly, a socket is not flooded."""
 
 class Session:
