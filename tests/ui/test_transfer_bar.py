@@ -6,7 +6,10 @@ from typing import Any
 
 from tests.ui.conftest import Ui
 
-HOLD_200_MIB = "import numpy as np\nbig = np.random.default_rng(3).random(200 * 2**20 // 8)\n"
+HELD_MIB = 600
+"""Enough that a pause or resume lasts several progress reports (random floats are moved as
+they are, at the disk's speed: 200 MiB took about 0.3 s)."""
+HOLD = f"import numpy as np\nbig = np.random.default_rng(3).random({HELD_MIB} * 2**20 // 8)\n"
 
 # Every change of the bar, as the page shows it: a MutationObserver misses none, where polling
 # from the test could miss a state that lasted less than its interval.
@@ -45,7 +48,7 @@ def assert_filled(shown: list[dict[str, Any]], verb: str, past: str) -> None:
 async def test_the_bar_follows_a_pause_and_the_resume_of_the_watched_session(ui: Ui) -> None:
     session_id = await ui.create_session()
     ran = await ui.api("POST", f"/v1/sessions/{session_id}/execute",
-                       json={"code": HOLD_200_MIB, "timeout_s": 120})
+                       json={"code": HOLD, "timeout_s": 120})
     assert ran.json()["status"] == "ok", ran.text
     page = await ui.signed_in_page()
     await ui.open_session(page, session_id)
@@ -61,4 +64,4 @@ async def test_the_bar_follows_a_pause_and_the_resume_of_the_watched_session(ui:
     # Code run from the page resumes the session: the same bar, then the cell's output.
     cell = await ui.run(page, "print(big.size)")
     assert_filled(await bar_until_end(page, "resume"), "Resuming", "Resumed")
-    assert (await cell.locator(".output.stdout").inner_text()).strip() == str(200 * 2**20 // 8)
+    assert (await cell.locator(".output.stdout").inner_text()).strip() == str(HELD_MIB * 2**20 // 8)
