@@ -92,6 +92,12 @@ class Database:
         return f"<Database {self.url.render_as_string(hide_password=True)!r}>"
 
     @property
+    def shared(self) -> bool:
+        """Whether other gateways may use it too (PostgreSQL): what this gateway remembers of
+        it may be stale, and is read again. An SQLite file is one gateway's alone."""
+        return self.dialect != "sqlite"
+
+    @property
     def sqlite_path(self) -> Path | None:
         """The SQLite file, or None on PostgreSQL."""
         return Path(self.url.database or "") if self.dialect == "sqlite" else None

@@ -172,6 +172,11 @@ _DISK_FULL = "53100"
 """PostgreSQL's SQLSTATE disk_full."""
 
 
+DATABASE_AWAY = (DBAPIError, PoolTimeout, OSError)
+"""What a database out of reach for a moment (a restart, a failover) raises: a write or a poll
+in the background tries again after it."""
+
+
 def _is_database_error(exc: BaseException) -> bool:
     """The database failed (SQLite's or PostgreSQL's driver, SQLAlchemy's wrapper of their
     errors, its pool out of connections): the gateway's state is out of reach, not a bug."""

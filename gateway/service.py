@@ -16,11 +16,16 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gateway.audit import AuditLog, AuditRecord
-from gateway.errors import Conflict, InvalidInput, NotFound, TooManyRequests, Unauthorized
+from gateway.errors import (
+    DATABASE_AWAY,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    TooManyRequests,
+    Unauthorized,
+)
 from gateway.governance import Governance
 from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
@@ -618,7 +623,7 @@ class Gateway:
             try:
                 await write(*args, **kwargs)
                 return
-            except (DBAPIError, PoolTimeout, OSError) as exc:
+            except DATABASE_AWAY as exc:
                 if loop.time() + delay > deadline:
                     raise
                 logger.warning("%s not recorded yet, the database is away (%s); trying again",

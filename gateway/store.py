@@ -50,6 +50,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Usage",
+    "stored_time",
     "utc_now",
 ]
 
@@ -74,6 +75,12 @@ def utc_now() -> str:
     """The current time as an ISO 8601 UTC string, in kernel_pool's format
     (``2024-05-01T12:00:00.123456+00:00``), so stored and live timestamps compare."""
     return datetime.now(UTC).isoformat()
+
+
+def stored_time(moment: datetime) -> str:
+    """A time as the store keeps it: ISO 8601, always with microseconds (the database compares
+    these times as text)."""
+    return moment.isoformat(timespec="microseconds")
 
 
 class RecordNotFound(StoreError, LookupError):
@@ -358,7 +365,7 @@ class Store:
             "FROM executions WHERE session_id = :session_id RETURNING *")
         params = {"id": execution_id, "session_id": session_id, "tenant": tenant, "code": code,
                   "status": RUNNING, "started_at": utc_now()}
-        shared = self._database.dialect == "postgresql"
+        shared = self._database.shared
         try:
             async with self._starts, (self._database.transaction() if shared
                                       else self._database.connect()) as connection:
@@ -554,10 +561,9 @@ class Store:
         """Those of the approvals named that are no longer pending."""
         if not approval_ids:
             return []
-        names = {f"a{index}": value for index, value in enumerate(approval_ids)}
+        listed, names = _in_list(approval_ids)
         rows = await self._fetch(
-            f"SELECT * FROM approvals WHERE id IN ({', '.join(':' + n for n in names)}) "
-            "AND status <> 'pending'", **names)
+            f"SELECT * FROM approvals WHERE id IN ({listed}) AND status <> 'pending'", **names)
         return [_approval_from_row(row) for row in rows]
 
     # -- budgets' use (governance) --------------------------------------------------------
@@ -598,10 +604,10 @@ class Store:
         """The recorded ends of those sandboxes that have one (None: paused by its SDK)."""
         if not session_ids:
             return {}
-        names = {f"s{index}": value for index, value in enumerate(session_ids)}
+        listed, names = _in_list(session_ids)
         rows = await self._fetch(
-            "SELECT session_id, end_at FROM e2b_sandboxes WHERE session_id IN "
-            f"({', '.join(':' + n for n in names)})", **names)
+            f"SELECT session_id, end_at FROM e2b_sandboxes WHERE session_id IN ({listed})",
+            **names)
         return {str(row["session_id"]): row["end_at"] for row in rows}
 
     async def due_sandboxes(self, now: str) -> list[tuple[str, str, str]]:
@@ -661,6 +667,12 @@ def _execution_from_row(row: RowMapping | sqlite3.Row) -> ExecutionRecord:
     if data["result"] is not None:
         data["result"] = json.loads(data["result"])
     return ExecutionRecord.model_validate(data)
+
+
+def _in_list(values: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """An ``IN (...)`` list of named parameters for ``values`` (not empty), and their values."""
+    names = {f"v{index}": value for index, value in enumerate(values)}
+    return ", ".join(":" + name for name in names), names
 
 
 def _approval_from_row(row: RowMapping | sqlite3.Row) -> Approval:

@@ -137,7 +137,7 @@ class FileChunkReader:
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             self.size = os.fstat(self._fd).st_size
-            self._sequential = False
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead
         except OSError as exc:
             raise SnapshotError(f"the session's snapshot cannot be read: "
                                 f"{exc.strerror or exc}") from exc
@@ -148,9 +148,6 @@ class FileChunkReader:
     def send(self, target: int, size: int = CHUNK) -> int:
         """Move the next bytes, at most ``size``, into ``target`` within the kernel (no copy
         through this process); how many (0 at the end)."""
-        if not self._sequential:
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead
-            self._sequential = True
         return os.sendfile(target, self._fd, None, size)
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ import anyio.to_thread
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
 from gateway.service import Gateway
+from gateway.store import stored_time
 from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, parse_size
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ class Sandboxes:
         self.gateway = gateway
         self.store = gateway.store
         self._key: bytes | None = None
-        self._shared = self.store.database.dialect != "sqlite"
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -161,7 +161,7 @@ class Sandboxes:
                                       - datetime.now(UTC)).total_seconds())
             except Exception as exc:  # the database away a moment: tried again
                 logger.warning("E2B sandboxes' ends not read: %s", exc)
-            if self._shared:
+            if self.store.database.shared:
                 delay = min(delay, REAP_POLL_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(),
@@ -169,8 +169,8 @@ class Sandboxes:
 
     async def _reap(self) -> None:
         now = datetime.now(UTC)
-        due = await self.store.due_sandboxes(_iso(now))
-        retry = _iso(now + timedelta(seconds=CLAIM_S))
+        due = await self.store.due_sandboxes(stored_time(now))
+        retry = stored_time(now + timedelta(seconds=CLAIM_S))
         await asyncio.gather(*(self._end(session_id, tenant, end, retry)
                                for session_id, tenant, end in due))
 
@@ -228,10 +228,5 @@ class Sandboxes:
         return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id))
 
 
-def _iso(moment: datetime) -> str:
-    """Always with microseconds: the database compares these times as text."""
-    return moment.isoformat(timespec="microseconds")
-
-
 def _in(seconds: float) -> str:
-    return _iso(datetime.now(UTC) + timedelta(seconds=seconds))
+    return stored_time(datetime.now(UTC) + timedelta(seconds=seconds))

@@ -19,12 +19,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gateway.auth import hash_api_key
-from gateway.errors import Conflict, Forbidden, NotFound
-from gateway.store import Store
+from gateway.errors import DATABASE_AWAY, Conflict, Forbidden, NotFound
+from gateway.store import Store, stored_time
 from gateway.wire import Approval, ApprovalStatus
 
 __all__ = [
@@ -109,11 +107,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _iso(moment: datetime) -> str:
-    """Always with microseconds: the database compares these times as text."""
-    return moment.isoformat(timespec="microseconds")
-
-
 class ApprovalBook:
     """Approvals in the database (any gateway lists and decides them) and the waits of the
     executions this gateway holds.
@@ -130,7 +123,6 @@ class ApprovalBook:
         self.store = store
         self.timeout_s = timeout_s
         self._held: dict[str, tuple[Approval, asyncio.Future[None]]] = {}
-        self._shared = store.database.dialect != "sqlite"
         self._polling: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -142,12 +134,12 @@ class ApprovalBook:
         now = _now()
         approval = Approval(
             approval_id=uuid.uuid4().hex, tenant=tenant, session_id=session_id,
-            execution_id=execution_id, code=code, rules=rules, created_at=_iso(now),
-            expires_at=_iso(now + timedelta(seconds=self.timeout_s)))
+            execution_id=execution_id, code=code, rules=rules, created_at=stored_time(now),
+            expires_at=stored_time(now + timedelta(seconds=self.timeout_s)))
         await self.store.add_approval(approval)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._held[approval.approval_id] = (approval, future)
-        if self._shared and (self._polling is None or self._polling.done()):
+        if self.store.database.shared and (self._polling is None or self._polling.done()):
             self._polling = asyncio.create_task(self._poll(), name="approvals-poll")
         return approval
 
@@ -173,7 +165,7 @@ class ApprovalBook:
     async def _close(self, approval: Approval, status: ApprovalStatus) -> None:
         """End a wait as expired or withdrawn, unless a decision was recorded first (then
         that decision stands)."""
-        closed = await self.store.close_approval(approval.approval_id, status, _iso(_now()))
+        closed = await self.store.close_approval(approval.approval_id, status, stored_time(_now()))
         if closed is None:
             closed = await self.store.get_approval(approval.approval_id)
         if closed is not None:
@@ -197,7 +189,7 @@ class ApprovalBook:
             await asyncio.sleep(POLL_S)
             try:
                 decided = await self.store.decided_approvals(list(self._held))
-            except (DBAPIError, PoolTimeout, OSError) as exc:  # away a moment: next time
+            except DATABASE_AWAY as exc:  # away a moment: polled again next time
                 logger.warning("approvals not polled: %s", type(exc).__name__)
                 continue
             for approval in decided:
@@ -210,20 +202,20 @@ class ApprovalBook:
         approval = held[0] if held else await self.store.get_approval(approval_id)
         if approval is None or approval.tenant != tenant:
             raise ApprovalNotFound(f"approval {approval_id} not found")
-        if approval.status == "pending" and approval.expires_at <= _iso(_now()):
+        if approval.status == "pending" and approval.expires_at <= stored_time(_now()):
             approval = approval.model_copy(update={"status": "expired"})
         return approval
 
     async def pending(self, tenant: str) -> list[Approval]:
         """The tenant's pending approvals, held by any gateway, oldest first."""
-        return await self.store.pending_approvals(tenant, _iso(_now()))
+        return await self.store.pending_approvals(tenant, stored_time(_now()))
 
     async def decide(self, approval_id: str, approver: Approver, approve: bool,
                      comment: str | None) -> Approval:
         """Approve or reject a pending approval of the approver's tenant (404 for none,
         409 once it is decided, expired or withdrawn)."""
         decided = await self.store.close_approval(
-            approval_id, "approved" if approve else "rejected", _iso(_now()),
+            approval_id, "approved" if approve else "rejected", stored_time(_now()),
             by=approver.name, comment=comment, tenant=approver.tenant)
         if decided is None:
             current = await self.get(approval_id, approver.tenant)

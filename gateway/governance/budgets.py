@@ -54,7 +54,6 @@ class BudgetTracker:
         followed on its node also tells of executions other gateways ran, which they count)."""
         self._unsaved = (0, 0.0, 0.0)
         self._saving = asyncio.Lock()
-        self._shared = store.database.dialect != "sqlite"
         self._read = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -104,7 +103,7 @@ class BudgetTracker:
             try:
                 if unsaved[0]:
                     totals = await self.store.add_session_usage(self.session.id, *unsaved)
-                elif self._shared or not self._read:
+                elif self.store.database.shared or not self._read:
                     totals = await self.store.session_usage(self.session.id)
                 else:
                     return

@@ -307,7 +307,8 @@ def _closed_file(name: str, mode: str, buffered: bool) -> io.IOBase:
     so that the file of that name is not opened (a ``'w'`` mode would truncate it)."""
     safe = mode.replace("x", "w")  # the null device exists: 'x' would refuse it
     f: Any = open(os.devnull, safe, buffering=-1 if buffered else 0)  # noqa: SIM115
-    raw = getattr(getattr(f, "buffer", f), "raw", getattr(f, "buffer", f))
+    raw = getattr(f, "buffer", f)  # text: its buffer; buffered: its raw file
+    raw = getattr(raw, "raw", raw)
     raw.name = name
     f.close()
     return f  # type: ignore[no-any-return]

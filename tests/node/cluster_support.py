@@ -180,12 +180,12 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways
     assert not mounted, f"the nodes left mounts behind: {mounted}"
 
 
-def gateway_client(gateway: GatewayProcess,
-                   key_of: GatewayProcess | None = None) -> httpx.AsyncClient:
-    """A client of ``gateway`` with tenant alpha's key as ``key_of`` made it (the keys are
-    shared state: any gateway's key opens every gateway)."""
-    return httpx.AsyncClient(base_url=gateway.url, headers=(key_of or gateway).headers(),
-                             timeout=120)
+def gateway_client(gateway: GatewayProcess, key_of: GatewayProcess | None = None, *,
+                   key: str | None = None) -> httpx.AsyncClient:
+    """A client of ``gateway`` with ``key``, or else tenant alpha's key as ``key_of`` made it
+    (the keys are shared state: any gateway's key opens every gateway)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else (key_of or gateway).headers()
+    return httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=120)
 
 
 async def create_session(client: httpx.AsyncClient) -> dict[str, Any]:

@@ -14,19 +14,15 @@ import secrets
 import signal
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import docker
-import httpx
 import pytest
-from cluster_support import Cluster, execute, running_cluster
+from cluster_support import Cluster, create_session, execute, gateway_client, running_cluster
 from e2b_code_interpreter import AsyncSandbox
-
-from tests.conftest import GatewayProcess
 
 APPROVER = f"approver-alice-{secrets.token_hex(8)}"
 BUDGET = 3
@@ -56,27 +52,14 @@ def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
         yield started
 
 
-@asynccontextmanager
-async def _client(gateway: GatewayProcess, key: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=120,
-                                 headers={"Authorization": f"Bearer {key}"}) as client:
-        yield client
-
-
-async def _create(client: httpx.AsyncClient) -> str:
-    answer = await client.post("/v1/sessions", json={})
-    assert answer.status_code == 201, answer.text
-    session_id: str = answer.json()["id"]
-    return session_id
-
-
 async def test_held_through_one_gateway_approved_through_the_other_runs(
         cluster: Cluster) -> None:
     one, two = cluster.gateways
     key = one.keys["alpha"]
-    async with _client(one, key) as first, _client(two, key) as second, \
-            _client(two, APPROVER) as approver_there, _client(one, APPROVER) as approver_here:
-        sid = await _create(first)
+    async with gateway_client(one, key=key) as first, gateway_client(two, key=key) as second, \
+            gateway_client(two, key=APPROVER) as approver_there, \
+            gateway_client(one, key=APPROVER) as approver_here:
+        sid = (await create_session(first))["id"]
         try:
             held = asyncio.ensure_future(execute(first, sid, "'needs-approval'\nprint('ran')"))
             deadline = time.monotonic() + 30
@@ -111,8 +94,8 @@ async def test_held_through_one_gateway_approved_through_the_other_runs(
 async def test_a_budget_counts_executions_through_both_gateways(cluster: Cluster) -> None:
     one, two = cluster.gateways
     key = one.keys["beta"]
-    async with _client(one, key) as first, _client(two, key) as second:
-        sid = await _create(first)
+    async with gateway_client(one, key=key) as first, gateway_client(two, key=key) as second:
+        sid = (await create_session(first))["id"]
         try:
             for client in (first, second, first):
                 assert (await execute(client, sid, "1"))["status"] == "ok"
@@ -139,7 +122,7 @@ async def test_an_e2b_sandbox_ends_on_time_after_its_gateway_is_killed(
         one.stop(signal.SIGKILL)
         info = await AsyncSandbox.get_info(sandbox.sandbox_id, **through_two)
         assert abs((info.end_at - made).total_seconds() - 5) < 3, info.end_at
-        async with _client(two, key) as second:
+        async with gateway_client(two, key=key) as second:
             assert (await second.get(f"/v1/sessions/{sandbox.sandbox_id}")).status_code == 200
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import docker
 import httpx
 import httpx2
 import pytest
-from cluster_support import Cluster, running_cluster
+from cluster_support import Cluster, gateway_client, running_cluster
 from e2b import CommandExitException
 from e2b_code_interpreter import AsyncSandbox
 from jupyter_client.jsonutil import json_default
@@ -44,8 +44,7 @@ def _e2b(gateway: GatewayProcess, key: str) -> dict[str, str]:
 
 
 async def _node_of(gateway: GatewayProcess, key: str, session_id: str) -> str:
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=60,
-                                 headers={"Authorization": f"Bearer {key}"}) as http:
+    async with gateway_client(gateway, key=key) as http:
         answer = await http.get(f"/v1/sessions/{session_id}")
     assert answer.status_code == 200, answer.text
     node: str = answer.json()["node"]
