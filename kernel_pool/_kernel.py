@@ -51,9 +51,12 @@ ROUTE_BUFFER = 32
 """Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
 RECONNECT_MS = 5
 """How often a socket of ours tries again to reach a kernel's that is not bound yet."""
-KERNEL_INFO_AGAIN_S = 0.25
-"""A start's ``kernel_info_request`` is sent again after this long without both its reply
-and a status on iopub (a subscriber that connected after the status was sent missed it)."""
+KERNEL_INFO_AGAIN_S = (0.25, 2.0)
+"""A start's ``kernel_info_request`` is sent again after the first of these without both its
+reply and a status on iopub (a subscriber that connected after the status was sent missed it),
+each wait twice the last, up to the second. Backing off matters: each request sent is answered
+in turn, and a kernel slower to answer than a fixed wait (a restart on a loaded machine) would
+have the wait forget each request just before its answer came, for its whole start timeout."""
 IOPUB_HWM = 64
 """Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
 memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
@@ -340,6 +343,7 @@ class Kernel:
         """
         died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
         replied = heard = False  # over every attempt: what a timeout then reports
+        again, longest = KERNEL_INFO_AGAIN_S
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
@@ -349,8 +353,7 @@ class Kernel:
                         while not (got_reply and got_iopub):
                             getter = asyncio.ensure_future(route.get())
                             try:
-                                done, _ = await asyncio.wait({getter, died},
-                                                             timeout=KERNEL_INFO_AGAIN_S,
+                                done, _ = await asyncio.wait({getter, died}, timeout=again,
                                                              return_when=asyncio.FIRST_COMPLETED)
                             finally:  # also when cancelled or timed out: no orphan task
                                 if not getter.done():
@@ -367,6 +370,7 @@ class Kernel:
                         heard |= got_iopub
                         if got_reply and got_iopub:
                             return
+                        again = min(again * 2, longest)
                     finally:
                         self.forget(msg_id)
         except TimeoutError:
