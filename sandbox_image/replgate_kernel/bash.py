@@ -5,6 +5,11 @@ turn their terminal's echo off late (password prompts). bash_kernel's shell is s
 echo off, and the kernel sends each line of a cell, then ``echo $?``, through that wait: a
 ``1+1`` cost over 100 ms of sleeping, and the kernel's start (its prompt and display functions,
 one line at a time) about a second. Run as ``python -m replgate_kernel.bash -f FILE``.
+
+Each execution first drops what the terminal holds from before it: output that background
+processes of an ended execution wrote after its prompt (a fork bomb's "fork: retry" lines). The
+session kills such processes as the execution ends, so nothing later belongs to them, and the
+next execution's output must start with its own.
 """
 
 from typing import Any
@@ -20,12 +25,32 @@ class _Spawn(pexpect.spawn):  # type: ignore[misc]
         self.delaybeforesend = None
 
 
+def _drop_pending(child: pexpect.spawn) -> None:
+    """Read and drop everything the shell's terminal holds now, without waiting."""
+    child.buffer = ""
+    while True:
+        try:
+            child.read_nonblocking(65536, timeout=0)
+        except (pexpect.TIMEOUT, pexpect.EOF):
+            child.buffer = ""
+            return
+
+
 def main() -> None:
     pexpect.spawn = _Spawn  # bash_kernel spawns its shell as ``pexpect.spawn(...)``
     from bash_kernel.kernel import BashKernel
     from ipykernel.kernelapp import IPKernelApp
 
-    IPKernelApp.launch_instance(kernel_class=BashKernel)
+    class _Kernel(BashKernel):  # type: ignore[misc]
+        # The same parameters as BashKernel's: ipykernel reads the signature to decide what
+        # to pass (a ``**kwargs`` would be handed ``cell_meta``, which BashKernel refuses).
+        def do_execute(self, code: str, silent: bool, store_history: bool = True,
+                       user_expressions: Any = None, allow_stdin: bool = False) -> Any:
+            _drop_pending(self.bashwrapper.child)
+            return super().do_execute(code, silent, store_history, user_expressions,
+                                      allow_stdin)
+
+    IPKernelApp.launch_instance(kernel_class=_Kernel)
 
 
 if __name__ == "__main__":
