@@ -70,9 +70,10 @@ from kernel_pool import (
     StreamEvent,
     parse_size,
 )
+from node.channel import NodeUnreachable
 from node.placement import RemoteNodes
 from node.registry import NodeRecord
-from node.remote import NodeUnreachable, RemoteSession
+from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)

@@ -178,7 +178,9 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     tracing = setup_tracing()
     app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan,
                           tracing=tracing)
+    # The channel's messages are executions' code, which the gateway bounds (max_code_bytes).
     config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
+                            ws_max_size=64 * 1024 * 1024, ws_per_message_deflate=False,
                             timeout_keep_alive=settings.http_keep_alive_s,
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
                                                   settings.tls_ca))

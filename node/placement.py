@@ -23,8 +23,9 @@ from kernel_pool import (
     SessionNotFound,
     SessionPort,
 )
+from node.channel import NodeUnreachable
 from node.registry import NodeRecord, Registry
-from node.remote import NodeClient, NodeUnreachable, RemoteSession
+from node.remote import NodeClient, RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
 from node.wire import CreateSession, ForkSession
 

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, TypeAdapter
 
 from kernel_pool import (
@@ -36,7 +38,6 @@ from kernel_pool import (
     Gate,
     InvalidRequest,
     KernelPoolError,
-    KernelUnavailable,
     Listener,
     PauseInfo,
     Profile,
@@ -52,6 +53,7 @@ from kernel_pool import (
 from kernel_pool._commands import CommandEmit
 from kernel_pool._contexts import DEFAULT_CONTEXT, Contexts
 from kernel_pool._handle import refused_at_gate
+from node.channel import NodeChannel, NodeUnreachable
 from node.wire import (
     PREFIX,
     CreateContext,
@@ -73,6 +75,7 @@ from node.wire import (
 )
 
 logger = logging.getLogger(__name__)
+_TRACER = trace.get_tracer("replgate")
 
 M = TypeVar("M", bound=BaseModel)
 _STATES = TypeAdapter(list[SessionState])
@@ -102,10 +105,6 @@ class _Followed(list["TransferListener"]):
         self._changed()
 
 
-class NodeUnreachable(KernelUnavailable):
-    """The session's node did not answer (down, restarting, or the network between)."""
-
-
 class NodeClient:
     """Requests to one node's port; the connection is kept between them."""
 
@@ -119,11 +118,14 @@ class NodeClient:
             base_url=base + PREFIX, verify=tls if tls is not None else True,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60))
+        self._channel = NodeChannel(node_id, base.replace("http", "ws", 1) + PREFIX + "/channel",
+                                    tls)
 
     def __repr__(self) -> str:
         return f"<NodeClient {self.node_id} {self.address}>"
 
     async def close(self) -> None:
+        await self._channel.close()
         await self._http.aclose()
 
     async def call(self, method: str, path: str, answer: type[M] | None = None, *,
@@ -162,6 +164,19 @@ class NodeClient:
             yield _frames(response, self.node_id, session_id)
         finally:
             await response.aclose()
+
+    @contextlib.asynccontextmanager
+    async def execution(self, session_id: str,
+                        submit: Submit) -> AsyncIterator[AsyncIterator[Frame]]:
+        """The execution sent on the node's channel; its frames, to its end. The hop is a
+        client span under the current one (the gateway's ``replgate.execute``), whose context
+        the node continues."""
+        with _TRACER.start_span("replgate.node.submit", kind=SpanKind.CLIENT,
+                                attributes={"replgate.node": self.node_id}) as span:
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier, context=trace.set_span_in_context(span))
+            async with self._channel.execution(session_id, submit, carrier) as frames:
+                yield frames
 
     async def info(self) -> NodeInfo:
         info: NodeInfo = await self.call("GET", "/info", NodeInfo)
@@ -337,8 +352,7 @@ class RemoteSession:
                 return
             submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id,
                             language=language, context_id=context_id, origin=self._origin)
-            async with self.client.stream(f"/sessions/{self.id}/executions", submit,
-                                          self.id) as frames:
+            async with self.client.execution(self.id, submit) as frames:
                 async for frame in frames:
                     if frame.error is not None:
                         raise error_from(frame.error)

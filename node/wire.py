@@ -202,3 +202,22 @@ def error_from(out: ErrorOut) -> KernelPoolError:
 
 
 Frame.model_rebuild()
+
+
+class ChannelSubmit(BaseModel):
+    """An execution sent over a node's channel (one kept WebSocket per gateway and node):
+    ``stream`` names its frames among those of the other executions in flight on it."""
+
+    stream: int
+    session_id: str
+    submit: Submit
+    trace: dict[str, str] = {}
+    """The W3C trace context of the gateway's span for the hop (``traceparent``), if any."""
+
+
+class ChannelFrame(BaseModel):
+    """A frame of one execution's stream on the channel; ``end`` after its last."""
+
+    stream: int
+    frame: Frame | None = None
+    end: bool = False

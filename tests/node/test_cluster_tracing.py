@@ -87,7 +87,7 @@ async def test_an_execution_on_a_node_is_one_trace_across_the_hop(
         finally:
             await client.delete(f"/v1/sessions/{sid}")
 
-    hop = "POST /port/v1/sessions/{session_id}/executions"
+    hop = "replgate.node.execution"
 
     def complete(spans: list[ReceivedSpan]) -> bool:
         names = {(s.resource.get("service.name"), s.name) for s in spans
@@ -99,10 +99,12 @@ async def test_an_execution_on_a_node_is_one_trace_across_the_hop(
     by_id = {s.span_id: s for s in spans}
     on_node = next(s for s in spans if s.name == hop)
     assert on_node.resource["service.name"] == "replgate-node"
-    # Its parent is the gateway's call to the node (httpx, a client span), in the same trace
-    # the caller started: one trace from the agent's request to the kernel's node.
+    # Its parent is the gateway's side of the hop (a client span: the execution sent on the
+    # node's channel), in the same trace the caller started: one trace from the agent's
+    # request to the kernel's node.
     sent = by_id[on_node.parent_span_id]
-    assert sent.kind == CLIENT and sent.resource["service.name"] == "replgate-gateway"
+    assert sent.name == "replgate.node.submit" and sent.kind == CLIENT
+    assert sent.resource["service.name"] == "replgate-gateway"
     assert sent.start_ns <= on_node.start_ns
     request = next(s for s in spans if s.name == "POST /v1/sessions/{session_id}/execute")
     assert request.parent_span_id == caller

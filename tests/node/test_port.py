@@ -38,7 +38,8 @@ from kernel_pool import (
     Transfer,
     UnknownLanguage,
 )
-from node.remote import NodeClient, NodeUnreachable, RemoteSession
+from node.channel import NodeUnreachable
+from node.remote import NodeClient, RemoteSession
 from node.server import create_node_app
 from node.wire import CreateSession, ForkSession
 from tests.conftest import containers_of, free_port, unmount_all

@@ -1,0 +1,119 @@
+"""The gateway's end of a node's channel: executions over one kept WebSocket (mutual TLS).
+
+Each execution sent to a node is a :class:`~node.wire.ChannelSubmit` message; its frames come
+back as :class:`~node.wire.ChannelFrame` messages tagged with its stream's number, interleaved
+with those of the other executions in flight. One connection per gateway and node, made on
+first use and again after it broke; a break ends every stream on it with
+:class:`NodeUnreachable`, as a broken HTTP stream did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import ssl
+from collections.abc import AsyncIterator
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from kernel_pool import KernelUnavailable
+from node.wire import ChannelFrame, ChannelSubmit, Frame, Submit
+
+
+class NodeUnreachable(KernelUnavailable):
+    """The session's node did not answer (down, restarting, or the network between)."""
+
+
+class _Connection:
+    """One WebSocket to the node and the streams in flight on it."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.streams: dict[int, asyncio.Queue[ChannelFrame | None]] = {}
+        self.reader = asyncio.create_task(self._read(), name="node-channel-reader")
+
+    @property
+    def broken(self) -> bool:
+        return self.reader.done()
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                message = ChannelFrame.model_validate_json(raw)
+                queue = self.streams.get(message.stream)
+                if queue is not None:
+                    queue.put_nowait(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            for queue in self.streams.values():
+                queue.put_nowait(None)
+
+
+class NodeChannel:
+    """Executions to one node (see the module's docstring)."""
+
+    def __init__(self, node_id: str, url: str, tls: ssl.SSLContext | None) -> None:
+        self.node_id = node_id
+        self._url = url
+        self._tls = tls
+        self._current: _Connection | None = None
+        self._connecting = asyncio.Lock()
+        self._numbers = itertools.count(1)
+
+    async def _connection(self, session_id: str) -> _Connection:
+        async with self._connecting:
+            current = self._current
+            if current is None or current.broken:
+                try:
+                    ws = await websockets.connect(
+                        self._url, ssl=self._tls, max_size=None, compression=None,
+                        open_timeout=5, close_timeout=1)
+                except (OSError, TimeoutError, WebSocketException) as exc:
+                    raise NodeUnreachable(session_id, f"its node {self.node_id} did not answer "
+                                          f"({exc!r})") from None
+                current = self._current = _Connection(ws)
+            return current
+
+    @contextlib.asynccontextmanager
+    async def execution(self, session_id: str, submit: Submit, trace: dict[str, str],
+                        ) -> AsyncIterator[AsyncIterator[Frame]]:
+        """Send the execution; its frames, to its end (``accepted``, events, or ``error``)."""
+        connection = await self._connection(session_id)
+        number = next(self._numbers)
+        queue: asyncio.Queue[ChannelFrame | None] = asyncio.Queue()
+        connection.streams[number] = queue
+        try:
+            message = ChannelSubmit(stream=number, session_id=session_id, submit=submit,
+                                    trace=trace)
+            try:
+                await connection.ws.send(message.model_dump_json())
+            except ConnectionClosed as exc:
+                raise NodeUnreachable(session_id, f"its node {self.node_id} stopped answering "
+                                      f"({exc!r})") from None
+            yield self._frames(queue, session_id)
+        finally:
+            connection.streams.pop(number, None)
+
+    async def _frames(self, queue: asyncio.Queue[ChannelFrame | None],
+                      session_id: str) -> AsyncIterator[Frame]:
+        while True:
+            message = await queue.get()
+            if message is None:
+                raise NodeUnreachable(session_id, f"its node {self.node_id} stopped answering "
+                                      "(its channel closed)")
+            if message.end:
+                return
+            if message.frame is not None:
+                yield message.frame
+
+    async def close(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            await current.ws.close()
+            current.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await current.reader
