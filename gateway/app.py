@@ -30,6 +30,7 @@ from gateway.store import SessionRecord, Store
 from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
+from node.records import SessionRecords
 from node.registry import Registry
 from node.tls import client_context
 
@@ -90,14 +91,17 @@ async def _session_host(settings: Settings, policy: Policy,
         nodes = RemoteNodes(pool_settings, Registry(
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
-                           check_hostname=settings.tls_check_node_names))
-        watching = asyncio.create_task(nodes.watch(settings.node_timeout_s / 2))
+                           check_hostname=settings.tls_check_node_names),
+            SessionRecords(store))
+        followers = [asyncio.create_task(nodes.watch(settings.node_timeout_s / 2)),
+                     asyncio.create_task(nodes.records.listen())]
         try:
             yield nodes, None
         finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
+            for task in followers:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await nodes.close()
         return
     # This gateway's own node, on a database others may share: what it ran when it was

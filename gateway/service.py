@@ -136,7 +136,7 @@ class Gateway:
             if self._tenant_of.get(session_id) != tenant:
                 raise SessionNotFound(session_id)
             return self.pool.get_session(session_id)
-        record = await self.store.get_session(session_id)
+        record = await self.pool.records.get(session_id)
         if record is None or record.tenant != tenant or record.deleted or record.node is None:
             if record is not None and record.deleted:
                 self.pool.forget(session_id)
@@ -148,13 +148,14 @@ class Gateway:
             session: SessionPort = await self.pool.attach(session_id, record.node)
         except (SessionNotFound, NodeUnreachable) as exc:
             self._tenant_of.pop(session_id, None)
-            session = await self._lost(record, self.pool, exc)
+            session = await self._lost(record, self.pool, exc)  # (which reads it again)
         else:
             if (self.settings.bundle_store is not None and isinstance(session, RemoteSession)
                     and await self.pool.is_draining(record.node)):
                 await session.refresh()  # paused as of now, not as of this gateway's last look
-                if session.paused:
-                    session = await self._move(record, self.pool, session)
+                fresh = await self.store.get_session(session_id)  # its count, its epoch
+                if session.paused and fresh is not None and fresh.node == record.node:
+                    session = await self._move(fresh, self.pool, session)
         self._tenant_of[session_id] = tenant
         return session
 

@@ -24,6 +24,7 @@ from kernel_pool import (
     SessionPort,
 )
 from node.channel import NodeUnreachable
+from node.records import SessionRecords
 from node.registry import NodeRecord, Registry
 from node.remote import NodeClient, RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
@@ -36,9 +37,12 @@ class RemoteNodes:
     """Sessions placed on, and reached at, the nodes the registry knows."""
 
     def __init__(self, settings: PoolSettings, registry: Registry,
-                 tls: ssl.SSLContext | None) -> None:
+                 tls: ssl.SSLContext | None, records: SessionRecords) -> None:
         self.settings = settings
         self.registry = registry
+        self.records = records
+        """Where each session runs, as the shared database says (kept while it tells of
+        changes: :mod:`node.records`)."""
         self._tls = tls
         self._clients: dict[str, NodeClient] = {}
         self._sessions: dict[str, RemoteSession] = {}
