@@ -328,8 +328,8 @@ class Gateway:
             id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
             created_at=session.created_at, last_active_at=session.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
-            sandbox=session.sandbox_info().model_dump(mode="json"), node=self._node_of(session)))
-        await self._placed(session)
+            sandbox=session.sandbox_info().model_dump(mode="json"), node=self._node_of(session),
+            epoch=self._first_epoch(session)))
         return session
 
     async def adopt(self, pool: KernelPool, kept: list[SandboxInfo],
@@ -423,17 +423,18 @@ class Gateway:
                 status=child.status.value, created_at=child.created_at,
                 last_active_at=child.last_active_at, execution_count=0,
                 metadata=child.metadata, env=child.env,
-                sandbox=child.sandbox_info().model_dump(mode="json"), node=self._node_of(child)))
-            await self._placed(child)
+                sandbox=child.sandbox_info().model_dump(mode="json"), node=self._node_of(child),
+                epoch=self._first_epoch(child)))
         return children
 
     def _node_of(self, session: SessionPort) -> str:
         return session.node if isinstance(session, RemoteSession) else self.node
 
-    async def _placed(self, session: SessionPort) -> None:
-        """A new placement raises the session's epoch: an older owner is fenced off."""
-        if isinstance(self.pool, RemoteNodes) and isinstance(session, RemoteSession):
-            await self.pool.registry.assign(session.id, session.node)
+    @staticmethod
+    def _first_epoch(session: SessionPort) -> int:
+        """A session placed on a node starts at epoch 1, its first placement (each later one
+        raises it, and fences an older owner off); one of this process's has none."""
+        return 1 if isinstance(session, RemoteSession) else 0
 
     def _span(self, name: str, tenant: str,
               session_id: str) -> AbstractContextManager[trace.Span]:
