@@ -1,8 +1,9 @@
 """The gateway's end of a node's channel: executions over one kept WebSocket (mutual TLS).
 
-Each execution sent to a node is a :class:`~node.wire.ChannelSubmit` message; its frames come
-back as :class:`~node.wire.ChannelFrame` messages tagged with its stream's number, interleaved
-with those of the other executions in flight. One connection per gateway and node, made on
+Each execution sent to a node, and each session made there, is a
+:class:`~node.wire.ChannelRequest` message; its frames come back as
+:class:`~node.wire.ChannelFrame` messages tagged with its stream's number, interleaved with
+those of the others in flight. One connection per gateway and node, made on
 first use and again after it broke; a break ends every stream on it with
 :class:`NodeUnreachable`, as a broken HTTP stream did.
 """
@@ -20,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from kernel_pool import KernelUnavailable
-from node.wire import ChannelFrame, ChannelSubmit, Frame, Submit
+from node.wire import ChannelFrame, ChannelRequest, CreateSession, Frame, Submit
 
 
 class NodeUnreachable(KernelUnavailable):
@@ -79,16 +80,19 @@ class NodeChannel:
             return current
 
     @contextlib.asynccontextmanager
-    async def execution(self, session_id: str, submit: Submit, trace: dict[str, str],
-                        ) -> AsyncIterator[AsyncIterator[Frame]]:
-        """Send the execution; its frames, to its end (``accepted``, events, or ``error``)."""
+    async def stream(self, session_id: str, *, submit: Submit | None = None,
+                     create: CreateSession | None = None, trace: dict[str, str] | None = None,
+                     ) -> AsyncIterator[AsyncIterator[Frame]]:
+        """Send an execution in ``session_id`` (its frames: ``accepted``, events, or
+        ``error``) or a session to make (``created`` or ``error``; ``session_id`` then only
+        names it in errors); its frames, to its end."""
         connection = await self._connection(session_id)
         number = next(self._numbers)
         queue: asyncio.Queue[ChannelFrame | None] = asyncio.Queue()
         connection.streams[number] = queue
         try:
-            message = ChannelSubmit(stream=number, session_id=session_id, submit=submit,
-                                    trace=trace)
+            message = ChannelRequest(stream=number, session_id=None if create else session_id,
+                                     submit=submit, create=create, trace=trace or {})
             try:
                 await connection.ws.send(message.model_dump_json())
             except ConnectionClosed as exc:

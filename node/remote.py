@@ -175,7 +175,7 @@ class NodeClient:
                                 attributes={"replgate.node": self.node_id}) as span:
             carrier: dict[str, str] = {}
             propagate.inject(carrier, context=trace.set_span_in_context(span))
-            async with self._channel.execution(session_id, submit, carrier) as frames:
+            async with self._channel.stream(session_id, submit=submit, trace=carrier) as frames:
                 yield frames
 
     async def info(self) -> NodeInfo:
@@ -183,10 +183,15 @@ class NodeClient:
         return info
 
     async def create(self, request: CreateSession) -> SessionState:
-        state: SessionState = await self.call("POST", "/sessions", SessionState,
-                                              content=request.model_dump_json(),
-                                              headers={"content-type": "application/json"})
-        return state
+        """A session made on the node (on its channel, like executions: the hot paths)."""
+        async with self._channel.stream(request.session_id or "-", create=request) as frames:
+            async for frame in frames:
+                if frame.error is not None:
+                    raise error_from(frame.error)
+                if frame.created is not None:
+                    return frame.created
+        raise NodeUnreachable(request.session_id or "-", f"its node {self.node_id} ended "
+                              "the request to make a session without an answer")
 
     async def sessions(self) -> list[SessionState]:
         response = await self.call("GET", "/sessions")

@@ -30,6 +30,7 @@ from kernel_pool import (
     Event,
     ExecutionHandle,
     FileInfo,
+    InvalidRequest,
     KernelPool,
     KernelPoolError,
     SandboxUsage,
@@ -42,9 +43,8 @@ from node.restore import router as restore_router
 from node.wire import (
     PREFIX,
     ChannelFrame,
-    ChannelSubmit,
+    ChannelRequest,
     CreateContext,
-    CreateSession,
     ErrorOut,
     Executed,
     ForkSession,
@@ -95,14 +95,6 @@ async def info(request: Request) -> NodeInfo:
                     stats=pool.stats(), image=request.app.state.image)
 
 
-@router.post("/sessions")
-async def create(request: Request, body: CreateSession) -> SessionState:
-    pool = _pool(request)
-    session = await pool.create_session(body.profile, env=body.env, metadata=body.metadata,
-                                        session_id=body.session_id, lost=body.lost)
-    return SessionState.of(session)
-
-
 @router.get("/sessions")
 async def listed(request: Request) -> list[SessionState]:
     return [SessionState.of(s) for s in _pool(request).sessions.values()]
@@ -126,14 +118,16 @@ async def fork(request: Request, session_id: str, body: ForkSession) -> list[Ses
 
 @router.websocket("/channel")
 async def channel(websocket: WebSocket) -> None:
-    """Executions, over one kept connection from a gateway: each :class:`ChannelSubmit`
-    queues its code, and its stream's frames (``accepted``, then its events to ``done``, or an
-    ``error``) come back as :class:`ChannelFrame` messages, interleaved with those of the other
-    executions in flight. A WebSocket rather than a request per execution: an HTTP request
-    and its streamed answer cost about 2 ms in Python on each side, a message 0.1 ms.
+    """Executions and new sessions, over one kept connection from a gateway: each
+    :class:`ChannelRequest` queues an execution, whose stream's frames (``accepted``, then its
+    events to ``done``, or an ``error``) come back as :class:`ChannelFrame` messages
+    interleaved with those of the others in flight, or makes a session (``created``, or an
+    ``error``). A WebSocket rather than a request each: an HTTP request and its streamed
+    answer cost about 2 ms in Python on each side, a message 0.1 ms.
 
     An execution runs to its end whatever the gateway does meanwhile: a gateway that goes
-    away does not stop code another gateway's watcher may follow.
+    away does not stop code another gateway's watcher may follow. A session being made is
+    made (the gateway's claim on this node's slot stands until the heartbeat counts it).
     """
     await websocket.accept()
     # Unbounded: what is queued is what the executions' handles hold anyway, and the gateway
@@ -148,7 +142,7 @@ async def channel(websocket: WebSocket) -> None:
     sender = asyncio.create_task(send_all())
     try:
         while True:
-            request = ChannelSubmit.model_validate_json(await websocket.receive_text())
+            request = ChannelRequest.model_validate_json(await websocket.receive_text())
             task = asyncio.create_task(_stream(websocket.app, request, outbox.put_nowait))
             streams.add(task)
             task.add_done_callback(streams.discard)
@@ -159,15 +153,26 @@ async def channel(websocket: WebSocket) -> None:
             task.cancel()
 
 
-async def _stream(app: FastAPI, request: ChannelSubmit, send: Callable[[str], None]) -> None:
-    """One execution on the channel: queued, then its frames until it is done."""
+async def _stream(app: FastAPI, request: ChannelRequest, send: Callable[[str], None]) -> None:
+    """One request on the channel: an execution queued, then its frames until it is done; or
+    a session made."""
     def frame(frame: Frame) -> None:
         send(ChannelFrame(stream=request.stream, frame=frame).model_dump_json(
             include={"stream": True, "frame": _set_fields(frame)}))
 
-    body = request.submit
+    pool: KernelPool = app.state.pool
+    body, create = request.submit, request.create
     try:
-        session = app.state.pool.get_session(request.session_id)
+        if create is not None:
+            made = await asyncio.shield(pool.create_session(
+                create.profile, env=create.env, metadata=create.metadata,
+                session_id=create.session_id, lost=create.lost))
+            frame(Frame(created=SessionState.of(made)))
+            return
+        if body is None or request.session_id is None:
+            raise InvalidRequest("a channel request sends either submit (with session_id) "
+                                 "or create")
+        session = pool.get_session(request.session_id)
         handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id,
                                 language=body.language, context_id=body.context_id)
         if body.origin is not None:  # (set before its task first tells the listeners)
@@ -186,9 +191,10 @@ async def _stream(app: FastAPI, request: ChannelSubmit, send: Callable[[str], No
     except KernelPoolError as exc:
         frame(Frame(error=_error_out(exc)))
     except Exception as exc:  # said to the gateway, which ends the execution with it
-        logger.exception("execution on the channel failed")
+        logger.exception("request on the channel failed")
         frame(Frame(error=_error_out(KernelPoolError(f"internal error on the node: {exc!r}"))))
-    send(ChannelFrame(stream=request.stream, end=True).model_dump_json())
+    finally:
+        send(ChannelFrame(stream=request.stream, end=True).model_dump_json())
 
 
 @router.post("/sessions/{session_id}/interrupt")

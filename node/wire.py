@@ -145,6 +145,8 @@ class Frame(BaseModel):
     relayed: Relayed | None = None
     started: Started | None = None
     executed: Executed | None = None
+    created: SessionState | None = None
+    """A session made (on the channel, a ``create``'s answer)."""
     transfer: Transfer | None = None
     error: ErrorOut | None = None
 
@@ -204,13 +206,15 @@ def error_from(out: ErrorOut) -> KernelPoolError:
 Frame.model_rebuild()
 
 
-class ChannelSubmit(BaseModel):
-    """An execution sent over a node's channel (one kept WebSocket per gateway and node):
-    ``stream`` names its frames among those of the other executions in flight on it."""
+class ChannelRequest(BaseModel):
+    """What a gateway sends on a node's channel (one kept WebSocket per gateway and node): an
+    execution to queue in ``session_id`` (``submit``) or a session to make (``create``), the
+    two hot paths. ``stream`` names its frames among those of the others in flight."""
 
     stream: int
-    session_id: str
-    submit: Submit
+    session_id: str | None = None
+    submit: Submit | None = None
+    create: CreateSession | None = None
     trace: dict[str, str] = {}
     """The W3C trace context of the gateway's span for the hop (``traceparent``), if any."""
 
