@@ -442,7 +442,7 @@ case "$cmd" in
     # Both legs run whatever the first gives; the exit status is the first failure's.
     status=0
     static_checks || status=$?
-    "$VENV/bin/python" -m pytest || status=$?
+    "$VENV/bin/python" -m pytest --durations=25 || status=$?
     say "gVisor leg: the sandbox attacks, the posture and the public APIs again, under runsc"
     REPLGATE_TEST_RUNTIME=gvisor "$VENV/bin/python" -m pytest tests/kernel_pool/test_gvisor.py \
       tests/security/test_posture.py tests/security/test_isolation.py \
