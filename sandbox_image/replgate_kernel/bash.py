@@ -10,11 +10,25 @@ Each execution first drops what the terminal holds from before it: output that b
 processes of an ended execution wrote after its prompt (a fork bomb's "fork: retry" lines). The
 session kills such processes as the execution ends, so nothing later belongs to them, and the
 next execution's output must start with its own.
+
+An execution that ran into the sandbox's process limit (a fork bomb) leaves no process behind
+it: the session spares what a context's kernel started (a job started with ``&`` runs on, as in
+a terminal), but a bomb's jobs would fork on, each failure a "fork: retry" line in the output
+of whatever runs next.
 """
 
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 import pexpect
+
+_PIDS_EVENTS = (Path("/sys/fs/cgroup/pids.events"), Path("/sys/fs/cgroup/pids/pids.events"))
+"""The sandbox's count of forks its process limit refused (cgroup v2, then v1)."""
+_KILL_ROUNDS = 50
 
 
 class _Spawn(pexpect.spawn):  # type: ignore[misc]
@@ -36,6 +50,56 @@ def _drop_pending(child: pexpect.spawn) -> None:
             return
 
 
+def _forks_refused() -> int | None:
+    """How many forks the process limit refused so far; None where it cannot be read."""
+    for path in _PIDS_EVENTS:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "max":
+                return int(value)
+    return None
+
+
+def _descendants(root: int) -> list[int]:
+    """The living processes below ``root`` (zombies left out: they are already dead)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _end_runaway(shell: int) -> None:
+    """Stop, then kill, every process below the shell, round after round until none is left
+    (a fork bomb forks on while it is being killed)."""
+    for _ in range(_KILL_ROUNDS):
+        pids = _descendants(shell)
+        if not pids:
+            return
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        time.sleep(0.01)
+
+
 def main() -> None:
     pexpect.spawn = _Spawn  # bash_kernel spawns its shell as ``pexpect.spawn(...)``
     from bash_kernel.kernel import BashKernel
@@ -47,8 +111,17 @@ def main() -> None:
         def do_execute(self, code: str, silent: bool, store_history: bool = True,
                        user_expressions: Any = None, allow_stdin: bool = False) -> Any:
             _drop_pending(self.bashwrapper.child)
-            return super().do_execute(code, silent, store_history, user_expressions,
-                                      allow_stdin)
+            refused = _forks_refused()
+            reply = super().do_execute(code, silent, store_history, user_expressions,
+                                       allow_stdin)
+            if refused is not None and (_forks_refused() or 0) > refused:
+                _end_runaway(self.bashwrapper.child.pid)
+                # The shell tells of its jobs' end before its next prompt: one command more,
+                # whose output is nobody's.
+                with contextlib.suppress(Exception):
+                    self.bashwrapper.run_command("true", timeout=10)
+                _drop_pending(self.bashwrapper.child)
+            return reply
 
     IPKernelApp.launch_instance(kernel_class=_Kernel)
 

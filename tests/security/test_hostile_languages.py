@@ -115,9 +115,13 @@ def test_fork_bomb_stays_under_the_pids_limit(polyglot: Hostile, sid: str,
     # Nothing of the bomb outlives its execution: the session forks again at once.
     assert not [c for c in polyglot.host_processes(sid) if "b|b&" in c or ":|:&" in c]
     # The next code runs. Bash may first complain of background jobs it can no longer wait
-    # for (killed from outside: "wait_for: No record of process N"), a status error once.
+    # for (killed from outside: "wait_for: No record of process N"), a status error once. A
+    # bomb's last processes, killed after the execution by the session (they had left the
+    # shell: orphans), may have written "bash: fork: retry" to the shell's terminal as they
+    # died; only such lines may come before the answer.
     after = run(polyglot, sid, CHECKS[language], language)
-    assert after["stdout"].startswith("42\n") or after["stdout"] == "42", brief(after)
+    lines = [line for line in after["stdout"].splitlines() if not line.startswith("bash: fork:")]
+    assert lines[:1] == ["42"], brief(after)
     usable(polyglot, sid, language)
 
 
