@@ -284,7 +284,13 @@ class ExecutionRun:
                 await self._spill()
         assert reply is not None
         if idle and self.late_output is not None:
-            await self._late_output(self.late_output, route, emit, deadline_loop)
+            answered = await self._late_output(self.late_output, route, emit, deadline_loop)
+            if not answered and self._status is ExecutionStatus.INTERRUPTED:
+                # Deno's interrupt (V8's terminate) can leave its REPL thread answering
+                # nothing more: the next execution would hang to its timeout. Seen by the
+                # marker's code, which got no reply either.
+                return await self._hard_restart(
+                    reason or "interrupted", "the kernel answered nothing after the interrupt")
         count = reply.get("execution_count")
         status = self._status
         if self.kernel.channel_breaks != breaks:
@@ -298,24 +304,36 @@ class ExecutionRun:
                          duration_ms=0.0, reason=reason, files=files)
 
     async def _late_output(self, late: LateOutput, route: asyncio.Queue[tuple[str, Any]],
-                           emit: Emit, deadline: float) -> None:
+                           emit: Emit, deadline: float) -> bool:
         """Take the output that follows ``idle``: up to ``late``'s marker, else until it has
-        been quiet ``late.quiet_s`` (or the execution's time is up)."""
+        been quiet ``late.quiet_s`` (or the execution's time is up). Whether the kernel
+        answered the marker's code at all.
+
+        After an interrupt the marker is waited for its whole ``wait_s`` (the execution's
+        own deadline is then the short grace): its silence is the news that the kernel hangs.
+        """
         loop = asyncio.get_running_loop()
-        if await self._until_marker(late, route, emit,
-                                    min(deadline, loop.time() + late.wait_s)):
-            return
+        interrupted = self._status is ExecutionStatus.INTERRUPTED
+        wait = loop.time() + late.wait_s
+        came, answered = await self._until_marker(
+            late, route, emit, wait if interrupted else min(deadline, wait), interrupted)
+        if came:
+            return True
         while loop.time() < deadline and not self._interrupt_requested:
             try:
                 async with asyncio.timeout_at(min(deadline, loop.time() + late.quiet_s)):
                     channel, msg = await route.get()
             except TimeoutError:
-                return
+                break
             await self._take_late(channel, msg, emit)
+        return answered
 
     async def _until_marker(self, late: LateOutput, route: asyncio.Queue[tuple[str, Any]],
-                            emit: Emit, deadline: float) -> bool:
-        """Run ``late``'s code and take the output until its marker; whether it came.
+                            emit: Emit, deadline: float, interrupted: bool,
+                            ) -> tuple[bool, bool]:
+        """Run ``late``'s code and take the output until its marker: whether it came, and
+        whether anything at all came under the marker's request. An ``interrupted``
+        execution waits for them to its deadline; another stops waiting at an interrupt.
 
         The kernel sends output under the request it runs last: what this execution printed
         late comes under its own request, then under the marker's (a wait on the marker's
@@ -326,8 +344,9 @@ class ExecutionRun:
         msg_id, marked = self.kernel.request("execute_request", {
             "code": late.code(marker), "silent": True, "store_history": False,
             "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+        answered = False
         try:
-            while loop.time() < deadline and not self._interrupt_requested:
+            while loop.time() < deadline and (interrupted or not self._interrupt_requested):
                 while not route.empty():
                     await self._take_late(*route.get_nowait(), emit)
                 try:
@@ -338,9 +357,10 @@ class ExecutionRun:
                 while not route.empty():  # came before this message: goes first
                     await self._take_late(*route.get_nowait(), emit)
                 if channel == "died":
-                    return False
+                    return False, True  # a death, not a hang: the run's checks act on it
+                answered = True
                 if channel == "shell" and (msg.get("content") or {}).get("status") != "ok":
-                    return False  # the marker's code failed: no marker will come
+                    return False, True  # the marker's code failed: no marker will come
                 content = msg.get("content") if channel == "iopub" else None
                 if msg.get("msg_type") != "stream" or not isinstance(content, dict):
                     continue  # the marker's own status, input and reply
@@ -351,8 +371,8 @@ class ExecutionRun:
                     await self._take_late(channel, {**msg, "content": {**content, "text": text}},
                                           emit)
                 if found:
-                    return True
-            return False
+                    return True, True
+            return False, answered
         finally:
             self.kernel.forget(msg_id)
 
@@ -414,13 +434,14 @@ class ExecutionRun:
     async def _spill(self, final: bool = False) -> None:
         await spill(self.limiter, self.kernel.sandbox.workspace, final)
 
-    async def _hard_restart(self, reason: str) -> DoneEvent:
-        logger.info("kernel %s: hard restart after %s", self.kernel.id, reason)
+    async def _hard_restart(self, reason: str,
+                            why: str = "the kernel did not stop") -> DoneEvent:
+        logger.info("kernel %s: hard restart after %s (%s)", self.kernel.id, reason, why)
         self._usage_before_restart = await self.kernel.sandbox.usage()
         await self.kernel.restart()
         return DoneEvent(status=self._status or ExecutionStatus.TIMEOUT, execution_count=None,
                          restarted=True, duration_ms=0.0,
-                         reason=f"{reason}; the kernel did not stop, so {self.kernel.hard_stop} "
+                         reason=f"{reason}; {why}, so {self.kernel.hard_stop} "
                                 "and a fresh kernel started (variables lost, files kept)")
 
     async def _recover_death(self, died: KernelDied) -> DoneEvent:

@@ -110,6 +110,7 @@ async def test_a_file_written_in_a_language_is_pythons_to_read(poly: Session,
 @pytest.mark.parametrize("language", LANGUAGES)
 async def test_interrupt_stops_a_loop_in_its_context_only(poly: Session,
                                                           language: str) -> None:
+    assert (await poly.submit(SET[language], language=language).result()).status == "ok"
     handle = poly.submit(LOOP[language], language=language)
     for _ in range(300):
         if handle.run is not None:
@@ -121,6 +122,16 @@ async def test_interrupt_stops_a_loop_in_its_context_only(poly: Session,
     assert await poly.interrupt(language)
     result = await handle.result()
     assert result.status == "interrupted" and time.monotonic() - asked < 10, result
+    if result.restarted:
+        # Deno's interrupt now and then wedges its kernel (an upstream defect, about one in
+        # fifteen here): its reply never comes (the run's grace ends and it is restarted), or
+        # comes and nothing more does (the run sees its marker go unanswered and restarts it,
+        # rather than the next execution hanging to its timeout: a CI failure before). Said,
+        # never silent; another language's interrupt keeps the variables.
+        assert language == "javascript", result
+        assert ("did not stop" in (result.reason or "")
+                or "answered nothing after the interrupt" in (result.reason or "")), result
+        assert (await poly.submit(SET[language], language=language).result()).status == "ok"
     after = await poly.submit(GET[language], language=language).result()
     assert after.status == "ok", (result.reason, after.reason)
 
