@@ -57,6 +57,9 @@ reply and a status on iopub (a subscriber that connected after the status was se
 each wait twice the last, up to the second. Backing off matters: each request sent is answered
 in turn, and a kernel slower to answer than a fixed wait (a restart on a loaded machine) would
 have the wait forget each request just before its answer came, for its whole start timeout."""
+UNANSWERED_BEFORE_RECONNECT = 3
+"""A start's kernel_info requests the kernel ran (their status came on iopub) with no reply on
+the channel asked, after which that channel's socket is made again."""
 IOPUB_HWM = 64
 """Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
 memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
@@ -176,6 +179,8 @@ class Kernel:
         self._start_timeout_s = start_timeout_s
         self._routes: dict[str, asyncio.Queue[RouteItem]] = {}
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._addresses: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._session: MessageSession | None = None
         self._oom_kills = 0
@@ -310,18 +315,32 @@ class Kernel:
                                        signature_scheme=connection["signature_scheme"],
                                        username="replgate")
         base = connection["ip"]
-        kinds = {"shell": zmq.DEALER, "iopub": zmq.SUB, "control": zmq.DEALER}
         self._iopub_address = f"ipc://{base}-{connection['iopub_port']}"
-        for channel, kind in kinds.items():
-            if kind == zmq.SUB:
-                self._connect_iopub()
-                continue
-            socket = self._context.socket(kind)
-            socket.setsockopt(zmq.IDENTITY, self._session.bsession)
-            socket.connect(f"ipc://{base}-{connection[channel + '_port']}")
-            self._sockets[channel] = socket
-            self._tasks.append(asyncio.create_task(self._read(channel, socket),
-                                                   name=f"{channel}-{self.id}"))
+        self._addresses = {channel: f"ipc://{base}-{connection[channel + '_port']}"
+                           for channel in ("shell", "control")}
+        self._connect_requests("shell", self._session.bsession)
+        self._connect_iopub()
+        self._connect_requests("control", self._session.bsession)
+
+    def _connect_requests(self, channel: str, identity: bytes) -> None:
+        """A DEALER to the kernel's ``channel`` (shell or control), and its reader."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, identity)
+        socket.connect(self._addresses[channel])
+        self._sockets[channel] = socket
+        self._readers[channel] = asyncio.create_task(self._read(channel, socket),
+                                                     name=f"{channel}-{self.id}")
+        self._tasks.append(self._readers[channel])
+
+    def _reconnect_requests(self, channel: str) -> None:
+        """Replace ``channel``'s socket by a new one, under a new identity: the kernel's
+        router drops the replies to a peer it no longer routes to, and a start once heard
+        the kernel answer on its output channel, never on shell, for its whole minute (a
+        restart on a loaded machine; its cause not found). The old reader is cancelled;
+        :meth:`_disconnect` waits for it with the others."""
+        self._readers.pop(channel).cancel()
+        self._sockets.pop(channel).close(linger=0)
+        self._connect_requests(channel, secrets.token_hex(16).encode())
 
     def _connect_iopub(self) -> None:
         """Subscribe to the kernel's output, with a watch on the connection (see channel.py)."""
@@ -343,10 +362,17 @@ class Kernel:
         """
         died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
         replied = heard = False  # over every attempt: what a timeout then reports
+        unanswered = 0  # attempts in a row the kernel ran (its status came) but not answered
         again, longest = KERNEL_INFO_AGAIN_S
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while True:
+                    if unanswered >= UNANSWERED_BEFORE_RECONNECT:
+                        logger.warning("kernel %s: it ran %d kernel_info requests on %s but "
+                                       "no reply came; connecting that channel again",
+                                       self.id, unanswered, channel)
+                        self._reconnect_requests(channel)
+                        unanswered = 0
                     msg_id, route = self.request("kernel_info_request", {}, channel)
                     try:
                         got_reply = got_iopub = False
@@ -370,6 +396,7 @@ class Kernel:
                         heard |= got_iopub
                         if got_reply and got_iopub:
                             return
+                        unanswered = unanswered + 1 if got_iopub and not got_reply else 0
                         again = min(again * 2, longest)
                     finally:
                         self.forget(msg_id)

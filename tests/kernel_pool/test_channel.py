@@ -116,3 +116,19 @@ async def test_huge_display_update_is_omitted_in_place(session: Session) -> None
     assert output.omitted is not None and output.omitted["image/png"] > 16 * 2**20
     assert "omitted" in output.data["text/plain"]
     await assert_next_print_whole(session)
+
+
+async def test_a_request_channel_whose_replies_stop_coming_is_made_again(
+        session: Session) -> None:
+    """A start that hears the kernel run its kernel_info requests (their status on iopub) but
+    gets no reply makes that channel's socket again, rather than waiting out its minute: here
+    the replies are lost by the host (its reader gone), the way a CI run once lost them."""
+    await run_ok(session, "kept = [1, 2, 3]")
+    kernel = session.kernel
+    lost = kernel._readers["shell"]
+    lost.cancel()
+    await asyncio.wait([lost])
+    async with asyncio.timeout(20):
+        await kernel._wait_ready("shell", watched=True)
+    assert kernel._readers["shell"] is not lost
+    await assert_next_print_whole(session)
