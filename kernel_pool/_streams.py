@@ -309,7 +309,11 @@ class Pump:
         done = 0
         try:
             if inflate is None and isinstance(reader, FileChunkReader):
-                while not self.stopped and (sent := reader.send(target)):
+                # Not one call past the file's end: the kernel closes its end once it has
+                # read the stream's last record, and a sendfile into a pipe with no reader
+                # fails (EPIPE) even with nothing left to send (a resume's 409 at random).
+                while (not self.stopped and done < reader.size
+                       and (sent := reader.send(target))):
                     done += sent
                     if progress is not None:
                         progress(done)

@@ -445,7 +445,9 @@ def test_a_paused_workspace_holds_only_its_files_until_resumed(
     # A fork's paused copies are parked from the start.
     images = lifecycle_gateway.state_dir / "workspaces"
     before = set(images.glob("*.ext4"))
-    children = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 3}).json()
+    forked = alpha.post(f"/v1/sessions/{session_id}/fork", json={"count": 3})
+    assert forked.status_code == 201, forked.text
+    children = forked.json()
     paused_copies = sum(child["status"] == "paused" for child in children)
     deadline = time.monotonic() + 120
     while httpx.get(f"{lifecycle_gateway.url}/healthz").json()["pool"]["starting"]:
@@ -458,7 +460,8 @@ def test_a_paused_workspace_holds_only_its_files_until_resumed(
     for child in children:
         assert alpha.delete(f"/v1/sessions/{child['id']}").status_code == 204
 
-    assert alpha.post(f"/v1/sessions/{session_id}/resume").status_code == 200
+    resumed = alpha.post(f"/v1/sessions/{session_id}/resume")
+    assert resumed.status_code == 200, resumed.text
     assert on_disk(workspace_holding(lifecycle_gateway.state_dir, marker)) >= RESERVED
     assert value(alpha, session_id, "(len(blob), blob == open('blob.bin', 'rb').read(), "
                                     "open('later.txt').read())") \
