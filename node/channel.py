@@ -13,15 +13,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import ssl
 from collections.abc import AsyncIterator
 
 import websockets
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from kernel_pool import KernelUnavailable
-from node.wire import ChannelFrame, ChannelRequest, CreateSession, Frame, Submit
+from node.wire import (
+    ChannelFrame,
+    ChannelRequest,
+    CreateSession,
+    ErrorOut,
+    Frame,
+    Submit,
+    stream_of,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class NodeUnreachable(KernelUnavailable):
@@ -43,7 +55,11 @@ class _Connection:
     async def _read(self) -> None:
         try:
             async for raw in self.ws:
-                message = ChannelFrame.model_validate_json(raw)
+                try:
+                    message = ChannelFrame.model_validate_json(raw)
+                except ValidationError as exc:
+                    self._bad_frame(raw, exc)
+                    continue
                 queue = self.streams.get(message.stream)
                 if queue is not None:
                     queue.put_nowait(message)
@@ -52,6 +68,21 @@ class _Connection:
         finally:
             for queue in self.streams.values():
                 queue.put_nowait(None)
+
+    def _bad_frame(self, raw: str | bytes, exc: ValidationError) -> None:
+        """A frame that is not one (a node of another version?) ends its own stream with an
+        error that says so; the channel and the other streams on it go on."""
+        stream = stream_of(raw)
+        logger.warning("a bad frame from the node's channel (stream %s): %s", stream,
+                       exc.errors(include_url=False, include_input=False))
+        queue = None if stream is None else self.streams.get(stream)
+        if queue is None:
+            return
+        error = ErrorOut(error="KernelPoolError",
+                         detail=f"the node sent a frame this gateway cannot read: "
+                                f"{exc.errors()[0]['msg']}")
+        queue.put_nowait(ChannelFrame(stream=stream, frame=Frame(error=error)))
+        queue.put_nowait(ChannelFrame(stream=stream, end=True))
 
 
 class NodeChannel:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import propagate, trace
+from pydantic import ValidationError
 
 from gateway.errors import status_for
 from gateway.metrics import Metrics
@@ -45,6 +46,7 @@ from node.wire import (
     ChannelFrame,
     ChannelRequest,
     CreateContext,
+    CreateSession,
     ErrorOut,
     Executed,
     ForkSession,
@@ -59,7 +61,9 @@ from node.wire import (
     RunCommand,
     SessionState,
     Started,
+    Submit,
     Written,
+    stream_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -142,7 +146,13 @@ async def channel(websocket: WebSocket) -> None:
     sender = asyncio.create_task(send_all())
     try:
         while True:
-            request = ChannelRequest.model_validate_json(await websocket.receive_text())
+            raw = await websocket.receive_text()
+            try:
+                request = ChannelRequest.model_validate_json(raw)
+            except ValidationError as exc:
+                # Answered on its stream, when it names one; the others in flight go on.
+                _refuse(raw, exc, outbox.put_nowait)
+                continue
             task = asyncio.create_task(_stream(websocket.app, request, outbox.put_nowait))
             streams.add(task)
             task.add_done_callback(streams.discard)
@@ -153,41 +163,36 @@ async def channel(websocket: WebSocket) -> None:
             task.cancel()
 
 
+def _refuse(raw: str, exc: ValidationError, send: Callable[[str], None]) -> None:
+    """A channel request that is not one: an ``error`` and the end on its stream, if a stream
+    number can be read from it; else it is only logged (nobody waits for an answer)."""
+    stream = stream_of(raw)
+    logger.warning("a bad request on the channel (stream %s): %s", stream,
+                   exc.errors(include_url=False, include_input=False))
+    if stream is None:
+        return
+    error = _error_out(InvalidRequest(f"a bad channel request: {exc.error_count()} "
+                                      f"error(s), the first: {exc.errors()[0]['msg']}"))
+    send(ChannelFrame(stream=stream, frame=Frame(error=error)).model_dump_json(
+        include={"stream": True, "frame": {"error"}}))
+    send(ChannelFrame(stream=stream, end=True).model_dump_json())
+
+
 async def _stream(app: FastAPI, request: ChannelRequest, send: Callable[[str], None]) -> None:
-    """One request on the channel: an execution queued, then its frames until it is done; or
-    a session made."""
+    """One request on the channel, its frames sent as they come, then its end; a failure is
+    its stream's last frame (an ``error``), never the channel's end."""
     def frame(frame: Frame) -> None:
         send(ChannelFrame(stream=request.stream, frame=frame).model_dump_json(
             include={"stream": True, "frame": _set_fields(frame)}))
 
-    pool: KernelPool = app.state.pool
-    body, create = request.submit, request.create
     try:
-        if create is not None:
-            made = await asyncio.shield(pool.create_session(
-                create.profile, env=create.env, metadata=create.metadata,
-                session_id=create.session_id, lost=create.lost))
-            frame(Frame(created=SessionState.of(made)))
-            return
-        if body is None or request.session_id is None:
+        if request.create is not None:
+            await _create(app, request.create, frame)
+        elif request.submit is not None and request.session_id is not None:
+            await _execute(app, request.session_id, request.submit, request.trace, frame)
+        else:
             raise InvalidRequest("a channel request sends either submit (with session_id) "
                                  "or create")
-        session = pool.get_session(request.session_id)
-        handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id,
-                                language=body.language, context_id=body.context_id)
-        if body.origin is not None:  # (set before its task first tells the listeners)
-            app.state.origins[handle] = body.origin
-        tracing: Tracing | None = app.state.tracing
-        span = None if tracing is None else tracing.tracer.start_span(
-            "replgate.node.execution", kind=trace.SpanKind.SERVER,
-            context=propagate.extract(request.trace))
-        frame(Frame(accepted=SessionState.of(session)))
-        async for event in handle.stream():
-            frame(Frame(event=event))
-        if tracing is not None and span is not None:
-            # Its queue and its run in the kernel, here, under the node's span for it.
-            tracing.draw_run(trace.set_span_in_context(span), handle)
-            span.end()
     except KernelPoolError as exc:
         frame(Frame(error=_error_out(exc)))
     except Exception as exc:  # said to the gateway, which ends the execution with it
@@ -195,6 +200,38 @@ async def _stream(app: FastAPI, request: ChannelRequest, send: Callable[[str], N
         frame(Frame(error=_error_out(KernelPoolError(f"internal error on the node: {exc!r}"))))
     finally:
         send(ChannelFrame(stream=request.stream, end=True).model_dump_json())
+
+
+async def _create(app: FastAPI, create: CreateSession, frame: Callable[[Frame], None]) -> None:
+    """A session made: ``created``. Made even if the gateway goes away meanwhile (its claim
+    on this node's slot stands until the heartbeat counts it)."""
+    pool: KernelPool = app.state.pool
+    made = await asyncio.shield(pool.create_session(
+        create.profile, env=create.env, metadata=create.metadata,
+        session_id=create.session_id, lost=create.lost))
+    frame(Frame(created=SessionState.of(made)))
+
+
+async def _execute(app: FastAPI, session_id: str, body: Submit, trace_context: dict[str, str],
+                   frame: Callable[[Frame], None]) -> None:
+    """An execution queued: ``accepted``, then its events to its ``done``."""
+    pool: KernelPool = app.state.pool
+    session = pool.get_session(session_id)
+    handle = session.submit(body.code, body.timeout_s, execution_id=body.execution_id,
+                            language=body.language, context_id=body.context_id)
+    if body.origin is not None:  # (set before its task first tells the listeners)
+        app.state.origins[handle] = body.origin
+    tracing: Tracing | None = app.state.tracing
+    span = None if tracing is None else tracing.tracer.start_span(
+        "replgate.node.execution", kind=trace.SpanKind.SERVER,
+        context=propagate.extract(trace_context))
+    frame(Frame(accepted=SessionState.of(session)))
+    async for event in handle.stream():
+        frame(Frame(event=event))
+    if tracing is not None and span is not None:
+        # Its queue and its run in the kernel, here, under the node's span for it.
+        tracing.draw_run(trace.set_span_in_context(span), handle)
+        span.end()
 
 
 @router.post("/sessions/{session_id}/interrupt")

@@ -9,6 +9,7 @@ side, the same kernel_pool exception class with the same message (:func:`error_f
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Base64Bytes, BaseModel, Field
@@ -217,6 +218,16 @@ class ChannelRequest(BaseModel):
     create: CreateSession | None = None
     trace: dict[str, str] = {}
     """The W3C trace context of the gateway's span for the hop (``traceparent``), if any."""
+
+
+def stream_of(raw: str | bytes) -> int | None:
+    """The stream number a channel message that failed validation names, if it has one: its
+    answer goes there, and the other streams in flight are not its concern."""
+    try:
+        stream = json.loads(raw).get("stream")
+    except (ValueError, AttributeError):
+        return None
+    return stream if isinstance(stream, int) and not isinstance(stream, bool) else None
 
 
 class ChannelFrame(BaseModel):

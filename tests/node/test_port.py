@@ -8,6 +8,7 @@ plain HTTP on 127.0.0.1, so what is tested is the port's own behaviour.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -18,6 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 import uvicorn
+import websockets
+import websockets.asyncio.server
 
 from kernel_pool import (
     CommandStatus,
@@ -38,10 +41,19 @@ from kernel_pool import (
     Transfer,
     UnknownLanguage,
 )
-from node.channel import NodeUnreachable
+from node.channel import NodeChannel, NodeUnreachable
 from node.remote import NodeClient, RemoteSession
 from node.server import create_node_app
-from node.wire import CreateSession, ForkSession
+from node.wire import (
+    PREFIX,
+    ChannelFrame,
+    ChannelRequest,
+    CreateSession,
+    ErrorOut,
+    ForkSession,
+    Frame,
+    Submit,
+)
 from tests.conftest import containers_of, free_port, unmount_all
 
 OWNER = f"porttest-{secrets.token_hex(4)}"
@@ -198,6 +210,58 @@ async def test_errors_cross_as_their_class_with_their_message(node: NodeClient) 
     with pytest.raises(SessionNotFound):
         await node.state(session.id)
     assert session.closed
+
+
+async def test_a_bad_channel_request_is_answered_on_its_stream_and_the_channel_goes_on(
+        node: NodeClient) -> None:
+    """A request the node cannot read ends its own stream with an error; one that names no
+    stream is dropped; either way the channel serves the next request."""
+    url = f"ws://{node.address}{PREFIX}/channel"
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"stream": 7, "session_id": "x", "submit": "not a body"}))
+        error = ChannelFrame.model_validate_json(await ws.recv())
+        assert error.stream == 7 and error.frame is not None and error.frame.error is not None
+        assert error.frame.error.error == "InvalidRequest"
+        assert "bad channel request" in error.frame.error.detail
+        end = ChannelFrame.model_validate_json(await ws.recv())
+        assert (end.stream, end.end) == (7, True)
+        await ws.send("not json at all")
+        await ws.send(ChannelRequest(stream=8, session_id="nope",
+                                     submit=Submit(code="1", execution_id="e1")).model_dump_json())
+        missing = ChannelFrame.model_validate_json(await ws.recv())
+        assert missing.stream == 8 and missing.frame is not None
+        assert missing.frame.error is not None and missing.frame.error.error == "SessionNotFound"
+
+
+async def test_a_bad_frame_from_a_node_ends_its_stream_alone() -> None:
+    """The gateway's side: a frame it cannot read ends that stream with an error naming the
+    node; the channel stays up for the streams after it (a node that answers them, here a
+    WebSocket server that answers each request's stream with one frame)."""
+    async def answer(ws: websockets.asyncio.server.ServerConnection) -> None:
+        async for raw in ws:
+            stream = json.loads(raw)["stream"]
+            if stream == 1:
+                await ws.send(json.dumps({"stream": 1, "frame": {"event": {"type": "nope"}}}))
+            else:
+                await ws.send(ChannelFrame(stream=stream, frame=Frame(
+                    created=None, error=ErrorOut(error="SessionNotFound",
+                                                 detail="session 'x' not found"))
+                ).model_dump_json())
+                await ws.send(ChannelFrame(stream=stream, end=True).model_dump_json())
+
+    async with websockets.asyncio.server.serve(answer, "127.0.0.1", 0) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        channel = NodeChannel("node-odd", f"ws://127.0.0.1:{port}", None)
+        try:
+            async with channel.stream("x", submit=Submit(code="1", execution_id="e1")) as frames:
+                got = [frame async for frame in frames]
+            assert len(got) == 1 and got[0].error is not None
+            assert "cannot read" in got[0].error.detail
+            async with channel.stream("x", submit=Submit(code="1", execution_id="e1")) as frames:
+                again = [frame async for frame in frames]
+            assert again[0].error is not None and again[0].error.error == "SessionNotFound"
+        finally:
+            await channel.close()
 
 
 async def test_an_unreachable_node_is_named_in_the_error() -> None:
