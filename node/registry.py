@@ -95,12 +95,11 @@ class UnknownNode(KernelPoolError, LookupError):
 
 
 class Fenced(Exception):
-    """An owner acted on what is no longer its own: a node declared down since (its sessions
-    are placed elsewhere: it must drop them all), or a session placed again since."""
+    """A node acted as its own self after it was declared down (its sessions are placed
+    elsewhere since: it must drop them all)."""
 
-    def __init__(self, node_id: str, reason: str, session_id: str | None = None) -> None:
+    def __init__(self, node_id: str, reason: str) -> None:
         self.node_id = node_id
-        self.session_id = session_id
         super().__init__(reason)
 
 
@@ -247,17 +246,6 @@ class Registry:
 
     # -- sessions' owners -----------------------------------------------------------------
 
-    async def assign(self, session_id: str, node_id: str) -> int:
-        """The session runs on ``node_id`` now: its epoch raised, the new one returned (an
-        owner holding an older one is fenced). Raises :class:`LookupError` if no session has
-        that id."""
-        row = await self._one(text(
-            "UPDATE sessions SET node = :node, epoch = epoch + 1 WHERE id = :id "
-            "RETURNING epoch"), id=session_id, node=node_id)
-        if row is None:
-            raise LookupError(f"no session {session_id!r} to place on node {node_id}")
-        return int(row["epoch"])
-
     async def move(self, session_id: str, node_id: str, epoch: int) -> int | None:
         """Place a live session on ``node_id`` if its epoch is still ``epoch`` (the placement
         its caller saw): the new epoch, or None when someone placed it first (or it was
@@ -267,17 +255,6 @@ class Registry:
             "WHERE id = :id AND epoch = :epoch AND deleted = 0 RETURNING epoch"),
             id=session_id, node=node_id, epoch=epoch)
         return None if row is None else int(row["epoch"])
-
-    async def check_owner(self, session_id: str, node_id: str, epoch: int) -> None:
-        """Raise :class:`Fenced` unless the live session is still ``node_id``'s at ``epoch``."""
-        row = await self._one(text(
-            "SELECT node, epoch FROM sessions WHERE id = :id AND deleted = 0"), id=session_id)
-        if row is None:
-            raise Fenced(node_id, f"session {session_id} is deleted or unknown", session_id)
-        if row["node"] != node_id or row["epoch"] != epoch:
-            raise Fenced(node_id, f"session {session_id} was placed again (on node "
-                         f"{row['node']}, epoch {row['epoch']}); node {node_id} holds epoch "
-                         f"{epoch}", session_id)
 
     async def sessions_of(self, node_id: str) -> list[str]:
         """The ids of the live sessions placed on the node, oldest first."""

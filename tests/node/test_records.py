@@ -36,8 +36,9 @@ async def _until(check: object, timeout_s: float = 5.0) -> None:
 async def test_a_record_is_kept_until_another_gateway_moves_or_deletes_it(
         stores: tuple[Store, Store]) -> None:
     mine, theirs = stores
-    await theirs.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
-    placed = await Registry(theirs.database).assign("s1", "n1")
+    await theirs.create_session(SessionRecord(id="s1", tenant="acme", profile="default",
+                                              node="n1", epoch=1))
+    placed = 1
     records = SessionRecords(mine)
     listening = asyncio.create_task(records.listen())
     try:
@@ -67,7 +68,7 @@ async def test_nothing_is_kept_while_nobody_listens(stores: tuple[Store, Store])
     await theirs.create_session(SessionRecord(id="s2", tenant="acme", profile="default"))
     records = SessionRecords(mine)
     first = await records.get("s2")
-    await Registry(theirs.database).assign("s2", "n1")
+    assert await Registry(theirs.database).move("s2", "n1", 0) == 1
     again = await records.get("s2")
     assert first is not None and first.node is None
     assert again is not None and again.node == "n1"

@@ -50,9 +50,18 @@ async def _set(database: Database, sql: str, **params: object) -> None:
         await connection.execute(text(sql), params)
 
 
-async def _session(database: Database, session_id: str) -> None:
+async def _session(database: Database, session_id: str, node: str | None = None) -> None:
+    """A session's record, placed on ``node`` at epoch 1 as a gateway inserts one it made
+    there (none: at epoch 0, unplaced)."""
     await Store(database).create_session(
-        SessionRecord(id=session_id, tenant="acme", profile="default"))
+        SessionRecord(id=session_id, tenant="acme", profile="default", node=node,
+                      epoch=1 if node else 0))
+
+
+async def _placement(database: Database, session_id: str) -> tuple[str | None, int]:
+    record = await Store(database).get_session(session_id)
+    assert record is not None
+    return record.node, record.epoch
 
 
 async def test_register_adds_an_up_node_once(database: Database) -> None:
@@ -156,36 +165,25 @@ async def test_place_picks_most_room_and_says_why_none(database: Database) -> No
     assert (await registry.get("small")).sessions == 0  # type: ignore[union-attr]
 
 
-async def test_owner_is_fenced_by_a_newer_placement(database: Database) -> None:
+async def test_a_move_raises_the_epoch_and_an_older_one_loses(database: Database) -> None:
     registry = Registry(database)
-    await _session(database, "s1")
-    await _session(database, "s2")
-    epoch = await registry.assign("s1", "n1")
-    assert epoch == 1
-    assert await registry.assign("s2", "n1") == 1
-    await registry.check_owner("s1", "n1", 1)
+    await _session(database, "s1", "n1")
+    await _session(database, "s2", "n1")
     assert await registry.sessions_of("n1") == ["s1", "s2"]
     assert await registry.move("s1", "n2", 1) == 2
     assert await registry.move("s1", "n3", 1) is None  # someone placed it first
-    with pytest.raises(Fenced, match="placed again") as fenced:
-        await registry.check_owner("s1", "n1", 1)
-    assert (fenced.value.node_id, fenced.value.session_id) == ("n1", "s1")
-    await registry.check_owner("s1", "n2", 2)
+    assert await _placement(database, "s1") == ("n2", 2)
     assert await registry.sessions_of("n1") == ["s2"]
     await Store(database).mark_deleted("s2")
     assert await registry.sessions_of("n1") == []
-    with pytest.raises(Fenced, match="deleted"):
-        await registry.check_owner("s2", "n1", 1)
-    assert await registry.move("s2", "n2", 1) is None
-    with pytest.raises(LookupError):
-        await registry.assign("nope", "n1")
+    assert await registry.move("s2", "n2", 1) is None  # deleted: nobody places it again
+    assert await registry.move("nope", "n1", 0) is None
 
 
 async def test_concurrent_moves_of_a_session_have_one_winner(
         database: Database, second: Database) -> None:
     one, two = Registry(database), Registry(second)
-    await _session(database, "s1")
-    await one.assign("s1", "n1")
+    await _session(database, "s1", "n1")
     won = await asyncio.gather(*(r.move("s1", f"n{i}", 1) for i, r in
                                  enumerate((one, two, one, two), start=2)))
     assert sorted(won, key=lambda epoch: epoch or 0) == [None, None, None, 2]
