@@ -35,13 +35,14 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.database import Database
 from gateway.store import Store, utc_now
@@ -250,22 +251,31 @@ class AuditLog:
                 text("SELECT seq, hash FROM audit_head WHERE id = 1"))).one()
         return _Head(seq=row.seq, hash=row.hash)
 
-    async def append(self, record: AuditRecord) -> AuditEntry:
-        """Add a record at the end of the chain and update the head.
+    async def append(self, record: AuditRecord, *,
+                     also: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+                     ) -> AuditEntry:
+        """Add a record at the end of the chain and update the head; ``also`` writes what
+        the record is about in the same transaction (an execution's end: one commit, not
+        three), before the head is taken.
 
         Shielded: a caller cancelled mid-append cannot leave the transaction half done. An
         error writing ``audit.head`` propagates; the row and the database's head are in, and
         the file, lagging one record, is repaired by the next append.
         """
-        return await asyncio.shield(self._append(record.canonical()))
+        return await asyncio.shield(self._append(record.canonical(), also))
 
-    async def _append(self, record_json: str) -> AuditEntry:
+    async def _append(self, record_json: str,
+                      also: Callable[[AsyncConnection], Awaitable[None]] | None,
+                      ) -> AuditEntry:
         lock = " FOR UPDATE" if self._database.dialect == "postgresql" else ""
         async with self._lock:
             # Durable: the record must be on disk before audit.head names it, or after a
             # power cut the file would point past the end of the log and look like
             # tampering. (On SQLite this commit also syncs the history written before it.)
             async with self._database.transaction(durable=True) as connection:
+                if also is not None:
+                    # Before the head's lock: other gateways' appends wait on it, not on this.
+                    await also(connection)
                 row = (await connection.execute(
                     text(f"SELECT seq, hash FROM audit_head WHERE id = 1{lock}"))).one()
                 entry = AuditEntry(seq=row.seq + 1, prev_hash=row.hash,

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import (
@@ -586,22 +587,32 @@ class Gateway:
             self.metrics.observe(execution)
             if span is not None and self.tracing is not None:
                 self.tracing.end_execution(span, handle, execution)
-        finally:
+        except BaseException:
             execution = handle.execution()
             await self._durably(f"execution {handle.id}'s end", self.store.finish_execution,
                                 handle.id, execution.status.value, execution.execution_count,
                                 handle.events, execution)
-        await self._durably(f"session {session.id}'s activity", self.store.record_activity,
-                            session.id, execution_count=session.execution_count,
-                            last_active_at=session.last_active_at,
-                            sandbox=session.sandbox_info())
-        await self._durably(f"execution {handle.id}'s audit record", self.audit.append,
+            raise
+        execution = handle.execution()
+
+        async def its_end(connection: AsyncConnection) -> None:
+            await self.store.finish_execution(
+                handle.id, execution.status.value, execution.execution_count, handle.events,
+                execution, connection=connection)
+            await self.store.record_activity(
+                session.id, execution_count=session.execution_count,
+                last_active_at=session.last_active_at, sandbox=session.sandbox_info(),
+                connection=connection)
+
+        # Its end, the session's activity and the audit record: one transaction, one commit.
+        await self._durably(f"execution {handle.id}'s end and audit record", self.audit.append,
                             AuditRecord.for_execution(
                                 tenant=tenant, session_id=session.id, execution_id=handle.id,
                                 code=handle.code, execution=execution, image=self.image,
                                 limits=session.profile.model_dump(mode="json",
                                                                   exclude={"caps"}),
-                                extra=self.governance.audit_extra(handle.id)))
+                                extra=self.governance.audit_extra(handle.id)),
+                            also=its_end)
         return execution
 
     async def _start_record(self, execution_id: str, session_id: str, tenant: str,

@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import RowMapping, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.auth import hash_api_key
 from gateway.database import Database, StoreError
@@ -232,7 +233,13 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store {self._database!r}{' closed' if self._closed else ''}>"
 
-    async def _fetch(self, sql: str, **params: Any) -> list[RowMapping] | list[sqlite3.Row]:
+    async def _fetch(self, sql: str, connection: AsyncConnection | None = None, /,
+                     **params: Any) -> list[RowMapping] | list[sqlite3.Row]:
+        """The statement's rows, on its own connection (each statement commits on its own),
+        or on ``connection``, a transaction of the caller's."""
+        if connection is not None:
+            result = await connection.execute(text(sql), params)
+            return list(result.mappings()) if result.returns_rows else []
         async with self._database.connect() as connection:
             if self._database.dialect == "sqlite":
                 # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open, execute,
@@ -244,8 +251,12 @@ class Store:
             result = await connection.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
 
-    async def _change(self, sql: str, **params: Any) -> int:
-        """Run a statement that returns no rows; how many rows it changed."""
+    async def _change(self, sql: str, connection: AsyncConnection | None = None, /,
+                      **params: Any) -> int:
+        """Run a statement that returns no rows (on ``connection`` if given, as
+        :meth:`_fetch`); how many rows it changed."""
+        if connection is not None:
+            return (await connection.execute(text(sql), params)).rowcount
         async with self._database.connect() as connection:
             return (await connection.execute(text(sql), params)).rowcount
 
@@ -291,15 +302,17 @@ class Store:
         return _session_from_row(rows[0])
 
     async def record_activity(self, session_id: str, *, execution_count: int,
-                              last_active_at: str, sandbox: SandboxInfo | None) -> None:
+                              last_active_at: str, sandbox: SandboxInfo | None,
+                              connection: AsyncConnection | None = None) -> None:
         """After each execution: the session's count, last activity and sandbox, in one UPDATE
-        (:meth:`update_session` without its read and validation, for the hot path)."""
+        (:meth:`update_session` without its read and validation, for the hot path); in the
+        caller's transaction if ``connection`` is given."""
         sandbox_json = None if sandbox is None else json.dumps(
             sandbox.model_dump(mode="json"), separators=(",", ":"))
         await self._change(
             "UPDATE sessions SET execution_count = :count, last_active_at = :active, "
-            "sandbox = :sandbox WHERE id = :id", count=execution_count, active=last_active_at,
-            sandbox=sandbox_json, id=session_id)
+            "sandbox = :sandbox WHERE id = :id", connection, count=execution_count,
+            active=last_active_at, sandbox=sandbox_json, id=session_id)
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session with that id (deleted or not), or None."""
@@ -385,8 +398,10 @@ class Store:
         execution_count: int | None,
         events: Sequence[BaseModel | Mapping[str, Any]],
         result: Execution | Mapping[str, Any] | None,
+        connection: AsyncConnection | None = None,
     ) -> ExecutionRecord:
-        """Record how an execution ended: its status, count, events (in order) and aggregate.
+        """Record how an execution ended: its status, count, events (in order) and aggregate
+        (in the caller's transaction if ``connection`` is given).
 
         Events and result are validated before they are written (pydantic models or their
         ``model_dump(mode="json")`` dicts). :class:`RecordNotFound` if the id is unknown.
@@ -400,7 +415,7 @@ class Store:
         rows = await self._fetch(
             "UPDATE executions SET status = :status, execution_count = :count, "
             "events = :events, result = :result, finished_at = :finished WHERE id = :id "
-            "RETURNING id, session_id, tenant, seq, code, started_at, finished_at",
+            "RETURNING id, session_id, tenant, seq, code, started_at, finished_at", connection,
             status=str(status), count=execution_count,
             events=_EVENTS.dump_json(valid_events).decode(),
             result=None if valid_result is None else valid_result.model_dump_json(),
