@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -94,6 +95,28 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameters (malloc.h)."""
+
+
+def _return_large_buffers() -> None:
+    """Have glibc's malloc give buffers of 128 KiB and more back to the system when freed.
+
+    By default it raises its mmap threshold to the size of the largest buffer freed (up to
+    32 MiB): after one large output, every later one of that size comes from the heap, whose
+    freed pages stay in the process and pile up. Measured with a WebSocket client that reads
+    nothing while six executions each display 16 MB: the gateway's RSS rose 320-380 MiB, and
+    200-280 MiB with the threshold fixed. Elsewhere than glibc, nothing happens.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    mallopt(M_TRIM_THRESHOLD, 4 * 1024 * 1024)
+
+
 def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     import uvicorn
 
@@ -102,6 +125,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     from gateway.statelock import socket_url
 
     configure_logging(settings)
+    _return_large_buffers()
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings)
@@ -128,6 +152,7 @@ def _node(args: argparse.Namespace) -> int:
             from node.agent import run_node
 
             configure_logging(settings)
+            _return_large_buffers()
             logging.getLogger("replgate").info(
                 "node %s on %s:%d (pid %d), advertised as %s", args.id, host, port,
                 os.getpid(), args.advertise)
