@@ -106,9 +106,9 @@ def _return_large_buffers() -> None:
     32 MiB): after one large output, every later one of that size comes from the heap, whose
     freed pages stay in the process and pile up. Measured with a WebSocket client that reads
     nothing while six executions each display 16 MB: the gateway's RSS rose 320-370 MiB, and
-    160-210 MiB with the threshold fixed (two runs each). Not lower than 1 MiB: asyncio's TLS reads take a
-    256 KiB buffer each, and mapping it afresh every time cost 100 us per round trip (measured;
-    the node hop's p50 rose by 1-2 ms). Elsewhere than glibc, nothing happens.
+    160-210 MiB with the threshold fixed (two runs each). Not lower than 1 MiB: asyncio's TLS
+    reads take a 256 KiB buffer each, and mapping it afresh every time cost 100 us per round
+    trip (measured; the node hop's p50 rose by 1-2 ms). Elsewhere than glibc, nothing happens.
     """
     try:
         libc = ctypes.CDLL(None)
