@@ -20,9 +20,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kernel_pool._commands import CommandEmit
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
-    from kernel_pool._handle import Denial, ExecutionHandle, Gate
+    from kernel_pool._handle import Denial, ExecutionHandle, Gate, refused_at_gate
+    from kernel_pool._languages import (
+        DEFAULT_CONTEXT,
+        check_language,
+        normalize_language,
+    )
     from kernel_pool._pool import KernelPool
     from kernel_pool._session import Session, SessionStatus
     from kernel_pool._snapshot import PauseInfo, Transfer
@@ -89,12 +95,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHART_MIME",
+    "DEFAULT_CONTEXT",
     "ApprovalEvent",
     "BackendError",
     "CapacityError",
     "ClearOutputEvent",
     "ClosedListener",
     "CommandDone",
+    "CommandEmit",
     "CommandResult",
     "CommandStatus",
     "ContextInfo",
@@ -156,10 +164,18 @@ __all__ = [
     "UpdateDisplayEvent",
     "WorkspaceError",
     "WorkspaceFull",
+    "check_language",
+    "normalize_language",
     "parse_size",
+    "refused_at_gate",
 ]
 
 _HOMES = {
+    "CommandEmit": "kernel_pool._commands",
+    "DEFAULT_CONTEXT": "kernel_pool._languages",
+    "check_language": "kernel_pool._languages",
+    "normalize_language": "kernel_pool._languages",
+    "refused_at_gate": "kernel_pool._handle",
     "ApprovalEvent": "kernel_pool.events",
     "BackendError": "kernel_pool.exceptions",
     "CHART_MIME": "kernel_pool.events",

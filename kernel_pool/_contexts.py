@@ -25,14 +25,18 @@ from pydantic import BaseModel
 
 from kernel_pool._execution import LateOutput
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
-from kernel_pool._languages import KERNEL_LANGUAGES, SAME_KERNEL, kernel_language, normalize
+from kernel_pool._languages import (
+    DEFAULT_CONTEXT,
+    KERNEL_LANGUAGES,
+    SAME_KERNEL,
+    check_language,
+    normalize_language,
+)
 from kernel_pool.backends.base import Sandbox
-from kernel_pool.exceptions import ContextNotFound, InvalidRequest, UnknownLanguage
+from kernel_pool.exceptions import ContextNotFound, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CONTEXT = "python"
-"""The id of the session's own kernel as a context."""
 MAX_CONTEXTS = 6
 """Contexts a session may hold beside its own kernel: each one's sockets take inodes of the
 sandbox's small socket folder (and its memory the session's limit)."""
@@ -121,38 +125,29 @@ class Contexts:
             raise ContextNotFound(self._session_id, context_id)
         return context
 
-    def check_language(self, language: str | None, offered: tuple[str, ...]) -> str:
-        """The kernel language of ``language`` (None: python), or :class:`UnknownLanguage`
-        naming the languages the session's image offers."""
-        name = normalize(language)
-        kernel = kernel_language(name)
-        if kernel not in KERNEL_LANGUAGES or name not in offered:
-            raise UnknownLanguage(language or "", list(offered))
-        return kernel
-
     def resolve(self, language: str | None, context_id: str | None,
                 offered: tuple[str, ...]) -> CodeContext:
         """The context an execution runs in: ``context_id``'s, else the default context of
         ``language`` (made now, its kernel started at its first execution)."""
         if context_id is not None:
             context = self.get(context_id)
-            if language is not None and self.check_language(language, offered) != context.language:
+            if language is not None and check_language(language, offered) != context.language:
                 raise InvalidRequest(
                     f"context {context_id!r} runs {context.language}, not {language}; send "
                     "either the context_id or the language")
             return context
-        kernel = self.check_language(language, offered)
+        kernel = check_language(language, offered)
         return self._all.get(kernel) or self._add(kernel, kernel)
 
     @staticmethod
     def sent_as(language: str) -> str:
         """How an execution's language is recorded (aliases resolved: ``ts`` is
         ``typescript``, which runs in the JavaScript context)."""
-        return normalize(language)
+        return normalize_language(language)
 
     def create(self, language: str | None, offered: tuple[str, ...]) -> CodeContext:
         """A new context of ``language`` (its kernel starts at its first execution)."""
-        kernel = self.check_language(language, offered)
+        kernel = check_language(language, offered)
         return self._add(f"ctx-{secrets.token_hex(6)}", kernel)
 
     def _add(self, context_id: str, language: str) -> CodeContext:

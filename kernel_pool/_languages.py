@@ -12,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kernel_pool.exceptions import UnknownLanguage
+
 LANGUAGES_LABEL = "io.replgate.languages"
+DEFAULT_CONTEXT = "python"
+"""The id of a session's own (Python) kernel as a code context."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ SAME_KERNEL = {"typescript": "javascript"}
 ALIASES = {"js": "javascript", "ts": "typescript"}
 
 
-def normalize(language: str | None) -> str:
+def normalize_language(language: str | None) -> str:
     """The language a request names (``None``: python), its aliases resolved."""
     name = (language or "python").strip().lower()
     return ALIASES.get(name, name)
@@ -45,7 +49,7 @@ def normalize(language: str | None) -> str:
 
 def kernel_language(language: str | None) -> str:
     """The kernel that runs ``language``: ``typescript`` runs in the JavaScript kernel."""
-    name = normalize(language)
+    name = normalize_language(language)
     return SAME_KERNEL.get(name, name)
 
 
@@ -56,3 +60,13 @@ def offered(labels: dict[str, str] | None) -> list[str]:
     kernels = [name for name in KERNEL_LANGUAGES if name in named]
     extra = [alias for alias, kernel in SAME_KERNEL.items() if kernel in kernels]
     return kernels + extra
+
+
+def check_language(language: str | None, offered: tuple[str, ...] | list[str]) -> str:
+    """The kernel that runs ``language`` (None: python), or :class:`UnknownLanguage` naming
+    the languages offered (an image's, as :func:`offered` reads them)."""
+    name = normalize_language(language)
+    kernel = kernel_language(name)
+    if kernel not in KERNEL_LANGUAGES or name not in offered:
+        raise UnknownLanguage(language or "", list(offered))
+    return kernel

@@ -27,6 +27,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from gateway.tracing import setup_tracing
 from kernel_pool import (
+    DEFAULT_CONTEXT,
+    CommandEmit,
     CommandResult,
     ContextInfo,
     DoneEvent,
@@ -50,10 +52,10 @@ from kernel_pool import (
     StreamEvent,
     Transfer,
     TransferListener,
+    check_language,
+    normalize_language,
+    refused_at_gate,
 )
-from kernel_pool._commands import CommandEmit
-from kernel_pool._contexts import DEFAULT_CONTEXT, Contexts
-from kernel_pool._handle import refused_at_gate
 from node.channel import NodeChannel, NodeUnreachable
 from node.wire import (
     PREFIX,
@@ -338,19 +340,18 @@ class RemoteSession:
         side knows: a language the image lacks is refused here, as the node would; a context
         this side has not heard of may have been made through another gateway, so the node
         decides (an unknown one ends the execution with the node's refusal)."""
-        checker = Contexts(self.id)
         if context_id is not None:
             known = self._contexts.get(context_id)
             if known is not None and language is not None and (
-                    checker.check_language(language, self._languages) != known):
+                    check_language(language, self._languages) != known):
                 raise InvalidRequest(
                     f"context {context_id!r} runs {known}, not {language}; send either the "
                     "context_id or the language")
-            sent = (Contexts.sent_as(language) if language is not None
+            sent = (normalize_language(language) if language is not None
                     else known or DEFAULT_CONTEXT)
             return sent, context_id
-        kernel = checker.check_language(language, self._languages)
-        return (kernel if language is None else Contexts.sent_as(language)), kernel
+        kernel = check_language(language, self._languages)
+        return (kernel if language is None else normalize_language(language)), kernel
 
     async def _execute(self, handle: ExecutionHandle, language: str | None,
                        context_id: str | None) -> None:

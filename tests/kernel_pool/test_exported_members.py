@@ -22,6 +22,9 @@ EXPORTED = [
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
     "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
+    # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
+    # gate and checks languages as the node would):
+    "CommandEmit", "DEFAULT_CONTEXT", "check_language", "normalize_language", "refused_at_gate",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py"}
 
