@@ -42,6 +42,8 @@ from kernel_pool.events import (
 from kernel_pool.exceptions import KernelPoolError
 
 logger = logging.getLogger(__name__)
+STOPPED = (ExecutionStatus.INTERRUPTED, ExecutionStatus.TIMEOUT)
+"""An execution its kernel was asked to stop (an interrupt was sent)."""
 MARKER_POLL_S = 0.005
 """While waiting for a late-output marker, how often the execution's own queue is drained."""
 
@@ -196,7 +198,7 @@ class ExecutionRun:
         if not done.restarted and self.kernel.state == KernelState.READY:
             # No daemon outlives the execution that made it; after a timeout or an interrupt
             # nothing but the kernel does (its children are what did not stop).
-            cut = done.status in (ExecutionStatus.TIMEOUT, ExecutionStatus.INTERRUPTED)
+            cut = done.status in STOPPED
             done.reaped = await self.kernel.sandbox.kill_strays(keep_kernel_children=not cut)
             if done.reaped:
                 logger.info("execution %s: killed %d process(es) it left behind",
@@ -285,10 +287,10 @@ class ExecutionRun:
         assert reply is not None
         if idle and self.late_output is not None:
             answered = await self._late_output(self.late_output, route, emit, deadline_loop)
-            if not answered and self._status is ExecutionStatus.INTERRUPTED:
-                # Deno's interrupt (V8's terminate) can leave its REPL thread answering
-                # nothing more: the next execution would hang to its timeout. Seen by the
-                # marker's code, which got no reply either.
+            if not answered and self._status in STOPPED:
+                # Deno's interrupt (V8's terminate; a timeout's too) can leave its REPL thread
+                # answering nothing more: the next execution would hang to its timeout. Seen
+                # by the marker's code, which got no reply either.
                 return await self._hard_restart(
                     reason or "interrupted", "the kernel answered nothing after the interrupt")
         count = reply.get("execution_count")
@@ -309,11 +311,12 @@ class ExecutionRun:
         been quiet ``late.quiet_s`` (or the execution's time is up). Whether the kernel
         answered the marker's code at all.
 
-        After an interrupt the marker is waited for its whole ``wait_s`` (the execution's
-        own deadline is then the short grace): its silence is the news that the kernel hangs.
+        After an interrupt (or a timeout's) the marker is waited for its whole ``wait_s``
+        (the execution's own deadline is then the short grace): its silence is the news that
+        the kernel hangs.
         """
         loop = asyncio.get_running_loop()
-        interrupted = self._status is ExecutionStatus.INTERRUPTED
+        interrupted = self._status in STOPPED
         wait = loop.time() + late.wait_s
         came, answered = await self._until_marker(
             late, route, emit, wait if interrupted else min(deadline, wait), interrupted)
