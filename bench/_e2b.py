@@ -25,7 +25,7 @@ from typing import Any
 
 from e2b_code_interpreter import AsyncSandbox as E2BSandbox
 
-from bench._measure import interleaved, summary
+from bench._measure import interleaved, summary, threads_cpu_s
 from bench._peers import Replgate
 from gateway.client import AsyncSandbox
 
@@ -33,17 +33,6 @@ ONE_PLUS_ONE = "1+1"
 BLOCK = 10
 """Calls per contender before the next one's turn: short blocks, so a change of load in
 the run falls on every contender alike."""
-
-
-def threads_cpu_s(pid: int) -> float:
-    """CPU seconds of a process's threads, to the nanosecond (``/proc``'s schedstat; psutil's
-    counts whole clock ticks, 10 ms, too coarse for a block of calls). A thread that ended
-    takes its share with it: the gateway's threads (loop, workers, ZMQ) live on."""
-    total = 0
-    for task in os.scandir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError), open(f"{task.path}/schedstat") as stat:
-            total += int(stat.read().split()[0])
-    return total / 1e9
 
 
 def point_e2b_at(replgate: Replgate) -> None:

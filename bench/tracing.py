@@ -10,54 +10,75 @@ all). With ``--before REF``,
 a third runs the code of that git revision (a worktree made for the run), to show that with
 tracing off nothing changed. Each does ``1+1`` on its session's WebSocket in interleaved rounds;
 the p50s and their differences are printed (target: traced <= 0.3 ms p50 above untraced).
+
+Each configuration runs in ``--instances`` gateways (2 by default), its figures pooled: on 2
+cores one gateway's p50 differed from another's of the same configuration by up to 1.4 ms,
+run after run (where the scheduler happened to put it and its kernel), more than the
+difference measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from bench._measure import Action, interleaved, summary
+from bench._measure import Action, interleaved, summary, threads_cpu_s
 from bench._peers import ROOT, Replgate
 from tests.otlp_receiver import OtlpReceiver
 
 CODE = "1+1"
 
 
-async def main(n: int, before: str | None) -> None:
+async def main(n: int, before: str | None, instances: int) -> None:
     with OtlpReceiver() as receiver, tempfile.TemporaryDirectory(prefix="rg-before-") as tree:
         traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                       "OTEL_TRACES_SAMPLER": "always_on", "OTEL_SERVICE_NAME": "replgate-bench"}
-        gateways = {"traced": Replgate(1, 4, settings=traced_env),
-                    "traced, no SQL spans": Replgate(1, 4, settings={
-                        **traced_env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "sqlalchemy"}),
-                    "untraced": Replgate(1, 4)}
+        configurations: dict[str, dict[str, Any]] = {
+            "traced": {"settings": traced_env},
+            "traced, no SQL spans": {"settings": {
+                **traced_env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "sqlalchemy"}},
+            "untraced": {}}
         if before is not None:
             await asyncio.to_thread(subprocess.run, ["git", "worktree", "add", "--detach", tree,
                                                      before], cwd=ROOT, check=True,
                                     capture_output=True)
-            gateways[f"before ({before})"] = Replgate(1, 4, root=Path(tree))
+            configurations[f"before ({before})"] = {"root": Path(tree)}
+        gateways = {(name, i): Replgate(1, 4, **options)
+                    for name, options in configurations.items() for i in range(instances)}
         sockets = {}
         try:
             for gateway in gateways.values():
                 await gateway.wait_idle(1)
-            for name, gateway in gateways.items():
-                sockets[name] = await gateway.connect(await gateway.create_session())
+            for key, gateway in gateways.items():
+                sockets[key] = await gateway.connect(await gateway.create_session())
 
-            def action(name: str) -> Action:
-                socket = sockets[name]
+            def action(key: tuple[str, int]) -> Action:
+                socket = sockets[key]
 
                 async def one() -> None:
                     await socket.execute(CODE)
 
                 return one
 
-            times = await interleaved({name: action(name) for name in gateways}, n,
-                                      warmup=30, rounds=20)
+            by_label = {f"{name} #{i}": gateway for (name, i), gateway in gateways.items()}
+            cpu_s = dict.fromkeys(by_label, 0.0)
+
+            @contextlib.contextmanager
+            def metering(label: str) -> Iterator[None]:
+                before = threads_cpu_s(by_label[label].pid)
+                yield
+                cpu_s[label] += threads_cpu_s(by_label[label].pid) - before
+
+            each = await interleaved({f"{name} #{i}": action((name, i))
+                                      for name, i in gateways}, n // instances,
+                                     warmup=30, rounds=20, around=metering)
         finally:
             for socket in sockets.values():
                 await socket.close()
@@ -69,13 +90,20 @@ async def main(n: int, before: str | None) -> None:
                                         capture_output=True)
         await asyncio.sleep(1)  # the batch's last export
         spans = receiver.snapshot()
-    figures = {name: summary(values) for name, values in times.items()}
-    print(f"1+1 over the WebSocket, {n} each, interleaved")
+    figures = {name: summary([time for i in range(instances) for time in each[f"{name} #{i}"]])
+               for name in configurations}
+    cpu_ms = {name: sum(cpu_s[f"{name} #{i}"] for i in range(instances)) * 1000
+              / figures[name]["n"] for name in configurations}
+    print(f"1+1 over the WebSocket, {n} each in {instances} gateways, interleaved")
     for name, figure in figures.items():
-        print(f"  {name:24} p50 {figure['p50']:.3f} ms   p95 {figure['p95']:.3f} ms")
+        per_gateway = ", ".join(f"{summary(each[f'{name} #{i}'])['p50']:.3f}"
+                                for i in range(instances))
+        print(f"  {name:24} p50 {figure['p50']:.3f} ms   p95 {figure['p95']:.3f} ms   "
+              f"gateway CPU {cpu_ms[name]:.3f} ms/execution   (p50 per gateway: {per_gateway})")
     for name in ("traced", "traced, no SQL spans"):
         difference = figures[name]["p50"] - figures["untraced"]["p50"]
-        print(f"  {name} - untraced p50: {difference * 1000:+.0f} us (target <= +300 us)")
+        print(f"  {name} - untraced p50: {difference * 1000:+.0f} us (target <= +300 us); "
+              f"gateway CPU {(cpu_ms[name] - cpu_ms['untraced']) * 1000:+.0f} us/execution")
     for name in figures:
         if name.startswith("before"):
             change = figures["untraced"]["p50"] - figures[name]["p50"]
@@ -92,5 +120,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=400, help="executions per gateway")
     parser.add_argument("--before", help="a git revision to run untraced as well")
+    parser.add_argument("--instances", type=int, default=2,
+                        help="gateways per configuration, their figures pooled")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.before))
+    asyncio.run(main(args.n, args.before, args.instances))
