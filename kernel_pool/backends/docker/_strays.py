@@ -24,9 +24,11 @@ from pathlib import Path
 from kernel_pool.backends.docker._cgroup import read_pseudo_file
 from kernel_pool.backends.docker._freezer import Freezer
 
-ROUNDS = 5
-"""Passes at most. Under the freezer one finds everything (a second, nothing); without it, a
-fork caught half-way may leave a child for the next."""
+KILL_WITHIN_S = 5.0
+"""How long the passes of a kill may go on. Under the freezer one pass finds everything (a
+second, nothing). Without it, a bomb caught while it grows refills the slots each pass frees
+with children of those it missed; a fixed number of passes (there were five) lost that race
+in CI, so the passes go on until one finds nothing, within this time."""
 STOP_ROUNDS = 50
 """SIGSTOP passes at most, without a freezer: a bomb at the pids limit needs a few."""
 GONE_WAIT_S = 5.0
@@ -101,7 +103,8 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
     that outlived that (a fork caught half-way) is the next pass's.
     """
     killed: set[tuple[int, int]] = set()
-    for _ in range(ROUNDS):
+    deadline = time.monotonic() + KILL_WITHIN_S
+    while time.monotonic() < deadline:
         frozen = freezer.freeze() if freezer is not None else False
         if frozen is None:
             break  # frozen by someone else (a pause): nothing runs, the next execution's turn
@@ -192,7 +195,8 @@ def kill_tree(procs_file: Path, root_pid: int, spared_levels: int) -> int:
     pass stops them first (SIGSTOP until none runs), so that a fork bomb forks no more and
     no child is re-parented out of the tree between finding it and killing it."""
     killed: set[tuple[int, int]] = set()
-    for _ in range(ROUNDS):
+    deadline = time.monotonic() + KILL_WITHIN_S
+    while time.monotonic() < deadline:
         stopped: set[tuple[int, int]] = set()
         tree: dict[int, tuple[str, int, int]] = {}
         for _ in range(STOP_ROUNDS):
