@@ -56,7 +56,7 @@ print(json.dumps(found))
 """Every process of the sandbox: parent, resident bytes, command line."""
 
 ROOTS = {"python": "-m replgate_kernel --", "bash": "-m replgate_kernel.bash",
-         "r": "IRkernel::main",
+         "r": "replgate_kernel/irkernel.R",
          "javascript": "replgate_kernel/relay.py"}
 """How each language's kernel process reads in a command line (init.py's KERNELS)."""
 

@@ -30,8 +30,9 @@ KERNELS = {
     "python": ("python", "-P", "-m", "replgate_kernel", "--max-output-bytes={max_output_bytes}",
                "-f", "{connection_file}"),
     "bash": ("python", "-P", "-m", "replgate_kernel.bash", "-f", "{connection_file}"),
-    "r": ("R", "--no-echo", "--no-save", "--no-restore", "-e", "IRkernel::main()",
-          "--args", "{connection_file}"),
+    # IRkernel, run by a script of ours that spares each execution work repeated (irkernel.R).
+    "r": ("R", "--no-echo", "--no-save", "--no-restore", "-f",
+          "/opt/replgate/replgate_kernel/irkernel.R", "--args", "{connection_file}"),
     # Deno's kernel listens on TCP only: the relay puts it behind the ipc socket files.
     "javascript": ("python", "-I", "-S", "/opt/replgate/replgate_kernel/relay.py",
                    "{connection_file}", "deno", "jupyter", "--kernel", "--conn"),

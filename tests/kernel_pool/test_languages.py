@@ -238,6 +238,29 @@ async def test_r_kernel_prints_and_plots(docker_client: docker.DockerClient,
     assert failed.status == "error" and "boom" in failed.errors[0]["evalue"]
 
 
+async def test_r_kernel_does_once_what_stays_done(docker_client: docker.DockerClient,
+                                                 polyglot_sandbox: DockerSandbox,
+                                                 started: list[Kernel]) -> None:
+    """irkernel.R: the shadowing of readline() and the probe of the cells' depth run at the
+    first execution only; later ones still find readline() shadowed and their tracebacks cut
+    at the same depth, and messages built from cached parts still carry any text."""
+    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    deep = "f <- function() stop('deep'); f()"
+    first = await kernel.execute(deep)
+    for _ in range(3):
+        await kernel.execute("x <- 1")
+    later = await kernel.execute(deep)
+    assert first.status == later.status == "error"
+    assert first.errors[0]["traceback"] == later.errors[0]["traceback"]
+    assert [line for line in later.errors[0]["traceback"] if line.startswith("1. ")] == ["1. f()"]
+    shadowed = await kernel.execute(
+        'cat(any(grepl("input_request", deparse(body(base::readline)), fixed = TRUE)))')
+    assert shadowed.stdout == "TRUE"
+    text = await kernel.execute('cat("h\u00e9llo \u2713 \\"quoted\\"\\n"); "\u00e9"')
+    assert text.stdout == 'h\u00e9llo \u2713 "quoted"\n'
+    assert text.outputs[0]["data"]["text/plain"] == '[1] "\u00e9"'
+
+
 async def test_javascript_and_typescript_in_the_deno_kernel(
         docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
         started: list[Kernel]) -> None:
