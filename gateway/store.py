@@ -18,12 +18,13 @@ JSON columns validated into models again. Timestamps are ISO 8601 UTC strings (:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import math
 import sqlite3
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -233,32 +234,37 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store {self._database!r}{' closed' if self._closed else ''}>"
 
+    @contextlib.asynccontextmanager
+    async def _on(self, connection: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
+        """``connection`` (a transaction of the caller's), else one of the statement's own
+        (each statement then commits on its own)."""
+        if connection is not None:
+            yield connection
+            return
+        async with self._database.connect() as own:
+            yield own
+
     async def _fetch(self, sql: str, connection: AsyncConnection | None = None, /,
                      **params: Any) -> list[RowMapping] | list[sqlite3.Row]:
-        """The statement's rows, on its own connection (each statement commits on its own),
-        or on ``connection``, a transaction of the caller's."""
-        if connection is not None:
-            result = await connection.execute(text(sql), params)
-            return list(result.mappings()) if result.returns_rows else []
-        async with self._database.connect() as connection:
-            if self._database.dialect == "sqlite":
-                # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open, execute,
-                # fetch, close), with the same named parameters: this is on every request's
-                # path (its key).
+        """The statement's rows, on ``connection`` or its own (see :meth:`_on`)."""
+        if connection is None and self._database.dialect == "sqlite":
+            async with self._database.connect() as own:
+                # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open,
+                # execute, fetch, close), with the same named parameters: this is on every
+                # request's path (its key).
                 driver = cast(aiosqlite.Connection,
-                              (await connection.get_raw_connection()).driver_connection)
+                              (await own.get_raw_connection()).driver_connection)
                 return list(await driver.execute_fetchall(sql, params))
-            result = await connection.execute(text(sql), params)
+        async with self._on(connection) as on:
+            result = await on.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
 
     async def _change(self, sql: str, connection: AsyncConnection | None = None, /,
                       **params: Any) -> int:
-        """Run a statement that returns no rows (on ``connection`` if given, as
-        :meth:`_fetch`); how many rows it changed."""
-        if connection is not None:
-            return (await connection.execute(text(sql), params)).rowcount
-        async with self._database.connect() as connection:
-            return (await connection.execute(text(sql), params)).rowcount
+        """Run a statement that returns no rows (on ``connection`` or its own, see
+        :meth:`_on`); how many rows it changed."""
+        async with self._on(connection) as on:
+            return (await on.execute(text(sql), params)).rowcount
 
     # -- sessions -------------------------------------------------------------------------
 

@@ -73,14 +73,14 @@ class _Connection:
         """A frame that is not one (a node of another version?) ends its own stream with an
         error that says so; the channel and the other streams on it go on."""
         stream = stream_of(raw)
-        logger.warning("a bad frame from the node's channel (stream %s): %s", stream,
-                       exc.errors(include_url=False, include_input=False))
+        errors = exc.errors(include_url=False, include_input=False)
+        logger.warning("a bad frame from the node's channel (stream %s): %s", stream, errors)
         queue = None if stream is None else self.streams.get(stream)
         if queue is None:
             return
         error = ErrorOut(error="KernelPoolError",
                          detail=f"the node sent a frame this gateway cannot read: "
-                                f"{exc.errors()[0]['msg']}")
+                                f"{errors[0]['msg']}")
         queue.put_nowait(ChannelFrame(stream=stream, frame=Frame(error=error)))
         queue.put_nowait(ChannelFrame(stream=stream, end=True))
 

@@ -167,12 +167,12 @@ def _refuse(raw: str, exc: ValidationError, send: Callable[[str], None]) -> None
     """A channel request that is not one: an ``error`` and the end on its stream, if a stream
     number can be read from it; else it is only logged (nobody waits for an answer)."""
     stream = stream_of(raw)
-    logger.warning("a bad request on the channel (stream %s): %s", stream,
-                   exc.errors(include_url=False, include_input=False))
+    errors = exc.errors(include_url=False, include_input=False)
+    logger.warning("a bad request on the channel (stream %s): %s", stream, errors)
     if stream is None:
         return
-    error = _error_out(InvalidRequest(f"a bad channel request: {exc.error_count()} "
-                                      f"error(s), the first: {exc.errors()[0]['msg']}"))
+    error = _error_out(InvalidRequest(f"a bad channel request: {len(errors)} "
+                                      f"error(s), the first: {errors[0]['msg']}"))
     send(ChannelFrame(stream=stream, frame=Frame(error=error)).model_dump_json(
         include={"stream": True, "frame": {"error"}}))
     send(ChannelFrame(stream=stream, end=True).model_dump_json())
