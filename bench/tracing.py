@@ -50,35 +50,34 @@ async def main(n: int, before: str | None, instances: int) -> None:
                                                      before], cwd=ROOT, check=True,
                                     capture_output=True)
             configurations[f"before ({before})"] = {"root": Path(tree)}
-        gateways = {(name, i): Replgate(1, 4, **options)
-                    for name, options in configurations.items() for i in range(instances)}
+        labels = {name: [f"{name} #{i}" for i in range(instances)] for name in configurations}
+        gateways = {label: Replgate(1, 4, **configurations[name])
+                    for name in configurations for label in labels[name]}
         sockets = {}
         try:
             for gateway in gateways.values():
                 await gateway.wait_idle(1)
-            for key, gateway in gateways.items():
-                sockets[key] = await gateway.connect(await gateway.create_session())
+            for label, gateway in gateways.items():
+                sockets[label] = await gateway.connect(await gateway.create_session())
 
-            def action(key: tuple[str, int]) -> Action:
-                socket = sockets[key]
+            def action(label: str) -> Action:
+                socket = sockets[label]
 
                 async def one() -> None:
                     await socket.execute(CODE)
 
                 return one
 
-            by_label = {f"{name} #{i}": gateway for (name, i), gateway in gateways.items()}
-            cpu_s = dict.fromkeys(by_label, 0.0)
+            cpu_s = dict.fromkeys(gateways, 0.0)
 
             @contextlib.contextmanager
             def metering(label: str) -> Iterator[None]:
-                before = threads_cpu_s(by_label[label].pid)
+                before = threads_cpu_s(gateways[label].pid)
                 yield
-                cpu_s[label] += threads_cpu_s(by_label[label].pid) - before
+                cpu_s[label] += threads_cpu_s(gateways[label].pid) - before
 
-            each = await interleaved({f"{name} #{i}": action((name, i))
-                                      for name, i in gateways}, n // instances,
-                                     warmup=30, rounds=20, around=metering)
+            each = await interleaved({label: action(label) for label in gateways},
+                                     n // instances, warmup=30, rounds=20, around=metering)
         finally:
             for socket in sockets.values():
                 await socket.close()
@@ -90,14 +89,13 @@ async def main(n: int, before: str | None, instances: int) -> None:
                                         capture_output=True)
         await asyncio.sleep(1)  # the batch's last export
         spans = receiver.snapshot()
-    figures = {name: summary([time for i in range(instances) for time in each[f"{name} #{i}"]])
+    figures = {name: summary([time for label in labels[name] for time in each[label]])
                for name in configurations}
-    cpu_ms = {name: sum(cpu_s[f"{name} #{i}"] for i in range(instances)) * 1000
-              / figures[name]["n"] for name in configurations}
+    cpu_ms = {name: sum(cpu_s[label] for label in labels[name]) * 1000 / figures[name]["n"]
+              for name in configurations}
     print(f"1+1 over the WebSocket, {n} each in {instances} gateways, interleaved")
     for name, figure in figures.items():
-        per_gateway = ", ".join(f"{summary(each[f'{name} #{i}'])['p50']:.3f}"
-                                for i in range(instances))
+        per_gateway = ", ".join(f"{summary(each[label])['p50']:.3f}" for label in labels[name])
         print(f"  {name:24} p50 {figure['p50']:.3f} ms   p95 {figure['p95']:.3f} ms   "
               f"gateway CPU {cpu_ms[name]:.3f} ms/execution   (p50 per gateway: {per_gateway})")
     for name in ("traced", "traced, no SQL spans"):

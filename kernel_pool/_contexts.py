@@ -30,7 +30,6 @@ from kernel_pool._languages import (
     KERNEL_LANGUAGES,
     SAME_KERNEL,
     check_language,
-    normalize_language,
 )
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.exceptions import ContextNotFound, InvalidRequest
@@ -138,12 +137,6 @@ class Contexts:
             return context
         kernel = check_language(language, offered)
         return self._all.get(kernel) or self._add(kernel, kernel)
-
-    @staticmethod
-    def sent_as(language: str) -> str:
-        """How an execution's language is recorded (aliases resolved: ``ts`` is
-        ``typescript``, which runs in the JavaScript context)."""
-        return normalize_language(language)
 
     def create(self, language: str | None, offered: tuple[str, ...]) -> CodeContext:
         """A new context of ``language`` (its kernel starts at its first execution)."""

@@ -34,6 +34,7 @@ from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._languages import normalize_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
     STOPPED_CONTEXT,
@@ -249,7 +250,9 @@ class Session:
         context = self._contexts.resolve(language, context_id, self.languages)
         if len(self._pending) >= self._settings.max_queued_executions:
             raise QueueFull(self.id, self._settings.max_queued_executions)
-        sent_as = context.language if language is None else self._contexts.sent_as(language)
+        # Recorded with its aliases resolved (``ts`` is ``typescript``, which runs in the
+        # JavaScript context).
+        sent_as = context.language if language is None else normalize_language(language)
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout,
                                  language=sent_as, context_id=context.id)
         handle.gate = gate

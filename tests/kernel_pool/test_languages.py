@@ -241,9 +241,10 @@ async def test_r_kernel_prints_and_plots(docker_client: docker.DockerClient,
 async def test_r_kernel_does_once_what_stays_done(docker_client: docker.DockerClient,
                                                  polyglot_sandbox: DockerSandbox,
                                                  started: list[Kernel]) -> None:
-    """irkernel.R: the shadowing of readline() and the probe of the cells' depth run at the
-    first execution only; later ones still find readline() shadowed and their tracebacks cut
-    at the same depth, and messages built from cached parts still carry any text."""
+    """irkernel.R does the shadowing of readline() and the probe of the cells' depth at the
+    first execution only (not observable from a cell; its cost is bench.languages'): later
+    executions still find readline() shadowed and their tracebacks cut at the same depth, and
+    messages built from cached parts still carry any text."""
     kernel = await start(docker_client, polyglot_sandbox, "r", started)
     deep = "f <- function() stop('deep'); f()"
     first = await kernel.execute(deep)

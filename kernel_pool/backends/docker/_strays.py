@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from kernel_pool.backends.docker._cgroup import read_pseudo_file
@@ -102,6 +102,9 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
     pass finds none running), kills the strays, lets them go and waits for their end; one
     that outlived that (a fork caught half-way) is the next pass's.
     """
+    def find() -> dict[int, tuple[str, int, int]]:
+        return find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
+
     killed: set[tuple[int, int]] = set()
     deadline = time.monotonic() + KILL_WITHIN_S
     while time.monotonic() < deadline:
@@ -109,10 +112,7 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
         if frozen is None:
             break  # frozen by someone else (a pause): nothing runs, the next execution's turn
         try:
-            strays = (find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children,
-                                  spared) if frozen else
-                      _stop_strays(procs_file, init_pid, kernel_pid, keep_kernel_children,
-                                   spared))
+            strays = find() if frozen else _stopped(find)
             victims = _signal(strays, signal.SIGKILL)
         finally:
             if frozen and freezer is not None:
@@ -124,20 +124,19 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
     return len(killed)
 
 
-def _stop_strays(procs_file: Path, init_pid: int, kernel_pid: int,
-                 keep_kernel_children: bool, spared: Collection[int],
-                 ) -> dict[int, tuple[str, int, int]]:
-    """SIGSTOP to the strays, pass after pass until a pass finds none it has not stopped: a
-    stopped process forks no more and keeps its pid (its slot under the pids limit), so each
-    pass finds fewer. What was found, stopped."""
+def _stopped(find: Callable[[], dict[int, tuple[str, int, int]]],
+             ) -> dict[int, tuple[str, int, int]]:
+    """SIGSTOP to what ``find`` finds, pass after pass until a pass finds none it has not
+    stopped: a stopped process forks no more and keeps its pid (its slot under the pids
+    limit), so each pass finds fewer. What was found, stopped."""
     stopped: set[tuple[int, int]] = set()
     for _ in range(STOP_ROUNDS):
-        strays = find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
-        running = {pid: info for pid, info in strays.items() if (pid, info[2]) not in stopped}
+        found = find()
+        running = {pid: info for pid, info in found.items() if (pid, info[2]) not in stopped}
         if not running:
-            break
+            return found
         stopped |= _signal(running, signal.SIGSTOP)
-    return find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
+    return find()
 
 
 def _signal(processes: dict[int, tuple[str, int, int]], signum: int) -> set[tuple[int, int]]:
@@ -197,14 +196,7 @@ def kill_tree(procs_file: Path, root_pid: int, spared_levels: int) -> int:
     killed: set[tuple[int, int]] = set()
     deadline = time.monotonic() + KILL_WITHIN_S
     while time.monotonic() < deadline:
-        stopped: set[tuple[int, int]] = set()
-        tree: dict[int, tuple[str, int, int]] = {}
-        for _ in range(STOP_ROUNDS):
-            tree = _tree(procs_file, root_pid, spared_levels)
-            running = {pid: info for pid, info in tree.items() if (pid, info[2]) not in stopped}
-            if not running:
-                break
-            stopped |= _signal(running, signal.SIGSTOP)
+        tree = _stopped(lambda: _tree(procs_file, root_pid, spared_levels))
         victims = _signal(tree, signal.SIGKILL)
         if not victims:
             break
