@@ -456,14 +456,15 @@ case "$cmd" in
     # SQLite file. The store's and the database's own suites, then every path that writes
     # shared state through the API: sessions, history and keys (test_api, test_auth), the
     # audit chain of executions and commands (test_api's CLI verify, test_commands_api),
-    # approvals' pending status (test_governance), pause, resume, fork and a restart taking
-    # sessions back (test_lifecycle), and E2B's sandboxes (create, timeout, kill, list,
-    # pause, fork, a gateway restart). The rest of the suite does not touch the database.
+    # approvals' pending status (test_governance) and budgets' claims (test_budgets), pause,
+    # resume, fork and a restart taking sessions back (test_lifecycle), and E2B's sandboxes
+    # (create, timeout, kill, list, pause, fork, a gateway restart). The rest of the suite does not touch the database.
     say "PostgreSQL leg: the store, the audit chain and the gateway's state on PostgreSQL"
     REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest tests/gateway/test_store.py \
       tests/gateway/test_database.py tests/gateway/test_api.py tests/gateway/test_auth.py \
       tests/gateway/test_commands_api.py tests/gateway/test_governance.py \
-      tests/gateway/test_lifecycle.py tests/gateway/e2b/test_python_sdk.py \
+      tests/gateway/test_budgets.py tests/gateway/test_lifecycle.py \
+      tests/gateway/e2b/test_python_sdk.py \
       -k "not test_python_sdk or create or timeout or kill or history or survives or pause \
         or fork or list" || pg_status=$?
     [ "$status" -ne 0 ] || status=${pg_status:-0}

@@ -608,6 +608,32 @@ class Store:
             id=session_id, executions=executions, wall_s=wall_s, cpu_s=cpu_s)
         return _usage(rows[0])
 
+    async def claim_execution(self, session_id: str, runs: int, wall_s: float, cpu_s: float,
+                              *, max_executions: int | None, max_wall_s: float | None,
+                              max_cpu_s: float | None) -> Usage | None:
+        """Add one execution (and ``runs``, ``wall_s`` and ``cpu_s`` not saved yet) to the
+        session's use, unless a limit given is used up: the totals after, or None (and nothing
+        changed). One statement, so that of gateways claiming at once no more pass than the
+        limits allow."""
+        limits = {"max_executions": max_executions, "max_wall_s": max_wall_s,
+                  "max_cpu_s": max_cpu_s}
+        used_up = {
+            "max_executions": "session_usage.executions + excluded.executions > :max_executions",
+            "max_wall_s": "session_usage.wall_s + excluded.wall_s >= :max_wall_s",
+            "max_cpu_s": "session_usage.cpu_s + excluded.cpu_s >= :max_cpu_s"}
+        given = {name: value for name, value in limits.items() if value is not None}
+        unless = (" WHERE NOT (" + " OR ".join(used_up[name] for name in given) + ")"
+                  if given else "")
+        rows = await self._fetch(
+            "INSERT INTO session_usage (session_id, executions, wall_s, cpu_s) "
+            "VALUES (:id, :executions, :wall_s, :cpu_s) ON CONFLICT (session_id) DO UPDATE "
+            "SET executions = session_usage.executions + excluded.executions, "
+            "wall_s = session_usage.wall_s + excluded.wall_s, "
+            "cpu_s = session_usage.cpu_s + excluded.cpu_s" + unless +
+            " RETURNING executions, wall_s, cpu_s",
+            id=session_id, executions=runs + 1, wall_s=wall_s, cpu_s=cpu_s, **given)
+        return _usage(rows[0]) if rows else None
+
     # -- E2B sandboxes' ends --------------------------------------------------------------
 
     async def set_sandbox_end(self, session_id: str, tenant: str, end_at: str | None, *,

@@ -5,10 +5,12 @@ reading for each execution; where it could not be read (a hard restart, or a ses
 whose readings stay there), the wall time times the profile's CPUs stands in, an upper bound.
 
 What a session has used is kept in the database (``session_usage``), so that it outlives a
-gateway restart and, on many machines, counts each execution once whichever gateway ran it. An
-execution adds to it as it ends (off the execution's path); the gate reads it before the next:
-on a shared database every time (another gateway may have run some since), on SQLite once per
-session and gateway (it is the only one), so one machine pays no extra round trip per execution.
+gateway restart and, on many machines, counts each execution once whichever gateway ran it. The
+gate claims an execution before it runs (given back if it then does not run); its wall and CPU
+time are added as it ends, off the execution's path. On a shared database the claim is one
+conditional statement, so that of executions sent through several gateways, one right after
+another or at once, no more pass than the budget allows. On SQLite (one gateway's alone) the
+claim is counted here and saved as the execution ends: one machine pays no extra round trip.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class BudgetTracker:
         self.wall_s = 0.0
         self.cpu_s = 0.0
         self.ours: set[str] = set()
-        """Executions that passed this gateway's gate: only these are counted here (a session
+        """Executions claimed at this gateway's gate: only these are counted here (a session
         followed on its node also tells of executions other gateways ran, which they count)."""
         self._unsaved = (0, 0.0, 0.0)
         self._saving = asyncio.Lock()
@@ -66,7 +68,8 @@ class BudgetTracker:
         return any(value is not None for value in self.limits.model_dump().values())
 
     def listener(self, session: SessionPort, handle: ExecutionHandle, event: Event | None) -> None:
-        """A :data:`kernel_pool._session.Listener`: counts each execution that ran, at its end.
+        """A :data:`kernel_pool._session.Listener`: adds each claimed execution's time as it
+        ends, or gives its claim back if it did not run.
 
         In this process an execution ran once it has a run in the kernel; on a node, once the
         node took it (after the gate: whatever stopped it after that, it was the node's)."""
@@ -75,16 +78,86 @@ class BudgetTracker:
         self.ours.discard(handle.id)
         ran = (handle.dequeued_ns is not None if isinstance(session, RemoteSession)
                else handle.run is not None)
-        if not ran:
-            return
-        wall = event.duration_ms / 1000
-        cpu_ms = event.metrics.cpu_time_ms
-        cpu = cpu_ms / 1000 if cpu_ms is not None else wall * session.profile.cpus
-        self.executions += 1
-        self.wall_s += wall
-        self.cpu_s += cpu
+        if ran:
+            wall = event.duration_ms / 1000
+            cpu_ms = event.metrics.cpu_time_ms
+            cpu = cpu_ms / 1000 if cpu_ms is not None else wall * session.profile.cpus
+            self.wall_s += wall
+            self.cpu_s += cpu
+            self._unsave(0, wall, cpu)
+            self._save_soon()
+        else:
+            self._give_back()
+
+    def _unsave(self, runs: int, wall_s: float, cpu_s: float) -> None:
+        """Add to what this gateway counted and has not saved yet."""
+        old_runs, old_wall, old_cpu = self._unsaved
+        self._unsaved = (old_runs + runs, old_wall + wall_s, old_cpu + cpu_s)
+
+    def _learn(self, totals: tuple[int, float, float]) -> None:
+        """The session's use is the database's totals, plus what is not saved yet (it ended
+        while the database answered, and is saved next time)."""
+        self._read = True
         runs, walls, cpus = self._unsaved
-        self._unsaved = (runs + 1, walls + wall, cpus + cpu)
+        self.executions = totals[0] + runs
+        self.wall_s = totals[1] + walls
+        self.cpu_s = totals[2] + cpus
+
+    async def claim(self) -> tuple[str, str] | None:
+        """Count an execution at the gate, unless a budget is used up: then (budget, message),
+        and nothing is counted."""
+        if not self.store.database.shared:
+            await self.refresh()  # the first time only: then this gateway knows it all
+            exceeded = self.exceeded()
+            if exceeded is None:
+                self.executions += 1
+                self._unsave(1, 0.0, 0.0)
+            return exceeded
+        attempt = asyncio.ensure_future(self._claim_shared())
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            # Withdrawn while the database answered: a claim made meanwhile is given back.
+            attempt.add_done_callback(self._give_back_if_claimed)
+            raise
+
+    async def _claim_shared(self) -> tuple[str, str] | None:
+        while True:
+            if self._lifetime_left() == 0.0:
+                await self.refresh()
+                return self.exceeded()
+            async with self._saving:
+                unsaved, self._unsaved = self._unsaved, (0, 0.0, 0.0)
+                try:
+                    totals = await self.store.claim_execution(
+                        self.session.id, *unsaved, max_executions=self.limits.max_executions,
+                        max_wall_s=self.limits.max_wall_time_s,
+                        max_cpu_s=self.limits.max_cpu_time_s)
+                    claimed = totals is not None
+                    if totals is None:  # used up: still save what was unsaved
+                        totals = await self.store.add_session_usage(self.session.id, *unsaved)
+                except BaseException:
+                    self._unsave(*unsaved)
+                    raise
+                self._learn(totals)
+            if claimed:
+                return None
+            exceeded = self.exceeded()
+            if exceeded is not None:
+                return exceeded
+            # A claim was given back between the two statements: claim again.
+
+    def _give_back_if_claimed(self, attempt: asyncio.Future[tuple[str, str] | None]) -> None:
+        if not attempt.cancelled() and attempt.exception() is None and attempt.result() is None:
+            self._give_back()
+
+    def _give_back(self) -> None:
+        """An execution claimed did not run: it does not count."""
+        self.executions -= 1
+        self._unsave(-1, 0.0, 0.0)
+        self._save_soon()
+
+    def _save_soon(self) -> None:
         task = asyncio.get_running_loop().create_task(self._save())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -101,28 +174,25 @@ class BudgetTracker:
         async with self._saving:
             unsaved, self._unsaved = self._unsaved, (0, 0.0, 0.0)
             try:
-                if unsaved[0]:
+                if unsaved != (0, 0.0, 0.0):
                     totals = await self.store.add_session_usage(self.session.id, *unsaved)
                 elif self.store.database.shared or not self._read:
                     totals = await self.store.session_usage(self.session.id)
                 else:
                     return
             except BaseException:
-                runs, walls, cpus = self._unsaved
-                self._unsaved = (runs + unsaved[0], walls + unsaved[1], cpus + unsaved[2])
+                self._unsave(*unsaved)
                 raise
-            self._read = True
-            # What ended while the database answered is added on top (saved next time).
-            runs, walls, cpus = self._unsaved
-            self.executions = totals[0] + runs
-            self.wall_s = totals[1] + walls
-            self.cpu_s = totals[2] + cpus
+            self._learn(totals)
+
+    def _lifetime_left(self) -> float | None:
+        if self.limits.max_lifetime_s is None:
+            return None
+        return round(max(0.0, self.limits.max_lifetime_s - _age(self.session.created_at)), 3)
 
     def remaining(self) -> BudgetOut:
         limits = self.limits
-        lifetime = None
-        if limits.max_lifetime_s is not None:
-            lifetime = max(0.0, limits.max_lifetime_s - _age(self.session.created_at))
+        lifetime = self._lifetime_left()
         return BudgetOut(
             executions_left=None if limits.max_executions is None
             else max(0, limits.max_executions - self.executions),
@@ -130,21 +200,22 @@ class BudgetTracker:
             else round(max(0.0, limits.max_wall_time_s - self.wall_s), 3),
             cpu_time_left_s=None if limits.max_cpu_time_s is None
             else round(max(0.0, limits.max_cpu_time_s - self.cpu_s), 3),
-            lifetime_left_s=None if lifetime is None else round(lifetime, 3))
+            lifetime_left_s=lifetime)
 
     def exceeded(self) -> tuple[str, str] | None:
-        """(budget, message) for the first budget used up, or None."""
+        """(budget, message) for the first budget used up, or None (times compared unrounded,
+        as :meth:`gateway.store.Store.claim_execution` compares them)."""
         left, limits = self.remaining(), self.limits
         if left.executions_left == 0:
             return "max_executions", (
                 f"this session has run its budget of {limits.max_executions} executions "
                 f"(max_executions); " + _MORE.format(name="max_executions"))
-        if left.wall_time_left_s is not None and left.wall_time_left_s <= 0:
+        if limits.max_wall_time_s is not None and self.wall_s >= limits.max_wall_time_s:
             return "max_wall_time_s", (
                 f"this session has used its wall-time budget of {limits.max_wall_time_s:g}s "
                 f"(max_wall_time_s; {self.wall_s:.1f}s run); "
                 + _MORE.format(name="max_wall_time_s"))
-        if left.cpu_time_left_s is not None and left.cpu_time_left_s <= 0:
+        if limits.max_cpu_time_s is not None and self.cpu_s >= limits.max_cpu_time_s:
             return "max_cpu_time_s", (
                 f"this session has used its CPU-time budget of {limits.max_cpu_time_s:g}s "
                 f"(max_cpu_time_s; {self.cpu_s:.1f}s used); "

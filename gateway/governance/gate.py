@@ -122,18 +122,17 @@ class Governance:
                     f"rule {first.rule} matched line {first.line} ({first.matched}): "
                     f"{first.message}{more}; the code did not run")
         tracker = self.tracker(tenant, session)
-        denial = await self._over_budget(tracker, handle, record)
-        if denial is not None:
-            return denial
         if decision == "approve":
+            # Not held for a person if it could not run anyway; claimed after the hold.
+            denial = await self._over_budget(tracker, handle, record, claim=False)
+            if denial is not None:
+                return denial
             denial = await self._approval(tenant, session, handle, emit, matches, record)
             if denial is not None:
                 return denial
-            denial = await self._over_budget(tracker, handle, record)  # time passed while held
-            if denial is not None:
-                return denial
-        if tracker.limited:
-            tracker.ours.add(handle.id)
+        denial = await self._over_budget(tracker, handle, record, claim=True)
+        if denial is not None:
+            return denial
         timeout = tracker.clamp(handle.timeout_s)
         if timeout < handle.timeout_s:
             record["timeout_clamped"] = {"asked_s": handle.timeout_s, "to_s": timeout}
@@ -142,11 +141,18 @@ class Governance:
         return None
 
     async def _over_budget(self, tracker: BudgetTracker, handle: ExecutionHandle,
-                           record: dict[str, Any]) -> Denial | None:
+                           record: dict[str, Any], *, claim: bool) -> Denial | None:
+        """The denial if a budget is used up; else None, and with ``claim`` the execution
+        counted (given back at its end if it does not run)."""
         if not tracker.limited:
             return None
-        await tracker.refresh()
-        exceeded = tracker.exceeded()
+        if claim:
+            exceeded = await tracker.claim()
+            if exceeded is None:
+                tracker.ours.add(handle.id)
+        else:
+            await tracker.refresh()
+            exceeded = tracker.exceeded()
         if exceeded is None:
             return None
         name, message = exceeded

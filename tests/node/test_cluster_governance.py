@@ -3,8 +3,9 @@ lives in the shared database, so it holds whichever gateway a request reaches.
 
 A cluster of one node and two gateways (real PostgreSQL, mutual TLS: cluster_support) with a
 policy file and approver keys: an execution held through one gateway is approved through the
-other; a budget counts executions run through both; an E2B sandbox made through a gateway that
-is then killed -9 still ends at its timeout, ended by the other.
+other; a budget counts executions run through both, one after another or at once; an E2B
+sandbox made through a gateway that is then killed -9 still ends at its timeout, ended by the
+other.
 """
 
 from __future__ import annotations
@@ -105,6 +106,26 @@ async def test_a_budget_counts_executions_through_both_gateways(cluster: Cluster
             budget = (await second.get(f"/v1/sessions/{sid}")).json()["budget"]
             assert budget["executions_left"] == 0
             assert (await execute(first, sid, "1"))["status"] == "budget_exceeded"
+        finally:
+            await first.delete(f"/v1/sessions/{sid}")
+
+
+async def test_a_budget_holds_against_executions_sent_at_once_through_both_gateways(
+        cluster: Cluster) -> None:
+    """Each gateway's gate claims its execution in the database before it runs: of twice the
+    budget sent at once, half through each gateway, exactly the budget runs."""
+    one, two = cluster.gateways
+    key = one.keys["beta"]
+    async with gateway_client(one, key=key) as first, gateway_client(two, key=key) as second:
+        sid = (await create_session(first))["id"]
+        try:
+            results = await asyncio.gather(*(
+                execute(client, sid, "import time; time.sleep(0.05); 1")
+                for client in (first, second) * BUDGET))
+            statuses = sorted(result["status"] for result in results)
+            assert statuses == ["budget_exceeded"] * BUDGET + ["ok"] * BUDGET, results
+            budget = (await first.get(f"/v1/sessions/{sid}")).json()["budget"]
+            assert budget["executions_left"] == 0
         finally:
             await first.delete(f"/v1/sessions/{sid}")
 
