@@ -4,9 +4,11 @@ until told to stop.
 Kernels descend from this process (not ``docker exec``) so that a checkpoint of the container
 (CRIU, which dumps PID 1's process tree) holds the kernel. The host asks for a kernel by
 writing ``/kernel/launch.json`` (``{"name": "k3", "max_output_bytes": N, "language": "r"}``,
-the language ``python`` unless named) and sending SIGUSR1; this process starts that language's
-kernel (:data:`KERNELS`: ``python -P -m replgate_kernel ... -f /kernel/k3.json``), writes
-its pid to ``/kernel/k3.pid`` and, once it has reaped it, its exit code to ``/kernel/k3.exit``.
+the language ``python`` unless named; a code context's kernel is named ``x<8 hex>k<n>`` and
+may bring ``"env"``, its session's variables over the container's) and sending SIGUSR1; this
+process starts that language's kernel (:data:`KERNELS`: ``python -P -m replgate_kernel ... -f
+/kernel/k3.json``), writes its pid to ``/kernel/k3.pid`` and, once it has reaped it, its exit
+code to ``/kernel/k3.exit``.
 The host reads both as untrusted (the folder is the sandbox's). A request with ``"adopt": PID``
 starts nothing: it names a kernel the host restored from a template, which became this
 process's child when CRIU, its parent, exited; it is recorded and reaped like one started here.
@@ -24,7 +26,9 @@ import stat
 
 KERNEL_DIR = "/kernel"
 REQUEST = os.path.join(KERNEL_DIR, "launch.json")
-NAME = re.compile(r"k[0-9]{1,9}")
+NAME = re.compile(r"(x[0-9a-f]{8})?k[0-9]{1,9}")
+REQUEST_LIMIT = 1 << 16
+"""A request's size at most (a context's brings its session's environment)."""
 SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT}
 KERNELS = {
     "python": ("python", "-P", "-m", "replgate_kernel", "--max-output-bytes={max_output_bytes}",
@@ -40,6 +44,7 @@ KERNELS = {
 """Each language's kernel command. An image offers the languages whose programs it has (its
 ``io.replgate.languages`` label); a kernel whose program is missing exits at once with 127."""
 NOT_FOUND = 127
+CANNOT_RUN = 126
 
 
 def _write(name: str, text: str) -> None:
@@ -58,12 +63,14 @@ def _launch(kernels: dict[int, str]) -> None:
         with os.fdopen(fd) as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return
-            request = json.loads(f.read(4096))
+            request = json.loads(f.read(REQUEST_LIMIT))
         os.unlink(REQUEST)
         name = request["name"]
         adopt = request.get("adopt")
         max_output = int(request["max_output_bytes"]) if adopt is None else 0
         language = request.get("language", "python")
+        env = dict(os.environ)
+        env.update({str(key): str(value) for key, value in request.get("env", {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     if not isinstance(name, str) or not NAME.fullmatch(name):
@@ -80,7 +87,7 @@ def _launch(kernels: dict[int, str]) -> None:
     devnull = os.path.join(os.sep, "dev", "null")
     try:
         pid = os.posix_spawnp(
-            argv[0], argv, dict(os.environ),
+            argv[0], argv, env,
             file_actions=[(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)],
             setsid=True,
             setsigmask=(),  # this process blocks the signals it waits for; the kernel must not
@@ -88,14 +95,17 @@ def _launch(kernels: dict[int, str]) -> None:
     except FileNotFoundError:  # a language whose program this image lacks
         _not_found(name)
         return
+    except (OSError, ValueError):  # what it could not start with (a NUL in the environment)
+        _not_found(name, CANNOT_RUN)
+        return
     kernels[pid] = name
     _write(f"{name}.pid", str(pid))
 
 
-def _not_found(name: str) -> None:
+def _not_found(name: str, code: int = NOT_FOUND) -> None:
     """Record at once that no kernel started (the host stops waiting for one)."""
     _write(f"{name}.pid", "0")
-    _write(f"{name}.exit", str(NOT_FOUND))
+    _write(f"{name}.exit", str(code))
 
 
 def _adopt(kernels: dict[int, str], name: str, pid: object) -> None:

@@ -149,6 +149,36 @@ async def test_a_timeout_stops_the_code(polyglot_pool: KernelPool, language: str
         await polyglot_pool.delete_session(session.id)
 
 
+READ_ENV = {"r": 'cat(Sys.getenv("GREETING"), "\\n", sep = "")',
+            "javascript": 'console.log(Deno.env.get("GREETING"))',
+            "bash": 'echo "$GREETING"'}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+async def test_a_context_has_the_session_environment_and_descends_from_pid_1(
+        polyglot_pool: KernelPool, language: str) -> None:
+    """PID 1 starts a context's kernel (so a checkpoint of the container could hold it), with
+    the session's own variables over the container's."""
+    session = await polyglot_pool.create_session(env={"GREETING": "grüß dich 'quoted'"})
+    try:
+        ran = await session.submit(READ_ENV[language], language=language).result()
+        assert (ran.status, ran.stdout) == ("ok", "grüß dich 'quoted'\n"), ran
+        # The parents of the processes started with the context's connection file.
+        code = ("import os\n"
+                "for pid in os.listdir('/proc'):\n"
+                "    if pid.isdigit():\n"
+                "        with open(f'/proc/{pid}/cmdline', 'rb') as f:\n"
+                "            argv = f.read().split(b'\\0')\n"
+                "        if any(b'/kernel/x' in part for part in argv):\n"
+                "            with open(f'/proc/{pid}/stat') as f:\n"
+                "                print(f.read().rsplit(')', 1)[1].split()[1])\n")
+        found = await session.execute(code)
+        assert found.status == "ok", found
+        assert set(found.stdout.split()) == {"1"}, found.stdout
+    finally:
+        await polyglot_pool.delete_session(session.id)
+
+
 async def test_contexts_made_restarted_and_removed(poly: Session) -> None:
     made = await poly.create_context("R")
     assert made.language == "r" and not made.running and made.id.startswith("ctx-")

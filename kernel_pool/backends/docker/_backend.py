@@ -231,6 +231,8 @@ class DockerSandbox(Sandbox):
         """Host pids of the shell commands' wrappers running now."""
         self.context_pids: set[int] = set()
         """Host pids of the code contexts' kernels running now (:meth:`add_kernel`)."""
+        self._launching = asyncio.Lock()
+        """Held from a launch request to PID 1's record of it (PID 1 reads one request)."""
         self.fresh = False
         """Whether the container was made (or remade) and no kernel has run in it yet: its
         first kernel may come from a template."""
@@ -359,17 +361,37 @@ class DockerSandbox(Sandbox):
     async def _launch_through_init(self, name: str) -> None:
         # Written once: a container remade below reads it as it starts (so a second request
         # would start a second kernel), and a signal without a request does nothing.
-        await _in_thread(request_kernel, self._socket_dir, name, self.profile.caps.display_bytes)
-        for attempt in range(3):
+        async with self._launching:
+            await _in_thread(request_kernel, self._socket_dir, name,
+                             self.profile.caps.display_bytes)
+            for attempt in range(3):
+                try:
+                    await _run(self._api.kill, self.info.container_id, "SIGUSR1")
+                    break
+                except BackendError:  # stopped or removed since it was checked: remake it
+                    if attempt == 2 or await self._running():
+                        raise
+                    await self._ensure_running()
+            self.info.kernel_name = name
+            await self._watch_init_child(name, PID_WAIT_S)
+
+    async def start_by_init(self, name: str, language: str,
+                            env: dict[str, str]) -> tuple[int | None, int | None]:
+        """Have PID 1 start a code context's kernel of ``language``, named ``name``, with
+        ``env`` over the container's environment: (its host pid, None), or (None, its exit
+        code) when it did not start."""
+        if not process_alive(self._init_pid):
+            raise BackendError("the session's container is not running")
+        async with self._launching:  # one request at a time: PID 1 reads one file
+            await _in_thread(request_kernel, self._socket_dir, name,
+                             self.profile.caps.display_bytes, language, env)
             try:
-                await _run(self._api.kill, self.info.container_id, "SIGUSR1")
-                break
-            except BackendError:  # stopped or removed since it was checked: remake it
-                if attempt == 2 or await self._running():
-                    raise
-                await self._ensure_running()
-        self.info.kernel_name = name
-        await self._watch_init_child(name, PID_WAIT_S)
+                os.kill(self._init_pid, signal.SIGUSR1)
+            except ProcessLookupError as exc:
+                raise BackendError("the session's container stopped") from exc
+            pid, code = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
+                                         PID_WAIT_S)
+        return (pid, None) if pid is not None else (None, code if code is not None else -1)
 
     async def _watch_init_child(self, name: str, wait_s: float) -> None:
         """Find the kernel PID 1 started (its host pid, and a pidfd for its exit)."""

@@ -1,15 +1,16 @@
 """A code context's kernel in a Docker sandbox: one more kernel beside the session's own.
 
-It starts with ``docker exec`` (as the sandbox's user, in its workspace, with the session's
-environment) of the command PID 1 would run for that language (read from ``init.py``'s
-``KERNELS``, the one table of them), and binds its sockets in the same socket folder under a
-name of its own (``x<hex>``, which nothing of the session's kernel globs). An exec'd process
-leads its own process group and session, so a signal to the group reaches the kernel's
-children too (R's ``system()``), and a hard stop kills the group and every descendant.
+The container's PID 1 starts it (``init.py``, as the session's kernel: its ``KERNELS`` table is
+the one list of kernel commands), as the sandbox's user, in its workspace, with the session's
+environment, and binds its sockets in the same socket folder under a name of its own
+(``x<hex>k<n>``, a new ``n`` each start, which nothing of the session's kernel globs). Asking
+PID 1 takes a file and a signal, where ``docker exec`` took three calls to the engine and runc's
+own start. The kernel leads its own process group and session, so a signal to the group reaches
+its children too (R's ``system()``), and a hard stop kills the group and every descendant.
 
-It is not PID 1's child, so no checkpoint holds it: a pause ends every context but the
-session's own kernel, and says so (``kernel_pool._contexts``). The session's sandbox spares
-its processes when it kills what a Python execution left behind.
+A pause still ends every context but the session's own kernel, and says so
+(``kernel_pool._contexts``). The session's sandbox spares their processes when it kills what a
+Python execution left behind.
 """
 
 from __future__ import annotations
@@ -28,21 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from kernel_pool._sandbox_image import context_dir
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import CgroupUsage, Sandbox
 from kernel_pool.backends.docker._backend import (
     KERNEL_DIR,
     DockerSandbox,
     _connection,
     _in_thread,
-    _run,
 )
-from kernel_pool.backends.docker._init_kernel import write_for_sandbox
+from kernel_pool.backends.docker._init_kernel import exit_code, write_for_sandbox
 from kernel_pool.backends.docker._strays import kill_tree
 from kernel_pool.exceptions import BackendError
 
-FIND_PID_S = 10.0
-"""How long the engine may take to start the exec and say its pid."""
+EXIT_RECORD_WAIT_S = 1.0
+"""How long PID 1 may take to record the exit of a kernel that ended (it reaps, then writes)."""
 
 
 @functools.cache
@@ -74,6 +73,7 @@ class DockerContextSandbox(Sandbox):
         self._pid = 0
         self._pidfd: int | None = None
         self._exit_code: int | None = None
+        self._launches = 0
         # Deno's kernel is its relay's child, bash_kernel's shell its child (pexpect's): both
         # levels are spared by a clean-up (a killed shell made the next execution "Restarting
         # Bash" without running its code).
@@ -84,52 +84,32 @@ class DockerContextSandbox(Sandbox):
         return Path(self._parent.info.socket_dir)
 
     async def launch_kernel(self) -> dict[str, Any]:
-        command = kernel_commands().get(self.language)
-        if command is None:
+        if kernel_commands().get(self.language) is None:
             raise BackendError(f"the sandbox image has no {self.language} kernel")
         self._forget()
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{self.name}")
-        await _in_thread(self._write_connection_file, config)
-        argv = [part.format(connection_file=f"{KERNEL_DIR}/{self.name}.json",
-                            max_output_bytes=self._parent.profile.caps.display_bytes)
-                for part in command]
-        api = self._parent._api
-        exec_id = (await _run(api.exec_create, self._parent.info.container_id, argv,
-                              user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
-                              environment=self.env, stdout=False, stderr=False))["Id"]
-        await _run(api.exec_start, exec_id, detach=True)
-        self.info.kernel_ref = exec_id
-        await self._find_pid(exec_id)
-        return {**config, "ip": str(self._socket_dir / self.name)}
+        self._launches += 1
+        name = f"{self.name}k{self._launches}"
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        await _in_thread(self._write_connection_file, name, config)
+        self.info.kernel_name, self.info.kernel_ref = name, None
+        pid, code = await self._parent.start_by_init(name, self.language, self.env)
+        if pid is None:
+            self._exit_code = code
+        else:
+            try:
+                self._pidfd = os.pidfd_open(pid)
+            except OSError:
+                self._exit_code = -1  # gone already
+            else:
+                self._pid = pid
+                self.info.kernel_ref = str(pid)
+                self._parent.context_pids.add(pid)
+        return {**config, "ip": str(self._socket_dir / name)}
 
-    def _write_connection_file(self, config: dict[str, Any]) -> None:
-        # The folder is the sandbox's: whatever it planted at this kernel's names goes first.
-        for planted in self._socket_dir.glob(f"{self.name}-*"):
-            planted.unlink(missing_ok=True)
-        write_for_sandbox(self._socket_dir / f"{self.name}.json", json.dumps(config))
-
-    async def _find_pid(self, exec_id: str) -> None:
-        api = self._parent._api
-        deadline = time.monotonic() + FIND_PID_S
-        while True:
-            details = await _run(api.exec_inspect, exec_id)
-            if details.get("Pid") or details.get("ExitCode") is not None:
-                break
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.01)
-        pid = int(details.get("Pid") or 0)
-        if not pid or not details.get("Running"):
-            code = details.get("ExitCode")
-            self._exit_code = int(code) if code is not None else -1
-            return
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except OSError:
-            self._exit_code = -1  # gone already
-            return
-        self._pid = pid
-        self._parent.context_pids.add(pid)
+    def _write_connection_file(self, name: str, config: dict[str, Any]) -> None:
+        # Earlier starts' files, and whatever the sandbox planted at this kernel's names.
+        self._remove_files()
+        write_for_sandbox(self._socket_dir / f"{name}.json", json.dumps(config))
 
     def _forget(self) -> None:
         """Drop the handle on the previous kernel (its pidfd, its pid spared by the parent)."""
@@ -150,15 +130,13 @@ class DockerContextSandbox(Sandbox):
 
     async def _read_exit_code(self) -> int:
         code: int | None = None
-        if self.info.kernel_ref is not None:
-            with contextlib.suppress(BackendError):
-                for _ in range(50):  # the engine's exec record may lag the process by a moment
-                    details = await _run(self._parent._api.exec_inspect, self.info.kernel_ref)
-                    if not details.get("Running"):
-                        code = details.get("ExitCode")
-                        break
-                    await asyncio.sleep(0.02)
-        self._exit_code = int(code) if code is not None else -signal.SIGKILL
+        name = self.info.kernel_name
+        deadline = time.monotonic() + EXIT_RECORD_WAIT_S
+        while name and code is None and time.monotonic() < deadline:
+            code = await _in_thread(exit_code, self._socket_dir, name)
+            if code is None:
+                await asyncio.sleep(0.02)
+        self._exit_code = code if code is not None else -signal.SIGKILL
         return self._exit_code
 
     async def wait(self) -> int:
@@ -197,8 +175,7 @@ class DockerContextSandbox(Sandbox):
             await _in_thread(self._remove_files)
 
     def _remove_files(self) -> None:
-        for path in (*self._socket_dir.glob(f"{self.name}-*"),
-                     self._socket_dir / f"{self.name}.json"):
+        for path in self._socket_dir.glob(f"{self.name}k*"):
             with contextlib.suppress(OSError):
                 path.unlink()
 

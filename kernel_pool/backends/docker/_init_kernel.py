@@ -43,12 +43,15 @@ def write_for_sandbox(path: Path, text: str) -> None:
 
 
 def request_kernel(socket_dir: Path, name: str, max_output_bytes: int,
-                   language: str = "python") -> None:
+                   language: str = "python", env: dict[str, str] | None = None) -> None:
     """Write the launch request PID 1 reads on SIGUSR1 (blocking): a kernel of ``language``
     (one of :data:`kernel_pool._languages.KERNEL_LANGUAGES`; a language the image lacks is
-    recorded as an exit with 127 at once)."""
-    write_for_sandbox(socket_dir / REQUEST_NAME, json.dumps(
-        {"name": name, "max_output_bytes": max_output_bytes, "language": language}))
+    recorded as an exit with 127 at once), with ``env`` over the container's environment."""
+    request: dict[str, object] = {"name": name, "max_output_bytes": max_output_bytes,
+                                  "language": language}
+    if env:
+        request["env"] = env
+    write_for_sandbox(socket_dir / REQUEST_NAME, json.dumps(request))
 
 
 def request_adoption(socket_dir: Path, name: str, pid: int) -> None:
