@@ -316,10 +316,10 @@ class ExecutionRun:
         the kernel hangs.
         """
         loop = asyncio.get_running_loop()
-        interrupted = self._status in STOPPED
+        stopped = self._status in STOPPED
         wait = loop.time() + late.wait_s
         came, answered = await self._until_marker(
-            late, route, emit, wait if interrupted else min(deadline, wait), interrupted)
+            late, route, emit, wait if stopped else min(deadline, wait), stopped)
         if came:
             return True
         while loop.time() < deadline and not self._interrupt_requested:
@@ -332,11 +332,12 @@ class ExecutionRun:
         return answered
 
     async def _until_marker(self, late: LateOutput, route: asyncio.Queue[tuple[str, Any]],
-                            emit: Emit, deadline: float, interrupted: bool,
+                            emit: Emit, deadline: float, stopped: bool,
                             ) -> tuple[bool, bool]:
         """Run ``late``'s code and take the output until its marker: whether it came, and
-        whether anything at all came under the marker's request. An ``interrupted``
-        execution waits for them to its deadline; another stops waiting at an interrupt.
+        whether anything at all came under the marker's request. A ``stopped`` execution
+        (interrupted, or at its timeout) waits for them to its deadline; another stops waiting
+        at an interrupt.
 
         The kernel sends output under the request it runs last: what this execution printed
         late comes under its own request, then under the marker's (a wait on the marker's
@@ -349,7 +350,7 @@ class ExecutionRun:
             "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
         answered = False
         try:
-            while loop.time() < deadline and (interrupted or not self._interrupt_requested):
+            while loop.time() < deadline and (stopped or not self._interrupt_requested):
                 while not route.empty():
                     await self._take_late(*route.get_nowait(), emit)
                 try:
