@@ -1091,8 +1091,17 @@ class Session:
         return self.kernel.sandbox.get_info()
 
     async def usage(self) -> SandboxUsage:
-        """The sandbox's CPU time, memory and workspace disk in use now, and its limits."""
-        return await read_usage(self.kernel.sandbox, self.workspace, self.profile, self.paused)
+        """The sandbox's CPU time, memory and workspace disk in use now, and its limits;
+        :class:`SessionClosed` if the session was deleted meanwhile (its workspace gone)."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        try:
+            return await read_usage(self.kernel.sandbox, self.workspace, self.profile,
+                                    self.paused)
+        except (OSError, BackendError):
+            if self._closed:
+                raise SessionClosed(self.id) from None
+            raise
 
     async def egress_attempts(self) -> list[EgressAttempt]:
         """The latest connection attempts through the sandbox's egress proxy (none without)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kp_support import run_ok
 
@@ -78,3 +80,21 @@ async def test_sandbox_info_and_egress_attempts(shared_session: Session) -> None
 
 async def test_interrupt_when_idle_is_false(shared_session: Session) -> None:
     assert await shared_session.interrupt() is False
+
+
+async def test_usage_while_the_session_is_deleted_is_session_closed(pool: KernelPool) -> None:
+    """A usage read that meets the deletion (its workspace removed under it) says the session
+    is closed, never an OSError (the API fuzzing found it as a 500 on ``/metrics``)."""
+    outcomes: set[str] = set()
+    for _ in range(5):
+        session = await pool.create_session()
+        deleting = asyncio.ensure_future(pool.delete_session(session.id))
+        while True:
+            try:
+                await session.usage()
+            except SessionClosed:
+                outcomes.add("closed")
+                break
+            outcomes.add("read")
+        await deleting
+    assert "closed" in outcomes, outcomes
