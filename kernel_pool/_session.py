@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 
@@ -69,6 +69,8 @@ from kernel_pool.exceptions import (
     TooManyCommands,
 )
 from kernel_pool.port import Listener, TransferListener
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -1042,47 +1044,50 @@ class Session:
 
     # -- the workspace -------------------------------------------------------------------------
 
+    async def _in_workspace(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in a worker thread on the workspace; :class:`SessionClosed` once
+        the session is deleted, also when the deletion removed the workspace under it."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        try:
+            return await anyio.to_thread.run_sync(call, *args)
+        except OSError:
+            if self._closed:
+                raise SessionClosed(self.id) from None
+            raise
+
     async def read_file(self, path: str, limit: int) -> bytes:
         """The bytes of ``path`` in the workspace; :class:`FileMissing`, :class:`FileTooLarge`
         over ``limit`` bytes, :class:`PathOutsideWorkspace` for a path leaving it."""
-        data: bytes = await anyio.to_thread.run_sync(self.workspace.read_bytes, path, limit)
-        return data
+        return await self._in_workspace(self.workspace.read_bytes, path, limit)
 
     async def write_file(self, path: str, data: bytes) -> int:
         """Create or replace ``path`` (parent folders too); the number of bytes written."""
-        size: int = await anyio.to_thread.run_sync(self.workspace.write_bytes, path, data)
-        return size
+        return await self._in_workspace(self.workspace.write_bytes, path, data)
 
     async def list_files(self) -> list[FileInfo]:
         """Every regular file of the workspace, recursively, paths relative to it."""
-        files: list[FileInfo] = await anyio.to_thread.run_sync(self.workspace.list_files)
-        return files
+        return await self._in_workspace(self.workspace.list_files)
 
     async def stat_path(self, path: str) -> Entry:
         """What is at ``path`` (``""``: the workspace); a link is described, not followed."""
-        entry: Entry = await anyio.to_thread.run_sync(self.workspace.stat, path)
-        return entry
+        return await self._in_workspace(self.workspace.stat, path)
 
     async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
         """The entries under the folder ``path``, ``depth`` levels down."""
-        entries: list[Entry] = await anyio.to_thread.run_sync(self.workspace.list_dir, path,
-                                                              depth)
-        return entries
+        return await self._in_workspace(self.workspace.list_dir, path, depth)
 
     async def make_dir(self, path: str) -> bool:
         """Create the folder and its parents; False when it already exists."""
-        made: bool = await anyio.to_thread.run_sync(self.workspace.make_dir, path)
-        return made
+        return await self._in_workspace(self.workspace.make_dir, path)
 
     async def remove_path(self, path: str) -> None:
         """Delete a file, a link or a folder with everything in it."""
-        await anyio.to_thread.run_sync(self.workspace.remove, path)
+        await self._in_workspace(self.workspace.remove, path)
 
     async def move_path(self, source: str, destination: str) -> Entry:
         """Rename ``source`` to ``destination`` (its parent folders are created)."""
-        entry: Entry = await anyio.to_thread.run_sync(self.workspace.move, source,
-                                                      destination)
-        return entry
+        return await self._in_workspace(self.workspace.move, source, destination)
 
     # -- the sandbox ---------------------------------------------------------------------------
 

@@ -98,3 +98,22 @@ async def test_usage_while_the_session_is_deleted_is_session_closed(pool: Kernel
             outcomes.add("read")
         await deleting
     assert "closed" in outcomes, outcomes
+
+
+async def test_workspace_calls_while_the_session_is_deleted_are_session_closed(
+        pool: KernelPool) -> None:
+    """A file call that meets the deletion says the session is closed (once it began, no call
+    reaches the workspace, whose mount may be gone)."""
+    session = await pool.create_session()
+    await session.write_file("kept.txt", b"x")
+    deleting = asyncio.ensure_future(pool.delete_session(session.id))
+    for _ in range(100):  # a few turns of the loop: the deletion begins
+        if session.closed:
+            break
+        await asyncio.sleep(0)
+    assert session.closed
+    with pytest.raises(SessionClosed):
+        await session.list_files()
+    with pytest.raises(SessionClosed):
+        await session.write_file("late.txt", b"y")
+    await deleting
