@@ -402,24 +402,6 @@ ensure_postgres() {
 }
 
 cmd=${1:-}; shift || true
-# The PostgreSQL leg: every gateway on a database of its own in PostgreSQL instead of its
-# SQLite file. The store's and the database's own suites, then every path that writes shared
-# state through the API: sessions, history and keys (test_api, test_auth), the audit chain of
-# executions and commands (test_api's CLI verify, test_commands_api), approvals' pending status
-# (test_governance) and budgets' claims (test_budgets), pause, resume, fork and a restart taking
-# sessions back (test_lifecycle), and E2B's sandboxes (create, timeout, kill, list, pause, fork,
-# a gateway restart). The rest of the suite does not touch the database. Its cache is left
-# alone: the gVisor leg runs beside it.
-postgres_leg() {
-  REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest -p no:cacheprovider \
-    tests/gateway/test_store.py tests/gateway/test_database.py tests/gateway/test_api.py \
-    tests/gateway/test_auth.py tests/gateway/test_commands_api.py \
-    tests/gateway/test_governance.py tests/gateway/test_budgets.py \
-    tests/gateway/test_lifecycle.py tests/gateway/e2b/test_python_sdk.py \
-    -k "not test_python_sdk or create or timeout or kill or history or survives or pause \
-      or fork or list"
-}
-
 case "$cmd" in
   serve)
     ensure_venv serve; ensure_engine; ensure_criu; ensure_zstd; ensure_image
@@ -457,15 +439,10 @@ case "$cmd" in
     # fallback), the Jupyter API, MCP, E2B, client, commands and UI suites (the same gateway
     # code over the same kernel channel as the surfaces above; code contexts of other languages,
     # which the Jupyter API and MCP tests use, are refused under gVisor: docs/languages.md).
-    # Every leg runs whatever the first gives; the exit status is the first failure's.
+    # Both legs run whatever the first gives; the exit status is the first failure's.
     status=0
     static_checks || status=$?
     "$VENV/bin/python" -m pytest --durations=25 || status=$?
-    # The gVisor leg and the PostgreSQL leg (below) run side by side: 7 minutes together on 2
-    # cores, where one after the other took 9. The PostgreSQL leg's output follows the gVisor
-    # leg's.
-    pg_log=$(mktemp /tmp/replgate-pg-leg.XXXXXX)
-    postgres_leg > "$pg_log" 2>&1 & pg_pid=$!
     say "gVisor leg: the sandbox attacks, the posture and the public APIs again, under runsc"
     REPLGATE_TEST_RUNTIME=gvisor "$VENV/bin/python" -m pytest tests/kernel_pool/test_gvisor.py \
       tests/security/test_posture.py tests/security/test_isolation.py \
@@ -475,9 +452,21 @@ case "$cmd" in
         or slow_other or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))" \
       || gvisor_status=$?
     [ "$status" -ne 0 ] || status=${gvisor_status:-0}
-    wait "$pg_pid" || pg_status=$?
+    # The PostgreSQL leg: every gateway on a database of its own in PostgreSQL instead of its
+    # SQLite file. The store's and the database's own suites, then every path that writes
+    # shared state through the API: sessions, history and keys (test_api, test_auth), the
+    # audit chain of executions and commands (test_api's CLI verify, test_commands_api),
+    # approvals' pending status (test_governance) and budgets' claims (test_budgets), pause,
+    # resume, fork and a restart taking sessions back (test_lifecycle), and E2B's sandboxes
+    # (create, timeout, kill, list, pause, fork, a gateway restart). The rest of the suite does not touch the database.
     say "PostgreSQL leg: the store, the audit chain and the gateway's state on PostgreSQL"
-    cat "$pg_log"; rm -f "$pg_log"
+    REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest tests/gateway/test_store.py \
+      tests/gateway/test_database.py tests/gateway/test_api.py tests/gateway/test_auth.py \
+      tests/gateway/test_commands_api.py tests/gateway/test_governance.py \
+      tests/gateway/test_budgets.py tests/gateway/test_lifecycle.py \
+      tests/gateway/e2b/test_python_sdk.py \
+      -k "not test_python_sdk or create or timeout or kill or history or survives or pause \
+        or fork or list" || pg_status=$?
     [ "$status" -ne 0 ] || status=${pg_status:-0}
     [ "$status" -eq 0 ] || say "failed: see above (ruff and mypy first, then the runc leg, then the gVisor leg, then the PostgreSQL leg)"
     exit "$status" ;;
