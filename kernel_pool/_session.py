@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -1044,17 +1045,22 @@ class Session:
 
     # -- the workspace -------------------------------------------------------------------------
 
-    async def _in_workspace(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` in a worker thread on the workspace; :class:`SessionClosed` once
-        the session is deleted, also when the deletion removed the workspace under it."""
+    async def _while_open(self, work: Callable[[], Awaitable[T]],
+                          lost: tuple[type[Exception], ...] = (OSError,)) -> T:
+        """``work()``; :class:`SessionClosed` once the session is deleted, also in place of
+        a ``lost`` error when the deletion removed what it worked on (the workspace)."""
         if self._closed:
             raise SessionClosed(self.id)
         try:
-            return await anyio.to_thread.run_sync(call, *args)
-        except OSError:
+            return await work()
+        except lost:
             if self._closed:
                 raise SessionClosed(self.id) from None
             raise
+
+    async def _in_workspace(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` in a worker thread on the workspace, while the session is open."""
+        return await self._while_open(functools.partial(anyio.to_thread.run_sync, call, *args))
 
     async def read_file(self, path: str, limit: int) -> bytes:
         """The bytes of ``path`` in the workspace; :class:`FileMissing`, :class:`FileTooLarge`
@@ -1098,15 +1104,9 @@ class Session:
     async def usage(self) -> SandboxUsage:
         """The sandbox's CPU time, memory and workspace disk in use now, and its limits;
         :class:`SessionClosed` if the session was deleted meanwhile (its workspace gone)."""
-        if self._closed:
-            raise SessionClosed(self.id)
-        try:
-            return await read_usage(self.kernel.sandbox, self.workspace, self.profile,
-                                    self.paused)
-        except (OSError, BackendError):
-            if self._closed:
-                raise SessionClosed(self.id) from None
-            raise
+        return await self._while_open(
+            lambda: read_usage(self.kernel.sandbox, self.workspace, self.profile, self.paused),
+            (OSError, BackendError))
 
     async def egress_attempts(self) -> list[EgressAttempt]:
         """The latest connection attempts through the sandbox's egress proxy (none without)."""

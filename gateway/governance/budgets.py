@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from gateway.governance.policy import Budgets
@@ -28,6 +29,9 @@ from node.remote import RemoteSession
 __all__ = ["BudgetTracker"]
 
 logger = logging.getLogger(__name__)
+
+Usage = tuple[int, float, float]
+"""Executions, wall seconds and CPU seconds."""
 
 _MORE = ("create a new session (POST /v1/sessions) for a fresh budget, or ask an operator to "
          "raise {name} in the policy file")
@@ -94,7 +98,7 @@ class BudgetTracker:
         old_runs, old_wall, old_cpu = self._unsaved
         self._unsaved = (old_runs + runs, old_wall + wall_s, old_cpu + cpu_s)
 
-    def _learn(self, totals: tuple[int, float, float]) -> None:
+    def _learn(self, totals: Usage) -> None:
         """The session's use is the database's totals, plus what is not saved yet (it ended
         while the database answered, and is saved next time)."""
         self._read = True
@@ -126,20 +130,19 @@ class BudgetTracker:
             if self._lifetime_left() == 0.0:
                 await self.refresh()
                 return self.exceeded()
-            async with self._saving:
-                unsaved, self._unsaved = self._unsaved, (0, 0.0, 0.0)
-                try:
-                    totals = await self.store.claim_execution(
-                        self.session.id, *unsaved, max_executions=self.limits.max_executions,
-                        max_wall_s=self.limits.max_wall_time_s,
-                        max_cpu_s=self.limits.max_cpu_time_s)
-                    claimed = totals is not None
-                    if totals is None:  # used up: still save what was unsaved
-                        totals = await self.store.add_session_usage(self.session.id, *unsaved)
-                except BaseException:
-                    self._unsave(*unsaved)
-                    raise
-                self._learn(totals)
+            claimed = False
+
+            async def claim_or_save(unsaved: Usage) -> Usage:
+                nonlocal claimed
+                totals = await self.store.claim_execution(
+                    self.session.id, *unsaved, max_executions=self.limits.max_executions,
+                    max_wall_s=self.limits.max_wall_time_s, max_cpu_s=self.limits.max_cpu_time_s)
+                claimed = totals is not None
+                if totals is None:  # used up: still save what was unsaved
+                    totals = await self.store.add_session_usage(self.session.id, *unsaved)
+                return totals
+
+            await self._write(claim_or_save)
             if claimed:
                 return None
             exceeded = self.exceeded()
@@ -171,19 +174,27 @@ class BudgetTracker:
     async def refresh(self) -> None:
         """Save what this gateway added, and (on a shared database, or the first time) learn
         what the session has used in all."""
+        async def save_or_read(unsaved: Usage) -> Usage | None:
+            if unsaved != (0, 0.0, 0.0):
+                return await self.store.add_session_usage(self.session.id, *unsaved)
+            if self.store.database.shared or not self._read:
+                return await self.store.session_usage(self.session.id)
+            return None
+
+        await self._write(save_or_read)
+
+    async def _write(self, write: Callable[[Usage], Awaitable[Usage | None]]) -> None:
+        """Hand what is unsaved to ``write``, one write at a time, and learn the totals it
+        answers; if it fails, what it was handed stays unsaved."""
         async with self._saving:
             unsaved, self._unsaved = self._unsaved, (0, 0.0, 0.0)
             try:
-                if unsaved != (0, 0.0, 0.0):
-                    totals = await self.store.add_session_usage(self.session.id, *unsaved)
-                elif self.store.database.shared or not self._read:
-                    totals = await self.store.session_usage(self.session.id)
-                else:
-                    return
+                totals = await write(unsaved)
             except BaseException:
                 self._unsave(*unsaved)
                 raise
-            self._learn(totals)
+            if totals is not None:
+                self._learn(totals)
 
     def _lifetime_left(self) -> float | None:
         if self.limits.max_lifetime_s is None:

@@ -26,14 +26,25 @@ def _kill_group(pgid: int) -> None:
 
 
 def main() -> int:
-    child = subprocess.Popen(["/bin/sh", "-c", sys.argv[1]], start_new_session=True)
+    child: subprocess.Popen[bytes] | None = None
+    stopped_by = 0
 
     def stop(signum: int, _frame: object) -> None:
+        nonlocal stopped_by
+        if child is None:
+            stopped_by = signum  # the shell may have started: killed once it is known
+            return
         _kill_group(child.pid)
         os._exit(128 + signum)
 
+    # The handlers come first: a stop that came while the shell started (its first output
+    # can reach the gateway before this process gets further) killed this process alone, by
+    # the default action, and left the shell's group running.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, stop)
+    child = subprocess.Popen(["/bin/sh", "-c", sys.argv[1]], start_new_session=True)
+    if stopped_by:
+        stop(stopped_by, None)
     code = child.wait()
     _kill_group(child.pid)
     return code if code >= 0 else 128 - code

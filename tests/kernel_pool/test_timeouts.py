@@ -95,7 +95,7 @@ async def test_interrupt_stops_running_execution(timeout_session: Session) -> No
     result = await asyncio.wait_for(handle.result(), 10)
     assert time.monotonic() - started < 3
     assert result.status == "interrupted"
-    assert result.restarted is False
+    assert result.restarted is False, result.reason
     assert await run_ok(timeout_session, "print(survives)") == "7\n"
 
 

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -361,19 +361,18 @@ class DockerSandbox(Sandbox):
     async def _launch_through_init(self, name: str) -> None:
         # Written once: a container remade below reads it as it starts (so a second request
         # would start a second kernel), and a signal without a request does nothing.
-        async with self._launching:
-            await _in_thread(request_kernel, self._socket_dir, name,
-                             self.profile.caps.display_bytes)
+        async def signal_init() -> None:
             for attempt in range(3):
                 try:
                     await _run(self._api.kill, self.info.container_id, "SIGUSR1")
-                    break
+                    return
                 except BackendError:  # stopped or removed since it was checked: remake it
                     if attempt == 2 or await self._running():
                         raise
                     await self._ensure_running()
-            self.info.kernel_name = name
-            await self._watch_init_child(name, PID_WAIT_S)
+
+        self.info.kernel_name = name
+        self._keep_init_child(*await self._ask_init(name, "python", None, signal_init))
 
     async def start_by_init(self, name: str, language: str,
                             env: dict[str, str]) -> tuple[int | None, int | None]:
@@ -382,21 +381,36 @@ class DockerSandbox(Sandbox):
         code) when it did not start."""
         if not process_alive(self._init_pid):
             raise BackendError("the session's container is not running")
-        async with self._launching:  # one request at a time: PID 1 reads one file
-            await _in_thread(request_kernel, self._socket_dir, name,
-                             self.profile.caps.display_bytes, language, env)
+
+        async def signal_init() -> None:
             try:
                 os.kill(self._init_pid, signal.SIGUSR1)
             except ProcessLookupError as exc:
                 raise BackendError("the session's container stopped") from exc
-            pid, code = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
-                                         PID_WAIT_S)
+
+        pid, code = await self._ask_init(name, language, env, signal_init)
         return (pid, None) if pid is not None else (None, code if code is not None else -1)
+
+    async def _ask_init(self, name: str, language: str, env: dict[str, str] | None,
+                        signal_init: Callable[[], Awaitable[None]],
+                        ) -> tuple[int | None, int | None]:
+        """Write the request for kernel ``name``, signal PID 1 by ``signal_init`` and wait
+        for the kernel: (host pid, exit code) as :func:`find_kernel` answers. One request at
+        a time: PID 1 reads one file."""
+        async with self._launching:
+            await _in_thread(request_kernel, self._socket_dir, name,
+                             self.profile.caps.display_bytes, language, env)
+            await signal_init()
+            return await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
+                                    PID_WAIT_S)
 
     async def _watch_init_child(self, name: str, wait_s: float) -> None:
         """Find the kernel PID 1 started (its host pid, and a pidfd for its exit)."""
-        pid, code = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
-                                     wait_s)
+        found = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid, wait_s)
+        self._keep_init_child(*found)
+
+    def _keep_init_child(self, pid: int | None, code: int | None) -> None:
+        """Keep the kernel found (``pid``), or the exit code of one that did not start."""
         if pid is None:
             self.info.kernel_ref = None
             self._exit_code = code if code is not None else -1

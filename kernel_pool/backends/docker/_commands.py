@@ -56,6 +56,7 @@ class DockerCommand(CommandProcess):
         self._pid = 0
         self._pidfd: int | None = None
         self._exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._killing: asyncio.Future[None] | None = None
 
     @classmethod
     async def start(cls, api: Any, run: Run, container_id: str, command: str, *,
@@ -134,6 +135,13 @@ class DockerCommand(CommandProcess):
             receiving.cancel()
 
     async def kill(self) -> None:
+        # One kill at a time, kept to its end even when its caller is cancelled: ``close``
+        # puts off its release until the kill ends: the pidfd must stay open while it signals.
+        if self._killing is None:
+            self._killing = asyncio.ensure_future(self._kill())
+        await asyncio.shield(self._killing)
+
+    async def _kill(self) -> None:
         if self._exited.done():
             return
         if self._pidfd is None:
@@ -161,6 +169,12 @@ class DockerCommand(CommandProcess):
         return None
 
     async def close(self) -> None:
+        if self._killing is not None and not self._killing.done():
+            self._killing.add_done_callback(lambda _killed: self._release())
+            return
+        self._release()
+
+    def _release(self) -> None:
         self._running.discard(self._pid)
         if self._pidfd is not None:
             if not self._exited.done():
