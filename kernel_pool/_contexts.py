@@ -7,9 +7,11 @@ variables. A request naming only a language uses that language's default context
 the language: ``"r"``, ``"javascript"``, ``"bash"``); :meth:`Contexts.create` makes more.
 
 Executions of every context go through the session's one queue, in order: a pause, resume or
-restart of the session never meets one running. No pause keeps a context's kernel but the
-session's own: it is ended, named in the pause's ``not_kept``, and starts afresh at its next
-use.
+restart of the session never meets one running. A memory pause keeps the contexts' kernels
+it can (R and bash: not Deno's, whose relay holds loopback TCP connections that a dump refuses)
+with the rest of the sandbox, and its restore connects them again; a variables pause keeps
+none but the session's own. A context whose kernel a pause ended is named in its
+``not_kept`` and starts afresh at its next use.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._languages import (
     DEFAULT_CONTEXT,
     KERNEL_LANGUAGES,
-    SAME_KERNEL,
     check_language,
 )
 from kernel_pool.backends.base import Sandbox
@@ -138,6 +139,15 @@ class Contexts:
         kernel = check_language(language, offered)
         return self._all.get(kernel) or self._add(kernel, kernel)
 
+    def adopt(self, context_id: str, language: str, name: str) -> CodeContext:
+        """The context ``context_id`` a memory image held (its kernel ``name``): the one
+        known, else made again as it was (a gateway that took the paused session back)."""
+        context = self._all.get(context_id)
+        if context is None or context.language != language:
+            context = self._all[context_id] = CodeContext(context_id, language)
+        context.name = name
+        return context
+
     def create(self, language: str | None, offered: tuple[str, ...]) -> CodeContext:
         """A new context of ``language`` (its kernel starts at its first execution)."""
         kernel = check_language(language, offered)
@@ -163,15 +173,18 @@ class Contexts:
 
     @staticmethod
     async def start(context: CodeContext, sandbox: Sandbox, env: dict[str, str],
-                    like: Kernel, start_timeout_s: float) -> ContextKernel:
+                    like: Kernel, start_timeout_s: float, *,
+                    restored: bool = False) -> ContextKernel:
         """The context's kernel, ready: started now in ``sandbox`` (the session's) if it has
-        none, started again if it died (``lost`` then says why)."""
+        none, started again if it died (``lost`` then says why); ``restored``: connected to
+        the one the sandbox's restore from a memory image brought back."""
         kernel = context.kernel
         if kernel is not None and kernel.sandbox.info.container_id != sandbox.info.container_id:
             await close_context(context)  # of a sandbox the session left (a resume moved it)
             kernel = None
         if kernel is None:
-            face = await sandbox.add_kernel(context.language, context.name, env)
+            face = await sandbox.add_kernel(context.language, context.name, env,
+                                            restored=restored)
             kernel = ContextKernel(face, like.profile, like.zmq_context, start_timeout_s)
             kernel.language = context.language
             kernel.on_death = lambda died: _died(context, died)
@@ -197,11 +210,13 @@ def _died(context: CodeContext, died: KernelDied) -> None:
                         "(variables lost, files kept)")
 
 
-async def close_context(context: CodeContext, kill: bool = True) -> None:
+async def close_context(context: CodeContext, kill: bool = True, held: bool = False) -> None:
     """End the context's kernel, if it has one (its sockets removed, the container kept);
-    ``kill=False`` when the container goes anyway."""
+    ``kill=False`` when the container goes anyway; ``held`` when a memory image holds it
+    (its count goes on when it is restored)."""
     kernel, context.kernel = context.kernel, None
-    context.execution_count = 0
+    if not held:
+        context.execution_count = 0
     if kernel is None:
         return
     kernel.on_death = None  # an end asked for, not a death to report
@@ -211,9 +226,3 @@ async def close_context(context: CodeContext, kill: bool = True) -> None:
         await kernel.close()
     except Exception as exc:  # its container may be gone already: nothing left to end
         logger.warning("context %s: ending its kernel failed: %s", context.id, exc)
-
-
-def display_language(language: str) -> str:
-    """How a context's language reads in a sentence (``R``, ``JavaScript``)."""
-    kernel = SAME_KERNEL.get(language, language)
-    return KERNEL_LANGUAGES[kernel].display_name if kernel in KERNEL_LANGUAGES else language

@@ -550,6 +550,14 @@ class Kernel:
         self._removal = asyncio.ensure_future(self._remove_and_release())
         self._removal.add_done_callback(self._removed)
 
+    async def disconnect_for_checkpoint(self) -> None:
+        """Drop the connections to a kernel that a checkpoint of its sandbox is to hold (a
+        dump refuses a connected host socket): it runs on, unwatched, until the dump stops
+        it; :meth:`close` then lets go of it, and the restored one is connected afresh."""
+        self.state = KernelState.PAUSED
+        self._expect_exit = True
+        await self._disconnect()
+
     async def suspend(self) -> Path:
         """Checkpoint the whole sandbox (see :meth:`Sandbox.checkpoint`) and give back what it
         holds, like :meth:`stop`; the dump, for :meth:`Sandbox.pack_checkpoint`.

@@ -29,13 +29,17 @@ class KernelLanguage:
     """``message``: an ``interrupt_request`` on the control channel stops the running code;
     ``signal``: the kernel only heeds SIGINT, sent to its process group (IRkernel; R's
     ``system()`` ignores SIGINT in R itself while its child runs)."""
+    checkpointed: bool = True
+    """Whether a memory pause keeps its kernel (with the rest of the sandbox). Deno's is
+    reached through a relay over loopback TCP, whose open connections a dump refuses."""
 
 
 KERNEL_LANGUAGES = {
     "python": KernelLanguage("python", "Python 3", "message"),
     "bash": KernelLanguage("bash", "Bash", "message"),
     "r": KernelLanguage("r", "R", "signal"),
-    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message"),
+    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message",
+                                 checkpointed=False),
 }
 SAME_KERNEL = {"typescript": "javascript"}
 ALIASES = {"js": "javascript", "ts": "typescript"}
@@ -70,3 +74,9 @@ def check_language(language: str | None, offered: tuple[str, ...] | list[str]) -
     if kernel not in KERNEL_LANGUAGES or name not in offered:
         raise UnknownLanguage(language or "", list(offered))
     return kernel
+
+
+def display_language(language: str) -> str:
+    """How a context's language reads in a sentence (``R``, ``JavaScript``)."""
+    kernel = SAME_KERNEL.get(language, language)
+    return KERNEL_LANGUAGES[kernel].display_name if kernel in KERNEL_LANGUAGES else language

@@ -29,19 +29,19 @@ from kernel_pool._contexts import (
     ContextInfo,
     Contexts,
     close_context,
-    display_language,
 )
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
-from kernel_pool._languages import normalize_language
+from kernel_pool._languages import KERNEL_LANGUAGES, display_language, normalize_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
-    STOPPED_CONTEXT,
+    KeptContext,
     PauseInfo,
     SnapshotStore,
     Transfer,
+    context_entry,
     copy_workspace,
     load_variables,
     save_variables,
@@ -495,16 +495,25 @@ class Session:
         self.pause_info = info
         self.reason = None
         self.pause_failed = False
-        wants_memory = self._settings.pause_with == "memory" or (
+        keep = self._contexts_to_keep(info)
+        wants_memory = bool(keep) or self._settings.pause_with == "memory" or (
             self._settings.pause_with == "auto" and bool(info.not_kept))
-        ended = {**await self._end_commands(), **await self._end_contexts()}
-        if ended:
-            info = info.model_copy(update={"not_kept": {**info.not_kept, **ended}})
+        if wants_memory and self._memory_refusal() is not None:
+            keep = []
+        ended = {**await self._end_commands(), **await self._end_contexts(spare=keep)}
+        held = {context_entry(context.id): (
+            f"its {display_language(context.language)} kernel: only the memory image holds "
+            "it; it starts afresh at its next execution") for context in keep}
+        if ended or held:
+            info = info.model_copy(update={
+                "not_kept": {**info.not_kept, **ended, **held},
+                "contexts": [KeptContext(id=c.id, language=c.language, name=c.name)
+                             for c in keep]})
             await anyio.to_thread.run_sync(store.save_info, self.id, info)
             self.pause_info = info
         if wants_memory:
             try:
-                memory = await self._checkpoint(store, info)
+                memory = await self._checkpoint(store, info, keep)
             except BaseException:
                 # Cancelled (a shutdown cancels the pauses it started): the snapshot written
                 # above says the session is paused, and a later gateway takes it back so.
@@ -512,13 +521,36 @@ class Session:
                 await asyncio.shield(self._stop_paused())
                 raise
             if memory is not None:
+                for context in keep:  # the image holds them; a restore connects them again
+                    await close_context(context, kill=False, held=True)
                 self.pause_info = memory
                 self.lifecycle.release_slot(self)
                 await self.lifecycle.paused_here(self)
                 return memory
+        if keep:  # the variables alone keep none of them (``not_kept`` says so already)
+            await self._end_contexts()
+            info = info.model_copy(update={"contexts": []})
+            await anyio.to_thread.run_sync(store.save_info, self.id, info)
+            self.pause_info = info
         await self._stop_paused()
         await self.lifecycle.paused_here(self)
         return info
+
+    def _contexts_to_keep(self, info: PauseInfo) -> list[CodeContext]:
+        """The code contexts whose kernels a memory pause would keep: those that run, but
+        Deno's (its relay's loopback TCP connections, which a dump refuses). A session that
+        runs one wants a memory pause whatever ``pause_with`` says: a variables pause would
+        lose it (unless pauses keep variables only: ``pause_with="variables"``)."""
+        if self._settings.pause_with == "variables":
+            return []
+        return [context for context in self._contexts
+                if not context.default and KERNEL_LANGUAGES[context.language].checkpointed
+                and context.kernel is not None and context.kernel.state is KernelState.READY]
+
+    def _memory_refusal(self) -> str | None:
+        """Why this session cannot be paused with its memory, if it cannot."""
+        assert self.lifecycle is not None
+        return self.lifecycle.checkpoint_refusal or self.kernel.sandbox.checkpoint_refusal
 
     async def _end_commands(self) -> dict[str, str]:
         """Stop the shell commands running beside the kernel, which no pause keeps (they are
@@ -534,21 +566,21 @@ class Session:
             await asyncio.sleep(0.05)
         return ended
 
-    async def _end_contexts(self) -> dict[str, str]:
-        """End the kernels of the code contexts, which no pause keeps (only the session's own
-        kernel is snapshotted or checkpointed); what was ended, as ``not_kept`` entries. Each
-        starts afresh at its next execution, which says so."""
+    async def _end_contexts(self, spare: list[CodeContext] | None = None) -> dict[str, str]:
+        """End the kernels of the code contexts that the pause does not keep (but those in
+        ``spare``, for a memory pause); what was ended, as ``not_kept`` entries. Each starts
+        afresh at its next execution, which says so."""
         ended = {}
         for context in self._contexts:
-            if context.default or context.kernel is None:
+            if context.default or context.kernel is None or context in (spare or ()):
                 continue
             await close_context(context)
             language = display_language(context.language)
-            context.lost = (f"the session was paused, and a pause keeps no {language} kernel: "
-                            "a fresh one was started (variables lost, files kept)")
-            ended[f"{STOPPED_CONTEXT}{context.id!r}"] = (
-                f"its {language} kernel: a pause keeps Python's variables only; it starts "
-                "afresh at its next execution")
+            context.lost = (f"the session was paused, and the pause kept no {language} "
+                            "kernel: a fresh one was started (variables lost, files kept)")
+            ended[context_entry(context.id)] = (
+                f"its {language} kernel: the pause could not keep it; it starts afresh at its "
+                "next execution")
         return ended
 
     async def _stop_paused(self) -> None:
@@ -562,19 +594,22 @@ class Session:
             logger.warning("session %s: %s", self.id, self.reason)
         self.lifecycle.release_slot(self)
 
-    async def _checkpoint(self, store: SnapshotStore, info: PauseInfo) -> PauseInfo | None:
+    async def _checkpoint(self, store: SnapshotStore, info: PauseInfo,
+                          keep: list[CodeContext]) -> PauseInfo | None:
         """A memory pause, after the variables snapshot was written: the whole sandbox
-        dumped, counted against the budget, and packed into the store in the background
-        (:meth:`_pack`): the pause answers once the dump is on disk. None when it could not be
-        made (``reason`` says why; the kernel runs on or is stopped by the variables pause
-        that follows)."""
-        assert self.lifecycle is not None
+        dumped (with the kernels of the contexts in ``keep``), counted against the budget,
+        and packed into the store in the background (:meth:`_pack`): the pause answers once
+        the dump is on disk. None when it could not be made (``reason`` says why; the kernel
+        runs on or is stopped by the variables pause that follows)."""
         # Decided before the kernel's connections are dropped for a dump that cannot be made.
-        refusal = self.lifecycle.checkpoint_refusal or self.kernel.sandbox.checkpoint_refusal
+        refusal = self._memory_refusal()
         if refusal is not None:
             self.reason = f"paused with variables: memory pauses are not available ({refusal})"
             return None
         try:
+            for context in keep:
+                assert context.kernel is not None
+                await context.kernel.disconnect_for_checkpoint()
             dump = await self.kernel.suspend()
         except Exception as exc:
             self.reason = f"paused with variables: the memory checkpoint failed ({exc})"
@@ -656,6 +691,8 @@ class Session:
         info = self.pause_info
         if info is None:
             return
+        for held in info.contexts:  # listed while paused, as they were before the restart
+            self._contexts.adopt(held.id, held.language, held.name)
         store = self.lifecycle.snapshots
         # Where this gateway cannot checkpoint, no dump of the sandbox can be restored either
         # (nor read, without root): it goes with the container.
@@ -769,6 +806,7 @@ class Session:
             fallback = await self._restore() if memory else None
             if not memory or fallback is not None:
                 await self._resume_variables(store)
+                self._contexts_not_restored()
         except BaseException as exc:  # it stays paused, its snapshot (and image) kept
             self.reason = f"resume failed, the session stays paused: {_why(exc)}"
             raise
@@ -822,11 +860,37 @@ class Session:
                     raise
                 why = f"restoring its memory failed ({exc})"
             else:
+                await self._reconnect_contexts()
                 return None  # the caller settles the books, as for any resume
         lost = sorted(self.pause_info.variables_not_kept) if self.pause_info else []
         logger.warning("session %s: %s; resuming from its variables", self.id, why)
         return (f"resumed from its variables snapshot: {why}"
                 + (f"; not kept: {', '.join(lost)}" if lost else ""))
+
+    def _contexts_not_restored(self) -> None:
+        """Resumed from the variables: the code contexts a memory image held (or was to
+        hold) are not back; each starts afresh at its next execution, which says so."""
+        for kept in self.pause_info.contexts if self.pause_info else []:
+            self._contexts.adopt(kept.id, kept.language, kept.name).lost = (
+                "the session resumed from its variables snapshot, which holds no "
+                f"{display_language(kept.language)} kernel: a fresh one was started "
+                "(variables lost, files kept)")
+
+    async def _reconnect_contexts(self) -> None:
+        """After a restore from the memory image: connect the code contexts it held to
+        their kernels, as they were. One that does not answer starts afresh at its next
+        execution, which says so."""
+        for kept in self.pause_info.contexts if self.pause_info else []:
+            context = self._contexts.adopt(kept.id, kept.language, kept.name)
+            try:
+                await self._contexts.start(context, self.kernel.sandbox, self.env, self.kernel,
+                                           self._settings.kernel_start_timeout_s, restored=True)
+            except Exception as exc:
+                await close_context(context)
+                context.lost = (f"its {display_language(kept.language)} kernel did not come "
+                                f"back with the session's memory ({exc}): a fresh one was "
+                                "started (variables lost, files kept)")
+                logger.warning("session %s: context %s: %s", self.id, kept.id, context.lost)
 
     async def _resume_in_place(self, store: SnapshotStore, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""

@@ -71,8 +71,22 @@ PUMP_VERDICT_S = 2.0
 STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 STOPPED_CONTEXT = "context "
-"""How a ``not_kept`` entry of a code context a pause ended begins (no pause keeps one but
-the session's Python kernel)."""
+"""How a ``not_kept`` entry of a code context a pause ended begins (a variables pause keeps
+none but the session's Python kernel; a memory pause keeps those it can, :class:`KeptContext`)."""
+
+
+def context_entry(context_id: str) -> str:
+    """A code context's name in ``not_kept``."""
+    return f"{STOPPED_CONTEXT}{context_id!r}"
+
+
+class KeptContext(BaseModel):
+    """A code context whose kernel a memory pause holds, as it was."""
+
+    id: str
+    language: str
+    name: str
+    """Its kernel's name in the sandbox (the context's, which the memory image records)."""
 
 
 class PauseInfo(BaseModel):
@@ -94,13 +108,18 @@ class PauseInfo(BaseModel):
     """What the session's snapshot takes on disk (variables, and memory image if any)."""
     raw_bytes: int = 0
     """What the kernel wrote of its variables, before compression (0: not known)."""
+    contexts: list[KeptContext] = Field(default_factory=list)
+    """The code contexts whose kernels a memory image holds (their variables and all): with
+    "memory", those it holds; with "variables", those it was to hold, of which ``not_kept``
+    says that the variables alone lose them (so does ``variables_not_kept`` with "memory")."""
     paused_at: str = ""
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
 
     def without_memory(self) -> PauseInfo:
         """What the variables snapshot alone keeps of a memory pause (its image lost, or
-        not for a fork's copy); ``image_bytes`` is left to the caller."""
+        not for a fork's copy); ``image_bytes`` is left to the caller. Its ``contexts`` stay,
+        named in ``not_kept``: the variables lose them, the image (packed again) holds them."""
         if self.paused_with != "memory":
             return self
         return self.model_copy(update={
@@ -336,10 +355,11 @@ class SnapshotStore:
 
 def _with_memory(info: PauseInfo, size: int) -> PauseInfo:
     """The variables snapshot's info as a memory pause's, the memory's ``size`` added: what
-    the variables lost the memory keeps, but for the shell commands and code contexts the
-    pause stopped."""
+    the variables lost the memory keeps (the code contexts it holds too), but for the shell
+    commands and code contexts the pause stopped."""
+    held = {context_entry(context.id) for context in info.contexts}
     stopped = {name: why for name, why in info.not_kept.items()
-               if name.startswith((STOPPED_COMMAND, STOPPED_CONTEXT))}
+               if name.startswith((STOPPED_COMMAND, STOPPED_CONTEXT)) and name not in held}
     kept = [name for name in info.not_kept if name not in stopped]
     return info.model_copy(update={
         "paused_with": "memory", "image_bytes": info.image_bytes + size,

@@ -103,14 +103,19 @@ class Sandbox(ABC):
         Returns the host-side connection info (jupyter_client's connection-file dict).
         """
 
-    async def add_kernel(self, language: str, name: str, env: dict[str, str]) -> Sandbox:
+    async def add_kernel(self, language: str, name: str, env: dict[str, str], *,
+                         restored: bool = False) -> Sandbox:
         """The face of one more kernel in this sandbox (a code context): a :class:`Sandbox`
         whose ``launch_kernel`` starts a kernel of ``language`` (one of :attr:`languages`)
         named ``name`` in the same container and workspace, under the same limits, with
         ``env`` added; its ``poll``, ``wait``, ``send_signal`` (to the kernel's process group),
         ``kill`` and ``kill_strays`` reach that kernel and its descendants alone, and its
         ``cleanup`` never removes the container. This sandbox's own clean-up after an
-        execution spares those kernels; its hard stop (``kill``) ends them too."""
+        execution spares those kernels; its hard stop (``kill``) ends them too.
+
+        ``restored``: the kernel named ``name`` that :meth:`restore` brought back, running,
+        which the face's first launch connects to (:class:`BackendError` if the image held
+        none of that name, or it did not come back)."""
         raise BackendError(f"the {self.info.backend} backend runs one kernel per sandbox")
 
     async def connection_info(self) -> dict[str, Any] | None:
@@ -166,9 +171,10 @@ class Sandbox(ABC):
     async def checkpoint(self) -> Path:
         """Dump the whole sandbox (every process's memory, threads, open files, ``/tmp``) and
         stop it; the dump, unpacked, where the backend restores from (:meth:`pack_checkpoint`
-        keeps it). The caller has dropped its own connections to the kernel first. On failure
-        (:class:`BackendError`) the sandbox runs on as before. See
-        :attr:`SandboxBackend.checkpoints`."""
+        keeps it). The caller has dropped its own connections to the kernel, and to the
+        code contexts' kernels (:meth:`add_kernel`), first: those that run are dumped with
+        it, for :meth:`restore`. On failure (:class:`BackendError`) the sandbox runs on as
+        before. See :attr:`SandboxBackend.checkpoints`."""
         raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
 
     async def checkpoint_bytes(self, dump: Path) -> int:
@@ -193,7 +199,8 @@ class Sandbox(ABC):
 
     async def restore(self, image: Path) -> dict[str, Any]:
         """Start the sandbox again from :meth:`pack_checkpoint`'s file (left in place) or from
-        :meth:`checkpoint`'s dump not packed yet (removed), its kernel as it was; the kernel's
+        :meth:`checkpoint`'s dump not packed yet (removed), its kernel as it was (and the
+        code contexts' kernels, for :meth:`add_kernel` with ``restored``); the kernel's
         host-side connection info, as :meth:`launch_kernel` gives. On failure
         (:class:`BackendError`) nothing runs and the file is untouched."""
         raise BackendError(f"the {self.info.backend} backend cannot restore a sandbox")

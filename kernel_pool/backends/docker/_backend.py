@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 import docker
@@ -69,11 +69,13 @@ from kernel_pool.backends.docker._gvisor import (
     missing_runtime,
 )
 from kernel_pool.backends.docker._init_kernel import (
+    CONTEXT_KERNEL_NAME,
     KERNEL_NAME,
     PID_WAIT_S,
     container_pid,
     exit_code,
     find_kernel,
+    host_pid,
     latest_kernel,
     read_untrusted,
     request_adoption,
@@ -106,6 +108,9 @@ from kernel_pool.backends.docker._tree import outside_the_tree, resume_stopped, 
 from kernel_pool.backends.docker._tree import restore as restore_tree
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
+
+if TYPE_CHECKING:
+    from kernel_pool.backends.docker._context import DockerContextSandbox
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -231,6 +236,12 @@ class DockerSandbox(Sandbox):
         """Host pids of the shell commands' wrappers running now."""
         self.context_pids: set[int] = set()
         """Host pids of the code contexts' kernels running now (:meth:`add_kernel`)."""
+        self._context_faces: dict[str, DockerContextSandbox] = {}
+        """The code contexts' faces by name (:meth:`add_kernel`): a checkpoint records those
+        whose kernels run."""
+        self._restored_contexts: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        """After a restore from a memory image: the contexts' kernels it held, by context
+        name, as (kernel name, host pid, connection), until a face adopts each."""
         self._launching = asyncio.Lock()
         """Held from a launch request to PID 1's record of it (PID 1 reads one request)."""
         self.fresh = False
@@ -689,14 +700,45 @@ class DockerSandbox(Sandbox):
         """The container's cgroup list of processes (host pids), once it runs under runc."""
         return self._cgroup.procs_file if self._cgroup is not None else None
 
-    async def add_kernel(self, language: str, name: str, env: dict[str, str]) -> Sandbox:
+    async def add_kernel(self, language: str, name: str, env: dict[str, str], *,
+                         restored: bool = False) -> Sandbox:
         if not self._through_init:
             raise BackendError("code contexts in other languages need a runc sandbox; this "
                                "profile runs gVisor")
         # Imported here: the context's sandbox builds on this module's helpers.
         from kernel_pool.backends.docker._context import DockerContextSandbox
 
-        return DockerContextSandbox(self, language, name, {**self._env, **env})
+        face = DockerContextSandbox(self, language, name, {**self._env, **env})
+        if restored:
+            found = self._restored_contexts.pop(name, None)
+            if found is None:
+                raise BackendError("its kernel was not in the restored sandbox")
+            face.adopt(*found)
+        self._context_faces[name] = face
+        return face
+
+    def context_ended(self, face: DockerContextSandbox) -> None:
+        """A context's kernel was removed for good: no checkpoint records it."""
+        if self._context_faces.get(face.name) is face:
+            del self._context_faces[face.name]
+
+    def _context_records(self) -> list[dict[str, Any]]:
+        """The running contexts' kernels, for a checkpoint's records: each one's context
+        name, kernel name, language, pid inside the container and connection key."""
+        records = []
+        for name, face in self._context_faces.items():
+            kernel_name, pid = face.info.kernel_name, face.pid
+            inside = container_pid(pid) if pid else None
+            if not kernel_name or inside is None:
+                continue
+            try:
+                key = _read_connection_file(self._socket_dir / f"{kernel_name}.json")["key"]
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"a code context's connection file cannot be read: "
+                                   f"{exc}") from exc
+            records.append({"name": name, "kernel_name": kernel_name, "pid": inside,
+                            "key": key, "language": face.language})
+        return records
 
     async def checkpoint(self) -> Path:
         """runc's checkpoint of the container (CRIU on the engine's host), in the folder the
@@ -830,7 +872,8 @@ class DockerSandbox(Sandbox):
             raise BackendError(f"the kernel's connection file cannot be read: {exc}") from exc
         if pid is None:
             raise BackendError("the kernel process is gone")
-        return {"kernel_name": name, "kernel_pid": pid, "key": key}
+        return {"kernel_name": name, "kernel_pid": pid, "key": key,
+                "contexts": self._context_records()}
 
     async def restore(self, image: Path) -> dict[str, Any]:
         try:
@@ -859,8 +902,32 @@ class DockerSandbox(Sandbox):
         await self._watch_init_child(name, 2.0)
         if self.info.kernel_ref is None:
             raise BackendError("the sandbox was restored without its kernel process")
+        self._restored_contexts = await _in_thread(self._find_restored_contexts,
+                                                   about.get("contexts"))
         self.memory_path = "kernel tree" if tree else "engine"
         return {**config, "ip": str(self._socket_dir / name)}
+
+    def _find_restored_contexts(self, records: Any) -> dict[str, tuple[str, int, dict[str, Any]]]:
+        """The contexts' kernels a restored image held and that run (blocking): their
+        records written back to the socket folder, their host pids found."""
+        found: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        for record in records if isinstance(records, list) else []:
+            name, kernel_name = record.get("name"), record.get("kernel_name")
+            pid, key = record.get("pid"), record.get("key")
+            if (not isinstance(name, str) or not isinstance(kernel_name, str)
+                    or not CONTEXT_KERNEL_NAME.fullmatch(kernel_name)
+                    or not kernel_name.startswith(name) or not isinstance(pid, int)
+                    or not isinstance(key, str) or not key.isalnum()):
+                logger.warning("sandbox %s: a code context's records in its memory image are "
+                               "malformed; it starts afresh", self.info.sandbox_id)
+                continue
+            host = host_pid(self._init_pid, pid)
+            if host is None:
+                continue
+            config = _connection(key)
+            self._write_records(kernel_name, pid, {**config, "ip": f"{KERNEL_DIR}/{kernel_name}"})
+            found[name] = (kernel_name, host, {**config, "ip": str(self._socket_dir / kernel_name)})
+        return found
 
     def _write_records(self, name: str, pid: int, config: dict[str, Any]) -> None:
         write_for_sandbox(self._socket_dir / f"{name}.json", json.dumps(config))

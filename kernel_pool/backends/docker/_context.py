@@ -8,9 +8,11 @@ PID 1 takes a file and a signal, where ``docker exec`` took three calls to the e
 own start. The kernel leads its own process group and session, so a signal to the group reaches
 its children too (R's ``system()``), and a hard stop kills the group and every descendant.
 
-A pause still ends every context but the session's own kernel, and says so
-(``kernel_pool._contexts``). The session's sandbox spares their processes when it kills what a
-Python execution left behind.
+A memory pause dumps the contexts' kernels with the rest of the container (the engine's dump:
+a dump of the session kernel's tree alone would not hold them), their records beside the
+session kernel's; the restore finds them again, and :meth:`DockerContextSandbox.adopt` gives
+each one's face the kernel that came back. The session's sandbox spares their processes when
+it kills what a Python execution left behind.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class DockerContextSandbox(Sandbox):
         self._pidfd: int | None = None
         self._exit_code: int | None = None
         self._launches = 0
+        self._adopted: dict[str, Any] | None = None
+        """The connection of a kernel restored with the sandbox, taken by the next launch."""
         # Deno's kernel is its relay's child, bash_kernel's shell its child (pexpect's): both
         # levels are spared by a clean-up (a killed shell made the next execution "Restarting
         # Bash" without running its code).
@@ -83,7 +87,29 @@ class DockerContextSandbox(Sandbox):
     def _socket_dir(self) -> Path:
         return Path(self._parent.info.socket_dir)
 
+    @property
+    def pid(self) -> int:
+        """The host pid of its kernel while one runs (0: none)."""
+        return self._pid
+
+    def adopt(self, kernel_name: str, pid: int, config: dict[str, Any]) -> None:
+        """Take the kernel a restore from a memory image brought back (``pid`` on the host):
+        the next launch connects to it instead of starting one."""
+        self._forget()
+        self._launches = int(kernel_name.rsplit("k", 1)[1])
+        self.info.kernel_name, self.info.kernel_ref = kernel_name, str(pid)
+        self._adopted = config
+        with contextlib.suppress(OSError):  # gone already: its launch finds it dead
+            self._pidfd = os.pidfd_open(pid)
+            self._pid = pid
+            self._parent.context_pids.add(pid)
+
     async def launch_kernel(self) -> dict[str, Any]:
+        if self._adopted is not None:
+            config, self._adopted = self._adopted, None
+            if not self._pid:
+                raise BackendError("its kernel was restored with the sandbox, then ended")
+            return config
         if kernel_commands().get(self.language) is None:
             raise BackendError(f"the sandbox image has no {self.language} kernel")
         self._forget()
@@ -172,6 +198,7 @@ class DockerContextSandbox(Sandbox):
     async def cleanup(self, restart: bool = False) -> None:
         self._forget()
         if not restart:
+            self._parent.context_ended(self)
             await _in_thread(self._remove_files)
 
     def _remove_files(self) -> None:

@@ -22,6 +22,8 @@ from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 
 REQUEST_NAME = "launch.json"
 KERNEL_NAME = re.compile(r"k[0-9]{1,9}")
+CONTEXT_KERNEL_NAME = re.compile(r"x[0-9a-f]{8}k[0-9]{1,9}")
+"""A code context's kernel: its context's name, then its start's number."""
 """The names the host gives kernels (``k1``, ``k2``, ...), as PID 1 accepts them."""
 PID_WAIT_S = 10.0
 """How long PID 1 may take to record a kernel it was asked for (a busy host, a cold cache)."""
