@@ -207,6 +207,7 @@ install_criu() {
 
 # Installs CRIU unless root's PATH has one new enough, then says whether this kernel can
 # checkpoint. Nothing here fails the set-up: without CRIU, pauses keep the variables.
+RUNC_CRIU_CONFIG=/etc/criu/runc.conf
 ensure_criu() {
   local criu installed="" report can_root=yes
   [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1 || can_root=""
@@ -223,6 +224,12 @@ ensure_criu() {
     criu=$CRIU_WRAPPER installed=yes
   fi
   [ -n "$can_root" ] || return 0  # criu check needs root
+  # runc hands CRIU this file on every dump and restore: Deno's kernel holds file locks (its
+  # caches), which CRIU keeps only when told to (docs/languages.md).
+  if ! as_root grep -qsx 'file-locks' "$RUNC_CRIU_CONFIG"; then
+    as_root mkdir -p "$(dirname "$RUNC_CRIU_CONFIG")"
+    echo file-locks | as_root tee -a "$RUNC_CRIU_CONFIG" >/dev/null
+  fi
   if report=$(as_root "$criu" check 2>&1); then
     [ -z "$installed" ] || say "CRIU $(criu_version "$criu") is installed and this kernel can checkpoint"
   else

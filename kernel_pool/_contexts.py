@@ -8,10 +8,9 @@ the language: ``"r"``, ``"javascript"``, ``"bash"``); :meth:`Contexts.create` ma
 
 Executions of every context go through the session's one queue, in order: a pause, resume or
 restart of the session never meets one running. A memory pause keeps the contexts' kernels
-it can (R and bash: not Deno's, whose relay holds loopback TCP connections that a dump refuses)
-with the rest of the sandbox, and its restore connects them again; a variables pause keeps
-none but the session's own. A context whose kernel a pause ended is named in its
-``not_kept`` and starts afresh at its next use.
+the sandbox can hold (:meth:`Sandbox.context_refusal`) with the rest of it, and its restore
+connects them again; a variables pause keeps none but the session's own. A context whose
+kernel a pause ended is named in its ``not_kept`` and starts afresh at its next use.
 """
 
 from __future__ import annotations

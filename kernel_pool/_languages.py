@@ -29,17 +29,13 @@ class KernelLanguage:
     """``message``: an ``interrupt_request`` on the control channel stops the running code;
     ``signal``: the kernel only heeds SIGINT, sent to its process group (IRkernel; R's
     ``system()`` ignores SIGINT in R itself while its child runs)."""
-    checkpointed: bool = True
-    """Whether a memory pause keeps its kernel (with the rest of the sandbox). Deno's is
-    reached through a relay over loopback TCP, whose open connections a dump refuses."""
 
 
 KERNEL_LANGUAGES = {
     "python": KernelLanguage("python", "Python 3", "message"),
     "bash": KernelLanguage("bash", "Bash", "message"),
     "r": KernelLanguage("r", "R", "signal"),
-    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message",
-                                 checkpointed=False),
+    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message"),
 }
 SAME_KERNEL = {"typescript": "javascript"}
 ALIASES = {"js": "javascript", "ts": "typescript"}

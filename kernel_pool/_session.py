@@ -34,7 +34,7 @@ from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
-from kernel_pool._languages import KERNEL_LANGUAGES, display_language, normalize_language
+from kernel_pool._languages import display_language, normalize_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
     KeptContext,
@@ -495,12 +495,12 @@ class Session:
         self.pause_info = info
         self.reason = None
         self.pause_failed = False
-        keep = self._contexts_to_keep(info)
+        keep, refused = self._contexts_to_keep()
         wants_memory = bool(keep) or self._settings.pause_with == "memory" or (
             self._settings.pause_with == "auto" and bool(info.not_kept))
         if wants_memory and self._memory_refusal() is not None:
             keep = []
-        ended = {**await self._end_commands(), **await self._end_contexts(spare=keep)}
+        ended = {**await self._end_commands(), **await self._end_contexts(keep, refused)}
         held = {context_entry(context.id): (
             f"its {display_language(context.language)} kernel: only the memory image holds "
             "it; it starts afresh at its next execution") for context in keep}
@@ -536,16 +536,25 @@ class Session:
         await self.lifecycle.paused_here(self)
         return info
 
-    def _contexts_to_keep(self, info: PauseInfo) -> list[CodeContext]:
-        """The code contexts whose kernels a memory pause would keep: those that run, but
-        Deno's (its relay's loopback TCP connections, which a dump refuses). A session that
-        runs one wants a memory pause whatever ``pause_with`` says: a variables pause would
-        lose it (unless pauses keep variables only: ``pause_with="variables"``)."""
+    def _contexts_to_keep(self) -> tuple[list[CodeContext], dict[str, str]]:
+        """The code contexts whose kernels a memory pause would keep (those that run, and
+        the sandbox can hold), and why each other running one cannot be kept, by id. A
+        session that runs one to keep wants a memory pause whatever ``pause_with`` says
+        (a variables pause would lose it), unless pauses keep variables only."""
+        keep: list[CodeContext] = []
+        refused: dict[str, str] = {}
         if self._settings.pause_with == "variables":
-            return []
-        return [context for context in self._contexts
-                if not context.default and KERNEL_LANGUAGES[context.language].checkpointed
-                and context.kernel is not None and context.kernel.state is KernelState.READY]
+            return keep, refused
+        for context in self._contexts:
+            if (context.default or context.kernel is None
+                    or context.kernel.state is not KernelState.READY):
+                continue
+            why = self.kernel.sandbox.context_refusal(context.language)
+            if why is None:
+                keep.append(context)
+            else:
+                refused[context.id] = why
+        return keep, refused
 
     def _memory_refusal(self) -> str | None:
         """Why this session cannot be paused with its memory, if it cannot."""
@@ -566,21 +575,23 @@ class Session:
             await asyncio.sleep(0.05)
         return ended
 
-    async def _end_contexts(self, spare: list[CodeContext] | None = None) -> dict[str, str]:
+    async def _end_contexts(self, spare: list[CodeContext] | None = None,
+                            refused: dict[str, str] | None = None) -> dict[str, str]:
         """End the kernels of the code contexts that the pause does not keep (but those in
-        ``spare``, for a memory pause); what was ended, as ``not_kept`` entries. Each starts
-        afresh at its next execution, which says so."""
+        ``spare``, for a memory pause); what was ended, as ``not_kept`` entries, with the
+        reason ``refused`` gives by id, if any. Each starts afresh at its next execution,
+        which says so."""
         ended = {}
         for context in self._contexts:
             if context.default or context.kernel is None or context in (spare or ()):
                 continue
             await close_context(context)
             language = display_language(context.language)
+            why = (refused or {}).get(context.id, "the pause could not keep it")
             context.lost = (f"the session was paused, and the pause kept no {language} "
                             "kernel: a fresh one was started (variables lost, files kept)")
             ended[context_entry(context.id)] = (
-                f"its {language} kernel: the pause could not keep it; it starts afresh at its "
-                "next execution")
+                f"its {language} kernel: {why}; it starts afresh at its next execution")
         return ended
 
     async def _stop_paused(self) -> None:

@@ -89,6 +89,11 @@ class Sandbox(ABC):
         is disconnected for a :meth:`checkpoint`."""
         return None
 
+    def context_refusal(self, language: str) -> str | None:
+        """Why a :meth:`checkpoint` could not hold a code context's kernel of ``language``
+        (:meth:`add_kernel`) where it can hold the sandbox, as a sentence; None if it can."""
+        return None
+
     @property
     def pipe_folder(self) -> tuple[Path, str] | None:
         """A folder the host and the kernel both reach, where a named pipe the host makes

@@ -21,7 +21,8 @@ from kernel_pool import (
     UnknownLanguage,
 )
 from kernel_pool._contexts import JS_LATE_OUTPUT
-from kernel_pool.backends.docker import build_polyglot_image
+from kernel_pool.backends.docker import DockerBackend, build_polyglot_image
+from kernel_pool.backends.docker._criu import dumps_file_locks
 
 LANGUAGES = ["r", "javascript", "bash"]
 SET = {"r": "x <- 41", "javascript": "var x = 41", "bash": "x=41"}
@@ -33,7 +34,7 @@ TWO_LINES = {"r": "cat('a\\n'); Sys.sleep(1.5); cat('b\\n')",
              "bash": "echo a; sleep 1.5; echo b"}
 ERROR = {"r": 'stop("boom")', "javascript": "throw new Error('boom')",
          "bash": "echo boom >&2; false"}
-PID = {"r": "cat(Sys.getpid(), '\\n')", "bash": "echo $$"}
+PID = {"r": "cat(Sys.getpid(), '\\n')", "bash": "echo $$", "javascript": "console.log(Deno.pid)"}
 """The kernel's pid (bash_kernel's shell's: the process that holds bash's variables)."""
 WRITE = {"r": 'writeLines("from r", "from_r.txt")',
          "javascript": "Deno.writeTextFileSync('from_javascript.txt', 'from javascript\\n')",
@@ -242,44 +243,41 @@ async def test_an_unknown_language_names_the_offered_ones(poly: Session,
     assert "polyglot" in str(default_image.value)
 
 
-async def test_a_memory_pause_keeps_r_and_bash_as_they_were(polyglot_pool: KernelPool) -> None:
-    """R's and bash's kernels are in the memory image (the very processes, their variables
-    with them); Deno's, which a dump cannot hold, is ended and named in ``not_kept``."""
+async def test_a_memory_pause_keeps_every_context_as_it_was(polyglot_pool: KernelPool) -> None:
+    """R's, bash's and Deno's kernels are in the memory image: the very processes, their
+    variables with them, connected again as the session resumes."""
     session = await polyglot_pool.create_session()
     try:
         await session.execute("kept = 1")
         pids = {}
-        for language in ("r", "bash"):
+        for language in LANGUAGES:
             assert (await session.submit(SET[language], language=language).result()).status == "ok"
             pid = await session.submit(PID[language], language=language).result()
             pids[language] = pid.stdout.strip()
             assert pids[language].isdigit(), pid
-        assert (await session.submit(SET["javascript"], language="javascript").result()
-                ).status == "ok"
         info = await session.pause()
         assert info.paused_with == "memory", (info, session.reason)
-        assert set(info.not_kept) == {"context 'javascript'"}, info
-        assert {"context 'r'", "context 'bash'"} <= set(info.kept), info
-        assert {"context 'r'", "context 'bash'"} <= set(info.variables_not_kept), info
-        assert {kept.id for kept in info.contexts} == {"r", "bash"}
+        assert info.not_kept == {}, info
+        held = {f"context '{language}'" for language in LANGUAGES}
+        assert held <= set(info.kept) and held <= set(info.variables_not_kept), info
+        assert {kept.id for kept in info.contexts} == set(LANGUAGES)
         listed = {context.id: context.running for context in await session.list_contexts()}
-        assert listed == {"python": True, "r": False, "bash": False, "javascript": False}
+        assert listed == {"python": True, **dict.fromkeys(LANGUAGES, False)}
         await session.resume()
         assert session.reason is None, session.reason
-        for language in ("r", "bash"):
+        for language in LANGUAGES:
             back = await session.submit(GET[language], language=language).result()
             assert (back.status, back.restarted, back.stdout.strip()) == ("ok", False, "42"), back
             pid = await session.submit(PID[language], language=language).result()
             assert pid.stdout.strip() == pids[language], "the same process, restored"
-        assert {c.id: c.running for c in await session.list_contexts()}["r"] is True
-        lost = await session.submit("typeof x", language="javascript").result()
-        assert lost.restarted and "undefined" in str(lost.outputs), lost
+        assert all(context.running for context in await session.list_contexts())
         assert (await session.execute("print(kept)")).stdout == "1\n"
         # Paused and resumed again: the restored kernels are checkpointed like any.
         assert (await session.pause()).paused_with == "memory"
         await session.resume()
-        back = await session.submit(GET["r"], language="r").result()
-        assert (back.restarted, back.stdout.strip()) == (False, "42"), back
+        for language in LANGUAGES:
+            back = await session.submit(GET[language], language=language).result()
+            assert (back.restarted, back.stdout.strip()) == (False, "42"), back
     finally:
         await polyglot_pool.delete_session(session.id)
 
@@ -322,4 +320,38 @@ async def test_contexts_a_failed_memory_pause_could_not_keep_start_afresh_and_sa
         back = await session.submit("exists('x')", language="r").result()
         assert back.restarted and "FALSE" in str(back.outputs), back
     finally:
+        await polyglot_pool.delete_session(session.id)
+
+
+def test_runc_criu_configuration_read_for_file_locks(tmp_path: Path) -> None:
+    config = tmp_path / "runc.conf"
+    assert dumps_file_locks(config) is False  # none at all
+    config.write_text("# file-locks\ntcp-established\n")
+    assert dumps_file_locks(config) is False
+    config.write_text("tcp-established\n  file-locks  # Deno's caches\n")
+    assert dumps_file_locks(config) is True
+
+
+async def test_a_context_the_host_cannot_dump_is_ended_and_says_why(
+        polyglot_pool: KernelPool) -> None:
+    """A host whose CRIU does not keep file locks cannot dump Deno's kernel: the pause keeps
+    the rest of the sandbox and names the JavaScript context with the reason."""
+    backend = polyglot_pool.backend
+    assert isinstance(backend, DockerBackend) and backend.file_locks, \
+        "./run.sh writes file-locks in /etc/criu/runc.conf"
+    session = await polyglot_pool.create_session()
+    backend.file_locks = False
+    try:
+        for language in ("r", "javascript"):
+            assert (await session.submit(SET[language], language=language).result()).status == "ok"
+        info = await session.pause()
+        assert info.paused_with == "memory", (info, session.reason)
+        assert list(info.not_kept) == ["context 'javascript'"], info
+        assert "file-locks in /etc/criu/runc.conf" in info.not_kept["context 'javascript'"]
+        back = await session.submit(GET["r"], language="r").result()
+        assert (back.restarted, back.stdout.strip()) == (False, "42"), back
+        lost = await session.submit("typeof x", language="javascript").result()
+        assert lost.restarted and "undefined" in str(lost.outputs), lost
+    finally:
+        backend.file_locks = True
         await polyglot_pool.delete_session(session.id)

@@ -53,12 +53,13 @@ from kernel_pool.backends.docker._checkpoint import (
     discard,
     dump,
     folder_bytes,
+    loopback_settled,
     remove_staged_copies,
     whole_dump,
 )
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
-from kernel_pool.backends.docker._criu import checkpoint_support
+from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG, checkpoint_support, dumps_file_locks
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
@@ -188,6 +189,10 @@ def _connection(key: str, ip: str | None = None) -> dict[str, Any]:
     info = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
             "kernel_name": "python3"}
     return info if ip is None else {**info, "ip": ip}
+
+
+RELAY_SETTLE_S = 1.0
+"""How long Deno's relay may take to close its connections to the kernel before a dump."""
 
 
 def _read_connection_file(path: Path) -> dict[str, Any]:
@@ -362,6 +367,12 @@ class DockerSandbox(Sandbox):
         if self._through_init:
             return None
         return "a gVisor sandbox cannot be checkpointed with CRIU"
+
+    def context_refusal(self, language: str) -> str | None:
+        if language == "javascript" and not self._backend.file_locks:
+            return (f"Deno's kernel holds file locks, which this host's CRIU keeps only with "
+                    f"file-locks in {RUNC_CRIU_CONFIG} (./run.sh writes it)")
+        return None
 
     @property
     def pipe_folder(self) -> tuple[Path, str] | None:
@@ -747,6 +758,10 @@ class DockerSandbox(Sandbox):
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
+        if any(record["language"] == "javascript" for record in about["contexts"]):
+            # Deno's relay closes its loopback connections to the kernel once the host's
+            # are gone (the caller dropped them); CRIU refuses those still open or closing.
+            await _in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S)
         folder = await self._checkpoint_tree(about) if self._backend.tree_checkpoints else None
         if folder is None:
             try:
@@ -1064,6 +1079,8 @@ class DockerBackend(SandboxBackend):
     templates_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
     checkpoints = False
     checkpoint_refusal: str | None = "the host was not checked for CRIU (the pool's start does)"
+    file_locks = False
+    """Whether runc's CRIU keeps file locks (:func:`._criu.dumps_file_locks`)."""
     tree_checkpoints = False
     """Whether memory pauses may dump the kernel's tree from inside its container (see
     :mod:`._tree`): where CRIU's private root lets it run there, as for templates."""
@@ -1216,6 +1233,7 @@ class DockerBackend(SandboxBackend):
             self.checkpoint_refusal = (
                 None if self.checkpoints else support.reason if not support.available
                 else "the gateway is not root, and cannot reach the engine's checkpoints")
+            self.file_locks = self.checkpoints and await _in_thread(dumps_file_locks)
             if self.checkpoint_refusal:
                 # Asked for by name, it is worth a warning; `auto` makes do with variables.
                 logger.log(logging.WARNING if self.settings.pause_with == "memory" else

@@ -454,3 +454,29 @@ def _unpack(image: Path, folder: Path) -> None:
     if unpacker.returncode or tar.returncode:
         raise CheckpointError("the checkpoint image is corrupt: "
                               f"{(unpack_err or tar.stderr).decode(errors='replace')[-300:]}")
+
+
+_HELD_TCP_STATES = {"01", "08"}
+"""ESTABLISHED and CLOSE_WAIT (``/proc/net/tcp``'s hex states): a connection a process holds
+open, which CRIU dumps only with ``tcp-established``. Listeners, and the other end's
+TIME_WAIT or FIN_WAIT once its process closed it, are no obstacle."""
+
+
+def loopback_settled(init_pid: int, wait_s: float) -> bool:
+    """Wait (blocking) up to ``wait_s`` until no TCP connection in the network namespace of
+    ``init_pid`` (a container's PID 1) is held open; whether none is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = False
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{init_pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            held = held or any(len(fields) > 3 and fields[3] in _HELD_TCP_STATES
+                               for fields in (line.split() for line in lines))
+        if not held:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 CRIU_MIN_VERSION = (4, 2)
@@ -26,6 +27,9 @@ ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Where runc looks for ``criu``: the ``PATH`` of an engine started as root (by systemd or by
 ``./run.sh``), whatever the gateway's own ``PATH``."""
 CRIU_TIMEOUT_S = 10.0
+RUNC_CRIU_CONFIG = Path("/etc/criu/runc.conf")
+"""The CRIU configuration runc hands CRIU on every dump and restore (``org.criu.config``
+annotations aside, which Docker 20.10 cannot set)."""
 
 
 @dataclass(frozen=True)
@@ -110,3 +114,14 @@ def _check_fails(criu: str) -> str | None:
     if errors:
         return errors[0]
     return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def dumps_file_locks(config: Path = RUNC_CRIU_CONFIG) -> bool:
+    """Whether runc's CRIU configuration keeps file locks (``file-locks``, which ``./run.sh``
+    writes): without it a dump of a process holding one fails (Deno's kernel, its caches'
+    locks). Blocking (a small file)."""
+    try:
+        lines = config.read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split("#", 1)[0].strip() in ("file-locks", "--file-locks") for line in lines)
