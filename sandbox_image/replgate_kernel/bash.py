@@ -18,9 +18,12 @@ of whatever runs next.
 """
 
 import contextlib
+import importlib
 import os
 import signal
+import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +103,28 @@ def _end_runaway(shell: int) -> None:
         time.sleep(0.01)
 
 
+def _without_ipython_terminal() -> None:
+    """Stand in for ``IPython.terminal.embed`` until something calls its ``embed``.
+
+    ``IPython/__init__`` imports it (for ``IPython.embed``), and with it IPython's terminal:
+    prompt_toolkit and its debugger, about 0.15 s of a bash kernel's 0.45 s start, which a
+    bash kernel never uses. The stand-in's ``embed`` imports the real module and calls it.
+    """
+    name = "IPython.terminal.embed"
+
+    def embed(*args: Any, **kwargs: Any) -> Any:
+        sys.modules.pop(name, None)
+        real = importlib.import_module(name)
+        return real.embed(*args, **kwargs)
+
+    stand_in = types.ModuleType(name)
+    stand_in.embed = embed  # type: ignore[attr-defined]
+    sys.modules.setdefault(name, stand_in)
+
+
 def main() -> None:
     pexpect.spawn = _Spawn  # bash_kernel spawns its shell as ``pexpect.spawn(...)``
+    _without_ipython_terminal()
     from bash_kernel.kernel import BashKernel
     from ipykernel.kernelapp import IPKernelApp
 
