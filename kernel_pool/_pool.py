@@ -677,6 +677,7 @@ class KernelPool:
                           metadata=metadata)
         session.lifecycle = self
         session.pause_info = info
+        session.recall_contexts()
         session._lost = lost
         if created_at:
             session.created_at = created_at

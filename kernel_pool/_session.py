@@ -691,6 +691,13 @@ class Session:
         except SnapshotError as exc:
             logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
 
+    def recall_contexts(self) -> None:
+        """Know the code contexts the pause's info names (a session taken back, or made from
+        another node's bundle): listed while paused as they were; at the resume their kernels
+        come back with the memory image, or start afresh and say so."""
+        for held in self.pause_info.contexts if self.pause_info else []:
+            self._contexts.adopt(held.id, held.language, held.name)
+
     async def take_back(self) -> None:
         """Settle what an earlier gateway left of this paused session's memory pause (call
         once, when a new gateway takes the session back): it may have been stopped, or
@@ -702,8 +709,7 @@ class Session:
         info = self.pause_info
         if info is None:
             return
-        for held in info.contexts:  # listed while paused, as they were before the restart
-            self._contexts.adopt(held.id, held.language, held.name)
+        self.recall_contexts()
         store = self.lifecycle.snapshots
         # Where this gateway cannot checkpoint, no dump of the sandbox can be restored either
         # (nor read, without root): it goes with the container.

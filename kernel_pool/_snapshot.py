@@ -85,8 +85,9 @@ class KeptContext(BaseModel):
 
     id: str
     language: str
-    name: str
-    """Its kernel's name in the sandbox (the context's, which the memory image records)."""
+    name: str | None = None
+    """Its kernel's name in the sandbox (the context's, which the memory image records); None
+    for a context known only by its id (another node's bundle holds no kernel of it)."""
 
 
 class PauseInfo(BaseModel):

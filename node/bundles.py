@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from gateway.store import Store
-from kernel_pool import KernelPool, PauseInfo, Session, SessionPort
+from kernel_pool import DEFAULT_CONTEXT, KernelPool, PauseInfo, Session, SessionPort
 from kernel_pool.bundles import BundleInfo, Bundles, read_session, write_session
 
 logger = logging.getLogger("replgate.node")
@@ -87,8 +87,11 @@ class BundleKeeper:
             not_kept[MEMORY_NOT_KEPT] = (
                 f"the memory image stays on node {self.node_id}, where it was taken (it "
                 "restores only on that host): another node resumes from the variables")
+        contexts = {context_id: language for context_id, language in session.contexts.items()
+                    if context_id != DEFAULT_CONTEXT}
         return BundleInfo(paused_with="variables", image_digest=self._digests[image],
-                          kept=variables.kept, not_kept=not_kept, reseed=info.reseed)
+                          kept=variables.kept, not_kept=not_kept, reseed=info.reseed,
+                          contexts=contexts)
 
     async def keep_paused(self, session: Session) -> None:
         """Pause the session into shared storage: paused now (which writes its bundle), or,

@@ -25,6 +25,10 @@ class BundleInfo(BaseModel):
         "(as a paused session's not_kept says it)")
     reseed: bool = Field(False, description="a fork's copy that never ran: its random "
                          "generators start afresh when it resumes")
+    contexts: dict[str, str] = Field(
+        default_factory=dict, description="the session's code contexts but its Python one, "
+        "id to language: the resuming node lists them, and starts each one's kernel afresh at "
+        "its next execution, which says so (a bundle holds Python's variables alone)")
 
 
 class Part(BaseModel):

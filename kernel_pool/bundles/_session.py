@@ -25,7 +25,7 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from kernel_pool._snapshot import TRANSFER_NAME, PauseInfo, SnapshotStore
+from kernel_pool._snapshot import TRANSFER_NAME, KeptContext, PauseInfo, SnapshotStore
 from kernel_pool._streams import SUFFIXES
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound
@@ -83,7 +83,9 @@ async def read_session(bundle: Bundle, session_id: str, snapshots: SnapshotStore
         writer.abort()
         raise
     info = PauseInfo(paused_with="variables", kept=manifest.kept, not_kept=manifest.not_kept,
-                     reseed=manifest.reseed)
+                     reseed=manifest.reseed, contexts=[
+                         KeptContext(id=context_id, language=language)
+                         for context_id, language in manifest.contexts.items()])
     kept: PauseInfo = await anyio.to_thread.run_sync(snapshots.commit, session_id, writer,
                                                      info, suffix)
     try:

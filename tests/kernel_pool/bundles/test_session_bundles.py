@@ -66,6 +66,38 @@ async def test_a_paused_session_resumes_in_another_pool_with_its_variables_and_f
         await bundles.delete("acme", sid)
 
 
+async def test_a_context_resumed_on_another_node_is_listed_and_says_it_started_afresh(
+        state_root: Path, docker_client: docker.DockerClient, store_url: str) -> None:
+    """A bundle holds Python's variables alone: the resuming pool lists the session's other
+    contexts, and their next execution starts a fresh kernel and says so."""
+    bundles = Bundles(open_store(store_url), KEYS)
+    async with pausing_pool(state_root, docker_client, "bundle-c") as first, \
+            pausing_pool(state_root, docker_client, "bundle-d") as second:
+        session = await first.create_session()
+        assert (await session.submit("n=41", language="bash").result()).status == "ok"
+        info = await session.pause()
+        contexts = {k: v for k, v in session.contexts.items() if k != "python"}
+        assert contexts == {"bash": "bash"}
+        await write_session(bundles, "acme", session.id,
+                            BundleInfo(paused_with="variables", image_digest="sha256:test",
+                                       kept=info.kept, not_kept=info.not_kept,
+                                       contexts=contexts),
+                            first.snapshots, session.workspace)
+        sid = session.id
+        await first.delete_session(sid)
+        bundle = await bundles.open("acme", sid)
+        restored = await second.restore_session(
+            lambda workspace: read_session(bundle, sid, second.snapshots, workspace),
+            session_id=sid)
+        assert [(c.id, c.running) for c in await restored.list_contexts()] == [
+            ("python", True), ("bash", False)]
+        back = await restored.submit("echo ${n:-unset}", language="bash").result()
+        assert (back.stdout, back.restarted) == ("unset\n", True), back
+        assert back.reason is not None and "Bash kernel" in back.reason, back
+        await second.delete_session(sid)
+        await bundles.delete("acme", sid)
+
+
 async def test_a_bundle_that_does_not_open_leaves_nothing_behind(
         state_root: Path, docker_client: docker.DockerClient, tmp_path: Path) -> None:
     url = (tmp_path / "bundles").as_uri()
