@@ -598,8 +598,8 @@ class Store:
     async def add_session_usage(self, session_id: str, executions: int, wall_s: float,
                                 cpu_s: float) -> Usage:
         """Add to what the session has used, atomically; the totals after."""
-        rows = await self._fetch(_ADD_USAGE, id=session_id, executions=executions,
-                                 wall_s=wall_s, cpu_s=cpu_s)
+        rows = await self._fetch(_ADD_USAGE + _RETURNING_USAGE, id=session_id,
+                                 executions=executions, wall_s=wall_s, cpu_s=cpu_s)
         return _usage(rows[0])
 
     async def claim_execution(self, session_id: str, runs: int, wall_s: float, cpu_s: float,
@@ -619,7 +619,7 @@ class Store:
         unless = (" WHERE NOT (" + " OR ".join(used_up[name] for name in given) + ")"
                   if given else "")
         rows = await self._fetch(
-            _ADD_USAGE.replace(_RETURNING_USAGE, unless + _RETURNING_USAGE),
+            _ADD_USAGE + unless + _RETURNING_USAGE,
             id=session_id, executions=runs + 1, wall_s=wall_s, cpu_s=cpu_s, **given)
         return _usage(rows[0]) if rows else None
 
@@ -718,14 +718,14 @@ def _approval_from_row(row: RowMapping | sqlite3.Row) -> Approval:
     return Approval.model_validate(data)
 
 
-_RETURNING_USAGE = " RETURNING executions, wall_s, cpu_s"
 _ADD_USAGE = (
     "INSERT INTO session_usage (session_id, executions, wall_s, cpu_s) "
     "VALUES (:id, :executions, :wall_s, :cpu_s) ON CONFLICT (session_id) DO UPDATE "
     "SET executions = session_usage.executions + excluded.executions, "
     "wall_s = session_usage.wall_s + excluded.wall_s, "
-    "cpu_s = session_usage.cpu_s + excluded.cpu_s" + _RETURNING_USAGE)
-"""Add to a session's use; the totals after. A claim puts its condition before RETURNING."""
+    "cpu_s = session_usage.cpu_s + excluded.cpu_s")
+"""Add to a session's use (a claim adds its ``WHERE`` condition after it)."""
+_RETURNING_USAGE = " RETURNING executions, wall_s, cpu_s"
 
 
 def _usage(row: RowMapping | sqlite3.Row) -> Usage:

@@ -691,12 +691,12 @@ class Session:
         except SnapshotError as exc:
             logger.warning("session %s: its pause's record was not updated: %s", self.id, exc)
 
-    def recall_contexts(self) -> None:
+    def recall_contexts(self) -> list[CodeContext]:
         """Know the code contexts the pause's info names (a session taken back, or made from
         another node's bundle): listed while paused as they were; at the resume their kernels
-        come back with the memory image, or start afresh and say so."""
-        for held in self.pause_info.contexts if self.pause_info else []:
-            self._contexts.adopt(held.id, held.language, held.name)
+        come back with the memory image, or start afresh and say so. Those contexts."""
+        return [self._contexts.adopt(held.id, held.language, held.name)
+                for held in (self.pause_info.contexts if self.pause_info else [])]
 
     async def take_back(self) -> None:
         """Settle what an earlier gateway left of this paused session's memory pause (call
@@ -887,27 +887,25 @@ class Session:
     def _contexts_not_restored(self) -> None:
         """Resumed from the variables: the code contexts a memory image held (or was to
         hold) are not back; each starts afresh at its next execution, which says so."""
-        for kept in self.pause_info.contexts if self.pause_info else []:
-            self._contexts.adopt(kept.id, kept.language, kept.name).lost = (
-                "the session resumed from its variables snapshot, which holds no "
-                f"{display_language(kept.language)} kernel: a fresh one was started "
-                "(variables lost, files kept)")
+        for context in self.recall_contexts():
+            context.lost = ("the session resumed from its variables snapshot, which holds no "
+                            f"{display_language(context.language)} kernel: a fresh one was "
+                            "started (variables lost, files kept)")
 
     async def _reconnect_contexts(self) -> None:
         """After a restore from the memory image: connect the code contexts it held to
         their kernels, as they were. One that does not answer starts afresh at its next
         execution, which says so."""
-        for kept in self.pause_info.contexts if self.pause_info else []:
-            context = self._contexts.adopt(kept.id, kept.language, kept.name)
+        for context in self.recall_contexts():
             try:
                 await self._contexts.start(context, self.kernel.sandbox, self.env, self.kernel,
                                            self._settings.kernel_start_timeout_s, restored=True)
             except Exception as exc:
                 await close_context(context)
-                context.lost = (f"its {display_language(kept.language)} kernel did not come "
-                                f"back with the session's memory ({exc}): a fresh one was "
-                                "started (variables lost, files kept)")
-                logger.warning("session %s: context %s: %s", self.id, kept.id, context.lost)
+                context.lost = (f"its {display_language(context.language)} kernel did not "
+                                f"come back with the session's memory ({exc}): a fresh one "
+                                "was started (variables lost, files kept)")
+                logger.warning("session %s: context %s: %s", self.id, context.id, context.lost)
 
     async def _resume_in_place(self, store: SnapshotStore, reseed: bool) -> None:
         """A new container and kernel on the session's own workspace (no copy)."""

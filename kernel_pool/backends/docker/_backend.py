@@ -740,15 +740,9 @@ class DockerSandbox(Sandbox):
         for name, face in self._context_faces.items():
             kernel_name, pid = face.info.kernel_name, face.pid
             inside = container_pid(pid) if pid else None
-            if not kernel_name or inside is None:
-                continue
-            try:
-                key = _read_connection_file(self._socket_dir / f"{kernel_name}.json")["key"]
-            except (OSError, ValueError) as exc:
-                raise BackendError(f"a code context's connection file cannot be read: "
-                                   f"{exc}") from exc
-            records.append({"name": name, "kernel_name": kernel_name, "pid": inside,
-                            "key": key, "language": face.language})
+            if kernel_name and inside is not None:
+                records.append({"name": name, "kernel_name": kernel_name, "pid": inside,
+                                "key": face.key, "language": face.language})
         return records
 
     async def checkpoint(self) -> Path:
@@ -758,10 +752,12 @@ class DockerSandbox(Sandbox):
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
-        if any(record["language"] == "javascript" for record in about["contexts"]):
-            # Deno's relay closes its loopback connections to the kernel once the host's
-            # are gone (the caller dropped them); CRIU refuses those still open or closing.
-            await _in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S)
+        # Deno's relay closes its loopback connections to the kernel once the host's are
+        # gone (the caller dropped them); CRIU refuses those still open or closing.
+        relayed = any(record["language"] == "javascript" for record in about["contexts"])
+        if relayed and not await _in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S):
+            logger.info("sandbox %s: a TCP connection is still open after %g s; CRIU "
+                        "may refuse the dump", self.info.sandbox_id, RELAY_SETTLE_S)
         folder = await self._checkpoint_tree(about) if self._backend.tree_checkpoints else None
         if folder is None:
             try:

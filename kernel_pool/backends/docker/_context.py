@@ -76,6 +76,9 @@ class DockerContextSandbox(Sandbox):
         self._pidfd: int | None = None
         self._exit_code: int | None = None
         self._launches = 0
+        self.key = ""
+        """Its kernel's connection key, as the host made it (the sandbox can rewrite the
+        connection file): a checkpoint records it."""
         self._adopted: dict[str, Any] | None = None
         """The connection of a kernel restored with the sandbox, taken by the next launch."""
         # Deno's kernel is its relay's child, bash_kernel's shell its child (pexpect's): both
@@ -97,12 +100,9 @@ class DockerContextSandbox(Sandbox):
         the next launch connects to it instead of starting one."""
         self._forget()
         self._launches = int(kernel_name.rsplit("k", 1)[1])
-        self.info.kernel_name, self.info.kernel_ref = kernel_name, str(pid)
+        self.info.kernel_name, self.key = kernel_name, config["key"]
         self._adopted = config
-        with contextlib.suppress(OSError):  # gone already: its launch finds it dead
-            self._pidfd = os.pidfd_open(pid)
-            self._pid = pid
-            self._parent.context_pids.add(pid)
+        self._hold(pid)  # gone already: its launch finds it dead
 
     async def launch_kernel(self) -> dict[str, Any]:
         if self._adopted is not None:
@@ -117,20 +117,25 @@ class DockerContextSandbox(Sandbox):
         name = f"{self.name}k{self._launches}"
         config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         await _in_thread(self._write_connection_file, name, config)
-        self.info.kernel_name, self.info.kernel_ref = name, None
+        self.info.kernel_name, self.info.kernel_ref, self.key = name, None, config["key"]
         pid, code = await self._parent.start_by_init(name, self.language, self.env)
         if pid is None:
             self._exit_code = code
-        else:
-            try:
-                self._pidfd = os.pidfd_open(pid)
-            except OSError:
-                self._exit_code = -1  # gone already
-            else:
-                self._pid = pid
-                self.info.kernel_ref = str(pid)
-                self._parent.context_pids.add(pid)
+        elif not self._hold(pid):
+            self._exit_code = -1  # gone already
         return {**config, "ip": str(self._socket_dir / name)}
+
+    def _hold(self, pid: int) -> bool:
+        """Watch host process ``pid`` as this face's kernel (a pidfd for its exit, spared by
+        the parent's clean-up); False if it is gone already."""
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        self._pid = pid
+        self.info.kernel_ref = str(pid)
+        self._parent.context_pids.add(pid)
+        return True
 
     def _write_connection_file(self, name: str, config: dict[str, Any]) -> None:
         # Earlier starts' files, and whatever the sandbox planted at this kernel's names.
