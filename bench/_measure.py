@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import random
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -46,14 +47,21 @@ async def interleaved(actions: dict[str, Action], n: int, warmup: int = 20,
     ``block`` calls); each block runs inside ``around(name)`` (to meter it, say).
 
     On a machine whose load changes during the run, each contender sees the same mix of quiet
-    and busy moments, so their ratios hold even when the absolute figures drift.
+    and busy moments, so their ratios hold even when the absolute figures drift. The order
+    changes from round to round (the same every run): what one contender leaves running when
+    its block ends (a batch of spans exporting, writes finishing) falls on a different one
+    each time, not always on the one after it.
     """
     for action in actions.values():
         await timed(warmup, action)
     out: dict[str, list[float]] = {name: [] for name in actions}
     size = block or max(1, n // rounds)
+    order = list(actions)
+    shuffle = random.Random(0).shuffle
     while any(len(values) < n for values in out.values()):
-        for name, action in actions.items():
+        shuffle(order)
+        for name in order:
+            action = actions[name]
             with around(name):
                 out[name] += await timed(min(size, n - len(out[name])), action)
     return out

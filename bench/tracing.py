@@ -4,12 +4,12 @@
 
 Gateways of this checkout run side by side: one with traces on (the always-on sampler, the
 batch exporter sending OTLP/HTTP to a receiver on this machine that decodes every span:
-tests/otlp_receiver.py), one the same without SQLAlchemy's spans
-(``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=sqlalchemy``), one with no OTEL_* variable (no SDK at
-all). With ``--before REF``,
-a third runs the code of that git revision (a worktree made for the run), to show that with
-tracing off nothing changed. Each does ``1+1`` on its session's WebSocket in interleaved rounds;
-the p50s and their differences are printed (target: traced <= 0.3 ms p50 above untraced).
+tests/otlp_receiver.py, in a process of its own as a collector is), one the same without
+SQLAlchemy's spans (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=sqlalchemy``), one with no OTEL_*
+variable (no SDK at all). With ``--before REF``, a third runs the code of that git revision (a
+worktree made for the run), to show that with tracing off nothing changed. Each does ``1+1`` on
+its session's WebSocket in interleaved rounds; the p50s and their differences are printed
+(target: traced <= 0.3 ms p50 above untraced).
 
 Each configuration runs in ``--instances`` gateways (2 by default), its figures pooled: on 2
 cores one gateway's p50 differed from another's of the same configuration by up to 1.4 ms,
@@ -22,22 +22,53 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import subprocess
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench._measure import Action, interleaved, summary, threads_cpu_s
 from bench._peers import ROOT, Replgate
-from tests.otlp_receiver import OtlpReceiver
 
 CODE = "1+1"
 
 
+@dataclass
+class Received:
+    """What the receiver decoded: its exports and the names of the spans in them."""
+
+    endpoint: str
+    requests: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def receiver_process() -> AsyncIterator[Received]:
+    """The OTLP receiver in a process of its own: decoding in this one would hold the GIL the
+    client timing the gateways needs."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.otlp_receiver", cwd=ROOT, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    received = Received((await process.stdout.readline()).decode().strip())
+    try:
+        yield received
+    finally:
+        process.stdin.close()
+        answer = json.loads(await process.stdout.read())
+        await process.wait()
+        received.requests, received.names = answer["requests"], answer["names"]
+
+
 async def main(n: int, before: str | None, instances: int) -> None:
-    with OtlpReceiver() as receiver, tempfile.TemporaryDirectory(prefix="rg-before-") as tree:
+    async with contextlib.AsyncExitStack() as stack:
+        tree = stack.enter_context(tempfile.TemporaryDirectory(prefix="rg-before-"))
+        receiver = await stack.enter_async_context(receiver_process())
         traced_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                       "OTEL_TRACES_SAMPLER": "always_on", "OTEL_SERVICE_NAME": "replgate-bench"}
         configurations: dict[str, dict[str, Any]] = {
@@ -88,7 +119,6 @@ async def main(n: int, before: str | None, instances: int) -> None:
                                                          tree], cwd=ROOT, check=False,
                                         capture_output=True)
         await asyncio.sleep(1)  # the batch's last export
-        spans = receiver.snapshot()
     figures = {name: summary([time for label in labels[name] for time in each[label]])
                for name in configurations}
     cpu_ms = {name: sum(cpu_s[label] for label in labels[name]) * 1000 / figures[name]["n"]
@@ -106,10 +136,10 @@ async def main(n: int, before: str | None, instances: int) -> None:
         if name.startswith("before"):
             change = figures["untraced"]["p50"] - figures[name]["p50"]
             print(f"  untraced - {name} p50: {change * 1000:+.0f} us")
-    names = Counter(span.name for span in spans)
+    names = Counter(receiver.names)
     executes = names["replgate.execute"]
-    print(f"  the receiver decoded {len(spans)} spans in {receiver.requests} exports, "
-          f"{len(spans) / max(1, executes):.1f} per execution:")
+    print(f"  the receiver decoded {len(receiver.names)} spans in {receiver.requests} exports, "
+          f"{len(receiver.names) / max(1, executes):.1f} per execution:")
     for name, count in names.most_common(12):
         print(f"    {count / max(1, executes):5.2f}  {name}")
 

@@ -267,7 +267,6 @@ class AuditLog:
     async def _append(self, record_json: str,
                       also: Callable[[AsyncConnection], Awaitable[None]] | None,
                       ) -> AuditEntry:
-        lock = " FOR UPDATE" if self._database.dialect == "postgresql" else ""
         async with self._lock:
             # Durable: the record must be on disk before audit.head names it, or after a
             # power cut the file would point past the end of the log and look like
@@ -276,21 +275,30 @@ class AuditLog:
                 if also is not None:
                     # Before the head's lock: other gateways' appends wait on it, not on this.
                     await also(connection)
-                row = (await connection.execute(
-                    text(f"SELECT seq, hash FROM audit_head WHERE id = 1{lock}"))).one()
-                entry = AuditEntry(seq=row.seq + 1, prev_hash=row.hash,
-                                   hash=chain_hash(row.hash, record_json), record=record_json)
-                await connection.execute(
-                    text("INSERT INTO audit_log (seq, record, prev_hash, hash) "
-                         "VALUES (:seq, :record, :prev_hash, :hash)"), entry.model_dump())
-                await connection.execute(
-                    text("UPDATE audit_head SET seq = :seq, hash = :hash WHERE id = 1"),
-                    {"seq": entry.seq, "hash": entry.hash})
+                entry = await self._advance_head(connection, record_json)
+                await connection.execute(_INSERT_ENTRY, entry.model_dump())
             self._last = (entry.seq, entry.hash)
             if self._head_path is not None:
                 await anyio.to_thread.run_sync(_write_head, self._head_path, entry.seq,
                                                entry.hash)
             return entry
+
+    async def _advance_head(self, connection: AsyncConnection, record_json: str) -> AuditEntry:
+        """Move the database's head past ``record_json``'s entry, which follows the head as
+        this process last left it unless another gateway has appended since: one statement
+        when none has (a compare-and-set), else the head read under its lock and then set."""
+        seq, hash_ = self._last or (0, GENESIS_HASH)
+        while True:
+            entry = AuditEntry(seq=seq + 1, prev_hash=hash_,
+                               hash=chain_hash(hash_, record_json), record=record_json)
+            moved = await connection.execute(_ADVANCE_HEAD, {
+                "seq": entry.seq, "hash": entry.hash, "prev_seq": seq, "prev_hash": hash_})
+            if moved.rowcount == 1:
+                return entry
+            lock = " FOR UPDATE" if self._database.dialect == "postgresql" else ""
+            row = (await connection.execute(
+                text(f"SELECT seq, hash FROM audit_head WHERE id = 1{lock}"))).one()
+            seq, hash_ = row.seq, row.hash
 
     async def entries(self, batch: int = 1000) -> AsyncIterator[AuditEntry]:
         """Every stored row in ``seq`` order, as stored (nothing checked), read ``batch`` rows
@@ -432,6 +440,12 @@ async def _read_head(path: Path | None) -> _Head | None:
 
     text = await anyio.to_thread.run_sync(read)
     return None if text is None else _Head.model_validate_json(text)
+
+
+_ADVANCE_HEAD = text("UPDATE audit_head SET seq = :seq, hash = :hash "
+                     "WHERE id = 1 AND seq = :prev_seq AND hash = :prev_hash")
+_INSERT_ENTRY = text("INSERT INTO audit_log (seq, record, prev_hash, hash) "
+                     "VALUES (:seq, :record, :prev_hash, :hash)")
 
 
 def _write_head(path: Path, seq: int, hash_: str) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 
 from gateway import __version__
@@ -77,7 +77,8 @@ def setup_tracing() -> Tracing | None:
         if _tracing.wanted("httpx"):
             from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
-            HTTPXClientInstrumentor().instrument()
+            HTTPXClientInstrumentor().instrument(tracer_provider=_tracing.provider,
+                                                 meter_provider=_tracing.meter_provider)
     return _tracing
 
 
@@ -105,6 +106,13 @@ class Tracing:
         self.tracer = provider.get_tracer("replgate", __version__)
         self._disabled = {name.strip() for name in
                           os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "").split(",")}
+        # The instrumentations' metrics only where OTEL_METRICS_EXPORTER sends them somewhere
+        # (replgate's own are Prometheus's, on /metrics): the SDK's meter with no reader
+        # still does each measurement's work, four pool measurements per execution.
+        exporter = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower()
+        self.meter_provider: metrics.MeterProvider = (
+            metrics.get_meter_provider() if exporter not in ("", "none")
+            else metrics.NoOpMeterProvider())
 
     def wanted(self, instrumentation: str) -> bool:
         """Whether an instrumentation is on: ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` names
@@ -120,6 +128,7 @@ class Tracing:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         FastAPIInstrumentor.instrument_app(app, tracer_provider=self.provider,
+                                           meter_provider=self.meter_provider,
                                            server_request_hook=_hide_keys,
                                            exclude_spans=["receive", "send"])
 
@@ -132,6 +141,7 @@ class Tracing:
         # Its declared range stops below SQLAlchemy 2.1, whose engine events it hooks are
         # unchanged; the tracing tests check that its spans arrive.
         SQLAlchemyInstrumentor().instrument(engine=engine, tracer_provider=self.provider,
+                                            meter_provider=self.meter_provider,
                                             skip_dep_check=True)
 
     def start_execution(self, tenant: str, session_id: str, code: str,

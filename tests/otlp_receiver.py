@@ -3,13 +3,19 @@
 The OpenTelemetry Collector cannot be installed here, so this stands in for it: it accepts
 ``POST /v1/traces`` with a protobuf ``ExportTraceServiceRequest`` (gzip or not), decodes it with
 ``opentelemetry-proto`` and keeps every span, and every raw body (to search for what must never
-be exported). It runs in a thread of its own, as a collector runs in a process of its own.
+be exported). The tests run it in a thread of theirs; ``python -m tests.otlp_receiver`` runs it
+(``names_only``) in a process of its own, as a collector runs (bench/tracing.py: a receiver
+decoding spans in the measuring process would take the GIL from the client it times). That
+process prints its endpoint, and when its standard input closes, the names of the spans it
+decoded (JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,12 +63,20 @@ class ReceivedSpan:
 
 class OtlpReceiver:
     """``with OtlpReceiver() as receiver``: its :attr:`endpoint` for
-    ``OTEL_EXPORTER_OTLP_ENDPOINT``; :attr:`spans` and :attr:`bodies` as they arrive."""
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; :attr:`spans` and :attr:`bodies` as they arrive.
 
-    def __init__(self) -> None:
+    ``names_only``: each export is parsed (protobuf's C decoder) and only the span names are
+    kept, in :attr:`names`, at about the cost of a collector's decoding, not of building
+    Python objects for every attribute (bench/tracing.py: the receiver shares the machine's
+    two cores with what it measures).
+    """
+
+    def __init__(self, names_only: bool = False) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.names: list[str] = []
         self.bodies: list[bytes] = []
         self.requests = 0
+        self._names_only = names_only
         self._lock = threading.Lock()
         receiver = self
 
@@ -97,6 +111,13 @@ class OtlpReceiver:
     def _keep(self, body: bytes) -> None:
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
+        if self._names_only:
+            names = [span.name for resource_spans in request.resource_spans
+                     for scope_spans in resource_spans.scope_spans for span in scope_spans.spans]
+            with self._lock:
+                self.requests += 1
+                self.names.extend(names)
+            return
         spans = []
         for resource_spans in request.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
@@ -114,6 +135,7 @@ class OtlpReceiver:
             self.requests += 1
             self.bodies.append(body)
             self.spans.extend(spans)
+            self.names.extend(span.name for span in spans)
 
     def snapshot(self) -> list[ReceivedSpan]:
         with self._lock:
@@ -140,3 +162,10 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+if __name__ == "__main__":
+    with OtlpReceiver(names_only=True) as receiver:
+        print(receiver.endpoint, flush=True)
+        sys.stdin.read()
+    print(json.dumps({"requests": receiver.requests, "names": receiver.names}), flush=True)
