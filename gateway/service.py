@@ -585,6 +585,7 @@ class Gateway:
             # Counted as it ends, in the loop turn that answers its caller: a client told
             # "done" finds it in /metrics at once, not after the writes below (an fsync).
             self.metrics.observe(execution)
+            await _behind_the_callers()
             if span is not None and self.tracing is not None:
                 self.tracing.end_execution(span, handle, execution)
         except BaseException:
@@ -810,3 +811,20 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 def upload_too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge("upload", limit)
+
+
+async def _behind_the_callers() -> None:
+    """Wait until the tasks the execution's end woke with this one (a socket's forwarder, a
+    request's handler: the callers' answers) have run. This task woke first, and what follows
+    (its span, the records' statements) would otherwise delay every answer: a timer due now
+    fires only after everything already ready, and after what that made ready (the socket's
+    sender)."""
+    loop = asyncio.get_running_loop()
+    behind = loop.create_future()
+    loop.call_soon(loop.call_later, 0, _resolve, behind)
+    await behind
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

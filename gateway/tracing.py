@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from opentelemetry.sdk.trace import TracerProvider
     from sqlalchemy.engine import Engine
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from kernel_pool import Execution, ExecutionHandle
 
@@ -93,6 +94,26 @@ def _hide_keys(span: trace.Span, scope: dict[str, Any]) -> None:
             span.set_attribute(name, _SECRET_QUERY.sub(r"\1REDACTED", value))
 
 
+SOCKET_SEND = "replgate.socket_send"
+"""The scope key of a WebSocket's own ``send``, from outside the ASGI instrumentation."""
+
+
+class _FramesPast:
+    """Outermost: a WebSocket's ``send`` as the server gave it, kept in the scope under
+    :data:`SOCKET_SEND` for its data frames (gateway/routers/ws.py). The instrumentation's
+    wrapper sets the connection span's status code again on every frame sent, tens of
+    microseconds on each event an execution streams; the accept and the close still go through
+    it and set the span as they should."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            scope[SOCKET_SEND] = send
+        await self.app(scope, receive, send)
+
+
 def code_digest(code: str) -> str:
     """The SHA-256 of the code as the audit log records it (hex)."""
     return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
@@ -116,7 +137,7 @@ class Tracing:
 
     def wanted(self, instrumentation: str) -> bool:
         """Whether an instrumentation is on: ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` names
-        those to leave out, as for ``opentelemetry-instrument`` (``sqlalchemy``: some ten
+        those to leave out, as for ``opentelemetry-instrument`` (``sqlalchemy``: eight
         spans fewer per execution, see docs/observability.md)."""
         return instrumentation not in self._disabled
 
@@ -131,6 +152,12 @@ class Tracing:
                                            meter_provider=self.meter_provider,
                                            server_request_hook=_hide_keys,
                                            exclude_spans=["receive", "send"])
+        instrumented = app.build_middleware_stack
+
+        def build_middleware_stack() -> ASGIApp:
+            return _FramesPast(instrumented())
+
+        app.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]
 
     def instrument_engine(self, engine: Engine) -> None:
         """A span per SQL statement (its text with placeholders, never the values)."""

@@ -30,6 +30,7 @@ from gateway.errors import (
     status_for,
 )
 from gateway.service import Gateway
+from gateway.tracing import SOCKET_SEND
 from gateway.wire import (
     CommandDone,
     CommandFrame,
@@ -233,6 +234,10 @@ async def _forward(gateway: Gateway, handle: ExecutionHandle,
 
 
 async def _send_all(websocket: WebSocket, outbox: asyncio.Queue[Frame]) -> None:
+    send = websocket.scope.get(SOCKET_SEND)  # traced: past the instrumentation's wrapper
     while True:
         frame = await outbox.get()
-        await websocket.send_text(frame.text())
+        if send is None:
+            await websocket.send_text(frame.text())
+        else:
+            await send({"type": "websocket.send", "text": frame.text()})
