@@ -204,7 +204,11 @@ class AuditLog:
         self._database = database
         self._head_path = head_path
         self._last: tuple[int, str] | None = None
-        """The end this gateway last wrote or read, for ``repr`` only: others may append."""
+        """The end this gateway last wrote or read: where its next append expects the chain
+        to end (others may have appended since)."""
+        self._shared_chain = False
+        """Whether another gateway appended before this one's last append (see
+        :meth:`_advance_head`)."""
         # One append of this process at a time: they would queue on the database's lock
         # anyway, and SQLite's busy handler polls where this wakes the next at once.
         self._lock = asyncio.Lock()
@@ -284,21 +288,26 @@ class AuditLog:
             return entry
 
     async def _advance_head(self, connection: AsyncConnection, record_json: str) -> AuditEntry:
-        """Move the database's head past ``record_json``'s entry, which follows the head as
-        this process last left it unless another gateway has appended since: one statement
-        when none has (a compare-and-set), else the head read under its lock and then set."""
+        """Move the database's head past ``record_json``'s entry.
+
+        The entry follows the head as this process last left it unless another gateway has
+        appended since: while none does, one statement (a compare-and-set) moves it. Once
+        one has, the head is read under its lock first and then set, until a compare-and-set
+        would have held again (gateways appending in turn would otherwise miss every time,
+        a statement more than reading first)."""
         seq, hash_ = self._last or (0, GENESIS_HASH)
         while True:
+            if self._shared_chain:
+                row = (await connection.execute(_READ_HEAD[self._database.dialect])).one()
+                self._shared_chain = (row.seq, row.hash) != (seq, hash_)
+                seq, hash_ = row.seq, row.hash
             entry = AuditEntry(seq=seq + 1, prev_hash=hash_,
                                hash=chain_hash(hash_, record_json), record=record_json)
             moved = await connection.execute(_ADVANCE_HEAD, {
                 "seq": entry.seq, "hash": entry.hash, "prev_seq": seq, "prev_hash": hash_})
             if moved.rowcount == 1:
                 return entry
-            lock = " FOR UPDATE" if self._database.dialect == "postgresql" else ""
-            row = (await connection.execute(
-                text(f"SELECT seq, hash FROM audit_head WHERE id = 1{lock}"))).one()
-            seq, hash_ = row.seq, row.hash
+            self._shared_chain = True
 
     async def entries(self, batch: int = 1000) -> AsyncIterator[AuditEntry]:
         """Every stored row in ``seq`` order, as stored (nothing checked), read ``batch`` rows
@@ -444,6 +453,9 @@ async def _read_head(path: Path | None) -> _Head | None:
 
 _ADVANCE_HEAD = text("UPDATE audit_head SET seq = :seq, hash = :hash "
                      "WHERE id = 1 AND seq = :prev_seq AND hash = :prev_hash")
+_READ_HEAD = {
+    "postgresql": text("SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE"),
+    "sqlite": text("SELECT seq, hash FROM audit_head WHERE id = 1")}
 _INSERT_ENTRY = text("INSERT INTO audit_log (seq, record, prev_hash, hash) "
                      "VALUES (:seq, :record, :prev_hash, :hash)")
 
