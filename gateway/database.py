@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, event, inspect, make_url, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 __all__ = ["LEGACY_REVISION", "Database", "DatabaseError", "StoreError", "database_url"]
@@ -120,7 +121,8 @@ class Database:
             engine = create_async_engine(url, pool_reset_on_return=None)
             _sqlite_autocommit(engine)
         else:
-            engine = create_async_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+            engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+            _ping_when_idle(engine)
         database = cls(engine)
         try:
             await database._migrate()
@@ -205,6 +207,41 @@ def _upgrade(connection: Connection) -> None:
             f"the database's schema is at revision {current!r}, newer than this replgate's "
             f"(head {script.get_current_head()!r}); upgrade replgate")
     command.upgrade(config, "head")
+
+
+IDLE_PING_S = 5.0
+"""A pooled PostgreSQL connection that sat unused this long is pinged before it is used."""
+_IDLE_SINCE = "replgate_idle_since"
+
+
+def _ping_when_idle(engine: AsyncEngine) -> None:
+    """Ping a connection taken from the pool after :data:`IDLE_PING_S` unused, and replace it if
+    the server has dropped it (a restart, a proxy's idle timeout). SQLAlchemy's
+    ``pool_pre_ping`` pinged at every checkout, two round trips of every execution's records.
+    A connection in steady use that the server drops fails on its next statement instead:
+    SQLAlchemy then replaces it and every connection the pool held before it, and the caller
+    sees the database as away for that statement (records are tried again, a request is
+    answered 503)."""
+    sync_engine = engine.sync_engine
+    dialect = sync_engine.dialect
+
+    @event.listens_for(sync_engine, "checkin")
+    def _idle(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def _taken(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get(_IDLE_SINCE)
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_S:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if dialect.is_disconnect(exc, dbapi_connection, None):
+                # The pool's documented signal: discard this one, take another.
+                raise DisconnectionError(f"the database dropped an idle connection: {exc}"
+                                         ) from exc
+            raise
 
 
 def _sqlite_autocommit(engine: AsyncEngine) -> None:

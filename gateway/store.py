@@ -371,9 +371,9 @@ class Store:
             code.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ValueError(f"code is not valid Unicode text: {exc.reason}") from exc
-        # The seq is computed inside the INSERT, so two starts of one gateway never take the
-        # same one (SQLite: one writer). Gateways sharing PostgreSQL may record executions of
-        # one session at once: there the session's lock, held to the commit, orders them.
+        # The seq is computed inside the INSERT: one statement, committed on its own. Two
+        # gateways sharing PostgreSQL may start executions of one session at once and compute
+        # the same seq; the (session_id, seq) key refuses the later, which takes the next.
         # (The casts type the SELECT's parameters and NULLs, which PostgreSQL would otherwise
         # take for text.)
         insert = text(
@@ -384,17 +384,19 @@ class Store:
             "FROM executions WHERE session_id = :session_id RETURNING *")
         params = {"id": execution_id, "session_id": session_id, "tenant": tenant, "code": code,
                   "status": RUNNING, "started_at": utc_now()}
-        shared = self._database.shared
-        try:
-            async with self._starts, (self._database.transaction() if shared
-                                      else self._database.connect()) as connection:
-                if shared:
-                    await connection.execute(
-                        text("SELECT pg_advisory_xact_lock(hashtextextended(:sid, 0))"),
-                        {"sid": session_id})
-                row = (await connection.execute(insert, params)).mappings().one()
-        except IntegrityError as exc:
-            raise RecordExists("execution", execution_id) from exc
+        async with self._starts:
+            for _ in range(_SEQ_TRIES):
+                try:
+                    async with self._database.connect() as connection:
+                        row = (await connection.execute(insert, params)).mappings().one()
+                    break
+                except IntegrityError as exc:
+                    if (not self._database.shared
+                            or await self.get_execution(execution_id) is not None):
+                        raise RecordExists("execution", execution_id) from exc
+            else:
+                raise StoreError(f"execution {execution_id} found its session's next seq taken "
+                                 f"{_SEQ_TRIES} times in a row by other gateways' starts")
         return _execution_from_row(row)
 
     async def finish_execution(
@@ -726,6 +728,8 @@ _ADD_USAGE = (
     "cpu_s = session_usage.cpu_s + excluded.cpu_s")
 """Add to a session's use (a claim adds its ``WHERE`` condition after it)."""
 _RETURNING_USAGE = " RETURNING executions, wall_s, cpu_s"
+_SEQ_TRIES = 20
+"""How many times an execution's start takes the next seq after other gateways' took it."""
 
 
 def _usage(row: RowMapping | sqlite3.Row) -> Usage:

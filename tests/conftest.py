@@ -72,7 +72,9 @@ CREATED_DATABASES: list[str] = []
 """PostgreSQL databases the run made; any still there at its end is dropped."""
 
 
-def _postgres(url: str = TEST_POSTGRES) -> psycopg.Connection[tuple[Any, ...]]:
+def postgres_admin(url: str = TEST_POSTGRES) -> psycopg.Connection[tuple[Any, ...]]:
+    """A connection to the tests' PostgreSQL (its own database unless ``url`` names another),
+    in autocommit mode."""
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
@@ -83,7 +85,7 @@ def _postgres(url: str = TEST_POSTGRES) -> psycopg.Connection[tuple[Any, ...]]:
 def create_database() -> str:
     """A new, empty PostgreSQL database on :data:`TEST_POSTGRES`; its URL."""
     name = f"rg_{secrets.token_hex(6)}"
-    with _postgres() as admin:
+    with postgres_admin() as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     CREATED_DATABASES.append(name)
     return urlunsplit(urlsplit(TEST_POSTGRES)._replace(path=f"/{name}"))
@@ -92,7 +94,7 @@ def create_database() -> str:
 def drop_database(url: str) -> None:
     """Drop a database :func:`create_database` made (its connections cut)."""
     name = urlsplit(url).path.lstrip("/")
-    with _postgres() as admin:
+    with postgres_admin() as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     if name in CREATED_DATABASES:
         CREATED_DATABASES.remove(name)
@@ -140,7 +142,7 @@ class GatewayProcess:
         covers)."""
         query = "SELECT record FROM audit_log ORDER BY seq"
         if self.database_url is not None:
-            with _postgres(self.database_url) as db:
+            with postgres_admin(self.database_url) as db:
                 return [json.loads(row[0]) for row in db.execute(query)]
         uri = f"file:{self.state_dir / 'replgate.db'}?mode=ro"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:

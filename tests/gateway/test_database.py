@@ -11,13 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
+from gateway import database as database_module
 from gateway.audit import AuditLog, AuditRecord
 from gateway.database import Database, DatabaseError, database_url
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
 from kernel_pool import DoneEvent, Execution, ExecutionStatus
-from tests.conftest import REPO
+from tests.conftest import REPO, create_database, drop_database, postgres_admin
 
 LEGACY = Path(__file__).parent / "data" / "state-0.1"
 """A state directory made by replgate before Alembic (gateway/store.py and gateway/audit.py of
@@ -125,3 +128,35 @@ async def test_database_repr_hides_the_password() -> None:
         assert "replgate:***@" in repr(database) and database.dialect == "postgresql"
     finally:
         await database.close()
+
+
+async def test_postgresql_connections_dropped_while_idle_are_replaced_unseen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url = create_database()
+    name = url.rsplit("/", 1)[1]
+
+    def drop_connections() -> None:  # what a server restart or a proxy's idle timeout does
+        with postgres_admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+    async def one() -> object:
+        async with database.connect() as connection:
+            return (await connection.execute(text("SELECT 1"))).scalar_one()
+
+    database = await Database.open(url)
+    try:
+        assert await one() == 1
+        # In steady use (taken again at once) a connection is not pinged: the server's drop
+        # shows on the next statement, after which the pool holds none of the dropped ones.
+        drop_connections()
+        with pytest.raises(OperationalError):
+            await one()
+        assert await one() == 1
+        # Idle for IDLE_PING_S (none here), it is pinged when taken out and replaced.
+        monkeypatch.setattr(database_module, "IDLE_PING_S", 0.0)
+        drop_connections()
+        assert await one() == 1
+    finally:
+        await database.close()
+        drop_database(url)
