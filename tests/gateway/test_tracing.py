@@ -17,10 +17,12 @@ import websockets
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from gateway.client import AsyncSandbox
+from gateway.tracing import Tracing
 from tests.conftest import GatewayProcess, make_gateway, running_gateway
 from tests.gateway.test_mcp import stdio_config
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -272,3 +274,15 @@ async def test_an_mcp_tool_call_continues_the_callers_trace(
     spans = await receiver.wait_for(complete)
     # (from stdio: the client's WebSocket message carries the caller's span, as sent)
     assert only(spans, "replgate.execute", trace_id=trace_id).parent_span_id == caller
+
+
+def test_instrumentations_measure_nothing_unless_metrics_are_exported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SDK's configurator sets a meter with no reader even then: measuring on it is work
+    # for nobody (a pool checkout and checkin per SQL connection).
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
+    assert isinstance(Tracing(TracerProvider()).meter_provider, metrics.NoOpMeterProvider)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert isinstance(Tracing(TracerProvider()).meter_provider, metrics.NoOpMeterProvider)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    assert Tracing(TracerProvider()).meter_provider is metrics.get_meter_provider()
