@@ -13,8 +13,10 @@ import queue
 import secrets
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -260,6 +262,40 @@ async def test_r_kernel_does_once_what_stays_done(docker_client: docker.DockerCl
     text = await kernel.execute('cat("h\u00e9llo \u2713 \\"quoted\\"\\n"); "\u00e9"')
     assert text.stdout == 'h\u00e9llo \u2713 "quoted"\n'
     assert text.outputs[0]["data"]["text/plain"] == '[1] "\u00e9"'
+
+
+async def test_r_kernel_splits_cells_and_replies_as_irkernel_does(
+        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        started: list[Kernel]) -> None:
+    """irkernel.R's own table of a cell's expressions (evaluate's parse_all.character) runs
+    each expression in order, lines between them included, and leaves what does not parse to
+    evaluate; its replies' headers (UUID, date, the HMAC) are what jupyter_client accepts."""
+    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    cell = await kernel.execute("a <- 1; b <- 2\n# between\n\nprint(a + b)\nf <- function() {\n"
+                                "  a * 10\n}\nf(); b\n\n")
+    assert (cell.status, cell.stdout, cell.plain()) == ("ok", "[1] 3\n", ["[1] 10", "[1] 2"])
+    for empty in ("", "# a comment only\n", "\n\n"):
+        nothing = await kernel.execute(empty)
+        assert (nothing.status, nothing.stdout, nothing.outputs) == ("ok", "", []), empty
+    broken = await kernel.execute("x <- 1 +")
+    assert broken.status == "error" and "unexpected end of input" in broken.errors[0]["evalue"]
+    drawn = await kernel.execute("plot(1:3)\nlines(3:1)")  # one plot: lines() draws on it
+    assert drawn.status == "ok" and [o["data"].keys() & {"image/png"} for o in drawn.outputs] \
+        == [{"image/png"}]
+    msg_id = kernel.client.execute("1+1")
+    headers: list[dict[str, Any]] = []
+    while not headers or headers[-1]["msg_type"] != "status" or \
+            headers[-1].get("execution_state") != "idle":
+        message = await kernel.client.get_iopub_msg(timeout=10)
+        if message["parent_header"].get("msg_id") == msg_id:
+            headers.append({**message["header"], **message["content"]})
+    await kernel.client.get_shell_msg(timeout=10)
+    assert [h["msg_type"] for h in headers] == ["status", "execute_input", "display_data",
+                                                "status"]
+    for header in headers:  # parsed by jupyter_client: a date, a UUID
+        assert isinstance(header["date"], datetime), header
+        assert uuid.UUID(header["msg_id"]).version == 4
+    assert headers[2]["data"]["text/plain"] == "[1] 2"
 
 
 async def test_javascript_and_typescript_in_the_deno_kernel(
