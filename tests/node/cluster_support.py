@@ -26,7 +26,7 @@ import docker
 import httpx
 import psycopg
 
-from node.local import stop_group
+from node.local import stop_group, stop_groups
 from node.tls import ClusterCerts, make_cluster_certs
 from tests.conftest import (
     REPO,
@@ -167,8 +167,9 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways
     finally:
         left: list[str] = []
         mounted: list[str] = []
+        stop_groups(member.process for member in members if member.process is not None)
         for member in members:
-            member.stop()
+            member.process = None
             left += containers_of(docker_client, member.node_id)
             for container_id in containers_of(docker_client, member.node_id):
                 docker_client.api.remove_container(container_id, force=True, v=True)
