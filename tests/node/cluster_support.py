@@ -170,8 +170,9 @@ def running_cluster(docker_client: docker.DockerClient, nodes: int = 3, gateways
         stop_groups(member.process for member in members if member.process is not None)
         for member in members:
             member.process = None
-            left += containers_of(docker_client, member.node_id)
-            for container_id in containers_of(docker_client, member.node_id):
+            found = containers_of(docker_client, member.node_id)
+            left += found
+            for container_id in found:
                 docker_client.api.remove_container(container_id, force=True, v=True)
             mounted += unmount_all(member.state_dir)
             shutil.rmtree(member.state_dir, ignore_errors=True)
