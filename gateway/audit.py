@@ -7,10 +7,11 @@ UPDATE and DELETE, so a slip fails loudly; someone who drops the triggers and ed
 reorders rows is caught by :meth:`AuditLog.verify`, which recomputes the chain.
 
 Several gateways may append to one chain (on a shared PostgreSQL database). The chain's end
-lives in the database, in the one row of ``audit_head``: an append locks it (``SELECT ... FOR
-UPDATE``; on SQLite, ``BEGIN IMMEDIATE`` takes the file's write lock), chains on from it, and
-moves it in the same transaction that adds the record. So there is one writer at a time and
-no fork, whichever gateway writes.
+lives in the database, in the one row of ``audit_head``: on PostgreSQL an append is one
+statement that moves it (locking the row to its commit), computes the hash from it and adds the
+record; on SQLite, ``BEGIN IMMEDIATE`` takes the file's write lock and the append chains on from
+the head and moves it in that transaction. So there is one writer at a time and no fork,
+whichever gateway writes.
 
 What the chain alone cannot show is a cut-off tail: dropping the last rows leaves a valid,
 shorter chain. The head row shows it when only the log was cut. With the embedded SQLite
@@ -35,7 +36,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.database import Database
+from gateway.database import Database, Write
 from gateway.store import Store, utc_now
 from kernel_pool import CommandResult, Execution
 
@@ -206,10 +207,7 @@ class AuditLog:
         self._last: tuple[int, str] | None = None
         """The end this gateway last wrote or read: where its next append expects the chain
         to end (others may have appended since)."""
-        self._shared_chain = False
-        """Whether another gateway appended before this one's last append (see
-        :meth:`_advance_head`)."""
-        # One append of this process at a time: they would queue on the database's lock
+        # SQLite: one append of this process at a time. They would queue on the file's lock
         # anyway, and SQLite's busy handler polls where this wakes the next at once.
         self._lock = asyncio.Lock()
 
@@ -255,30 +253,44 @@ class AuditLog:
                 text("SELECT seq, hash FROM audit_head WHERE id = 1"))).one()
         return _Head(seq=row.seq, hash=row.hash)
 
-    async def append(self, record: AuditRecord, *,
-                     also: Callable[[AsyncConnection], Awaitable[None]] | None = None,
-                     ) -> AuditEntry:
-        """Add a record at the end of the chain and update the head; ``also`` writes what
-        the record is about in the same transaction (an execution's end: one commit, not
-        three), before the head is taken.
+    async def append(self, record: AuditRecord, *, writes: Sequence[Write] = ()) -> AuditEntry:
+        """Add a record at the end of the chain and move the head; ``writes`` (what the record
+        is about: an execution's end and its session's activity) are committed with it, or
+        none of them is.
+
+        On PostgreSQL all of it is one statement, chained on from the head in the database (its
+        row locked from then to the commit, one round trip: gateways appending in turn wait on
+        each other no longer than that). On SQLite, one transaction under the file's write lock.
 
         Shielded: a caller cancelled mid-append cannot leave the transaction half done. An
         error writing ``audit.head`` propagates; the row and the database's head are in, and
         the file, lagging one record, is repaired by the next append.
         """
-        return await asyncio.shield(self._append(record.canonical(), also))
+        record_json = record.canonical()
+        if self._database.dialect == "postgresql":
+            return await asyncio.shield(self._append_in_one_statement(record_json, writes))
+        return await asyncio.shield(self._append_in_transaction(record_json, writes))
 
-    async def _append(self, record_json: str,
-                      also: Callable[[AsyncConnection], Awaitable[None]] | None,
-                      ) -> AuditEntry:
+    async def _append_in_one_statement(self, record_json: str,
+                                       writes: Sequence[Write]) -> AuditEntry:
+        sql, params = _with_writes(_APPEND, {"record": record_json}, writes)
+        async with self._database.connect() as connection:
+            row = (await connection.execute(text(sql), params)).one()
+        entry = AuditEntry(seq=row.seq, prev_hash=row.prev_hash, hash=row.hash,
+                           record=record_json)
+        if self._last is None or entry.seq > self._last[0]:
+            self._last = (entry.seq, entry.hash)
+        return entry
+
+    async def _append_in_transaction(self, record_json: str,
+                                     writes: Sequence[Write]) -> AuditEntry:
         async with self._lock:
             # Durable: the record must be on disk before audit.head names it, or after a
             # power cut the file would point past the end of the log and look like
-            # tampering. (On SQLite this commit also syncs the history written before it.)
+            # tampering. (This commit also syncs the history written before it.)
             async with self._database.transaction(durable=True) as connection:
-                if also is not None:
-                    # Before the head's lock: other gateways' appends wait on it, not on this.
-                    await also(connection)
+                for write in writes:
+                    await connection.execute(text(write.sql), write.params)
                 entry = await self._advance_head(connection, record_json)
                 await connection.execute(_INSERT_ENTRY, entry.model_dump())
             self._last = (entry.seq, entry.hash)
@@ -288,26 +300,19 @@ class AuditLog:
             return entry
 
     async def _advance_head(self, connection: AsyncConnection, record_json: str) -> AuditEntry:
-        """Move the database's head past ``record_json``'s entry.
-
-        The entry follows the head as this process last left it unless another gateway has
-        appended since: while none does, one statement (a compare-and-set) moves it. Once
-        one has, the head is read under its lock first and then set, until a compare-and-set
-        would have held again (gateways appending in turn would otherwise miss every time,
-        a statement more than reading first)."""
+        """Move the database's head past ``record_json``'s entry: from where this process last
+        left it (a compare-and-set), else, when another process appended since, from where
+        the database has it."""
         seq, hash_ = self._last or (0, GENESIS_HASH)
         while True:
-            if self._shared_chain:
-                row = (await connection.execute(_READ_HEAD[self._database.dialect])).one()
-                self._shared_chain = (row.seq, row.hash) != (seq, hash_)
-                seq, hash_ = row.seq, row.hash
             entry = AuditEntry(seq=seq + 1, prev_hash=hash_,
                                hash=chain_hash(hash_, record_json), record=record_json)
             moved = await connection.execute(_ADVANCE_HEAD, {
                 "seq": entry.seq, "hash": entry.hash, "prev_seq": seq, "prev_hash": hash_})
             if moved.rowcount == 1:
                 return entry
-            self._shared_chain = True
+            row = (await connection.execute(_READ_HEAD)).one()
+            seq, hash_ = row.seq, row.hash
 
     async def entries(self, batch: int = 1000) -> AsyncIterator[AuditEntry]:
         """Every stored row in ``seq`` order, as stored (nothing checked), read ``batch`` rows
@@ -453,11 +458,33 @@ async def _read_head(path: Path | None) -> _Head | None:
 
 _ADVANCE_HEAD = text("UPDATE audit_head SET seq = :seq, hash = :hash "
                      "WHERE id = 1 AND seq = :prev_seq AND hash = :prev_hash")
-_READ_HEAD = {
-    "postgresql": text("SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE"),
-    "sqlite": text("SELECT seq, hash FROM audit_head WHERE id = 1")}
+_READ_HEAD = text("SELECT seq, hash FROM audit_head WHERE id = 1")
 _INSERT_ENTRY = text("INSERT INTO audit_log (seq, record, prev_hash, hash) "
                      "VALUES (:seq, :record, :prev_hash, :hash)")
+# PostgreSQL: the head moved and the entry added in one statement, the hash computed where the
+# head is (``chain_hash``: the record is ASCII, so its UTF-8 is the same bytes in both). SET's
+# right-hand sides read the row as it was: ``prev_hash`` keeps the head's hash for the entry.
+_APPEND = ("head AS (UPDATE audit_head SET seq = seq + 1, prev_hash = hash, "
+           "hash = encode(sha256(convert_to(hash || :record, 'UTF8')), 'hex') WHERE id = 1 "
+           "RETURNING seq, prev_hash, hash) "
+           "INSERT INTO audit_log (seq, record, prev_hash, hash) "
+           "SELECT seq, :record, prev_hash, hash FROM head RETURNING seq, prev_hash, hash")
+# How SQLAlchemy's text() finds a bound parameter: :name, not ::cast nor \:escaped.
+_PARAMETER = re.compile(r"(?<![:\w\x5c]):(\w+)(?!:)")
+
+
+def _with_writes(statement: str, params: dict[str, Any],
+                 writes: Sequence[Write]) -> tuple[str, dict[str, Any]]:
+    """``statement`` (the tail of a WITH) preceded by ``writes`` as data-modifying CTEs, one
+    statement, each write's parameters renamed apart."""
+    ctes: list[str] = []
+    merged = dict(params)
+    for index, write in enumerate(writes):
+        prefix = f"w{index}_"
+        sql = _PARAMETER.sub(":" + prefix + r"\1", write.sql)
+        ctes.append(f"w{index} AS ({sql})")
+        merged.update({prefix + name: value for name, value in write.params.items()})
+    return f"WITH {', '.join([*ctes, statement])}", merged
 
 
 def _write_head(path: Path, seq: int, hash_: str) -> None:

@@ -27,7 +27,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio.to_thread
 from alembic import command
@@ -39,7 +39,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-__all__ = ["LEGACY_REVISION", "Database", "DatabaseError", "StoreError", "database_url"]
+__all__ = ["LEGACY_REVISION", "Database", "DatabaseError", "StoreError", "Write", "database_url"]
 
 LEGACY_REVISION = "0001"
 """The revision whose schema is that of the SQLite files replgate made before Alembic."""
@@ -47,6 +47,15 @@ _LEGACY_USER_VERSION = 1
 _MIGRATION_LOCK = 0x7265706C67617465  # "replgate": PostgreSQL's advisory lock of migrations
 _TRANSACTION = "replgate_transaction"
 """The execution option of :meth:`Database.transaction`'s connections (SQLite: BEGIN IMMEDIATE)."""
+
+
+class Write(NamedTuple):
+    """A statement that is committed with another or not at all (an execution's end goes with
+    its audit record: :meth:`gateway.audit.AuditLog.append`): SQL with ``:named`` parameters,
+    and their values."""
+
+    sql: str
+    params: dict[str, Any]
 
 
 class StoreError(Exception):

@@ -16,7 +16,6 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import (
@@ -596,16 +595,8 @@ class Gateway:
             raise
         execution = handle.execution()
 
-        async def its_end(connection: AsyncConnection) -> None:
-            await self.store.finish_execution(
-                handle.id, execution.status.value, execution.execution_count, handle.events,
-                execution, connection=connection)
-            await self.store.record_activity(
-                session.id, execution_count=session.execution_count,
-                last_active_at=session.last_active_at, sandbox=session.sandbox_info(),
-                connection=connection)
-
-        # Its end, the session's activity and the audit record: one transaction, one commit.
+        # Its end, the session's activity and the audit record: one commit (on PostgreSQL,
+        # one statement).
         await self._durably(f"execution {handle.id}'s end and audit record", self.audit.append,
                             AuditRecord.for_execution(
                                 tenant=tenant, session_id=session.id, execution_id=handle.id,
@@ -613,7 +604,14 @@ class Gateway:
                                 limits=session.profile.model_dump(mode="json",
                                                                   exclude={"caps"}),
                                 extra=self.governance.audit_extra(handle.id)),
-                            also=its_end)
+                            writes=[
+                                self.store.execution_end(
+                                    handle.id, execution.status.value,
+                                    execution.execution_count, handle.events, execution),
+                                self.store.activity(
+                                    session.id, execution_count=session.execution_count,
+                                    last_active_at=session.last_active_at,
+                                    sandbox=session.sandbox_info())])
         return execution
 
     async def _start_record(self, execution_id: str, session_id: str, tenant: str,

@@ -18,13 +18,12 @@ JSON columns validated into models again. Timestamps are ISO 8601 UTC strings (:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import math
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -35,10 +34,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import RowMapping, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.auth import hash_api_key
-from gateway.database import Database, StoreError
+from gateway.database import Database, StoreError, Write
 from gateway.wire import Approval
 from kernel_pool import Event, Execution, SandboxInfo
 
@@ -234,37 +232,25 @@ class Store:
     def __repr__(self) -> str:
         return f"<Store {self._database!r}{' closed' if self._closed else ''}>"
 
-    @contextlib.asynccontextmanager
-    async def _on(self, connection: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
-        """``connection`` (a transaction of the caller's), else one of the statement's own
-        (each statement then commits on its own)."""
-        if connection is not None:
-            yield connection
-            return
+    async def _fetch(self, sql: str, /, **params: Any,
+                     ) -> list[RowMapping] | list[sqlite3.Row]:
+        """The statement's rows (it commits on its own)."""
         async with self._database.connect() as own:
-            yield own
-
-    async def _fetch(self, sql: str, connection: AsyncConnection | None = None, /,
-                     **params: Any) -> list[RowMapping] | list[sqlite3.Row]:
-        """The statement's rows, on ``connection`` or its own (see :meth:`_on`)."""
-        if connection is None and self._database.dialect == "sqlite":
-            async with self._database.connect() as own:
+            if self._database.dialect == "sqlite":
                 # One hop to aiosqlite's thread (SQLAlchemy's cursor takes four: open,
                 # execute, fetch, close), with the same named parameters: this is on every
                 # request's path (its key).
                 driver = cast(aiosqlite.Connection,
                               (await own.get_raw_connection()).driver_connection)
                 return list(await driver.execute_fetchall(sql, params))
-        async with self._on(connection) as on:
-            result = await on.execute(text(sql), params)
+            result = await own.execute(text(sql), params)
             return list(result.mappings()) if result.returns_rows else []
 
-    async def _change(self, sql: str, connection: AsyncConnection | None = None, /,
-                      **params: Any) -> int:
-        """Run a statement that returns no rows (on ``connection`` or its own, see
-        :meth:`_on`); how many rows it changed."""
-        async with self._on(connection) as on:
-            return (await on.execute(text(sql), params)).rowcount
+    async def _change(self, sql: str, /, **params: Any) -> int:
+        """Run a statement that returns no rows (it commits on its own); how many rows it
+        changed."""
+        async with self._database.connect() as own:
+            return (await own.execute(text(sql), params)).rowcount
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -307,18 +293,18 @@ class Store:
             raise RecordNotFound("session", session_id)
         return _session_from_row(rows[0])
 
-    async def record_activity(self, session_id: str, *, execution_count: int,
-                              last_active_at: str, sandbox: SandboxInfo | None,
-                              connection: AsyncConnection | None = None) -> None:
+    @staticmethod
+    def activity(session_id: str, *, execution_count: int, last_active_at: str,
+                 sandbox: SandboxInfo | None) -> Write:
         """After each execution: the session's count, last activity and sandbox, in one UPDATE
-        (:meth:`update_session` without its read and validation, for the hot path); in the
-        caller's transaction if ``connection`` is given."""
+        (:meth:`update_session` without its read and validation, for the hot path), to be
+        committed with the execution's audit record."""
         sandbox_json = None if sandbox is None else json.dumps(
             sandbox.model_dump(mode="json"), separators=(",", ":"))
-        await self._change(
-            "UPDATE sessions SET execution_count = :count, last_active_at = :active, "
-            "sandbox = :sandbox WHERE id = :id", connection, count=execution_count,
-            active=last_active_at, sandbox=sandbox_json, id=session_id)
+        return Write("UPDATE sessions SET execution_count = :count, last_active_at = :active, "
+                     "sandbox = :sandbox WHERE id = :id",
+                     {"count": execution_count, "active": last_active_at,
+                      "sandbox": sandbox_json, "id": session_id})
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
         """The session with that id (deleted or not), or None."""
@@ -406,34 +392,49 @@ class Store:
         execution_count: int | None,
         events: Sequence[BaseModel | Mapping[str, Any]],
         result: Execution | Mapping[str, Any] | None,
-        connection: AsyncConnection | None = None,
     ) -> ExecutionRecord:
-        """Record how an execution ended: its status, count, events (in order) and aggregate
-        (in the caller's transaction if ``connection`` is given).
+        """Record how an execution ended: its status, count, events (in order) and aggregate.
 
         Events and result are validated before they are written (pydantic models or their
         ``model_dump(mode="json")`` dicts). :class:`RecordNotFound` if the id is unknown.
         """
-        # Models are valid by construction: only plain values are validated.
-        valid_events: list[Event] = (
-            cast(list[Event], list(events)) if all(isinstance(e, _EVENT_TYPES) for e in events)
-            else _EVENTS.validate_python([_as_plain(event) for event in events]))
-        valid_result = (result if isinstance(result, Execution) or result is None
-                        else Execution.model_validate(_as_plain(result)))
-        rows = await self._fetch(
-            "UPDATE executions SET status = :status, execution_count = :count, "
-            "events = :events, result = :result, finished_at = :finished WHERE id = :id "
-            "RETURNING id, session_id, tenant, seq, code, started_at, finished_at", connection,
-            status=str(status), count=execution_count,
-            events=_EVENTS.dump_json(valid_events).decode(),
-            result=None if valid_result is None else valid_result.model_dump_json(),
-            finished=utc_now(), id=execution_id)
+        write, valid_events, valid_result = self._execution_end(
+            execution_id, status, execution_count, events, result)
+        rows = await self._fetch(write.sql, **write.params)
         if not rows:
             raise RecordNotFound("execution", execution_id)
         # Built from what was just written, not parsed back from its JSON.
         return ExecutionRecord.model_construct(
             **_as_dict(rows[0]), status=str(status), execution_count=execution_count,
             events=valid_events, result=valid_result)
+
+    def execution_end(self, execution_id: str, status: str, execution_count: int | None,
+                      events: Sequence[BaseModel | Mapping[str, Any]],
+                      result: Execution | Mapping[str, Any] | None) -> Write:
+        """:meth:`finish_execution`'s statement, to be committed with the execution's audit
+        record (an unknown id then changes nothing, and raises nothing)."""
+        return self._execution_end(execution_id, status, execution_count, events, result)[0]
+
+    @staticmethod
+    def _execution_end(execution_id: str, status: str, execution_count: int | None,
+                       events: Sequence[BaseModel | Mapping[str, Any]],
+                       result: Execution | Mapping[str, Any] | None,
+                       ) -> tuple[Write, list[Event], Execution | None]:
+        # Models are valid by construction: only plain values are validated.
+        valid_events: list[Event] = (
+            cast(list[Event], list(events)) if all(isinstance(e, _EVENT_TYPES) for e in events)
+            else _EVENTS.validate_python([_as_plain(event) for event in events]))
+        valid_result = (result if isinstance(result, Execution) or result is None
+                        else Execution.model_validate(_as_plain(result)))
+        write = Write(
+            "UPDATE executions SET status = :status, execution_count = :count, "
+            "events = :events, result = :result, finished_at = :finished WHERE id = :id "
+            "RETURNING id, session_id, tenant, seq, code, started_at, finished_at",
+            {"status": str(status), "count": execution_count,
+             "events": _EVENTS.dump_json(valid_events).decode(),
+             "result": None if valid_result is None else valid_result.model_dump_json(),
+             "finished": utc_now(), "id": execution_id})
+        return write, valid_events, valid_result
 
     def execution_taken(self, execution_id: str) -> bool | None:
         """Whether an execution has this id, answered on the calling thread (the event loop)

@@ -8,11 +8,10 @@ import io
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.audit import (
     GENESIS_HASH,
@@ -23,7 +22,7 @@ from gateway.audit import (
     canonical_json,
     redact,
 )
-from gateway.store import SessionRecord, Store, utc_now
+from gateway.store import Store
 from kernel_pool import (
     DisplayEvent,
     DoneEvent,
@@ -126,35 +125,6 @@ async def test_append_cancelled_caller_still_completes(opened: tuple[Store, Audi
     result = await audit.verify()
     assert result.ok, result.problems
     assert result.records in (1, 2)
-
-
-async def test_append_commits_what_it_is_about_with_it_or_neither(
-        opened: tuple[Store, AuditLog]) -> None:
-    """``also`` (an execution's end and its session's activity) shares the record's
-    transaction: both are in, or, when either fails, neither."""
-    store, audit = opened
-    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
-
-    def activity(count: int) -> Callable[[AsyncConnection], Awaitable[None]]:
-        async def write(connection: AsyncConnection) -> None:
-            await store.record_activity("s1", execution_count=count, last_active_at=utc_now(),
-                                        sandbox=None, connection=connection)
-        return write
-
-    entry = await audit.append(_record(1), also=activity(7))
-    session = await store.get_session("s1")
-    assert session is not None and session.execution_count == 7 and entry.seq == 1
-
-    async def fails(connection: AsyncConnection) -> None:
-        await activity(8)(connection)
-        raise RuntimeError("the end could not be written")
-
-    with pytest.raises(RuntimeError):
-        await audit.append(_record(2), also=fails)
-    session = await store.get_session("s1")
-    assert session is not None and session.execution_count == 7  # rolled back with it
-    result = await audit.verify()
-    assert result.ok and result.records == 1, result.problems
 
 
 async def test_triggers_refuse_update_and_delete(db_path: Path) -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gateway import database as database_module
-from gateway.audit import AuditLog, AuditRecord
-from gateway.database import Database, DatabaseError, database_url
+from gateway.audit import AuditLog, AuditRecord, chain_hash
+from gateway.database import Database, DatabaseError, Write, database_url
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
-from kernel_pool import DoneEvent, Execution, ExecutionStatus
+from kernel_pool import DoneEvent, Execution, ExecutionStatus, SandboxInfo
 from tests.conftest import REPO, create_database, drop_database, postgres_admin
 
 LEGACY = Path(__file__).parent / "data" / "state-0.1"
@@ -28,11 +28,11 @@ commit 2e8a168): two sessions (one deleted), two finished executions and one lef
 a key of tenant acme, two audit records and audit.head."""
 
 
-def _record(n: int) -> AuditRecord:
+def _record(n: int, code: str | None = None) -> AuditRecord:
     execution = Execution.from_events([DoneEvent(status=ExecutionStatus.OK, execution_count=n,
                                                  duration_ms=1.0)])
-    return AuditRecord.for_execution(execution, code=f"x = {n}", tenant="acme",
-                                     session_id="s1", execution_id=f"e{n}")
+    return AuditRecord.for_execution(execution, code=f"x = {n}" if code is None else code,
+                                     tenant="acme", session_id="s1", execution_id=f"e{n}")
 
 
 async def test_legacy_state_dir_migrates_with_nothing_lost(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ async def test_legacy_state_dir_migrates_with_nothing_lost(tmp_path: Path) -> No
     with sqlite3.connect(state / "replgate.db") as raw:
         (revision,) = raw.execute("SELECT version_num FROM alembic_version").fetchone()
     raw.close()
-    assert revision == "0005"
+    assert revision == "0006"
     # and the command line agrees, on the migrated folder
     env = {"REPLGATE_STATE_DIR": str(state), "PATH": "/usr/bin:/bin"}
     verify = await asyncio.to_thread(
@@ -96,6 +96,57 @@ async def test_two_audit_logs_on_one_database_append_one_chain(
         assert sorted(e.seq for e in entries) == list(range(1, 61))
         result = await logs[0].verify()
         assert result.ok and result.records == 60, result.problems
+
+
+async def test_an_audit_record_is_committed_with_its_writes_or_none_of_them(
+        database_target: str | Path) -> None:
+    """An execution's end and its session's activity go with the execution's audit record (on
+    PostgreSQL, one statement): all of them are in, or, when one fails, none."""
+    async with Store.open(database_target) as store:
+        audit = await AuditLog.open(store)
+        await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
+        await store.start_execution("e1", "s1", "acme", "x = 1")
+        done = DoneEvent(status=ExecutionStatus.OK, execution_count=1, duration_ms=2.0)
+        sandbox = SandboxInfo(sandbox_id="sb1", backend="docker", profile="default",
+                              container_id="c0ffee", workspace="/ws/sb1", socket_dir="/run/sb1")
+        entry = await audit.append(_record(1), writes=[
+            store.execution_end("e1", "ok", 1, [done], Execution.from_events([done])),
+            store.activity("s1", execution_count=7, last_active_at="2030-01-01T00:00:00",
+                           sandbox=sandbox)])
+        assert entry.seq == 1
+        session = await store.get_session("s1")
+        assert session is not None and (session.execution_count, session.last_active_at,
+                                        session.sandbox) == (7, "2030-01-01T00:00:00", sandbox)
+        execution = await store.get_execution("e1")
+        assert execution is not None and execution.status == "ok" and execution.events == [done]
+        assert execution.finished_at is not None
+
+        # The second write breaks a constraint: the first is not kept, nor the record.
+        with pytest.raises(IntegrityError):
+            await audit.append(_record(2), writes=[
+                store.activity("s1", execution_count=8, last_active_at="2031-01-01T00:00:00",
+                               sandbox=None),
+                Write("INSERT INTO audit_head (id, seq, hash) VALUES (:id, 0, :id)", {"id": 2})])
+        session = await store.get_session("s1")
+        assert session is not None and session.execution_count == 7
+        result = await audit.verify()
+        assert result.ok and result.records == 1, result.problems
+
+
+async def test_audit_chain_hashes_any_code_as_verify_recomputes_it(
+        database_target: str | Path) -> None:
+    """On PostgreSQL the database computes each record's hash: it must be the one verify
+    recomputes in Python whatever the code holds."""
+    codes = ["print('é ü 日本 🐍')", "s = '\\ud800'\nt = '\udc00'", "a = \"quote\" \\ back",
+             "nul = '\x00'", "x = ':name ::text %(p)s $1'", ""]
+    async with Store.open(database_target) as store:
+        audit = await AuditLog.open(store)
+        entries = [await audit.append(_record(n, code)) for n, code in enumerate(codes, 1)]
+        result = await audit.verify()
+    assert result.ok and result.records == len(codes), result.problems
+    assert [e.seq for e in entries] == list(range(1, len(codes) + 1))
+    assert all(e.hash == chain_hash(e.prev_hash, e.record) for e in entries)
+    assert [e.prev_hash for e in entries[1:]] == [e.hash for e in entries[:-1]]
 
 
 def test_database_url_names_the_async_drivers(tmp_path: Path) -> None:

@@ -268,16 +268,6 @@ async def test_execution_taken_answers_without_a_thread_hop(tmp_path: Path) -> N
     assert store.execution_taken("e1") is None  # closed: the caller asks the usual way
 
 
-async def test_record_activity_sets_count_activity_and_sandbox(store: Store) -> None:
-    await store.create_session(SessionRecord(id="s1", tenant="acme", profile="default"))
-    await store.record_activity("s1", execution_count=7, last_active_at="2030-01-01T00:00:00",
-                                sandbox=_sandbox())
-    got = await store.get_session("s1")
-    assert got is not None
-    assert (got.execution_count, got.last_active_at, got.sandbox) == (
-        7, "2030-01-01T00:00:00", _sandbox())
-
-
 async def test_executions_started_at_once_take_their_seq_in_the_order_asked(
         store: Store) -> None:
     """The gateway starts a session's recordings in submission order, without waiting for
