@@ -1,16 +1,21 @@
 """What the hops of many machines cost, on one machine: a one-process gateway beside a local
 cluster (``replgate cluster``: nodes and gateways over mutual TLS, on PostgreSQL).
 
-    python -m bench.cluster [--n 300] [--clients 8] [--seconds 20]
+    python -m bench.cluster [--n 300] [--clients 6] [--seconds 15] [--rounds 3] [--warmup 3]
 
 Printed, side by side in one run (targets from the issue "Many machines"):
 
 - ``1+1`` over HTTP through a gateway whose session runs on a node, against the one-process
   gateway on the same PostgreSQL: p50 difference (target <= 1.5 ms);
 - a session's creation in cluster mode, warm kernels on the nodes: p50 (target <= 15 ms);
-- throughput of ``1+1`` with ``--clients`` clients spread over the cluster's two gateways and
-  three nodes, against the same clients on the one-process gateway (target >= 0.8x; one
-  machine shows what the hops cost, not scaling).
+- throughput of ``1+1`` recorded (answered, then in the audit chain) with ``--clients``
+  clients spread over the cluster's two gateways and three nodes, against the same clients
+  on the one-process gateway (target >= 0.8x; one machine shows what the hops cost, not
+  scaling). Each side warms up for ``--warmup`` seconds, then ``--rounds`` windows of each
+  alternate (the cluster first in odd rounds, second in even ones), so a drift of the
+  machine's speed over the run weighs on both alike; the ratio is of the totals. A window
+  ends when its executions are all in the audit chain: a gateway answers an execution before
+  it records it, and one that falls behind under load records the rest after.
 
 The database is a new one in the PostgreSQL of ``REPLGATE_TEST_POSTGRES`` (``./run.sh test``
 and ``./run.sh cluster`` start it), dropped afterwards. Asserts nothing.
@@ -27,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from bench._measure import interleaved, summary
 from bench._peers import Replgate
@@ -41,8 +47,20 @@ async def _execute(client: httpx.AsyncClient, sid: str) -> None:
     answer.raise_for_status()
 
 
-async def _throughput(targets: list[tuple[httpx.AsyncClient, str]], seconds: float) -> float:
-    """Executions per second with one client per target, each running ``1+1`` back to back."""
+async def _audited(database_url: str) -> int:
+    """How many records the database's audit chain holds."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as db:
+        row = await (await db.execute("SELECT seq FROM audit_head WHERE id = 1")).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def _throughput(targets: list[tuple[httpx.AsyncClient, str]], seconds: float,
+                      database_url: str) -> tuple[float, float]:
+    """Executions per second with one client per target, each running ``1+1`` back to back,
+    until each is in the audit chain: a gateway answers an execution before it records it
+    (history, audit), and one that falls behind under the load records the rest after it.
+    Executions per second answered, and recorded."""
+    recorded = await _audited(database_url)
     done = 0
     stop = time.monotonic() + seconds
 
@@ -54,10 +72,13 @@ async def _throughput(targets: list[tuple[httpx.AsyncClient, str]], seconds: flo
 
     started = time.monotonic()
     await asyncio.gather(*(client(http, sid) for http, sid in targets))
-    return done / (time.monotonic() - started)
+    answered = done / (time.monotonic() - started)
+    while await _audited(database_url) < recorded + done:  # noqa: ASYNC110 (another process)
+        await asyncio.sleep(0.01)
+    return answered, done / (time.monotonic() - started)
 
 
-async def main(n: int, clients: int, seconds: float) -> None:
+async def main(n: int, clients: int, seconds: float, rounds: int, warmup: float) -> None:
     database_url = create_database()
     folder = Path(tempfile.mkdtemp(prefix="rg-bench-cluster-", dir="/tmp"))
     cluster = LocalCluster(folder, database_url, nodes=3, gateways=2,
@@ -108,8 +129,15 @@ async def main(n: int, clients: int, seconds: float) -> None:
                 spread.append((gateway, (await gateway.post("/v1/sessions",
                                                             json={})).json()["id"]))
             single = [(alone.http, await alone.create_session()) for _ in range(clients)]
-            cluster_rate = await _throughput(spread, seconds)
-            alone_rate = await _throughput(single, seconds)
+            sides = {"cluster": (spread, database_url), "one process": (single, alone_database)}
+            for targets, database in sides.values():
+                await _throughput(targets, warmup, database)
+            rates: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+            for round_ in range(rounds):
+                order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+                for name in order:
+                    targets, database = sides[name]
+                    rates[name].append(await _throughput(targets, seconds / rounds, database))
         finally:
             for gateway in gateways:
                 await gateway.aclose()
@@ -127,15 +155,27 @@ async def main(n: int, clients: int, seconds: float) -> None:
     made = summary(created)
     print(f"session create in cluster mode, warm kernels on the nodes: p50 {made['p50']:.1f} ms, "
           f"p95 {made['p95']:.1f} ms (target p50 <= 15 ms)")
-    print(f"throughput, {clients} clients, {seconds:g} s each: 2 gateways x 3 nodes "
-          f"{cluster_rate:.0f}/s, one process {alone_rate:.0f}/s: "
-          f"{cluster_rate / alone_rate:.2f}x (target >= 0.8x)")
+    print(f"throughput, {clients} clients, {seconds:g} s each in {rounds} windows after "
+          f"{warmup:g} s of warm-up")
+    for index, what in enumerate(("recorded", "answered (records may lag)")):
+        cluster_rate = sum(r[1 - index] for r in rates["cluster"]) / rounds
+        alone_rate = sum(r[1 - index] for r in rates["one process"]) / rounds
+        windows = {name: ", ".join(f"{r[1 - index]:.0f}" for r in rates[name]) for name in rates}
+        target = " (target >= 0.8x)" if index == 0 else ""
+        print(f"  {what}: 2 gateways x 3 nodes {cluster_rate:.0f}/s ({windows['cluster']}), "
+              f"one process {alone_rate:.0f}/s ({windows['one process']}): "
+              f"{cluster_rate / alone_rate:.2f}x{target}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=300, help="1+1 executions per side")
     parser.add_argument("--clients", type=int, default=6)
-    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--seconds", type=float, default=15,
+                        help="throughput: seconds of measurement per side")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="throughput: windows per side, alternating")
+    parser.add_argument("--warmup", type=float, default=3,
+                        help="throughput: seconds each side runs before it is measured")
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.clients, args.seconds))
+    asyncio.run(main(args.n, args.clients, args.seconds, args.rounds, args.warmup))

@@ -81,8 +81,7 @@ class _Connection:
         error = ErrorOut(error="KernelPoolError",
                          detail=f"the node sent a frame this gateway cannot read: "
                                 f"{errors[0]['msg']}")
-        queue.put_nowait(ChannelFrame(stream=stream, frame=Frame(error=error)))
-        queue.put_nowait(ChannelFrame(stream=stream, end=True))
+        queue.put_nowait(ChannelFrame(stream=stream, frame=Frame(error=error), end=True))
 
 
 class NodeChannel:
@@ -140,10 +139,10 @@ class NodeChannel:
             if message is None:
                 raise NodeUnreachable(session_id, f"its node {self.node_id} stopped answering "
                                       "(its channel closed)")
-            if message.end:
-                return
             if message.frame is not None:
                 yield message.frame
+            if message.end:
+                return
 
     async def close(self) -> None:
         current, self._current = self._current, None

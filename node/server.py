@@ -14,7 +14,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Body, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +26,7 @@ from gateway.metrics import Metrics
 from gateway.tracing import Tracing
 from kernel_pool import (
     ContextInfo,
+    DoneEvent,
     EgressAttempt,
     Entry,
     Event,
@@ -173,17 +174,32 @@ def _refuse(raw: str, exc: ValidationError, send: Callable[[str], None]) -> None
         return
     error = _error_out(InvalidRequest(f"a bad channel request: {len(errors)} "
                                       f"error(s), the first: {errors[0]['msg']}"))
-    send(ChannelFrame(stream=stream, frame=Frame(error=error)).model_dump_json(
-        include={"stream": True, "frame": {"error"}}))
-    send(ChannelFrame(stream=stream, end=True).model_dump_json())
+    send(ChannelFrame(stream=stream, frame=Frame(error=error), end=True).model_dump_json(
+        include={"stream": True, "frame": {"error"}, "end": True}))
+
+
+class _FrameSender(Protocol):
+    """Sends a frame of a channel request's stream; ``last`` marks the stream's end."""
+
+    def __call__(self, frame: Frame, *, last: bool = False) -> None: ...
 
 
 async def _stream(app: FastAPI, request: ChannelRequest, send: Callable[[str], None]) -> None:
-    """One request on the channel, its frames sent as they come, then its end; a failure is
-    its stream's last frame (an ``error``), never the channel's end."""
-    def frame(frame: Frame) -> None:
-        send(ChannelFrame(stream=request.stream, frame=frame).model_dump_json(
-            include={"stream": True, "frame": _set_fields(frame)}))
+    """One request on the channel, its frames sent as they come, its last one marked as its
+    end (one message fewer a stream); a failure is its stream's last frame (an ``error``),
+    never the channel's end."""
+    ended = False
+
+    def frame(frame: Frame, *, last: bool = False) -> None:
+        nonlocal ended
+        if ended:  # (a failure after the last frame: the gateway has let the stream go)
+            return
+        ended = last
+        fields: dict[str, Any] = {"stream": True, "frame": _set_fields(frame)}
+        if last:
+            fields["end"] = True
+        send(ChannelFrame(stream=request.stream, frame=frame, end=last).model_dump_json(
+            include=fields))
 
     try:
         if request.create is not None:
@@ -194,26 +210,28 @@ async def _stream(app: FastAPI, request: ChannelRequest, send: Callable[[str], N
             raise InvalidRequest("a channel request sends either submit (with session_id) "
                                  "or create")
     except KernelPoolError as exc:
-        frame(Frame(error=_error_out(exc)))
+        frame(Frame(error=_error_out(exc)), last=True)
     except Exception as exc:  # said to the gateway, which ends the execution with it
         logger.exception("request on the channel failed")
-        frame(Frame(error=_error_out(KernelPoolError(f"internal error on the node: {exc!r}"))))
+        frame(Frame(error=_error_out(KernelPoolError(f"internal error on the node: {exc!r}"))),
+              last=True)
     finally:
-        send(ChannelFrame(stream=request.stream, end=True).model_dump_json())
+        if not ended:
+            send(ChannelFrame(stream=request.stream, end=True).model_dump_json())
 
 
-async def _create(app: FastAPI, create: CreateSession, frame: Callable[[Frame], None]) -> None:
+async def _create(app: FastAPI, create: CreateSession, frame: _FrameSender) -> None:
     """A session made: ``created``. Made even if the gateway goes away meanwhile (its claim
     on this node's slot stands until the heartbeat counts it)."""
     pool: KernelPool = app.state.pool
     made = await asyncio.shield(pool.create_session(
         create.profile, env=create.env, metadata=create.metadata,
         session_id=create.session_id, lost=create.lost))
-    frame(Frame(created=SessionState.of(made)))
+    frame(Frame(created=SessionState.of(made)), last=True)
 
 
 async def _execute(app: FastAPI, session_id: str, body: Submit, trace_context: dict[str, str],
-                   frame: Callable[[Frame], None]) -> None:
+                   frame: _FrameSender) -> None:
     """An execution queued: ``accepted``, then its events to its ``done``."""
     pool: KernelPool = app.state.pool
     session = pool.get_session(session_id)
@@ -227,7 +245,7 @@ async def _execute(app: FastAPI, session_id: str, body: Submit, trace_context: d
         context=propagate.extract(trace_context))
     frame(Frame(accepted=SessionState.of(session)))
     async for event in handle.stream():
-        frame(Frame(event=event))
+        frame(Frame(event=event), last=isinstance(event, DoneEvent))
     if tracing is not None and span is not None:
         # Its queue and its run in the kernel, here, under the node's span for it.
         tracing.draw_run(trace.set_span_in_context(span), handle)

@@ -231,7 +231,8 @@ def stream_of(raw: str | bytes) -> int | None:
 
 
 class ChannelFrame(BaseModel):
-    """A frame of one execution's stream on the channel; ``end`` after its last."""
+    """A frame of one request's stream on the channel; ``end`` on its last (or alone, after
+    it)."""
 
     stream: int
     frame: Frame | None = None

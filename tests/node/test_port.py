@@ -223,14 +223,38 @@ async def test_a_bad_channel_request_is_answered_on_its_stream_and_the_channel_g
         assert error.stream == 7 and error.frame is not None and error.frame.error is not None
         assert error.frame.error.error == "InvalidRequest"
         assert "bad channel request" in error.frame.error.detail
-        end = ChannelFrame.model_validate_json(await ws.recv())
-        assert (end.stream, end.end) == (7, True)
+        assert error.end  # the error is its stream's last frame, and says so
         await ws.send("not json at all")
         await ws.send(ChannelRequest(stream=8, session_id="nope",
                                      submit=Submit(code="1", execution_id="e1")).model_dump_json())
         missing = ChannelFrame.model_validate_json(await ws.recv())
         assert missing.stream == 8 and missing.frame is not None
         assert missing.frame.error is not None and missing.frame.error.error == "SessionNotFound"
+        assert missing.end
+
+
+async def test_an_execution_on_the_channel_is_accepted_then_its_events_done_last(
+        node: NodeClient) -> None:
+    """An execution's frames on the channel: ``accepted``, its events, and ``done`` marked
+    as the stream's end (no message of its own)."""
+    session = await _session(node)
+    try:
+        async with websockets.connect(f"ws://{node.address}{PREFIX}/channel") as ws:
+            await ws.send(ChannelRequest(stream=3, session_id=session.id, submit=Submit(
+                code="print('hi')\n1+1", execution_id="e-raw")).model_dump_json())
+            frames = []
+            while not frames or not frames[-1].end:
+                frames.append(ChannelFrame.model_validate_json(
+                    await asyncio.wait_for(ws.recv(), 60)))
+    finally:
+        await session.close()
+    assert {f.stream for f in frames} == {3}
+    assert all(f.frame is not None for f in frames)
+    accepted, *events = [f.frame for f in frames if f.frame is not None]
+    assert accepted.accepted is not None and accepted.accepted.id == session.id
+    kinds = [e.event.type if e.event is not None else None for e in events]
+    assert kinds == ["stdout", "result", "done"], kinds
+    assert [f.end for f in frames] == [False] * (len(frames) - 1) + [True]
 
 
 async def test_a_bad_frame_from_a_node_ends_its_stream_alone() -> None:
