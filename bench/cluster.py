@@ -40,6 +40,8 @@ from node.local import LocalCluster
 from tests.conftest import create_database, drop_database, free_port
 
 CODE = "1+1"
+RECORDED_WITHIN_S = 60
+"""How long after a throughput window its executions may take to be in the audit chain."""
 
 
 async def _execute(client: httpx.AsyncClient, sid: str) -> None:
@@ -73,7 +75,10 @@ async def _throughput(targets: list[tuple[httpx.AsyncClient, str]], seconds: flo
     started = time.monotonic()
     await asyncio.gather(*(client(http, sid) for http, sid in targets))
     answered = done / (time.monotonic() - started)
-    while await _audited(database_url) < recorded + done:  # noqa: ASYNC110 (another process)
+    while await _audited(database_url) < recorded + done:
+        if time.monotonic() - started > seconds + RECORDED_WITHIN_S:
+            raise RuntimeError(f"{recorded + done - await _audited(database_url)} executions "
+                               f"answered but not in the audit chain {RECORDED_WITHIN_S} s after")
         await asyncio.sleep(0.01)
     return answered, done / (time.monotonic() - started)
 

@@ -249,8 +249,7 @@ class AuditLog:
 
     async def _stored_head(self) -> _Head:
         async with self._database.connect() as connection:
-            row = (await connection.execute(
-                text("SELECT seq, hash FROM audit_head WHERE id = 1"))).one()
+            row = (await connection.execute(_READ_HEAD)).one()
         return _Head(seq=row.seq, hash=row.hash)
 
     async def append(self, record: AuditRecord, *, writes: Sequence[Write] = ()) -> AuditEntry:
