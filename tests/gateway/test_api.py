@@ -14,7 +14,7 @@ import httpx
 import nbformat
 import pytest
 
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, containers_of
 
 
 @pytest.fixture(scope="module")
@@ -217,12 +217,10 @@ def test_delete_removes_container_and_workspace(gateway: GatewayProcess, alpha: 
     assert isinstance(docker_client, docker.DockerClient)
     sid = alpha.post("/v1/sessions", json={"env": {"MY_SETTING": "on"}}).json()["id"]
     assert run(alpha, sid, "import os; print(os.environ['MY_SETTING'])")["stdout"] == "on\n"
-    before = {c.id for c in docker_client.containers.list(
-        filters={"label": f"io.replgate.owner={gateway.owner}"})}
+    before = set(containers_of(docker_client, gateway.owner))
     workspaces = set((gateway.state_dir / "workspaces").iterdir())
     assert alpha.delete(f"/v1/sessions/{sid}").status_code == 204
-    after = {c.id for c in docker_client.containers.list(
-        all=True, filters={"label": f"io.replgate.owner={gateway.owner}"})}
+    after = set(containers_of(docker_client, gateway.owner))
     assert len(before - after) >= 1
     assert len(set((gateway.state_dir / "workspaces").iterdir())) < len(workspaces)
     assert alpha.get(f"/v1/sessions/{sid}").status_code == 404

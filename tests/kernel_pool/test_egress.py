@@ -20,6 +20,7 @@ import pytest
 
 from kernel_pool import KernelPool, PoolSettings, Profile, Session
 from kernel_pool._egress import EgressRules, parse_allow
+from tests.conftest import containers_of
 
 OWNER = f"egtest-{secrets.token_hex(4)}"
 
@@ -75,8 +76,7 @@ async def egress_pool(docker_client: docker.DockerClient,
         yield pool
     finally:
         await pool.close()
-        left = [c.id for c in docker_client.containers.list(
-            all=True, filters={"label": f"io.replgate.owner={OWNER}"})]
+        left = containers_of(docker_client, OWNER)
         for container_id in left:
             docker_client.api.remove_container(container_id, force=True, v=True)
         shutil.rmtree(state, ignore_errors=True)

@@ -28,8 +28,14 @@ SENSITIVE = ("/", "/boot", "/dev", "/etc", "/lib", "/proc", "/sys", "/usr", "/va
 
 def _containers(client: docker.DockerClient, owner: str) -> list[dict[str, Any]]:
     """The gateway's running sandboxes. A stopped one runs no code: a paused session's (its
-    container is removed in the background after the pause) or a deleted one's on its way out."""
-    found = [client.api.inspect_container(cid) for cid in containers_of(client, owner)]
+    container is removed in the background after the pause) or a deleted one's on its way out,
+    which may also be gone by the time it is inspected."""
+    found = []
+    for cid in containers_of(client, owner):
+        try:
+            found.append(client.api.inspect_container(cid))
+        except docker.errors.NotFound:
+            continue
     running = [config for config in found if config["State"]["Running"]]
     assert running, f"no running container of {owner}"
     return running
