@@ -30,6 +30,7 @@ keys out of the gateway's logs. They are never applied to audited code, which is
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -42,7 +43,7 @@ from typing import Any, TextIO
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.database import Database, Write
@@ -272,9 +273,12 @@ class AuditLog:
 
     async def _append_in_one_statement(self, record_json: str,
                                        writes: Sequence[Write]) -> AuditEntry:
-        sql, params = _with_writes(_APPEND, {"record": record_json}, writes)
+        params: dict[str, Any] = {"record": record_json}
+        for index, write in enumerate(writes):
+            params.update({f"w{index}_{name}": value for name, value in write.params.items()})
+        statement = _append_with(tuple(write.sql for write in writes))
         async with self._database.connect() as connection:
-            row = (await connection.execute(text(sql), params)).one()
+            row = (await connection.execute(statement, params)).one()
         entry = AuditEntry(seq=row.seq, prev_hash=row.prev_hash, hash=row.hash,
                            record=record_json)
         if self._last is None or entry.seq > self._last[0]:
@@ -472,18 +476,16 @@ _APPEND = ("head AS (UPDATE audit_head SET seq = seq + 1, prev_hash = hash, "
 _PARAMETER = re.compile(r"(?<![:\w\x5c]):(\w+)(?!:)")
 
 
-def _with_writes(statement: str, params: dict[str, Any],
-                 writes: Sequence[Write]) -> tuple[str, dict[str, Any]]:
-    """``statement`` (the tail of a WITH) preceded by ``writes`` as data-modifying CTEs, one
-    statement, each write's parameters renamed apart."""
-    ctes: list[str] = []
-    merged = dict(params)
-    for index, write in enumerate(writes):
-        prefix = f"w{index}_"
-        sql = _PARAMETER.sub(":" + prefix + r"\1", write.sql)
-        ctes.append(f"w{index} AS ({sql})")
-        merged.update({prefix + name: value for name, value in write.params.items()})
-    return f"WITH {', '.join([*ctes, statement])}", merged
+@functools.lru_cache(maxsize=32)
+def _append_with(writes: tuple[str, ...]) -> TextClause:
+    """:data:`_APPEND` preceded by ``writes`` as data-modifying CTEs, one statement, each
+    write's parameters renamed apart (``:name`` of the i-th becomes ``:wi_name``). Made once
+    per set of statements: the same few come with every execution."""
+    ctes = []
+    for index, sql in enumerate(writes):
+        renamed = _PARAMETER.sub(f":w{index}_" + r"\1", sql)
+        ctes.append(f"w{index} AS ({renamed})")
+    return text(f"WITH {', '.join([*ctes, _APPEND])}")
 
 
 def _write_head(path: Path, seq: int, hash_: str) -> None:

@@ -284,6 +284,13 @@ class Gateway:
             return len(self._local_sessions(tenant))
         return await self.store.count_sessions(tenant)
 
+    async def _admit(self, tenant: str) -> None:
+        """Refuse a new session to a tenant that holds its most."""
+        if await self._count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
+            raise TooManyRequests(
+                f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
+                "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
+
     def _local_sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's sessions this process holds."""
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
@@ -308,18 +315,30 @@ class Gateway:
     async def create_session(self, tenant: str, request: SessionCreate,
                              session_id: str | None = None) -> SessionPort:
         self.check_disk()
-        if await self._count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
-            raise TooManyRequests(
-                f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
-                "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
         profile = self.pool.profile(request.profile)
         if request.timeout_s is not None and request.timeout_s > profile.max_timeout_s:
             raise InvalidInput(f"timeout_s must be at most {profile.max_timeout_s:g} "
                                f"for profile {profile.name!r}")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        session = await self.pool.create_session(profile.name, env=request.env,
-                                                 metadata=request.metadata, session_id=session_id)
+        if isinstance(self.pool, RemoteNodes):
+            # The tenant's sessions are counted in the shared database while a node's slot is
+            # claimed there, not before: a round trip less in every create's answer.
+            admitted = asyncio.ensure_future(self._admit(tenant))
+            try:
+                session: SessionPort = await self.pool.create_session(
+                    profile.name, env=request.env, metadata=request.metadata,
+                    session_id=session_id, admitted=admitted)
+            finally:
+                if not admitted.done():
+                    admitted.cancel()
+                elif not admitted.cancelled():
+                    admitted.exception()  # (retrieved: raised by the create, or moot)
+        else:
+            await self._admit(tenant)
+            session = await self.pool.create_session(profile.name, env=request.env,
+                                                     metadata=request.metadata,
+                                                     session_id=session_id)
         self.metrics.acquire.observe(loop.time() - started)
         if request.timeout_s is not None:
             session.profile = profile.model_copy(update={"default_timeout_s": request.timeout_s})

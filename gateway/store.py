@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 import sqlite3
 import time
@@ -54,8 +55,13 @@ __all__ = [
     "utc_now",
 ]
 
+logger = logging.getLogger(__name__)
+
 KEYS_FRESH_S = 2.0
 """How long the API keys read from the database answer requests before they are read again."""
+KEYS_READ_AHEAD_S = KEYS_FRESH_S / 2
+"""Keys older than this still answer, and a request that finds them so has them read again in
+the background: a gateway asked at least this often never waits for that read."""
 RUNNING = "running"
 """The status of an execution the store has started and not yet finished."""
 PENDING_APPROVAL = "pending_approval"
@@ -185,6 +191,7 @@ class Store:
         self._keys_read_at = -math.inf
         self._keys_generation = 0
         """Raised by each key this store adds: a read begun before it is not kept as fresh."""
+        self._keys_reading: asyncio.Task[object] | None = None
 
     @staticmethod
     def open(target: str | Path | URL) -> _StoreOpener:
@@ -204,6 +211,8 @@ class Store:
         """Close the database's connections (idempotent)."""
         if not self._closed:
             self._closed = True
+            if self._keys_reading is not None:
+                self._keys_reading.cancel()
             if self._lookup is not None:
                 self._lookup.close()
             await self._database.close()
@@ -408,12 +417,13 @@ class Store:
             **_as_dict(rows[0]), status=str(status), execution_count=execution_count,
             events=valid_events, result=valid_result)
 
-    def execution_end(self, execution_id: str, status: str, execution_count: int | None,
+    @staticmethod
+    def execution_end(execution_id: str, status: str, execution_count: int | None,
                       events: Sequence[BaseModel | Mapping[str, Any]],
                       result: Execution | Mapping[str, Any] | None) -> Write:
         """:meth:`finish_execution`'s statement, to be committed with the execution's audit
         record (an unknown id then changes nothing, and raises nothing)."""
-        return self._execution_end(execution_id, status, execution_count, events, result)[0]
+        return Store._execution_end(execution_id, status, execution_count, events, result)[0]
 
     @staticmethod
     def _execution_end(execution_id: str, status: str, execution_count: int | None,
@@ -517,21 +527,37 @@ class Store:
         Every stored hash is compared, each with ``hmac.compare_digest``, so the time taken
         does not depend on which key (if any) matched. Tenants have few keys; this is cheap.
         The keys are read from the database at most every :data:`KEYS_FRESH_S` (every request
-        asks; a key another gateway adds is known here that much later).
+        asks; a key another gateway adds is known here that much later), in the background
+        once they are :data:`KEYS_READ_AHEAD_S` old.
         """
         candidate = hash_api_key(key)
         keys = self._keys
-        if time.monotonic() - self._keys_read_at > KEYS_FRESH_S:
-            generation, began = self._keys_generation, time.monotonic()
-            rows = await self._fetch("SELECT key_hash, tenant FROM api_keys")
-            keys = tuple((str(row["key_hash"]), str(row["tenant"])) for row in rows)
-            if generation == self._keys_generation:  # no key added meanwhile: keep it
-                self._keys, self._keys_read_at = keys, began
+        age = time.monotonic() - self._keys_read_at
+        if age > KEYS_FRESH_S:
+            keys = await self._read_keys()
+        elif age > KEYS_READ_AHEAD_S and self._keys_reading is None:
+            self._keys_reading = asyncio.ensure_future(self._read_keys())
+            self._keys_reading.add_done_callback(self._keys_read)
         found: str | None = None
         for key_hash, tenant in keys:
             if hmac.compare_digest(candidate, key_hash):
                 found = tenant
         return found
+
+    async def _read_keys(self) -> tuple[tuple[str, str], ...]:
+        generation, began = self._keys_generation, time.monotonic()
+        rows = await self._fetch("SELECT key_hash, tenant FROM api_keys")
+        keys = tuple((str(row["key_hash"]), str(row["tenant"])) for row in rows)
+        if generation == self._keys_generation:  # no key added meanwhile: keep it
+            self._keys, self._keys_read_at = keys, began
+        return keys
+
+    def _keys_read(self, reading: asyncio.Task[object]) -> None:
+        self._keys_reading = None
+        if not reading.cancelled() and reading.exception() is not None:
+            # The keys in hand answer until they are KEYS_FRESH_S old; a request then reads
+            # them itself, and meets the error.
+            logger.warning("could not read the API keys ahead: %s", reading.exception())
 
     async def list_tenants(self) -> list[str]:
         """Tenants that have at least one key, sorted."""

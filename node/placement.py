@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from kernel_pool import (
@@ -93,13 +93,18 @@ class RemoteNodes:
                              env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
                              session_id: str | None = None, lost: str | None = None,
-                             exclude: Collection[str] = ()) -> RemoteSession:
+                             exclude: Collection[str] = (),
+                             admitted: Awaitable[object] | None = None) -> RemoteSession:
         """A session on the node with the most room (its slot claimed in the database first:
         two gateways placing at once never fill a node past its capacity). ``lost``: see
-        :meth:`KernelPool.create_session`; ``exclude``: nodes not to place it on."""
+        :meth:`KernelPool.create_session`; ``exclude``: nodes not to place it on;
+        ``admitted``: awaited once the slot is claimed, before the node is asked (the caller's
+        own check, run beside the claim): what it raises gives the slot back and is raised."""
         self.profile(profile)
         node = await self.registry.place(exclude=exclude)
         try:
+            if admitted is not None:
+                await admitted
             client = self._client_for(node)
             state = await client.create(CreateSession(profile=profile, env=env or {},
                                                       metadata=metadata or {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -222,6 +223,24 @@ async def test_tenant_for_key_learns_another_stores_key_within_its_freshness(
         assert await mine.tenant_for_key("rg_mine") == "dave"
         await asyncio.sleep(store_module.KEYS_FRESH_S + 0.1)
         assert await mine.tenant_for_key("rg_theirs") == "carol"
+
+
+async def test_tenant_for_key_reads_keys_ahead_in_the_background(
+        database_target: str | Path) -> None:
+    """Keys KEYS_READ_AHEAD_S old still answer, and are read again behind that answer: a key
+    another store added meanwhile answers soon after, before KEYS_FRESH_S."""
+    async with Store.open(database_target) as mine, Store.open(database_target) as theirs:
+        read_at = time.monotonic()
+        assert await mine.tenant_for_key("rg_theirs") is None  # read now: none yet
+        await theirs.add_api_key("carol", "rg_theirs")
+        await asyncio.sleep(store_module.KEYS_READ_AHEAD_S + 0.1)
+        assert await mine.tenant_for_key("rg_theirs") is None  # the keys in hand answer
+        for _ in range(300):  # (each call answers from the keys in hand, or the ones read)
+            if await mine.tenant_for_key("rg_theirs") == "carol":
+                break
+            await asyncio.sleep(0.01)
+        # Without a read ahead it would be learned only by a request's own read, past this.
+        assert time.monotonic() - read_at < store_module.KEYS_FRESH_S
 
 
 async def test_add_api_key_stores_only_hash(tmp_path: Path) -> None:

@@ -22,11 +22,19 @@ from typing import Any
 
 import docker
 import pytest
-from cluster_support import Cluster, create_session, execute, gateway_client, running_cluster
+from cluster_support import (
+    ADMIN_KEY,
+    Cluster,
+    create_session,
+    execute,
+    gateway_client,
+    running_cluster,
+)
 from e2b_code_interpreter import AsyncSandbox
 
 APPROVER = f"approver-alice-{secrets.token_hex(8)}"
 BUDGET = 3
+SESSIONS_PER_TENANT = 2
 
 POLICY = f"""
 [[rules]]
@@ -48,6 +56,7 @@ def cluster(docker_client: docker.DockerClient) -> Iterator[Cluster]:
     policy = Path(tempfile.mkdtemp(prefix="rg-pol-", dir="/tmp")) / "policy.toml"
     policy.write_text(POLICY)
     settings = {"policy_file": str(policy), "approval_timeout_s": "60",
+                "max_sessions_per_tenant": str(SESSIONS_PER_TENANT),
                 "approver_keys": f"alpha:alice:{APPROVER}"}
     with running_cluster(docker_client, nodes=1, gateway_settings=settings) as started:
         yield started
@@ -90,6 +99,30 @@ async def test_held_through_one_gateway_approved_through_the_other_runs(
             assert (await first.get("/v1/approvals")).json() == []
         finally:
             await first.delete(f"/v1/sessions/{sid}")
+
+
+async def test_a_tenant_at_its_session_limit_is_refused_through_either_gateway(
+        cluster: Cluster) -> None:
+    """The limit counts the tenant's sessions in the shared database, beside the claim of a
+    node's slot: a session more than the limit, through the gateway that made none of them,
+    is refused with a 429 that says what to do, and the slot it claimed is given back."""
+    one, two = cluster.gateways
+    key = one.keys["alpha"]
+    async with gateway_client(one, key=key) as first, gateway_client(two, key=key) as second, \
+            gateway_client(two, key=ADMIN_KEY) as ops:
+        made = [(await create_session(first))["id"] for _ in range(SESSIONS_PER_TENANT)]
+        try:
+            taken = [n["sessions"] for n in (await ops.get("/v1/nodes")).json()]
+            refused = await second.post("/v1/sessions", json={})
+            assert refused.status_code == 429, refused.text
+            assert "REPLGATE_MAX_SESSIONS_PER_TENANT" in refused.json()["detail"]
+            assert [n["sessions"] for n in (await ops.get("/v1/nodes")).json()] == taken
+            assert len((await second.get("/v1/sessions")).json()) == SESSIONS_PER_TENANT
+            assert (await second.delete(f"/v1/sessions/{made.pop()}")).status_code == 204
+            made.append((await create_session(second))["id"])  # room again
+        finally:
+            for sid in made:
+                await first.delete(f"/v1/sessions/{sid}")
 
 
 async def test_a_budget_counts_executions_through_both_gateways(cluster: Cluster) -> None:
