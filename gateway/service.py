@@ -78,6 +78,9 @@ from node.restore import NotRestored, RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)
 
+UNRECORDED_REFUSED = 4
+"""New executions are refused at this many times ``max_unrecorded_executions`` (those of
+streams and channels, whose answers do not wait for their records)."""
 RECORD_RETRY_S = 60.0
 """How long the recording of an execution that ran waits for the database to come back."""
 
@@ -528,6 +531,11 @@ class Gateway:
         if execution_id is not None and execution_id in self._live:
             raise ExecutionIdTaken(execution_id)
         self.check_disk()
+        behind = self._unrecorded()
+        if behind >= UNRECORDED_REFUSED * self.settings.max_unrecorded_executions:
+            raise TooManyRequests(
+                f"the gateway has {behind} finished executions still to record (history, "
+                "audit); wait for them (REPLGATE_MAX_UNRECORDED_EXECUTIONS)")
         running = sum(s.pending for s in self._local_sessions(tenant))
         if running >= self.settings.max_concurrent_executions_per_tenant:
             raise TooManyRequests(
@@ -576,9 +584,20 @@ class Gateway:
         :meth:`history` shows a finished execution from its handle until the store has it, so
         a client told "done" finds it there at once without waiting for the database; the
         store and the audit record are written right after, off the caller's path, and
-        ``drain`` waits for them at shutdown.
+        ``drain`` waits for them at shutdown. Unless more than
+        ``max_unrecorded_executions`` are still to be written: then the answer waits for its
+        own records too (a gateway under more load than its database takes).
         """
-        return await handle.result()
+        execution = await handle.result()
+        recorder = self._recorders.get(handle.id)
+        if recorder is not None and \
+                self._unrecorded() > self.settings.max_unrecorded_executions:
+            await asyncio.wait([recorder])  # (a recording that fails is logged, not raised)
+        return execution
+
+    def _unrecorded(self) -> int:
+        """Executions finished whose records are still to be written."""
+        return sum(handle.done is not None for _, handle in self._live.values())
 
     async def _record(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
                       span: trace.Span | None = None) -> Execution:

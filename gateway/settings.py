@@ -141,6 +141,11 @@ class Settings(BaseSettings):
     max_download_bytes: int = Field(100 * 1024 * 1024, ge=1)
     max_sessions_per_tenant: int = Field(32, ge=1)
     max_concurrent_executions_per_tenant: int = Field(16, ge=1)
+    max_unrecorded_executions: int = Field(
+        256, ge=1, description="executions answered before their history and audit records "
+                               "are written, at most: past it an execution over HTTP is "
+                               "answered once its own are, and past four times it new "
+                               "executions get 429 until the records catch up")
     allowed_origins: list[str] = Field(default_factory=list,
                                        description="browser origins allowed on WebSockets "
                                                    "besides the gateway's own")
