@@ -34,7 +34,8 @@ INSTALL_AND_START_S = 600.0
 
 
 def owned_containers(client: docker.DockerClient, owner: str) -> list[str]:
-    return [c.name for c in client.containers.list(
+    # One listing, no inspection of each (a container removed in between would fail it).
+    return [entry["Names"][0].lstrip("/") for entry in client.api.containers(
         all=True, filters={"label": f"io.replgate.owner={owner}"})]
 
 

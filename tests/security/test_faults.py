@@ -281,7 +281,7 @@ async def test_restart_racing_delete_answers_and_leaves_nothing(
     assert answer.status_code in (200, 404), answer.text
     assert elapsed < 20, elapsed
     await asyncio.sleep(1)
-    assert not hostile.docker.containers.list(all=True, filters={"name": name})
+    assert not hostile.docker.api.containers(all=True, quiet=True, filters={"name": name})
 
 
 async def test_restart_does_not_wait_for_the_queue(hostile: Hostile, sid: str) -> None:

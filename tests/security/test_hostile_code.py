@@ -837,7 +837,8 @@ def test_kernel_death_is_reported_and_recovered(hostile: Hostile, sid: str, name
     assert hostile.ok(sid, "print(open('kept.txt').read())") == "kept\n"
     # Exactly one container for the sandbox, running its init and one kernel.
     name_filter = f"replgate-{hostile.sandbox(sid)['sandbox_id']}"
-    assert len(hostile.docker.containers.list(all=True, filters={"name": name_filter})) == 1
+    assert len(hostile.docker.api.containers(all=True, quiet=True,
+                                             filters={"name": name_filter})) == 1
     assert len(hostile.host_processes(sid)) == 2
 
 

@@ -169,9 +169,10 @@ async def test_load_every_output_lands_in_its_own_execution(
 
         # Nothing of the deleted sessions remains: containers, workspaces, socket folders.
         names = {f"replgate-{box['sandbox_id']}" for box in boxes}
-        left = [c.name for c in docker_client.containers.list(
+        listed = docker_client.api.containers(
             all=True, filters={"label": f"io.replgate.owner={gateway.owner}"})
-            if c.name in names]
+        left = [entry["Names"][0].lstrip("/") for entry in listed
+                if entry["Names"][0].lstrip("/") in names]
         assert not left, left
         _assert_nothing_left(boxes)
         print(f"\nload: {json.dumps(report)}", file=sys.stderr)
