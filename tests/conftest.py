@@ -296,13 +296,27 @@ def fill_disk(path: Path, leave: int) -> None:
         os.close(fd)
 
 
-def containers_of(client: docker.DockerClient, owner: str) -> list[str]:
-    """The ids of ``owner``'s containers, stopped ones too. One listing, no inspection: docker's
-    ``containers.list`` inspects each listed container, which fails with NotFound when one is
-    removed in between (a warm kernel recycled, a deleted session's container going)."""
-    listed = client.api.containers(all=True, quiet=True,
-                                   filters={"label": f"io.replgate.owner={owner}"})
+def containers_of(client: docker.DockerClient, owner: str, **labels: str) -> list[str]:
+    """The ids of ``owner``'s containers, stopped ones too, with ``labels`` too
+    (``profile="default"`` is ``io.replgate.profile=default``). One listing, no inspection:
+    docker's ``containers.list`` inspects each listed container, which fails with NotFound when
+    one is removed in between (a warm kernel recycled, a deleted session's container going)."""
+    wanted = [f"io.replgate.owner={owner}",
+              *(f"io.replgate.{name}={value}" for name, value in labels.items())]
+    listed = client.api.containers(all=True, quiet=True, filters={"label": wanted})
     return [entry["Id"] for entry in listed]
+
+
+def inspected(client: docker.DockerClient, container_ids: list[str]) -> list[dict[str, Any]]:
+    """The engine's inspection of each container, leaving out one removed since it was
+    listed."""
+    found = []
+    for container_id in container_ids:
+        try:
+            found.append(client.api.inspect_container(container_id))
+        except docker.errors.NotFound:
+            continue
+    return found
 
 
 def mounts_under(path: Path) -> list[str]:

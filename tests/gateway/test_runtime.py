@@ -8,7 +8,7 @@ from pathlib import Path
 import docker
 import httpx
 
-from tests.conftest import running_gateway
+from tests.conftest import containers_of, inspected, running_gateway
 
 POLICY = """
 [profiles.untrusted]
@@ -42,12 +42,7 @@ def test_profile_runtime_gvisor_runs_sessions_under_runsc(
 def _runtimes_of(client: docker.DockerClient, owner: str, profile: str) -> set[str]:
     """The runtimes of every container of one profile of the gateway (warm ones included; one
     removed between the listing and its inspection, a warm kernel recycled, is left out)."""
-    runtimes = set()
-    for listed in client.api.containers(quiet=True, filters={
-            "label": [f"io.replgate.owner={owner}", f"io.replgate.profile={profile}"]}):
-        try:
-            runtimes.add(client.api.inspect_container(listed["Id"])["HostConfig"]["Runtime"])
-        except docker.errors.NotFound:
-            continue
+    runtimes = {config["HostConfig"]["Runtime"]
+                for config in inspected(client, containers_of(client, owner, profile=profile))}
     assert runtimes, f"no container of profile {profile}"
     return runtimes

@@ -16,7 +16,7 @@ import docker
 import httpx
 import pytest
 
-from tests.conftest import TEST_RUNTIME, GatewayProcess, containers_of
+from tests.conftest import TEST_RUNTIME, GatewayProcess, containers_of, inspected
 from tests.security.conftest import Hostile
 
 ENGINE_RUNTIME = {"runc": "runc", "gvisor": "runsc"}[TEST_RUNTIME]
@@ -30,12 +30,7 @@ def _containers(client: docker.DockerClient, owner: str) -> list[dict[str, Any]]
     """The gateway's running sandboxes. A stopped one runs no code: a paused session's (its
     container is removed in the background after the pause) or a deleted one's on its way out,
     which may also be gone by the time it is inspected."""
-    found = []
-    for cid in containers_of(client, owner):
-        try:
-            found.append(client.api.inspect_container(cid))
-        except docker.errors.NotFound:
-            continue
+    found = inspected(client, containers_of(client, owner))
     running = [config for config in found if config["State"]["Running"]]
     assert running, f"no running container of {owner}"
     return running
