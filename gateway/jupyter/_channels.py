@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import WebSocket
@@ -76,9 +76,16 @@ class KernelChannels:
         self.binary = binary
         self.key = uuid.uuid4().hex
         """``session`` of the gateway's messages on this connection."""
-        self._outbox: asyncio.Queue[str | bytes] = asyncio.Queue(SEND_BUFFER)
-        self._executes: asyncio.Queue[tuple[Message, int]] = asyncio.Queue(MAX_QUEUED_EXECUTES)
+        self._outbox: asyncio.Queue[tuple[str | bytes, Callable[[], None] | None]] = (
+            asyncio.Queue(SEND_BUFFER))
+        self._executes: asyncio.Queue[tuple[Message, int, int]] = asyncio.Queue(
+            MAX_QUEUED_EXECUTES)
         self._queued_bytes = 0
+        self._received = 0
+        """execute_requests queued so far; each queued one holds its number."""
+        self._received_before_error: int | None = None
+        """How many had been queued when the running cell's first error was written to the
+        socket (None until then)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
 
@@ -114,17 +121,31 @@ class KernelChannels:
 
     async def _send_all(self) -> None:
         while True:
-            frame = await self._outbox.get()
+            frame, on_written = await self._outbox.get()
             try:
                 if isinstance(frame, bytes):
                     await self.websocket.send_bytes(frame)
                 else:
                     await self.websocket.send_text(frame)
+                if on_written is not None:
+                    on_written()
             finally:
                 self._outbox.task_done()
 
-    async def _emit(self, message: Message) -> None:
-        await self._outbox.put(encode(message, self.binary))
+    async def _emit(self, message: Message, on_written: Callable[[], None] | None = None) -> None:
+        await self._outbox.put((encode(message, self.binary), on_written))
+
+    async def _emit_error(self, error: ErrorEvent, parent: dict[str, Any], count: int,
+                          running: bool = True) -> None:
+        """An ``error`` message; the running cell's has its writing noted: what a client sends
+        after it may be a reaction to it, and is not aborted (see :meth:`_run_executes`)."""
+        await self._emit(output_message(error, parent=parent, session=self.key,
+                                        execution_count=count),
+                         self._error_written if running else None)
+
+    def _error_written(self) -> None:
+        if self._received_before_error is None:
+            self._received_before_error = self._received
 
     async def _send(self, request: Message | dict[str, Any], channel: str, msg_type: str,
                     content: dict[str, Any]) -> None:
@@ -246,33 +267,47 @@ class KernelChannels:
         if self._queued_bytes + size > MAX_QUEUED_CODE_BYTES or self._executes.full():
             await self._status(request, "busy")
             await self._fail(request, "TooManyRequests",
-                             "too many executions queued on this connection; wait for some")
+                             "too many executions queued on this connection; wait for some",
+                             running=False)
             return
+        self._received += 1
         self._queued_bytes += size
-        self._executes.put_nowait((request, size))
+        self._executes.put_nowait((request, size, self._received))
 
-    def _dequeue(self, item: tuple[Message, int]) -> Message:
+    def _dequeue(self, item: tuple[Message, int, int]) -> Message:
         self._queued_bytes -= item[1]
         return item[0]
 
     async def _run_executes(self) -> None:
-        """One execute_request at a time, in order; after a failed one that asked
-        ``stop_on_error`` (the default), those already queued are aborted, as ipykernel does."""
+        """One execute_request at a time, in order. After a failed one that asked
+        ``stop_on_error`` (the default), those queued before its error was written to the
+        socket are aborted: they were sent before the client could know of it. ipykernel aborts
+        what reached its queue by the time it sent the cell's execute_reply, so a cell sent on
+        seeing the ``error`` message mostly runs there (AutoGen's Jupyter executor sends its
+        next cell so); here the error travels through the engine and the history's record
+        before the reply, a window in which such a cell nearly always arrived."""
         while True:
-            request = self._dequeue(await self._executes.get())
+            item = await self._executes.get()
+            request, number = self._dequeue(item), item[2]
+            self._received_before_error = None
             ok = await self._execute(request)
-            if not ok and request.content.get("stop_on_error", True) is not False:
-                while not self._executes.empty():
-                    aborted = self._dequeue(self._executes.get_nowait())
-                    await self._status(aborted, "busy")
-                    await self._reply(aborted, "execute_reply", {"status": "aborted"})
-                    await self._status(aborted, "idle")
+            if ok or request.content.get("stop_on_error", True) is False:
+                continue
+            # an error not yet written (a client slow to read): all queued came before it
+            before = (self._received if self._received_before_error is None
+                      else self._received_before_error)
+            # numbers are consecutive and in queue order: those up to `before` are its head
+            for _ in range(before - number):
+                aborted = self._dequeue(self._executes.get_nowait())
+                await self._status(aborted, "busy")
+                await self._reply(aborted, "execute_reply", {"status": "aborted"})
+                await self._status(aborted, "idle")
 
-    async def _fail(self, request: Message, ename: str, evalue: str) -> None:
+    async def _fail(self, request: Message, ename: str, evalue: str,
+                    running: bool = True) -> None:
         error = ErrorEvent(ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
         count = self.session.execution_count
-        await self._emit(output_message(error, parent=request.header, session=self.key,
-                                        execution_count=count))
+        await self._emit_error(error, request.header, count, running)
         await self._reply(request, "execute_reply", {
             "status": "error", "execution_count": count, "ename": ename, "evalue": evalue,
             "traceback": error.traceback})
@@ -312,6 +347,8 @@ class KernelChannels:
                 break
             if isinstance(event, ErrorEvent):
                 error = event
+                await self._emit_error(event, parent, count)
+                continue
             if silent and isinstance(event, DisplayEvent) and event.type == "result":
                 continue
             if isinstance(event, PendingApprovalEvent | ApprovalEvent):  # governance: say so
@@ -331,8 +368,7 @@ class KernelChannels:
         if done.status != ExecutionStatus.OK:
             if error is None:
                 error = abnormal_error(done)
-                await self._emit(output_message(error, parent=parent, session=self.key,
-                                                execution_count=count))
+                await self._emit_error(error, parent, count)
             elif done.reason and (done.status != ExecutionStatus.INTERRUPTED or done.restarted):
                 await self._send(request, "iopub", "stream",
                                  {"name": "stderr", "text": f"[replgate] {done.reason}\n"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import subprocess
@@ -399,6 +400,54 @@ async def test_execute_error_aborts_queued_requests(gateway: GatewayProcess,
     assert of_type(aborted, "execute_reply")[0]["content"]["status"] == "aborted"
     assert not of_type(aborted, "stream")
     assert stdout(after) == "runs again\n"
+
+
+def autogen_execute(code: str) -> tuple[str, str]:
+    """An execute_request framed byte for byte as AutoGen's ``JupyterKernelClient`` frames it
+    (autogen-ext 0.7.5, ``code_executors/docker_jupyter/_jupyter_server.py``); its msg_id."""
+    msg_id = uuid.uuid4().hex
+    return msg_id, json.dumps({
+        "header": {"username": "autogen", "version": "5.0", "session": "autogen-session",
+                   "msg_id": msg_id, "msg_type": "execute_request",
+                   "date": datetime.datetime.now().isoformat()},
+        "parent_header": {}, "channel": "shell",
+        "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True},
+        "metadata": {}, "buffers": {}})
+
+
+async def test_a_cell_sent_once_the_error_is_seen_runs(gateway: GatewayProcess,
+                                                       kernel_id: str) -> None:
+    """AutoGen's DockerJupyterCodeExecutor (autogen-ext, not installed here: its autogen-core
+    pins protobuf 5 where the lock has 7) returns on a cell's ``error`` message and sends its
+    next cell at once, reading no execute_reply; replgate answered that cell ``aborted`` 9 times
+    in 10, so the agent read an empty success. Its pattern, repeated: a cell sent in the same
+    breath as the failing one is still aborted, as a Jupyter kernel does, and the one sent after
+    the error was seen runs."""
+    async with channels(gateway, kernel_id) as ch:
+        for attempt in range(20):
+            failing, frame = autogen_execute(f"raise ValueError({attempt})")
+            queued, queued_frame = autogen_execute("print('never')")
+            await ch.ws.send(frame)
+            await ch.ws.send(queued_frame)
+            seen: dict[str, list[dict[str, Any]]] = {failing: [], queued: []}
+            while not of_type(seen[failing], "error"):
+                message = await ch.receive()
+                seen.setdefault(message["parent_header"].get("msg_id"), []).append(message)
+            after, after_frame = autogen_execute(f"print('ran', {attempt})")
+            await ch.ws.send(after_frame)
+            seen[after] = []
+            while not of_type(seen[after], "execute_reply") or not any(
+                    m["content"].get("execution_state") == "idle"
+                    for m in of_type(seen[after], "status")):
+                message = await ch.receive()
+                seen.setdefault(message["parent_header"].get("msg_id"), []).append(message)
+            assert of_type(seen[failing], "error")[0]["content"]["evalue"] == str(attempt)
+            assert [m["content"]["status"] for m in of_type(seen[queued], "execute_reply")] == [
+                "aborted"], f"attempt {attempt}"
+            assert of_type(seen[after], "execute_reply")[0]["content"]["status"] == "ok", (
+                f"attempt {attempt}: the cell sent once the error was seen did not run")
+            assert stdout(seen[after]) == f"ran {attempt}\n"
 
 
 async def test_kernel_requests_are_relayed(gateway: GatewayProcess, kernel_id: str) -> None:
