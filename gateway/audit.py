@@ -512,8 +512,10 @@ _PATTERNS: list[tuple[re.Pattern[str], str]] = [
         re.compile(r"(?i)([?&;](?:access_)?(?:token|api_?key|key|secret|password)=)[^&\s#\"']+"),
         rf"\1{_REDACTED}",
     ),
-    # Keys recognisable by their shape: ours (rg_), OpenAI-style (sk-), GitHub, Slack, AWS.
+    # Keys recognisable by their shape: ours (rg_, and e2b_ as E2B's SDKs want them),
+    # OpenAI-style (sk-), GitHub, Slack, AWS.
     (re.compile(r"\brg_[A-Za-z0-9_\-]{16,}"), _REDACTED),
+    (re.compile(r"\be2b_[0-9a-f]{16,}"), _REDACTED),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), _REDACTED),
     (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), _REDACTED),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), _REDACTED),

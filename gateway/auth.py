@@ -1,7 +1,11 @@
 """API keys: making them, reading them from settings, and finding them in a request.
 
-A key is ``rg_`` followed by 43 URL-safe characters (256 bits of randomness). Keys are only
-ever stored hashed (:func:`hash_api_key`); the store compares hashes in constant time.
+A new key is ``e2b_`` followed by 64 lowercase hex digits (256 bits of randomness): the shape
+E2B's SDKs check on the client side (some versions refuse any other key unless
+``E2B_VALIDATE_API_KEY=false``), so one key serves replgate's API and E2B's SDKs alike. Keys made
+before (``rg_`` and 43 URL-safe characters) and keys set in ``REPLGATE_API_KEYS`` keep working:
+a key's shape is never checked, only its hash. Keys are only ever stored hashed
+(:func:`hash_api_key`); the store compares hashes in constant time.
 Requests carry a key as ``Authorization: Bearer <key>``, Jupyter's ``Authorization: token <key>``,
 or, for browsers' WebSockets, a ``?token=<key>`` query value.
 """
@@ -23,7 +27,7 @@ __all__ = [
     "parse_api_keys_setting",
 ]
 
-API_KEY_PREFIX = "rg_"
+API_KEY_PREFIX = "e2b_"
 
 # Tenants end up in container labels, log lines and metrics, so keep them to a plain alphabet.
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -31,8 +35,8 @@ _SCHEMES = frozenset({"bearer", "token"})
 
 
 def generate_api_key() -> str:
-    """A new random API key: ``rg_`` + ``secrets.token_urlsafe(32)``."""
-    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+    """A new random API key: ``e2b_`` + ``secrets.token_hex(32)``, as E2B's clients expect."""
+    return API_KEY_PREFIX + secrets.token_hex(32)
 
 
 def hash_api_key(key: str) -> str:

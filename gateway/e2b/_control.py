@@ -71,11 +71,15 @@ def _profile(gateway: Gateway, template: str) -> str:
 
 
 def _refuse_unsupported(body: NewSandbox) -> None:
-    if body.allow_internet_access:
-        raise unsupported("internet access", "replgate sandboxes have no network; leave "
-                          "allow_internet_access unset or False")
-    if body.network:
-        raise unsupported("network rules", "replgate sandboxes have no network at all")
+    """Refuse what a create asks for that replgate cannot give. ``allow_internet_access`` and
+    ``network.allow_public_traffic`` are not among them: older SDKs send the first on every
+    create, and the traffic token the second is about is always required here; the sandbox
+    gets its profile's network and the answer says what that is."""
+    if body.network is not None and body.network.rules:
+        raise unsupported(
+            f"network rules ({', '.join(sorted(body.network.rules))})",
+            "a sandbox's network is its profile's (egress_allow in the policy file); leave "
+            "network unset, or give only allow_public_traffic")
     if body.mcp:
         raise unsupported("MCP servers inside sandboxes",
                           "replgate serves MCP itself at /mcp")

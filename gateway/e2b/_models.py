@@ -1,7 +1,9 @@
 """The control plane's wire (E2B's OpenAPI: NewSandbox, Sandbox, SandboxDetail, ListedSandbox).
 
 Field names are E2B's (``templateID``, ``sandboxID``, camelCase); requests ignore fields this
-version does not know, as E2B's API does, and the ones replgate cannot honour are refused by
+version does not know, as E2B's API does. What an SDK sends unasked (``allow_internet_access:
+true``, ``secure``, ``autoPause: false``) gets the sandbox its profile gives, and the answer says
+what that is (:class:`SandboxNetwork`); the asks replgate cannot honour are refused by
 :mod:`gateway.e2b._control` with a sentence.
 """
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENVD_VERSION = "0.5.7"
 """The envd version replgate answers as: octet-stream uploads (0.5.7) and the default user
@@ -24,6 +26,27 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class NetworkRequest(Lenient):
+    """``SandboxNetworkConfig`` as a create asks for it (E2B's ``network``)."""
+
+    allow_public_traffic: bool | None = Field(None, alias="allowPublicTraffic")
+    """Whether the sandbox's URLs may be reached without its traffic token: on replgate the
+    token is always needed, so the answer says ``false`` whatever was asked."""
+    rules: dict[str, Any] = Field(default_factory=dict)
+    """Everything else the create asked for (``allowOut``, ``denyOut``, ``maskRequestHost``,
+    ...): E2B's network rules, which replgate does not offer; empty values count as unset."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        public = {"allowPublicTraffic", "allow_public_traffic"}
+        return {**{k: v for k, v in data.items() if k in public},
+                "rules": {k: v for k, v in data.items() if k not in public
+                          and v not in (None, [], {}, "")}}
+
+
 class NewSandbox(Lenient):
     template_id: str = Field(alias="templateID", min_length=1, max_length=128)
     timeout: int | None = Field(None, ge=0, description="seconds the sandbox lives")
@@ -31,7 +54,10 @@ class NewSandbox(Lenient):
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     auto_pause: bool = Field(False, alias="autoPause")
     allow_internet_access: bool | None = None
-    network: dict[str, Any] | None = None
+    """Older SDKs (Python's 2.45.1 and JS's 2.45.0 among them) send ``true`` on every create
+    unless told otherwise, so it is no ask replgate can tell from a default: the sandbox gets
+    its profile's network either way, and the answer says which."""
+    network: NetworkRequest | None = None
     mcp: dict[str, Any] | None = None
     volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
 
@@ -60,6 +86,24 @@ class ForkSandbox(Lenient):
     count: int = Field(1, ge=1, le=20)
 
 
+class SandboxNetwork(BaseModel):
+    """``SandboxNetworkConfig`` as replgate answers it: the network the sandbox has."""
+
+    allowPublicTraffic: bool = False
+    """Always false: every in-sandbox request needs the sandbox's access token."""
+    allowOut: list[str] = Field(default_factory=list)
+    """The hosts of the profile's ``egress_allow`` (through the gateway's filtering proxy)."""
+    denyOut: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])
+    """Everything else."""
+
+
+class SandboxLifecycle(BaseModel):
+    """``SandboxLifecycle``: at its timeout a sandbox is deleted, never auto-paused."""
+
+    onTimeout: Literal["kill"] = "kill"
+    autoResume: bool = False
+
+
 class SandboxOut(BaseModel):
     """``Sandbox``: what create and connect answer."""
 
@@ -73,6 +117,10 @@ class SandboxOut(BaseModel):
     """The same per-sandbox secret: the code interpreter SDKs send this header (and not
     ``X-Access-Token``) on their context calls."""
     domain: str | None = None
+    allowInternetAccess: bool = False
+    """E2B's create answer has no such field (its ``SandboxDetail`` has): replgate adds it, and
+    ``network``, so that a create which asked for the internet reads what it got."""
+    network: SandboxNetwork = Field(default_factory=SandboxNetwork)
 
 
 class ListedSandbox(BaseModel):
@@ -93,7 +141,11 @@ class ListedSandbox(BaseModel):
 class SandboxDetail(ListedSandbox):
     envdAccessToken: str
     allowInternetAccess: bool = False
+    """Whether the sandbox reaches the whole internet: never on replgate (``network`` says
+    what it reaches)."""
     domain: str | None = None
+    network: SandboxNetwork = Field(default_factory=SandboxNetwork)
+    lifecycle: SandboxLifecycle = Field(default_factory=SandboxLifecycle)
 
 
 class ForkResult(BaseModel):

@@ -25,7 +25,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from gateway.e2b._errors import E2BError
-from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
+from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxNetwork, SandboxOut
 from gateway.service import Gateway
 from gateway.store import stored_time
 from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, parse_size
@@ -206,7 +206,7 @@ class Sandboxes:
         token = self.token(session.id)
         return SandboxOut(templateID=session.profile.name, sandboxID=session.id,
                           alias=session.profile.name, envdAccessToken=token,
-                          trafficAccessToken=token)
+                          trafficAccessToken=token, network=_network(session))
 
     async def listed(self, sessions: list[SessionPort]) -> list[ListedSandbox]:
         """The sandboxes as ``Sandbox.list()`` describes them (their ends read at once)."""
@@ -225,7 +225,13 @@ class Sandboxes:
 
     async def detail(self, session: SessionPort) -> SandboxDetail:
         (listed,) = await self.listed([session])
-        return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id))
+        return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id),
+                             network=_network(session))
+
+
+def _network(session: SessionPort) -> SandboxNetwork:
+    """What the sandbox reaches: its profile's egress hosts, nothing else."""
+    return SandboxNetwork(allowOut=list(session.profile.egress_allow))
 
 
 def _in(seconds: float) -> str:

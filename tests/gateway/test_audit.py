@@ -310,6 +310,7 @@ def test_for_execution_hashes_lone_surrogate_code() -> None:
         ("authorization: token 0123456789abcdef0123", "0123456789abcdef"),
         ("GET /v1/sessions/x/ws?token=shortkey&x=1", "shortkey"),
         ("key rg_AbCdEfGhIjKlMnOpQrStUv_-xyz appeared", "rg_AbCdEf"),
+        ("sent e2b_0123456789abcdef0123456789abcdef as its key", "e2b_0123456789"),
         ("openai sk-proj-abcdefghijklmnop1234 leaked", "sk-proj-abcdef"),
         ("aws AKIAIOSFODNN7EXAMPLE id", "AKIAIOSFODNN7EXAMPLE"),
         ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),

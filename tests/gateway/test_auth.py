@@ -2,17 +2,48 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+from gateway.app import ensure_api_keys
 from gateway.auth import extract_token, generate_api_key, hash_api_key, parse_api_keys_setting
+from gateway.settings import Settings
+from gateway.store import Store
+
+E2B_KEY_FORMAT = re.compile(r"\Ae2b_[0-9a-f]+\Z")
+"""What E2B's SDKs accept on the client side (e2b 2.45.1's ``_API_KEY_PATTERN`` for Python,
+``/^e2b_[0-9a-f]+$/`` in e2b 2.45.0 for JS; the oldest 2.x and the newest check nothing)."""
 
 
-def test_generate_api_key_is_prefixed_and_unique() -> None:
+def test_generate_api_key_is_e2b_shaped_and_unique() -> None:
     keys = {generate_api_key() for _ in range(100)}
     assert len(keys) == 100
     for key in keys:
-        assert key.startswith("rg_")
-        assert len(key) == 3 + 43
+        assert E2B_KEY_FORMAT.match(key), key
+        assert len(key) == 4 + 64  # 256 bits
+
+
+async def test_first_start_issues_an_e2b_shaped_key(tmp_path: Path,
+                                                     database_target: str | Path) -> None:
+    settings = Settings(state_dir=tmp_path, api_keys=None)
+    async with Store.open(database_target) as store:
+        await ensure_api_keys(settings, store)
+        key = (tmp_path / "api_key").read_text().strip()
+        assert E2B_KEY_FORMAT.match(key), key
+        assert await store.tenant_for_key(key) == "default"
+
+
+async def test_a_key_made_before_keeps_authenticating(tmp_path: Path,
+                                                      database_target: str | Path) -> None:
+    old = "rg_" + "Ab-_" * 10 + "xyz"  # the shape keys had before they were E2B's
+    (tmp_path / "api_key").write_text(old + "\n")
+    settings = Settings(state_dir=tmp_path, api_keys=None)
+    async with Store.open(database_target) as store:
+        await ensure_api_keys(settings, store)
+        assert await store.tenant_for_key(old) == "default"
+    assert (tmp_path / "api_key").read_text() == old + "\n"
 
 
 def test_hash_api_key_is_sha256_hex() -> None:

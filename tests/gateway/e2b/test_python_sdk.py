@@ -275,9 +275,31 @@ def test_unknown_template_is_e2bs_404_with_a_sentence() -> None:
         Sandbox.create(template="no-such-template")
 
 
-def test_internet_access_is_refused_with_a_sentence() -> None:
-    with pytest.raises(SandboxException, match="internet access"):
-        Sandbox.create(allow_internet_access=True)
+def test_asking_for_the_internet_gets_the_profiles_network_and_says_so() -> None:
+    """Older SDKs send ``allow_internet_access: true`` on every create: never a failure; the
+    sandbox gets its profile's network (none), and its description says what it got."""
+    with Sandbox.create(allow_internet_access=True,
+                        network={"allow_public_traffic": True}) as sandbox:
+        info = sandbox.get_info()
+        assert info.allow_internet_access is False
+        assert info.network == {"allow_out": [], "deny_out": ["0.0.0.0/0"],
+                                "allow_public_traffic": False}
+        assert info.lifecycle == {"on_timeout": "kill", "auto_resume": False}
+        assert sandbox.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_private_traffic_is_what_every_sandbox_has(gateway: GatewayProcess) -> None:
+    with Sandbox.create(network={"allow_public_traffic": False}) as sandbox:
+        assert sandbox.run_code("1 + 1").text == "2"
+        untokened = httpx.post(f"{gateway.url}/e2b/sandbox/execute", json={"code": "1"},
+                               headers={"E2b-Sandbox-Id": sandbox.sandbox_id,
+                                        "E2b-Sandbox-Port": "49999"})
+        assert untokened.status_code == 401
+
+
+def test_network_rules_are_refused_with_a_sentence() -> None:
+    with pytest.raises(SandboxException, match=r"network rules \(allowOut\)"):
+        Sandbox.create(network={"allow_out": ["1.1.1.1"]})
 
 
 def test_wrong_api_key_is_refused(e2b_env: dict[str, str]) -> None:
