@@ -3,7 +3,10 @@
 ``/execute`` answers a stream of JSON lines as the code runs (:mod:`gateway.e2b._stream`),
 bounded on the server by the profile's maximum timeout. A sandbox's contexts are its session's
 code contexts: its Python kernel (whose E2B id is the sandbox's id, as before contexts), each
-language's default one (``run_code(language=...)``) and those ``create_code_context`` makes.
+language's default one (``run_code(language=...)``; its id is the language's name) and those
+``create_code_context`` makes. As E2B's server does, a new sandbox lists a default context per
+language its image offers: one not used yet is listed all the same (its kernel starts at its
+first execution, as every context's).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._stream import ExecutionStream
-from kernel_pool import ContextInfo, SessionPort
+from kernel_pool import ContextInfo, SessionPort, check_language
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
                    include_in_schema=False)
@@ -51,6 +54,28 @@ def _context(session: SessionPort, context: ContextInfo) -> dict[str, str]:
 def _ours(session: SessionPort, context_id: str) -> str:
     """replgate's id of the context E2B names ``context_id``."""
     return PYTHON if context_id == session.id else context_id
+
+
+def _default_kernels(session: SessionPort) -> list[str]:
+    """The id of each default context the session's image offers, in its order (a default
+    context's id is its kernel's language: TypeScript's is JavaScript's)."""
+    offered = session.languages
+    return list(dict.fromkeys([PYTHON, *(check_language(name, offered) for name in offered)]))
+
+
+async def _listed(session: SessionPort) -> list[ContextInfo]:
+    """The contexts E2B lists: the Python kernel, every language's default one (made or
+    not), then the created ones in their order (the SDK's users read the last as the newest)."""
+    made = await session.list_contexts()
+    by_id = {context.id: context for context in made}
+    defaults = [by_id.get(kernel) or ContextInfo(id=kernel, language=kernel)
+                for kernel in _default_kernels(session)]
+    return defaults + [context for context in made if context.id not in {
+        default.id for default in defaults}]
+
+
+async def _known(session: SessionPort, context_id: str) -> bool:
+    return context_id in {c.id for c in await _listed(session)}
 
 
 def _language(language: str | None) -> str | None:
@@ -91,9 +116,12 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
         raise E2BError(400, "Only one of context_id or language can be provided")
     language = _language(body.language)
     context_id = _ours(session, body.context_id) if body.context_id else None
-    if context_id is not None and context_id not in {
-            c.id for c in await session.list_contexts()}:
-        raise E2BError(404, f"Context {body.context_id} not found")
+    if context_id is not None:
+        if not await _known(session, context_id):
+            raise E2BError(404, f"Context {body.context_id} not found")
+        if context_id != PYTHON and context_id in _default_kernels(session):
+            # A default context runs by its language (which makes it at its first use).
+            context_id, language = None, context_id
     timeout = session.profile.max_timeout_s
     env = {k: v for k, v in (body.env_vars or {}).items() if k}
     restore = None
@@ -114,7 +142,7 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
 async def list_contexts(request: Request) -> list[dict[str, str]]:
     gateway, sandboxes = services(request)
     _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    return [_context(session, context) for context in await session.list_contexts()]
+    return [_context(session, context) for context in await _listed(session)]
 
 
 @router.post("/contexts")
@@ -129,33 +157,38 @@ async def create_context(body: CreateContext, request: Request) -> dict[str, Any
     return _context(session, await session.create_context(_language(body.language)))
 
 
-async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort, str]:
-    """The sandbox with context ``context_id`` and replgate's id of it (404 for none)."""
+async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort, str, bool]:
+    """The sandbox with context ``context_id``, replgate's id of it (404 for none) and
+    whether it was made yet (a default context is listed before its first use)."""
     gateway, sandboxes = services(request)
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
     ours = _ours(session, context_id)
-    if ours not in {c.id for c in await session.list_contexts()}:
+    if not await _known(session, ours):
         raise E2BError(404, f"Context {context_id} not found")
-    return tenant, session, ours
+    made = ours == PYTHON or ours in {c.id for c in await session.list_contexts()}
+    return tenant, session, ours, made
 
 
 @router.post("/contexts/{context_id}/restart")
 async def restart_context(context_id: str, request: Request) -> None:
     """Restart the context's kernel: its variables gone, files (and other contexts) kept."""
-    tenant, session, ours = await _the_context(request, context_id)
+    tenant, session, ours, made = await _the_context(request, context_id)
     if ours == PYTHON:
         await services(request)[0].restart(tenant, session.id)
-    else:
+    elif made:  # one not made yet has no variables to lose
         await session.restart_context(ours)
 
 
 @router.delete("/contexts/{context_id}")
 async def remove_context(context_id: str, request: Request) -> None:
-    _, session, ours = await _the_context(request, context_id)
+    """End a context's kernel and forget it; a language's default context is listed again
+    (its next use starts a fresh kernel), as E2B's server makes it again on its next use."""
+    _, session, ours, made = await _the_context(request, context_id)
     if ours == PYTHON:
         raise unsupported("removing the sandbox's Python context (its own kernel)",
                           "kill the sandbox instead")
-    await session.remove_context(ours)
+    if made:
+        await session.remove_context(ours)
 
 
 @router.get("/health")

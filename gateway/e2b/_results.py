@@ -31,8 +31,11 @@ FIELDS = {
     "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
     "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
     "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
+    "application/vnd.replgate.data+json": "data",
 }
-"""MIME types to the fields of E2B's ``Result``; any other type goes to ``extra``."""
+"""MIME types to the fields of E2B's ``Result``; any other type goes to ``extra``. A pandas
+DataFrame's columns come as ``application/vnd.replgate.data+json`` (the sandbox's
+``replgate_kernel/data.py``: E2B's ``e2b/data`` under a name a notebook keeps as JSON)."""
 
 END = {"type": "end_of_execution"}
 KEEPALIVE = {"type": "keepalive"}

@@ -3,7 +3,11 @@ happen (:mod:`gateway.e2b._results` says what each line is).
 
 The SDKs enforce their ``timeout`` on the client side by dropping the connection; the cell is
 then stopped (an interrupt: variables are kept) so the next ``run_code`` does not wait behind
-it.
+it. A sandbox killed (deleted) while its code runs cuts the stream without its last chunk, as
+the connection to E2B's vanished sandbox breaks: the SDKs then ask whether the sandbox still
+runs and raise their ``TimeoutException`` ("the sandbox was killed while the request was in
+progress"). A kernel that dies in a sandbox that lives on ends the stream as usual, its
+``DeadKernelError`` said.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.e2b._results import END, KEEPALIVE, Translator
-from kernel_pool import DisplayEvent, DoneEvent, Event, ExecutionHandle, SessionPort
+from kernel_pool import (
+    DisplayEvent,
+    DoneEvent,
+    Event,
+    ExecutionHandle,
+    ExecutionStatus,
+    SessionPort,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +42,9 @@ its request timeout until the headers come)."""
 HOLD_S = 0.005
 """How long a cell's main result (its last expression's value) may wait for the end of the
 execution, which the kernel sends right after it, to share its write."""
+CLOSED_REASON = "the session was closed"
+"""The reason of an execution ended by its session's deletion (a session on another node
+says so before this gateway's copy of it is marked closed)."""
 
 
 class ExecutionStream(Response):
@@ -72,15 +86,20 @@ class ExecutionStream(Response):
             while True:
                 patience = HOLD_S if held else KEEPALIVE_S if started else HEADERS_S
                 event = await events.next(within=patience)
+                # A sandbox killed meanwhile: what came before is said, the end is not, and
+                # returning with the body unfinished makes the ASGI server cut the connection.
+                cut = self._killed(event)
                 if event is None:  # nothing came in time: what was held, or a keepalive
                     lines, held = held or ([KEEPALIVE] if started else []), []
+                elif cut:
+                    lines, held = held, []
                 else:
                     lines, held = held + translator.lines(event), []
                     if _is_main_result(event):
                         held = lines
                         continue
                 last = isinstance(event, DoneEvent)
-                if last:
+                if last and not cut:
                     lines.append(END)
                 if not started:
                     started = True
@@ -89,11 +108,16 @@ class ExecutionStream(Response):
                 if lines:
                     body = "".join(json.dumps(line) + "\n" for line in lines).encode()
                     await send({"type": "http.response.body", "body": body,
-                                "more_body": not last})
+                                "more_body": not last or cut})
                 if last:
                     return
         finally:
             events.close()
+
+    def _killed(self, done: Event | None) -> bool:
+        """Whether the execution ended because its sandbox was deleted."""
+        return (isinstance(done, DoneEvent) and done.status is ExecutionStatus.DIED
+                and (self.session.closed or done.reason == CLOSED_REASON))
 
     async def _stop_if_unfinished(self) -> None:
         """The client left (its timeout, or it was stopped): stop this cell, keep the state."""

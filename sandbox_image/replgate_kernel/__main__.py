@@ -195,12 +195,15 @@ def _without_unused_modules() -> Iterator[None]:
             del sys.modules[stub.__name__]
 
 
-def _agent_results(app) -> None:  # type: ignore[no-untyped-def]
-    """What agents read beside the outputs: charts as data (display bundles) and the files
-    each execution touched (the execute_reply's metadata); and what a pause would lose."""
-    from replgate_kernel import charts, files, snapshot
+def _agent_results(app, max_output_bytes: int) -> None:  # type: ignore[no-untyped-def]
+    """What agents read beside the outputs: charts, frames and lists as data (display
+    bundles), PIL images saved or shown as outputs, and the files each execution touched
+    (the execute_reply's metadata); and what a pause would lose."""
+    from replgate_kernel import charts, data, files, images, snapshot
 
     charts.install(app.shell)
+    data.install(app.shell, max_output_bytes)
+    images.install()
     files.install(app.kernel, os.getcwd())
     snapshot.install(app.shell)
 
@@ -246,7 +249,7 @@ def main() -> None:
     # traitlets leaves the logger at DEBUG and filters in its handler: each cell would still
     # build the records of ipykernel's debug messages (the whole reply among them).
     app.log.setLevel(max(app.log.level, logging.WARNING))
-    _agent_results(app)
+    _agent_results(app, max_output_bytes)
     init_path(app)
     app.start()
 
