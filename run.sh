@@ -426,8 +426,9 @@ case "$cmd" in
   lock)
     update_locks "$@" ;;
   test)
-    # The tests of other languages run in the polyglot image (R, Deno): built here, once.
-    ensure_venv dev; ensure_engine; ensure_criu; ensure_zstd; ensure_image --polyglot; ensure_browser; ensure_readme_tools; ensure_node
+    # The tests run the default image (every language) and the slim one (profiles of Python
+    # and bash only): both built here, the second from the first's cached layers.
+    ensure_venv dev; ensure_engine; ensure_criu; ensure_zstd; ensure_image --slim; ensure_browser; ensure_readme_tools; ensure_node
     ensure_postgres
     if [ $# -gt 0 ]; then exec "$VENV/bin/python" -m pytest "$@"; fi
     # The whole suite: every test with sandboxes under runc, then the gVisor leg

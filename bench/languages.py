@@ -32,7 +32,7 @@ from pathlib import Path
 import docker
 
 from kernel_pool import KernelPool, PoolSettings, Profile, Session
-from kernel_pool.backends.docker import build_polyglot_image
+from kernel_pool.backends.docker import build_image
 
 LANGUAGES = ("r", "javascript", "bash")
 ONE_PLUS_ONE = {"python": "1+1", "r": "1+1", "javascript": "1+1", "bash": "echo $((1+1))"}
@@ -136,9 +136,9 @@ async def memory(pool: KernelPool) -> tuple[dict[str, int], dict[str, int]]:
 
 async def main(sessions: int, repeat: int) -> None:
     state = Path(tempfile.mkdtemp(prefix="rg-bench-", dir="/tmp"))
-    await asyncio.to_thread(build_polyglot_image, docker.from_env(), state_dir=state / "images",
+    await asyncio.to_thread(build_image, docker.from_env(), state_dir=state / "images",
                             log=lambda _: None)
-    profile = Profile(name="default", image="polyglot", memory="2g", min_idle=1,
+    profile = Profile(name="default", memory="2g", min_idle=1,
                       default_timeout_s=120, max_timeout_s=120)
     pool = KernelPool(PoolSettings(state_dir=state, profiles={"default": profile},
                                    owner=f"bench-{secrets.token_hex(4)}"))

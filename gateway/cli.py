@@ -236,7 +236,7 @@ def _image_build(args: argparse.Namespace) -> int:
 
     try:
         built = build_sandbox_images(
-            Settings(), force=args.force, polyglot=args.polyglot,
+            Settings(), force=args.force, slim=args.slim,
             log=lambda line: print(f"[replgate] {line}", file=sys.stderr))
     except KernelPoolError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
@@ -328,13 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--url", help="the gateway's address (default: REPLGATE_URL)")
     mcp.set_defaults(func=_mcp)
 
-    image = commands.add_parser("image", help="build the sandbox image")
+    image = commands.add_parser("image", help="build the sandbox images")
     image_commands = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
-    build = image_commands.add_parser("build", help="build the sandbox image unless up to date")
+    build = image_commands.add_parser(
+        "build", help="build the sandbox images the profiles name unless up to date (the "
+        "default image, with every language, unless every profile names the slim one)")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    build.add_argument("--polyglot", action="store_true",
-                       help="also build the polyglot image (R and JavaScript/TypeScript "
-                       "kernels, about 270 MB more), as when a profile names it")
+    build.add_argument("--slim", action="store_true",
+                       help="also build the slim image (Python and bash only), as when a "
+                       "profile names it")
+    # The default image is what --polyglot once added: scripts that pass it still work.
+    build.add_argument("--polyglot", action="store_true", help=argparse.SUPPRESS)
     build.set_defaults(func=_image_build)
 
     doctor = commands.add_parser(

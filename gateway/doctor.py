@@ -23,10 +23,10 @@ from kernel_pool.backends.docker import (
     CheckpointSupport,
     ImageInfo,
     build_image,
-    build_polyglot_image,
     checkpoint_support,
+    current_image,
     missing_runtime,
-    polyglot_image,
+    slim_image,
     templates_refusal,
 )
 
@@ -51,9 +51,9 @@ def diagnose(settings: Settings) -> list[tuple[bool, str]]:
                 client.images.get(profile.image)
                 found.append((True, f"profile {profile.name}: image {profile.image} is there"))
             except docker.errors.ImageNotFound:
-                polyglot = " --polyglot" if profile.image == polyglot_image() else ""
+                slim = " --slim" if profile.image == slim_image() else ""
                 found.append((False, f"profile {profile.name}: no image {profile.image}; "
-                                     f"run `replgate image build{polyglot}`"))
+                                     f"run `replgate image build{slim}`"))
             problem = missing_runtime(info.get("Runtimes") or {}, [profile])
             found.append((problem is None, problem or
                           f"profile {profile.name}: runtime {profile.runtime} is available"))
@@ -99,22 +99,27 @@ def memory_pauses(support: CheckpointSupport, pause_with: str) -> str:
 
 
 def build_sandbox_images(
-    settings: Settings, *, force: bool, polyglot: bool, log: Callable[[str], None]
+    settings: Settings, *, force: bool, slim: bool, log: Callable[[str], None]
 ) -> list[ImageInfo]:
-    """Build (or find current) the sandbox image, and the polyglot one when ``polyglot`` or a
-    profile of the settings or the policy file names it; raises ``ImageError``."""
-    if not polyglot:
-        try:
-            pool = load_policy(settings.policy_file).pool_settings(settings.pool_settings())
-        except PolicyError:
-            pool = settings.pool_settings()  # serve says what is wrong with the file
-        polyglot = any(p.image == polyglot_image() for p in pool.profiles.values())
+    """Build (or find current) the sandbox images the profiles of the settings and the policy
+    file name, and the slim one too when ``slim``: the default image unless the profiles name
+    the slim one and not it (a slim install need not build R and the JDK); raises
+    ``ImageError``."""
+    try:
+        pool = load_policy(settings.policy_file).pool_settings(settings.pool_settings())
+    except PolicyError:
+        pool = settings.pool_settings()  # serve says what is wrong with the file
+    named = {p.image for p in pool.profiles.values()}
+    slim = slim or slim_image() in named
+    default = current_image() in named or not slim
     client = docker.from_env()
     try:
-        built = [build_image(client, state_dir=settings.state_dir, force=force, log=log)]
-        if polyglot:
-            built.append(build_polyglot_image(client, state_dir=settings.state_dir,
-                                              force=force, log=log))
+        built = []
+        if default:
+            built.append(build_image(client, state_dir=settings.state_dir, force=force, log=log))
+        if slim:
+            built.append(build_image(client, state_dir=settings.state_dir, slim=True,
+                                     force=force, log=log))
         return built
     finally:
         client.close()

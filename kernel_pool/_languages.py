@@ -2,9 +2,9 @@
 
 A sandbox's PID 1 starts a kernel of any of :data:`KERNEL_LANGUAGES` (its command table:
 ``sandbox_image/replgate_kernel/init.py``); an image offers those whose programs it has, named
-by its ``io.replgate.languages`` label (the default image: python and bash; the polyglot one:
-R and JavaScript too). ``typescript`` runs in the JavaScript kernel (Deno's), and E2B's short
-names are accepted as E2B's own server accepts them.
+by its ``io.replgate.languages`` label (the default image: every one of them; the slim one:
+python and bash). ``typescript`` runs in the JavaScript kernel (Deno's), and E2B's short names
+are accepted as E2B's own server accepts them.
 """
 
 from __future__ import annotations
@@ -29,13 +29,18 @@ class KernelLanguage:
     """``message``: an ``interrupt_request`` on the control channel stops the running code;
     ``signal``: the kernel only heeds SIGINT, sent to its process group (IRkernel; R's
     ``system()`` ignores SIGINT in R itself while its child runs)."""
+    relayed: bool = False
+    """Its kernel listens on TCP only: it runs as the child of ``relay.py``, which holds the
+    ipc socket files and loopback connections to it (Deno's, JJava's)."""
 
 
 KERNEL_LANGUAGES = {
     "python": KernelLanguage("python", "Python 3", "message"),
     "bash": KernelLanguage("bash", "Bash", "message"),
     "r": KernelLanguage("r", "R", "signal"),
-    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message"),
+    "javascript": KernelLanguage("javascript", "JavaScript and TypeScript (Deno)", "message",
+                                 relayed=True),
+    "java": KernelLanguage("java", "Java", "message", relayed=True),
 }
 SAME_KERNEL = {"typescript": "javascript"}
 ALIASES = {"js": "javascript", "ts": "typescript"}

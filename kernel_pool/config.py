@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from kernel_pool._sandbox_image import POLYGLOT, current_image, polyglot_image
+from kernel_pool._sandbox_image import current_image, named_image
 
 MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
 """The largest per-output cap: a bundle base64-encodes and travels as one message, which must
@@ -51,9 +51,10 @@ class Profile(BaseModel):
 
     name: str = "default"
     image: str = Field(default_factory=current_image,
-                       description="sandbox image; default: the one built from this code; "
-                       "`polyglot`: the one with R and JavaScript/TypeScript kernels too "
-                       "(`replgate image build --polyglot`)")
+                       description="sandbox image; default: the one built from this code, "
+                       "with every language (`default`, or `polyglot` as it was once called, "
+                       "names it too); `slim`: the one with Python and bash only "
+                       "(`replgate image build --slim`); any other: an image of your own")
     runtime: Literal["runc", "gvisor"] = Field(
         "runc", description="isolation: runc (containers share the host's Linux kernel) or "
         "gvisor (runsc: each sandbox gets a user-space kernel of its own)")
@@ -80,7 +81,7 @@ class Profile(BaseModel):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
-        return polyglot_image() if value == POLYGLOT else value
+        return named_image(value)
 
     @field_validator("egress_allow")
     @classmethod

@@ -117,8 +117,8 @@ class UnknownLanguage(InvalidRequest):
         super().__init__(
             f"unknown language {language!r}; this session offers: {', '.join(offered)}"
             + ("" if "r" in offered else
-               " (R and JavaScript/TypeScript are in the polyglot image: a profile with "
-               "image = \"polyglot\")"))
+               " (R, JavaScript/TypeScript and Java are in the default image; this session's "
+               "profile names the slim one or an image of its own)"))
 
 
 class ContextNotFound(KernelPoolError):

@@ -54,8 +54,12 @@ def _start(program: list[str], config: dict[str, object]) -> tuple[subprocess.Po
     with os.fdopen(fd, "w") as f:
         json.dump(tcp, f)
     # NO_COLOR: Deno colours the text/plain of values otherwise, which clients show verbatim.
-    kernel = subprocess.Popen([*program, path], env={**os.environ, "NO_COLOR": "1"},
-                              preexec_fn=_die_with_parent)
+    try:
+        kernel = subprocess.Popen([*program, path], env={**os.environ, "NO_COLOR": "1"},
+                                  preexec_fn=_die_with_parent)
+    except FileNotFoundError:  # an image without the program: as PID 1 says it of its own
+        os.unlink(path)
+        sys.exit(127)
     deadline = time.monotonic() + START_TIMEOUT_S
     try:
         for port in ports.values():

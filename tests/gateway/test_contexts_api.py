@@ -1,4 +1,5 @@
-"""Code contexts over HTTP and the WebSocket: a gateway whose profile runs the polyglot image."""
+"""Code contexts over HTTP and the WebSocket: a gateway whose profile names the default image by
+its old name, ``polyglot``."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import nbformat
 import pytest
 from websockets.sync.client import connect
 
-from kernel_pool.backends.docker import build_polyglot_image
+from kernel_pool.backends.docker import build_image
 from tests.conftest import CLIENT_TIMEOUT_S, GatewayProcess, running_gateway
 
 
 @pytest.fixture(scope="module")
 def polyglot_gateway(docker_client: docker.DockerClient,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    build_polyglot_image(docker_client, state_dir=tmp_path_factory.mktemp("images"),
-                         log=lambda _: None)
+    build_image(docker_client, state_dir=tmp_path_factory.mktemp("images"), log=lambda _: None)
     with running_gateway(docker_client, image="polyglot") as process:
         yield process
 

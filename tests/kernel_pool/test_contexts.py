@@ -1,5 +1,5 @@
-"""Code contexts: R, JavaScript/TypeScript and bash kernels started lazily in a session's own
-sandbox (the polyglot image), beside its Python kernel, through the session's one queue."""
+"""Code contexts: R, JavaScript/TypeScript, Java and bash kernels started lazily in a session's
+own sandbox (the default image), beside its Python kernel, through the session's one queue."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -21,44 +22,53 @@ from kernel_pool import (
     UnknownLanguage,
 )
 from kernel_pool._contexts import JS_LATE_OUTPUT
-from kernel_pool.backends.docker import DockerBackend, build_polyglot_image
+from kernel_pool.backends.docker import DockerBackend, build_image
 from kernel_pool.backends.docker._criu import dumps_file_locks
 
-LANGUAGES = ["r", "javascript", "bash"]
-SET = {"r": "x <- 41", "javascript": "var x = 41", "bash": "x=41"}
-GET = {"r": "cat(x + 1, '\\n')", "javascript": "console.log(x + 1)", "bash": "echo $((x + 1))"}
-LOOP = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while true; do :; done"}
+LANGUAGES = ["r", "javascript", "bash", "java"]
+SET = {"r": "x <- 41", "javascript": "var x = 41", "bash": "x=41", "java": "int x = 41;"}
+GET = {"r": "cat(x + 1, '\\n')", "javascript": "console.log(x + 1)", "bash": "echo $((x + 1))",
+       "java": "System.out.println(x + 1);"}
+LOOP = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while true; do :; done",
+        "java": "while (true) {}"}
 TWO_LINES = {"r": "cat('a\\n'); Sys.sleep(1.5); cat('b\\n')",
              "javascript": "console.log('a'); await new Promise(r => setTimeout(r, 1500)); "
                            "console.log('b')",
-             "bash": "echo a; sleep 1.5; echo b"}
+             "bash": "echo a; sleep 1.5; echo b",
+             "java": 'System.out.println("a"); Thread.sleep(1500); System.out.println("b");'}
 ERROR = {"r": 'stop("boom")', "javascript": "throw new Error('boom')",
-         "bash": "echo boom >&2; false"}
-PID = {"r": "cat(Sys.getpid(), '\\n')", "bash": "echo $$", "javascript": "console.log(Deno.pid)"}
+         "bash": "echo boom >&2; false", "java": 'throw new RuntimeException("boom");'}
+PID = {"r": "cat(Sys.getpid(), '\\n')", "bash": "echo $$", "javascript": "console.log(Deno.pid)",
+       "java": "System.out.println(ProcessHandle.current().pid());"}
 """The kernel's pid (bash_kernel's shell's: the process that holds bash's variables)."""
 WRITE = {"r": 'writeLines("from r", "from_r.txt")',
          "javascript": "Deno.writeTextFileSync('from_javascript.txt', 'from javascript\\n')",
-         "bash": "echo 'from bash' > from_bash.txt"}
+         "bash": "echo 'from bash' > from_bash.txt",
+         "java": 'java.nio.file.Files.writeString(java.nio.file.Path.of("from_java.txt"), '
+                 '"from java\\n");'}
 
 
 @pytest.fixture(scope="module")
-async def polyglot_pool(state_root: Path,
-                        docker_client: docker.DockerClient) -> AsyncIterator[KernelPool]:
-    build_polyglot_image(docker_client, state_dir=state_root / "images", log=lambda _: None)
-    profile = Profile(name="default", image="polyglot", memory="1g", workspace_size="64m",
-                      tmp_size="32m", pids=256, min_idle=0, default_timeout_s=60,
-                      max_timeout_s=120)
-    async with pausing_pool(state_root, docker_client, "contexts",
-                            profiles={"default": profile}) as pool:
+async def languages_pool(state_root: Path,
+                         docker_client: docker.DockerClient) -> AsyncIterator[KernelPool]:
+    """The default profile on the default image, and a ``slim`` profile on the slim one."""
+    for slim in (False, True):
+        build_image(docker_client, state_dir=state_root / "images", slim=slim,
+                    log=lambda _: None)
+    limits: dict[str, Any] = dict(memory="1g", workspace_size="64m", tmp_size="32m", pids=256,
+                                  min_idle=0, default_timeout_s=60, max_timeout_s=120)
+    profiles = {"default": Profile(name="default", **limits),
+                "slim": Profile(name="slim", image="slim", **limits)}
+    async with pausing_pool(state_root, docker_client, "contexts", profiles=profiles) as pool:
         yield pool
 
 
 @pytest.fixture(scope="module")
-async def poly(polyglot_pool: KernelPool) -> AsyncIterator[Session]:
+async def poly(languages_pool: KernelPool) -> AsyncIterator[Session]:
     """One session for the tests whose contexts' state does not matter to the others."""
-    session = await polyglot_pool.create_session()
+    session = await languages_pool.create_session()
     yield session
-    await polyglot_pool.delete_session(session.id)
+    await languages_pool.delete_session(session.id)
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
@@ -140,8 +150,8 @@ async def test_interrupt_stops_a_loop_in_its_context_only(poly: Session,
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
-async def test_a_timeout_stops_the_code(polyglot_pool: KernelPool, language: str) -> None:
-    session = await polyglot_pool.create_session()
+async def test_a_timeout_stops_the_code(languages_pool: KernelPool, language: str) -> None:
+    session = await languages_pool.create_session()
     try:
         ran = await session.submit(LOOP[language], timeout_s=2, language=language).result()
         assert ran.status == "timeout", ran
@@ -149,7 +159,7 @@ async def test_a_timeout_stops_the_code(polyglot_pool: KernelPool, language: str
         assert again.status == "ok", again
         assert (await session.execute("1 + 1")).status == "ok"
     finally:
-        await polyglot_pool.delete_session(session.id)
+        await languages_pool.delete_session(session.id)
 
 
 READ_ENV = {"r": 'cat(Sys.getenv("GREETING"), "\\n", sep = "")',
@@ -159,10 +169,10 @@ READ_ENV = {"r": 'cat(Sys.getenv("GREETING"), "\\n", sep = "")',
 
 @pytest.mark.parametrize("language", LANGUAGES)
 async def test_a_context_has_the_session_environment_and_descends_from_pid_1(
-        polyglot_pool: KernelPool, language: str) -> None:
+        languages_pool: KernelPool, language: str) -> None:
     """PID 1 starts a context's kernel (so a checkpoint of the container could hold it), with
     the session's own variables over the container's."""
-    session = await polyglot_pool.create_session(env={"GREETING": "grüß dich 'quoted'"})
+    session = await languages_pool.create_session(env={"GREETING": "grüß dich 'quoted'"})
     try:
         ran = await session.submit(READ_ENV[language], language=language).result()
         assert (ran.status, ran.stdout) == ("ok", "grüß dich 'quoted'\n"), ran
@@ -179,7 +189,7 @@ async def test_a_context_has_the_session_environment_and_descends_from_pid_1(
         assert found.status == "ok", found
         assert set(found.stdout.split()) == {"1"}, found.stdout
     finally:
-        await polyglot_pool.delete_session(session.id)
+        await languages_pool.delete_session(session.id)
 
 
 async def test_contexts_made_restarted_and_removed(poly: Session) -> None:
@@ -233,20 +243,26 @@ async def test_javascript_without_its_console_falls_back_to_a_quiet_wait(poly: S
 
 
 async def test_an_unknown_language_names_the_offered_ones(poly: Session,
-                                                          shared_session: Session) -> None:
+                                                          languages_pool: KernelPool) -> None:
     with pytest.raises(UnknownLanguage) as raised:
         poly.submit("1", language="cobol")
-    assert raised.value.offered == ["python", "bash", "r", "javascript", "typescript"]
-    with pytest.raises(UnknownLanguage) as default_image:
-        shared_session.submit("1", language="r")  # the default image: python and bash
-    assert default_image.value.offered == ["python", "bash"]
-    assert "polyglot" in str(default_image.value)
+    assert raised.value.offered == ["python", "bash", "r", "javascript", "java", "typescript"]
+    slim = await languages_pool.create_session("slim")
+    try:
+        for language in ("r", "java", "js"):
+            with pytest.raises(UnknownLanguage) as slim_image:
+                slim.submit("1", language=language)
+            assert slim_image.value.offered == ["python", "bash"]
+            assert "slim" in str(slim_image.value)
+        assert (await slim.submit("echo hi", language="bash").result()).stdout == "hi\n"
+    finally:
+        await languages_pool.delete_session(slim.id)
 
 
-async def test_a_memory_pause_keeps_every_context_as_it_was(polyglot_pool: KernelPool) -> None:
+async def test_a_memory_pause_keeps_every_context_as_it_was(languages_pool: KernelPool) -> None:
     """R's, bash's and Deno's kernels are in the memory image: the very processes, their
     variables with them, connected again as the session resumes."""
-    session = await polyglot_pool.create_session()
+    session = await languages_pool.create_session()
     try:
         await session.execute("kept = 1")
         pids = {}
@@ -279,12 +295,12 @@ async def test_a_memory_pause_keeps_every_context_as_it_was(polyglot_pool: Kerne
             back = await session.submit(GET[language], language=language).result()
             assert (back.restarted, back.stdout.strip()) == (False, "42"), back
     finally:
-        await polyglot_pool.delete_session(session.id)
+        await languages_pool.delete_session(session.id)
 
 
 async def test_a_variables_pause_says_which_contexts_lost_their_state(
         state_root: Path, docker_client: docker.DockerClient) -> None:
-    profile = Profile(name="default", image="polyglot", memory="1g", workspace_size="64m",
+    profile = Profile(name="default", memory="1g", workspace_size="64m",
                       tmp_size="32m", pids=256, min_idle=0, default_timeout_s=60,
                       max_timeout_s=120)
     async with pausing_pool(state_root, docker_client, "contexts-variables",
@@ -305,10 +321,10 @@ async def test_a_variables_pause_says_which_contexts_lost_their_state(
 
 
 async def test_contexts_a_failed_memory_pause_could_not_keep_start_afresh_and_say_so(
-        polyglot_pool: KernelPool) -> None:
+        languages_pool: KernelPool) -> None:
     """The dump refused (a deleted open file past CRIU's limit: see test_memory_pause): the
     pause falls back to the variables, and the R context it meant to keep is named as lost."""
-    session = await polyglot_pool.create_session()
+    session = await languages_pool.create_session()
     try:
         assert (await session.submit(SET["r"], language="r").result()).status == "ok"
         assert (await session.execute(
@@ -320,7 +336,7 @@ async def test_contexts_a_failed_memory_pause_could_not_keep_start_afresh_and_sa
         back = await session.submit("exists('x')", language="r").result()
         assert back.restarted and "FALSE" in str(back.outputs), back
     finally:
-        await polyglot_pool.delete_session(session.id)
+        await languages_pool.delete_session(session.id)
 
 
 def test_runc_criu_configuration_read_for_file_locks(tmp_path: Path) -> None:
@@ -333,13 +349,13 @@ def test_runc_criu_configuration_read_for_file_locks(tmp_path: Path) -> None:
 
 
 async def test_a_context_the_host_cannot_dump_is_ended_and_says_why(
-        polyglot_pool: KernelPool) -> None:
+        languages_pool: KernelPool) -> None:
     """A host whose CRIU does not keep file locks cannot dump Deno's kernel: the pause keeps
     the rest of the sandbox and names the JavaScript context with the reason."""
-    backend = polyglot_pool.backend
+    backend = languages_pool.backend
     assert isinstance(backend, DockerBackend) and backend.file_locks, \
         "./run.sh writes file-locks in /etc/criu/runc.conf"
-    session = await polyglot_pool.create_session()
+    session = await languages_pool.create_session()
     backend.file_locks = False
     try:
         for language in ("r", "javascript"):
@@ -354,4 +370,4 @@ async def test_a_context_the_host_cannot_dump_is_ended_and_says_why(
         assert lost.restarted and "undefined" in str(lost.outputs), lost
     finally:
         backend.file_locks = True
-        await polyglot_pool.delete_session(session.id)
+        await languages_pool.delete_session(session.id)

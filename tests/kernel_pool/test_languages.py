@@ -1,7 +1,8 @@
 """Each language's kernel, started by the sandbox's PID 1 in a container the Docker backend made
 (no network, read-only root, uid 1000, its pids limit), reached over the ipc socket files as
-the pool reaches Python's: bash in the default image; R and Deno's JavaScript/TypeScript in the
-polyglot one (built here if missing, as ``replgate image build --polyglot`` does).
+the pool reaches Python's: bash, R, Deno's JavaScript/TypeScript and Java in the default image;
+bash alone beside Python in the slim one (built here if missing, as ``replgate image build
+--slim`` does).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kp_support import make_settings
 from kernel_pool import Profile
 from kernel_pool._languages import KERNEL_LANGUAGES, kernel_language, offered
 from kernel_pool.backends.base import SandboxSpec
-from kernel_pool.backends.docker import DockerBackend, DockerSandbox, build_polyglot_image
+from kernel_pool.backends.docker import DockerBackend, DockerSandbox, build_image, current_image
 from kernel_pool.backends.docker._backend import KERNEL_DIR, _connection
 from kernel_pool.backends.docker._init_kernel import (
     exit_code,
@@ -39,8 +40,9 @@ from kernel_pool.backends.docker._init_kernel import (
 )
 
 PIDS = 128
-LOOPS = {"bash": "while true; do :; done", "javascript": "while (true) {}", "r": "repeat {}"}
-NOTHING = {"bash": "true", "javascript": "1", "r": "1"}
+LOOPS = {"bash": "while true; do :; done", "javascript": "while (true) {}", "r": "repeat {}",
+         "java": "while (true) {}"}
+NOTHING = {"bash": "true", "javascript": "1", "r": "1", "java": "1"}
 
 
 @dataclass
@@ -143,9 +145,9 @@ class Kernel:
 
 
 @pytest.fixture(scope="session")
-def polyglot(docker_client: docker.DockerClient, state_root: Path) -> str:
-    return build_polyglot_image(docker_client, state_dir=state_root / "images",
-                                log=lambda _: None).tag
+def slim(docker_client: docker.DockerClient, state_root: Path) -> str:
+    return build_image(docker_client, state_dir=state_root / "images", slim=True,
+                       log=lambda _: None).tag
 
 
 async def _sandbox(state_root: Path, image: str | None) -> AsyncIterator[DockerSandbox]:
@@ -165,8 +167,8 @@ async def _sandbox(state_root: Path, image: str | None) -> AsyncIterator[DockerS
 
 
 @pytest.fixture
-async def polyglot_sandbox(state_root: Path, polyglot: str) -> AsyncIterator[DockerSandbox]:
-    async for sandbox in _sandbox(state_root, polyglot):
+async def slim_sandbox(state_root: Path, slim: str) -> AsyncIterator[DockerSandbox]:
+    async for sandbox in _sandbox(state_root, slim):
         yield sandbox
 
 
@@ -191,43 +193,54 @@ async def start(docker_client: docker.DockerClient, sandbox: DockerSandbox, lang
     return kernel
 
 
-def test_images_name_their_languages(docker_client: docker.DockerClient, polyglot: str) -> None:
-    from kernel_pool.backends.docker import current_image
-
+def test_images_name_their_languages(docker_client: docker.DockerClient, slim: str) -> None:
     default = docker_client.images.get(current_image()).labels
-    assert offered(default) == ["python", "bash"]
-    assert offered(docker_client.images.get(polyglot).labels) == [
-        "python", "bash", "r", "javascript", "typescript"]
+    assert offered(default) == ["python", "bash", "r", "javascript", "java", "typescript"]
+    assert offered(docker_client.images.get(slim).labels) == ["python", "bash"]
     assert offered({}) == ["python"]
     assert [kernel_language(name) for name in (None, "TS", "js", "r")] == [
         "python", "javascript", "javascript", "r"]
 
 
-async def test_bash_kernel_in_the_default_image(
-        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
+async def test_bash_kernel_in_the_slim_image(
+        docker_client: docker.DockerClient, slim_sandbox: DockerSandbox,
         started: list[Kernel]) -> None:
-    kernel = await start(docker_client, default_sandbox, "bash", started)
+    kernel = await start(docker_client, slim_sandbox, "bash", started)
     echo = await kernel.execute("echo hi")
     assert (echo.status, echo.stdout) == ("ok", "hi\n")
     failed = await kernel.execute("ls /nowhere")
     assert failed.status == "error" and failed.errors[0]["evalue"] == "2", failed
 
 
+def _exit_within(socket_dir: Path, name: str, wait_s: float) -> int | None:
+    deadline = time.monotonic() + wait_s
+    while (code := exit_code(socket_dir, name)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return code
+
+
 async def test_a_language_the_image_lacks_exits_at_once(
-        docker_client: docker.DockerClient, default_sandbox: DockerSandbox) -> None:
-    socket_dir = Path(default_sandbox.info.socket_dir)
-    for name, language in (("k1", "r"), ("k2", "cobol")):
+        docker_client: docker.DockerClient, slim_sandbox: DockerSandbox) -> None:
+    socket_dir = Path(slim_sandbox.info.socket_dir)
+    for name, language in (("k1", "r"), ("k2", "java"), ("k3", "cobol")):
+        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        write_for_sandbox(socket_dir / f"{name}.json", json.dumps(config))
         request_kernel(socket_dir, name, 1 << 20, language)
         init_pid = docker_client.api.inspect_container(
-            default_sandbox.info.container_id)["State"]["Pid"]
-        docker_client.api.kill(default_sandbox.info.container_id, "SIGUSR1")
-        assert find_kernel(socket_dir, name, init_pid, wait_s=5) == (None, 127)
+            slim_sandbox.info.container_id)["State"]["Pid"]
+        docker_client.api.kill(slim_sandbox.info.container_id, "SIGUSR1")
+        pid, code = find_kernel(socket_dir, name, init_pid, wait_s=5)
+        if language == "java":  # the relay starts, and finds no JVM to start
+            assert pid is not None
+            assert await anyio.to_thread.run_sync(_exit_within, socket_dir, name, 5) == 127
+        else:
+            assert (pid, code) == (None, 127)
 
 
 async def test_r_kernel_prints_and_plots(docker_client: docker.DockerClient,
-                                         polyglot_sandbox: DockerSandbox,
+                                         default_sandbox: DockerSandbox,
                                          started: list[Kernel]) -> None:
-    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    kernel = await start(docker_client, default_sandbox, "r", started)
     printed = await kernel.execute("print(1+1)")
     assert (printed.status, printed.stdout) == ("ok", "[1] 2\n")
     for plot in ("plot(1:10)", "library(ggplot2)\n"
@@ -241,13 +254,13 @@ async def test_r_kernel_prints_and_plots(docker_client: docker.DockerClient,
 
 
 async def test_r_kernel_does_once_what_stays_done(docker_client: docker.DockerClient,
-                                                 polyglot_sandbox: DockerSandbox,
+                                                 default_sandbox: DockerSandbox,
                                                  started: list[Kernel]) -> None:
     """irkernel.R does the shadowing of readline() and the probe of the cells' depth at the
     first execution only (not observable from a cell; its cost is bench.languages'): later
     executions still find readline() shadowed and their tracebacks cut at the same depth, and
     messages built from cached parts still carry any text."""
-    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    kernel = await start(docker_client, default_sandbox, "r", started)
     deep = "f <- function() stop('deep'); f()"
     first = await kernel.execute(deep)
     for _ in range(3):
@@ -265,12 +278,12 @@ async def test_r_kernel_does_once_what_stays_done(docker_client: docker.DockerCl
 
 
 async def test_r_kernel_splits_cells_and_replies_as_irkernel_does(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel]) -> None:
     """irkernel.R's own table of a cell's expressions (evaluate's parse_all.character) runs
     each expression in order, lines between them included, and leaves what does not parse to
     evaluate; its replies' headers (UUID, date, the HMAC) are what jupyter_client accepts."""
-    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    kernel = await start(docker_client, default_sandbox, "r", started)
     cell = await kernel.execute("a <- 1; b <- 2\n# between\n\nprint(a + b)\nf <- function() {\n"
                                 "  a * 10\n}\nf(); b\n\n")
     assert (cell.status, cell.stdout, cell.plain()) == ("ok", "[1] 3\n", ["[1] 10", "[1] 2"])
@@ -299,9 +312,9 @@ async def test_r_kernel_splits_cells_and_replies_as_irkernel_does(
 
 
 async def test_javascript_and_typescript_in_the_deno_kernel(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel]) -> None:
-    kernel = await start(docker_client, polyglot_sandbox, "javascript", started)
+    kernel = await start(docker_client, default_sandbox, "javascript", started)
     logged = await kernel.execute("console.log(2)")
     assert (logged.status, logged.stdout) == ("ok", "2\n")
     cells = {
@@ -317,11 +330,30 @@ async def test_javascript_and_typescript_in_the_deno_kernel(
     assert failed.status == "error" and failed.errors[0]["evalue"] == "boom"
 
 
-@pytest.mark.parametrize("language", ["bash", "javascript", "r"])
+async def test_java_kernel_keeps_variables_in_a_bounded_jvm(
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
+        started: list[Kernel]) -> None:
+    """JJava: a cell's last expression is its value, variables outlive the cell, and the JVM
+    that runs it (the relay's child, alone: JShell runs the snippets in it) has a heap of a
+    quarter of the sandbox's memory (1g here) at most."""
+    kernel = await start(docker_client, default_sandbox, "java", started)
+    answered = await kernel.execute("int x = 2;\nx * 21")
+    assert (answered.status, answered.plain()) == ("ok", ["42"]), answered
+    kept = await kernel.execute('System.out.println("x is " + x);\nx + 1')
+    assert (kept.status, kept.stdout, kept.plain()) == ("ok", "x is 2\n", ["3"]), kept
+    heap = await kernel.execute("Runtime.getRuntime().maxMemory() >> 20")
+    assert heap.status == "ok" and 0 < int(heap.plain()[0]) <= 256, heap
+    jvms = _processes_named(_children(kernel.pid), "java")
+    assert len(jvms) == 1 and not _children(jvms[0]), "JShell started a second JVM"
+    failed = await kernel.execute('throw new IllegalStateException("boom");')
+    assert failed.status == "error" and "boom" in str(failed.errors), failed
+
+
+@pytest.mark.parametrize("language", ["bash", "javascript", "r", "java"])
 async def test_interrupt_stops_an_endless_loop(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel], language: str) -> None:
-    kernel = await start(docker_client, polyglot_sandbox, language, started)
+    kernel = await start(docker_client, default_sandbox, language, started)
     msg_id = kernel.client.execute(LOOPS[language])
     await anyio.sleep(1.5)
     interrupted = time.monotonic()
@@ -333,10 +365,10 @@ async def test_interrupt_stops_an_endless_loop(
 
 
 async def test_r_interrupt_stops_a_system_call(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel]) -> None:
     # R ignores SIGINT while system() waits: the signal must reach the child, in its group.
-    kernel = await start(docker_client, polyglot_sandbox, "r", started)
+    kernel = await start(docker_client, default_sandbox, "r", started)
     msg_id = kernel.client.execute('system("sleep 60")')
     await anyio.sleep(1.5)
     interrupted = time.monotonic()
@@ -361,13 +393,17 @@ def _children(pid: int) -> list[int]:
             Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-@pytest.mark.parametrize("language", ["bash", "javascript", "r"])
+def _processes_named(pids: list[int], command: str) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}/comm").read_text().strip() == command]
+
+
+@pytest.mark.parametrize("language", ["bash", "javascript", "r", "java"])
 async def test_kernel_runs_as_the_sandbox_user_without_network(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel], language: str) -> None:
-    kernel = await start(docker_client, polyglot_sandbox, language, started)
-    # Deno's kernel is the relay's child: the one that runs the code is checked too.
-    pids = [kernel.pid, *(_children(kernel.pid) if language == "javascript" else [])]
+    kernel = await start(docker_client, default_sandbox, language, started)
+    # Deno's and Java's kernels are the relay's child: the one that runs the code is checked too.
+    pids = [kernel.pid, *(_children(kernel.pid) if language in ("javascript", "java") else [])]
     for pid in pids:
         # Seccomp 2: the engine's default filter applies.
         assert _seen_from_host(pid) == {"uid": ["1000"] * 4, "no_new_privs": "1",
@@ -378,6 +414,9 @@ async def test_kernel_runs_as_the_sandbox_user_without_network(
                       " catch (e) { console.log(e.name) }",
         "r": 'tryCatch(socketConnection("1.1.1.1", 53, timeout = 3), error = function(e) '
              'cat("refused\\n"))',
+        "java": 'try (var s = new java.net.Socket("1.1.1.1", 53)) { '
+                'System.out.println("connected"); } '
+                'catch (java.io.IOException e) { System.out.println("refused"); }',
     }
     probe = await kernel.execute(probes[language])
     assert probe.stdout.strip().splitlines()[-1] in ("NetworkUnreachable", "refused"), probe
@@ -404,9 +443,9 @@ def _pids(cgroup: Path) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("language", ["javascript", "r"])
 async def test_fork_bomb_is_bounded_by_the_pids_limit(
-        docker_client: docker.DockerClient, polyglot_sandbox: DockerSandbox,
+        docker_client: docker.DockerClient, default_sandbox: DockerSandbox,
         started: list[Kernel], language: str) -> None:
-    kernel = await start(docker_client, polyglot_sandbox, language, started)
+    kernel = await start(docker_client, default_sandbox, language, started)
     bomb = {"javascript": "new Deno.Command('sh', {args: ['-c', 'b(){ b|b& }; b'], "
                           "stderr: 'null'}).spawn(); 'started'",
             "r": 'system("b(){ b|b& }; b", wait = FALSE)'}
@@ -421,5 +460,10 @@ async def test_fork_bomb_is_bounded_by_the_pids_limit(
     assert limit == PIDS and current <= PIDS
 
 
-def test_a_profile_names_the_polyglot_image(polyglot: str) -> None:
-    assert Profile(image="polyglot").image == polyglot
+def test_a_profile_names_the_images(slim: str) -> None:
+    """``slim`` names the slim image; ``default``, and ``polyglot`` as older settings say, the
+    default one; any other name is an image of the user's own."""
+    assert Profile(image="slim").image == slim
+    assert Profile(image="polyglot").image == Profile(image="default").image == current_image()
+    assert Profile().image == current_image()
+    assert Profile(image="mine:1").image == "mine:1"

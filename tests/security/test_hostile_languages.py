@@ -16,7 +16,7 @@ from typing import Any
 import docker
 import pytest
 
-from kernel_pool.backends.docker import build_polyglot_image
+from kernel_pool.backends.docker import build_image
 from tests.conftest import containers_of, make_gateway
 from tests.security.conftest import GRACE_S, LIMITS, RESTART_BUDGET_S, Hostile, brief
 
@@ -51,8 +51,7 @@ CHECKS = {"r": "cat(6 * 7)", "javascript": "console.log(6 * 7)", "bash": "echo $
 def polyglot(docker_client: docker.DockerClient,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     """A gateway of the polyglot image with the hostile suite's limits."""
-    build_polyglot_image(docker_client, state_dir=tmp_path_factory.mktemp("images"),
-                         log=lambda _: None)
+    build_image(docker_client, state_dir=tmp_path_factory.mktemp("images"), log=lambda _: None)
     gateway = make_gateway(**LIMITS, image="polyglot", max_kernels="4", min_idle="1",
                            interrupt_grace_s=str(GRACE_S))
     gateway.start()

@@ -7,7 +7,7 @@ why kernels cannot be restored from templates here; the only module of
 kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
-from kernel_pool._sandbox_image import current_image, polyglot_image
+from kernel_pool._sandbox_image import current_image, slim_image
 from kernel_pool.backends.docker._backend import (
     LABEL_OWNER,
     LABEL_PROFILE,
@@ -21,7 +21,6 @@ from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, mi
 from kernel_pool.backends.docker._image import (
     ImageInfo,
     build_image,
-    build_polyglot_image,
     read_image_info,
 )
 from kernel_pool.backends.docker._template import refusal as templates_refusal
@@ -37,12 +36,11 @@ __all__ = [
     "DockerSandbox",
     "ImageInfo",
     "build_image",
-    "build_polyglot_image",
     "checkpoint_support",
     "container_name",
     "current_image",
     "missing_runtime",
-    "polyglot_image",
     "read_image_info",
+    "slim_image",
     "templates_refusal",
 ]

@@ -32,7 +32,7 @@ import docker.errors
 import requests.exceptions
 from docker.types import Mount, Ulimit
 
-from kernel_pool._languages import offered
+from kernel_pool._languages import KERNEL_LANGUAGES, offered
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace, detach
 from kernel_pool.backends.base import (
     CgroupUsage,
@@ -752,9 +752,10 @@ class DockerSandbox(Sandbox):
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
         about = await _in_thread(self._kernel_records, name)
-        # Deno's relay closes its loopback connections to the kernel once the host's are
-        # gone (the caller dropped them); CRIU refuses those still open or closing.
-        relayed = any(record["language"] == "javascript" for record in about["contexts"])
+        # A relay closes its loopback connections to the kernel once the host's are gone (the
+        # caller dropped them); CRIU refuses those still open or closing.
+        relayed = any(KERNEL_LANGUAGES[record["language"]].relayed
+                      for record in about["contexts"])
         if relayed and not await _in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S):
             logger.info("sandbox %s: a TCP connection is still open after %g s; CRIU "
                         "may refuse the dump", self.info.sandbox_id, RELAY_SETTLE_S)

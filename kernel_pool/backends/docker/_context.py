@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kernel_pool._languages import KERNEL_LANGUAGES
 from kernel_pool._sandbox_image import context_dir
 from kernel_pool.backends.base import CgroupUsage, Sandbox
 from kernel_pool.backends.docker._backend import (
@@ -81,10 +82,11 @@ class DockerContextSandbox(Sandbox):
         connection file): a checkpoint records it."""
         self._adopted: dict[str, Any] | None = None
         """The connection of a kernel restored with the sandbox, taken by the next launch."""
-        # Deno's kernel is its relay's child, bash_kernel's shell its child (pexpect's): both
-        # levels are spared by a clean-up (a killed shell made the next execution "Restarting
-        # Bash" without running its code).
-        self._kernel_levels = 2 if language in ("javascript", "bash") else 1
+        # Deno's and JJava's kernels are their relay's child, bash_kernel's shell its child
+        # (pexpect's): both levels are spared by a clean-up (a killed shell made the next
+        # execution "Restarting Bash" without running its code).
+        self._kernel_levels = 2 if language == "bash" or KERNEL_LANGUAGES[language].relayed \
+            else 1
 
     @property
     def _socket_dir(self) -> Path:

@@ -1,10 +1,12 @@
 """Build the sandbox images the pool runs (their tags: :mod:`kernel_pool._sandbox_image`).
 
 The tag is a hash of ``sandbox_image/``'s files, so a changed Dockerfile or pin gives a new
-image and an unchanged one is not rebuilt. The base is picked automatically: the official slim
-Python image where a registry answers, else a Debian root made locally with ``debootstrap`` and
-``docker import`` (no registry needed). The polyglot image (R and Deno's kernels too) is built
-on the default one, from ``sandbox_image/polyglot/``, only when asked for.
+image and an unchanged one is not rebuilt; the engine's layer cache keeps the heavy layers
+(packages, R, the JDK, Deno) across changes to the kernel's own files (the Dockerfile's order).
+The base is picked automatically: the official slim Python image where a registry answers, else
+a Debian root made locally with ``debootstrap`` and ``docker import`` (no registry needed). The
+default image (every language) and the slim one (Python and bash) are two targets of one
+Dockerfile; the slim one is built only when asked for.
 """
 
 from __future__ import annotations
@@ -26,15 +28,13 @@ from pydantic import BaseModel
 
 from kernel_pool._sandbox_image import (
     IMAGE_REPOSITORY,
-    POLYGLOT,
-    POLYGLOT_REPOSITORY,
+    SLIM,
+    SLIM_REPOSITORY,
     content_version,
     context_dir,
-    polyglot_version,
 )
 from kernel_pool.exceptions import ImageError
 
-LATEST_IMAGE = f"{IMAGE_REPOSITORY}:latest"
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 LOCAL_BASE = "replgate-base:bookworm"
 HOST_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
@@ -116,54 +116,35 @@ def build_image(
     client: docker.DockerClient,
     *,
     state_dir: Path,
+    slim: bool = False,
     force: bool = False,
     log: Log = print,
 ) -> ImageInfo:
-    """Build the sandbox image unless the current one is there; record it in ``state_dir``."""
+    """Build the default sandbox image (``slim``: the slim one) unless the current one is
+    there (blocking); the default one's build is recorded in ``state_dir``."""
     context = context_dir()
     version = content_version(context)
-    tag = f"{IMAGE_REPOSITORY}:{version}"
+    repository = SLIM_REPOSITORY if slim else IMAGE_REPOSITORY
+    tag = f"{repository}:{version}"
     image = None if force else _present(client, tag)
     if image is None:
         base = choose_base(client, log)
-        log(f"building {tag} from {base} (first time: a few minutes)")
+        what = "Python and bash" if slim else "Python, bash, R, Deno, Java"
+        log(f"building {tag} ({what}) from {base} (first time: a few minutes)")
         with tempfile.TemporaryDirectory(prefix="replgate-image-") as tmp:
-            build_context = _copy_context(context, Path(tmp), POLYGLOT)
-            _stream_build(client, build_context, tag, version, log,
+            build_context = _copy_context(context, Path(tmp))
+            _stream_build(client, build_context, tag, version, log, SLIM if slim else "default",
                           {"BASE": base}, {"io.replgate.base": base})
         image = client.images.get(tag)
     else:
         base = str(image.labels.get("io.replgate.base", "unknown"))
-    image.tag(IMAGE_REPOSITORY, "latest")  # for people; the pool uses the content tag
+    image.tag(repository, "latest")  # for people; the pool uses the content tag
     info = ImageInfo(tag=tag, id=str(image.id), version=version,
                      base=str(image.labels.get("io.replgate.base", base)))
-    state_dir.mkdir(parents=True, exist_ok=True)
-    (state_dir / "image.json").write_text(info.model_dump_json(indent=2))
+    if not slim:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "image.json").write_text(info.model_dump_json(indent=2))
     return info
-
-
-def build_polyglot_image(
-    client: docker.DockerClient,
-    *,
-    state_dir: Path,
-    force: bool = False,
-    log: Log = print,
-) -> ImageInfo:
-    """Build the polyglot image (the default one, built first if missing, plus the R and
-    JavaScript/TypeScript kernels) unless the current one is there (blocking)."""
-    default = build_image(client, state_dir=state_dir, log=log)
-    context = context_dir()
-    version = polyglot_version(context)
-    tag = f"{POLYGLOT_REPOSITORY}:{version}"
-    image = None if force else _present(client, tag)
-    if image is None:
-        log(f"building {tag} on {default.tag} (R, Deno: about two minutes)")
-        with tempfile.TemporaryDirectory(prefix="replgate-image-") as tmp:
-            build_context = _copy_context(context / POLYGLOT, Path(tmp))
-            _stream_build(client, build_context, tag, version, log,
-                          {"SANDBOX_IMAGE": default.tag}, {"io.replgate.base": default.tag})
-        image = client.images.get(tag)
-    return ImageInfo(tag=tag, id=str(image.id), version=version, base=default.tag)
 
 
 def _present(client: docker.DockerClient, tag: str) -> Image | None:
@@ -174,20 +155,20 @@ def _present(client: docker.DockerClient, tag: str) -> Image | None:
         return None
 
 
-def _copy_context(source: Path, tmp: Path, *skip: str) -> Path:
-    """A build context: ``source``'s files (but ``skip``) and ``host-ca.crt``, the build host's
-    CA bundle (empty when it has none), for a build behind the same TLS-inspecting proxy."""
+def _copy_context(source: Path, tmp: Path) -> Path:
+    """A build context: ``source``'s files and ``host-ca.crt``, the build host's CA bundle
+    (empty when it has none), for a build behind the same TLS-inspecting proxy."""
     context = tmp / "context"
-    shutil.copytree(source, context, ignore=shutil.ignore_patterns("__pycache__", *skip))
+    shutil.copytree(source, context, ignore=shutil.ignore_patterns("__pycache__"))
     ca = next((p for p in HOST_CA_BUNDLES if Path(p).is_file()), None)
     (context / "host-ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
     return context
 
 
 def _stream_build(client: docker.DockerClient, context: Path, tag: str, version: str, log: Log,
-                  args: dict[str, str], labels: dict[str, str]) -> None:
+                  target: str, args: dict[str, str], labels: dict[str, str]) -> None:
     stream: Any = client.api.build(
-        path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
+        path=str(context), tag=tag, target=target, rm=True, forcerm=True, decode=True,
         network_mode="host",
         buildargs={**args, "REPLGATE_IMAGE_VERSION": version},
         labels=labels,
