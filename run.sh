@@ -360,8 +360,10 @@ ensure_node() {
       nodejs npm >/dev/null
   fi
   local js=tests/gateway/e2b/js
-  if [ ! -d "$js/node_modules/@e2b/code-interpreter" ]; then
-    say "installing the E2B JS SDK (npm ci in $js)"
+  # npm ci leaves node_modules/.package-lock.json: older than the lock, the lock changed since.
+  if [ ! -d "$js/node_modules/@e2b/code-interpreter" ] \
+      || [ "$js/package-lock.json" -nt "$js/node_modules/.package-lock.json" ]; then
+    say "installing the E2B JS SDKs (npm ci in $js)"
     npm ci --prefix "$js" --no-audit --no-fund --loglevel=error
   fi
 }

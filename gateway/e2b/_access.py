@@ -26,16 +26,19 @@ ENVD_PORT = 49983
 async def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: Sandboxes,
                  *ports: int) -> tuple[str, SessionPort]:
     """The tenant and session a sandbox request is for, once its token is checked."""
+    token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
     sandbox_id = headers.get("e2b-sandbox-id")
+    port = headers.get("e2b-sandbox-port", "")
+    if not sandbox_id:
+        # E2B's JS SDK before 2.15 names the sandbox on its RPC calls only: its token does too.
+        sandbox_id, port = sandboxes.named_by(token), port or str(ports[0])
     if not sandbox_id:
         raise E2BError(400, "no E2b-Sandbox-Id header: point E2B_SANDBOX_URL at "
                             "http://HOST:PORT/e2b/sandbox and use E2B's SDK")
-    port = headers.get("e2b-sandbox-port", "")
     if port not in {str(p) for p in ports}:
         raise E2BError(502, f"The sandbox {sandbox_id} port {port or '(none)'} is not open "
                             "here: replgate serves this path on port "
                             f"{' or '.join(str(p) for p in ports)}")
-    token = headers.get("x-access-token") or headers.get("e2b-traffic-access-token")
     tenant = await sandboxes.owner(sandbox_id, token)
     try:
         return tenant, await gateway.session(tenant, sandbox_id)

@@ -33,6 +33,7 @@ from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, parse_siz
 logger = logging.getLogger(__name__)
 
 KEY_FILE = "e2b_token_key"
+TOKEN_PREFIX = "rgt_"
 REAP_POLL_S = 1.0
 """On a shared database: how often a gateway looks for sandboxes' ends set through others."""
 CLAIM_S = 30.0
@@ -81,10 +82,23 @@ class Sandboxes:
     # -- tokens ------------------------------------------------------------------------------
 
     def token(self, session_id: str) -> str:
-        """The sandbox's envd access token (also its traffic token)."""
+        """The sandbox's envd access token (also its traffic token): its id, so that a request
+        without the ``E2b-Sandbox-Id`` header still names it (E2B's JS SDK before 2.15 sends
+        envd's HTTP calls, ``/files`` and ``/health``, without it), and the id's MAC."""
+        return f"{TOKEN_PREFIX}{session_id}.{self._mac(session_id)}"
+
+    def _mac(self, session_id: str) -> str:
         assert self._key is not None, "Sandboxes.start() was not awaited"
         digest = hmac.new(self._key, session_id.encode(), hashlib.sha256).digest()
-        return "rgt_" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    @staticmethod
+    def named_by(token: str | None) -> str | None:
+        """The sandbox id a token names (unchecked: :meth:`owner` checks it)."""
+        if not token or not token.startswith(TOKEN_PREFIX):
+            return None
+        session_id, dot, _ = token.removeprefix(TOKEN_PREFIX).rpartition(".")
+        return session_id if dot and session_id else None
 
     async def owner(self, session_id: str, token: str | None) -> str:
         """The tenant of the session ``token`` opens; 401 for a wrong token, and E2B's 502
@@ -92,7 +106,9 @@ class Sandboxes:
         tenant = await self.gateway.owner(session_id)
         if tenant is None:
             raise E2BError(502, f"The sandbox {session_id} was not found")
-        if not token or not hmac.compare_digest(token, self.token(session_id)):
+        # Tokens given before they named their sandbox were the MAC alone.
+        if not token or not any(hmac.compare_digest(token, good) for good in (
+                self.token(session_id), TOKEN_PREFIX + self._mac(session_id))):
             raise E2BError(401, "missing or wrong access token for this sandbox: send the "
                                 "envdAccessToken its create or connect answered as X-Access-Token")
         return tenant

@@ -5,6 +5,9 @@ No request, however wrong, gets a 500 or hangs; each gets E2B's shape with a sen
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import time
 from collections.abc import Iterator
@@ -88,6 +91,31 @@ def test_sandbox_plane_refuses_wrong_token_unknown_sandbox_and_closed_port(
     assert closed.status_code == 502 and "is not open" in closed.text
     bare = httpx.get(url)
     assert bare.status_code == 400 and "E2b-Sandbox-Id" in bare.text
+
+
+def test_a_token_names_its_sandbox_for_requests_without_the_headers(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    """E2B's JS SDK before 2.15 sends /files and /health with the access token only."""
+    token = {"X-Access-Token": sandbox["envdAccessToken"]}
+    url = f"{gateway.url}/e2b/sandbox"
+    written = httpx.post(f"{url}/files", params={"path": "/home/user/bare.txt"}, content=b"hi",
+                         headers={**token, "Content-Type": "application/octet-stream"})
+    assert written.status_code == 200, written.text
+    read = httpx.get(f"{url}/files", params={"path": "/home/user/bare.txt"}, headers=token)
+    assert read.content == b"hi"
+    assert httpx.get(f"{url}/health", headers=token).status_code == 200
+    forged = sandbox["envdAccessToken"].replace(sandbox["sandboxID"], "another")
+    assert httpx.get(f"{url}/health", headers={"X-Access-Token": forged}).status_code == 502
+
+
+def test_a_token_given_before_tokens_named_sandboxes_still_opens_it(
+        gateway: GatewayProcess, sandbox: dict[str, str]) -> None:
+    key = (gateway.state_dir / "e2b_token_key").read_bytes()
+    mac = hmac.new(key, sandbox["sandboxID"].encode(), hashlib.sha256).digest()
+    old = "rgt_" + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+    answer = httpx.get(f"{gateway.url}/e2b/sandbox/health",
+                       headers={**sandbox_headers(sandbox), "X-Access-Token": old})
+    assert answer.status_code == 204
 
 
 def test_execute_streams_ndjson_ending_with_end_of_execution(
