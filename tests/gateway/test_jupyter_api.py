@@ -343,7 +343,7 @@ async def test_channels_without_a_key_need_their_clients_pass(gateway: GatewayPr
         async with connect(url, **other) as ws:
             messages = await Channels(ws, binary=False).execute(
                 "import os; print(os.getuid(), os.getcwd())")
-        assert stdout(messages) == "1000 /workspace\n"
+        assert stdout(messages) == "1000 /home/user\n"
         assert await refused_status(url, **other) == 401  # used up
     finally:
         await api.delete(f"/v1/sessions/{kid}")
@@ -622,8 +622,8 @@ def jupyter_gateway_env(gateway: GatewayProcess, folder: Path) -> dict[str, str]
 
 def assert_ran_in_the_sandbox(path: Path) -> None:
     first, second, third = nbformat.read(path, as_version=4).cells
-    assert os.getcwd() != "/workspace"  # the test's own process: the outputs below are not its
-    assert first.outputs[0]["text"] == "1000 /workspace\n"  # the sandbox's user and folder
+    assert os.getcwd() != "/home/user"  # the test's own process: the outputs below are not its
+    assert first.outputs[0]["text"] == "1000 /home/user\n"  # the sandbox's user and folder
     assert second.outputs[0]["data"]["text/plain"] == "42"
     assert second.execution_count == 2
     assert third.outputs[0]["data"]["text/html"] == "<b>bold</b>"
@@ -671,6 +671,24 @@ def test_jupyter_execute_ignores_kernel_manager_class(tmp_path: Path) -> None:
     run_jupyter([jupyter, "execute",
                  f"--NotebookClient.kernel_manager_class={GATEWAY_KERNEL_MANAGER}",
                  "--output=out.ipynb", "in.ipynb"], env, tmp_path)
+    cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0]
+    assert cell.outputs[0]["data"]["text/plain"] == repr(str(tmp_path))  # the local kernel's
+
+
+def test_papermill_command_line_runs_a_local_kernel(tmp_path: Path) -> None:
+    """Why docs/api.md shows papermill's Python form: its command line has no option naming a
+    kernel manager and reads no Jupyter configuration, so with a gateway configured a local
+    kernel runs all the same, silently. When this fails, papermill's command line reaches a
+    gateway: say so in the docs."""
+    notebook = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}},
+        cells=[nbformat.v4.new_code_cell("import os; os.getcwd()")])
+    nbformat.write(notebook, tmp_path / "in.ipynb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "KERNEL_"))}
+    env["JUPYTER_GATEWAY_URL"] = "http://127.0.0.1:9"  # nothing listens: a gateway would fail
+    papermill = str(Path(sys.executable).with_name("papermill"))
+    run_jupyter([papermill, "--no-progress-bar", "in.ipynb", "out.ipynb"], env, tmp_path)
     cell = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0]
     assert cell.outputs[0]["data"]["text/plain"] == repr(str(tmp_path))  # the local kernel's
 
