@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
@@ -83,6 +84,8 @@ class KernelChannels:
         self._queued_bytes = 0
         self._received = 0
         """execute_requests queued so far; each queued one holds its number."""
+        self._running = 0
+        """The number of the execute_request running (or last run)."""
         self._received_before_error: int | None = None
         """How many had been queued when the running cell's first error was written to the
         socket (None until then)."""
@@ -141,10 +144,13 @@ class KernelChannels:
         after it may be a reaction to it, and is not aborted (see :meth:`_run_executes`)."""
         await self._emit(output_message(error, parent=parent, session=self.key,
                                         execution_count=count),
-                         self._error_written if running else None)
+                         functools.partial(self._error_written, self._running) if running
+                         else None)
 
-    def _error_written(self) -> None:
-        if self._received_before_error is None:
+    def _error_written(self, number: int) -> None:
+        # a cell's error written after the next cell started (a client slow to read) is no
+        # longer what that next cell's aborts are measured from
+        if number == self._running and self._received_before_error is None:
             self._received_before_error = self._received
 
     async def _send(self, request: Message | dict[str, Any], channel: str, msg_type: str,
@@ -289,7 +295,7 @@ class KernelChannels:
         while True:
             item = await self._executes.get()
             request, number = self._dequeue(item), item[2]
-            self._received_before_error = None
+            self._running, self._received_before_error = number, None
             ok = await self._execute(request)
             if ok or request.content.get("stop_on_error", True) is False:
                 continue
