@@ -218,6 +218,9 @@ class ContextCreate(Strict):
     """``POST /v1/sessions/{id}/contexts``: another kernel of a language in the session."""
 
     language: Language = "python"
+    cwd: str | None = Field(default=None, max_length=4096, description=(
+        "the folder its kernel starts in (absolute, or relative to the workspace); it must "
+        "exist and be the sandbox user's to enter. Default: the workspace"))
 
 
 class ContextOut(BaseModel):
@@ -229,6 +232,8 @@ class ContextOut(BaseModel):
     execution_count: int
     running: bool = Field(description="whether its kernel runs now (a context starts it at "
                           "its first execution)")
+    cwd: str | None = Field(default=None, description="the folder its kernel starts in, as "
+                            "asked; null: the workspace")
 
 
 class ExecutionOut(Execution):

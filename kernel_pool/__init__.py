@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kernel_pool._commands import CommandEmit
+    from kernel_pool._context_code import check_env, env_code
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import Denial, ExecutionHandle, Gate, refused_at_gate
@@ -164,7 +165,9 @@ __all__ = [
     "UpdateDisplayEvent",
     "WorkspaceError",
     "WorkspaceFull",
+    "check_env",
     "check_language",
+    "env_code",
     "normalize_language",
     "parse_size",
     "refused_at_gate",
@@ -173,7 +176,9 @@ __all__ = [
 _HOMES = {
     "CommandEmit": "kernel_pool._commands",
     "DEFAULT_CONTEXT": "kernel_pool._languages",
+    "check_env": "kernel_pool._context_code",
     "check_language": "kernel_pool._languages",
+    "env_code": "kernel_pool._context_code",
     "normalize_language": "kernel_pool._languages",
     "refused_at_gate": "kernel_pool._handle",
     "ApprovalEvent": "kernel_pool.events",

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
+from kernel_pool._context_code import start_code
 from kernel_pool._execution import LateOutput
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._languages import (
@@ -32,7 +33,7 @@ from kernel_pool._languages import (
     check_language,
 )
 from kernel_pool.backends.base import Sandbox
-from kernel_pool.exceptions import ContextNotFound, InvalidRequest
+from kernel_pool.exceptions import ContextNotFound, InvalidRequest, KernelPoolError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class ContextInfo(BaseModel):
     execution_count: int = 0
     running: bool = False
     """Whether its kernel runs now (a context starts it at its first execution)."""
+    cwd: str | None = None
+    """The folder its kernel starts in, as it was asked for; None: the workspace."""
 
 
 class ContextKernel(Kernel):
@@ -78,13 +81,42 @@ class ContextKernel(Kernel):
     async def set_env(self, env: dict[str, str]) -> None:
         return None
 
+    async def prepare(self, code: str) -> None:
+        """Run ``code`` before any execution (silent, out of the history), or
+        :class:`ContextStartFailed` with the kernel's own words."""
+        msg_id, route = self.request("execute_request", {
+            "code": code, "silent": True, "store_history": False, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": False})
+        try:
+            async with asyncio.timeout(self._start_timeout_s):
+                while True:
+                    source, msg = await route.get()
+                    if source == "died":
+                        raise ContextStartFailed("its kernel died as it started")
+                    if source == "shell" and isinstance(msg, dict):
+                        break
+        except TimeoutError:
+            raise ContextStartFailed("its kernel did not answer its set-up") from None
+        finally:
+            self.forget(msg_id)
+        content = msg.get("content")
+        if isinstance(content, dict) and content.get("status") == "error":
+            said = f"{content.get('ename') or ''}: {content.get('evalue') or ''}".strip(": ")
+            raise ContextStartFailed(said[:500] or "its set-up failed")
+
+
+class ContextStartFailed(KernelPoolError):
+    """A context's kernel started but its set-up (its working folder) failed."""
+
 
 class CodeContext:
     """A context: its language, its kernel once started, and why it lost its state."""
 
-    def __init__(self, context_id: str, language: str) -> None:
+    def __init__(self, context_id: str, language: str, cwd: str | None = None) -> None:
         self.id = context_id
         self.language = language
+        self.cwd = cwd
+        """The folder its kernel starts in (None: the workspace)."""
         self.kernel: ContextKernel | None = None
         self.execution_count = 0
         self.lost: str | None = None
@@ -104,7 +136,7 @@ class CodeContext:
                                    and self.kernel.state is KernelState.READY)
         count = self.execution_count if execution_count is None else execution_count
         return ContextInfo(id=self.id, language=self.language, execution_count=count,
-                           running=running)
+                           running=running, cwd=self.cwd)
 
 
 class Contexts:
@@ -149,17 +181,19 @@ class Contexts:
             context.name = name
         return context
 
-    def create(self, language: str | None, offered: tuple[str, ...]) -> CodeContext:
-        """A new context of ``language`` (its kernel starts at its first execution)."""
+    def create(self, language: str | None, offered: tuple[str, ...],
+               cwd: str | None = None) -> CodeContext:
+        """A new context of ``language`` (its kernel starts at its first execution, in the
+        folder ``cwd``: None, the workspace)."""
         kernel = check_language(language, offered)
-        return self._add(f"ctx-{secrets.token_hex(6)}", kernel)
+        return self._add(f"ctx-{secrets.token_hex(6)}", kernel, cwd)
 
-    def _add(self, context_id: str, language: str) -> CodeContext:
+    def _add(self, context_id: str, language: str, cwd: str | None = None) -> CodeContext:
         if len(self._all) > MAX_CONTEXTS:
             raise InvalidRequest(
                 f"session {self._session_id} already holds {MAX_CONTEXTS} code contexts beside "
                 "its own kernel; remove one first")
-        context = CodeContext(context_id, language)
+        context = CodeContext(context_id, language, cwd)
         self._all[context_id] = context
         return context
 
@@ -192,6 +226,8 @@ class Contexts:
             context.kernel = kernel
             try:
                 await kernel.start()
+                if not restored:  # a restored kernel is as it was, set up already
+                    await _set_up(context, kernel, env)
             except BaseException:
                 await close_context(context)
                 raise
@@ -200,7 +236,25 @@ class Contexts:
                 _died(context, kernel.death or KernelDied("its kernel died", oom=False))
             await kernel.restart()
             context.execution_count = 0
+            try:
+                await _set_up(context, kernel, env)
+            except BaseException:
+                await close_context(context)
+                raise
         return kernel
+
+
+async def _set_up(context: CodeContext, kernel: ContextKernel, env: dict[str, str]) -> None:
+    """Run what the context's new kernel needs before its first execution (its folder, Java's
+    properties); :class:`ContextStartFailed` saying why it could not."""
+    code = start_code(context.language, context.cwd, env)
+    if code is None:
+        return
+    try:
+        await kernel.prepare(code)
+    except ContextStartFailed as exc:
+        where = f" in its folder {context.cwd!r}" if context.cwd is not None else ""
+        raise ContextStartFailed(f"it could not be set up{where}: {exc}") from None
 
 
 def _died(context: CodeContext, died: KernelDied) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ import anyio.to_thread
 
 from kernel_pool._caused import caused
 from kernel_pool._commands import CommandEmit, CommandRun
+from kernel_pool._context_code import FOLDER_CHECK, check_cwd, folder_refusal
 from kernel_pool._contexts import (
     JS_LATE_OUTPUT,
     CodeContext,
@@ -34,7 +36,7 @@ from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
-from kernel_pool._languages import display_language, normalize_language
+from kernel_pool._languages import check_language, display_language, normalize_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
     KeptContext,
@@ -1013,11 +1015,23 @@ class Session:
         return [context.info(self.execution_count if context.default else None)
                 for context in self._contexts]
 
-    async def create_context(self, language: str | None = None) -> ContextInfo:
-        """A new code context of ``language`` (its kernel starts at its first execution)."""
+    async def create_context(self, language: str | None = None,
+                             cwd: str | None = None) -> ContextInfo:
+        """A new code context of ``language`` (its kernel starts at its first execution, in
+        the folder ``cwd``: None, the workspace; a relative one is in the workspace).
+        :class:`InvalidRequest` for a folder that is not there or not the sandbox user's to
+        enter (asked of the sandbox now, not at the first execution)."""
         if self._closed:
             raise SessionClosed(self.id)
-        return self._contexts.create(language, self.languages).info()
+        folder = check_cwd(cwd)
+        check_language(language, self.languages)
+        if folder is not None:
+            checked = await self.run_command(f"sh -c {shlex.quote(FOLDER_CHECK)} - "
+                                             f"{shlex.quote(folder)}", timeout_s=30)
+            why = folder_refusal(folder, checked.stdout)
+            if why is not None:
+                raise InvalidRequest(why)
+        return self._contexts.create(language, self.languages, folder).info()
 
     async def restart_context(self, context_id: str) -> None:
         """A fresh kernel for one context (its variables gone, files and other contexts

@@ -663,12 +663,13 @@ class RemoteSession:
         self._contexts = {context.id: context.language for context in contexts}
         return contexts
 
-    async def create_context(self, language: str | None = None) -> ContextInfo:
+    async def create_context(self, language: str | None = None,
+                             cwd: str | None = None) -> ContextInfo:
         if self._closed:
             raise SessionClosed(self.id)
         context: ContextInfo = await self.client.call(
             "POST", f"/sessions/{self.id}/contexts", ContextInfo, session_id=self.id,
-            content=CreateContext(language=language).model_dump_json(),
+            content=CreateContext(language=language, cwd=cwd).model_dump_json(),
             headers={"content-type": "application/json"})
         self._contexts[context.id] = context.language
         return context

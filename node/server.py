@@ -408,7 +408,7 @@ async def list_contexts(request: Request, session_id: str) -> list[ContextInfo]:
 
 @router.post("/sessions/{session_id}/contexts")
 async def create_context(request: Request, session_id: str, body: CreateContext) -> ContextInfo:
-    return await _session(request, session_id).create_context(body.language)
+    return await _session(request, session_id).create_context(body.language, body.cwd)
 
 
 @router.post("/sessions/{session_id}/contexts/{context_id}/restart")

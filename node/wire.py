@@ -182,6 +182,7 @@ class Move(BaseModel):
 
 class CreateContext(BaseModel):
     language: str | None = None
+    cwd: str | None = None
 
 
 class NodeInfo(BaseModel):

@@ -21,7 +21,7 @@ from gateway.e2b._access import ENVD_PORT, INTERPRETER_PORT, find_sandbox, servi
 from gateway.e2b._errors import E2BError, PlainTextRoute, answer, unsupported
 from gateway.e2b._paths import HOME
 from gateway.e2b._stream import ExecutionStream
-from kernel_pool import ContextInfo, SessionPort, check_language
+from kernel_pool import ContextInfo, SessionPort, check_env, check_language, env_code
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=PlainTextRoute,
                    include_in_schema=False)
@@ -48,7 +48,7 @@ PYTHON = "python"
 def _context(session: SessionPort, context: ContextInfo) -> dict[str, str]:
     """A context as E2B's SDKs read it; the Python kernel's id is the sandbox's."""
     return {"id": session.id if context.id == PYTHON else context.id,
-            "language": context.language, "cwd": HOME}
+            "language": context.language, "cwd": context.cwd or HOME}
 
 
 def _ours(session: SessionPort, context_id: str) -> str:
@@ -83,16 +83,20 @@ def _language(language: str | None) -> str | None:
     return PYTHON if language and language.strip().lower() == "python3" else language
 
 
-def _env_code(env: dict[str, str]) -> tuple[str, str]:
-    """Code that sets ``env`` in the kernel's ``os.environ``, and code that puts it back."""
-    setup = ("import os as __e2b_os\n"
-             f"__e2b_saved = {{k: __e2b_os.environ.get(k) for k in {sorted(env)!r}}}\n"
-             f"__e2b_os.environ.update({env!r})")
-    restore = ("for __e2b_k, __e2b_v in __e2b_saved.items():\n"
-               "    if __e2b_v is None: __e2b_os.environ.pop(__e2b_k, None)\n"
-               "    else: __e2b_os.environ[__e2b_k] = __e2b_v\n"
-               "del __e2b_saved, __e2b_os")
-    return setup, restore
+async def _env_code(session: SessionPort, env: dict[str, str], language: str | None,
+                    context_id: str | None) -> tuple[str, str] | None:
+    """Code that sets ``env`` for one call in the kernel that runs it, and code that puts the
+    values from before back (E2B's ``envs`` on ``run_code``); None for no variables."""
+    if not env:
+        return None
+    if context_id is None:
+        kernel = check_language(language, session.languages)
+    else:
+        kernel = next(c.language for c in await session.list_contexts() if c.id == context_id)
+    code = env_code(kernel, check_env(env))
+    if code is None:
+        raise unsupported(f"envs in a {kernel} context", "set the variables in the code itself")
+    return code
 
 
 async def execute(request: Request) -> Response:
@@ -124,17 +128,15 @@ async def _submit(request: Request, body: ExecuteRequest) -> Response:
             context_id, language = None, context_id
     timeout = session.profile.max_timeout_s
     env = {k: v for k, v in (body.env_vars or {}).items() if k}
-    restore = None
-    if env:
-        if (language or PYTHON).strip().lower() != PYTHON or context_id not in (None, PYTHON):
-            raise unsupported("env_vars in a context of another language than Python",
-                              "set the variables in the code itself")
-        setup, restore = _env_code(env)
-        gateway.submit(tenant, session, setup, timeout)
+    code = await _env_code(session, env, language, context_id)
+    if code is not None:  # run in the same context, just before and after the call
+        gateway.submit(tenant, session, code[0], timeout, language=language,
+                       context_id=context_id)
     handle = gateway.submit(tenant, session, body.code, timeout, language=language,
                             context_id=context_id)
-    if restore is not None:
-        gateway.submit(tenant, session, restore, timeout)
+    if code is not None:
+        gateway.submit(tenant, session, code[1], timeout, language=language,
+                       context_id=context_id)
     return ExecutionStream(session, handle)
 
 
@@ -148,13 +150,11 @@ async def list_contexts(request: Request) -> list[dict[str, str]]:
 @router.post("/contexts")
 async def create_context(body: CreateContext, request: Request) -> dict[str, Any]:
     """Another kernel of ``language`` in the sandbox, with its own variables (started at its
-    first execution); its working folder is the sandbox's home, as every context's."""
+    first execution, in the folder ``cwd``: the sandbox's home if none is named)."""
     gateway, sandboxes = services(request)
     _, session = await find_sandbox(request.headers, gateway, sandboxes, INTERPRETER_PORT)
-    if body.cwd not in (None, "", HOME):
-        raise unsupported(f"a context whose working folder is {body.cwd!r}",
-                          f"every context starts in {HOME}; change folders in the code")
-    return _context(session, await session.create_context(_language(body.language)))
+    cwd = None if body.cwd in (None, "", HOME) else body.cwd
+    return _context(session, await session.create_context(_language(body.language), cwd))
 
 
 async def _the_context(request: Request, context_id: str) -> tuple[str, SessionPort, str, bool]:

@@ -32,9 +32,10 @@ async def list_contexts(session_id: str, tenant: TenantDep,
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def create_context(session_id: str, body: ContextCreate, tenant: TenantDep,
                          gateway: GatewayDep) -> ContextOut:
-    """Another kernel of ``language`` in the session (started at its first execution)."""
+    """Another kernel of ``language`` in the session (started at its first execution, in the
+    folder ``cwd``)."""
     session = await gateway.session(tenant, session_id)
-    return _out(await session.create_context(body.language))
+    return _out(await session.create_context(body.language, body.cwd))
 
 
 @router.post("/{context_id}/restart")

@@ -22,9 +22,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
+import signal
 import stat
 import struct
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -297,3 +300,34 @@ def _start(state: dict[str, Any]) -> None:
 def _is_execute(parent: Any) -> bool:
     header = parent.get("header") if isinstance(parent, dict) else None
     return isinstance(header, dict) and header.get("msg_type") == "execute_request"
+
+
+def serve(root: str, fifo: str) -> None:
+    """Track ``root`` for a kernel that cannot (R's, ``irkernel.R``), as its child: make the
+    FIFO ``fifo``, say ``ready`` on stdout, then answer each line read from the FIFO:
+    ``start`` (an execution starts: forget what changed until now) with ``started``,
+    ``finish`` with that execution's changes as one JSON line. Ends when the kernel closes
+    the FIFO."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the interrupt of R, sent to its group
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(fifo)
+    os.mkfifo(fifo, 0o600)
+    state: dict[str, Any] = {"tracker": tracker(root)}
+    print("ready", flush=True)
+    with open(fifo, encoding="utf-8") as requests:
+        for line in requests:
+            if line == "start\n":
+                with contextlib.suppress(Exception):
+                    _start(state)
+                print("started", flush=True)
+            elif line == "finish\n":
+                try:
+                    report = state["tracker"].finish()
+                except Exception:  # as install's: walk snapshots from now on
+                    state["tracker"] = SnapshotTracker(root)
+                    report = {"files": [], "truncated": True}
+                print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])

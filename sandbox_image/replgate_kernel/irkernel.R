@@ -100,7 +100,7 @@ signer <- function(key) {
 # A reply's header, as IRkernel's new_reply makes it, for a third of its cost: the UUID from
 # uuid's C function, the date formatted from a prefix made once a day (strftime of a POSIXlt,
 # 12 us, five times an execution), truncated to microseconds as %OS6 is.
-replier <- function(protocol_version) {
+replier <- function(protocol_version, extra) {
     uuid <- function() .Call(uuid:::UUID_gen, NA, 1L, 0L)
     day <- -1
     prefix <- ""
@@ -124,8 +124,13 @@ replier <- function(protocol_version) {
                        username = parent_msg$header$username,
                        date = stamp(unclass(Sys.time())), msg_type = msg_type,
                        version = protocol_version)
+        metadata <- no_metadata
+        if (!is.null(extra$metadata)) {  # JSON text, for the next message only
+            metadata <- extra$metadata
+            extra$metadata <- NULL
+        }
         list(header = header, parent_header = parent_msg$header,
-             identities = parent_msg$identities, metadata = no_metadata)
+             identities = parent_msg$identities, metadata = metadata)
     }
 }
 
@@ -219,10 +224,110 @@ wire <- function(sign_msg) {
                               header$msg_id, header$date, header$msg_type, header$version,
                               who_json)),
             parent_json,
-            if (length(msg$metadata) == 0L) empty else charToRaw(json(msg$metadata)),
+            if (is.character(msg$metadata)) charToRaw(msg$metadata)
+            else if (length(msg$metadata) == 0L) empty else charToRaw(json(msg$metadata)),
             content)
         c(msg$identities, list(charToRaw("<IDS|MSG>"), charToRaw(sign_msg(bodyparts))),
           bodyparts)
+    }
+}
+
+# IRkernel sends every visible value as a display_data; a cell's result (execute_result, with
+# its execution count, as ipykernel sends the value of a cell's last expression) is then the
+# value nothing came after. So a value is held: the execution's next message, or next value,
+# sends it first as the display it was, its reply (when the cell ran to its end) as its result.
+# handle_value's own send of the display is swapped for the hold.
+results <- function(executor, send) {
+    force(send)
+    held <- NULL
+    shown <- function() {
+        if (is.null(held)) return(NULL)
+        bundle <- held
+        held <<- NULL
+        bundle
+    }
+    hold <- function(request, bundle) {
+        if (!is.null(earlier <- shown())) send("display_data", request, "iopub", earlier)
+        held <<- bundle
+    }
+    from <- quote(send_response("display_data", current_request, "iopub", mimebundle))
+    swaps <- 0L
+    swap <- function(e) {
+        if (identical(e, from)) {
+            swaps <<- swaps + 1L
+            return(as.call(list(hold, quote(current_request), quote(mimebundle))))
+        }
+        if (is.call(e)) for (i in seq_along(e)) e[[i]] <- swap(e[[i]])
+        e
+    }
+    handle_value <- executor$handle_value
+    body(handle_value) <- swap(body(handle_value))
+    stopifnot(swaps == 1L)
+    list(handle_value = handle_value, send = function(msg_type, parent_msg, socket_name,
+                                                        content) {
+        if (!is.null(bundle <- shown())) {
+            if (identical(msg_type, "execute_reply") && identical(content$status, "ok"))
+                send("execute_result", parent_msg, "iopub",
+                     c(list(execution_count = content$execution_count), bundle))
+            else send("display_data", parent_msg, "iopub", bundle)
+        }
+        send(msg_type, parent_msg, socket_name, content)
+    })
+}
+
+# The files an execution created, modified or deleted in the workspace, in its reply's
+# metadata as the Python kernel reports them (replgate_kernel/files.py). R cannot follow the
+# workspace itself: files.py does, as this process's child, told on a FIFO when an execution
+# starts (it answers once it has forgotten what changed before) and asked when it ends (it
+# answers the changes, one JSON line), on its stdout. One that died (the clean-up after an
+# interrupted execution kills the kernel's children) is started again at the next execution.
+files_watcher <- function(root) {
+    path <- file.path(tempdir(), "replgate-files")
+    command <- sprintf("exec /opt/venv/bin/python -I -S /opt/replgate/replgate_kernel/files.py %s %s",
+                       shQuote(root), shQuote(path))
+    requests <- NULL
+    answers <- NULL
+    stop_watcher <- function() {
+        for (connection in list(requests, answers))
+            if (!is.null(connection)) try(close(connection), silent = TRUE)
+        requests <<- NULL
+        answers <<- NULL
+    }
+    start_watcher <- function() {
+        answers <<- pipe(command, open = "r")
+        # the FIFO is there once it says so; opened before, the open could wait forever
+        if (!identical(readLines(answers, n = 1L), "ready")) stop("the watcher did not start")
+        requests <<- fifo(path, open = "w", blocking = TRUE)
+    }
+    ask <- function(what) {
+        said <- tryCatch(withCallingHandlers({
+            if (is.null(requests)) start_watcher()
+            writeLines(what, requests)
+            flush(requests)
+            readLines(answers, n = 1L)
+        }, warning = function(w) invokeRestart("muffleWarning")), error = function(e) NULL)
+        if (length(said) != 1L) {
+            stop_watcher()
+            return(NULL)
+        }
+        said
+    }
+    list(start = function() if (is.null(ask("start"))) ask("start"),  # again, with a new one
+         finish = function() {
+             said <- ask("finish")
+             if (is.null(said)) '{"files":[],"truncated":true}' else said
+         })
+}
+
+# Wraps what the executor sends: the files are followed from its execute_input (the first
+# message of an execution) to its reply, which carries them.
+follow_files <- function(send, watcher, extra) {
+    force(send)
+    function(msg_type, parent_msg, socket_name, content) {
+        if (identical(msg_type, "execute_input")) watcher$start()
+        else if (identical(msg_type, "execute_reply"))
+            extra$metadata <- paste0('{"replgate_files":', watcher$finish(), "}")
+        send(msg_type, parent_msg, socket_name, content)
     }
 }
 
@@ -234,7 +339,13 @@ local({
     assign("execute", once(kernel$executor), envir = as.environment(kernel$executor))
     assign("sign_msg", sign_msg, envir = as.environment(kernel))
     assign("msg_to_wire", wire(sign_msg), envir = as.environment(kernel))
-    assign("new_reply", replier(IRkernel:::PROTOCOL_VER), envir = as.environment(kernel))
+    extra <- new.env()
+    assign("new_reply", replier(IRkernel:::PROTOCOL_VER, extra), envir = as.environment(kernel))
+    executor <- kernel$executor
+    valued <- results(executor, follow_files(executor$send_response, files_watcher(getwd()),
+                                             extra))
+    assign("handle_value", valued$handle_value, envir = as.environment(executor))
+    executor$send_response <- valued$send
     rebind <- function(name, value, envir) {
         unlockBinding(name, envir)
         assign(name, value, envir = envir)

@@ -23,8 +23,10 @@ EXPORTED = [
     "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
-    # gate and checks languages as the node would):
-    "CommandEmit", "DEFAULT_CONTEXT", "check_language", "normalize_language", "refused_at_gate",
+    # gate and checks languages as the node would; the E2B face sets a call's variables in
+    # the kernel's language):
+    "CommandEmit", "DEFAULT_CONTEXT", "check_env", "check_language", "env_code",
+    "normalize_language", "refused_at_gate",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py"}
 
