@@ -93,6 +93,9 @@ class ExecutionStream(Response):
                     lines, held = held or ([KEEPALIVE] if started else []), []
                 elif cut:
                     lines, held = held, []
+                    logger.info("sandbox %s was deleted during execution %s: its E2B stream "
+                                "is cut (the ASGI server says it was not completed)",
+                                self.session.id, self.handle.id)
                 else:
                     lines, held = held + translator.lines(event), []
                     if _is_main_result(event):
