@@ -45,6 +45,48 @@ def test_create_answers_e2bs_sandbox_fields(sandbox: dict[str, str]) -> None:
     assert sandbox["envdAccessToken"] == sandbox["trafficAccessToken"]
 
 
+@pytest.mark.parametrize("body", [
+    # What each release sends unasked, as recorded from it: e2b 2.7.0 (Python), 2.7.0 (JS),
+    # 2.45.1 (Python), 2.45.0 (JS); the newest send only templateID.
+    {"templateID": "base", "allow_internet_access": True, "autoPause": False, "envVars": {},
+     "metadata": {}, "secure": True, "timeout": 300},
+    {"autoPause": False, "templateID": "base", "timeout": 300, "secure": True,
+     "allow_internet_access": True},
+    {"templateID": "base", "timeout": 300, "secure": True, "allow_internet_access": True,
+     "metadata": {}, "envVars": {}},
+    {"templateID": "base", "timeout": 300, "secure": True, "allow_internet_access": True},
+    # E2B's code-interpreter suite's ask, and its opposite.
+    {"templateID": "base", "secure": True, "network": {"allowPublicTraffic": False}},
+    {"templateID": "base", "network": {"allowPublicTraffic": True, "allowOut": [],
+                                       "denyOut": None}},
+])
+def test_an_sdks_defaults_create_and_the_answer_says_what_the_sandbox_got(
+        api: httpx.Client, body: dict[str, object]) -> None:
+    created = api.post("/sandboxes", json=body)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandboxID"]
+    try:
+        nothing = {"allowPublicTraffic": False, "allowOut": [], "denyOut": ["0.0.0.0/0"]}
+        assert created.json()["allowInternetAccess"] is False
+        assert created.json()["network"] == nothing
+        detail = api.get(f"/sandboxes/{sandbox_id}").json()
+        assert detail["allowInternetAccess"] is False and detail["network"] == nothing
+        assert detail["lifecycle"] == {"onTimeout": "kill", "autoResume": False}
+    finally:
+        api.delete(f"/sandboxes/{sandbox_id}")
+
+
+@pytest.mark.parametrize(("network", "named"), [
+    ({"allowOut": ["1.1.1.1"]}, "allowOut"),
+    ({"denyOut": ["10.0.0.0/8"], "maskRequestHost": "x"}, "denyOut, maskRequestHost"),
+])
+def test_network_rules_are_400_naming_them(api: httpx.Client, network: dict[str, object],
+                                           named: str) -> None:
+    answer = api.post("/sandboxes", json={"templateID": "base", "network": network})
+    assert answer.status_code == 400
+    assert f"network rules ({named})" in answer.json()["message"]
+
+
 def test_missing_key_is_401_in_e2b_shape(gateway: GatewayProcess) -> None:
     answer = httpx.post(f"{gateway.url}/e2b/sandboxes", json={"templateID": "base"})
     assert answer.status_code == 401
