@@ -9,8 +9,8 @@
 Neither is the text shown: a frame's and a list's text are cut to a screenful, these are not.
 So that the added value never makes a bundle too big to send (the kernel then replaces the
 whole bundle with a notice, see :mod:`replgate_kernel.outputs`), one larger than a quarter of
-the per-output cap is left out, and a frame with more cells than that many bytes is not even
-read. Values JSON cannot hold become ``null`` (NaN, NaT) or their text (anything else).
+the per-output cap is left out; a frame whose shape and types say so is not even read. Values
+JSON cannot hold become ``null`` (NaN, NaT, pandas' NA) or their text (anything else).
 """
 
 from __future__ import annotations
@@ -57,18 +57,41 @@ def install(shell: Any, max_output_bytes: int) -> None:
 
 
 def frame_columns(frame: Any, budget: int) -> dict[str, list[Any]] | None:
-    """The frame as ``{column: [values]}``, or None when it would take over ``budget`` bytes."""
-    if frame.size > budget:
+    """The frame as ``{column: [values]}``, or None when it would take over ``budget`` bytes
+    (judged from its shape and types before anything is read; measured when it holds objects,
+    whose text has no bound)."""
+    numpy = sys.modules["numpy"]
+    kinds = [dtype.kind if isinstance(dtype, numpy.dtype) else "O" for dtype in frame.dtypes]
+    rows = frame.shape[0] + 1  # (and the column's name, about)
+    if sum(rows * MAX_CELL_BYTES.get(kind, OBJECT_CELL_BYTES) for kind in kinds) > budget:
         return None
     pandas = sys.modules["pandas"]
-    columns = {_key(name): [_value(v, pandas) for v in values]
-               for name, values in frame.to_dict(orient="list").items()}
+    columns: dict[str, list[Any]] = {}
+    for position, (name, kind) in enumerate(zip(frame.columns, kinds, strict=True)):
+        series = frame.iloc[:, position]
+        values = series.tolist()  # numpy's own conversion, to Python ints, floats and bools
+        if kind == "f":
+            if not numpy.isfinite(series.to_numpy()).all():
+                values = [v if math.isfinite(v) else None for v in values]
+        elif kind not in "biu":
+            values = [_value(v, pandas) for v in values]
+        columns[_key(name)] = values
+    if all(kind in MAX_CELL_BYTES for kind in kinds):
+        return columns  # within the budget for sure: no need to measure
     return columns if _fits(columns, budget) else None
+
+
+MAX_CELL_BYTES = {"b": 7, "i": 22, "u": 22, "f": 26, "M": 40, "m": 40}
+"""The longest a cell of numpy's dtype kind takes in JSON, with its separator (a float's
+shortest repr, an int64's 20 digits and sign, an ISO timestamp with its offset, a
+Timedelta's text)."""
+OBJECT_CELL_BYTES = 10
+"""What an object cell takes, about (a frame of them is measured once converted)."""
 
 
 def as_json(obj: list[Any] | dict[Any, Any], budget: int) -> Any:
     """``obj`` as JSON data, or None when it is not plain data or takes over ``budget`` bytes."""
-    if len(obj) > budget:
+    if len(obj) * 3 > budget:  # each item takes 3 bytes at least ("0, ")
         return None
     try:
         text = json.dumps(obj, default=_numpy, allow_nan=False)

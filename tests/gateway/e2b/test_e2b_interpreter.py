@@ -110,11 +110,12 @@ def test_a_dataframe_result_carries_its_columns_as_data(sandbox: Sandbox) -> Non
         "pd.DataFrame({'a': [1, 2, 3], 'f': [0.5, np.nan, 2.0],\n"
         "              't': pd.to_datetime(['2024-01-02', None, '2024-03-04 05:06:07'],\n"
         "                              format='ISO8601'),\n"
-        "              7: ['x', None, {'k'}]})")
+        "              7: ['x', None, {'k'}], 'n': pd.array([1, None, 3], dtype='Int64')})")
     (result,) = execution.results
     assert result.data == {
         "a": [1, 2, 3], "f": [0.5, None, 2.0],
-        "t": ["2024-01-02T00:00:00", None, "2024-03-04T05:06:07"], "7": ["x", None, "{'k'}"]}
+        "t": ["2024-01-02T00:00:00", None, "2024-03-04T05:06:07"], "7": ["x", None, "{'k'}"],
+        "n": [1, None, 3]}
     assert result.html and "data" in result.formats() and not result.extra
 
 
