@@ -38,14 +38,14 @@ def timed(action, repeat=5):
         spent.append(time.perf_counter() - started)
     return sorted(spent)[len(spent) // 2] * 1000
 
-snapshot = files.SnapshotTracker("/workspace")
+snapshot = files.SnapshotTracker("/home/user")
 def snapshot_execution():
     snapshot.start()
     open("bench/f0/changed.txt", "w").write("x")
     snapshot.finish()
 
 started = time.perf_counter()
-watched = files.InotifyTracker("/workspace")
+watched = files.InotifyTracker("/home/user")
 setup_ms = (time.perf_counter() - started) * 1000
 def inotify_execution():
     watched.start()
@@ -54,7 +54,7 @@ def inotify_execution():
 
 print(json.dumps({"snapshot_ms": timed(snapshot_execution), "inotify_ms": timed(inotify_execution),
                   "inotify_setup_ms": setup_ms, "watches": len(watched._dirs),
-                  "files": sum(len(f) for _, _, f in os.walk("/workspace"))}))
+                  "files": sum(len(f) for _, _, f in os.walk("/home/user"))}))
 """
 
 FILL = """

@@ -261,8 +261,8 @@ class CommandRequest(Strict):
     env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(
         default_factory=dict, max_length=256, description="added to the session's environment")
     cwd: str | None = Field(None, max_length=4096,
-                            description="folder relative to the workspace, or under /workspace "
-                            "(default: its root)")
+                            description="folder relative to the workspace, or under "
+                            "/home/user, where the sandbox has it (default: its root)")
     id: str | None = Field(None, min_length=1, max_length=128,
                            pattern=r"^[A-Za-z0-9_.-]+$",
                            description="a name for the command, to kill it while it runs")

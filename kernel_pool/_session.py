@@ -49,7 +49,14 @@ from kernel_pool._snapshot import (
     save_variables,
 )
 from kernel_pool._usage import SandboxUsage, read_usage
-from kernel_pool._workspace import Entry, FileInfo, Workspace, split_relative
+from kernel_pool._workspace import (
+    OLD_SANDBOX_PATH,
+    SANDBOX_PATH,
+    Entry,
+    FileInfo,
+    Workspace,
+    split_relative,
+)
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile
 from kernel_pool.events import (
@@ -287,8 +294,9 @@ class Session:
         if "\x00" in command:
             raise InvalidRequest("cmd contains a NUL character, which a shell cannot take")
         timeout = self.profile.timeout_for(timeout_s)
-        if cwd is not None and (cwd == "/workspace" or cwd.startswith("/workspace/")):
-            cwd = cwd.removeprefix("/workspace").lstrip("/")  # the path as the sandbox sees it
+        for root in (SANDBOX_PATH, OLD_SANDBOX_PATH):  # the path as the sandbox sees it
+            if cwd is not None and (cwd == root or cwd.startswith(f"{root}/")):
+                cwd = cwd.removeprefix(root).lstrip("/")
         folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
         if len(self.commands) >= self._settings.max_commands:
             raise TooManyCommands(self.id, self._settings.max_commands)

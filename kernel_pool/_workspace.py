@@ -1,4 +1,4 @@
-"""A session's workspace: a host folder, capped in size, bind-mounted at ``/workspace``.
+"""A session's workspace: a host folder, capped in size, bind-mounted at ``/home/user``.
 
 As root, each workspace is its own small ext4 filesystem on a file whose blocks are reserved at
 creation, loop-mounted with nosuid,nodev, so a full disk inside one sandbox is that sandbox's
@@ -54,6 +54,12 @@ T = TypeVar("T")
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
+SANDBOX_PATH = "/home/user"
+"""Where the workspace is in the sandbox, every kernel's and command's working folder: E2B's
+(code written for it names its files there and expects ``os.getcwd()`` to say so)."""
+OLD_SANDBOX_PATH = "/workspace"
+"""Where the workspace was before: the image links it to :data:`SANDBOX_PATH`, and a command's
+``cwd`` may still name it."""
 
 
 class FileInfo(BaseModel):

@@ -1,8 +1,8 @@
 """E2B's paths and the workspace's: ``/home/user`` is the session's workspace.
 
 E2B code names files absolutely under ``/home/user`` or relative to it; replgate's workspace
-API takes paths relative to the workspace, and the sandbox image links ``/home/user`` to the
-workspace, so the kernel opens the same file by either name.
+API takes paths relative to the workspace, which the sandbox has at ``/home/user``, so the kernel
+opens the same file by either name.
 """
 
 from __future__ import annotations

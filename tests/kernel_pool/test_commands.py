@@ -30,10 +30,14 @@ async def test_command_runs_in_workspace_as_sandbox_user_with_env(
         'pwd; id -u; echo "$GREETING|$REPLGATE_TEST_GREETING"', env={"GREETING": "hi"},
         cwd="sub"))
     assert result.stdout.splitlines() == [
-        "/workspace/sub", "1000", f"hi|{SESSION_ENV['REPLGATE_TEST_GREETING']}"]
-    absolute = await shared_session.run_prepared(shared_session.prepare_command(
-        "pwd", cwd="/workspace/sub"))
-    assert absolute.stdout == "/workspace/sub\n"
+        "/home/user/sub", "1000", f"hi|{SESSION_ENV['REPLGATE_TEST_GREETING']}"]
+    # Absolute: where the sandbox has the workspace, or where it had it (a link to it now).
+    for folder in ("/home/user/sub", "/workspace/sub"):
+        absolute = await shared_session.run_prepared(shared_session.prepare_command(
+            "pwd", cwd=folder))
+        assert absolute.stdout == "/home/user/sub\n", folder
+    default = await shared_session.run_prepared(shared_session.prepare_command("pwd"))
+    assert default.stdout == "/home/user\n"
 
 
 async def test_command_has_no_network(shared_session: Session) -> None:

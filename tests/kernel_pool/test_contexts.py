@@ -41,6 +41,8 @@ ERROR = {"r": 'stop("boom")', "javascript": "throw new Error('boom')",
 PID = {"r": "cat(Sys.getpid(), '\\n')", "bash": "echo $$", "javascript": "console.log(Deno.pid)",
        "java": "System.out.println(ProcessHandle.current().pid());"}
 """The kernel's pid (bash_kernel's shell's: the process that holds bash's variables)."""
+CWD = {"r": "cat(getwd(), '\\n')", "javascript": "console.log(Deno.cwd())", "bash": "pwd",
+       "java": 'System.out.println(System.getProperty("user.dir"));'}
 WRITE = {"r": 'writeLines("from r", "from_r.txt")',
          "javascript": "Deno.writeTextFileSync('from_javascript.txt', 'from javascript\\n')",
          "bash": "echo 'from bash' > from_bash.txt",
@@ -87,6 +89,17 @@ async def test_a_language_keeps_its_state_beside_python(poly: Session, language:
     print(f"{language}: first execution (kernel start) {took:.2f} s")
 
 
+async def test_every_language_and_command_works_in_home_user(poly: Session) -> None:
+    """E2B's working folder, where the workspace is: each kernel's, a command's by default."""
+    python = await poly.execute("import os; print(os.getcwd())\n!pwd")
+    assert python.stdout.split() == ["/home/user", "/home/user"], python
+    for language in LANGUAGES:
+        here = await poly.submit(CWD[language], language=language).result()
+        assert (here.status, here.stdout.strip()) == ("ok", "/home/user"), (language, here)
+    command = await poly.run_prepared(poly.prepare_command("pwd; ls -d /workspace/."))
+    assert command.stdout == "/home/user\n/workspace/.\n", command
+
+
 @pytest.mark.parametrize("language", LANGUAGES)
 async def test_output_streams_as_it_comes(poly: Session, language: str) -> None:
     handle = poly.submit(TWO_LINES[language], language=language)
@@ -104,7 +117,9 @@ async def test_output_streams_as_it_comes(poly: Session, language: str) -> None:
 async def test_an_error_is_plain_text(poly: Session, language: str) -> None:
     failed = await poly.submit(ERROR[language], language=language).result()
     assert failed.status == "error", failed
-    assert failed.error is not None and "\x1b[" not in "".join(failed.error.traceback)
+    assert failed.error is not None and "\x1b[" not in failed.error.text
+    if language != "java":  # JJava colours its traceback, as IPython does (the text is plain)
+        assert "\x1b[" not in "".join(failed.error.traceback)
     if language == "bash":  # bash_kernel's terminal merges stderr into stdout
         assert (failed.stdout, failed.error.evalue) == ("boom\n", "1"), failed
     else:
@@ -164,7 +179,8 @@ async def test_a_timeout_stops_the_code(languages_pool: KernelPool, language: st
 
 READ_ENV = {"r": 'cat(Sys.getenv("GREETING"), "\\n", sep = "")',
             "javascript": 'console.log(Deno.env.get("GREETING"))',
-            "bash": 'echo "$GREETING"'}
+            "bash": 'echo "$GREETING"',
+            "java": 'System.out.println(System.getenv("GREETING"));'}
 
 
 @pytest.mark.parametrize("language", LANGUAGES)

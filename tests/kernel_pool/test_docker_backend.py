@@ -107,7 +107,7 @@ print(json.dumps({m[1]: [m[2], m[3]] for m in mounts}))
     standard = {"/", "/tmp", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}
     extra = {path for path in seen
              if path not in standard and not path.startswith(("/proc", "/sys", "/dev"))}
-    assert extra == {"/workspace", "/kernel"}
+    assert extra == {"/home/user", "/kernel"}
 
 
 async def test_environment_has_only_image_and_session_variables(

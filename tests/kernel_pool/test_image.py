@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from kp_support import processes, run_ok
 from kernel_pool import Session
 from kernel_pool._sandbox_image import IMAGE_REPOSITORY, content_version, context_dir
 from kernel_pool.backends.docker import build_image, current_image, read_image_info
+from kernel_pool.backends.docker._image import _copy_context, _stream_build
 
 
 def test_image_exists_when_built(docker_client: docker.DockerClient) -> None:
@@ -30,6 +32,32 @@ def test_build_image_skips_when_up_to_date(docker_client: docker.DockerClient,
     assert info.version == content_version(context_dir())
     assert info.id == docker_client.images.get(current_image()).id
     assert read_image_info(tmp_path) == info
+
+
+def test_an_edit_of_the_kernels_code_rebuilds_only_the_last_layers(
+        docker_client: docker.DockerClient, tmp_path: Path) -> None:
+    """The languages' layers (pip's packages, R and the JDK, Deno) come before the kernel's own
+    files: an edit of a replgate_kernel module reuses them from the engine's cache, so the
+    image of every language is rebuilt in seconds."""
+    built = docker_client.images.get(current_image())
+    context = _copy_context(context_dir(), tmp_path)
+    edited = context / "replgate_kernel" / "outputs.py"
+    edited.write_text(edited.read_text() + "\n# an edit\n")
+    tag = f"replgate-test-edit:{secrets.token_hex(4)}"
+    base = built.labels["io.replgate.base"]
+    started = time.monotonic()
+    _stream_build(docker_client, context, tag, "edit", lambda _: None, "default",
+                  {"BASE": base}, {"io.replgate.base": base})
+    took = time.monotonic() - started
+    try:
+        before = built.attrs["RootFS"]["Layers"]
+        after = docker_client.images.get(tag).attrs["RootFS"]["Layers"]
+        # The same layers but the last two: the COPY of replgate_kernel/ and its compileall.
+        assert len(after) == len(before) and after[:-2] == before[:-2]
+        assert after[-2] != before[-2]
+        assert took < 60, f"the rebuild took {took:.0f} s"
+    finally:
+        docker_client.images.remove(tag, force=True)
 
 
 def test_image_runs_as_non_root_user(docker_client: docker.DockerClient) -> None:

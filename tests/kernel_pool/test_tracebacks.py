@@ -34,7 +34,7 @@ def test_short_form_without_user_frames_keeps_where_it_was_raised() -> None:
 
 
 def test_short_form_of_a_workspace_module_keeps_its_frame() -> None:
-    module = "File /workspace/etl.py:3, in load(path)\n----> 3     return parse(path)\n"
+    module = "File /home/user/etl.py:3, in load(path)\n----> 3     return parse(path)\n"
     compiled = "File index.pyx:167, in pandas._libs.index.IndexEngine.get_loc()\n"
     short = short_form([RULE, header("KeyError"), "Cell In[2], line 1\n----> 1 load('x')\n",
                         module, compiled, library(5), "KeyError: 'x'"])

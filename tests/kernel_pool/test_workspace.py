@@ -130,7 +130,7 @@ print(os.getcwd())
 print(open('shared/from-host.txt').read())
 open('shared/from-kernel.txt', 'w').write('from the kernel')
 """)
-    assert output == "/workspace\nfrom the host\n"
+    assert output == "/home/user\nfrom the host\n"
     assert workspace.read_bytes("shared/from-kernel.txt", limit=100) == b"from the kernel"
     assert {"shared/from-host.txt", "shared/from-kernel.txt"} <= {
         f.path for f in workspace.list_files()}

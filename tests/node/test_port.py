@@ -321,7 +321,7 @@ async def test_commands_stream_and_are_killed_through_another_handle(node: NodeC
         with pytest.raises(InvalidRequest, match="cmd is empty"):
             await session.run_command("  ")
         in_folder = await session.run_command("mkdir -p d && cd d && pwd")
-        assert (await session.run_command("pwd", cwd="/workspace/d")).stdout == \
+        assert (await session.run_command("pwd", cwd="/home/user/d")).stdout == \
             in_folder.stdout
     finally:
         await session.close()
@@ -333,7 +333,7 @@ async def test_a_command_whose_caller_goes_away_is_stopped_on_the_node(
     up = asyncio.Event()
     try:
         running = asyncio.ensure_future(session.run_command(
-            "echo up; sleep 5; touch /workspace/survived", emit=lambda _e: up.set()))
+            "echo up; sleep 5; touch /home/user/survived", emit=lambda _e: up.set()))
         await up.wait()
         running.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -36,7 +36,7 @@ def report(value):
     if len(text) < 4000:
         print(text)
     else:
-        with open('/workspace/.report.json', 'w') as f:
+        with open('/home/user/.report.json', 'w') as f:
             f.write(text)
 """
 RESTART_BUDGET_S = 25.0

@@ -423,7 +423,7 @@ for _ in range(1500):
     os.mkdir('d')
     os.chdir('d')
 open('leaf.txt', 'w').write('leaf')
-os.chdir('/workspace')
+os.chdir('/home/user')
 open('top.txt', 'w').write('top')
 """)
     listing = hostile.client().get(f"/v1/sessions/{sid}/files")
@@ -690,7 +690,7 @@ import ctypes, errno, json, os
 libc = ctypes.CDLL(None, use_errno=True)
 calls = {
     'mount': (165, b'none', b'/tmp', b'tmpfs', 0, 0),
-    'umount2': (166, b'/workspace', 2),
+    'umount2': (166, b'/home/user', 2),
     'unshare_user': (272, 0x10000000),
     'unshare_mount': (272, 0x00020000),
     'unshare_net': (272, 0x40000000),

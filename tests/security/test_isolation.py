@@ -80,7 +80,7 @@ for path in glob.glob('/proc/[0-9]*/environ'):
 for path in glob.glob('/proc/[0-9]*/cmdline'):
     seen['cmdlines'][path] = open(path, 'rb').read().decode(errors='replace')
 seen['files'] = {}
-for top in ('/workspace', '/tmp', '/dev/shm', '/kernel'):
+for top in ('/home/user', '/tmp', '/dev/shm', '/kernel'):
     for folder, _, names in os.walk(top):
         for name in names:
             path = os.path.join(folder, name)
@@ -107,7 +107,8 @@ def test_environment_holds_no_host_secret(hostile: Hostile) -> None:
         fixed = {"PATH", "HOSTNAME", "HOME", "LANG", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
                  "MPLCONFIGDIR", "MPLBACKEND", "IPYTHONDIR", "OPENBLAS_NUM_THREADS",
                  "OMP_NUM_THREADS", "SESSION_VAR", "PYDEVD_USE_FRAME_EVAL", "TERM", "CLICOLOR",
-                 "FORCE_COLOR", "CLICOLOR_FORCE", "PAGER", "GIT_PAGER", "JPY_PARENT_PID"}
+                 "FORCE_COLOR", "CLICOLOR_FORCE", "PAGER", "GIT_PAGER", "JPY_PARENT_PID",
+                 "DENO_DIR", "DENO_NO_UPDATE_CHECK", "DENO_NO_PROMPT"}
         assert set(seen["environ"]) <= fixed, set(seen["environ"]) - fixed
         # /proc shows this container's processes only: its init and its kernel.
         assert len(seen["cmdlines"]) == 2, seen["cmdlines"]
@@ -266,11 +267,11 @@ def test_no_docker_socket_no_leaked_descriptors_no_writes_outside(
     for fd, target in found["fds"].items():
         # (gVisor names the pipes its exec was handed by the host "host:[n]")
         assert target.startswith(("pipe:", "socket:", "anon_inode:", "/dev/null", "/dev/pts",
-                                  "/workspace", "/tmp", "/kernel", "/opt/", "/usr/",
+                                  "/home/user", "/tmp", "/kernel", "/opt/", "/usr/",
                                   "unreadable", "FileNotFoundError", "host:[")), (fd, target)
     # From the host: the container mounts only its workspace and socket folder.
     mounts = hostile.container(sid).attrs["Mounts"]
-    assert sorted(m["Destination"] for m in mounts) == ["/kernel", "/workspace"]
+    assert sorted(m["Destination"] for m in mounts) == ["/home/user", "/kernel"]
     assert not any("docker.sock" in (m.get("Source") or "") for m in mounts)
 
 
@@ -358,7 +359,7 @@ os.environ['CANARY'] = canary
 open('canary.txt', 'w').write(canary)
 open('/tmp/canary.txt', 'w').write(canary)
 open('/dev/shm/canary.txt', 'w').write(canary)
-os.symlink('/workspace/canary.txt', '/tmp/canary-link')
+os.symlink('/home/user/canary.txt', '/tmp/canary-link')
 kid = subprocess.Popen(['sh', '-c', 'sleep 900', canary])
 print('planted')
 """

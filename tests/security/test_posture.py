@@ -45,7 +45,7 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert host["Privileged"] is False, name
     # 5.5 no sensitive host folder; only the session's workspace and its socket folder.
     binds = sorted((m["Destination"], m["Source"], m["Type"], m["RW"]) for m in config["Mounts"])
-    assert [b[0] for b in binds] == ["/kernel", "/workspace"], binds
+    assert [b[0] for b in binds] == ["/home/user", "/kernel"], binds
     for _destination, source, kind, _rw in binds:
         assert kind == "bind" and source.startswith(str(gateway.state_dir) + "/"), source
         assert source not in SENSITIVE and "docker.sock" not in source

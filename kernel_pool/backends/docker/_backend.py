@@ -33,7 +33,7 @@ import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from kernel_pool._languages import KERNEL_LANGUAGES, offered
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace, detach
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Workspace, detach
 from kernel_pool.backends.base import (
     CgroupUsage,
     CommandProcess,
@@ -448,7 +448,7 @@ class DockerSandbox(Sandbox):
                     [*KERNEL_COMMAND[:-1],
                      f"--max-output-bytes={self.profile.caps.display_bytes}",
                      KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
-                    user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir="/workspace",
+                    user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=SANDBOX_PATH,
                     stdout=False, stderr=False))["Id"]
                 await _run(self._api.exec_start, exec_id, detach=True)
                 break
@@ -959,7 +959,7 @@ class DockerSandbox(Sandbox):
                             cwd: str) -> CommandProcess:
         return await DockerCommand.start(
             self._api, _run, self.info.container_id, command, env=env,
-            cwd=f"/workspace/{cwd}".rstrip("/"), running=self._commands)
+            cwd=f"{SANDBOX_PATH}/{cwd}".rstrip("/"), running=self._commands)
 
 
 class _TreeRestore:
@@ -1032,7 +1032,7 @@ class DockerBackend(SandboxBackend):
             hostname="sandbox",
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
             environment=env,
-            working_dir="/workspace",
+            working_dir=SANDBOX_PATH,
             network_mode="none",
             read_only=True,
             cap_drop=["ALL"],
@@ -1048,7 +1048,7 @@ class DockerBackend(SandboxBackend):
             ulimits=ulimits,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={parse_size(profile.tmp_size)},mode=1777"},
             shm_size="64m",
-            mounts=[Mount("/workspace", str(workspace), type="bind"),
+            mounts=[Mount(SANDBOX_PATH, str(workspace), type="bind"),
                     Mount(KERNEL_DIR, str(socket_dir), type="bind")],
             oom_score_adj=500,
         )
