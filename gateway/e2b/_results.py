@@ -31,11 +31,13 @@ FIELDS = {
     "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
     "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
     "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
-    "application/vnd.replgate.data+json": "data",
+    "application/vnd.replgate.data+json": "data", "application/vnd.replgate.value+json": "json",
 }
 """MIME types to the fields of E2B's ``Result``; any other type goes to ``extra``. A pandas
 DataFrame's columns come as ``application/vnd.replgate.data+json`` (the sandbox's
-``replgate_kernel/data.py``: E2B's ``e2b/data`` under a name a notebook keeps as JSON)."""
+``replgate_kernel/data.py``: E2B's ``e2b/data`` under a name a notebook keeps as JSON), a list's
+or dict's value as ``application/vnd.replgate.value+json`` (E2B's kernel adds it as
+``application/json``, which Jupyter's front ends would show instead of the text)."""
 
 END = {"type": "end_of_execution"}
 KEEPALIVE = {"type": "keepalive"}

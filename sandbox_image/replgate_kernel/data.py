@@ -3,8 +3,9 @@
 
 - A pandas DataFrame also carries its columns, ``{"a": [1, 2, 3]}``, under :data:`MIME`
   (timestamps as ISO 8601 strings), as does any object with a ``_repr_e2b_data_`` method.
-- A list or a dict also carries itself as ``application/json`` (with ``{"expanded": True}``
-  metadata) when it is plain JSON data (numpy arrays and numbers as their values).
+- A list or a dict also carries itself under :data:`VALUE_MIME` when it is plain JSON data
+  (numpy arrays and numbers as their values): E2B's kernel gives it as ``application/json``,
+  which Jupyter's front ends (and replgate's UI) would then show instead of its text.
 
 Neither is the text shown: a frame's and a list's text are cut to a screenful, these are not.
 So that the added value never makes a bundle too big to send (the kernel then replaces the
@@ -24,12 +25,13 @@ from typing import Any
 MIME = "application/vnd.replgate.data+json"
 """The MIME type of a frame's columns (a ``+json`` type: a notebook keeps it as JSON). The
 gateway's E2B face gives it as ``Result.data``."""
-JSON_MIME = "application/json"
+VALUE_MIME = "application/vnd.replgate.value+json"
+"""The MIME type of a list's or dict's value; the E2B face gives it as ``Result.json``."""
 
 
 def install(shell: Any, max_output_bytes: int) -> None:
     """Add both representations to the shell's display formatter."""
-    from IPython.core.formatters import BaseFormatter, JSONFormatter
+    from IPython.core.formatters import BaseFormatter
     from traitlets import ObjectName, Unicode
 
     budget = max(1, max_output_bytes // 4)
@@ -39,13 +41,10 @@ def install(shell: Any, max_output_bytes: int) -> None:
         _return_type = dict
         print_method = ObjectName("_repr_e2b_data_")
 
-    class ListJSONFormatter(JSONFormatter):  # type: ignore[misc]
-        def __call__(self, obj: Any) -> Any:
-            if isinstance(obj, list | dict):
-                found = as_json(obj, budget)
-                if found is not None:
-                    return found, {"expanded": True}
-            return super().__call__(obj)
+    class ValueFormatter(BaseFormatter):  # type: ignore[misc]
+        format_type = Unicode(VALUE_MIME)
+        _return_type = (list, dict)
+        print_method = ObjectName("_repr_replgate_value_")
 
     formatters = shell.display_formatter.formatters
     data = DataFormatter(parent=shell.display_formatter)
@@ -53,7 +52,10 @@ def install(shell: Any, max_output_bytes: int) -> None:
     data.for_type_by_name("pandas.core.frame", "DataFrame",
                           lambda frame: frame_columns(frame, budget))
     formatters[MIME] = data
-    formatters[JSON_MIME] = ListJSONFormatter(parent=shell.display_formatter)
+    value = ValueFormatter(parent=shell.display_formatter)
+    for kind in (list, dict):  # and their subclasses
+        value.for_type(kind, lambda obj: as_json(obj, budget))
+    formatters[VALUE_MIME] = value
 
 
 def frame_columns(frame: Any, budget: int) -> dict[str, list[Any]] | None:

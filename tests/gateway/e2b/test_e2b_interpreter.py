@@ -7,9 +7,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from e2b import TimeoutException
 from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from tests.conftest import GatewayProcess
 
 HOME = "/home/user"
 
@@ -127,12 +130,18 @@ def test_a_dataframe_too_big_for_its_data_keeps_its_text_and_html(sandbox: Sandb
     assert "1000000 rows" in result.html and "omitted" not in result.text
 
 
-def test_a_list_or_dict_result_is_also_json(sandbox: Sandbox) -> None:
+def test_a_list_or_dict_result_is_also_json(sandbox: Sandbox, gateway: GatewayProcess) -> None:
     execution = sandbox.run_code("import numpy as np\n{'a': [1, 2.5, None], 'n': np.arange(3)}")
     assert execution.results[0].json == {"a": [1, 2.5, None], "n": [0, 1, 2]}
+    assert execution.results[0].formats() == ["text", "json"]
     assert sandbox.run_code("[1, 'two']").results[0].json == [1, "two"]
     assert sandbox.run_code("[object()]").results[0].json is None  # not JSON data
     assert sandbox.run_code("(1, 2)").results[0].json is None  # E2B's: lists and dicts only
+    # Not as application/json elsewhere: Jupyter's front ends would show it instead of the text.
+    native = httpx.post(f"{gateway.url}/v1/sessions/{sandbox.sandbox_id}/execute",
+                        json={"code": "{'a': 1}"}, headers=gateway.headers(), timeout=60)
+    (output,) = native.json()["outputs"]
+    assert "application/json" not in output["data"] and output["data"]["text/plain"] == "{'a': 1}"
 
 
 def test_a_figure_shown_is_png_text_and_chart_with_nothing_extra(sandbox: Sandbox) -> None:
