@@ -57,8 +57,8 @@ CodeInLanguage = Annotated[str, Field(description=(
     "Code in the language named by language, like a notebook cell: statements, then "
     "optionally an expression whose value is shown."))]
 LanguageName = Annotated[str, Field(min_length=1, max_length=32, description=(
-    "The language of the code: 'r', 'javascript', 'typescript', 'bash' or 'python' (as "
-    "execute_python); the sandbox must offer it (see the tool's description)."))]
+    "The language of the code: 'r', 'javascript', 'typescript', 'java', 'bash' or 'python' "
+    "(as execute_python); the sandbox must offer it (see the tool's description)."))]
 NotebookPath = Annotated[str | None, Field(min_length=1, description=(
     "Save the notebook at this path in the working directory (e.g. 'analysis.ipynb') instead "
     "of returning its JSON."))]
@@ -163,6 +163,8 @@ LANGUAGE_NOTES = {
     "javascript": ("'javascript' (Deno: console.log prints, the last expression's value is "
                    "shown, top-level await works)"),
     "typescript": "'typescript' (the same Deno session as 'javascript', with types)",
+    "java": ("'java' (JShell: statements, declarations and expressions without a class around "
+             "them; System.out.println prints, the last expression's value is shown)"),
     "bash": ("'bash' (a persistent shell: variables and the current directory stay; a "
              "command exiting non-zero is an error)"),
 }
@@ -171,9 +173,9 @@ LANGUAGE_NOTES = {
 def _languages_text(languages: tuple[str, ...] | None) -> str:
     if languages is None:
         return ("Languages: " + ", ".join(LANGUAGE_NOTES.values()) + ". Which of them this "
-                "sandbox has depends on its image (the default image: python and bash; R and "
-                "JavaScript/TypeScript come with the polyglot image); asking for one it lacks "
-                "returns an error naming those it has.")
+                "sandbox has depends on its image (the default image: all of them; the slim "
+                "one: python and bash); asking for one it lacks returns an error naming those "
+                "it has.")
     known = [LANGUAGE_NOTES[name] for name in languages if name in LANGUAGE_NOTES]
     return ("This sandbox offers: " + ", ".join(known) + ". No other language can be run "
             "here.")

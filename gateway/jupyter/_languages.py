@@ -45,6 +45,10 @@ LANGUAGE_SPECS = {
         "bash", ["python", "-m", "replgate_kernel.bash", "-f", "{connection_file}"], "Bash", "bash",
         "message", {"name": "bash", "codemirror_mode": "shell", "pygments_lexer": "bash",
                     "mimetype": "text/x-sh", "file_extension": ".sh"}),
+    "java": LanguageSpec(
+        "java", ["java", "-jar", "jjava.jar", "{connection_file}"], "Java (jjava)", "java",
+        "message", {"name": "Java", "codemirror_mode": "java", "pygments_lexer": "java",
+                    "mimetype": "text/x-java-source", "file_extension": ".jshell"}),
 }
 
 

@@ -62,7 +62,7 @@ def test_execute_in_a_language_keeps_its_state(client: httpx.Client, sid: str) -
 def test_unknown_language_and_context_are_refused(client: httpx.Client, sid: str) -> None:
     answer = client.post(f"/v1/sessions/{sid}/execute", json={"code": "1", "language": "cobol"})
     assert answer.status_code == 400
-    assert "python, bash, r, javascript, typescript" in answer.json()["detail"]
+    assert "python, bash, r, javascript, java, typescript" in answer.json()["detail"]
     missing = client.post(f"/v1/sessions/{sid}/execute", json={"code": "1", "context_id": "nope"})
     assert missing.status_code == 404 and "nope" in missing.json()["detail"]
     made = client.post(f"/v1/sessions/{sid}/contexts", json={"language": "klingon"})
@@ -111,27 +111,29 @@ def test_notebook_tags_cells_with_their_language(client: httpx.Client, sid: str)
     assert notebook.cells[-1].metadata["vscode"] == {"languageId": "r"}
 
 
-def test_jupyter_api_offers_each_language_and_runs_r(polyglot_gateway: GatewayProcess,
-                                                     client: httpx.Client) -> None:
+@pytest.mark.parametrize(("kernel", "code"), [("ir", "x <- 6 * 7\ncat(x)"),
+                                           ("java", "int x = 6 * 7;\nSystem.out.print(x);")])
+def test_jupyter_api_offers_each_language_and_runs_r_and_java(
+        polyglot_gateway: GatewayProcess, client: httpx.Client, kernel: str, code: str) -> None:
     specs = client.get("/api/kernelspecs").json()["kernelspecs"]
-    assert set(specs) == {"python3", "ir", "deno", "bash"}
-    assert (specs["ir"]["spec"]["language"], specs["deno"]["spec"]["language"]) == (
-        "R", "typescript")
-    started = client.post("/api/kernels", json={"name": "ir"})
-    assert started.status_code == 201 and started.json()["name"] == "ir", started.text
+    assert set(specs) == {"python3", "ir", "deno", "bash", "java"}
+    assert [specs[name]["spec"]["language"] for name in ("ir", "deno", "java")] == [
+        "R", "typescript", "java"]
+    started = client.post("/api/kernels", json={"name": kernel})
+    assert started.status_code == 201 and started.json()["name"] == kernel, started.text
     kid = started.json()["id"]
     url = polyglot_gateway.url.replace("http", "ws", 1) + f"/api/kernels/{kid}/channels"
-    request = {"header": {"msg_id": "r-1", "msg_type": "execute_request", "session": "s",
+    request = {"header": {"msg_id": "c-1", "msg_type": "execute_request", "session": "s",
                           "username": "test", "version": "5.3", "date": ""},
                "parent_header": {}, "metadata": {}, "channel": "shell",
-               "content": {"code": "x <- 6 * 7\ncat(x)", "silent": False}}
+               "content": {"code": code, "silent": False}}
     try:
         with connect(url, additional_headers=polyglot_gateway.headers()) as ws:
             ws.send(json.dumps(request))
             replies: list[dict[str, Any]] = []
             while not replies or replies[-1]["msg_type"] != "execute_reply":
                 message = json.loads(ws.recv(timeout=60))
-                if message["parent_header"].get("msg_id") == "r-1":
+                if message["parent_header"].get("msg_id") == "c-1":
                     replies.append(message)
     finally:
         assert client.delete(f"/api/kernels/{kid}").status_code == 204

@@ -240,8 +240,8 @@ def test_run_code_in_another_language_keeps_its_own_state(e2b_env: dict[str, str
         assert python.text == "py"
         contexts = {c.language: c for c in sandbox.list_code_contexts()}
         assert contexts["python"].id == sandbox.sandbox_id and "bash" in contexts
-        with pytest.raises(SandboxException, match="python, bash"):
-            sandbox.run_code("1", language="r")  # the default image offers python and bash
+        with pytest.raises(SandboxException, match="python, bash, r, javascript, java"):
+            sandbox.run_code("1", language="cobol")
     finally:
         sandbox.kill()
 
