@@ -1,4 +1,5 @@
-"""Hostile code in R, JavaScript (Deno) and bash: a few cases per language, on the polyglot image.
+"""Hostile code in R, JavaScript (Deno), Java and bash: a few cases per language, on the default
+image (named by its old name, ``polyglot``).
 
 The same limits as ``test_hostile_code.py``'s gateway (512 MiB, 128 processes), and the same
 verdicts from outside: the answer's status within its time limit, the sandbox's pids cgroup,
@@ -20,14 +21,16 @@ from kernel_pool.backends.docker import build_image
 from tests.conftest import containers_of, make_gateway
 from tests.security.conftest import GRACE_S, LIMITS, RESTART_BUDGET_S, Hostile, brief
 
-LANGUAGES = ["r", "javascript", "bash"]
-LOOPS = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while :; do :; done"}
+LANGUAGES = ["r", "javascript", "bash", "java"]
+LOOPS = {"r": "repeat {}", "javascript": "while (true) {}", "bash": "while :; do :; done",
+         "java": "while (true) {}"}
 BOMB = "b(){ b|b& }; b"
 BOMBS = {
     "r": f"system('{BOMB}')\nSys.sleep(3)",
     "javascript": (f"new Deno.Command('sh', {{args: ['-c', '{BOMB}']}}).spawn();\n"
                    "await new Promise((done) => setTimeout(done, 3000))"),
     "bash": ":(){ :|:& };:\nsleep 3",
+    "java": f'new ProcessBuilder("sh", "-c", "{BOMB}").start();\nThread.sleep(3000);',
 }
 OUTSIDE = {  # each prints 'refused' and the reason when the write fails
     "r": ("tryCatch(writeLines('x', '/usr/evil'), warning = function(w) cat('refused',"
@@ -35,6 +38,8 @@ OUTSIDE = {  # each prints 'refused' and the reason when the write fails
     "javascript": ("try { Deno.writeTextFileSync('/usr/evil', 'x') }"
                    " catch (e) { console.log('refused', e.name) }"),
     "bash": "echo x > /usr/evil || echo refused",
+    "java": ('try { java.nio.file.Files.writeString(java.nio.file.Path.of("/usr/evil"), "x"); }'
+             ' catch (java.io.IOException e) { System.out.println("refused " + e); }'),
 }
 NETWORK = {  # each prints 'unreachable' when no connection can be made
     "r": ("tryCatch(readLines(url('http://1.1.1.1/'), warn = FALSE), warning = function(w)"
@@ -43,14 +48,19 @@ NETWORK = {  # each prints 'unreachable' when no connection can be made
     "javascript": ("await fetch('http://1.1.1.1/').then(() => console.log('reached'),"
                    " (e) => console.log('unreachable', e.name))"),
     "bash": "(exec 3<>/dev/tcp/1.1.1.1/80) 2>/dev/null && echo reached || echo unreachable",
+    "java": ("try (var s = new java.net.Socket()) {"
+             ' s.connect(new java.net.InetSocketAddress("1.1.1.1", 80), 3000);'
+             ' System.out.println("reached"); }'
+             ' catch (java.io.IOException e) { System.out.println("unreachable " + e); }'),
 }
-CHECKS = {"r": "cat(6 * 7)", "javascript": "console.log(6 * 7)", "bash": "echo $((6 * 7))"}
+CHECKS = {"r": "cat(6 * 7)", "javascript": "console.log(6 * 7)", "bash": "echo $((6 * 7))",
+          "java": "System.out.print(6 * 7);"}
 
 
 @pytest.fixture(scope="module")
 def polyglot(docker_client: docker.DockerClient,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
-    """A gateway of the polyglot image with the hostile suite's limits."""
+    """A gateway of the default image with the hostile suite's limits."""
     build_image(docker_client, state_dir=tmp_path_factory.mktemp("images"), log=lambda _: None)
     gateway = make_gateway(**LIMITS, image="polyglot", max_kernels="4", min_idle="1",
                            interrupt_grace_s=str(GRACE_S))
