@@ -171,3 +171,27 @@ def test_a_memory_pause_keeps_every_context_across_a_gateway_restart(
             assert (js["stdout"], js["restarted"]) == ("42\n", False), js
             assert c.get(f"/v1/sessions/{sid}").json()["reason"] is None
             assert c.delete(f"/v1/sessions/{sid}").status_code == 204
+
+
+def test_a_slim_gateway_offers_python_and_bash_only(
+        docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """REPLGATE_IMAGE=slim: the opt-in image of Python and bash; another language is a 400
+    naming those two."""
+    build_image(docker_client, state_dir=tmp_path_factory.mktemp("images"), slim=True,
+                log=lambda _: None)
+    with running_gateway(docker_client, image="slim") as gateway, httpx.Client(
+            base_url=gateway.url, headers=gateway.headers(), timeout=CLIENT_TIMEOUT_S) as c:
+        specs = c.get("/api/kernelspecs").json()["kernelspecs"]
+        assert set(specs) == {"python3", "bash"}
+        sid = c.post("/v1/sessions").json()["id"]
+        try:
+            for language in ("r", "java", "js"):
+                answer = c.post(f"/v1/sessions/{sid}/execute",
+                                json={"code": "1", "language": language})
+                assert answer.status_code == 400, answer.text
+                assert "offers: python, bash (" in answer.json()["detail"], answer.text
+            bash = c.post(f"/v1/sessions/{sid}/execute",
+                          json={"code": "echo hi", "language": "bash"}).json()
+            assert (bash["status"], bash["stdout"]) == ("ok", "hi\n"), bash
+        finally:
+            c.delete(f"/v1/sessions/{sid}")

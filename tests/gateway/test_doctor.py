@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import docker
+import pytest
 
 from gateway.doctor import kernel_templates, memory_pauses, snapshot_compression
-from kernel_pool.backends.docker import CheckpointSupport
+from kernel_pool.backends.docker import CheckpointSupport, current_image, slim_image
 from tests.conftest import REPO
 
 
@@ -61,3 +63,24 @@ def test_snapshot_compression_line_without_zstd_names_the_package() -> None:
         "(sudo apt-get install zstd; ./run.sh does)")
     assert snapshot_compression("/usr/bin/zstd") == (
         "pause snapshots: compressed as they stream, by /usr/bin/zstd (zstd --fast=1, all cores)")
+
+
+@pytest.mark.parametrize(("arguments", "env", "built"), [
+    ([], {}, ["default"]),
+    (["--slim"], {}, ["default", "slim"]),
+    ([], {"REPLGATE_IMAGE": "slim"}, ["slim"]),
+    (["--polyglot"], {"REPLGATE_IMAGE": "polyglot"}, ["default"]),
+])
+def test_image_build_builds_the_images_the_profiles_name(
+        tmp_path: Path, arguments: list[str], env: dict[str, str], built: list[str]) -> None:
+    """The default image (every language) unless the profiles name only the slim one, which
+    --slim adds; both are up to date here (./run.sh test built them), so nothing is rebuilt.
+    --polyglot, from scripts older than the default image of every language, still works."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "image", "build", *arguments], cwd=REPO,
+        env={**base, "REPLGATE_STATE_DIR": str(tmp_path), **env}, capture_output=True,
+        text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tags = {"default": current_image(), "slim": slim_image()}
+    assert [line.split()[0] for line in done.stdout.splitlines()] == [tags[b] for b in built]
