@@ -42,12 +42,10 @@ KERNELS = {
                    "{connection_file}", "deno", "jupyter", "--kernel", "--conn"),
     # JJava (JShell, its snippets run in the kernel's own JVM), started as its launcher would
     # start it but without the launcher's JVM in front. JeroMQ's ipc is TCP underneath: the
-    # relay again. The JVM is kept small: serial GC (no GC threads), C1 only (starts sooner,
-    # compiles less), a heap of a quarter of the sandbox's memory at most, no perf-data file.
+    # relay again. The JVM's options (jjava.args: serial GC, C1 only, a heap of a quarter of
+    # the sandbox's memory at most) and its class-data archive are the image's (Dockerfile).
     "java": ("python", "-I", "-S", "/opt/replgate/replgate_kernel/relay.py", "{connection_file}",
-             "java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:MaxRAMPercentage=25",
-             "-Xms8m", "-XX:-UsePerfData", "-Djava.awt.headless=true",
-             "--add-opens", "jdk.jshell/jdk.jshell=ALL-UNNAMED",
+             "java", "@/opt/jjava/jjava.args", "-XX:SharedArchiveFile=/opt/jjava/jjava.jsa",
              "-jar", "/opt/venv/share/jupyter/kernels/java/jjava.jar"),
 }
 """Each language's kernel command. An image offers the languages whose programs it has (its
