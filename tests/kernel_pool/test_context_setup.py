@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from kp_support import SESSION_ENV, run_ok
 
-from kernel_pool import Execution, InvalidRequest, Session
+from kernel_pool import Execution, InvalidRequest, Session, env_code
 
 LANGUAGES = ["python", "r", "javascript", "bash", "java"]
 CWD = {"python": "import os; print(os.getcwd())", "r": "cat(getwd(), '\\n')",
@@ -133,3 +133,16 @@ async def test_the_files_of_r_are_those_of_its_workspace_not_its_folder(session:
                                  'writeLines("y", "/home/user/in_workspace.txt")',
                         context_id=made.id)
     assert _files(written) == {("in_workspace.txt", "created")}, written
+
+
+async def test_javascript_executions_queued_at_once_all_end(session: Session) -> None:
+    # A per-call variable is three executions queued at once (set, the code, put back). Deno's
+    # kernel, sent one before it had replied to the late-output marker of the one before, now
+    # and then never answered it: it hung to its timeout.
+    setup, restore = env_code("javascript", {"TEST_ENV_VAR": "overwrite"})
+    for _ in range(200):
+        handles = [session.submit(code, 15, language="javascript")
+                   for code in (setup, "process.env.TEST_ENV_VAR", restore)]
+        done = [await handle.result() for handle in handles]
+        assert [d.status for d in done] == ["ok"] * 3, done
+        assert _shown(done[1]) == [("result", '"overwrite"')], done
