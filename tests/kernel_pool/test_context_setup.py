@@ -44,14 +44,21 @@ async def test_a_context_starts_in_the_folder_it_was_made_with(shared_session: S
 
 async def test_a_folder_no_kernel_can_start_in_is_refused_when_the_context_is_made(
         shared_session: Session) -> None:
+    await run_ok(shared_session, "import os; os.makedirs('/tmp/locked', exist_ok=True); "
+                                 "os.chmod('/tmp/locked', 0)")
     before = await shared_session.list_contexts()
     for cwd, says in (("/nowhere", "does not exist in the sandbox: create it first"),
                       ("/etc/passwd", "is not a folder"),
-                      ("/root", "is not open to the sandbox's user"),
+                      ("/tmp/locked", "is not open to the sandbox's user"),
                       ("bad\x00name", "without NUL")):
         with pytest.raises(InvalidRequest, match=says):
             await shared_session.create_context("r", cwd=cwd)
     assert await shared_session.list_contexts() == before
+    # /root is open, as E2B's suite makes a context there (its kernels run as root)
+    made = await shared_session.create_context("python", cwd="/root")
+    here = await _in(shared_session, CWD["python"], context_id=made.id)
+    await shared_session.remove_context(made.id)
+    assert here.stdout == "/root\n", here
 
 
 async def test_a_folder_gone_before_the_first_execution_is_its_error(
