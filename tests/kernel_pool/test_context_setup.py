@@ -5,10 +5,14 @@ Real kernels of the default image, in the suite's shared pool."""
 
 from __future__ import annotations
 
-import pytest
-from kp_support import SESSION_ENV, run_ok
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-from kernel_pool import Execution, InvalidRequest, Session, env_code
+import docker
+import pytest
+from kp_support import SESSION_ENV, pausing_pool, run_ok
+
+from kernel_pool import Execution, InvalidRequest, KernelPool, Profile, Session, env_code
 
 LANGUAGES = ["python", "r", "javascript", "bash", "java"]
 CWD = {"python": "import os; print(os.getcwd())", "r": "cat(getwd(), '\\n')",
@@ -146,10 +150,42 @@ async def test_javascript_executions_queued_at_once_all_end(session: Session) ->
     # A per-call variable is three executions queued at once (set, the code, put back). Deno's
     # kernel, sent one before it had replied to the late-output marker of the one before, now
     # and then never answered it: it hung to its timeout.
-    setup, restore = env_code("javascript", {"TEST_ENV_VAR": "overwrite"})
+    code = env_code("javascript", {"TEST_ENV_VAR": "overwrite"})
+    assert code is not None
+    setup, restore = code
     for _ in range(200):
         handles = [session.submit(code, 15, language="javascript")
                    for code in (setup, "process.env.TEST_ENV_VAR", restore)]
         done = [await handle.result() for handle in handles]
         assert [d.status for d in done] == ["ok"] * 3, done
         assert _shown(done[1]) == [("result", '"overwrite"')], done
+
+
+@pytest.fixture(scope="module")
+async def pausing(state_root: Path, docker_client: docker.DockerClient,
+                  ) -> AsyncIterator[KernelPool]:
+    profile = Profile(name="default", memory="1g", workspace_size="64m", tmp_size="32m",
+                      pids=256, min_idle=0, default_timeout_s=60, max_timeout_s=120)
+    async with pausing_pool(state_root, docker_client, "ctxsetup",
+                            profiles={"default": profile}) as pool:
+        yield pool
+
+
+async def test_a_memory_pause_keeps_rs_watcher_and_a_contexts_folder(pausing: KernelPool) -> None:
+    session = await pausing.create_session()
+    try:
+        await run_ok(session, "import os; os.makedirs('/tmp/there', exist_ok=True)")
+        made = await session.create_context("r", cwd="/tmp/there")
+        first = await _in(session, f'writeLines("a", "/home/user/a.txt")\n{WATCHER}',
+                          context_id=made.id)
+        assert _files(first) == {("a.txt", "created")}, first
+        info = await session.pause()
+        assert info.paused_with == "memory", (info, session.reason)
+        await session.resume()
+        back = await _in(session, f'writeLines("b", "/home/user/b.txt")\n{WATCHER}\n'
+                                  "cat(getwd(), '\\n')", context_id=made.id)
+        assert (back.status, back.restarted) == ("ok", False), back
+        assert _files(back) == {("b.txt", "created")}, back
+        assert back.stdout.split() == [first.stdout.strip(), "/tmp/there"], (first, back)
+    finally:
+        await pausing.delete_session(session.id)
