@@ -460,3 +460,16 @@ async def test_a_follower_hears_executions_and_transfers_from_another_gateway(
         assert not follower.followed.is_set(), "no one listens: the node is not followed"
     finally:
         await session.close()
+
+
+async def test_a_context_made_with_a_folder_over_the_port(node: NodeClient) -> None:
+    session = await _session(node)
+    try:
+        made = await session.create_context("bash", cwd="/tmp")
+        assert made.cwd == "/tmp"
+        here = await session.submit("pwd", context_id=made.id).result()
+        assert here.stdout == "/tmp\n", here
+        with pytest.raises(InvalidRequest, match="does not exist"):
+            await session.create_context("bash", cwd="/nowhere")
+    finally:
+        await session.close()
