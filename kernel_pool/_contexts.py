@@ -170,13 +170,14 @@ class Contexts:
         kernel = check_language(language, offered)
         return self._all.get(kernel) or self._add(kernel, kernel)
 
-    def adopt(self, context_id: str, language: str, name: str | None) -> CodeContext:
+    def adopt(self, context_id: str, language: str, name: str | None,
+              cwd: str | None = None) -> CodeContext:
         """The context ``context_id`` a pause named (a memory image holding its kernel
-        ``name``): the one known, else made again as it was (a gateway that took the paused
-        session back, another node that resumes it)."""
+        ``name``; made with the folder ``cwd``): the one known, else made again as it was (a
+        gateway that took the paused session back, another node that resumes it)."""
         context = self._all.get(context_id)
         if context is None or context.language != language:
-            context = self._all[context_id] = CodeContext(context_id, language)
+            context = self._all[context_id] = CodeContext(context_id, language, cwd)
         if name is not None:
             context.name = name
         return context

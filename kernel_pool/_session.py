@@ -517,8 +517,8 @@ class Session:
         if ended or held:
             info = info.model_copy(update={
                 "not_kept": {**info.not_kept, **ended, **held},
-                "contexts": [KeptContext(id=c.id, language=c.language, name=c.name)
-                             for c in keep]})
+                "contexts": [KeptContext(id=c.id, language=c.language, name=c.name,
+                                         cwd=c.cwd) for c in keep]})
             await anyio.to_thread.run_sync(store.save_info, self.id, info)
             self.pause_info = info
         if wants_memory:
@@ -705,7 +705,7 @@ class Session:
         """Know the code contexts the pause's info names (a session taken back, or made from
         another node's bundle): listed while paused as they were; at the resume their kernels
         come back with the memory image, or start afresh and say so. Those contexts."""
-        return [self._contexts.adopt(held.id, held.language, held.name)
+        return [self._contexts.adopt(held.id, held.language, held.name, held.cwd)
                 for held in (self.pause_info.contexts if self.pause_info else [])]
 
     async def take_back(self) -> None:

@@ -88,6 +88,8 @@ class KeptContext(BaseModel):
     name: str | None = None
     """Its kernel's name in the sandbox (the context's, which the memory image records); None
     for a context known only by its id (another node's bundle holds no kernel of it)."""
+    cwd: str | None = None
+    """The folder it was made with (None: the workspace): a fresh kernel starts there."""
 
 
 class PauseInfo(BaseModel):

@@ -181,6 +181,8 @@ async def test_a_memory_pause_keeps_rs_watcher_and_a_contexts_folder(pausing: Ke
         assert _files(first) == {("a.txt", "created")}, first
         info = await session.pause()
         assert info.paused_with == "memory", (info, session.reason)
+        # recorded with the pause, for a gateway that takes the session back
+        assert {c.id: c.cwd for c in info.contexts} == {made.id: "/tmp/there"}, info
         await session.resume()
         back = await _in(session, f'writeLines("b", "/home/user/b.txt")\n{WATCHER}\n'
                                   "cat(getwd(), '\\n')", context_id=made.id)
