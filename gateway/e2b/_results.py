@@ -71,16 +71,30 @@ def result_line(data: dict[str, Any], is_main_result: bool,
     return line
 
 
+LINE_BY_LINE = frozenset({"java"})
+"""Languages whose output E2B's kernel sends a line's text and its line break apart: IJava
+writes each ``print`` as it comes, so ``println("x")`` is ``"x"`` then ``"\n"``, and code
+written for E2B reads ``logs.stdout[0]`` as the line. JJava sends ``"x\n"`` in one message."""
+
+
+def _pieces(text: str) -> list[str]:
+    """``"a\nb\n"`` as ``["a", "\n", "b", "\n"]``."""
+    return [piece for line in text.splitlines(keepends=True)
+            for piece in (line.rstrip("\r\n"), line[len(line.rstrip("\r\n")):]) if piece]
+
+
 class Translator:
     """Turns one execution's events into E2B lines, remembering whether an error was said."""
 
-    def __init__(self) -> None:
+    def __init__(self, language: str = "python") -> None:
         self._errored = False
+        self._line_by_line = language in LINE_BY_LINE
 
     def lines(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, StreamEvent):
-            return [{"type": event.type, "text": event.text,
-                     "timestamp": datetime.now(UTC).isoformat()}]
+            now = datetime.now(UTC).isoformat()
+            texts = _pieces(event.text) if self._line_by_line else [event.text]
+            return [{"type": event.type, "text": text, "timestamp": now} for text in texts]
         if isinstance(event, DisplayEvent):
             return [result_line(event.data, event.type == "result", event.chart)]
         if isinstance(event, UpdateDisplayEvent):

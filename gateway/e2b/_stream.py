@@ -78,7 +78,7 @@ class ExecutionStream(Response):
         # wait (at most HEADERS_S) for the first lines, and a cell's main result waits (at
         # most HOLD_S) for the end that follows it: `1+1` is answered in one go. (Declaring a
         # Content-Length when that is the whole answer measured slower.)
-        translator = Translator()
+        translator = Translator(self.handle.language)
         events = _Events(self.handle)
         started = False
         held: list[dict[str, Any]] = []

@@ -88,3 +88,14 @@ def test_r_and_javascript_last_values_are_the_executions_text(sandbox: Sandbox) 
     assert sandbox.run_code("1 + 1", language="js").text == "2"
     assert sandbox.run_code("'Hello World!'", language="javascript").text == "Hello World!"
     assert sandbox.run_code("const n: number = 3; n * 2", language="ts").text == "6"
+
+
+def test_java_output_comes_as_e2bs_java_kernel_sends_it(sandbox: Sandbox) -> None:
+    # E2B's IJava sends a println's text and its line break apart (its own suite reads
+    # logs.stdout[0] as the line); Python's output stays as the kernel sent it.
+    java = sandbox.run_code('System.out.println("Hello, World!"); System.out.print("a\\nb")',
+                            language="java")
+    assert java.error is None, java.error
+    assert java.logs.stdout == ["Hello, World!", "\n", "a", "\n", "b"]
+    python = sandbox.run_code("print('Hello, World!')")
+    assert python.logs.stdout == ["Hello, World!\n"]
