@@ -64,31 +64,23 @@ def _r(text: str) -> str:
 _javascript = _r
 
 
+def _escaped(text: str, specials: str, control: str) -> str:
+    """``text`` with each of ``specials`` behind a backslash and each control character as
+    ``control`` formats its code point."""
+    return "".join("\\" + char if char in specials
+                   else control.format(ord(char)) if ord(char) < 0x20 or ord(char) == 0x7F
+                   else char for char in text)
+
+
 def _bash(text: str) -> str:
     """An ANSI-C quoted word (``$'...'``): one word, whatever it holds, on one line."""
-    out = []
-    for char in text:
-        if char in "\\'":
-            out.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    return "$'" + "".join(out) + "'"
+    return "$'" + _escaped(text, "\\'", "\\x{:02x}") + "'"
 
 
 def _java(text: str) -> str:
     # Octal escapes, not \uXXXX: Java turns those into characters before it reads the
     # literal, so an escaped newline would end it.
-    out = []
-    for char in text:
-        if char in '\\"':
-            out.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\{ord(char):03o}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    return '"' + _escaped(text, '\\"', "\\{:03o}") + '"'
 
 
 # -- per-call variables ---------------------------------------------------------------------
