@@ -174,7 +174,7 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
-    e2b.install(app)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
+    e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
     if tracing is not None:
         tracing.instrument_app(app)
     return app

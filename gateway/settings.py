@@ -96,6 +96,13 @@ class Settings(BaseSettings):
         "clients keep idle connections to reuse (the E2B SDK 300 s, httpx 5 s), so that a "
         "client never sends a request on a connection the gateway is closing that moment")
 
+    e2b_domain: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$",
+        description="the domain under which the gateway answers E2B's host names, for E2B's "
+        "SDK releases 2.0 to 2.6 (E2B_DOMAIN): api.DOMAIN is /e2b, PORT-ID.DOMAIN a sandbox's "
+        "port; TLS and the *.DOMAIN DNS record are the deployment's (docs/e2b.md); unset: "
+        "hosts are not looked at")
+
     # many machines (docs/cluster.md)
     local_node: bool | None = Field(
         None, description="run sessions in this process: unset, yes without a database URL "

@@ -5,7 +5,9 @@ Three environment variables point them here (README, "Coming from E2B"):
 ``E2B_SANDBOX_URL=http://HOST:PORT/e2b/sandbox`` (in-sandbox calls, routed by the
 ``E2b-Sandbox-Id`` and ``E2b-Sandbox-Port`` headers: the code interpreter, :mod:`._interpreter`,
 and envd's files and RPC services, :mod:`._envd`, :mod:`._filesystem`, :mod:`._process`) and
-``E2B_API_KEY=<a replgate API key>``.
+``E2B_API_KEY=<a replgate API key>``. Releases before those variables reach E2B's host names
+(``api.DOMAIN``, ``PORT-ID.DOMAIN``): :mod:`._hosts` serves them when ``REPLGATE_E2B_DOMAIN`` is
+set.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.routing import Mount, Route
 from gateway.e2b import _control, _envd, _interpreter
 from gateway.e2b._connect import SandboxRpc
 from gateway.e2b._filesystem import filesystem_service
+from gateway.e2b._hosts import E2BHosts
 from gateway.e2b._process import process_service
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
@@ -23,10 +26,13 @@ from gateway.service import Gateway
 __all__ = ["Sandboxes", "install", "start"]
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, domain: str | None = None) -> None:
     """Add the E2B routes: the sandbox plane first, since the control plane's catch-all
     (``/e2b/{path}``) would otherwise answer for it. ``/execute`` goes first of all the app's
-    routes: the router tries them in order, and it is every ``run_code``."""
+    routes: the router tries them in order, and it is every ``run_code``. With ``domain``
+    (``REPLGATE_E2B_DOMAIN``), E2B's host names under it reach them too (:mod:`._hosts`)."""
+    if domain is not None:
+        app.add_middleware(E2BHosts, domain=domain)
     app.router.routes.insert(0, Route("/e2b/sandbox/execute", _interpreter.execute,
                                       methods=["POST"], include_in_schema=False))
     rpc = SandboxRpc(filesystem_service(), process_service())

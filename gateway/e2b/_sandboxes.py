@@ -222,7 +222,8 @@ class Sandboxes:
         token = self.token(session.id)
         return SandboxOut(templateID=session.profile.name, sandboxID=session.id,
                           alias=session.profile.name, envdAccessToken=token,
-                          trafficAccessToken=token, network=_network(session))
+                          trafficAccessToken=token, domain=self.gateway.settings.e2b_domain,
+                          network=_network(session))
 
     async def listed(self, sessions: list[SessionPort]) -> list[ListedSandbox]:
         """The sandboxes as ``Sandbox.list()`` describes them (their ends read at once)."""
@@ -242,7 +243,7 @@ class Sandboxes:
     async def detail(self, session: SessionPort) -> SandboxDetail:
         (listed,) = await self.listed([session])
         return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id),
-                             network=_network(session))
+                             domain=self.gateway.settings.e2b_domain, network=_network(session))
 
 
 def _network(session: SessionPort) -> SandboxNetwork:

@@ -1,7 +1,8 @@
 """Drives one release of E2B's Python SDKs, unmodified, with their defaults, against replgate.
 
 Run by ``test_sdk_releases.py`` with the Python of a virtualenv holding that release (its
-requirements file beside this one) and E2B's three environment variables set: nothing but them
+requirements file beside this one) and E2B's three environment variables set, or, for a release
+before 2.7, ``E2B_DOMAIN`` naming the domain whose host names the gateway answers: nothing else
 points the SDK here. ``python drive.py core`` uses ``e2b``'s ``Sandbox``; with ``interpreter``
 too, ``e2b_code_interpreter``'s. Prints one JSON object of what each step saw; a step that
 raises ends the run with the traceback on stderr.
