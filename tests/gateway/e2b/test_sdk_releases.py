@@ -1,8 +1,8 @@
 """Older releases of E2B's SDKs, unmodified and with their defaults, against a gateway.
 
-The releases: the oldest 2.x (2.0.0, Python), which reaches a server only at E2B's host names
-(``https://api.DOMAIN``, ``https://PORT-ID.DOMAIN``; docs/e2b.md) served by a gateway with
-``REPLGATE_E2B_DOMAIN``; the oldest 2.x that E2B's three environment variables can point at a
+The releases: the oldest 2.x (2.0.0, Python; 2.0.1, JS), which reaches a server only at E2B's
+host names (``https://api.DOMAIN``, ``https://PORT-ID.DOMAIN``; docs/e2b.md) served by a gateway
+with ``REPLGATE_E2B_DOMAIN``; the oldest 2.x that E2B's three environment variables can point at a
 server (2.7.0, Python and JS); 2.45.1 (Python; 2.45.0 in JS, which has no 2.45.1), the one
 E2B's own core test suite is written for; and the newest (``test_python_sdk.py``,
 ``test_js_sdk.py``). Those send ``allow_internet_access: true``, ``secure`` and ``autoPause:
@@ -171,15 +171,46 @@ def test_python_2_0_reaches_the_gateway_at_e2b_host_names(
     python = release_python("2.0.0")
     install_wildcard_dns(python)
     ca, cert, key = make_certificates(DOMAIN, tmp_path)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("E2B_") and not k.lower().endswith("_proxy")
-           and k not in ("SSL_CERT_DIR", "SSL_CERT_FILE")}
-    with tls_front(cert, key, int(hosts_gateway.url.rsplit(":", 1)[1])) as address:
-        env.update({"E2B_DOMAIN": DOMAIN, "E2B_API_KEY": hosts_gateway.keys["alpha"],
-                    "SSL_CERT_FILE": str(ca), DNS_VARIABLE: f"{DOMAIN}={address}"})
+    with tls_front(cert, key, _port(hosts_gateway)) as address:
+        env = {**_domain_env(hosts_gateway, address), "SSL_CERT_FILE": str(ca)}
         run = subprocess.run([python, SDKS / "drive.py", "core"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert json.loads(run.stdout) == {
         "e2b": "2.0.0", "command": "ok\n", "file": "written", "running": True, "listed": True,
         "running_after_kill": False}
+
+
+def test_js_2_0_reaches_the_gateway_at_e2b_host_names(
+        hosts_gateway: GatewayProcess, tmp_path: Path) -> None:
+    """The JS ``e2b`` 2.0.1 (the oldest 2.x on npm), as the Python test above: the CA trusted
+    through ``NODE_EXTRA_CA_CERTS``, and the DNS record stood in for by ``js/wildcard-dns.cjs``
+    (``node --require``), which resolves the domain's names to the proxy's address."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not installed; ./run.sh test installs Debian's nodejs")
+    if not (JS / "node_modules" / "e2b-2-0").is_dir():
+        pytest.fail(f"e2b-2-0 is not installed; run: npm ci --prefix {JS}")
+    ca, cert, key = make_certificates(DOMAIN, tmp_path)
+    with tls_front(cert, key, _port(hosts_gateway)) as address:
+        env = {**_domain_env(hosts_gateway, address), "NODE_EXTRA_CA_CERTS": str(ca),
+               "NODE_OPTIONS": f"--require {JS / 'wildcard-dns.cjs'}"}
+        run = subprocess.run([node, "releases.mjs", "e2b-2-0"], cwd=JS, env=env,
+                             capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    assert json.loads(run.stdout) == {"version": "2.0.1", "command": "ok\n", "file": "written",
+                                      "running": True, "listed": True, "runningAfterKill": False}
+
+
+def _port(gateway: GatewayProcess) -> int:
+    return int(gateway.url.rsplit(":", 1)[1])
+
+
+def _domain_env(gateway: GatewayProcess, address: str) -> dict[str, str]:
+    """What a user of a release before 2.7 sets (``E2B_DOMAIN``, ``E2B_API_KEY``), and the DNS
+    stand-in's address; no proxy nor certificate settings of the test's own environment."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("E2B_") and not k.lower().endswith("_proxy")
+           and k not in ("SSL_CERT_DIR", "SSL_CERT_FILE", "NODE_OPTIONS", "NODE_EXTRA_CA_CERTS")}
+    return {**env, "E2B_DOMAIN": DOMAIN, "E2B_API_KEY": gateway.keys["alpha"],
+            DNS_VARIABLE: f"{DOMAIN}={address}"}

@@ -10,7 +10,9 @@ certificate in front of the gateway and a ``*.DOMAIN`` DNS record pointing at it
 - :func:`tls_front`: a TLS-terminating proxy on port 443 of a loopback address of its own,
   passing the bytes to the gateway's plain HTTP port;
 - :func:`install_wildcard_dns`: a ``sitecustomize.py`` in the SDK's virtualenv that resolves
-  ``DOMAIN`` and every name under it to that address (what the DNS record does).
+  ``DOMAIN`` and every name under it to that address (what the DNS record does); for the JS SDK,
+  ``js/wildcard-dns.cjs`` does it, loaded with ``node --require``, and ``NODE_EXTRA_CA_CERTS``
+  gives the CA.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 // Drives one release of E2B's JS SDK (`e2b`, unmodified, under an npm alias such as e2b-2-45)
 // with its defaults against replgate. Run by test_sdk_releases.py as `node releases.mjs <package>`
-// with E2B's three environment variables set; prints one JSON object of what each step saw, or
-// exits non-zero with the error.
+// with E2B's three environment variables set (or, before 2.7, E2B_DOMAIN naming the domain whose
+// host names the gateway answers); prints one JSON object of what each step saw, or exits
+// non-zero with the error.
 import { readFileSync } from 'node:fs'
 
 const name = process.argv[2]
