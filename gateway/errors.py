@@ -34,6 +34,7 @@ from kernel_pool import (
     BackendError,
     CapacityError,
     ContextNotFound,
+    ContextStartFailed,
     ExecutionIdTaken,
     FileMissing,
     ImageError,
@@ -110,6 +111,9 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (SessionNotFound, 404),
     (SessionClosed, 404),
     (ContextNotFound, 404),
+    # its folder was removed or cannot be entered since the context was made: the caller's
+    # files, not the server, are at odds with it
+    (ContextStartFailed, 409),
     (FileMissing, 404),
     (ProfileNotFound, 400),
     (InvalidRequest, 400),

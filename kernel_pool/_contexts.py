@@ -33,7 +33,7 @@ from kernel_pool._languages import (
     check_language,
 )
 from kernel_pool.backends.base import Sandbox
-from kernel_pool.exceptions import ContextNotFound, InvalidRequest, KernelPoolError
+from kernel_pool.exceptions import ContextNotFound, ContextStartFailed, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +103,6 @@ class ContextKernel(Kernel):
         if isinstance(content, dict) and content.get("status") == "error":
             said = f"{content.get('ename') or ''}: {content.get('evalue') or ''}".strip(": ")
             raise ContextStartFailed(said[:500] or "its set-up failed")
-
-
-class ContextStartFailed(KernelPoolError):
-    """A context's kernel started but its set-up (its working folder) failed."""
 
 
 class CodeContext:

@@ -15,6 +15,7 @@
     ├── InvalidRequest         a value out of range (timeout, ...)
     │   └── UnknownLanguage    a language the session's image does not offer
     ├── ContextNotFound        no code context of that id in the session
+    ├── ContextStartFailed     a context's kernel started but its set-up (its folder) failed
     ├── PayloadTooLarge        code or an upload over its size limit
     ├── StateDirFull           the state directory (database, workspaces) has no room left
     ├── SnapshotError          a pause, resume or fork could not keep or restore the state
@@ -127,6 +128,11 @@ class ContextNotFound(KernelPoolError):
         self.context_id = context_id
         super().__init__(f"session {session_id} has no code context {context_id!r}; list "
                          "its contexts for their ids")
+
+
+class ContextStartFailed(KernelPoolError):
+    """A context's kernel started but its set-up (its working folder, Java's properties)
+    failed: the message says why, in the kernel's own words."""
 
 
 class PayloadTooLarge(KernelPoolError):

@@ -24,11 +24,13 @@
   };
   const REFUSED = new Set(["denied", "budget_exceeded"]);
   const LANGUAGE_LABELS = {
-    python: "Python", r: "R", javascript: "JavaScript", typescript: "TypeScript", bash: "Bash",
+    python: "Python", r: "R", javascript: "JavaScript", typescript: "TypeScript", java: "Java",
+    bash: "Bash",
   };
   const PLACEHOLDERS = {
     python: "print('hello')", r: "summary(c(1, 2, 3))", javascript: "console.log('hello')",
-    typescript: "const n: number = 42; n", bash: "ls -la",
+    typescript: "const n: number = 42; n", java: "System.out.println(\"hello\");",
+    bash: "ls -la",
   };
   const MIME_ORDER = [
     "text/html", "image/svg+xml", "image/png", "image/jpeg", "image/gif",

@@ -9,7 +9,8 @@ import kernel_pool
 EXPORTED = [
     "ApprovalEvent", "BackendError", "CHART_MIME", "CapacityError", "ClearOutputEvent",
     "ClosedListener",
-    "CommandDone", "CommandResult", "CommandStatus", "ContextInfo", "ContextNotFound", "Denial",
+    "CommandDone", "CommandResult", "CommandStatus", "ContextInfo", "ContextNotFound",
+    "ContextStartFailed", "Denial",
     "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
