@@ -24,9 +24,10 @@ from kernel_pool import (
     SessionPort,
 )
 from node.channel import NodeUnreachable
+from node.client import NodeClient
 from node.records import SessionRecords
 from node.registry import NodeRecord, Registry
-from node.remote import NodeClient, RemoteSession
+from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
 from node.wire import CreateSession, ForkSession
 
