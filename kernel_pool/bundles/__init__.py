@@ -11,9 +11,10 @@ from kernel_pool.bundles._crypto import BundleKeys
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound, BundleStoreError
 from kernel_pool.bundles._file import FileStore
 from kernel_pool.bundles._manifest import BundleInfo, Manifest, Part
+from kernel_pool.bundles._open import open_store
 from kernel_pool.bundles._s3 import S3Store
 from kernel_pool.bundles._session import read_session, write_session
-from kernel_pool.bundles._store import PART_SIZE, BundleStore, ObjectWriter, open_store
+from kernel_pool.bundles._store import PART_SIZE, BundleStore, ObjectWriter
 
 __all__ = [
     "PART_SIZE",

@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from kernel_pool.bundles._crypto import BundleKeys, Opener, Sealer, SealError
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound, BundleStoreError
 from kernel_pool.bundles._manifest import BundleInfo, Manifest, Part
-from kernel_pool.bundles._store import BundleStore, ObjectWriter, open_store
+from kernel_pool.bundles._open import open_store
+from kernel_pool.bundles._store import BundleStore, ObjectWriter
 
 if TYPE_CHECKING:
     from kernel_pool.config import BundleSettings

@@ -12,9 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
 
 PART_SIZE = 8 * 1024 * 1024
 """Bytes per chunk read, and per part of a multipart upload: what one stream holds at most."""
@@ -68,17 +66,3 @@ class BundleStore(ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
-
-def open_store(url: str) -> BundleStore:
-    """The store ``url`` names: ``s3://bucket/prefix`` or ``file:///absolute/path``."""
-    # imported here: each backend imports this module for the interface
-    from kernel_pool.bundles._file import FileStore
-    from kernel_pool.bundles._s3 import S3Store
-
-    parts = urlsplit(url)
-    if parts.scheme == "s3":
-        return S3Store(url)
-    if parts.scheme == "file" and parts.netloc in {"", "localhost"} and parts.path.startswith("/"):
-        return FileStore(Path(unquote(parts.path)))
-    raise ValueError(f"REPLGATE_BUNDLE_STORE must be s3://bucket/prefix or file:///path, "
-                     f"not {url!r}")
