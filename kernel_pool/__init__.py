@@ -31,8 +31,7 @@ if TYPE_CHECKING:
         normalize_language,
     )
     from kernel_pool._pool import KernelPool
-    from kernel_pool._session import Session, SessionStatus
-    from kernel_pool._snapshot import PauseInfo, Transfer
+    from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
@@ -94,6 +93,13 @@ if TYPE_CHECKING:
         SessionPort,
         TransferListener,
     )
+    from kernel_pool.state import (
+        NodeRecord,
+        PauseInfo,
+        SessionState,
+        SessionStatus,
+        Transfer,
+    )
 
 __all__ = [
     "CHART_MIME",
@@ -135,6 +141,7 @@ __all__ = [
     "KernelStartError",
     "KernelUnavailable",
     "Listener",
+    "NodeRecord",
     "Output",
     "OutputCaps",
     "OutputEvent",
@@ -155,6 +162,7 @@ __all__ = [
     "SessionHost",
     "SessionNotFound",
     "SessionPort",
+    "SessionState",
     "SessionStatus",
     "SnapshotBudgetExceeded",
     "SnapshotError",
@@ -223,7 +231,7 @@ _HOMES = {
     "OutputCaps": "kernel_pool.config",
     "OutputEvent": "kernel_pool.events",
     "PathOutsideWorkspace": "kernel_pool.exceptions",
-    "PauseInfo": "kernel_pool._snapshot",
+    "PauseInfo": "kernel_pool.state",
     "PayloadTooLarge": "kernel_pool.exceptions",
     "PendingApprovalEvent": "kernel_pool.events",
     "PoolLimits": "kernel_pool.config",
@@ -240,13 +248,15 @@ _HOMES = {
     "ClosedListener": "kernel_pool.port",
     "SessionClosed": "kernel_pool.exceptions",
     "SessionNotFound": "kernel_pool.exceptions",
-    "SessionStatus": "kernel_pool._session",
+    "SessionStatus": "kernel_pool.state",
+    "SessionState": "kernel_pool.state",
+    "NodeRecord": "kernel_pool.state",
     "SnapshotBudgetExceeded": "kernel_pool.exceptions",
     "SnapshotError": "kernel_pool.exceptions",
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",
-    "Transfer": "kernel_pool._snapshot",
+    "Transfer": "kernel_pool.state",
     "TransferListener": "kernel_pool.port",
     "UnknownLanguage": "kernel_pool.exceptions",
     "UpdateDisplayEvent": "kernel_pool.events",

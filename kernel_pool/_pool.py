@@ -21,8 +21,8 @@ from typing import Any
 import anyio.to_thread
 
 from kernel_pool._kernel import Kernel, KernelState, make_context
-from kernel_pool._session import Session, SessionStatus
-from kernel_pool._snapshot import PauseInfo, SnapshotStore, copy_workspace, load_variables
+from kernel_pool._session import Session
+from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import (
     Sandbox,
@@ -40,6 +40,7 @@ from kernel_pool.exceptions import (
     SessionNotFound,
 )
 from kernel_pool.port import ClosedListener, SessionPort
+from kernel_pool.state import PauseInfo, SessionStatus
 
 logger = logging.getLogger(__name__)
 

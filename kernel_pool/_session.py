@@ -16,7 +16,6 @@ import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -39,10 +38,7 @@ from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._languages import check_language, display_language, normalize_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
-    KeptContext,
-    PauseInfo,
     SnapshotStore,
-    Transfer,
     context_entry,
     copy_workspace,
     load_variables,
@@ -79,18 +75,11 @@ from kernel_pool.exceptions import (
     TooManyCommands,
 )
 from kernel_pool.port import Listener, TransferListener
+from kernel_pool.state import KeptContext, PauseInfo, SessionStatus, Transfer
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
-
-
-class SessionStatus(StrEnum):
-    STARTING = "starting"
-    IDLE = "idle"
-    BUSY = "busy"
-    DEAD = "dead"
-    PAUSED = "paused"
 
 
 class Lifecycle(Protocol):

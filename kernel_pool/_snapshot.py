@@ -35,10 +35,9 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
 
 from kernel_pool._streams import (
     SUFFIXES,
@@ -51,6 +50,10 @@ from kernel_pool._streams import (
 )
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
+
+# (re-exported: kernel_pool.bundles and tests import them from here)
+from kernel_pool.state import KeptContext as KeptContext
+from kernel_pool.state import PauseInfo as PauseInfo
 
 if TYPE_CHECKING:
     from kernel_pool._kernel import Kernel
@@ -78,75 +81,6 @@ none but the session's Python kernel; a memory pause keeps those it can, :class:
 def context_entry(context_id: str) -> str:
     """A code context's name in ``not_kept``."""
     return f"{STOPPED_CONTEXT}{context_id!r}"
-
-
-class KeptContext(BaseModel):
-    """A code context whose kernel a memory pause holds, as it was."""
-
-    id: str
-    language: str
-    name: str | None = None
-    """Its kernel's name in the sandbox (the context's, which the memory image records); None
-    for a context known only by its id (another node's bundle holds no kernel of it)."""
-    cwd: str | None = None
-    """The folder it was made with (None: the workspace): a fresh kernel starts there."""
-
-
-class PauseInfo(BaseModel):
-    """What a paused session kept, said honestly."""
-
-    paused_with: Literal["memory", "variables"] = "variables"
-    """"variables": the user namespace was kept (dill), not the process (threads, /tmp);
-    "memory": the whole sandbox was checkpointed as well (the variables snapshot stays, for
-    a restore that fails)."""
-    kept: list[str] = Field(default_factory=list)
-    not_kept: dict[str, str] = Field(default_factory=dict)
-    """What could not be kept, each with the reason: variables by name, ``thread 'name'``,
-    ``/tmp/name``; with "memory" only the shell commands the pause stopped (``command '...'``,
-    which no pause keeps) and the code contexts it ended (``context 'r'``)."""
-    variables_not_kept: dict[str, str] = Field(default_factory=dict)
-    """With "memory": the names the variables snapshot could not keep, lost only if the
-    memory image cannot be restored (the resume then says so)."""
-    image_bytes: int = 0
-    """What the session's snapshot takes on disk (variables, and memory image if any)."""
-    raw_bytes: int = 0
-    """What the kernel wrote of its variables, before compression (0: not known)."""
-    contexts: list[KeptContext] = Field(default_factory=list)
-    """The code contexts whose kernels a memory image holds (their variables and all): with
-    "memory", those it holds; with "variables", those it was to hold, of which ``not_kept``
-    says that the variables alone lose them (so does ``variables_not_kept`` with "memory")."""
-    paused_at: str = ""
-    reseed: bool = False
-    """A fork's copy that never ran: its random generators start afresh when it resumes."""
-
-    def without_memory(self) -> PauseInfo:
-        """What the variables snapshot alone keeps of a memory pause (its image lost, or
-        not for a fork's copy); ``image_bytes`` is left to the caller. Its ``contexts`` stay,
-        named in ``not_kept``: the variables lose them, the image (packed again) holds them."""
-        if self.paused_with != "memory":
-            return self
-        return self.model_copy(update={
-            # (a memory pause's own not_kept: the shell commands it stopped, lost either way)
-            "paused_with": "variables", "not_kept": {**self.variables_not_kept, **self.not_kept},
-            "kept": [n for n in self.kept if n not in self.variables_not_kept],
-            "variables_not_kept": {}})
-
-
-class Transfer(BaseModel):
-    """A pause or resume under way: its variables' stream, so far."""
-
-    operation: Literal["pause", "resume"]
-    done_bytes: int = 0
-    """A pause: what the kernel wrote so far; a resume: what was read of the stored snapshot."""
-    total_bytes: int = 0
-    """A pause: the sandbox's memory in use as it began (what the snapshot is about the size
-    of); a resume: the stored snapshot's size. 0 when not known."""
-    state: Literal["running", "done", "failed"] = "running"
-    """Running while it moves. Its last report says how it ended: done (every byte moved,
-    ``done_bytes == total_bytes``: a pause's total is then what the kernel wrote) or failed
-    (the session runs on, or stays paused, as :attr:`Session.reason` says)."""
-    execution_id: str | None = None
-    """The execution whose start resumed the paused session (it runs once this is done)."""
 
 
 class SnapshotStore:

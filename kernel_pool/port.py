@@ -21,13 +21,12 @@ if TYPE_CHECKING:
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._handle import ExecutionHandle, Gate
-    from kernel_pool._session import SessionStatus
-    from kernel_pool._snapshot import PauseInfo, Transfer
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event
+    from kernel_pool.state import PauseInfo, SessionStatus, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""

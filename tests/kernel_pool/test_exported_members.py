@@ -15,11 +15,12 @@ EXPORTED = [
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
     "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
-    "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener", "Output",
+    "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener",
+    "NodeRecord", "Output",
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
-    "SessionHost", "SessionNotFound", "SessionPort",
+    "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
     "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
@@ -29,7 +30,8 @@ EXPORTED = [
     "CommandEmit", "DEFAULT_CONTEXT", "check_env", "check_language", "env_code",
     "normalize_language", "refused_at_gate",
 ]
-PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py"}
+PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py",
+                  "state.py"}
 
 
 def test_all_lists_exactly_the_public_names_sorted() -> None:
