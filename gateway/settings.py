@@ -201,7 +201,7 @@ class Settings(BaseSettings):
         if not value:
             return None
         # Imported here: `replgate mcp` reads these settings without the serve extra.
-        from gateway.database import DatabaseError, database_url
+        from common.database import DatabaseError, database_url
 
         try:
             database_url(value)

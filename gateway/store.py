@@ -1,7 +1,7 @@
 """The store: sessions, execution history, hashed API keys, and the state governance and E2B
 share between gateways (approvals, budgets' use, sandboxes' ends), in the gateway's database.
 
-One :class:`Store` over one :class:`~gateway.database.Database`: SQLite in the state directory
+One :class:`Store` over one :class:`~common.database.Database`: SQLite in the state directory
 (the embedded default) or PostgreSQL (``REPLGATE_DATABASE_URL``), with the same SQL for both.
 Every method is a single statement on an autocommitting connection, so no transaction is ever
 left open across an ``await`` for another coroutine's statements to join. The audit log
@@ -36,8 +36,8 @@ from sqlalchemy import RowMapping, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
+from common.database import Database, StoreError, Write
 from gateway.auth import hash_api_key
-from gateway.database import Database, StoreError, Write
 from gateway.wire import Approval
 from kernel_pool import Event, Execution, SandboxInfo
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from sqlalchemy import RowMapping, String, TextClause, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.database import Database
+from common.database import Database
 from kernel_pool import KernelPoolError
 
 __all__ = ["Fenced", "NoNodeAvailable", "NodeRecord", "Registry", "UnknownNode"]

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gateway import database as database_module
+from common import database as database_module
+from common.database import Database, DatabaseError, Write, database_url
 from gateway.audit import AuditLog, AuditRecord, chain_hash
-from gateway.database import Database, DatabaseError, Write, database_url
 from gateway.settings import Settings
 from gateway.store import SessionRecord, Store
 from kernel_pool import DoneEvent, Execution, ExecutionStatus, SandboxInfo

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from gateway.database import Database
+from common.database import Database
 from gateway.store import SessionRecord, Store
 from node.registry import Fenced, NoNodeAvailable, Registry, UnknownNode
 from tests.conftest import create_database, drop_database

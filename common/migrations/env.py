@@ -1,4 +1,4 @@
-"""Alembic's environment: migrations run on the connection :mod:`gateway.database` hands over,
+"""Alembic's environment: migrations run on the connection :mod:`common.database` hands over,
 inside the transaction (and lock) it holds, never on a connection of their own."""
 
 from __future__ import annotations

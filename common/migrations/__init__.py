@@ -1,0 +1,1 @@
+"""The database's schema, revision by revision (Alembic), applied by :mod:`common.database`."""

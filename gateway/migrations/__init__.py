@@ -1,1 +1,0 @@
-"""The database's schema, revision by revision (Alembic), applied by :mod:`gateway.database`."""
