@@ -92,7 +92,7 @@ async def _session_host(settings: Settings, policy: Policy,
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
                            check_hostname=settings.tls_check_node_names),
-            SessionRecords(store))
+            SessionRecords(store), bundles=settings.bundle_store is not None)
         followers = [asyncio.create_task(nodes.watch(settings.node_timeout_s / 2)),
                      asyncio.create_task(nodes.records.listen())]
         try:

@@ -58,23 +58,19 @@ from kernel_pool import (
     ExecutionIdTaken,
     FileInfo,
     KernelPool,
-    KernelPoolError,
     PayloadTooLarge,
     Profile,
     SandboxInfo,
     SessionHost,
     SessionNotFound,
     SessionPort,
-    SessionStatus,
     StateDirFull,
     StreamEvent,
     parse_size,
 )
-from node.channel import NodeUnreachable
 from node.placement import RemoteNodes
-from node.registry import NodeRecord
+from node.registry import NodeRecord, UnknownNode
 from node.remote import RemoteSession
-from node.restore import NotRestored, RestoreSession, keep_on, moved_from
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +102,6 @@ class Gateway:
         self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
         self._recorders: dict[str, asyncio.Task[Execution]] = {}
-        self._draining: set[asyncio.Task[None]] = set()
         self._live: dict[str, tuple[str, ExecutionHandle]] = {}
         """Submitted executions whose recording (history, then audit) is not over: watchers
         catch up from them, and the history shows the finished ones before the store has them."""
@@ -139,131 +134,22 @@ class Gateway:
             if self._tenant_of.get(session_id) != tenant:
                 raise SessionNotFound(session_id)
             return self.pool.get_session(session_id)
-        record = await self.pool.records.get(session_id)
-        if record is None or record.tenant != tenant or record.deleted or record.node is None:
-            if record is not None and record.deleted:
-                self.pool.forget(session_id)
-                self._tenant_of.pop(session_id, None)
-            raise SessionNotFound(session_id)
         try:
-            if self.pool.is_down(record.node):
-                raise NodeUnreachable(session_id, f"its node {record.node} is down")
-            session: SessionPort = await self.pool.attach(session_id, record.node)
-        except (SessionNotFound, NodeUnreachable) as exc:
-            self._tenant_of.pop(session_id, None)
-            session = await self._lost(record, self.pool, exc)  # (which reads it again)
-        else:
-            if (self.settings.bundle_store is not None and isinstance(session, RemoteSession)
-                    and await self.pool.is_draining(record.node)):
-                await session.refresh()  # paused as of now, not as of this gateway's last look
-                fresh = await self.store.get_session(session_id)  # its count, its epoch
-                if session.paused and fresh is not None and fresh.node == record.node:
-                    session = await self._move(fresh, self.pool, session)
+            session: SessionPort = await self.pool.find(session_id, tenant=tenant)
+        except SessionNotFound:
+            if session_id not in self.pool.sessions:  # deleted, or placed nowhere
+                self._tenant_of.pop(session_id, None)
+            raise
         self._tenant_of[session_id] = tenant
         return session
-
-    def _restore_request(self, record: SessionRecord, lost: str | None) -> RestoreSession:
-        return RestoreSession(tenant=record.tenant, session_id=record.id,
-                              profile=record.profile, env=record.env, metadata=record.metadata,
-                              created_at=record.created_at,
-                              execution_count=record.execution_count, lost=lost)
-
-    async def _move(self, record: SessionRecord, nodes: RemoteNodes,
-                    session: SessionPort) -> SessionPort:
-        """A paused session of a drained node, placed on another from its bundle (and its
-        copy on the drained node removed). Where it cannot be (no bundle, no room elsewhere,
-        a bundle refused), it stays paused where it is, and resumes there when used."""
-        old = record.node or ""
-        try:
-            moved = await nodes.restore_session(self._restore_request(record, None),
-                                                exclude=[old])
-        except (NotRestored, KernelPoolError) as exc:
-            logger.warning("session %s stays on drained node %s: %s", record.id, old, exc)
-            return session
-        placed = await self._settle(record, nodes, moved)
-        if placed is moved:
-            logger.info("session %s moved from drained node %s to node %s", record.id, old,
-                        moved.node)
-            try:
-                await moved_from(await nodes.client(old), record.id)
-            except KernelPoolError as exc:  # it removes it as it stops, or when fenced
-                logger.warning("session %s: its copy on node %s was not removed: %s",
-                               record.id, old, exc)
-        return placed
-
-    async def _settle(self, record: SessionRecord, nodes: RemoteNodes,
-                      session: RemoteSession) -> SessionPort:
-        """Make ``session``, placed again, the session's placement (its epoch raised from the
-        one ``record`` saw), or, when another gateway placed it first, that placement's."""
-        if not await nodes.registry.move(record.id, session.node, record.epoch):
-            winner = await self.store.get_session(record.id)
-            if winner is None or winner.deleted or winner.node is None:
-                await nodes.discard(session)
-                raise SessionNotFound(record.id) from None
-            if winner.node != session.node:  # (on the same node, it is the same copy)
-                await nodes.discard(session)
-            return await nodes.attach(record.id, winner.node)
-        await self._record_lifecycle(session)
-        return session
-
-    async def _lost(self, record: SessionRecord, nodes: RemoteNodes,
-                    exc: SessionNotFound | NodeUnreachable) -> SessionPort:
-        """A session whose node no longer has it: placed again on a fresh kernel with its id,
-        its next execution saying why (``restarted``, ``reason``), when its node is down or
-        answers without it; otherwise ``exc`` stands (a node away for a moment, or a session
-        it ended a moment ago)."""
-        node = await nodes.registry.get(record.node or "")
-        fresh = await self.store.get_session(record.id)
-        if fresh is None or fresh.deleted or fresh.node != record.node:
-            if fresh is not None and not fresh.deleted and fresh.node is not None:
-                return await nodes.attach(record.id, fresh.node)  # placed again meanwhile
-            raise SessionNotFound(record.id) from None
-        if isinstance(exc, NodeUnreachable) and (node is not None and node.state != "down"):
-            raise exc
-        if isinstance(exc, SessionNotFound) and node is not None and node.state == "up":
-            # Up, and without it: it ended it a moment ago (its record is marked deleted
-            # right after), or it restarted before it was declared down. Only the latter
-            # leaves the record live for long.
-            await asyncio.sleep(0.5)
-            again = await self.store.get_session(record.id)
-            if again is None or again.deleted:
-                raise exc
-        lost = f"its node {record.node} was lost (down since its heartbeat stopped)"
-        session: RemoteSession | None = None
-        refused = ""
-        if self.settings.bundle_store is not None:
-            # Paused, it kept everything in its bundle; running, it goes back to its last
-            # pause, and its next execution says so.
-            why = None if fresh.status == SessionStatus.PAUSED.value else (
-                f"{lost}; the session resumed on another node from its last pause: variables "
-                "and files are as they were then")
-            try:
-                session = await nodes.restore_session(self._restore_request(fresh, why),
-                                                      exclude=[record.node or ""])
-            except NotRestored as exc:  # (a node or the store failing raises: tried again)
-                if exc.refused:
-                    refused = f" (its bundle was refused: {exc})"
-        if session is None:
-            reason = (f"{lost}; the session starts again on another node with a fresh kernel: "
-                      f"variables are gone, files too{refused}")
-            logger.warning("session %s: %s", record.id, reason)
-            session = await nodes.create_session(record.profile, env=record.env,
-                                                 metadata=record.metadata,
-                                                 session_id=record.id, lost=reason,
-                                                 exclude=[record.node or ""])
-        else:
-            logger.warning("session %s: %s; restored from its bundle on node %s", record.id,
-                           lost, session.node)
-        return await self._settle(fresh, nodes, session)
 
     async def owner(self, session_id: str) -> str | None:
         """The tenant of a live session, for a caller that proved its right to it otherwise
         (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
         tenant = self._tenant_of.get(session_id)
         if tenant is None and isinstance(self.pool, RemoteNodes):
-            record = await self.store.get_session(session_id)
-            if record is not None and not record.deleted:
-                tenant = record.tenant
+            with contextlib.suppress(SessionNotFound):
+                tenant = await self.pool.tenant_of(session_id)
         return tenant
 
     def profiles(self) -> list[Profile]:
@@ -274,18 +160,15 @@ class Gateway:
         """The tenant's live sessions (on many machines: wherever they run)."""
         if not isinstance(self.pool, RemoteNodes):
             return self._local_sessions(tenant)
-        found: list[SessionPort] = []
-        for record in await self.store.list_sessions(tenant=tenant):
-            try:
-                found.append(await self.session(tenant, record.id))
-            except KernelPoolError as exc:  # its node is down: listed once it is back
-                logger.warning("session %s not listed: %s", record.id, exc)
+        found = await self.pool.list_sessions(tenant)
+        for session in found:
+            self._tenant_of[session.id] = tenant
         return found
 
     async def _count_sessions(self, tenant: str) -> int:
         if not isinstance(self.pool, RemoteNodes):
             return len(self._local_sessions(tenant))
-        return await self.store.count_sessions(tenant)
+        return await self.pool.count_sessions(tenant)
 
     async def _admit(self, tenant: str) -> None:
         """Refuse a new session to a tenant that holds its most."""
@@ -776,7 +659,7 @@ class Gateway:
     async def nodes(self) -> list[NodeRecord]:
         """The nodes sessions run on: on one machine, this gateway's own process."""
         if isinstance(self.pool, RemoteNodes):
-            return await self.pool.registry.nodes()
+            return await self.pool.nodes()
         stats = self.pool.stats()
         return [NodeRecord(id=self.node, address=f"{self.settings.host}:{self.settings.port}",
                            state="up", kernels=stats["idle"] + stats["in_use"],
@@ -788,33 +671,10 @@ class Gateway:
         if not isinstance(self.pool, RemoteNodes):
             raise Conflict("one machine has one node, this gateway: there is nowhere to drain "
                            "it to (run `replgate node` processes with a shared database)")
-        registry = self.pool.registry
-        if await registry.get(node_id) is None:
-            raise NotFound(f"no node {node_id!r}; GET /v1/nodes lists them")
-        self.pool.note_draining(node_id, draining)
-        if not draining:
-            return await registry.undrain(node_id)
-        record = await registry.drain(node_id)
-        task = asyncio.get_running_loop().create_task(self._pause_all(node_id))
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
-        return record
-
-    async def _pause_all(self, node_id: str) -> None:
-        """Pause the node's sessions (into the bundle store, when there is one: each moves to
-        another node when next used)."""
-        assert isinstance(self.pool, RemoteNodes)
-        for session_id in await self.pool.registry.sessions_of(node_id):
-            try:
-                session = await self.pool.attach(session_id, node_id)
-                if self.settings.bundle_store is not None:
-                    session.apply(await keep_on(session.client, session_id))
-                elif not session.paused:
-                    await session.pause()
-                await self._record_lifecycle(session)
-            except Exception as exc:
-                logger.warning("drain of node %s: session %s not paused: %s", node_id,
-                               session_id, exc)
+        try:
+            return await self.pool.drain(node_id, draining)
+        except UnknownNode:
+            raise NotFound(f"no node {node_id!r}; GET /v1/nodes lists them") from None
 
     # -- shutdown ----------------------------------------------------------------------------
 

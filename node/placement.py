@@ -17,16 +17,18 @@ from typing import Any
 
 from kernel_pool import (
     ClosedListener,
+    KernelPoolError,
     PoolSettings,
     Profile,
     ProfileNotFound,
     SessionNotFound,
     SessionPort,
 )
+from node import recovery
 from node.channel import NodeUnreachable
 from node.client import NodeClient
 from node.records import SessionRecords
-from node.registry import NodeRecord, Registry
+from node.registry import NodeRecord, Registry, UnknownNode
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
 from node.wire import CreateSession, ForkSession
@@ -37,13 +39,23 @@ logger = logging.getLogger(__name__)
 class RemoteNodes:
     """Sessions placed on, and reached at, the nodes the registry knows."""
 
+    first_epoch = 1
+    """A session placed on a node starts at epoch 1, its first placement (each later one
+    raises it, and fences an older owner off)."""
+
     def __init__(self, settings: PoolSettings, registry: Registry,
-                 tls: ssl.SSLContext | None, records: SessionRecords) -> None:
+                 tls: ssl.SSLContext | None, records: SessionRecords, *,
+                 bundles: bool = False) -> None:
         self.settings = settings
         self.registry = registry
         self.records = records
         """Where each session runs, as the shared database says (kept while it tells of
         changes: :mod:`node.records`)."""
+        self.bundles = bundles
+        """Whether the nodes keep paused sessions in a bundle store: then a session moves
+        off a drained node, and one of a lost node resumes elsewhere from its last pause."""
+        self._pausing: set[asyncio.Task[None]] = set()
+        """Drains pausing their node's sessions."""
         self._tls = tls
         self._clients: dict[str, NodeClient] = {}
         self._sessions: dict[str, RemoteSession] = {}
@@ -171,6 +183,67 @@ class RemoteNodes:
         for child in children:
             self._sessions[child.id] = child
         return children
+
+    async def find(self, session_id: str, *, tenant: str | None = None) -> RemoteSession:
+        """The live session (of ``tenant``, when given), wherever it runs: placed again when
+        its node lost it, moved when its node is drained (:mod:`node.recovery`)."""
+        return await recovery.find(self, session_id, tenant)
+
+    async def tenant_of(self, session_id: str) -> str:
+        """The tenant of a live session, as the shared database says."""
+        record = await self.records.store.get_session(session_id)
+        if record is None or record.deleted:
+            raise SessionNotFound(session_id)
+        return record.tenant
+
+    async def list_sessions(self, tenant: str | None = None) -> list[SessionPort]:
+        """The live sessions (of ``tenant``, when given), wherever they run; one whose node
+        is out of reach is listed once it is back."""
+        found: list[SessionPort] = []
+        for record in await self.records.store.list_sessions(tenant=tenant):
+            try:
+                found.append(await self.find(record.id, tenant=record.tenant))
+            except KernelPoolError as exc:
+                logger.warning("session %s not listed: %s", record.id, exc)
+        return found
+
+    async def count_sessions(self, tenant: str | None = None) -> int:
+        """How many live sessions (of ``tenant``, when given) the shared database holds."""
+        if tenant is None:
+            return len(await self.records.store.list_sessions())
+        return await self.records.store.count_sessions(tenant)
+
+    async def record_lifecycle(self, session: RemoteSession) -> None:
+        """The shared database learns the session's status and sandbox (a move or a drain
+        made them)."""
+        await self.records.store.update_session(
+            session.id, status=session.status.value,
+            sandbox=session.sandbox_info().model_dump(mode="json"))
+
+    async def languages(self, profile: str) -> tuple[str, ...] | None:
+        """Unknown: the nodes' image tells only once a session runs there."""
+        self.profile(profile)
+        return None
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    async def nodes(self) -> list[NodeRecord]:
+        """Every node of the shared database."""
+        return await self.registry.nodes()
+
+    async def drain(self, node_id: str, draining: bool) -> NodeRecord:
+        """Take a node out of service (no new sessions; its sessions paused, in the
+        background) or back in."""
+        if await self.registry.get(node_id) is None:
+            raise UnknownNode(node_id)
+        self.note_draining(node_id, draining)
+        if not draining:
+            return await self.registry.undrain(node_id)
+        record = await self.registry.drain(node_id)
+        task = asyncio.get_running_loop().create_task(recovery.pause_all(self, node_id))
+        self._pausing.add(task)
+        task.add_done_callback(self._pausing.discard)
+        return record
 
     def is_down(self, node_id: str) -> bool:
         """Whether the node was declared down (its sessions are to be placed again)."""

@@ -51,7 +51,7 @@ from kernel_pool import (
     refused_at_gate,
 )
 from node.channel import NodeUnreachable
-from node.client import NodeClient
+from node.client import NodeClient as NodeClient
 from node.wire import (
     CreateContext,
     Frame,
