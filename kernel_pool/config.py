@@ -7,9 +7,12 @@ imported: the image is named by a hash of ``sandbox_image/``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
@@ -183,20 +186,56 @@ class BundleSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BundleSettings:
-        # imported here: the settings are read where the bundles' libraries may not be needed
-        from kernel_pool.bundles import BundleKeys, open_store
-
         if self.store is None:
             return self
-        open_store(self.store)
+        # checked by the same functions the stores use, without their libraries (obstore,
+        # cryptography): settings are read where no bundle is ever opened
+        store_folder(self.store)
         if self.key is not None:
-            BundleKeys.from_setting(self.key.get_secret_value())
+            decode_bundle_key(self.key.get_secret_value())
         elif self.store.startswith("s3://"):
             raise ValueError("REPLGATE_BUNDLE_STORE is s3:// but REPLGATE_BUNDLE_KEY is unset: "
                              "bundles hold sessions' memory and are encrypted at rest; make a "
                              "key with: python -c 'import base64, os; "
                              "print(base64.b64encode(os.urandom(32)).decode())'")
         return self
+
+
+BUNDLE_KEY_MIN_BYTES = 32
+
+
+def store_folder(url: str) -> Path | None:
+    """The folder a ``file:///path`` bundle store URL names, ``None`` for an
+    ``s3://bucket/prefix`` one; ValueError for any other."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+        return None
+    if parts.scheme == "file" and parts.netloc in {"", "localhost"} and parts.path.startswith("/"):
+        return Path(unquote(parts.path))
+    raise ValueError(f"REPLGATE_BUNDLE_STORE must be s3://bucket/prefix or file:///path, "
+                     f"not {url!r}")
+
+
+def decode_bundle_key(value: str) -> bytes:
+    """The master key ``REPLGATE_BUNDLE_KEY`` holds (32 or more random bytes, base64), or
+    ValueError saying how to make one."""
+    try:
+        master = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("REPLGATE_BUNDLE_KEY is not base64 (make one with: python -c "
+                         "'import base64, os; print(base64.b64encode(os.urandom(32))"
+                         ".decode())')") from exc
+    check_bundle_key(master)
+    return master
+
+
+def check_bundle_key(master: bytes) -> None:
+    """ValueError if ``master`` is too short to be a bundle master key."""
+    if len(master) < BUNDLE_KEY_MIN_BYTES:
+        raise ValueError(f"the bundle key must be at least {BUNDLE_KEY_MIN_BYTES} bytes, "
+                         f"not {len(master)}")
 
 
 def default_max_kernels(memory_bytes: int | None = None) -> int:

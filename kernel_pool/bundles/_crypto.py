@@ -16,8 +16,6 @@ node needs one secret, and no tenant's key opens another's bundles.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import struct
@@ -27,13 +25,14 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from kernel_pool.config import check_bundle_key, decode_bundle_key
+
 SEGMENT_SIZE = 1 << 20
 """Bytes of one ciphertext segment (Tink's ``AES256_GCM_HKDF_1MB``)."""
 KEY_SIZE = 32
 _NONCE_PREFIX_SIZE = 7
 HEADER_SIZE = 1 + KEY_SIZE + _NONCE_PREFIX_SIZE
 _TAG_SIZE = 16
-_MASTER_MIN = 32
 
 
 class SealError(Exception):
@@ -48,9 +47,7 @@ class BundleKeys:
     """The master key, and the per-tenant keys derived from it."""
 
     def __init__(self, master: bytes) -> None:
-        if len(master) < _MASTER_MIN:
-            raise ValueError(f"the bundle key must be at least {_MASTER_MIN} bytes, "
-                             f"not {len(master)}")
+        check_bundle_key(master)
         self._master = master
         self.key_id = hashlib.sha256(b"replgate bundle key id\0" + master).hexdigest()[:16]
         """Names the master key in manifests without revealing it, so a node holding another
@@ -59,13 +56,7 @@ class BundleKeys:
     @classmethod
     def from_setting(cls, value: str) -> BundleKeys:
         """From ``REPLGATE_BUNDLE_KEY``: 32 or more random bytes, base64-encoded."""
-        try:
-            master = base64.b64decode(value.strip(), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError("REPLGATE_BUNDLE_KEY is not base64 (make one with: python -c "
-                             "'import base64, os; print(base64.b64encode(os.urandom(32))"
-                             ".decode())')") from exc
-        return cls(master)
+        return cls(decode_bundle_key(value))
 
     def tenant_key(self, tenant: str) -> bytes:
         """The key that seals ``tenant``'s bundles."""
