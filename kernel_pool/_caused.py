@@ -15,16 +15,10 @@ import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
-
-if TYPE_CHECKING:
-    from kernel_pool._handle import ExecutionHandle
+from typing import ParamSpec, Protocol, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_acting_for: ContextVar[ExecutionHandle | None] = ContextVar("kernel_pool_execution",
-                                                             default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +33,21 @@ class CausedAction:
     failed: bool
 
 
-def act_for(handle: ExecutionHandle) -> None:
+class Execution(Protocol):
+    """What an action is recorded on (an :class:`~kernel_pool.ExecutionHandle`): typed here
+    by what this module uses, so that it stays below the handle, which imports it."""
+
+    @property
+    def done(self) -> object | None:
+        """Set once the execution ended: nothing is recorded on it after that."""
+
+    actions: list[CausedAction]
+
+
+_acting_for: ContextVar[Execution | None] = ContextVar("kernel_pool_execution", default=None)
+
+
+def act_for(handle: Execution) -> None:
     """From here on, the current task (and the tasks it starts) works for ``handle``."""
     _acting_for.set(handle)
 
