@@ -20,35 +20,33 @@ database the latest ``seq`` and ``hash`` also go to ``audit.head`` beside it aft
 database (and that file) can still rewrite history: for that, copy the head (or
 :meth:`AuditLog.export`) somewhere they cannot reach.
 
-Records are built only from structured fields (:meth:`AuditRecord.for_execution`), never by
-parsing what the user's code printed, so no output can forge or end a record.
-
-The module also holds :func:`redact` and the :class:`RedactSecrets` logging filter, which keep
-keys out of the gateway's logs. They are never applied to audited code, which is kept verbatim.
+The records and their hashing are in :mod:`gateway.audit_records`; :func:`redact` and the
+:class:`RedactSecrets` logging filter, which keep keys out of the gateway's logs, in
+:mod:`gateway.redaction`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.audit_records import AuditRecord, canonical_json, chain_hash
 from gateway.database import Database, Write
-from gateway.store import Store, utc_now
-from kernel_pool import CommandResult, Execution
+from gateway.redaction import RedactSecrets, redact  # their old home: gateway.cli imports here
+from gateway.store import Store
 
 __all__ = [
     "GENESIS_HASH",
@@ -58,6 +56,7 @@ __all__ = [
     "RedactSecrets",
     "VerifyResult",
     "canonical_json",
+    "chain_hash",
     "redact",
 ]
 
@@ -65,114 +64,6 @@ logger = logging.getLogger(__name__)
 
 GENESIS_HASH = "0" * 64
 HEAD_FILE = "audit.head"
-
-def canonical_json(value: Any) -> str:
-    """The one JSON text of ``value`` that is hashed: sorted keys, no spaces, ASCII only."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _sha256(text: str) -> str:
-    # surrogatepass: code may hold a lone surrogate (from a JSON escape) and must still hash.
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def chain_hash(prev_hash: str, record_json: str) -> str:
-    """``sha256(prev_hash + record_json)``, hex."""
-    return _sha256(prev_hash + record_json)
-
-
-class AuditRecord(BaseModel):
-    """What the audit log keeps of one execution."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    time: str = Field(default_factory=utc_now)
-    tenant: str
-    session_id: str
-    execution_id: str
-    execution_count: int | None
-    code: str
-    code_sha256: str
-    status: str
-    duration_ms: float
-    cpu_time_ms: float | None = None
-    peak_memory_bytes: int | None = None
-    stdout_chars: int
-    stderr_chars: int
-    output_count: int
-    output_bytes: int
-    """Size in bytes of the canonical JSON that ``output_sha256`` covers."""
-    output_sha256: str
-    """sha256 of the canonical JSON of ``{"stdout", "stderr", "outputs", "error"}``."""
-    image: str | None = None
-    """The sandbox image's tag or digest."""
-    limits: dict[str, Any] = Field(default_factory=dict)
-    """The profile's limits the code ran under."""
-    extra: dict[str, Any] = Field(default_factory=dict)
-    """Room for later fields (policy decisions, approvals) without a schema change."""
-
-    @classmethod
-    def for_execution(
-        cls,
-        execution: Execution,
-        *,
-        code: str,
-        tenant: str,
-        session_id: str,
-        execution_id: str,
-        image: str | None = None,
-        limits: Mapping[str, Any] | None = None,
-        time: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> AuditRecord:
-        """The record of one finished execution, from its aggregate and the code it ran."""
-        shown = canonical_json({
-            "stdout": execution.stdout,
-            "stderr": execution.stderr,
-            "outputs": [output.model_dump(mode="json") for output in execution.outputs],
-            "error": None if execution.error is None else execution.error.model_dump(mode="json"),
-        })
-        return cls(
-            time=time or utc_now(),
-            tenant=tenant,
-            session_id=session_id,
-            execution_id=execution_id,
-            execution_count=execution.execution_count,
-            code=code,
-            code_sha256=_sha256(code),
-            status=execution.status.value,
-            duration_ms=execution.duration_ms,
-            cpu_time_ms=execution.metrics.cpu_time_ms,
-            peak_memory_bytes=execution.metrics.peak_memory_bytes,
-            stdout_chars=len(execution.stdout),
-            stderr_chars=len(execution.stderr),
-            output_count=len(execution.outputs),
-            output_bytes=len(shown.encode("ascii")),
-            output_sha256=_sha256(shown),
-            image=image,
-            limits=dict(limits or {}),
-            extra=dict(extra or {}),
-        )
-
-    @classmethod
-    def for_command(cls, result: CommandResult, *, command: str, tenant: str,
-                    session_id: str, image: str | None = None,
-                    limits: Mapping[str, Any] | None = None) -> AuditRecord:
-        """The record of one finished shell command (``extra.kind == "command"``)."""
-        shown = canonical_json({"stdout": result.stdout, "stderr": result.stderr,
-                                "exit_code": result.exit_code})
-        return cls(
-            tenant=tenant, session_id=session_id, execution_id=result.id,
-            execution_count=None, code=command, code_sha256=_sha256(command),
-            status=result.status.value, duration_ms=result.duration_ms,
-            stdout_chars=len(result.stdout), stderr_chars=len(result.stderr), output_count=0,
-            output_bytes=len(shown.encode("ascii")), output_sha256=_sha256(shown), image=image,
-            limits=dict(limits or {}),
-            extra={"kind": "command", "exit_code": result.exit_code})
-
-    def canonical(self) -> str:
-        """This record's canonical JSON, as stored and hashed."""
-        return canonical_json(self.model_dump(mode="json"))
 
 
 class AuditEntry(BaseModel):
@@ -497,71 +388,3 @@ def _write_head(path: Path, seq: int, hash_: str) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(temp, path)
-
-
-# -- redaction of secrets in logs ----------------------------------------------------------
-
-_REDACTED = "[REDACTED]"
-_SECRET_CHARS = r"[A-Za-z0-9+/=_\-.~]"
-_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    # Authorization headers: "Bearer <key>", and Jupyter's "token <key>".
-    (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9+/=_\-.~]+"), rf"\1{_REDACTED}"),
-    (re.compile(rf"(?i)\b(token\s+){_SECRET_CHARS}{{16,}}"), rf"\1{_REDACTED}"),
-    # Query strings: ?token=..., &access_token=..., api_key=...
-    (
-        re.compile(r"(?i)([?&;](?:access_)?(?:token|api_?key|key|secret|password)=)[^&\s#\"']+"),
-        rf"\1{_REDACTED}",
-    ),
-    # Keys recognisable by their shape: ours (rg_, and e2b_ as E2B's SDKs want them),
-    # OpenAI-style (sk-), GitHub, Slack, AWS.
-    (re.compile(r"\brg_[A-Za-z0-9_\-]{16,}"), _REDACTED),
-    (re.compile(r"\be2b_[0-9a-f]{16,}"), _REDACTED),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), _REDACTED),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"), _REDACTED),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"), _REDACTED),
-    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), _REDACTED),
-    # password=anything; key=/secret=/token= followed by something long enough to be a secret
-    # (short values such as "key=name" are left, so logs stay readable).
-    (
-        re.compile(
-            r"(?i)(\b[\w.-]{0,40}(?:password|passwd)[\w.-]{0,40}[\"']?\s*[=:]\s*[\"']?)[^\s\"',;&]+"
-        ),
-        rf"\1{_REDACTED}",
-    ),
-    (
-        re.compile(
-            rf"(?i)(\b[\w.-]{{0,40}}(?:secret|token|key)[\w.-]{{0,40}}[\"']?\s*[=:]\s*[\"']?)"
-            rf"{_SECRET_CHARS}{{16,}}"
-        ),
-        rf"\1{_REDACTED}",
-    ),
-]
-
-
-def redact(text: str) -> str:
-    """``text`` with key-like secrets replaced by ``[REDACTED]``, for logs and error messages."""
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-class RedactSecrets(logging.Filter):
-    """A logging filter that redacts secrets in messages and tracebacks; it drops nothing.
-
-    Attach it to handlers (``handler.addFilter(RedactSecrets())``): a filter on a logger does
-    not see records propagated from its children.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = redact(message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        if record.exc_info and not record.exc_text:
-            # Format the traceback now, redacted; Formatter reuses exc_text when it is set.
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info)
-        return True
