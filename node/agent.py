@@ -21,10 +21,10 @@ import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI
 
+from common.tracing import setup_tracing
 from gateway.governance import load_policy
 from gateway.settings import Settings
 from gateway.store import RecordNotFound, Store
-from gateway.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
 from kernel_pool.bundles import Bundles
 from kernel_pool.config import BundleSettings

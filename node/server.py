@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
+from common.metrics import Metrics
+from common.tracing import Tracing
 from gateway.errors import status_for
-from gateway.metrics import Metrics
-from gateway.tracing import Tracing
 from kernel_pool import (
     ContextInfo,
     DoneEvent,

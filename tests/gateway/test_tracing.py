@@ -21,8 +21,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from common.tracing import Tracing
 from gateway.client import AsyncSandbox
-from gateway.tracing import Tracing
 from tests.conftest import GatewayProcess, make_gateway, running_gateway
 from tests.gateway.test_mcp import stdio_config
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
