@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -19,7 +19,6 @@ from opentelemetry import trace
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import (
-    DATABASE_AWAY,
     Conflict,
     InvalidInput,
     NotFound,
@@ -29,12 +28,10 @@ from gateway.errors import (
 from gateway.governance import Governance
 from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
+from gateway.recording import UNRECORDED_REFUSED, Recorder
 from gateway.settings import Settings
 from gateway.store import (
-    PENDING_APPROVAL,
-    RUNNING,
     ExecutionRecord,
-    RecordExists,
     SessionRecord,
     Store,
     utc_now,
@@ -74,11 +71,6 @@ from node.remote import RemoteSession
 
 logger = logging.getLogger(__name__)
 
-UNRECORDED_REFUSED = 4
-"""New executions are refused at this many times ``max_unrecorded_executions`` (those of
-streams and channels, whose answers do not wait for their records)."""
-RECORD_RETRY_S = 60.0
-"""How long the recording of an execution that ran waits for the database to come back."""
 
 
 class Gateway:
@@ -101,15 +93,14 @@ class Gateway:
         nothing here touches OpenTelemetry)."""
         self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
-        self._recorders: dict[str, asyncio.Task[Execution]] = {}
-        self._live: dict[str, tuple[str, ExecutionHandle]] = {}
-        """Submitted executions whose recording (history, then audit) is not over: watchers
-        catch up from them, and the history shows the finished ones before the store has them."""
         self.node = settings.pool.owner
         """The node its sessions run on, in this process: the pool's owner label, which sets
         them apart from other gateways' in a shared database."""
-        self.image = settings.limits.image
-        """The sandbox image, with its digest once :meth:`adopt` has looked it up."""
+        self.recorder = Recorder(store, audit, metrics, self.governance, tracing,
+                                 image=settings.limits.image,
+                                 max_unrecorded=settings.max_unrecorded_executions)
+        """Every execution's history and audit records (the image they name gets its digest
+        once :meth:`adopt` has looked it up)."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
         pool.on_session_paused.append(self._lifecycle_changed)
@@ -245,7 +236,7 @@ class Gateway:
         image = self.settings.limits.image
         digest = await pool.image_digest(image)
         if digest:
-            self.image = f"{image}@{digest}"
+            self.recorder.image = f"{image}@{digest}"
         for info in kept:
             record = records[info.container_id]
             if pool.snapshots.info(record.id) is not None:
@@ -377,7 +368,7 @@ class Gateway:
         """A client-chosen execution id must be new: it names the execution in the history."""
         if execution_id is None:
             return
-        taken = execution_id in self._live or self.store.execution_taken(execution_id)
+        taken = self.recorder.live(execution_id) or self.store.execution_taken(execution_id)
         if taken is None:  # the database was busy: ask it the usual way
             taken = await self.store.get_execution(execution_id) is not None
         if taken:
@@ -411,10 +402,10 @@ class Gateway:
         if size > self.settings.max_code_bytes:
             raise PayloadTooLarge("code", self.settings.max_code_bytes,
                                   "; put large data in a file instead")
-        if execution_id is not None and execution_id in self._live:
+        if execution_id is not None and self.recorder.live(execution_id):
             raise ExecutionIdTaken(execution_id)
         self.check_disk()
-        behind = self._unrecorded()
+        behind = self.recorder.unrecorded()
         if behind >= UNRECORDED_REFUSED * self.settings.max_unrecorded_executions:
             raise TooManyRequests(
                 f"the gateway has {behind} finished executions still to record (history, "
@@ -440,18 +431,13 @@ class Gateway:
             raise
         if span is not None:
             Tracing.submitted(span, handle)
-        task = asyncio.get_running_loop().create_task(
-            self._record(tenant, session, handle, span))
-        self._recorders[handle.id] = task
-        self._live[handle.id] = (session.id, handle)
-        task.add_done_callback(lambda _t: self._recorders.pop(handle.id, None))
-        task.add_done_callback(lambda _t: self._live.pop(handle.id, None))
+        self.recorder.follow(tenant, session, handle, span)
         return handle
 
     def live_executions(self, session_id: str) -> list[ExecutionHandle]:
         """The session's submitted executions whose finished record is not yet in the history,
         in submission order (a watcher replays them from their handles)."""
-        return [handle for sid, handle in self._live.values() if sid == session_id]
+        return self.recorder.live_executions(session_id)
 
     async def execute(self, tenant: str, session: SessionPort, code: str,
                       timeout_s: float | None, *, language: str | None = None,
@@ -462,108 +448,9 @@ class Gateway:
         return ExecutionOut(id=handle.id, **execution.model_dump())
 
     async def recorded(self, handle: ExecutionHandle) -> Execution:
-        """The execution's result once it has finished, and so is in the history.
-
-        :meth:`history` shows a finished execution from its handle until the store has it, so
-        a client told "done" finds it there at once without waiting for the database; the
-        store and the audit record are written right after, off the caller's path, and
-        ``drain`` waits for them at shutdown. Unless more than
-        ``max_unrecorded_executions`` are still to be written: then the answer waits for its
-        own records too (a gateway under more load than its database takes).
-        """
-        execution = await handle.result()
-        recorder = self._recorders.get(handle.id)
-        if recorder is not None and \
-                self._unrecorded() > self.settings.max_unrecorded_executions:
-            await asyncio.wait([recorder])  # (a recording that fails is logged, not raised)
-        return execution
-
-    def _unrecorded(self) -> int:
-        """Executions finished whose records are still to be written."""
-        return sum(handle.done is not None for _, handle in self._live.values())
-
-    async def _record(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
-                      span: trace.Span | None = None) -> Execution:
-        if span is None:
-            return await self._record_execution(tenant, session, handle)
-        # Its recording (the store's statements, the audit) is the execution's work too.
-        with trace.use_span(span, end_on_exit=False, record_exception=False,
-                            set_status_on_exception=False):
-            try:
-                return await self._record_execution(tenant, session, handle, span)
-            finally:
-                if span.is_recording():  # not ended with its marks: the recording failed
-                    span.end()
-
-    async def _record_execution(self, tenant: str, session: SessionPort, handle: ExecutionHandle,
-                                span: trace.Span | None = None) -> Execution:
-        await self._durably(f"execution {handle.id}'s start", self._start_record, handle.id,
-                            session.id, tenant, handle.code)
-        try:
-            await self.governance.follow(handle, self.store)  # pending_approval in history
-            execution = await handle.result()
-            # Counted as it ends, in the loop turn that answers its caller: a client told
-            # "done" finds it in /metrics at once, not after the writes below (an fsync).
-            self.metrics.observe(execution)
-            await _behind_the_callers()
-            if span is not None and self.tracing is not None:
-                self.tracing.end_execution(span, handle, execution)
-        except BaseException:
-            execution = handle.execution()
-            await self._durably(f"execution {handle.id}'s end", self.store.finish_execution,
-                                handle.id, execution.status.value, execution.execution_count,
-                                handle.events, execution)
-            raise
-        execution = handle.execution()
-
-        # Its end, the session's activity and the audit record: one commit (on PostgreSQL,
-        # one statement).
-        await self._durably(f"execution {handle.id}'s end and audit record", self.audit.append,
-                            AuditRecord.for_execution(
-                                tenant=tenant, session_id=session.id, execution_id=handle.id,
-                                code=handle.code, execution=execution, image=self.image,
-                                limits=session.profile.model_dump(mode="json",
-                                                                  exclude={"caps"}),
-                                extra=self.governance.audit_extra(handle.id)),
-                            writes=[
-                                self.store.execution_end(
-                                    handle.id, execution.status.value,
-                                    execution.execution_count, handle.events, execution),
-                                self.store.activity(
-                                    session.id, execution_count=session.execution_count,
-                                    last_active_at=session.last_active_at,
-                                    sandbox=session.sandbox_info())])
-        return execution
-
-    async def _start_record(self, execution_id: str, session_id: str, tenant: str,
-                            code: str) -> None:
-        try:
-            await self.store.start_execution(execution_id, session_id, tenant, code)
-        except RecordExists:
-            # Written by a try the database answered too late (it was restarting): it is there.
-            if (await self.store.get_execution(execution_id)) is None:
-                raise
-
-    async def _durably(self, what: str, write: Callable[..., Awaitable[Any]], *args: Any,
-                       **kwargs: Any) -> None:
-        """A recording write, tried again for up to :data:`RECORD_RETRY_S` while the database
-        is away (a restart, a failover): what ran stays in the history and the audit log
-        through a moment's outage. (An audit append whose commit the database made but did
-        not confirm is written twice: the chain stays whole, with the record twice.)"""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + RECORD_RETRY_S
-        delay = 0.1
-        while True:
-            try:
-                await write(*args, **kwargs)
-                return
-            except DATABASE_AWAY as exc:
-                if loop.time() + delay > deadline:
-                    raise
-                logger.warning("%s not recorded yet, the database is away (%s); trying again",
-                               what, type(exc).__name__)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """The execution's result once it has finished, and so is in the history
+        (:meth:`Recorder.recorded`)."""
+        return await self.recorder.recorded(handle)
 
     # -- shell commands ----------------------------------------------------------------------
 
@@ -579,7 +466,8 @@ class Gateway:
                                            on_start=on_start)
         record = AuditRecord.for_command(
             result, command=request.cmd, tenant=tenant, session_id=session.id,
-            image=self.image, limits=session.profile.model_dump(mode="json", exclude={"caps"}))
+            image=self.recorder.image,
+            limits=session.profile.model_dump(mode="json", exclude={"caps"}))
         # written even when the caller has gone away meanwhile: what ran is on the record
         await asyncio.shield(self.audit.append(record))
         return result
@@ -595,28 +483,7 @@ class Gateway:
         those submitted or finished a moment ago whose record the store has not written yet
         (a client told "pending approval" or "done" finds them here at once)."""
         await self.session(tenant, session_id)
-        # Taken before the store is read: one that leaves ``_live`` meanwhile is stored by then.
-        live = {handle.id: handle for sid, handle in list(self._live.values())
-                if sid == session_id}
-        records = await self.store.list_executions(session_id)
-        if not live:
-            return records
-        for index, record in enumerate(records):
-            handle = live.pop(record.id, None)
-            if handle is None or record.finished_at is not None:
-                continue
-            if handle.done is not None:
-                records[index] = _finished(record, handle)
-            else:  # held or let through a moment ago: the store's row may not say so yet
-                records[index] = record.model_copy(update={"status": _unfinished_status(handle)})
-        for handle in live.values():  # submitted before the store heard of it
-            record = ExecutionRecord(
-                id=handle.id, session_id=session_id, tenant=tenant,
-                seq=records[-1].seq + 1 if records else 1, code=handle.code,
-                status=_unfinished_status(handle), events=list(handle.events),
-                started_at=handle.started_at)
-            records.append(record if handle.done is None else _finished(record, handle))
-        return records
+        return await self.recorder.history(tenant, session_id)
 
     async def notebook(self, tenant: str, session_id: str) -> dict[str, Any]:
         session = await self.session(tenant, session_id)
@@ -680,24 +547,7 @@ class Gateway:
 
     async def drain(self) -> None:
         """Let in-flight recordings finish so nothing that ran goes unaudited."""
-        for task in list(self._recorders.values()):
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(task), 10)
-
-
-def _finished(record: ExecutionRecord, handle: ExecutionHandle) -> ExecutionRecord:
-    """The history record of a finished execution, from its handle."""
-    execution = handle.execution()
-    return record.model_copy(update={
-        "status": execution.status.value, "execution_count": execution.execution_count,
-        "events": list(handle.events), "result": execution,
-        "finished_at": handle.finished_at})
-
-
-def _unfinished_status(handle: ExecutionHandle) -> str:
-    """``pending_approval`` while the handle waits for a person's decision, else ``running``."""
-    held = [e.type for e in handle.events if e.type in ("pending_approval", "approval")]
-    return PENDING_APPROVAL if held and held[-1] == "pending_approval" else RUNNING
+        await self.recorder.drain()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
@@ -707,20 +557,3 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 def upload_too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge("upload", limit)
-
-
-async def _behind_the_callers() -> None:
-    """Wait until the tasks the execution's end woke with this one (a socket's forwarder, a
-    request's handler: the callers' answers) have run. This task woke first, and what follows
-    (its span, the records' statements) would otherwise delay every answer: a timer due now
-    fires only after everything already ready, and after what that made ready (the socket's
-    sender)."""
-    loop = asyncio.get_running_loop()
-    behind = loop.create_future()
-    loop.call_soon(loop.call_later, 0, _resolve, behind)
-    await behind
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
