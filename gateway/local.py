@@ -3,8 +3,8 @@
 ``replgate serve`` listens on :data:`DEFAULT_URL` and, without ``REPLGATE_API_KEYS``, writes the
 default tenant's key to ``<state folder>/api_key``. ``replgate mcp`` and the Python client
 (``Sandbox.create()`` with no arguments) look there, after ``REPLGATE_URL`` and
-``REPLGATE_API_KEY``. Standard library only: the agents' client imports this module, and must
-not need the server's packages (pydantic-settings, FastAPI).
+``REPLGATE_API_KEY``. Standard library only (and :mod:`common.paths`, which is too): the agents'
+client imports this module, and must not need the server's packages (pydantic-settings, FastAPI).
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.paths import default_state_dir
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 """Where ``replgate serve`` listens unless told otherwise."""
 KEY_FILE = "api_key"
 """The default tenant's key, in the state folder (mode 0600)."""
-
-
-def default_state_dir() -> Path:
-    """The state folder when ``REPLGATE_STATE_DIR`` is unset: ``~/.local/state/replgate``."""
-    return Path.home() / ".local" / "state" / "replgate"
 
 
 def state_dir() -> Path:

@@ -26,7 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from gateway.local import default_state_dir
+from common.paths import default_state_dir
 from kernel_pool import PoolLimits, PoolSettings, Profile, parse_size
 
 ENV_PREFIX = "REPLGATE_"
@@ -219,8 +219,7 @@ class Settings(BaseSettings):
     def _approver_keys(self) -> Settings:
         if not self.approver_keys:
             return self
-        from gateway.auth import parse_api_keys_setting
-        from gateway.governance.approvals import parse_approver_keys
+        from common.keys import parse_api_keys_setting, parse_approver_keys
 
         approvers = {key for _, key in parse_approver_keys(self.approver_keys)}
         agents = {k for keys in parse_api_keys_setting(self.api_keys or "").values() for k in keys}

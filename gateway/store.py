@@ -37,7 +37,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from common.database import Database, StoreError, Write
-from gateway.auth import hash_api_key
+from common.keys import hash_api_key
 from gateway.wire import Approval
 from kernel_pool import Event, Execution, SandboxInfo
 

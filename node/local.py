@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.auth import generate_api_key
+from common.keys import generate_api_key
 from node.tls import ClusterCerts, client_context, make_cluster_certs
 
 

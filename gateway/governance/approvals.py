@@ -13,14 +13,11 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel
-
-from gateway.auth import hash_api_key
+from common.keys import Approver, hash_api_key, parse_approver_keys
 from gateway.errors import DATABASE_AWAY, Conflict, Forbidden, NotFound
 from gateway.store import Store, stored_time
 from gateway.wire import Approval, ApprovalStatus
@@ -40,8 +37,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.25
 """How often a gateway holding approvals asks a shared database which were decided."""
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
-_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as REPLGATE_API_KEYS' tenants
+
 
 class ApprovalNotFound(NotFound):
     """No approval of that id for this tenant."""
@@ -49,38 +45,6 @@ class ApprovalNotFound(NotFound):
 
 class ApprovalDecided(Conflict):
     """The approval is no longer pending."""
-
-
-class Approver(BaseModel):
-    tenant: str
-    name: str
-
-
-def parse_approver_keys(value: str | None) -> list[tuple[Approver, str]]:
-    """``tenant:name:key,...`` -> [(approver, key)]; ValueError names the entry (never the key)."""
-    found: list[tuple[Approver, str]] = []
-    if not value or not value.strip():
-        return found
-    for position, raw in enumerate(value.split(","), start=1):
-        where = f"REPLGATE_APPROVER_KEYS entry {position}"
-        parts = raw.strip().split(":", 2)
-        if len(parts) != 3:
-            raise ValueError(f"{where}: write it as tenant:name:key")
-        tenant, name, key = parts
-        if not _TENANT.fullmatch(tenant.strip()):
-            raise ValueError(f"{where}: invalid tenant {tenant.strip()!r}: use 1 to 64 letters, "
-                             "digits, '.', '_' or '-', starting with a letter or digit")
-        if not _NAME.fullmatch(name.strip()):
-            raise ValueError(f"{where}: the approver name {name.strip()!r} must be 1 to 64 "
-                             "letters, digits or '._@+-'")
-        key = key.strip()
-        if len(key) < 16 or any(ch.isspace() for ch in key):
-            raise ValueError(f"{where}: the key must be at least 16 characters, no spaces")
-        found.append((Approver(tenant=tenant.strip(), name=name.strip()), key))
-    keys = [key for _, key in found]
-    if len(set(keys)) != len(keys):
-        raise ValueError("REPLGATE_APPROVER_KEYS gives one key to two approvers")
-    return found
 
 
 class ApproverKeys:
