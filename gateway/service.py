@@ -8,7 +8,6 @@ and enforces per-tenant limits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 from collections.abc import Callable, Mapping
@@ -139,8 +138,7 @@ class Gateway:
         (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
         tenant = self._tenant_of.get(session_id)
         if tenant is None and isinstance(self.pool, RemoteNodes):
-            with contextlib.suppress(SessionNotFound):
-                tenant = await self.pool.tenant_of(session_id)
+            tenant = await self.pool.tenant_of(session_id)
         return tenant
 
     def profiles(self) -> list[Profile]:

@@ -189,12 +189,11 @@ class RemoteNodes:
         its node lost it, moved when its node is drained (:mod:`node.recovery`)."""
         return await recovery.find(self, session_id, tenant)
 
-    async def tenant_of(self, session_id: str) -> str:
-        """The tenant of a live session, as the shared database says."""
+    async def tenant_of(self, session_id: str) -> str | None:
+        """The tenant of a live session, as the shared database says; None when there is
+        none."""
         record = await self.records.store.get_session(session_id)
-        if record is None or record.deleted:
-            raise SessionNotFound(session_id)
-        return record.tenant
+        return None if record is None or record.deleted else record.tenant
 
     async def list_sessions(self, tenant: str | None = None) -> list[SessionPort]:
         """The live sessions (of ``tenant``, when given), wherever they run; one whose node
