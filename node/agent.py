@@ -21,8 +21,8 @@ import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI
 
+from common.policy import load_policy
 from common.tracing import setup_tracing
-from gateway.governance import load_policy
 from gateway.settings import Settings
 from gateway.store import RecordNotFound, Store
 from kernel_pool import KernelPool, SessionPort
