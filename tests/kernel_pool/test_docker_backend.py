@@ -14,7 +14,7 @@ from kp_support import OWNER, SESSION_ENV, is_mounted, run_ok, sandbox_gone
 
 from kernel_pool import BackendError, KernelPool, Session
 from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX
-from kernel_pool.backends.docker._backend import _read_connection_file
+from kernel_pool.backends.docker._docker import _read_connection_file
 
 
 async def observe(session: Session, code: str) -> dict[str, object]:

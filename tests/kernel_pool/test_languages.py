@@ -31,7 +31,7 @@ from kernel_pool import Profile
 from kernel_pool._languages import KERNEL_LANGUAGES, kernel_language, offered
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import DockerBackend, DockerSandbox, build_image, current_image
-from kernel_pool.backends.docker._backend import KERNEL_DIR, _connection
+from kernel_pool.backends.docker._docker import KERNEL_DIR, _connection
 from kernel_pool.backends.docker._init_kernel import (
     exit_code,
     find_kernel,

@@ -8,15 +8,14 @@ kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
 from kernel_pool._sandbox_image import current_image, slim_image
-from kernel_pool.backends.docker._backend import (
+from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
+from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
+from kernel_pool.backends.docker._docker import (
     LABEL_OWNER,
     LABEL_PROFILE,
     LABEL_SANDBOX,
-    DockerBackend,
-    DockerSandbox,
     container_name,
 )
-from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, GVISOR_ARGS, missing_runtime
 from kernel_pool.backends.docker._image import (
     ImageInfo,

@@ -24,9 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any
 
-import anyio.to_thread
 import docker
 import docker.errors
 import requests.exceptions
@@ -59,7 +58,21 @@ from kernel_pool.backends.docker._checkpoint import (
 )
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._commands import DockerCommand
+from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG, checkpoint_support, dumps_file_locks
+from kernel_pool.backends.docker._docker import (
+    DATA_ROOT,
+    KERNEL_DIR,
+    LABEL_OWNER,
+    LABEL_PROFILE,
+    LABEL_SANDBOX,
+    SOCKET_SUBDIR,
+    _connection,
+    _in_thread,
+    _read_connection_file,
+    _run,
+    container_name,
+)
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import (
     ENGINE_RUNTIMES,
@@ -78,7 +91,6 @@ from kernel_pool.backends.docker._init_kernel import (
     find_kernel,
     host_pid,
     latest_kernel,
-    read_untrusted,
     request_adoption,
     request_kernel,
     write_for_sandbox,
@@ -110,24 +122,12 @@ from kernel_pool.backends.docker._tree import restore as restore_tree
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
-if TYPE_CHECKING:
-    from kernel_pool.backends.docker._context import DockerContextSandbox
-
 logger = logging.getLogger(__name__)
-P = ParamSpec("P")
-T = TypeVar("T")
 
-LABEL_OWNER = "io.replgate.owner"
-LABEL_SANDBOX = "io.replgate.sandbox"
-LABEL_PROFILE = "io.replgate.profile"
-KERNEL_DIR = "/kernel"
-SOCKET_SUBDIR = "kernel"
 OOM_RECORD_WAITS = 30
 """Tenths of a second to wait for the engine's record of a gVisor sandbox's death."""
 REMOVAL_WAITS = 300
 """Tenths of a second to wait for a container's removal that is already in progress."""
-DATA_ROOT = "/var/lib/docker"
-"""The engine's default data root, where ``docker info`` does not say."""
 SANDBOX_CPU_SHARES = 512
 """Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
@@ -143,73 +143,16 @@ TEMPLATE_ATTEMPTS = 2
 KERNEL_REKEY_TIMEOUT_S = 10.0
 TREE_STOP_TIMEOUT_S = 30
 """A container killed after its kernel's tree was dumped ends at once; the wait is bounded."""
-PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 # Sandboxed code runs as this user; PID 1 is spared by kill(-1), so the container survives.
 KILL_ALL = ["/bin/sh", "-c", "kill -KILL -1"]
-
-
-async def _in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run a blocking call in a worker thread; a cancellation first waits for the call to end.
-
-    Cancelling a task does not stop its thread: without the wait, the clean-up after a
-    cancelled ``create`` could run before the container being made exists, and miss it.
-    """
-    call = asyncio.ensure_future(anyio.to_thread.run_sync(partial(func, *args, **kwargs)))
-    try:
-        return await asyncio.shield(call)
-    except asyncio.CancelledError:
-        await asyncio.wait([call])
-        if not call.cancelled():
-            call.exception()  # retrieved: the caller is cancelled, its outcome is moot
-        raise
-
-
-async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return await _in_thread(func, *args, **kwargs)
-    except docker.errors.DockerException as exc:
-        raise BackendError(f"Docker engine: {exc}") from exc
-    except requests.exceptions.RequestException as exc:  # no answer in time: a stuck engine
-        raise BackendError(f"Docker engine did not answer: {exc}") from exc
+RELAY_SETTLE_S = 1.0
+"""How long Deno's relay may take to close its connections to the kernel before a dump."""
 
 
 def _mount(arguments: list[str]) -> None:
     result = subprocess.run(["mount", *arguments], capture_output=True, text=True)
     if result.returncode != 0:
         raise BackendError(f"mount {' '.join(arguments)} failed: {result.stderr.strip()}")
-
-
-def container_name(sandbox_id: str) -> str:
-    return f"replgate-{sandbox_id}"
-
-
-def _connection(key: str, ip: str | None = None) -> dict[str, Any]:
-    """A kernel's connection info (jupyter_client's connection-file dict) with ``key``, and
-    ``ip`` (the sockets' path stem) when given."""
-    info = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
-            "kernel_name": "python3"}
-    return info if ip is None else {**info, "ip": ip}
-
-
-RELAY_SETTLE_S = 1.0
-"""How long Deno's relay may take to close its connections to the kernel before a dump."""
-
-
-def _read_connection_file(path: Path) -> dict[str, Any]:
-    """A kernel's connection file, which lies in a folder the sandbox can write: read it
-    without following links and keep only well-formed values (ports must be the fixed small
-    integers, so a tampered file cannot point the gateway's socket paths elsewhere). A FIFO
-    planted there would block the reading thread for good, and a gateway taking the sandbox
-    back with it: it is malformed too."""
-    text = read_untrusted(path, 65536)
-    try:
-        raw = json.loads(text) if text is not None else None
-    except ValueError:
-        raw = None
-    key = raw.get("key") if isinstance(raw, dict) else None
-    if not isinstance(key, str) or not key.isalnum():
-        raise BackendError(f"kernel connection file {path} is missing or malformed")
-    return _connection(key)
 
 
 class DockerSandbox(Sandbox):
@@ -716,9 +659,6 @@ class DockerSandbox(Sandbox):
         if not self._through_init:
             raise BackendError("code contexts in other languages need a runc sandbox; this "
                                "profile runs gVisor")
-        # Imported here: the context's sandbox builds on this module's helpers.
-        from kernel_pool.backends.docker._context import DockerContextSandbox
-
         face = DockerContextSandbox(self, language, name, {**self._env, **env})
         if restored:
             found = self._restored_contexts.pop(name, None)

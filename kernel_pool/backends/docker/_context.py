@@ -28,17 +28,13 @@ import select
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kernel_pool._languages import KERNEL_LANGUAGES
 from kernel_pool._sandbox_image import context_dir
-from kernel_pool.backends.base import CgroupUsage, Sandbox
-from kernel_pool.backends.docker._backend import (
-    KERNEL_DIR,
-    DockerSandbox,
-    _connection,
-    _in_thread,
-)
+from kernel_pool._workspace import Workspace
+from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxInfo
+from kernel_pool.backends.docker._docker import KERNEL_DIR, _connection, _in_thread
 from kernel_pool.backends.docker._init_kernel import exit_code, write_for_sandbox
 from kernel_pool.backends.docker._strays import kill_tree
 from kernel_pool.exceptions import BackendError
@@ -60,11 +56,42 @@ def kernel_commands() -> dict[str, tuple[str, ...]]:
     raise BackendError("init.py names no KERNELS table")
 
 
+class ContextParent(Protocol):
+    """What a context's face uses of the session's sandbox (a
+    :class:`~kernel_pool.backends.docker.DockerSandbox`, which makes the faces)."""
+
+    info: SandboxInfo
+    workspace: Workspace
+    languages: tuple[str, ...]
+    context_pids: set[int]
+    """Host pids of the contexts' kernels running now, which its clean-up spares."""
+
+    @property
+    def procs_file(self) -> Path | None:
+        """The container's cgroup list of processes, once it runs under runc."""
+
+    async def start_by_init(self, name: str, language: str,
+                            env: dict[str, str]) -> tuple[int | None, int | None]:
+        """Have PID 1 start kernel ``name``: (host pid, None) or (None, exit code)."""
+
+    def context_ended(self, face: DockerContextSandbox) -> None:
+        """``face``'s kernel was removed for good."""
+
+    async def usage(self) -> CgroupUsage:
+        """The container's use (one cgroup for all its kernels)."""
+
+    async def reset_peak_memory(self) -> bool:
+        """Restart the container's peak-memory reading."""
+
+    async def kill_strays(self, keep_kernel_children: bool = True) -> int:
+        """Kill what executions left behind, every kernel spared."""
+
+
 class DockerContextSandbox(Sandbox):
     """One context's kernel in the container of ``parent``: the sandbox face a
     :class:`~kernel_pool._kernel.Kernel` drives, reaching that kernel alone."""
 
-    def __init__(self, parent: DockerSandbox, language: str, name: str,
+    def __init__(self, parent: ContextParent, language: str, name: str,
                  env: dict[str, str]) -> None:
         self._parent = parent
         self.language = language
