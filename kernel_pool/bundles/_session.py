@@ -25,13 +25,14 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from kernel_pool._snapshot import TRANSFER_NAME, KeptContext, PauseInfo, SnapshotStore
+from kernel_pool._snapshot import TRANSFER_NAME, SnapshotStore
 from kernel_pool._streams import SUFFIXES
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound
 from kernel_pool.bundles._manifest import BundleInfo
 from kernel_pool.bundles._store import PART_SIZE
 from kernel_pool.exceptions import SnapshotError
+from kernel_pool.state import KeptContext, PauseInfo
 
 if TYPE_CHECKING:
     from kernel_pool.bundles._bundle import Bundle, Bundles

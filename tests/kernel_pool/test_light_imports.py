@@ -23,6 +23,7 @@ def loaded_after(statement: str) -> set[str]:
 @pytest.mark.parametrize("statement", [
     "import kernel_pool",
     "import kernel_pool.config",
+    "import kernel_pool.state",
     "import kernel_pool.backends.base",
     "from kernel_pool import Execution, PoolSettings, Profile, KernelPoolError",
     "from kernel_pool.config import PoolSettings; PoolSettings(state_dir='/tmp/x')",
