@@ -22,8 +22,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from common.policy import load_policy
+from common.settings import Settings
 from common.tracing import setup_tracing
-from gateway.settings import Settings
 from gateway.store import RecordNotFound, Store
 from kernel_pool import KernelPool, SessionPort
 from kernel_pool.bundles import Bundles
