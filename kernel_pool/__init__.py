@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         normalize_language,
     )
     from kernel_pool._pool import KernelPool
+    from kernel_pool._queue import ExecutionQueue
     from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._workspace import Entry, FileInfo
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
         KernelPoolError,
         KernelStartError,
         KernelUnavailable,
+        NodeUnreachable,
+        NoNodeAvailable,
+        NotDrainable,
         PathOutsideWorkspace,
         PayloadTooLarge,
         ProfileNotFound,
@@ -83,6 +87,7 @@ if TYPE_CHECKING:
         StateDirFull,
         TooManyCommands,
         UnknownLanguage,
+        UnknownNode,
         WorkspaceError,
         WorkspaceFull,
     )
@@ -128,6 +133,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionHandle",
     "ExecutionIdTaken",
+    "ExecutionQueue",
     "ExecutionStatus",
     "FileChange",
     "FileInfo",
@@ -141,7 +147,10 @@ __all__ = [
     "KernelStartError",
     "KernelUnavailable",
     "Listener",
+    "NoNodeAvailable",
     "NodeRecord",
+    "NodeUnreachable",
+    "NotDrainable",
     "Output",
     "OutputCaps",
     "OutputEvent",
@@ -172,6 +181,7 @@ __all__ = [
     "Transfer",
     "TransferListener",
     "UnknownLanguage",
+    "UnknownNode",
     "UpdateDisplayEvent",
     "WorkspaceError",
     "WorkspaceFull",
@@ -223,6 +233,11 @@ _HOMES = {
     "ImageError": "kernel_pool.exceptions",
     "InvalidRequest": "kernel_pool.exceptions",
     "KernelPool": "kernel_pool._pool",
+    "NotDrainable": "kernel_pool.exceptions",
+    "UnknownNode": "kernel_pool.exceptions",
+    "NoNodeAvailable": "kernel_pool.exceptions",
+    "NodeUnreachable": "kernel_pool.exceptions",
+    "ExecutionQueue": "kernel_pool._queue",
     "KernelPoolError": "kernel_pool.exceptions",
     "KernelStartError": "kernel_pool.exceptions",
     "KernelUnavailable": "kernel_pool.exceptions",

@@ -58,6 +58,10 @@ class ExecutionHandle:
         """The gate's task while it holds this execution (an interrupt withdraws it)."""
         self.withdrawn: str | None = None
         """Why it will not run after all (a restart asked while it waited in the queue)."""
+        self.ran = False
+        """It started: past its gate, taken by the kernel that runs it (in this process) or
+        by its node (a remote session's). Whatever ended it after that, it ran (a budget
+        counts its time); one that ended before (refused, withdrawn, closed) did not."""
         self._changed = asyncio.Event()
         self._finished = asyncio.Event()
 
@@ -67,7 +71,8 @@ class ExecutionHandle:
         self.dequeued_ns = time.time_ns()
         act_for(self)
 
-    def _add(self, event: Event) -> None:
+    def add(self, event: Event) -> None:
+        """One more event of this execution, as its session publishes it (``done`` ends it)."""
         self.events.append(event)
         if isinstance(event, DoneEvent):
             self.done_ns = time.time_ns()
@@ -75,6 +80,8 @@ class ExecutionHandle:
             self.finished_at = utcnow()
             self._finished.set()
         self._changed.set()
+
+    _add = add  # (the old name, for node.remote until it calls add)
 
     async def stream(self) -> AsyncIterator[Event]:
         """Every event of this execution, from the first, as they happen; ends after ``done``."""

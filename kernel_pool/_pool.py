@@ -16,10 +16,11 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio.to_thread
 
+from kernel_pool._handle import utcnow
 from kernel_pool._kernel import Kernel, KernelState, make_context
 from kernel_pool._session import Session
 from kernel_pool._snapshot import SnapshotStore, copy_workspace, load_variables
@@ -36,11 +37,12 @@ from kernel_pool.exceptions import (
     BackendError,
     CapacityError,
     KernelStartError,
+    NotDrainable,
     ProfileNotFound,
     SessionNotFound,
 )
 from kernel_pool.port import ClosedListener, SessionPort
-from kernel_pool.state import PauseInfo, SessionStatus
+from kernel_pool.state import NodeRecord, PauseInfo, SessionStatus
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +53,20 @@ request fails: a rare stuck start should not cost an agent its session."""
 
 
 class KernelPool:
-    """Warm kernels per profile, capped in total, and the sessions that own kernels."""
+    """Warm kernels per profile, capped in total, and the sessions that own kernels.
 
-    def __init__(self, settings: PoolSettings, backend: SandboxBackend | None = None) -> None:
+    It is the :class:`~kernel_pool.SessionHost` of one machine: its one node is this process,
+    named by the settings' ``owner`` label.
+    """
+
+    first_epoch: ClassVar[int] = 0
+    """Its sessions are never placed: their records start at epoch 0."""
+
+    def __init__(self, settings: PoolSettings, backend: SandboxBackend | None = None, *,
+                 address: str = "") -> None:
         self.settings = settings
+        self.address = address
+        """``HOST:PORT`` where this process is reached, as :meth:`nodes` shows it."""
         self.backend = backend or load_backend("docker", settings)
         self._context = make_context()
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
@@ -528,21 +540,26 @@ class KernelPool:
 
     async def create_session(self, profile: str = "default", *, env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None,
+                             session_id: str | None = None, tenant: str = "",
+                             admitted: Awaitable[None] | None = None,
                              lost: str | None = None) -> Session:
-        """A session on a warm kernel (a hand-off: milliseconds when one is idle).
+        """A session on a warm kernel (a hand-off: milliseconds when one is idle), of
+        ``tenant``; ``admitted`` is awaited first (it raises what refuses one more session).
 
         ``lost``: why this session, known elsewhere before, starts again on a fresh kernel (its
         node was lost): its first execution says so (``restarted``, ``reason``).
         """
+        if admitted is not None:
+            await admitted
         session = await self._open_session(await self.acquire(profile), env=env,
-                                           metadata=metadata, session_id=session_id)
+                                           metadata=metadata, session_id=session_id,
+                                           tenant=tenant)
         session._lost = lost
         return session
 
     async def _open_session(self, kernel: Kernel, *, env: dict[str, str] | None,
                             metadata: dict[str, Any] | None,
-                            session_id: str | None = None) -> Session:
+                            session_id: str | None = None, tenant: str = "") -> Session:
         """A session on an acquired kernel (released if this fails)."""
         try:
             if env:
@@ -552,7 +569,7 @@ class KernelPool:
             await self.release(kernel)
             raise
         session = Session(kernel, kernel.profile, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
+                          metadata=metadata, tenant=tenant)
         session.lifecycle = self
         self._sessions[session.id] = session
         return session
@@ -593,7 +610,8 @@ class KernelPool:
                 return
             if kernel is None:
                 kernel = await self.acquire(profile.name, refill=False)
-            child = await self._open_session(kernel, env=parent.env, metadata=metadata)
+            child = await self._open_session(kernel, env=parent.env, metadata=metadata,
+                                             tenant=parent.tenant)
             children.append(child)
             held.add(child.id)
             self._held.add(child.id)
@@ -625,7 +643,7 @@ class KernelPool:
         with self._being_made(spec):
             sandbox = await self.backend.create_stopped(spec)
             child = self._stopped_session(sandbox, parent.profile, env=parent.env,
-                                          metadata=metadata)
+                                          metadata=metadata, tenant=parent.tenant)
         children.append(child)
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(
@@ -634,13 +652,13 @@ class KernelPool:
 
     def _stopped_session(self, sandbox: Sandbox, profile: Profile, *,
                          env: dict[str, str] | None, metadata: dict[str, Any] | None,
-                         session_id: str | None = None) -> Session:
+                         session_id: str | None = None, tenant: str = "") -> Session:
         """A paused session on a sandbox where nothing runs; it resumes when first needed."""
         kernel = self._new_kernel(sandbox, profile)
         kernel.env = dict(env or {})
         kernel.state = KernelState.PAUSED
         session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
+                          metadata=metadata, tenant=tenant)
         session.lifecycle = self
         self._sessions[session.id] = session
         return session
@@ -650,7 +668,7 @@ class KernelPool:
                               env: dict[str, str] | None = None,
                               metadata: dict[str, Any] | None = None,
                               created_at: str | None = None, execution_count: int = 0,
-                              lost: str | None = None) -> Session:
+                              lost: str | None = None, tenant: str = "") -> Session:
         """A paused session made from what another pool kept of it (a node's bundle): a
         sandbox made without starting it, ``fill`` puts the files in its workspace and the
         variables snapshot in :attr:`snapshots` under ``session_id`` (what it keeps returned);
@@ -675,7 +693,7 @@ class KernelPool:
         kernel.env = dict(env or {})
         kernel.state = KernelState.PAUSED
         session = Session(kernel, chosen, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
+                          metadata=metadata, tenant=tenant)
         session.lifecycle = self
         session.pause_info = info
         session.recall_contexts()
@@ -690,7 +708,7 @@ class KernelPool:
                                    env: dict[str, str] | None = None,
                                    metadata: dict[str, Any] | None = None,
                                    created_at: str | None = None,
-                                   execution_count: int = 0) -> Session:
+                                   execution_count: int = 0, tenant: str = "") -> Session:
         """Take back a session an earlier gateway paused: it stays paused (no kernel runs)
         until something needs it, and resumes from its snapshot then."""
         profile = self.profile(info.profile)
@@ -698,7 +716,7 @@ class KernelPool:
             raise BackendError(f"session {session_id} has no snapshot to resume from")
         sandbox = await self.backend.load_stopped(info, profile, env or {})
         session = self._stopped_session(sandbox, profile, env=env, metadata=metadata,
-                                        session_id=session_id)
+                                        session_id=session_id, tenant=tenant)
         session.pause_info = self.snapshots.info(session_id)
         await session.take_back()
         if created_at:
@@ -709,7 +727,8 @@ class KernelPool:
     async def adopt_session(self, info: SandboxInfo, *, session_id: str,
                             env: dict[str, str] | None = None,
                             metadata: dict[str, Any] | None = None,
-                            created_at: str | None = None, execution_count: int = 0) -> Session:
+                            created_at: str | None = None, execution_count: int = 0,
+                            tenant: str = "") -> Session:
         """Take back a session whose sandbox a previous gateway left running (see ``start``).
 
         Its kernel keeps its variables when it is still running; otherwise a fresh kernel starts
@@ -729,7 +748,7 @@ class KernelPool:
             await asyncio.shield(kernel.close())
             raise
         session = Session(kernel, profile, self.settings, session_id=session_id, env=env,
-                          metadata=metadata)
+                          metadata=metadata, tenant=tenant)
         session.lifecycle = self
         if created_at:
             session.created_at = created_at
@@ -766,6 +785,36 @@ class KernelPool:
     @property
     def sessions(self) -> dict[str, Session]:
         return dict(self._sessions)
+
+    async def find(self, session_id: str, *, tenant: str | None = None) -> Session:
+        """The session, if ``tenant``'s (when named); SessionNotFound otherwise."""
+        session = self._sessions.get(session_id)
+        if session is None or (tenant is not None and session.tenant != tenant):
+            raise SessionNotFound(session_id)
+        return session
+
+    async def tenant_of(self, session_id: str) -> str | None:
+        session = self._sessions.get(session_id)
+        return session.tenant if session is not None else None
+
+    async def list_sessions(self, tenant: str | None = None) -> list[Session]:
+        return [session for session in self._sessions.values()
+                if tenant is None or session.tenant == tenant]
+
+    async def count_sessions(self, tenant: str | None = None) -> int:
+        return len(await self.list_sessions(tenant))
+
+    async def nodes(self) -> list[NodeRecord]:
+        """This process, the one node of one machine, as a node's heartbeat would show it."""
+        stats = self.stats()
+        return [NodeRecord(id=self.settings.owner, address=self.address, state="up",
+                           kernels=stats["idle"] + stats["in_use"],
+                           max_kernels=self.settings.max_kernels, sessions=stats["sessions"],
+                           heartbeat_at=utcnow())]
+
+    async def drain(self, node_id: str, draining: bool) -> NodeRecord:
+        """Refused: :class:`~kernel_pool.NotDrainable` (one machine has nowhere to drain to)."""
+        raise NotDrainable
 
     async def delete_session(self, session_id: str, reason: str = "deleted") -> None:
         """Close the session and remove its container and workspace; ``reason`` is what the

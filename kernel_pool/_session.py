@@ -33,9 +33,10 @@ from kernel_pool._contexts import (
 )
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._execution import ExecutionRun
-from kernel_pool._handle import ExecutionHandle, Gate, refused_at_gate, utcnow
+from kernel_pool._handle import ExecutionHandle, Gate, utcnow
 from kernel_pool._kernel import Kernel, KernelDied, KernelState
 from kernel_pool._languages import check_language, display_language, normalize_language
+from kernel_pool._queue import ExecutionQueue
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,
     SnapshotStore,
@@ -75,7 +76,7 @@ from kernel_pool.exceptions import (
     TooManyCommands,
 )
 from kernel_pool.port import Listener, TransferListener
-from kernel_pool.state import KeptContext, PauseInfo, SessionStatus, Transfer
+from kernel_pool.state import KeptContext, PauseInfo, SessionState, SessionStatus, Transfer
 
 T = TypeVar("T")
 
@@ -141,7 +142,7 @@ class Session:
 
     def __init__(self, kernel: Kernel, profile: Profile, settings: PoolSettings, *,
                  session_id: str | None = None, env: dict[str, str] | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, tenant: str = "") -> None:
         self.id = session_id or str(uuid.uuid4())
         self.kernel = kernel
         kernel.on_death = self._kernel_died
@@ -150,6 +151,10 @@ class Session:
         self.profile = profile
         self.env = dict(env or {})
         self.metadata = dict(metadata or {})
+        self.tenant = tenant
+        """Whose it is, as the gateway said when it was made (kept for it, never read here)."""
+        self.node = settings.owner
+        """The node it runs on: this pool's, named by its owner label."""
         self.created_at = utcnow()
         self.last_active_at = self.created_at
         self.execution_count = 0
@@ -157,15 +162,14 @@ class Session:
         self._created_mono = time.monotonic()
         self._active_mono = self._created_mono
         self._lock = asyncio.Lock()
-        self._pending: list[ExecutionHandle] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue = ExecutionQueue(self)
         self._closed = False
         self._restarting = False
         self._packing: asyncio.Task[None] | None = None
         """A memory pause's packing, in the background after the pause answered."""
         self._dump: Path | None = None
         """That pause's dump while it is not packed (restorable from as it is)."""
-        self.listeners: list[Listener] = []
+        self.listeners: list[Listener] = self._queue.listeners
         self.commands: dict[str, CommandRun] = {}
         """Shell commands running now, by id (:meth:`run_command`)."""
         self.lifecycle: Lifecycle | None = None
@@ -191,7 +195,7 @@ class Session:
         """Its code contexts: the kernel above (``python``) and those of other languages."""
 
     def __repr__(self) -> str:
-        return f"<Session {self.id} {self.status.value} queued={len(self._pending)}>"
+        return f"<Session {self.id} {self.status.value} queued={len(self._queue)}>"
 
     @property
     def paused(self) -> bool:
@@ -204,18 +208,18 @@ class Session:
     @property
     def status(self) -> SessionStatus:
         if self.paused and not self._closed:
-            return SessionStatus.STARTING if self._pending else SessionStatus.PAUSED
+            return SessionStatus.STARTING if self._queue else SessionStatus.PAUSED
         if self._closed or self.kernel.state in (KernelState.DEAD, KernelState.CLOSED):
             return SessionStatus.DEAD
         if self._restarting or self.kernel.state in (KernelState.STARTING,
                                                      KernelState.RESTARTING):
             return SessionStatus.STARTING
-        return SessionStatus.BUSY if self._pending else SessionStatus.IDLE
+        return self._queue.status(SessionStatus.IDLE)
 
     @property
     def pending(self) -> int:
         """Executions queued or running."""
-        return len(self._pending)
+        return len(self._queue)
 
     @property
     def closed(self) -> bool:
@@ -223,11 +227,25 @@ class Session:
 
     @property
     def current(self) -> ExecutionHandle | None:
-        return self._pending[0] if self._pending and self._pending[0].run else None
+        return self._queue.current
+
+    def state(self) -> SessionState:
+        """Its facts as of now (built unchecked: they are this session's own, already valid,
+        and an execution's answer builds one)."""
+        return SessionState.model_construct(
+            id=self.id, profile=self.profile, env=self.env, metadata=self.metadata,
+            created_at=self.created_at, last_active_at=self.last_active_at,
+            execution_count=self.execution_count, status=self.status, pending=self.pending,
+            pause_info=self.pause_info, reason=self.reason, transfer=self.transfer,
+            sandbox=self.sandbox_info(), languages=self.languages, contexts=self.contexts,
+            node=self.node, tenant=self.tenant)
+
+    async def refresh(self) -> None:
+        """Nothing to ask: its state is read where it is kept, in this process."""
 
     def idle_for(self) -> float:
         # A shell command running is activity: no idle pause or cull may end it unseen.
-        return 0.0 if self._pending or self.commands else time.monotonic() - self._active_mono
+        return 0.0 if self._queue or self.commands else time.monotonic() - self._active_mono
 
     def age(self) -> float:
         return time.monotonic() - self._created_mono
@@ -249,7 +267,7 @@ class Session:
             raise SessionClosed(self.id)
         timeout = self.profile.timeout_for(timeout_s)
         context = self._contexts.resolve(language, context_id, self.languages)
-        if len(self._pending) >= self._settings.max_queued_executions:
+        if len(self._queue) >= self._settings.max_queued_executions:
             raise QueueFull(self.id, self._settings.max_queued_executions)
         # Recorded with its aliases resolved (``ts`` is ``typescript``, which runs in the
         # JavaScript context).
@@ -257,11 +275,8 @@ class Session:
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout,
                                  language=sent_as, context_id=context.id)
         handle.gate = gate
-        self._pending.append(handle)
+        self._queue.add(handle, self._execute(handle), f"exec-{handle.id}")
         self._touch()
-        task = asyncio.create_task(self._execute(handle), name=f"exec-{handle.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
         return handle
 
     async def execute(self, code: str, timeout_s: float | None = None) -> Execution:
@@ -343,8 +358,7 @@ class Session:
                         status=ExecutionStatus.INTERRUPTED, execution_count=None,
                         duration_ms=0.0, reason=handle.withdrawn))
                     return
-                if handle.gate is not None and await refused_at_gate(
-                        handle, handle.gate, lambda e: self._publish(handle, e)):
+                if await self._queue.refused(handle):
                     return
                 if self.paused and await self._resume_failed(handle):
                     return
@@ -364,7 +378,7 @@ class Session:
                 context.lost = None
                 handle.run = run
                 handle.started_at = utcnow()
-                self._notify(handle, None)
+                self._queue.started(handle)
                 context.busy = True
                 try:
                     done = await run.run(lambda event: self._publish(handle, event))
@@ -389,8 +403,7 @@ class Session:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            with contextlib.suppress(ValueError):
-                self._pending.remove(handle)
+            self._queue.remove(handle)
             self._touch()
             death = self.kernel.death
             if not self._closed and self.kernel.state == KernelState.DEAD and death is not None:
@@ -422,9 +435,7 @@ class Session:
         current = self.current
         if self._closed or (current is not None and current.done is None):
             return
-        task = asyncio.create_task(self._recover(died), name=f"recover-{self.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue.spawn(self._recover(died), f"recover-{self.id}")
 
     async def _recover(self, died: KernelDied) -> None:
         async with self._lock:
@@ -644,9 +655,7 @@ class Session:
             logger.warning("session %s: %s", self.id, self.reason)
             return None
         self._dump = dump
-        self._packing = asyncio.create_task(self._pack(dump, info), name=f"pack-{self.id}")
-        self._tasks.add(self._packing)
-        self._packing.add_done_callback(self._tasks.discard)
+        self._packing = self._queue.spawn(self._pack(dump, info), f"pack-{self.id}")
         return memory
 
     async def _pack(self, dump: Path, info: PauseInfo) -> None:
@@ -756,9 +765,7 @@ class Session:
         transfer = self.transfer = Transfer(operation=operation, total_bytes=total,
                                             execution_id=self._resuming_for)
         self._tell(transfer.model_copy())
-        reporter = asyncio.create_task(self._report(transfer), name=f"transfer-{self.id}")
-        self._tasks.add(reporter)
-        reporter.add_done_callback(self._tasks.discard)
+        reporter = self._queue.spawn(self._report(transfer), f"transfer-{self.id}")
         try:
             result = await moving
         except BaseException:
@@ -964,15 +971,7 @@ class Session:
     def _publish(self, handle: ExecutionHandle, event: Event) -> None:
         if isinstance(event, DoneEvent):
             event.language = handle.language
-        handle._add(event)
-        self._notify(handle, event)
-
-    def _notify(self, handle: ExecutionHandle, event: Event | None) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(self, handle, event)
-            except Exception:
-                logger.exception("session listener failed")
+        self._queue.publish(handle, event)
 
     def _touch(self) -> None:
         self._active_mono = time.monotonic()
@@ -988,11 +987,12 @@ class Session:
         return self._interrupt(context_id)
 
     def _interrupt(self, context_id: str | None = None) -> bool:
-        head = self._pending[0] if self._pending else None
+        head = self._queue.head
         if head is None or context_id not in (None, head.context_id):
             return False
-        if head.run is None and head.gating is not None:
-            return head.gating.cancel()  # held by its gate: withdraw it
+        withdrawn = self._queue.withdraw(context_id)  # held by its gate: withdraw it
+        if withdrawn is not None:
+            return withdrawn
         return bool(head.run and head.run.interrupt())
 
     # -- code contexts -------------------------------------------------------------------
@@ -1048,7 +1048,7 @@ class Session:
     async def remove_context(self, context_id: str) -> None:
         """End a context's kernel and forget the context (not the session's own)."""
         context = self._contexts.pop(context_id)
-        for handle in self._pending:
+        for handle in self._queue:
             if handle.context_id == context_id and handle.run is None:
                 handle.withdrawn = "withdrawn: its code context was removed before it ran"
         self._interrupt(context_id)
@@ -1062,7 +1062,7 @@ class Session:
         # What waits in the queue is withdrawn, so the restart does not wait for all of it
         # to run first (up to the queue's length times the timeout); what is sent after it
         # runs on the fresh kernel.
-        for handle in self._pending:
+        for handle in self._queue:
             if handle.run is None and handle.gating is None:
                 handle.withdrawn = "withdrawn: the session was restarted before it ran"
         self._interrupt()
@@ -1070,9 +1070,7 @@ class Session:
         # A task of the session's own: ``close`` cancels and awaits it like an execution, so
         # a deletion during a restart neither hangs nor leaves a container made after it; and
         # a caller that goes away does not cut the restart half-way.
-        restarting = asyncio.create_task(self._restart(), name=f"restart-{self.id}")
-        self._tasks.add(restarting)
-        restarting.add_done_callback(self._tasks.discard)
+        restarting = self._queue.spawn(self._restart(), f"restart-{self.id}")
         try:
             await asyncio.shield(restarting)
         except asyncio.CancelledError:
@@ -1208,11 +1206,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await self._queue.cancel()
         if self._dump is not None:  # a memory pause's, its packing cancelled above
             with contextlib.suppress(Exception):
                 await self.kernel.sandbox.discard_checkpoint(self._dump)

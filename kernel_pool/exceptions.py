@@ -7,6 +7,7 @@
     ├── CapacityError          the pool is at max_kernels
     ├── KernelStartError       a kernel did not come up
     ├── KernelUnavailable      the session's kernel is not running (closed, or did not come back)
+    │   └── NodeUnreachable    the session's node did not answer
     ├── SessionNotFound        no such session (or not yours)
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
@@ -20,6 +21,9 @@
     ├── StateDirFull           the state directory (database, workspaces) has no room left
     ├── SnapshotError          a pause, resume or fork could not keep or restore the state
     │   └── SnapshotBudgetExceeded   no room for another snapshot
+    ├── NoNodeAvailable        no node can take a new session
+    ├── UnknownNode            no node has that id
+    ├── NotDrainable           a host with one node (this machine) cannot drain it
     └── WorkspaceError         a file path or size the workspace refuses
         ├── PathOutsideWorkspace
         ├── FileMissing        no such file in the workspace
@@ -32,6 +36,9 @@ one table (``gateway/errors.py``), never by their message.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol
 
 
 class KernelPoolError(Exception):
@@ -72,6 +79,10 @@ class KernelUnavailable(KernelPoolError):
     def __init__(self, session_id: str, reason: str) -> None:
         self.session_id = session_id
         super().__init__(f"the kernel of session {session_id} is not running: {reason}")
+
+
+class NodeUnreachable(KernelUnavailable):
+    """The session's node did not answer (down, restarting, or the network between)."""
 
 
 class SessionNotFound(KernelPoolError):
@@ -186,3 +197,60 @@ class SnapshotError(KernelPoolError):
 
 class SnapshotBudgetExceeded(SnapshotError):
     """The state directory has no room for another snapshot (HTTP 507)."""
+
+
+class _Node(Protocol):
+    """What :class:`NoNodeAvailable` reads of a node (a :class:`~kernel_pool.NodeRecord`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+    @property
+    def max_kernels(self) -> int: ...
+
+
+class NoNodeAvailable(KernelPoolError):
+    """No node can take a new session: all full, draining, down or silent."""
+
+    def __init__(self, nodes: Sequence[_Node], exclude: Collection[str] = ()) -> None:
+        self.nodes = list(nodes)
+        if not nodes:
+            why = "no node is registered: start one with 'replgate node' on the same database"
+        else:
+            counts: dict[str, int] = {}
+            for node in nodes:
+                if node.id in exclude:
+                    reason = "excluded"
+                elif node.state != "up":
+                    reason = node.state
+                elif node.sessions >= node.max_kernels:
+                    reason = "full"
+                else:
+                    reason = "silent (heartbeat late)"
+                counts[reason] = counts.get(reason, 0) + 1
+            states = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+            why = (f"all {len(nodes)} nodes are busy or away ({states}); delete idle sessions, "
+                   "start another node, raise a node's REPLGATE_MAX_KERNELS or undrain one")
+        super().__init__(f"no node can take a new session: {why}")
+
+
+class UnknownNode(KernelPoolError, LookupError):
+    """No node has that id."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"no node {node_id!r} is registered")
+
+
+class NotDrainable(KernelPoolError):
+    """A host that is one machine has nowhere to drain its one node to."""
+
+    def __init__(self) -> None:
+        super().__init__("one machine has one node, this gateway: there is nowhere to drain "
+                         "it to (run `replgate node` processes with a shared database)")

@@ -8,13 +8,20 @@ its executions' events stream back into a handle on the gateway's side.
 
 The gateway types its sessions as :class:`SessionPort` and never reaches below it, so it cannot
 tell which one it holds, except in speed. Where they come from is a :class:`SessionHost`: the
-gateway's own :class:`~kernel_pool.KernelPool`, or ``node.placement.RemoteNodes``.
+gateway's own :class:`~kernel_pool.KernelPool`, or ``node.placement.RemoteNodes``. Both hosts
+answer every call, each as its kind can (a pool of one machine has one node and cannot drain
+it: :class:`~kernel_pool.NotDrainable`), so the gateway never asks which one it has.
+
+A session's facts (status, counts, what its pause kept) are one :class:`SessionState`,
+declared once in :mod:`kernel_pool.state`: :meth:`SessionPort.state` is how they are read.
+Two stay properties because they are read per event, where building a state would cost:
+:attr:`SessionPort.current` (a stream asks it of each event) and :attr:`SessionPort.closed`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from kernel_pool._commands import CommandEmit
@@ -26,7 +33,7 @@ if TYPE_CHECKING:
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event
-    from kernel_pool.state import PauseInfo, SessionStatus, Transfer
+    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SessionStatus, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""
@@ -41,6 +48,27 @@ class SessionPort(Protocol):
 
     id: str
     profile: Profile
+    listeners: list[Listener]
+    transfer_listeners: list[TransferListener]
+
+    def state(self) -> SessionState:
+        """Its facts as of now (a remote session: as of its node's last answer, which
+        :meth:`refresh` asks again)."""
+
+    async def refresh(self) -> None:
+        """Ask where it runs for its state now (another gateway may have run code in it
+        since); nothing to ask for one in this process."""
+
+    @property
+    def closed(self) -> bool:
+        """Deleted, culled or moved away: it takes no more calls."""
+
+    @property
+    def current(self) -> ExecutionHandle | None:
+        """The execution running now, if any."""
+
+    # -- read through state() from now on; these go once the gateway does -------------------
+
     env: dict[str, str]
     metadata: dict[str, Any]
     created_at: str
@@ -49,8 +77,6 @@ class SessionPort(Protocol):
     pause_info: PauseInfo | None
     reason: str | None
     transfer: Transfer | None
-    listeners: list[Listener]
-    transfer_listeners: list[TransferListener]
 
     @property
     def status(self) -> SessionStatus: ...
@@ -60,12 +86,6 @@ class SessionPort(Protocol):
 
     @property
     def pending(self) -> int: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def current(self) -> ExecutionHandle | None: ...
 
     # -- executions ---------------------------------------------------------------------------
 
@@ -147,7 +167,16 @@ class SessionPort(Protocol):
 
 
 class SessionHost(Protocol):
-    """Where a gateway's sessions are made and found: its own pool, or the nodes."""
+    """Where a gateway's sessions are made and found: its own pool, or the nodes.
+
+    A session carries its tenant as an opaque label (given at its creation, inherited by a
+    fork's copies) that the host keeps for the gateway and never reads otherwise: asked for a
+    tenant's session, a host answers as if another tenant's did not exist.
+    """
+
+    first_epoch: ClassVar[int]
+    """The epoch a new session's record starts at: 0 in this process (no placement), 1 on
+    nodes (its first placement; each later one raises it and fences an older owner off)."""
 
     settings: PoolSettings
     """The profiles sessions may be created with, and the limits they run under."""
@@ -165,7 +194,11 @@ class SessionHost(Protocol):
     async def create_session(self, profile: str = "default", *,
                              env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None) -> SessionPort: ...
+                             session_id: str | None = None, tenant: str = "",
+                             admitted: Awaitable[None] | None = None) -> SessionPort:
+        """A new session of ``tenant``. ``admitted``, when given, must end without error
+        before the session is used (it raises what refuses the tenant one more session): the
+        host awaits it at the latest moment it can, beside the work it does anyway."""
 
     async def fork_session(self, parent_id: str, count: int = 1,
                            metadata: dict[str, Any] | None = None) -> Sequence[SessionPort]: ...
@@ -174,6 +207,32 @@ class SessionHost(Protocol):
 
     def get_session(self, session_id: str) -> SessionPort:
         """A session this host holds now; SessionNotFound otherwise."""
+
+    async def find(self, session_id: str, *, tenant: str | None = None) -> SessionPort:
+        """The live session wherever it runs (on nodes: reached, or recovered from a node that
+        is lost or drained); :class:`~kernel_pool.SessionNotFound` when there is none, or
+        when ``tenant`` is given and it is another tenant's."""
+
+    async def tenant_of(self, session_id: str) -> str | None:
+        """The tenant of a live session; None when there is none."""
+
+    async def list_sessions(self, tenant: str | None = None) -> Sequence[SessionPort]:
+        """The live sessions (of ``tenant``, if given)."""
+
+    async def count_sessions(self, tenant: str | None = None) -> int:
+        """How many :meth:`list_sessions` would list, without reaching them."""
+
+    async def nodes(self) -> list[NodeRecord]:
+        """The nodes sessions run on (one machine: one, this process)."""
+
+    async def drain(self, node_id: str, draining: bool) -> NodeRecord:
+        """Take a node out of service (no new sessions; its sessions paused) or back in;
+        :class:`~kernel_pool.UnknownNode`, or :class:`~kernel_pool.NotDrainable` where
+        there is nowhere to drain to."""
+
+    async def languages(self, profile: str) -> tuple[str, ...] | None:
+        """The languages a session of ``profile`` offers; None when not known before one runs
+        (on nodes)."""
 
     @property
     def sessions(self) -> Mapping[str, SessionPort]: ...

@@ -16,13 +16,15 @@ EXPORTED = [
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
     "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
     "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener",
-    "NodeRecord", "Output",
+    "ExecutionQueue", "NoNodeAvailable", "NodeRecord", "NodeUnreachable", "NotDrainable",
+    "Output",
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UpdateDisplayEvent",
+    "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UnknownNode",
+    "UpdateDisplayEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
     # gate and checks languages as the node would; the E2B face sets a call's variables in
