@@ -1325,7 +1325,7 @@ class DockerBackend(SandboxBackend):
                            profile=profile.model_copy(update={"workspace_size": "16m"}))
         # Made to its end even when the pool closes meanwhile (the template task cancelled):
         # a sandbox left half-made would keep its mounts.
-        creating = asyncio.ensure_future(self._create(spec, start=True))
+        creating = asyncio.ensure_future(self.create(spec))
         try:
             sandbox = await asyncio.shield(creating)
         except asyncio.CancelledError:
