@@ -19,7 +19,6 @@ relative to the workspace's own descriptor, so neither ``..``, absolute paths no
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -30,10 +29,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
-
-from pydantic import BaseModel
 
 from kernel_pool._disk import (
     _allocate,
@@ -45,13 +42,11 @@ from kernel_pool._disk import (
     _unmount,
     detach,
 )
-from kernel_pool.exceptions import (
-    FileMissing,
-    FileTooLarge,
-    PathOutsideWorkspace,
-    WorkspaceError,
-    WorkspaceFull,
-)
+from kernel_pool._entries import Entry as Entry
+from kernel_pool._entries import FileInfo as FileInfo
+from kernel_pool._entries import _entry, _path_error
+from kernel_pool._entries import split_relative as split_relative
+from kernel_pool.exceptions import FileTooLarge, WorkspaceError
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -65,46 +60,6 @@ SANDBOX_PATH = "/home/user"
 OLD_SANDBOX_PATH = "/workspace"
 """Where the workspace was before: the image links it to :data:`SANDBOX_PATH`, and a command's
 ``cwd`` may still name it."""
-
-
-class FileInfo(BaseModel):
-    path: str
-    size: int
-    modified: str
-
-
-class Entry(BaseModel):
-    """A file, folder or link of the workspace, as :meth:`Workspace.stat` sees it."""
-
-    path: str
-    """Relative to the workspace; ``""`` is the workspace itself."""
-    kind: Literal["file", "dir", "symlink", "other"]
-    size: int
-    mode: int
-    """Permission bits (``st_mode & 0o7777``)."""
-    modified: float
-    """Seconds since the epoch."""
-    target: str | None = None
-    """Where a link points (never followed)."""
-
-
-def _entry(path: str, info: os.stat_result, target: str | None = None) -> Entry:
-    kind: Literal["file", "dir", "symlink", "other"] = (
-        "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
-        else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
-    return Entry(path=os.fsencode(path).decode("utf-8", "backslashreplace"), kind=kind,
-                 size=info.st_size, mode=stat.S_IMODE(info.st_mode), modified=info.st_mtime,
-                 target=target)
-
-
-def split_relative(path: str) -> list[str]:
-    """Validate an API path (relative, no ``..``) and return its components."""
-    if not path or "\x00" in path or "\\" in path or path.startswith("/"):
-        raise PathOutsideWorkspace(path)
-    parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
-    if not parts or any(p == ".." for p in parts):
-        raise PathOutsideWorkspace(path)
-    return parts
 
 
 def _mounted(write: bool) -> Callable[[Callable[Concatenate[Workspace, P], T]],
@@ -527,19 +482,3 @@ class Workspace:
             except OSError as exc:
                 raise _path_error(exc, f"{source} -> {destination}") from exc
         return self.stat(destination)
-
-
-def _path_error(exc: OSError, path: str) -> WorkspaceError:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-        return PathOutsideWorkspace(path)
-    if exc.errno == errno.ENOENT:
-        return FileMissing(path)
-    if exc.errno == errno.EEXIST:
-        return WorkspaceError(f"{path!r} already exists")
-    if exc.errno == errno.ENOTEMPTY:
-        return WorkspaceError(f"{path!r} is a folder that is not empty")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return WorkspaceFull()
-    if exc.errno == errno.EISDIR:
-        return WorkspaceError(f"{path!r} is a directory")
-    return WorkspaceError(f"{path!r}: {exc.strerror}")
