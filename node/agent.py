@@ -23,8 +23,8 @@ from fastapi import FastAPI
 
 from common.policy import load_policy
 from common.settings import Settings
+from common.store import RecordNotFound, Store
 from common.tracing import setup_tracing
-from gateway.store import RecordNotFound, Store
 from kernel_pool import KernelPool, SessionPort
 from kernel_pool.bundles import Bundles
 from kernel_pool.config import BundleSettings

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gateway.store import Store
+from common.store import Store
 from kernel_pool import DEFAULT_CONTEXT, KernelPool, PauseInfo, Session, SessionPort
 from kernel_pool.bundles import BundleInfo, Bundles, read_session, write_session
 

@@ -17,7 +17,7 @@ import logging
 
 import psycopg
 
-from gateway.store import SessionRecord, Store
+from common.store import SessionRecord, Store
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import store as store_module
+from gateway.records import keys as store_module
 from gateway.store import (
     ExecutionRecord,
     RecordExists,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.store import SessionRecord, Store
+from common.store import SessionRecord, Store
 from node.records import SessionRecords
 from node.registry import Registry
 from tests.conftest import create_database, drop_database

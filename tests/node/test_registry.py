@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from common.database import Database
-from gateway.store import SessionRecord, Store
+from common.store import SessionRecord, Store
 from node.registry import Fenced, NoNodeAvailable, Registry, UnknownNode
 from tests.conftest import create_database, drop_database
 
