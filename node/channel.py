@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from kernel_pool import KernelUnavailable
+from kernel_pool import NodeUnreachable
 from node.wire import (
     ChannelFrame,
     ChannelRequest,
@@ -33,11 +33,9 @@ from node.wire import (
     stream_of,
 )
 
+__all__ = ["NodeChannel", "NodeUnreachable"]
+
 logger = logging.getLogger(__name__)
-
-
-class NodeUnreachable(KernelUnavailable):
-    """The session's node did not answer (down, restarting, or the network between)."""
 
 
 class _Connection:

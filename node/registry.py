@@ -28,70 +28,19 @@ in flight is never undone, and a slot a killed gateway claimed and never used is
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Any, Literal
+from collections.abc import Collection
+from typing import Any
 
-from pydantic import BaseModel
 from sqlalchemy import RowMapping, String, TextClause, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.database import Database
-from kernel_pool import KernelPoolError
+from kernel_pool import NodeRecord, NoNodeAvailable, UnknownNode
+from kernel_pool.state import NodeState
 
 __all__ = ["Fenced", "NoNodeAvailable", "NodeRecord", "Registry", "UnknownNode"]
 
-NodeState = Literal["up", "draining", "down"]
-
 _COLUMNS = "id, address, state, kernels, max_kernels, sessions, heartbeat_at"
-
-
-class NodeRecord(BaseModel):
-    """A node as ``GET /v1/nodes`` shows it."""
-
-    id: str
-    address: str
-    """``HOST:PORT``, where gateways reach it."""
-    state: NodeState
-    kernels: int
-    """Kernels it runs (warm or in use), from its last heartbeat."""
-    max_kernels: int
-    sessions: int
-    """Slots taken: its sessions, and those being placed on it."""
-    heartbeat_at: str
-    """Its last heartbeat, ISO 8601 UTC by the database's clock."""
-
-
-class NoNodeAvailable(KernelPoolError):
-    """No node can take a new session: all full, draining, down or silent."""
-
-    def __init__(self, nodes: Sequence[NodeRecord], exclude: Collection[str] = ()) -> None:
-        self.nodes = list(nodes)
-        if not nodes:
-            why = "no node is registered: start one with 'replgate node' on the same database"
-        else:
-            counts: dict[str, int] = {}
-            for node in nodes:
-                if node.id in exclude:
-                    reason = "excluded"
-                elif node.state != "up":
-                    reason = node.state
-                elif node.sessions >= node.max_kernels:
-                    reason = "full"
-                else:
-                    reason = "silent (heartbeat late)"
-                counts[reason] = counts.get(reason, 0) + 1
-            states = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
-            why = (f"all {len(nodes)} nodes are busy or away ({states}); delete idle sessions, "
-                   "start another node, raise a node's REPLGATE_MAX_KERNELS or undrain one")
-        super().__init__(f"no node can take a new session: {why}")
-
-
-class UnknownNode(KernelPoolError, LookupError):
-    """No node has that id."""
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        super().__init__(f"no node {node_id!r} is registered")
 
 
 class Fenced(Exception):
