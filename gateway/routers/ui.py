@@ -22,6 +22,16 @@ router = APIRouter(include_in_schema=False)
 
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
+    "api.js": "text/javascript; charset=utf-8",
+    "approvals.js": "text/javascript; charset=utf-8",
+    "cells.js": "text/javascript; charset=utf-8",
+    "files.js": "text/javascript; charset=utf-8",
+    "output.js": "text/javascript; charset=utf-8",
+    "page.js": "text/javascript; charset=utf-8",
+    "sessions.js": "text/javascript; charset=utf-8",
+    "signin.js": "text/javascript; charset=utf-8",
+    "text.js": "text/javascript; charset=utf-8",
+    "watch.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }

@@ -38,7 +38,9 @@ async def test_get_page_answers_without_auth(ui: Ui) -> None:
         csp = page.headers["content-security-policy"]
         assert "script-src 'self' 'nonce-" in csp and "frame-ancestors 'none'" in csp
         assert "{{nonce}}" not in page.text
-        for name, kind in (("app.js", "javascript"), ("app.css", "css"), ("favicon.svg", "svg")):
+        # app.js and the modules it imports, each served (the browser fetches them by name).
+        modules = [(path.name, "javascript") for path in (REPO / "gateway" / "static").glob("*.js")]
+        for name, kind in (*modules, ("app.css", "css"), ("favicon.svg", "svg")):
             asset = await anonymous.get(f"/ui/{name}")
             assert asset.status_code == 200 and kind in asset.headers["content-type"]
         assert (await anonymous.get("/ui/..%2Fservice.py")).status_code == 404
