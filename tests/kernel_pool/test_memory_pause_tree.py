@@ -16,7 +16,7 @@ import pytest
 from kp_support import pausing_pool, run_ok
 
 from kernel_pool import KernelPool
-from kernel_pool.backends.docker._backend import DockerSandbox
+from kernel_pool.backends.docker import DockerSandbox
 from kernel_pool.backends.docker._checkpoint import (
     ABOUT_NAME,
     COMPRESSOR,
@@ -71,7 +71,7 @@ async def test_memory_pause_of_200_mib_restores_the_kernel_tree_with_its_state(
     try:
         await run_ok(session, SETUP)
         hardening = await run_ok(session, HARDENING)
-        caplog.set_level(logging.INFO, "kernel_pool.backends.docker._backend")
+        caplog.set_level(logging.INFO, "kernel_pool.backends.docker._sandbox_checkpoint")
 
         info = await session.pause()
 
@@ -172,7 +172,7 @@ async def test_a_failed_tree_dump_falls_back_to_the_engine_and_says_so(
         # A file its own user cannot read: tar, saving /tmp as that user, fails; runc's dump
         # (root's) keeps it.
         await run_ok(session, SETUP + "os.chmod('/tmp/scratch.txt', 0)")
-        caplog.set_level(logging.INFO, "kernel_pool.backends.docker._backend")
+        caplog.set_level(logging.INFO, "kernel_pool.backends.docker._sandbox_checkpoint")
 
         assert (await session.pause()).paused_with == "memory", session.reason
 

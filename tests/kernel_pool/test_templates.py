@@ -16,7 +16,7 @@ import pytest
 from kp_support import own_session, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Session
-from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
+from kernel_pool.backends.docker import DockerBackend, DockerSandbox
 from kernel_pool.backends.docker._template import (
     TEMPLATE_PID,
     Template,

@@ -8,7 +8,7 @@ kernel_pool that imports the Docker SDK (with the image builder beside it).
 """
 
 from kernel_pool._sandbox_image import current_image, slim_image
-from kernel_pool.backends.docker._backend import DockerBackend, DockerSandbox
+from kernel_pool.backends.docker._backend import DockerBackend
 from kernel_pool.backends.docker._criu import CheckpointSupport, checkpoint_support
 from kernel_pool.backends.docker._docker import (
     LABEL_OWNER,
@@ -22,6 +22,7 @@ from kernel_pool.backends.docker._image import (
     build_image,
     read_image_info,
 )
+from kernel_pool.backends.docker._sandbox import DockerSandbox
 from kernel_pool.backends.docker._template import refusal as templates_refusal
 
 __all__ = [

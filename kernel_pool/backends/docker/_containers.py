@@ -1,0 +1,253 @@
+"""The Docker backend's containers: made hardened, labelled, found, removed; their folders
+(workspace, socket folder) and images."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import docker
+import docker.errors
+from docker.types import Mount, Ulimit
+
+from kernel_pool._disk import detach
+from kernel_pool._languages import offered
+from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Workspace
+from kernel_pool.backends.base import SandboxBackend, SandboxInfo
+from kernel_pool.backends.docker._docker import (
+    KERNEL_DIR,
+    LABEL_OWNER,
+    LABEL_PROFILE,
+    LABEL_SANDBOX,
+    SOCKET_SUBDIR,
+    _in_thread,
+    _run,
+    container_name,
+)
+from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, host_pids_limit
+from kernel_pool.config import PoolSettings, Profile, parse_size
+from kernel_pool.exceptions import BackendError, WorkspaceError
+
+logger = logging.getLogger(__name__)
+
+REMOVAL_WAITS = 300
+"""Tenths of a second to wait for a container's removal that is already in progress."""
+SANDBOX_CPU_SHARES = 512
+"""Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
+its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
+gateway that serves every session. Sandboxes stay equal among themselves."""
+SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
+"""The file system of a sandbox's socket folder, as root: sockets and a connection file."""
+
+
+def _mount(arguments: list[str]) -> None:
+    result = subprocess.run(["mount", *arguments], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BackendError(f"mount {' '.join(arguments)} failed: {result.stderr.strip()}")
+
+
+class DockerContainers(SandboxBackend):
+    """The containers, folders and images of Docker sandboxes, on the local engine."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        super().__init__(settings)
+        try:
+            self.client = docker.from_env(max_pool_size=32)
+        except docker.errors.DockerException as exc:
+            raise BackendError(
+                f"cannot reach the Docker engine ({exc}); start it (./run.sh serve does) "
+                "or set DOCKER_HOST") from exc
+        self._lifecycle = threading.Lock()
+        """Containers are made and removed one at a time: Docker 20.10's libnetwork can
+        deadlock the whole engine on many endpoints (even ``none`` ones) created or deleted at
+        once (seen here: 50 sessions deleted together). Kernel start-up is not serialized."""
+        self._run_dir = settings.state_dir / "run"
+        self._workspaces = settings.state_dir / "workspaces"
+        self._languages: dict[str, tuple[str, ...]] = {}
+
+    def _labels(self, sandbox_id: str, profile: Profile, workspace: Path,
+                socket_dir: Path) -> dict[str, str]:
+        return {LABEL_OWNER: self.settings.owner, LABEL_SANDBOX: sandbox_id,
+                LABEL_PROFILE: profile.name, "io.replgate.workspace": str(workspace),
+                "io.replgate.sockets": str(socket_dir)}
+
+    def run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
+                      socket_dir: Path, env: dict[str, str]) -> str:
+        """Start the hardened container (blocking; called in a worker thread)."""
+        memory = parse_size(profile.memory)
+        with self._lifecycle:
+            return self._run_container(sandbox_id, profile, workspace, socket_dir, env, memory)
+
+    def _run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
+                       socket_dir: Path, env: dict[str, str], memory: int) -> str:
+        gvisor = profile.runtime == "gvisor"
+        ulimits = [Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+                   Ulimit(name="core", soft=0, hard=0)]
+        if gvisor:
+            # gVisor counts the sandbox's tasks per user in its own kernel, so RLIMIT_NPROC is
+            # the sandbox's process limit there (under runc it would count the host's uid 1000).
+            ulimits.append(Ulimit(name="nproc", soft=profile.pids, hard=profile.pids))
+        container = self.client.containers.run(
+            profile.image,
+            name=container_name(sandbox_id),
+            detach=True,
+            labels=self._labels(sandbox_id, profile, workspace, socket_dir),
+            hostname="sandbox",
+            user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+            environment=env,
+            working_dir=SANDBOX_PATH,
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            ipc_mode="private",
+            mem_limit=memory,
+            memswap_limit=memory,
+            mem_swappiness=0,
+            nano_cpus=int(profile.cpus * 1e9),
+            cpu_shares=SANDBOX_CPU_SHARES,
+            runtime=ENGINE_RUNTIMES[profile.runtime],
+            pids_limit=host_pids_limit(profile) if gvisor else profile.pids,
+            ulimits=ulimits,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={parse_size(profile.tmp_size)},mode=1777"},
+            shm_size="64m",
+            mounts=[Mount(SANDBOX_PATH, str(workspace), type="bind"),
+                    Mount(KERNEL_DIR, str(socket_dir), type="bind")],
+            oom_score_adj=500,
+        )
+        return str(container.id)
+
+    def remove_container(self, container_id: str) -> None:
+        """Remove a container (blocking), and wait for a removal already under way (someone
+        else's ``docker rm``): a new container of the same name can only follow it."""
+        for attempt in range(REMOVAL_WAITS):
+            try:
+                with self._lifecycle:
+                    self.client.api.remove_container(container_id, force=True, v=True)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409 or attempt == REMOVAL_WAITS - 1:
+                    raise
+            time.sleep(0.1)
+
+    @staticmethod
+    def make_socket_dir(path: Path) -> None:
+        """``run/<id>/kernel``, the sandbox's writable socket folder (its kernel binds there).
+
+        As root, ``run/<id>`` is a tiny tmpfs of its own, so the sandbox cannot fill the host's
+        disk through the folder; the gateway's private files (egress) sit beside it, out of
+        the sandbox's reach, on the same file system.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0 and not os.path.ismount(path.parent):
+            _mount(["-t", "tmpfs", "-o", SOCKET_DIR_TMPFS, "tmpfs", str(path.parent)])
+        path.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+            os.chmod(path, 0o700)
+        else:
+            os.chmod(path, 0o777)
+
+    @staticmethod
+    def unmount_socket_dir(path: Path) -> None:
+        """Unmount a stopped sandbox's socket folder (see :meth:`make_socket_dir`)."""
+        if os.path.ismount(path.parent):
+            try:
+                detach(path.parent)
+            except WorkspaceError as exc:
+                raise BackendError(str(exc)) from exc
+
+    @staticmethod
+    def _remove_dirs(workspace: Workspace, socket_dir: Path) -> None:
+        workspace.destroy()
+        # run/<id>/kernel: remove run/<id> (a tmpfs as root); an older layout had run/<id>.
+        root = socket_dir.parent if socket_dir.name == SOCKET_SUBDIR else socket_dir
+        if os.path.ismount(root):
+            with contextlib.suppress(WorkspaceError):
+                detach(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+    def _discard(self, sandbox_id: str, workspace_dir: Path, socket_dir: Path) -> None:
+        """Remove a half-made sandbox (blocking); parts that were never made are skipped."""
+        try:
+            self.remove_container(container_name(sandbox_id))
+        except docker.errors.DockerException as exc:
+            logger.warning("could not remove container of sandbox %s: %s", sandbox_id, exc)
+        self._remove_dirs(Workspace(workspace_dir, workspace_dir.with_suffix(".ext4")),
+                          socket_dir)
+
+    async def image_languages(self, image: str) -> tuple[str, ...]:
+        """The languages ``image`` offers, by its label (asked of the engine once per image)."""
+        if image not in self._languages:
+            try:
+                details = await _run(self.client.api.inspect_image, image)
+            except BackendError:
+                return ("python",)  # not asked again: the next sandbox's creation may find it
+            self._languages[image] = tuple(offered((details.get("Config") or {}).get("Labels")))
+        return self._languages[image]
+
+    async def image_digest(self, image: str) -> str | None:
+        try:
+            details = await _run(self.client.api.inspect_image, image)
+        except BackendError:
+            return None
+        return str(details.get("Id")) or None
+
+    async def list_sandboxes(self) -> list[SandboxInfo]:
+        containers = await _run(self.client.api.containers, all=True,
+                                filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
+        # The owner label alone is not enough: two gateways on different state directories may
+        # share an owner (the default), and each must leave the other's sandboxes alone.
+        mine = await _in_thread(self._in_state_dir, [
+            (item.get("Labels") or {}).get("io.replgate.workspace", "") for item in containers])
+        found = []
+        for item, ours in zip(containers, mine, strict=True):
+            if not ours:
+                continue
+            labels = item.get("Labels") or {}
+            found.append(SandboxInfo(
+                sandbox_id=labels.get(LABEL_SANDBOX, ""), backend=self.name,
+                profile=labels.get(LABEL_PROFILE, "default"), container_id=item["Id"],
+                workspace=labels.get("io.replgate.workspace", ""),
+                socket_dir=labels.get("io.replgate.sockets", "")))
+        return found
+
+    async def list_on_host(self) -> list[SandboxInfo]:
+        return await _in_thread(self._on_host)
+
+    def _on_host(self) -> list[SandboxInfo]:
+        """The sandboxes named in ``workspaces/`` and ``run/`` (blocking)."""
+        ids: set[str] = set()
+        for folder in (self._workspaces, self._run_dir):
+            with contextlib.suppress(FileNotFoundError):
+                ids.update(name.removesuffix(".ext4") for name in os.listdir(folder))
+        return [SandboxInfo(sandbox_id=sandbox_id, backend=self.name, profile="",
+                            container_id=container_name(sandbox_id),
+                            workspace=str(self._workspaces / sandbox_id),
+                            socket_dir=str(self._run_dir / sandbox_id / SOCKET_SUBDIR))
+                for sandbox_id in sorted(ids)]
+
+    def _in_state_dir(self, workspaces: list[str]) -> list[bool]:
+        """Which workspace paths lie in this gateway's state directory (symlinks resolved)."""
+        own = os.path.realpath(self._workspaces)
+        return [bool(path) and os.path.dirname(os.path.realpath(path)) == own
+                for path in workspaces]
+
+    async def remove(self, info: SandboxInfo, workspace: Workspace | None = None) -> None:
+        """``workspace``: the sandbox's own, whose lock its file operations hold (else one
+        made from ``info``, for a sandbox not loaded)."""
+        await _run(self.remove_container, info.container_id)
+        if info.sandbox_id:  # a replacement container made under the same name
+            await _run(self.remove_container, container_name(info.sandbox_id))
+        workspace = workspace or Workspace(Path(info.workspace),
+                                           Path(info.workspace).with_suffix(".ext4"))
+        if info.workspace:
+            await _in_thread(self._remove_dirs, workspace, Path(info.socket_dir))
