@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
+from common.errors import status_for
 from common.metrics import Metrics
 from common.tracing import Tracing
-from gateway.errors import status_for
 from kernel_pool import (
     ContextInfo,
     DoneEvent,
@@ -102,12 +102,12 @@ async def info(request: Request) -> NodeInfo:
 
 @router.get("/sessions")
 async def listed(request: Request) -> list[SessionState]:
-    return [SessionState.of(s) for s in _pool(request).sessions.values()]
+    return [s.state() for s in _pool(request).sessions.values()]
 
 
 @router.get("/sessions/{session_id}")
 async def state(request: Request, session_id: str) -> SessionState:
-    return SessionState.of(_session(request, session_id))
+    return _session(request, session_id).state()
 
 
 @router.delete("/sessions/{session_id}", status_code=204)
@@ -118,7 +118,7 @@ async def delete(request: Request, session_id: str) -> None:
 @router.post("/sessions/{session_id}/fork")
 async def fork(request: Request, session_id: str, body: ForkSession) -> list[SessionState]:
     children = await _pool(request).fork_session(session_id, body.count, body.metadata)
-    return [SessionState.of(child) for child in children]
+    return [child.state() for child in children]
 
 
 @router.websocket("/channel")
@@ -227,7 +227,7 @@ async def _create(app: FastAPI, create: CreateSession, frame: _FrameSender) -> N
     made = await asyncio.shield(pool.create_session(
         create.profile, env=create.env, metadata=create.metadata,
         session_id=create.session_id, lost=create.lost))
-    frame(Frame(created=SessionState.of(made)), last=True)
+    frame(Frame(created=made.state()), last=True)
 
 
 async def _execute(app: FastAPI, session_id: str, body: Submit, trace_context: dict[str, str],
@@ -243,7 +243,7 @@ async def _execute(app: FastAPI, session_id: str, body: Submit, trace_context: d
     span = None if tracing is None else tracing.tracer.start_span(
         "replgate.node.execution", kind=trace.SpanKind.SERVER,
         context=propagate.extract(trace_context))
-    frame(Frame(accepted=SessionState.of(session)))
+    frame(Frame(accepted=session.state()))
     async for event in handle.stream():
         frame(Frame(event=event), last=isinstance(event, DoneEvent))
     if tracing is not None and span is not None:
@@ -262,21 +262,21 @@ async def interrupt(request: Request, session_id: str,
 async def restart(request: Request, session_id: str) -> SessionState:
     session = _session(request, session_id)
     await session.restart()
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.post("/sessions/{session_id}/pause")
 async def pause(request: Request, session_id: str) -> SessionState:
     session = _session(request, session_id)
     await session.pause()
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.post("/sessions/{session_id}/resume")
 async def resume(request: Request, session_id: str) -> SessionState:
     session = _session(request, session_id)
     await session.resume()
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.get("/sessions/{session_id}/file")
@@ -415,14 +415,14 @@ async def create_context(request: Request, session_id: str, body: CreateContext)
 async def restart_context(request: Request, session_id: str, context_id: str) -> SessionState:
     session = _session(request, session_id)
     await session.restart_context(context_id)
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.delete("/sessions/{session_id}/contexts/{context_id}")
 async def remove_context(request: Request, session_id: str, context_id: str) -> SessionState:
     session = _session(request, session_id)
     await session.remove_context(context_id)
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.get("/sessions/{session_id}/events")
@@ -461,7 +461,7 @@ async def follow(request: Request, session_id: str,
         session.listeners.append(heard)
         session.transfer_listeners.append(moved)
         try:
-            yield _line(Frame(accepted=SessionState.of(session)))
+            yield _line(Frame(accepted=session.state()))
             while not session.closed:
                 try:
                     frame = await asyncio.wait_for(queue.get(), FOLLOW_KEEPALIVE_S)
