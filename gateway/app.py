@@ -112,7 +112,7 @@ async def _session_host(settings: Settings, policy: Policy,
     # (warm kernels, deleted sessions) are removed.
     records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
                if r.sandbox is not None}
-    pool = KernelPool(pool_settings)
+    pool = KernelPool(pool_settings, address=f"{settings.host}:{settings.port}")
     kept = await pool.start(keep=lambda info: info.container_id in records)
     try:
         yield pool, (kept, records)
@@ -153,8 +153,7 @@ def create_app(settings: Settings) -> FastAPI:
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session
                 # exists: the tools then say that the image decides.
-                languages = (await pool.languages("default") if isinstance(pool, KernelPool)
-                             else None)
+                languages = await pool.languages("default")
                 try:
                     async with mcp.run(languages):  # MCP sessions end (and their sessions go) first
                         yield

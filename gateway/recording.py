@@ -133,6 +133,7 @@ class Recorder:
                                 handle.events, execution)
             raise
         execution = handle.execution()
+        state = session.state()
 
         # Its end, the session's activity and the audit record: one commit (on PostgreSQL,
         # one statement).
@@ -148,9 +149,9 @@ class Recorder:
                                     handle.id, execution.status.value,
                                     execution.execution_count, handle.events, execution),
                                 self.store.activity(
-                                    session.id, execution_count=session.execution_count,
-                                    last_active_at=session.last_active_at,
-                                    sandbox=session.sandbox_info())])
+                                    session.id, execution_count=state.execution_count,
+                                    last_active_at=state.last_active_at,
+                                    sandbox=state.sandbox)])
         return execution
 
     async def _start_record(self, execution_id: str, session_id: str, tenant: str,

@@ -18,7 +18,6 @@ from opentelemetry import trace
 
 from gateway.audit import AuditLog, AuditRecord
 from gateway.errors import (
-    Conflict,
     InvalidInput,
     NotFound,
     TooManyRequests,
@@ -33,7 +32,6 @@ from gateway.store import (
     ExecutionRecord,
     SessionRecord,
     Store,
-    utc_now,
 )
 from gateway.tracing import Tracing
 from gateway.usage import UsageMeter
@@ -54,19 +52,19 @@ from kernel_pool import (
     ExecutionIdTaken,
     FileInfo,
     KernelPool,
+    NodeRecord,
     PayloadTooLarge,
     Profile,
     SandboxInfo,
     SessionHost,
     SessionNotFound,
     SessionPort,
+    SessionStatus,
     StateDirFull,
     StreamEvent,
+    UnknownNode,
     parse_size,
 )
-from node.placement import RemoteNodes
-from node.registry import NodeRecord, UnknownNode
-from node.remote import RemoteSession
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +79,7 @@ class Gateway:
         self.settings = settings
         self.pool = pool
         """Where sessions are made and found: this process's pool (one machine), or the
-        nodes of many (``node.placement.RemoteNodes``)."""
+        nodes of many (``app.py`` chooses; the gateway asks both the same)."""
         self.store = store
         self.audit = audit
         self.metrics = metrics
@@ -92,9 +90,8 @@ class Gateway:
         nothing here touches OpenTelemetry)."""
         self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
-        self.node = settings.pool.owner
-        """The node its sessions run on, in this process: the pool's owner label, which sets
-        them apart from other gateways' in a shared database."""
+        """The sessions this gateway recorded or found, with their tenants (the host decides
+        whose a session is: this is what the per-tenant limits count)."""
         self.recorder = Recorder(store, audit, metrics, self.governance, tracing,
                                  image=settings.limits.image,
                                  max_unrecorded=settings.max_unrecorded_executions)
@@ -120,12 +117,8 @@ class Gateway:
         gateway may have created, deleted or placed it again), and its node is reached with
         the connection this gateway keeps.
         """
-        if not isinstance(self.pool, RemoteNodes):
-            if self._tenant_of.get(session_id) != tenant:
-                raise SessionNotFound(session_id)
-            return self.pool.get_session(session_id)
         try:
-            session: SessionPort = await self.pool.find(session_id, tenant=tenant)
+            session = await self.pool.find(session_id, tenant=tenant)
         except SessionNotFound:
             if session_id not in self.pool.sessions:  # deleted, or placed nowhere
                 self._tenant_of.pop(session_id, None)
@@ -137,7 +130,7 @@ class Gateway:
         """The tenant of a live session, for a caller that proved its right to it otherwise
         (the E2B sandbox plane authenticates by a per-sandbox token, not by an API key)."""
         tenant = self._tenant_of.get(session_id)
-        if tenant is None and isinstance(self.pool, RemoteNodes):
+        if tenant is None:
             tenant = await self.pool.tenant_of(session_id)
         return tenant
 
@@ -147,21 +140,14 @@ class Gateway:
 
     async def sessions(self, tenant: str) -> list[SessionPort]:
         """The tenant's live sessions (on many machines: wherever they run)."""
-        if not isinstance(self.pool, RemoteNodes):
-            return self._local_sessions(tenant)
-        found = await self.pool.list_sessions(tenant)
+        found = list(await self.pool.list_sessions(tenant))
         for session in found:
             self._tenant_of[session.id] = tenant
         return found
 
-    async def _count_sessions(self, tenant: str) -> int:
-        if not isinstance(self.pool, RemoteNodes):
-            return len(self._local_sessions(tenant))
-        return await self.pool.count_sessions(tenant)
-
     async def _admit(self, tenant: str) -> None:
         """Refuse a new session to a tenant that holds its most."""
-        if await self._count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
+        if await self.pool.count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
                 "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
@@ -171,19 +157,20 @@ class Gateway:
         return [s for sid, s in self.pool.sessions.items() if self._tenant_of.get(sid) == tenant]
 
     def describe(self, session: SessionPort) -> SessionOut:
-        paused = session.pause_info if session.paused else None
+        state = session.state()
+        paused = state.pause_info if state.status is SessionStatus.PAUSED else None
         return SessionOut(
             id=session.id, tenant=self._tenant_of.get(session.id, ""),
-            profile=session.profile.name, status=session.status.value,
-            execution_count=session.execution_count, created_at=session.created_at,
-            last_active_at=session.last_active_at, metadata=session.metadata,
+            profile=session.profile.name, status=state.status.value,
+            execution_count=state.execution_count, created_at=state.created_at,
+            last_active_at=state.last_active_at, metadata=state.metadata,
             budget=self.governance.budget(self._tenant_of.get(session.id, ""), session),
             paused_with=paused.paused_with if paused else None,
             not_kept=paused.not_kept if paused else None,
-            snapshot_bytes=paused.image_bytes if paused else None, reason=session.reason,
-            transfer=TransferOut.model_validate(session.transfer.model_dump())
-            if session.transfer is not None else None,
-            node=None if session.paused else self._node_of(session))
+            snapshot_bytes=paused.image_bytes if paused else None, reason=state.reason,
+            transfer=TransferOut.model_validate(state.transfer.model_dump())
+            if state.transfer is not None else None,
+            node=None if state.status is SessionStatus.PAUSED else state.node)
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -196,34 +183,29 @@ class Gateway:
                                f"for profile {profile.name!r}")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if isinstance(self.pool, RemoteNodes):
-            # The tenant's sessions are counted in the shared database while a node's slot is
-            # claimed there, not before: a round trip less in every create's answer.
-            admitted = asyncio.ensure_future(self._admit(tenant))
-            try:
-                session: SessionPort = await self.pool.create_session(
-                    profile.name, env=request.env, metadata=request.metadata,
-                    session_id=session_id, admitted=admitted)
-            finally:
-                if not admitted.done():
-                    admitted.cancel()
-                elif not admitted.cancelled():
-                    admitted.exception()  # (retrieved: raised by the create, or moot)
-        else:
-            await self._admit(tenant)
-            session = await self.pool.create_session(profile.name, env=request.env,
-                                                     metadata=request.metadata,
-                                                     session_id=session_id)
+        # The tenant's sessions are counted beside the host's own work (on nodes: while a
+        # node's slot is claimed in the shared database): a round trip less in every create.
+        admitted = asyncio.ensure_future(self._admit(tenant))
+        try:
+            session = await self.pool.create_session(
+                profile.name, env=request.env, metadata=request.metadata,
+                session_id=session_id, tenant=tenant, admitted=admitted)
+        finally:
+            if not admitted.done():
+                admitted.cancel()
+            elif not admitted.cancelled():
+                admitted.exception()  # (retrieved: raised by the create, or moot)
         self.metrics.acquire.observe(loop.time() - started)
         if request.timeout_s is not None:
             session.profile = profile.model_copy(update={"default_timeout_s": request.timeout_s})
         self._tenant_of[session.id] = tenant
+        state = session.state()
         await self.store.create_session(SessionRecord(
-            id=session.id, tenant=tenant, profile=profile.name, status=session.status.value,
-            created_at=session.created_at, last_active_at=session.last_active_at,
+            id=session.id, tenant=tenant, profile=profile.name, status=state.status.value,
+            created_at=state.created_at, last_active_at=state.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
-            sandbox=session.sandbox_info().model_dump(mode="json"), node=self._node_of(session),
-            epoch=self._first_epoch(session)))
+            sandbox=state.sandbox.model_dump(mode="json"), node=state.node,
+            epoch=self.pool.first_epoch))
         return session
 
     async def adopt(self, pool: KernelPool, kept: list[SandboxInfo],
@@ -242,7 +224,8 @@ class Gateway:
             try:
                 session = await pool.adopt_session(
                     info, session_id=record.id, env=record.env, metadata=record.metadata,
-                    created_at=record.created_at, execution_count=record.execution_count)
+                    created_at=record.created_at, execution_count=record.execution_count,
+                    tenant=record.tenant)
             except Exception as exc:
                 logger.error("could not take back session %s: %s", record.id, exc)
                 await pool.remove_sandbox(info)
@@ -260,7 +243,7 @@ class Gateway:
                     await pool.adopt_paused_session(
                         record.sandbox, session_id=record.id, env=record.env,
                         metadata=record.metadata, created_at=record.created_at,
-                        execution_count=record.execution_count)
+                        execution_count=record.execution_count, tenant=record.tenant)
                     self._tenant_of[record.id] = record.tenant
                     continue
                 except Exception as exc:
@@ -301,7 +284,7 @@ class Gateway:
         """New sessions of the tenant with the session's variables and workspace files."""
         await self.session(tenant, session_id)
         self.check_disk()
-        held = await self._count_sessions(tenant)
+        held = await self.pool.count_sessions(tenant)
         if held + request.count > self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} has {held} sessions; {request.count} more would pass "
@@ -312,23 +295,15 @@ class Gateway:
             span.set_attribute("replgate.fork.count", len(children))
         for child in children:
             self._tenant_of[child.id] = tenant
+            state = child.state()
             await self.store.create_session(SessionRecord(
                 id=child.id, tenant=tenant, profile=child.profile.name,
-                status=child.status.value, created_at=child.created_at,
-                last_active_at=child.last_active_at, execution_count=0,
-                metadata=child.metadata, env=child.env,
-                sandbox=child.sandbox_info().model_dump(mode="json"), node=self._node_of(child),
-                epoch=self._first_epoch(child)))
+                status=state.status.value, created_at=state.created_at,
+                last_active_at=state.last_active_at, execution_count=0,
+                metadata=state.metadata, env=state.env,
+                sandbox=state.sandbox.model_dump(mode="json"), node=state.node,
+                epoch=self.pool.first_epoch))
         return children
-
-    def _node_of(self, session: SessionPort) -> str:
-        return session.node if isinstance(session, RemoteSession) else self.node
-
-    @staticmethod
-    def _first_epoch(session: SessionPort) -> int:
-        """A session placed on a node starts at epoch 1, its first placement (each later one
-        raises it, and fences an older owner off); one of this process's has none."""
-        return 1 if isinstance(session, RemoteSession) else 0
 
     def _span(self, name: str, tenant: str,
               session_id: str) -> AbstractContextManager[trace.Span]:
@@ -342,9 +317,9 @@ class Gateway:
 
     async def _record_lifecycle(self, session: SessionPort) -> None:
         """The store learns the session's status and sandbox (a resume makes a container)."""
-        await self.store.update_session(
-            session.id, status=session.status.value,
-            sandbox=session.sandbox_info().model_dump(mode="json"))
+        state = session.state()
+        await self.store.update_session(session.id, status=state.status.value,
+                                        sandbox=state.sandbox.model_dump(mode="json"))
 
     def _lifecycle_changed(self, session: SessionPort) -> None:
         """A pause or resume the pool made: the store learns the session's new sandbox."""
@@ -357,7 +332,7 @@ class Gateway:
         with self._span("replgate.restart", tenant, session_id):
             await session.restart()
         await self.store.update_session(session.id, execution_count=0,
-                                        last_active_at=session.last_active_at)
+                                        last_active_at=session.state().last_active_at)
         return session
 
     # -- executions --------------------------------------------------------------------------
@@ -491,7 +466,7 @@ class Gateway:
                               status=r.status) for r in records]
         return build_notebook(
             {"id": session.id, "tenant": tenant, "profile": session.profile.name,
-             "created_at": session.created_at}, cells)
+             "created_at": session.state().created_at}, cells)
 
     async def write_file(self, tenant: str, session_id: str, path: str, data: bytes) -> int:
         session = await self.session(tenant, session_id)
@@ -517,25 +492,16 @@ class Gateway:
     async def refresh(self, session: SessionPort) -> SessionPort:
         """The session with its state as its node has it now (a session on another machine
         may have run code through another gateway since this one last heard of it)."""
-        if isinstance(session, RemoteSession):
-            await session.refresh()
+        await session.refresh()
         return session
 
     async def nodes(self) -> list[NodeRecord]:
         """The nodes sessions run on: on one machine, this gateway's own process."""
-        if isinstance(self.pool, RemoteNodes):
-            return await self.pool.nodes()
-        stats = self.pool.stats()
-        return [NodeRecord(id=self.node, address=f"{self.settings.host}:{self.settings.port}",
-                           state="up", kernels=stats["idle"] + stats["in_use"],
-                           max_kernels=self.pool.settings.max_kernels,
-                           sessions=stats["sessions"], heartbeat_at=utc_now())]
+        return await self.pool.nodes()
 
     async def set_draining(self, node_id: str, draining: bool) -> NodeRecord:
-        """Take a node out of service (no new sessions; its sessions paused) or back in."""
-        if not isinstance(self.pool, RemoteNodes):
-            raise Conflict("one machine has one node, this gateway: there is nowhere to drain "
-                           "it to (run `replgate node` processes with a shared database)")
+        """Take a node out of service (no new sessions; its sessions paused) or back in
+        (one machine: :class:`~kernel_pool.NotDrainable`)."""
         try:
             return await self.pool.drain(node_id, draining)
         except UnknownNode:

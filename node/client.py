@@ -18,9 +18,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, TypeAdapter
 
-from gateway.tracing import setup_tracing
-from kernel_pool import KernelPoolError
-from node.channel import NodeChannel, NodeUnreachable
+from common.tracing import setup_tracing
+from kernel_pool import KernelPoolError, NodeUnreachable
+from node.channel import NodeChannel
 from node.wire import (
     PREFIX,
     CreateSession,

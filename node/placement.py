@@ -18,6 +18,7 @@ from typing import Any
 from kernel_pool import (
     ClosedListener,
     KernelPoolError,
+    NodeUnreachable,
     PoolSettings,
     Profile,
     ProfileNotFound,
@@ -25,13 +26,12 @@ from kernel_pool import (
     SessionPort,
 )
 from node import recovery
-from node.channel import NodeUnreachable
 from node.client import NodeClient
 from node.records import SessionRecords
 from node.registry import NodeRecord, Registry, UnknownNode
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
-from node.wire import CreateSession, ForkSession
+from node.wire import CreateSession, ForkSession, SessionState
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ class RemoteNodes:
     async def create_session(self, profile: str = "default", *,
                              env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None, lost: str | None = None,
-                             exclude: Collection[str] = (),
-                             admitted: Awaitable[object] | None = None) -> RemoteSession:
+                             session_id: str | None = None, tenant: str = "",
+                             lost: str | None = None, exclude: Collection[str] = (),
+                             admitted: Awaitable[None] | None = None) -> RemoteSession:
         """A session on the node with the most room (its slot claimed in the database first:
         two gateways placing at once never fill a node past its capacity). ``lost``: see
         :meth:`KernelPool.create_session`; ``exclude``: nodes not to place it on;
@@ -125,9 +125,13 @@ class RemoteNodes:
         except BaseException:
             await self.registry.release(node.id)
             raise
-        session = RemoteSession(client, state)
+        session = self._session(client, state, tenant)
         self._sessions[session.id] = session
         return session
+
+    def _session(self, client: NodeClient, state: SessionState, tenant: str) -> RemoteSession:
+        return RemoteSession(client, state, tenant=tenant,
+                             max_queued=self.settings.max_queued_executions)
 
     async def restore_session(self, request: RestoreSession, *,
                               exclude: Collection[str] = ()) -> RemoteSession:
@@ -148,7 +152,7 @@ class RemoteNodes:
             logger.info("session %s not restored on node %s: %s", request.session_id, node.id,
                         why)
             raise NotRestored(why, refused=restored.refused is not None)
-        session = RemoteSession(client, restored.state)
+        session = self._session(client, restored.state, request.tenant)
         self._sessions[session.id] = session
         return session
 
@@ -169,7 +173,7 @@ class RemoteNodes:
 
     async def _attach(self, session_id: str, node_id: str) -> RemoteSession:
         client = await self.client(node_id)
-        session = RemoteSession(client, await client.state(session_id))
+        session = self._session(client, await client.state(session_id), "")
         self._sessions[session_id] = session
         return session
 
@@ -179,7 +183,7 @@ class RemoteNodes:
         parent = self.get_session(parent_id)
         states = await parent.client.fork(parent_id, ForkSession(count=count,
                                                                  metadata=metadata or {}))
-        children = [RemoteSession(parent.client, state) for state in states]
+        children = [self._session(parent.client, state, parent.tenant) for state in states]
         for child in children:
             self._sessions[child.id] = child
         return children

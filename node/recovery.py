@@ -19,9 +19,8 @@ import logging
 from collections.abc import Collection
 from typing import Any, Protocol
 
-from gateway.store import SessionRecord
-from kernel_pool import KernelPoolError, SessionNotFound, SessionStatus
-from node.channel import NodeUnreachable
+from common.store import SessionRecord
+from kernel_pool import KernelPoolError, NodeUnreachable, SessionNotFound, SessionStatus
 from node.client import NodeClient
 from node.records import SessionRecords
 from node.registry import Registry
@@ -55,7 +54,8 @@ class Nodes(Protocol):
     async def create_session(self, profile: str = "default", *,
                              env: dict[str, str] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None, lost: str | None = None,
+                             session_id: str | None = None, tenant: str = "",
+                             lost: str | None = None,
                              exclude: Collection[str] = ()) -> RemoteSession: ...
 
     async def discard(self, session: RemoteSession) -> None: ...
@@ -82,12 +82,14 @@ async def find(nodes: Nodes, session_id: str, tenant: str | None) -> RemoteSessi
             raise NodeUnreachable(session_id, f"its node {record.node} is down")
         session = await nodes.attach(session_id, record.node)
     except (SessionNotFound, NodeUnreachable) as exc:
-        return await _lost(nodes, record, exc)  # (which reads it again)
-    if nodes.bundles and await nodes.is_draining(record.node):
-        await session.refresh()  # paused as of now, not as of this gateway's last look
-        fresh = await nodes.records.store.get_session(session_id)  # its count, its epoch
-        if session.paused and fresh is not None and fresh.node == record.node:
-            return await _move(nodes, fresh, session)
+        session = await _lost(nodes, record, exc)  # (which reads it again)
+    else:
+        if nodes.bundles and await nodes.is_draining(record.node):
+            await session.refresh()  # paused as of now, not as of this gateway's last look
+            fresh = await nodes.records.store.get_session(session_id)  # its count, its epoch
+            if session.paused and fresh is not None and fresh.node == record.node:
+                session = await _move(nodes, fresh, session)
+    session.tenant = record.tenant
     return session
 
 
@@ -195,7 +197,8 @@ async def _lost(nodes: Nodes, record: SessionRecord,
         logger.warning("session %s: %s", record.id, reason)
         session = await nodes.create_session(record.profile, env=record.env,
                                              metadata=record.metadata, session_id=record.id,
-                                             lost=reason, exclude=[record.node or ""])
+                                             tenant=record.tenant, lost=reason,
+                                             exclude=[record.node or ""])
     else:
         logger.warning("session %s: %s; restored from its bundle on node %s", record.id,
                        lost, session.node)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from kernel_pool import (
     DEFAULT_CONTEXT,
@@ -28,29 +28,28 @@ from kernel_pool import (
     DoneEvent,
     EgressAttempt,
     Entry,
-    Event,
     ExecutionHandle,
+    ExecutionQueue,
     ExecutionStatus,
     FileInfo,
     Gate,
     InvalidRequest,
     KernelPoolError,
     Listener,
+    NodeUnreachable,
     PauseInfo,
     Profile,
+    QueueFull,
     SandboxInfo,
     SandboxUsage,
     SessionClosed,
     SessionNotFound,
     SessionStatus,
     StreamEvent,
-    Transfer,
     TransferListener,
     check_language,
     normalize_language,
-    refused_at_gate,
 )
-from node.channel import NodeUnreachable
 from node.client import NodeClient as NodeClient
 from node.wire import (
     CreateContext,
@@ -98,9 +97,18 @@ class _Followed(list["TransferListener"]):
 class RemoteSession:
     """A session that runs on a node (see the module's docstring)."""
 
-    def __init__(self, client: NodeClient, state: SessionState) -> None:
+    def __init__(self, client: NodeClient, state: SessionState, *, tenant: str = "",
+                 max_queued: int | None = None) -> None:
         self.client = client
-        self.listeners: list[Listener] = []
+        self.max_queued = max_queued
+        """Executions it holds here (queued or running) before it refuses the next, as its
+        node would (``max_queued_executions``; None: its node alone decides)."""
+        self.tenant = tenant
+        """The tenant its host found it for (a node older than the port's ``tenant`` sends
+        none)."""
+        self._queue = ExecutionQueue(self)
+        """Its executions here, held by their gate until the node queues them."""
+        self.listeners: list[Listener] = self._queue.listeners
         self.transfer_listeners: list[TransferListener] = _Followed(self._follow_or_not)
         self._following: asyncio.Task[None] | None = None
         self.followed = asyncio.Event()
@@ -110,16 +118,16 @@ class RemoteSession:
         this side follows (their events come from their own stream)."""
         self._theirs: dict[str, ExecutionHandle] = {}
         """Executions submitted through other gateways, followed here, until done."""
-        self._pending: list[ExecutionHandle] = []
-        self._tasks: set[asyncio.Task[None]] = set()
         # Executions reach the node in the order they were submitted here: each holds it from
         # its gate until the node has queued it.
         self._order = asyncio.Lock()
         self._closed = False
+        self._stopping: asyncio.Task[None] | None = None
+        """Its executions' tasks being cancelled (:meth:`abandon`)."""
         self.apply(state)
 
     def __repr__(self) -> str:
-        return f"<RemoteSession {self.id} on {self.client.node_id} {self._status.value}>"
+        return f"<RemoteSession {self.id} on {self.client.node_id} {self._state.status.value}>"
 
     @property
     def node(self) -> str:
@@ -127,19 +135,9 @@ class RemoteSession:
 
     def apply(self, state: SessionState) -> None:
         """What the node said of the session, as of its last answer."""
+        self._state = state
         self.id = state.id
         self.profile: Profile = state.profile
-        self.env = state.env
-        self.metadata = state.metadata
-        self.created_at = state.created_at
-        self.last_active_at = state.last_active_at
-        self.execution_count = state.execution_count
-        self.pause_info: PauseInfo | None = state.pause_info
-        self.reason = state.reason
-        self.transfer: Transfer | None = state.transfer
-        self._status = state.status
-        self._sandbox = state.sandbox
-        self._languages = state.languages
         self._contexts = dict(state.contexts)
 
     async def refresh(self) -> None:
@@ -147,21 +145,26 @@ class RemoteSession:
 
     # -- state --------------------------------------------------------------------------------
 
+    def state(self) -> SessionState:
+        """As its node last sent it, with what happened here since (executions queued or
+        ended, transfers heard, the session closed)."""
+        return self._state.model_copy(update={
+            "profile": self.profile, "status": self.status, "pending": len(self._queue),
+            "node": self.node, "tenant": self.tenant or self._state.tenant})
+
     @property
     def status(self) -> SessionStatus:
         if self._closed:
             return SessionStatus.DEAD
-        if self._pending and self._status is SessionStatus.IDLE:
-            return SessionStatus.BUSY
-        return self._status
+        return self._queue.status(self._state.status)
 
     @property
     def paused(self) -> bool:
-        return self._status is SessionStatus.PAUSED
+        return self._state.status is SessionStatus.PAUSED
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._queue)
 
     @property
     def closed(self) -> bool:
@@ -169,8 +172,7 @@ class RemoteSession:
 
     @property
     def current(self) -> ExecutionHandle | None:
-        head = self._pending[0] if self._pending else None
-        return head if head is not None and head.dequeued_ns is not None else None
+        return self._queue.current
 
     # -- executions ---------------------------------------------------------------------------
 
@@ -181,14 +183,13 @@ class RemoteSession:
             raise SessionClosed(self.id)
         timeout = self.profile.timeout_for(timeout_s)
         sent_as, context = self._context_of(language, context_id)
+        if self.max_queued is not None and len(self._queue) >= self.max_queued:
+            raise QueueFull(self.id, self.max_queued)
         handle = ExecutionHandle(execution_id or uuid.uuid4().hex, code, timeout,
                                  language=sent_as, context_id=context)
         handle.gate = gate
-        self._pending.append(handle)
-        task = asyncio.create_task(self._execute(handle, language, context_id),
-                                   name=f"remote-exec-{handle.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue.add(handle, self._execute(handle, language, context_id),
+                        name=f"remote-exec-{handle.id}")
         return handle
 
     def _context_of(self, language: str | None, context_id: str | None) -> tuple[str, str]:
@@ -199,14 +200,14 @@ class RemoteSession:
         if context_id is not None:
             known = self._contexts.get(context_id)
             if known is not None and language is not None and (
-                    check_language(language, self._languages) != known):
+                    check_language(language, self.languages) != known):
                 raise InvalidRequest(
                     f"context {context_id!r} runs {known}, not {language}; send either the "
                     "context_id or the language")
             sent = (normalize_language(language) if language is not None
                     else known or DEFAULT_CONTEXT)
             return sent, context_id
-        kernel = check_language(language, self._languages)
+        kernel = check_language(language, self.languages)
         return (kernel if language is None else normalize_language(language)), kernel
 
     async def _execute(self, handle: ExecutionHandle, language: str | None,
@@ -215,8 +216,7 @@ class RemoteSession:
         try:
             await self._order.acquire()
             ordering = True
-            if handle.gate is not None and await refused_at_gate(
-                    handle, handle.gate, lambda e: self._publish(handle, e)):
+            if await self._queue.refused(handle):
                 return
             submit = Submit(code=handle.code, timeout_s=handle.timeout_s, execution_id=handle.id,
                             language=language, context_id=context_id, origin=self._origin)
@@ -229,9 +229,9 @@ class RemoteSession:
                         self._order.release()  # queued on the node: the next may go
                         ordering = False
                         handle.dequeued()
-                        self._notify(handle, None)
+                        self._queue.started(handle)
                     elif frame.event is not None:
-                        self._publish(handle, frame.event)
+                        self._queue.publish(handle, frame.event)
                         if isinstance(frame.event, DoneEvent):
                             # Read on to the stream's end (it ends after done): a response
                             # left unread closes its connection, and the next execution
@@ -247,41 +247,29 @@ class RemoteSession:
                           else f"internal error: {exc!r}")
                 if not isinstance(exc, asyncio.CancelledError | KernelPoolError):
                     logger.exception("remote execution %s failed", handle.id)
-                self._publish(handle, DoneEvent(status=ExecutionStatus.DIED,
-                                                execution_count=None, duration_ms=0.0,
-                                                reason=reason))
+                self._queue.publish(handle, DoneEvent(status=ExecutionStatus.DIED,
+                                                      execution_count=None, duration_ms=0.0,
+                                                      reason=reason))
             if not isinstance(exc, Exception):
                 raise
         finally:
             if ordering:
                 self._order.release()
-            with contextlib.suppress(ValueError):
-                self._pending.remove(handle)
+            self._queue.remove(handle)
 
     def _ended(self, done: DoneEvent) -> None:
+        # (Its own copy of the node's last state: only state() hands it out, copied.)
         if done.execution_count is not None:
-            self.execution_count = done.execution_count
+            self._state.execution_count = done.execution_count
         elif done.restarted:
-            self.execution_count = 0
-
-    def _publish(self, handle: ExecutionHandle, event: Event) -> None:
-        handle._add(event)
-        self._notify(handle, event)
-
-    def _notify(self, handle: ExecutionHandle, event: Event | None) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(self, handle, event)
-            except Exception:
-                logger.exception("session listener failed")
+            self._state.execution_count = 0
 
     async def interrupt(self, context_id: str | None = None) -> bool:
-        head = self._pending[0] if self._pending else None
-        if (head is not None and head.gating is not None
-                and context_id in (None, head.context_id)):
-            return head.gating.cancel()  # held by its gate here: withdraw it
+        withdrawn = self._queue.withdraw(context_id)  # held by its gate here
+        if withdrawn is not None:
+            return withdrawn
         params = {} if context_id is None else {"context_id": context_id}
-        answer: Interrupted = await self.client.call(
+        answer: Interrupted = await self._call(
             "POST", f"/sessions/{self.id}/interrupt", Interrupted, session_id=self.id,
             params=params)
         return answer.interrupted
@@ -291,6 +279,8 @@ class RemoteSession:
 
     async def relay(self, msg_type: str, content: dict[str, Any], *,
                     channel: str = "shell") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if self._closed:
+            raise SessionClosed(self.id)
         async with self.client.stream(
                 f"/sessions/{self.id}/relay",
                 Relay(msg_type=msg_type, content=content, channel=channel), self.id) as frames:
@@ -308,10 +298,10 @@ class RemoteSession:
 
     async def _pause(self) -> PauseInfo:
         self.apply(await self._state_call("POST", "pause"))
-        if self.pause_info is None:
+        if self._state.pause_info is None:
             raise KernelPoolError(f"session {self.id}: its node paused it but sent no pause "
                                   "information")
-        return self.pause_info
+        return self._state.pause_info
 
     async def resume(self) -> None:
         self.apply(await self._state_call("POST", "resume"))
@@ -329,8 +319,7 @@ class RemoteSession:
         self._closed = True
         if self._following is not None:
             self._following.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        self._stopping = asyncio.get_running_loop().create_task(self._queue.cancel())
 
     # -- following the session on its node ----------------------------------------------------
 
@@ -363,7 +352,7 @@ class RemoteSession:
             finally:
                 self.followed.clear()
                 for handle in self._theirs.values():  # their ends went unheard
-                    self._publish(handle, DoneEvent(
+                    self._queue.publish(handle, DoneEvent(
                         status=ExecutionStatus.DIED, execution_count=None, duration_ms=0.0,
                         reason="its events were lost on the way from the node; its history "
                                "has its result"))
@@ -376,7 +365,7 @@ class RemoteSession:
             self.followed.set()
         elif frame.transfer is not None:
             transfer = frame.transfer
-            self.transfer = transfer if transfer.state == "running" else None
+            self._state.transfer = transfer if transfer.state == "running" else None
             for listener in list(self.transfer_listeners):
                 try:
                     listener(self, transfer)
@@ -388,62 +377,70 @@ class RemoteSession:
                                      language=started.language, context_id=started.context_id)
             handle.dequeued_ns = handle.submitted_ns
             self._theirs[handle.id] = handle
-            self._notify(handle, None)
+            self._queue.started(handle)
         elif frame.executed is not None:
             theirs = self._theirs.get(frame.executed.execution_id)
             if theirs is not None:  # (one begun before this side followed is not told)
-                self._publish(theirs, frame.executed.event)
+                self._queue.publish(theirs, frame.executed.event)
                 if isinstance(frame.executed.event, DoneEvent):
                     self._ended(frame.executed.event)
                     del self._theirs[theirs.id]
 
+    async def _call(self, method: str, path: str, answer: type[BaseModel] | None = None,
+                    **kwargs: Any) -> Any:
+        """A request about the session to its node (:meth:`NodeClient.call`); refused here
+        once the session is closed, as a closed local session refuses."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        return await self.client.call(method, path, answer, **kwargs)
+
     async def _state_call(self, method: str, action: str) -> SessionState:
-        state: SessionState = await self.client.call(
+        state: SessionState = await self._call(
             method, f"/sessions/{self.id}/{action}", SessionState, session_id=self.id)
         return state
 
     # -- files and commands -------------------------------------------------------------------
 
     async def read_file(self, path: str, limit: int) -> bytes:
-        response = await self.client.call("GET", f"/sessions/{self.id}/file",
+        response = await self._call("GET", f"/sessions/{self.id}/file",
                                           session_id=self.id,
                                           params={"path": path, "limit": limit})
         content: bytes = response.content
         return content
 
     async def write_file(self, path: str, data: bytes) -> int:
-        written: Written = await self.client.call(
+        written: Written = await self._call(
             "PUT", f"/sessions/{self.id}/file", Written, session_id=self.id,
             params={"path": path}, content=data,
             headers={"content-type": "application/octet-stream"})
         return written.size
 
     async def list_files(self) -> list[FileInfo]:
-        response = await self.client.call("GET", f"/sessions/{self.id}/files",
+        response = await self._call("GET", f"/sessions/{self.id}/files",
                                           session_id=self.id)
         return _FILES.validate_json(response.content)
 
     async def stat_path(self, path: str) -> Entry:
-        entry: Entry = await self.client.call("GET", f"/sessions/{self.id}/entry", Entry,
+        entry: Entry = await self._call("GET", f"/sessions/{self.id}/entry", Entry,
                                               session_id=self.id, params={"path": path})
         return entry
 
     async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
-        response = await self.client.call("GET", f"/sessions/{self.id}/dir", session_id=self.id,
+        response = await self._call("GET", f"/sessions/{self.id}/dir", session_id=self.id,
                                           params={"path": path, "depth": depth})
         return _ENTRIES.validate_json(response.content)
 
     async def make_dir(self, path: str) -> bool:
-        made: Made = await self.client.call("POST", f"/sessions/{self.id}/dir", Made,
+        made: Made = await self._call("POST", f"/sessions/{self.id}/dir", Made,
                                             session_id=self.id, params={"path": path})
         return made.made
 
     async def remove_path(self, path: str) -> None:
-        await self.client.call("DELETE", f"/sessions/{self.id}/entry", session_id=self.id,
+        await self._call("DELETE", f"/sessions/{self.id}/entry", session_id=self.id,
                                params={"path": path})
 
     async def move_path(self, source: str, destination: str) -> Entry:
-        entry: Entry = await self.client.call(
+        entry: Entry = await self._call(
             "POST", f"/sessions/{self.id}/move", Entry, session_id=self.id,
             content=Move(source=source, destination=destination).model_dump_json(),
             headers={"content-type": "application/json"})
@@ -485,7 +482,7 @@ class RemoteSession:
                               "before it was done")
 
     async def kill_command(self, command_id: str) -> bool:
-        killed: Killed = await self.client.call(
+        killed: Killed = await self._call(
             "POST", f"/sessions/{self.id}/commands/{command_id}/kill", Killed,
             session_id=self.id)
         return killed.killed
@@ -493,15 +490,15 @@ class RemoteSession:
     # -- the sandbox --------------------------------------------------------------------------
 
     def sandbox_info(self) -> SandboxInfo:
-        return self._sandbox
+        return self._state.sandbox
 
     async def usage(self) -> SandboxUsage:
-        usage: SandboxUsage = await self.client.call(
+        usage: SandboxUsage = await self._call(
             "GET", f"/sessions/{self.id}/usage", SandboxUsage, session_id=self.id)
         return usage
 
     async def egress_attempts(self) -> list[EgressAttempt]:
-        response = await self.client.call("GET", f"/sessions/{self.id}/egress",
+        response = await self._call("GET", f"/sessions/{self.id}/egress",
                                           session_id=self.id)
         return _EGRESS.validate_json(response.content)
 
@@ -510,10 +507,10 @@ class RemoteSession:
 
     @property
     def languages(self) -> tuple[str, ...]:
-        return self._languages
+        return self._state.languages
 
     async def list_contexts(self) -> list[ContextInfo]:
-        response = await self.client.call("GET", f"/sessions/{self.id}/contexts",
+        response = await self._call("GET", f"/sessions/{self.id}/contexts",
                                           session_id=self.id)
         contexts = _CONTEXTS.validate_json(response.content)
         self._contexts = {context.id: context.language for context in contexts}
@@ -523,7 +520,7 @@ class RemoteSession:
                              cwd: str | None = None) -> ContextInfo:
         if self._closed:
             raise SessionClosed(self.id)
-        context: ContextInfo = await self.client.call(
+        context: ContextInfo = await self._call(
             "POST", f"/sessions/{self.id}/contexts", ContextInfo, session_id=self.id,
             content=CreateContext(language=language, cwd=cwd).model_dump_json(),
             headers={"content-type": "application/json"})

@@ -82,7 +82,7 @@ async def restore(request: Request, body: RestoreSession) -> Restored:
         return Restored(missing="this node has no bundle store (REPLGATE_BUNDLE_STORE)")
     held = _pool(request).sessions.get(body.session_id)
     if held is not None:  # restored already, for another gateway asking at the same time
-        return Restored(state=SessionState.of(held))
+        return Restored(state=held.state())
     try:
         session = await keeper.restore(
             body.tenant, body.session_id, profile=body.profile, env=body.env,
@@ -92,7 +92,7 @@ async def restore(request: Request, body: RestoreSession) -> Restored:
         return Restored(missing=str(exc))
     except BundleCorrupt as exc:
         return Restored(refused=str(exc))
-    return Restored(state=SessionState.of(session))
+    return Restored(state=session.state())
 
 
 @router.post("/sessions/{session_id}/keep")
@@ -105,7 +105,7 @@ async def keep(request: Request, session_id: str) -> SessionState:
     await keeper.keep_paused(session)
     if not keeper.kept(session_id):
         raise SnapshotError(session.reason or "the session's bundle was not written")
-    return SessionState.of(session)
+    return session.state()
 
 
 @router.post("/sessions/{session_id}/moved", status_code=204)

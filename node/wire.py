@@ -18,51 +18,16 @@ from kernel_pool import (
     CommandResult,
     Event,
     KernelPoolError,
-    PauseInfo,
     Profile,
-    SandboxInfo,
-    Session,
-    SessionStatus,
+    SessionState,
     Transfer,
 )
 from kernel_pool import exceptions as pool_errors
 
+__all__ = ["SessionState"]  # (the session's facts: declared once, in kernel_pool.state)
+
 PREFIX = "/port/v1"
 """Where a node serves the port (its other path is ``/healthz``)."""
-
-
-class SessionState(BaseModel):
-    """Everything a gateway reads of a session without asking again: sent by the node with
-    every answer about the session."""
-
-    id: str
-    profile: Profile
-    env: dict[str, str]
-    metadata: dict[str, Any]
-    created_at: str
-    last_active_at: str
-    execution_count: int
-    status: SessionStatus
-    pending: int
-    pause_info: PauseInfo | None = None
-    reason: str | None = None
-    transfer: Transfer | None = None
-    sandbox: SandboxInfo
-    languages: tuple[str, ...] = ("python",)
-    """The languages its image offers."""
-    contexts: dict[str, str] = Field(default_factory=dict)
-    """Its code contexts' languages by id, as of this answer."""
-
-    @classmethod
-    def of(cls, session: Session) -> SessionState:
-        return cls(id=session.id, profile=session.profile, env=session.env,
-                   metadata=session.metadata, created_at=session.created_at,
-                   last_active_at=session.last_active_at,
-                   execution_count=session.execution_count, status=session.status,
-                   pending=session.pending, pause_info=session.pause_info,
-                   reason=session.reason, transfer=session.transfer,
-                   sandbox=session.sandbox_info(), languages=session.languages,
-                   contexts=session.contexts)
 
 
 class CreateSession(BaseModel):

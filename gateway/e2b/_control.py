@@ -31,7 +31,7 @@ from gateway.e2b._models import (
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
-from kernel_pool import SessionPort
+from kernel_pool import SessionPort, SessionStatus
 
 router = APIRouter(prefix="/e2b", tags=["e2b"], route_class=E2BRoute)
 
@@ -189,7 +189,7 @@ async def connect(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     session: SessionPort = await gateway.session(tenant, sandbox_id)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
-    if session.paused:
+    if session.state().status is SessionStatus.PAUSED:
         await _wake(tenant, session, gateway, body.memory)
         await sandboxes.set_timeout(tenant, session, timeout)
         return _sandbox_json(sandboxes.created(session), status.HTTP_201_CREATED)
@@ -205,7 +205,7 @@ async def resume(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     session: SessionPort = await gateway.session(tenant, sandbox_id)
     timeout = RESUME_TIMEOUT_S if body.timeout is None else body.timeout
     sandboxes.check_timeout(timeout)
-    if not session.paused:
+    if session.state().status is not SessionStatus.PAUSED:
         raise E2BError(409, f"Sandbox {sandbox_id} is already running")
     await _wake(tenant, session, gateway, body.memory)
     await sandboxes.set_timeout(tenant, session, timeout)
@@ -225,7 +225,7 @@ async def pause(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
     (the kernel is restarted first, so nothing of its memory is kept). 409 when it already is
     paused, which the SDKs read as ``False``."""
     session: SessionPort = await gateway.session(tenant, sandbox_id)
-    if session.paused:
+    if session.state().status is SessionStatus.PAUSED:
         raise E2BError(409, f"Sandbox {sandbox_id} is already paused")
     if body is not None and not body.memory:
         await gateway.restart(tenant, sandbox_id)

@@ -28,7 +28,7 @@ from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxNetwork, SandboxOut
 from gateway.service import Gateway
 from gateway.store import stored_time
-from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, parse_size
+from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, SessionStatus, parse_size
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class Sandboxes:
         proxy answers such a sandbox as not running. (A session replgate paused for idleness,
         or that running code resumed, is running for E2B's purposes: its next use resumes it,
         as E2B's auto-resume does.)"""
-        if not session.paused:
+        if session.state().status is not SessionStatus.PAUSED:
             return False
         ends = await self.store.sandbox_ends([session.id])
         return session.id in ends and ends[session.id] is None
@@ -213,7 +213,8 @@ class Sandboxes:
             # No end (paused by its SDK, or made before E2B knew it): replgate's maximum
             # lifetime ends it.
             ends[session.id] = (datetime.fromisoformat(end) if end is not None
-                                else datetime.fromisoformat(session.created_at) + lifetime)
+                                else datetime.fromisoformat(session.state().created_at)
+                                + lifetime)
         return ends
 
     # -- descriptions ------------------------------------------------------------------------
@@ -232,13 +233,14 @@ class Sandboxes:
 
     def _listed(self, session: SessionPort, end: datetime) -> ListedSandbox:
         profile = session.profile
+        state = session.state()
         return ListedSandbox(
             templateID=profile.name, sandboxID=session.id, alias=profile.name,
-            startedAt=session.created_at, endAt=end.isoformat(),
+            startedAt=state.created_at, endAt=end.isoformat(),
             cpuCount=max(1, round(profile.cpus)), memoryMB=parse_size(profile.memory) >> 20,
             diskSizeMB=parse_size(profile.workspace_size) >> 20,
-            state="paused" if session.status.value == "paused" else "running",
-            metadata=session.metadata)
+            state="paused" if state.status.value == "paused" else "running",
+            metadata=state.metadata)
 
     async def detail(self, session: SessionPort) -> SandboxDetail:
         (listed,) = await self.listed([session])

@@ -24,7 +24,6 @@ from gateway.governance.policy import Budgets
 from gateway.store import Store
 from gateway.wire import BudgetOut
 from kernel_pool import DoneEvent, Event, ExecutionHandle, SessionPort
-from node.remote import RemoteSession
 
 __all__ = ["BudgetTracker"]
 
@@ -75,14 +74,12 @@ class BudgetTracker:
         """A :data:`kernel_pool._session.Listener`: adds each claimed execution's time as it
         ends, or gives its claim back if it did not run.
 
-        In this process an execution ran once it has a run in the kernel; on a node, once the
-        node took it (after the gate: whatever stopped it after that, it was the node's)."""
+        An execution ran once its session started it (``handle.ran``: in this process, a run
+        in the kernel; on a node, the node took it): whatever stopped it after that counts."""
         if not isinstance(event, DoneEvent) or handle.id not in self.ours:
             return
         self.ours.discard(handle.id)
-        ran = (handle.dequeued_ns is not None if isinstance(session, RemoteSession)
-               else handle.run is not None)
-        if ran:
+        if handle.ran:
             wall = event.duration_ms / 1000
             cpu_ms = event.metrics.cpu_time_ms
             cpu = cpu_ms / 1000 if cpu_ms is not None else wall * session.profile.cpus
@@ -199,7 +196,8 @@ class BudgetTracker:
     def _lifetime_left(self) -> float | None:
         if self.limits.max_lifetime_s is None:
             return None
-        return round(max(0.0, self.limits.max_lifetime_s - _age(self.session.created_at)), 3)
+        age = _age(self.session.state().created_at)
+        return round(max(0.0, self.limits.max_lifetime_s - age), 3)
 
     def remaining(self) -> BudgetOut:
         limits = self.limits

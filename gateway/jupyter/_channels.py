@@ -312,7 +312,7 @@ class KernelChannels:
     async def _fail(self, request: Message, ename: str, evalue: str,
                     running: bool = True) -> None:
         error = ErrorEvent(ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-        count = self.session.execution_count
+        count = self.session.state().execution_count
         await self._emit_error(error, request.header, count, running)
         await self._reply(request, "execute_reply", {
             "status": "error", "execution_count": count, "ename": ename, "evalue": evalue,
@@ -323,7 +323,8 @@ class KernelChannels:
         """The kernel's count for the execution just submitted (its done event says it for
         sure)."""
         if self.language == "python":
-            return self.session.execution_count + self.session.pending
+            state = self.session.state()
+            return state.execution_count + state.pending
         contexts = await self.session.list_contexts()
         return next((c.execution_count for c in contexts if c.id == self.language), 0) + 1
 

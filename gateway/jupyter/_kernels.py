@@ -41,7 +41,7 @@ from gateway.jupyter._passes import PASS_TTL_S, channel_passes, peer
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
 from gateway.service import Gateway
 from gateway.wire import KernelModel
-from kernel_pool import KernelPool, Profile, SessionPort, SessionStatus
+from kernel_pool import Profile, SessionPort, SessionStatus
 
 __all__ = ["DEFAULT_KERNEL", "KERNEL_LANGUAGE_KEY", "JupyterRoute", "find_kernelspec",
            "interrupt_kernel", "kernel_language", "kernel_model", "kernelspec", "kernelspecs",
@@ -106,9 +106,9 @@ async def profile_languages(gateway: Gateway, profile: Profile) -> list[str]:
     """The kernels ``profile``'s sessions offer, Python first (TypeScript runs in Deno's, so
     it has none of its own). A gateway of nodes cannot tell their image's languages before a
     session exists: Python's alone, which every image has."""
-    if not isinstance(gateway.pool, KernelPool):
-        return ["python"]
     offered = await gateway.pool.languages(profile.name)
+    if offered is None:
+        return ["python"]
     return ["python", *(name for name in offered if name in LANGUAGE_SPECS)]
 
 
@@ -137,13 +137,14 @@ def connections(app: FastAPI) -> Counter[str]:
 
 
 def kernel_model(session: SessionPort, app: FastAPI) -> KernelModel:
-    active = datetime.fromisoformat(session.last_active_at).astimezone(UTC)
+    state = session.state()
+    active = datetime.fromisoformat(state.last_active_at).astimezone(UTC)
     return KernelModel(id=session.id,
                        name=kernel_name(session.profile.name, kernel_language(session)),
                        last_activity=active.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                        # Jupyter knows no "paused": such a kernel is idle, resumed on use.
-                       execution_state="idle" if session.status is SessionStatus.PAUSED
-                       else session.status.value,
+                       execution_state="idle" if state.status is SessionStatus.PAUSED
+                       else state.status.value,
                        connections=connections(app)[session.id])
 
 

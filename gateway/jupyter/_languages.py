@@ -54,7 +54,7 @@ LANGUAGE_SPECS = {
 
 def kernel_language(session: SessionPort) -> str:
     """The language a kernel (session) runs its executions in: its kernelspec's."""
-    language = session.metadata.get(KERNEL_LANGUAGE_KEY)
+    language = session.state().metadata.get(KERNEL_LANGUAGE_KEY)
     return language if isinstance(language, str) and language in LANGUAGE_SPECS else "python"
 
 

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep
 from gateway.errors import Forbidden, Unauthorized
-from node.registry import NodeRecord
+from kernel_pool import NodeRecord
 
 router = APIRouter(tags=["nodes"])
 

@@ -19,7 +19,6 @@ from gateway.governance.budgets import BudgetTracker
 from gateway.governance.policy import Budgets
 from gateway.store import Store
 from kernel_pool import DoneEvent, ExecutionHandle, ExecutionStatus, SessionPort
-from kernel_pool._execution import ExecutionRun
 
 
 @pytest.fixture
@@ -83,7 +82,7 @@ async def test_an_execution_that_did_not_run_is_given_back(store: Store) -> None
         assert await tracker.claim() is None
         tracker.ours.add(handle.id)
     assert tracker.remaining().executions_left == 0
-    ran.run = cast(ExecutionRun, object())  # it had a run in the kernel: it ran
+    ran.ran = True  # its session started it (in this process: a run in the kernel)
     tracker.listener(session, ran, DoneEvent(status=ExecutionStatus.OK, execution_count=1,
                                              duration_ms=1500.0))
     tracker.listener(session, not_run, DoneEvent(status=ExecutionStatus.DIED,
