@@ -41,6 +41,7 @@ from kernel_pool import (
     KernelStartError,
     KernelUnavailable,
     NoNodeAvailable,
+    NotDrainable,
     PayloadTooLarge,
     ProfileNotFound,
     QueueFull,
@@ -145,6 +146,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     # the nodes'
     (UnknownNode, 404),
     (NoNodeAvailable, 503),
+    # one machine has nowhere to drain its one node to (it was the gateway's Conflict)
+    (NotDrainable, 409),
     (SnapshotBudgetExceeded, 507),
     (SnapshotError, 409),
     # the store's
