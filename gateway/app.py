@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from gateway import __version__, bodies, e2b, errors
+from gateway.adoption import take_back
 from gateway.audit import AuditLog
 from gateway.auth import generate_api_key, parse_api_keys_setting
 from gateway.governance import Governance, Policy, load_policy
@@ -147,7 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
                                   tracing)
                 if isinstance(pool, KernelPool) and leftovers is not None:
-                    await gateway.adopt(pool, *leftovers)
+                    await take_back(gateway, pool, *leftovers)
                 app.state.gateway = gateway
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)

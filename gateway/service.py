@@ -51,11 +51,9 @@ from kernel_pool import (
     ExecutionHandle,
     ExecutionIdTaken,
     FileInfo,
-    KernelPool,
     NodeRecord,
     PayloadTooLarge,
     Profile,
-    SandboxInfo,
     SessionHost,
     SessionNotFound,
     SessionPort,
@@ -96,7 +94,7 @@ class Gateway:
                                  image=settings.limits.image,
                                  max_unrecorded=settings.max_unrecorded_executions)
         """Every execution's history and audit records (the image they name gets its digest
-        once :meth:`adopt` has looked it up)."""
+        once :func:`gateway.adoption.take_back` has looked it up)."""
         pool.on_session_closed.append(self._closed_by_pool)
         pool.on_session_closed.append(self.governance.forget)
         pool.on_session_paused.append(self._lifecycle_changed)
@@ -208,48 +206,10 @@ class Gateway:
             epoch=self.pool.first_epoch))
         return session
 
-    async def adopt(self, pool: KernelPool, kept: list[SandboxInfo],
-                    records: dict[str, SessionRecord]) -> None:
-        """Take back the sessions a previous gateway left running or paused in its own
-        ``pool``; forget those that are gone, and remove every other sandbox it left on the
-        host."""
-        image = self.settings.limits.image
-        digest = await pool.image_digest(image)
-        if digest:
-            self.recorder.image = f"{image}@{digest}"
-        for info in kept:
-            record = records[info.container_id]
-            if pool.snapshots.info(record.id) is not None:
-                continue  # paused, its container not removed yet: taken back as paused below
-            try:
-                session = await pool.adopt_session(
-                    info, session_id=record.id, env=record.env, metadata=record.metadata,
-                    created_at=record.created_at, execution_count=record.execution_count,
-                    tenant=record.tenant)
-            except Exception as exc:
-                logger.error("could not take back session %s: %s", record.id, exc)
-                await pool.remove_sandbox(info)
-                continue
-            self._tenant_of[session.id] = record.tenant
-            logger.info("took back session %s of tenant %s", session.id, record.tenant)
-        live = set(pool.sessions)
-        for record in records.values():
-            if record.id in live or record.sandbox is None:
-                continue
-            # A paused session (its container, if still there, runs no kernel: the next start
-            # of the session reuses or removes it).
-            if pool.snapshots.info(record.id) is not None:  # paused: resumed when used
-                try:
-                    await pool.adopt_paused_session(
-                        record.sandbox, session_id=record.id, env=record.env,
-                        metadata=record.metadata, created_at=record.created_at,
-                        execution_count=record.execution_count, tenant=record.tenant)
-                    self._tenant_of[record.id] = record.tenant
-                    continue
-                except Exception as exc:
-                    logger.error("could not take back paused session %s: %s", record.id, exc)
-            await self.store.mark_deleted(record.id)
-        await pool.remove_leftovers()  # of sandboxes no session above took back
+    def took_back(self, session_id: str, tenant: str) -> None:
+        """A session a previous gateway left in this machine's pool is the tenant's again
+        (:func:`gateway.adoption.take_back`)."""
+        self._tenant_of[session_id] = tenant
 
     async def delete_session(self, tenant: str, session_id: str) -> None:
         await self.session(tenant, session_id)
