@@ -18,20 +18,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from kernel_pool import (
     DEFAULT_CONTEXT,
-    CommandEmit,
-    CommandResult,
     ContextInfo,
     DoneEvent,
-    EgressAttempt,
-    Entry,
     ExecutionHandle,
     ExecutionQueue,
     ExecutionStatus,
-    FileInfo,
     Gate,
     InvalidRequest,
     KernelPoolError,
@@ -41,36 +36,27 @@ from kernel_pool import (
     Profile,
     QueueFull,
     SandboxInfo,
-    SandboxUsage,
     SessionClosed,
     SessionNotFound,
     SessionStatus,
-    StreamEvent,
     TransferListener,
     check_language,
     normalize_language,
 )
 from node.client import NodeClient as NodeClient
+from node.remote_files import SessionRequests
 from node.wire import (
     CreateContext,
     Frame,
     Interrupted,
-    Killed,
-    Made,
-    Move,
     Relay,
-    RunCommand,
     SessionState,
     Submit,
-    Written,
     error_from,
 )
 
 logger = logging.getLogger(__name__)
 
-_FILES = TypeAdapter(list[FileInfo])
-_EGRESS = TypeAdapter(list[EgressAttempt])
-_ENTRIES = TypeAdapter(list[Entry])
 _CONTEXTS = TypeAdapter(list[ContextInfo])
 
 
@@ -94,7 +80,7 @@ class _Followed(list["TransferListener"]):
         self._changed()
 
 
-class RemoteSession:
+class RemoteSession(SessionRequests):
     """A session that runs on a node (see the module's docstring)."""
 
     def __init__(self, client: NodeClient, state: SessionState, *, tenant: str = "",
@@ -128,10 +114,6 @@ class RemoteSession:
 
     def __repr__(self) -> str:
         return f"<RemoteSession {self.id} on {self.client.node_id} {self._state.status.value}>"
-
-    @property
-    def node(self) -> str:
-        return self.client.node_id
 
     def apply(self, state: SessionState) -> None:
         """What the node said of the session, as of its last answer."""
@@ -386,122 +368,15 @@ class RemoteSession:
                     self._ended(frame.executed.event)
                     del self._theirs[theirs.id]
 
-    async def _call(self, method: str, path: str, answer: type[BaseModel] | None = None,
-                    **kwargs: Any) -> Any:
-        """A request about the session to its node (:meth:`NodeClient.call`); refused here
-        once the session is closed, as a closed local session refuses."""
-        if self._closed:
-            raise SessionClosed(self.id)
-        return await self.client.call(method, path, answer, **kwargs)
-
     async def _state_call(self, method: str, action: str) -> SessionState:
         state: SessionState = await self._call(
             method, f"/sessions/{self.id}/{action}", SessionState, session_id=self.id)
         return state
 
-    # -- files and commands -------------------------------------------------------------------
-
-    async def read_file(self, path: str, limit: int) -> bytes:
-        response = await self._call("GET", f"/sessions/{self.id}/file",
-                                          session_id=self.id,
-                                          params={"path": path, "limit": limit})
-        content: bytes = response.content
-        return content
-
-    async def write_file(self, path: str, data: bytes) -> int:
-        written: Written = await self._call(
-            "PUT", f"/sessions/{self.id}/file", Written, session_id=self.id,
-            params={"path": path}, content=data,
-            headers={"content-type": "application/octet-stream"})
-        return written.size
-
-    async def list_files(self) -> list[FileInfo]:
-        response = await self._call("GET", f"/sessions/{self.id}/files",
-                                          session_id=self.id)
-        return _FILES.validate_json(response.content)
-
-    async def stat_path(self, path: str) -> Entry:
-        entry: Entry = await self._call("GET", f"/sessions/{self.id}/entry", Entry,
-                                              session_id=self.id, params={"path": path})
-        return entry
-
-    async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
-        response = await self._call("GET", f"/sessions/{self.id}/dir", session_id=self.id,
-                                          params={"path": path, "depth": depth})
-        return _ENTRIES.validate_json(response.content)
-
-    async def make_dir(self, path: str) -> bool:
-        made: Made = await self._call("POST", f"/sessions/{self.id}/dir", Made,
-                                            session_id=self.id, params={"path": path})
-        return made.made
-
-    async def remove_path(self, path: str) -> None:
-        await self._call("DELETE", f"/sessions/{self.id}/entry", session_id=self.id,
-                               params={"path": path})
-
-    async def move_path(self, source: str, destination: str) -> Entry:
-        entry: Entry = await self._call(
-            "POST", f"/sessions/{self.id}/move", Entry, session_id=self.id,
-            content=Move(source=source, destination=destination).model_dump_json(),
-            headers={"content-type": "application/json"})
-        return entry
-
-    async def run_command(self, command: str, *, timeout_s: float | None = None,
-                          env: dict[str, str] | None = None, cwd: str | None = None,
-                          command_id: str | None = None,
-                          emit: CommandEmit | None = None,
-                          on_start: Callable[[], None] | None = None) -> CommandResult:
-        if self._closed:
-            raise SessionClosed(self.id)
-        # Named here, so a kill can reach it before its first output comes back.
-        request = RunCommand(command=command, command_id=command_id or f"cmd-{uuid.uuid4().hex}",
-                             timeout_s=timeout_s, env=env, cwd=cwd)
-        try:
-            async with self.client.stream(f"/sessions/{self.id}/commands", request,
-                                          self.id) as frames:
-                # Read to the stream's end (it ends after the result): a response left
-                # unread would close its connection.
-                result: CommandResult | None = None
-                async for frame in frames:
-                    if frame.error is not None:
-                        raise error_from(frame.error)
-                    if isinstance(frame.event, StreamEvent) and emit is not None:
-                        emit(frame.event)
-                    elif frame.command_started is not None and on_start is not None:
-                        on_start()
-                    elif frame.command is not None:
-                        result = frame.command
-            if result is not None:
-                return result
-        except asyncio.CancelledError:
-            # The closed stream stops it on the node too; the kill makes sure of it at once.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.kill_command(request.command_id))
-            raise
-        raise NodeUnreachable(self.id, f"its node {self.node} ended the command's stream "
-                              "before it was done")
-
-    async def kill_command(self, command_id: str) -> bool:
-        killed: Killed = await self._call(
-            "POST", f"/sessions/{self.id}/commands/{command_id}/kill", Killed,
-            session_id=self.id)
-        return killed.killed
-
     # -- the sandbox --------------------------------------------------------------------------
 
     def sandbox_info(self) -> SandboxInfo:
         return self._state.sandbox
-
-    async def usage(self) -> SandboxUsage:
-        usage: SandboxUsage = await self._call(
-            "GET", f"/sessions/{self.id}/usage", SandboxUsage, session_id=self.id)
-        return usage
-
-    async def egress_attempts(self) -> list[EgressAttempt]:
-        response = await self._call("GET", f"/sessions/{self.id}/egress",
-                                          session_id=self.id)
-        return _EGRESS.validate_json(response.content)
-
 
     # -- code contexts --------------------------------------------------------------------
 
