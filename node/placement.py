@@ -13,7 +13,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from kernel_pool import (
     ClosedListener,
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 class RemoteNodes:
     """Sessions placed on, and reached at, the nodes the registry knows."""
 
-    first_epoch = 1
+    first_epoch: ClassVar[int] = 1
     """A session placed on a node starts at epoch 1, its first placement (each later one
     raises it, and fences an older owner off)."""
 

@@ -244,7 +244,7 @@ async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxe
     body = body or ForkSandbox()
     sandboxes.check_timeout(body.timeout)
     parent = await gateway.session(tenant, sandbox_id)
-    request = ForkRequest(count=body.count, metadata=dict(parent.metadata))
+    request = ForkRequest(count=body.count, metadata=dict(parent.state().metadata))
     children = await gateway.fork(tenant, sandbox_id, request)
     for child in children:
         await sandboxes.set_timeout(tenant, child, body.timeout)
