@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from common.keys import generate_api_key, hash_api_key, parse_api_keys_setting
+from common.settings import Settings
 from gateway.app import ensure_api_keys
-from gateway.auth import extract_token, generate_api_key, hash_api_key, parse_api_keys_setting
-from gateway.settings import Settings
+from gateway.auth import extract_token
 from gateway.store import Store
 
 E2B_KEY_FORMAT = re.compile(r"\Ae2b_[0-9a-f]+\Z")

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 import gateway
+from common.store import StoreError
 from gateway import errors
 from gateway.errors import GatewayError, status_for
-from gateway.store import StoreError
 from kernel_pool import KernelPoolError
 
 GATEWAY_DIR = Path(gateway.__file__).parent

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args, get_origin
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gateway.settings import FLAT_NAMES, Settings
+from common.settings import FLAT_NAMES, Settings
 from kernel_pool import OutputCaps, PoolLimits, Profile
 
 SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
