@@ -18,8 +18,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.keys import Approver, hash_api_key, parse_approver_keys
+from common.store import stored_time
 from gateway.errors import DATABASE_AWAY, Conflict, Forbidden, NotFound
-from gateway.store import Store, stored_time
+from gateway.store import Store
 from gateway.wire import Approval, ApprovalStatus
 
 __all__ = [
