@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 from kernel_pool import (
     DEFAULT_CONTEXT,
     ContextInfo,
+    ContextNotFound,
     DoneEvent,
     ExecutionHandle,
     ExecutionQueue,
@@ -108,6 +109,9 @@ class RemoteSession(SessionRequests):
         # its gate until the node has queued it.
         self._order = asyncio.Lock()
         self._closed = False
+        self._removed: set[str] = set()
+        """Contexts removed through this side: refused here, as the node would (one it has
+        not heard of otherwise may be another gateway's, for the node to decide)."""
         self._stopping: asyncio.Task[None] | None = None
         """Its executions' tasks being cancelled (:meth:`abandon`)."""
         self.apply(state)
@@ -180,6 +184,8 @@ class RemoteSession(SessionRequests):
         this side has not heard of may have been made through another gateway, so the node
         decides (an unknown one ends the execution with the node's refusal)."""
         if context_id is not None:
+            if context_id in self._removed:
+                raise ContextNotFound(self.id, context_id)
             known = self._contexts.get(context_id)
             if known is not None and language is not None and (
                     check_language(language, self.languages) != known):
@@ -407,3 +413,4 @@ class RemoteSession(SessionRequests):
 
     async def remove_context(self, context_id: str) -> None:
         self.apply(await self._state_call("DELETE", f"contexts/{context_id}"))
+        self._removed.add(context_id)
