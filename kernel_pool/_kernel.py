@@ -1,41 +1,29 @@
-"""One running kernel in one sandbox, driven over its ZMQ channels.
-
-The host side never trusts what the kernel sends: every message is signature-checked by
-jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
-on the context) and routed only by its parent's message id to the request that caused it.
-A message over that size breaks the output channel: its socket monitor notices, the requests in
-flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool._channel`).
-A message with no live request behind it (a forged one, or late output of a finished cell)
-is dropped.
+"""One running kernel in one sandbox: its start (launched, taken back, or restored from a memory
+image), death watch, restart, pause and close. Its channels are :mod:`kernel_pool._channels`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
-import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from enum import StrEnum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
 import zmq
 import zmq.asyncio
-from jupyter_client.adapter import adapt
-from jupyter_client.session import Session as MessageSession
 
 from kernel_pool._caused import caused
-from kernel_pool._channel import wait_disconnect
+from kernel_pool._channels import KernelChannels
+from kernel_pool._channels import KernelDied as KernelDied
+from kernel_pool._channels import KernelState as KernelState
+from kernel_pool._channels import make_context as make_context
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
-from kernel_pool.exceptions import KernelStartError
 
 logger = logging.getLogger(__name__)
 
@@ -43,131 +31,13 @@ SLOW_START_S = 15.0
 """A kernel start slower than this is logged with the time of each step: a start that takes
 a minute was seen twice in the test suite's gVisor leg on a loaded machine, cause unknown."""
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-LARGE_MESSAGE_BYTES = 1024 * 1024
-PARENT_HEADER_MAX_BYTES = 64 * 1024
-"""Messages over this size are checked and parsed in a worker thread, off the event loop."""
-ROUTE_BUFFER = 32
-"""Messages buffered per request before the reader waits (and ZMQ's own limits apply)."""
-RECONNECT_MS = 5
-"""How often a socket of ours tries again to reach a kernel's that is not bound yet."""
-KERNEL_INFO_AGAIN_S = (0.25, 2.0)
-"""A start's ``kernel_info_request`` is sent again after the first of these without both its
-reply and a status on iopub (a subscriber that connected after the status was sent missed it),
-each wait twice the last, up to the second. Backing off matters: each request sent is answered
-in turn, and a kernel slower to answer than a fixed wait (a restart on a loaded machine) would
-have the wait forget each request just before its answer came, for its whole start timeout."""
-UNANSWERED_BEFORE_RECONNECT = 3
-"""A start's kernel_info requests the kernel ran (their status came on iopub) with no reply on
-the channel asked, after which that channel's socket is made again."""
-IOPUB_HWM = 64
-"""Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
-memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
-a stream message is at most 256 KiB, so a flood costs the host about 25 MiB at most."""
 
-
-class KernelState(StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    RESTARTING = "restarting"
-    DEAD = "dead"
-    CLOSED = "closed"
-    PAUSED = "paused"
-    """No process and no container: the session's state is in a snapshot (see Session.pause)."""
-    DETACHED = "detached"
-    """Left running for the next gateway to take back (a shutdown that keeps sessions)."""
-
-
-class KernelDied:
-    """Put on a request's route when the kernel process dies under it."""
-
-    def __init__(self, reason: str, oom: bool) -> None:
-        self.reason = reason
-        self.oom = oom
-
-
-RouteItem = tuple[str, Any]
-"""(channel, message): channel is iopub, shell, control, or 'died'/'interrupt' (signals)."""
-
-
-class _Messages(MessageSession):
-    """jupyter_client's message session with unguessable message ids.
-
-    Its own ids are ``session_pid_counter``: code in the sandbox, which sees the id of the
-    request it runs under, could name the next one and forge its outputs ahead of time.
-    """
-
-    @property
-    def msg_id(self) -> str:
-        return secrets.token_hex(16)
-
-    def deserialize(self, msg_list: Any, content: bool = True,
-                    copy: bool = True) -> dict[str, Any]:
-        """jupyter_client's checks (signature, replayed signature), without its date parsing.
-
-        Its own turns every ISO date string in both headers into a ``datetime`` (dateutil:
-        about a third of the cost of a small message), and nothing here reads them.
-        """
-        if not (content and copy) or len(msg_list) < 5:
-            return super().deserialize(msg_list, content=content, copy=copy)
-        if self.auth is not None:
-            signature = msg_list[0]
-            if not signature:
-                raise ValueError("Unsigned Message")
-            if signature in self.digest_history:
-                raise ValueError(f"Duplicate Signature: {signature!r}")
-            self._add_digest(signature)
-            if not hmac.compare_digest(signature, self.sign(msg_list[1:5])):
-                raise ValueError(f"Invalid Signature: {signature!r}")
-        header = self.unpack(msg_list[1])
-        message = {"header": header, "msg_id": header["msg_id"],
-                   "msg_type": header["msg_type"], "parent_header": self.unpack(msg_list[2]),
-                   "metadata": self.unpack(msg_list[3]), "content": self.unpack(msg_list[4]),
-                   "buffers": [memoryview(b) for b in msg_list[5:]]}
-        if str(header.get("version", "")).startswith("5."):
-            return message  # the protocol spoken here: nothing to adapt
-        adapted: dict[str, Any] = adapt(message)
-        return adapted
-
-
-def _parent_id(parts: list[bytes] | list[zmq.Frame]) -> str:
-    """The parent's message id, read from a message's frames before any check.
-
-    Only to drop at once what no request waits for: a message that names a waiting request is
-    then checked (signature) and parsed in full, so a flood of stray or forged messages costs
-    the gateway a small JSON read each, whatever their size.
-    """
-    frame = parts[2] if len(parts) >= 5 else b""
-    raw = frame.bytes if isinstance(frame, zmq.Frame) else frame
-    if not raw or len(raw) > PARENT_HEADER_MAX_BYTES:
-        return ""
-    try:
-        parent = json.loads(raw)
-    except ValueError:
-        return ""
-    msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
-    return msg_id if isinstance(msg_id, str) else ""
-
-
-def make_context() -> zmq.asyncio.Context:
-    """A ZMQ context whose sockets refuse any single message over ``MAX_MESSAGE_BYTES``.
-
-    A kernel starting binds its sockets after ours connect: ZMQ tries again every
-    ``RECONNECT_IVL``, 100 ms by default, which a code context's start (bash's, about half a
-    second in all) would wait half of on average. The ipc sockets are local files: trying
-    every few milliseconds costs nothing."""
-    context = zmq.asyncio.Context()
-    context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-    context.setsockopt(zmq.LINGER, 0)
-    context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
-    return context
-
-
-class Kernel:
+class Kernel(KernelChannels):
     """A kernel process in a sandbox, with its channels, routes and death watcher."""
 
     def __init__(self, sandbox: Sandbox, profile: Profile, context: zmq.asyncio.Context,
                  start_timeout_s: float) -> None:
+        super().__init__(context)
         self.sandbox = sandbox
         self.profile = profile
         self.settled = asyncio.Event()
@@ -175,45 +45,22 @@ class Kernel:
         self._state = KernelState.STARTING
         self.env: dict[str, str] = {}
         """Variables set in the kernel at hand-off and after every restart."""
-        self._context = context
         self._start_timeout_s = start_timeout_s
-        self._routes: dict[str, asyncio.Queue[RouteItem]] = {}
-        self._sockets: dict[str, zmq.asyncio.Socket] = {}
-        self._readers: dict[str, asyncio.Task[None]] = {}
-        self._addresses: dict[str, str] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._session: MessageSession | None = None
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
         self._removal: asyncio.Future[None] | None = None
         """The container removal a :meth:`stop` left running."""
-        self._dropped = 0
         self._death: KernelDied | None = None
         self.on_death: Callable[[KernelDied], None] | None = None
         """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
         self.egress: EgressProxy | None = None
         """The sandbox's egress proxy, for a profile with ``egress_allow``."""
-        self.channel_breaks = 0
-        """How often the output channel broke (an execution compares it before and after)."""
-        self._iopub_address = ""
-        self._iopub_tasks: list[asyncio.Task[None]] = []
-        self._recovering: asyncio.Task[None] | None = None
-        self._channel_failed: str | None = None
         self._died = asyncio.Event()
         """Set with :attr:`death`, for waiters beside the death watcher."""
 
-    @property
-    def id(self) -> str:
-        return self.sandbox.info.sandbox_id
-
     hard_stop = "every process in the sandbox was killed"
     """What a hard stop of this kernel (:meth:`restart`) kills, as an execution says it."""
-
-    @property
-    def zmq_context(self) -> zmq.asyncio.Context:
-        """The ZMQ context its sockets belong to (a session's other kernels share it)."""
-        return self._context
 
     @property
     def state(self) -> KernelState:
@@ -310,179 +157,6 @@ class Kernel:
             await self.set_env(self.env)
         self.state = KernelState.READY
 
-    def _connect(self, connection: dict[str, Any]) -> None:
-        self._session = _Messages(key=connection["key"].encode(),
-                                       signature_scheme=connection["signature_scheme"],
-                                       username="replgate")
-        base = connection["ip"]
-        self._iopub_address = f"ipc://{base}-{connection['iopub_port']}"
-        self._addresses = {channel: f"ipc://{base}-{connection[channel + '_port']}"
-                           for channel in ("shell", "control")}
-        self._connect_requests("shell", self._session.bsession)
-        self._connect_iopub()
-        self._connect_requests("control", self._session.bsession)
-
-    def _connect_requests(self, channel: str, identity: bytes) -> None:
-        """A DEALER to the kernel's ``channel`` (shell or control), and its reader."""
-        socket = self._context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, identity)
-        socket.connect(self._addresses[channel])
-        self._sockets[channel] = socket
-        self._readers[channel] = asyncio.create_task(self._read(channel, socket),
-                                                     name=f"{channel}-{self.id}")
-        self._tasks.append(self._readers[channel])
-
-    def _reconnect_requests(self, channel: str) -> None:
-        """Replace ``channel``'s socket by a new one, under a new identity: the kernel's
-        router drops the replies to a peer it no longer routes to, and a start once heard
-        the kernel answer on its output channel, never on shell, for its whole minute (a
-        restart on a loaded machine; its cause not found). The old reader is cancelled;
-        :meth:`_disconnect` waits for it with the others."""
-        self._readers.pop(channel).cancel()
-        self._sockets.pop(channel).close(linger=0)
-        self._connect_requests(channel, secrets.token_hex(16).encode())
-
-    def _connect_iopub(self) -> None:
-        """Subscribe to the kernel's output, with a watch on the connection (see channel.py)."""
-        socket = self._context.socket(zmq.SUB)
-        socket.setsockopt(zmq.SUBSCRIBE, b"")
-        socket.setsockopt(zmq.RCVHWM, IOPUB_HWM)
-        watch = asyncio.create_task(self._watch_iopub(socket), name=f"iopub-watch-{self.id}")
-        socket.connect(self._iopub_address)
-        self._sockets["iopub"] = socket
-        self._iopub_tasks = [asyncio.create_task(self._read("iopub", socket),
-                                                 name=f"iopub-{self.id}"), watch]
-        self._tasks.extend(self._iopub_tasks)
-
-    async def _wait_ready(self, channel: str, watched: bool = False) -> None:
-        """kernel_info until answered; iopub must also be connected (its status arrives).
-
-        ``watched``: the death watcher runs already; learn a death from it, since a second
-        waiter on the sandbox's exit would take the first one's place (one pidfd reader).
-        """
-        died = asyncio.create_task(self._died.wait() if watched else self.sandbox.wait())
-        replied = heard = False  # over every attempt: what a timeout then reports
-        unanswered = 0  # attempts in a row the kernel ran (its status came) but not answered
-        again, longest = KERNEL_INFO_AGAIN_S
-        try:
-            async with asyncio.timeout(self._start_timeout_s):
-                while True:
-                    if unanswered >= UNANSWERED_BEFORE_RECONNECT:
-                        logger.warning("kernel %s: it ran %d kernel_info requests on %s but "
-                                       "no reply came; connecting that channel again",
-                                       self.id, unanswered, channel)
-                        self._reconnect_requests(channel)
-                        unanswered = 0
-                    msg_id, route = self.request("kernel_info_request", {}, channel)
-                    try:
-                        got_reply = got_iopub = False
-                        while not (got_reply and got_iopub):
-                            getter = asyncio.ensure_future(route.get())
-                            try:
-                                done, _ = await asyncio.wait({getter, died}, timeout=again,
-                                                             return_when=asyncio.FIRST_COMPLETED)
-                            finally:  # also when cancelled or timed out: no orphan task
-                                if not getter.done():
-                                    getter.cancel()
-                            if died in done:
-                                code = "" if watched else f" ({died.result()})"
-                                raise KernelStartError(self.id, f"kernel exited{code}")
-                            if getter not in done:
-                                break
-                            source, _msg = getter.result()
-                            got_reply |= source == channel
-                            got_iopub |= source == "iopub"
-                        replied |= got_reply
-                        heard |= got_iopub
-                        if got_reply and got_iopub:
-                            return
-                        unanswered = unanswered + 1 if got_iopub and not got_reply else 0
-                        again = min(again * 2, longest)
-                    finally:
-                        self.forget(msg_id)
-        except TimeoutError:
-            seen = ("it answered, but its output channel stayed silent" if replied
-                    else "its output channel spoke, but no answer came" if heard
-                    else "nothing came back on any channel")
-            raise KernelStartError(
-                self.id, f"no answer within {self._start_timeout_s}s ({seen})") from None
-        finally:
-            died.cancel()
-
-    async def _read(self, channel: str, socket: zmq.asyncio.Socket) -> None:
-        assert self._session is not None
-        session = self._session
-        while True:
-            try:
-                frames = await socket.recv_multipart()
-                _idents, parts = session.feed_identities(frames)
-                if _parent_id(parts) not in self._routes:
-                    continue  # nobody waits for it (late, stray or forged): not even checked
-                if sum(map(len, parts)) > LARGE_MESSAGE_BYTES:
-                    # Checking and parsing megabytes would hold the loop (every session's) for
-                    # a noticeable time: do it beside the loop; small messages stay inline.
-                    msg = await anyio.to_thread.run_sync(session.deserialize, parts)
-                else:
-                    msg = session.deserialize(parts)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a malformed or forged message: drop it
-                self._dropped += 1
-                if self._dropped <= 10 or self._dropped % 10_000 == 0:  # no log flood either
-                    logger.warning("kernel %s: dropped a bad %s message (%d so far): %s",
-                                   self.id, channel, self._dropped, exc)
-                continue
-            parent = msg.get("parent_header") or {}
-            route = self._routes.get(parent.get("msg_id", "")) if isinstance(parent, dict) else None
-            if route is not None:
-                await route.put((channel, msg))
-
-    async def _watch_iopub(self, socket: zmq.asyncio.Socket) -> None:
-        reason = await wait_disconnect(socket)
-        if socket is self._sockets.get("iopub") and self.state is KernelState.READY:
-            self.recover_channel(reason)
-
-    def recover_channel(self, reason: str) -> None:
-        """The output channel broke or stalled: tell the requests in flight, and subscribe
-        afresh (the kernel and its variables stay). :meth:`channel_ready` waits for it."""
-        if self._recovering is not None and not self._recovering.done():
-            return
-        self.channel_breaks += 1
-        logger.warning("kernel %s: %s; subscribing again", self.id, reason)
-        for route in list(self._routes.values()):
-            with contextlib.suppress(asyncio.QueueFull):
-                route.put_nowait(("channel", reason))
-        self._recovering = asyncio.create_task(self._resubscribe(reason),
-                                               name=f"iopub-recover-{self.id}")
-        self._tasks.append(self._recovering)
-
-    async def _resubscribe(self, reason: str) -> None:
-        old = self._iopub_tasks
-        for task in old:
-            task.cancel()
-        if old:
-            await asyncio.wait(old)
-        self._tasks = [task for task in self._tasks if task not in old]
-        socket = self._sockets.pop("iopub", None)
-        if socket is not None:
-            socket.close(linger=0)
-        self._connect_iopub()
-        try:
-            # kernel_info on control (a busy kernel answers it there) until its status
-            # arrives on the new subscription: from then on no output is lost.
-            await self._wait_ready("control", watched=True)
-        except (KernelStartError, OSError) as exc:
-            self._channel_failed = f"{reason}, and subscribing again failed ({exc})"
-            logger.warning("kernel %s: %s", self.id, self._channel_failed)
-
-    async def channel_ready(self) -> str | None:
-        """Wait for a re-subscription under way; why the channel is still broken, if it is
-        (the caller then restarts the kernel)."""
-        recovering = self._recovering
-        if recovering is not None and not recovering.done():
-            await asyncio.wait([recovering])
-        return self._channel_failed
-
     async def _watch(self) -> None:
         code = await self.sandbox.wait()
         if self._expect_exit:
@@ -508,22 +182,6 @@ class Kernel:
                 self.on_death(self._death)
             except Exception:
                 logger.exception("kernel %s: on_death callback failed", self.id)
-
-    async def _disconnect(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        try:
-            if tasks:  # asyncio.wait, unlike awaiting each, lets the caller's own cancel through
-                await asyncio.wait(tasks)
-            for task in tasks:
-                if not task.cancelled() and task.exception() is not None:
-                    logger.warning("kernel %s: %s failed: %r", self.id, task.get_name(),
-                                   task.exception())
-        finally:
-            for socket in self._sockets.values():
-                socket.close(linger=0)
-            self._sockets.clear()
 
     @caused("restart")
     async def restart(self) -> None:
@@ -673,80 +331,3 @@ class Kernel:
         if self.egress is not None:
             await self.egress.close()
         await self.sandbox.cleanup(restart=False)
-
-    # -- messaging ---------------------------------------------------------------------------
-
-    def request(self, msg_type: str, content: dict[str, Any],
-                channel: str = "shell") -> tuple[str, asyncio.Queue[RouteItem]]:
-        """Send a request; its replies and outputs arrive on the returned queue."""
-        assert self._session is not None
-        msg = self._session.msg(msg_type, content)
-        msg_id: str = msg["header"]["msg_id"]
-        route: asyncio.Queue[RouteItem] = asyncio.Queue(ROUTE_BUFFER)
-        self._routes[msg_id] = route
-        if self._death is not None:  # it died before this request: nothing will answer it
-            route.put_nowait(("died", self._death))
-        socket = self._sockets.get(channel)
-        if socket is not None:  # none after a failed start
-            self._session.send(socket, msg)
-        return msg_id, route
-
-    async def relay(self, msg_type: str, content: dict[str, Any], channel: str,
-                    timeout_s: float) -> AsyncIterator[RouteItem]:
-        """Send one request; yield its reply and the iopub messages under it, as parsed.
-
-        Ends once both the reply and the kernel's ``idle`` status came, at ``timeout_s`` (one
-        second after the reply when its idle got lost), or when the kernel dies (``death``).
-        """
-        reply_type = msg_type.removesuffix("_request") + "_reply"
-        msg_id, route = self.request(msg_type, content, channel)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        replied = idle = False
-        try:
-            while not (replied and idle):
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        source, msg = await route.get()
-                except TimeoutError:
-                    return
-                if source == "died":
-                    return
-                if not isinstance(msg, dict):
-                    continue
-                kind = msg.get("msg_type")
-                if source in ("shell", "control"):
-                    if kind != reply_type or replied:
-                        continue
-                    replied = True
-                    deadline = min(deadline, loop.time() + 1.0)
-                elif source == "iopub" and kind == "status":
-                    status = msg.get("content")
-                    idle = isinstance(status, dict) and status.get("execution_state") == "idle"
-                yield source, msg
-        finally:
-            self.forget(msg_id)
-
-    def forget(self, msg_id: str) -> None:
-        self._routes.pop(msg_id, None)
-
-    def route(self, msg_id: str) -> asyncio.Queue[RouteItem] | None:
-        return self._routes.get(msg_id)
-
-    def interrupt(self) -> None:
-        """Ask the kernel (over the control channel) to raise KeyboardInterrupt."""
-        msg_id, _route = self.request("interrupt_request", {}, channel="control")
-        self.forget(msg_id)
-
-    async def set_env(self, env: dict[str, str]) -> None:
-        """Set environment variables in the kernel process (for the session's ``env``)."""
-        code = f"import os as _o; _o.environ.update({json.dumps(env)}); del _o"
-        msg_id, route = self.request("execute_request", {
-            "code": code, "silent": True, "store_history": False, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": False})
-        try:
-            async with asyncio.timeout(self._start_timeout_s):
-                while (await route.get())[0] != "shell":
-                    pass
-        finally:
-            self.forget(msg_id)
