@@ -89,7 +89,7 @@ class Profile(BaseModel):
     @field_validator("egress_allow")
     @classmethod
     def _egress(cls, value: list[str]) -> list[str]:
-        from kernel_pool._egress import parse_allow
+        from kernel_pool._allowlist import parse_allow
 
         parse_allow(value)
         return value

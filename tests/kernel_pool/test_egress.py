@@ -19,7 +19,7 @@ import docker
 import pytest
 
 from kernel_pool import KernelPool, PoolSettings, Profile, Session
-from kernel_pool._egress import EgressRules, parse_allow
+from kernel_pool._allowlist import EgressRules, parse_allow
 from tests.conftest import containers_of
 
 OWNER = f"egtest-{secrets.token_hex(4)}"
