@@ -1,0 +1,117 @@
+"""The two hosts the contract suite runs against, started and stopped (a module of its own:
+conftest is not importable).
+
+``local``: a :class:`~kernel_pool.KernelPool` in this process, as a gateway of one machine
+holds it. ``remote``: a real ``replgate node`` subprocess (mutual TLS, its own pool and
+containers, a PostgreSQL database of its own as the cluster tests' nodes have) and, in this
+process, the :class:`~node.placement.RemoteNodes` a gateway of many machines holds, so every
+call crosses HTTPS and the node's channel WebSocket. Both run with the same limits; after
+either stops, no container or mount of it may remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+
+from gateway.store import Store
+from kernel_pool import KernelPool, PoolSettings, Profile, SessionHost
+from node.local import stop_group
+from node.placement import RemoteNodes
+from node.records import SessionRecords
+from node.registry import Registry
+from node.tls import client_context, make_cluster_certs
+from tests.conftest import (
+    TEMPLATE_DIR,
+    TEST_RUNTIME,
+    containers_of,
+    create_database,
+    drop_database,
+    unmount_all,
+)
+from tests.node.cluster_support import make_node
+
+MAX_QUEUED = 3
+"""Executions a session may hold waiting, on both legs (small: QueueFull is quick to reach)."""
+
+LIMITS = {"memory": "1g", "workspace_size": "64m", "tmp_size": "32m", "min_idle": "1",
+          "default_timeout_s": "30", "max_timeout_s": "120"}
+"""The default profile's limits, the same on both legs (the node reads them as settings)."""
+POOL = {"max_kernels": "4", "interrupt_grace_s": "2.0", "pause_after_s": "0",
+        "max_queued_executions": str(MAX_QUEUED)}
+"""The pool's limits, the same on both legs (no idle pause: a test's session stays as it is)."""
+
+SESSION_ENV = {"GREETING": "hi"}
+"""The environment each test's session is made with."""
+
+
+def pool_settings(state_dir: Path, owner: str) -> PoolSettings:
+    """The local pool's settings, and the profiles the remote host checks requests against."""
+    profile = Profile(name="default", runtime=TEST_RUNTIME, **LIMITS)
+    return PoolSettings(state_dir=state_dir, owner=owner, profiles={"default": profile},
+                        template_dir=TEMPLATE_DIR, **POOL)
+
+
+async def local_host(docker_client: docker.DockerClient) -> AsyncIterator[SessionHost]:
+    """A pool in this process, one kernel warm."""
+    owner = f"contract-{secrets.token_hex(4)}"
+    root = Path(tempfile.mkdtemp(prefix="rg-ct-", dir="/tmp"))
+    pool = KernelPool(pool_settings(root, owner))
+    try:
+        await pool.start()
+        await pool.wait_ready(timeout_s=120)
+        yield pool
+    finally:
+        await pool.close()
+        left = containers_of(docker_client, owner)
+        for container_id in left:
+            docker_client.api.remove_container(container_id, force=True, v=True)
+        mounted = unmount_all(root)
+        shutil.rmtree(root, ignore_errors=True)
+        assert not left and not mounted, (left, mounted)
+
+
+async def remote_host(docker_client: docker.DockerClient) -> AsyncIterator[SessionHost]:
+    """A node subprocess, one kernel warm, and the gateway's RemoteNodes reaching it."""
+    database_url = await asyncio.to_thread(create_database)
+    certs_dir = Path(tempfile.mkdtemp(prefix="rg-ct-certs-", dir="/tmp"))
+    certs = make_cluster_certs(certs_dir)
+    node = make_node(f"contract-{secrets.token_hex(4)}", database_url, certs,
+                     {f"REPLGATE_{name.upper()}": value for name, value in {
+                         **LIMITS, **POOL}.items()})
+    try:
+        node.start()
+        await asyncio.to_thread(node.wait_registered, database_url)
+        async with Store.open(database_url) as store:
+            nodes = RemoteNodes(
+                pool_settings(node.state_dir, node.node_id),
+                Registry(store.database, heartbeat_timeout_s=30),
+                client_context(certs.gateway_cert, certs.gateway_key, certs.ca),
+                SessionRecords(store))
+            listening = asyncio.create_task(nodes.records.listen())
+            try:
+                yield nodes
+            finally:
+                listening.cancel()
+                await asyncio.gather(listening, return_exceptions=True)
+                await nodes.close()
+    finally:
+        if node.process is not None:
+            await asyncio.to_thread(stop_group, node.process)
+            node.process = None
+        left = containers_of(docker_client, node.node_id)
+        for container_id in left:
+            docker_client.api.remove_container(container_id, force=True, v=True)
+        mounted = unmount_all(node.state_dir)
+        shutil.rmtree(node.state_dir, ignore_errors=True)
+        shutil.rmtree(certs_dir, ignore_errors=True)
+        await asyncio.to_thread(drop_database, database_url)
+        assert not left and not mounted, (left, mounted, node.log())
+
+
