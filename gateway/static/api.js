@@ -1,7 +1,6 @@
 /* The API: fetch with the API key (or an approver's), the sockets' URLs and the session paths. */
 
-import { state } from "./page.js";
-import { signOut } from "./signin.js";
+import { hooks, state } from "./page.js";
 
 // -- API ---------------------------------------------------------------------------------
 
@@ -21,7 +20,7 @@ export async function api(method, path, { json, body, raw, key } = {}) {
     credentials: "omit", cache: "no-store",
   });
   if (response.status === 401 && !key) {
-    signOut("The API key was refused. Sign in again.");
+    hooks.signOut("The API key was refused. Sign in again.");
     throw new ApiError(401, "unauthorized");
   }
   if (!response.ok) {

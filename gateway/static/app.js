@@ -14,9 +14,10 @@
  * one, with the API key, which the gateway refuses (403) and the cell says so.
  */
 
-import { $, autosize, state, toast } from "./page.js";
-import { APPROVER_STORAGE, closeApproverPanel, KEY_STORAGE, openApproverPanel, saveApproverKey,
-  setApproverKey, showApp, showSignIn, signIn, signOut } from "./signin.js";
+import { $, autosize, hooks, state, toast } from "./page.js";
+import { APPROVER_STORAGE, closeApproverPanel, openApproverPanel, saveApproverKey, setApproverKey }
+  from "./approver.js";
+import { KEY_STORAGE, showApp, showSignIn, signIn, signOut } from "./signin.js";
 import { createSession, openFromHash, refreshSessions } from "./sessions.js";
 import { downloadNotebook, interrupt, restart, runCode } from "./watch.js";
 import { uploadFiles } from "./files.js";
@@ -25,6 +26,8 @@ import { tickExpiries } from "./approvals.js";
 import { onFrameMessage } from "./output.js";
 
 async function start() {
+  hooks.signOut = signOut;
+  hooks.refreshSessions = refreshSessions;
   bindUi();
   window.addEventListener("message", onFrameMessage);
   window.addEventListener("hashchange", () => openFromHash());

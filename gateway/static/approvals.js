@@ -1,12 +1,44 @@
-/* Governance in a cell: what held it, Approve / Reject with the approver key, the decision. */
+/* Governance: the tenant's pending approvals, and in a cell what held it, Approve / Reject with
+ * the approver key, the decision. */
 
-import { clockTime, el, formatSeconds, state } from "./page.js";
+import { clockTime, el, formatSeconds, hooks, state } from "./page.js";
 import { api } from "./api.js";
-import { openApproverPanel, showApproverToggle } from "./signin.js";
-import { refreshSoon } from "./sessions.js";
-import { setCellStatus } from "./cells.js";
+import { openApproverPanel, showApproverToggle } from "./approver.js";
+import { setCellStatus } from "./status.js";
 
 // -- approvals ---------------------------------------------------------------------------
+
+/** The tenant's pending approvals: counts per session, and held cells of the open one. */
+export async function refreshApprovals() {
+  const asked = ++state.approvalsAsked;
+  let approvals;
+  try {
+    approvals = await api("GET", "/v1/approvals");
+  } catch (_) {
+    return;
+  }
+  if (asked !== state.approvalsAsked || !Array.isArray(approvals)) return;
+  state.waiting = new Map();
+  for (const approval of approvals) {
+    state.waiting.set(approval.session_id, (state.waiting.get(approval.session_id) || 0) + 1);
+    if (approval.session_id !== state.current) continue;
+    // A watcher that joins while a cell is held gets no pending_approval frame for it.
+    const cell = state.cells.get(approval.execution_id);
+    if (cell && !cell.approval && cell.node.dataset.status === "running") {
+      holdCell(cell, approval);
+    }
+  }
+  showApproverToggle();
+}
+
+/** One refresh for a burst of changes (a history replay holds many). */
+function refreshSoon() {
+  if (state.refreshTimer || !state.current) return;
+  state.refreshTimer = setTimeout(() => {
+    state.refreshTimer = null;
+    if (state.key) hooks.refreshSessions().catch(() => {});
+  }, 250);
+}
 
 /** Show the cell as held: what held it, when that ends, and Approve / Reject. `held` is a
  *  pending_approval frame (rule ids) or an approval of GET /v1/approvals (rule matches). */

@@ -1,17 +1,13 @@
 /* The transcript's cells: their code, language, status and outputs as frames arrive. */
 
-import { $, el, formatDuration, isNearBottom, scrollToEnd, state } from "./page.js";
+import { $, el, formatDuration, hooks, isNearBottom, scrollToEnd, state } from "./page.js";
 import { api } from "./api.js";
-import { refreshSessions, setStatusBadge } from "./sessions.js";
+import { setCellStatus } from "./status.js";
 import { refreshFiles, touchedFiles } from "./files.js";
 import { holdCell, showDecision, withdrawApproval } from "./approvals.js";
 import { chartTable, renderMime } from "./output.js";
 import { ANSI_RE, fixCarriageReturns, highlightPython, renderAnsi } from "./text.js";
 
-const STATUS_LABELS = {
-  pending_approval: "waiting for approval",
-  budget_exceeded: "budget exceeded",
-};
 const REFUSED = new Set(["denied", "budget_exceeded"]);
 const LANGUAGE_LABELS = {
   python: "Python", r: "R", javascript: "JavaScript", typescript: "TypeScript", java: "Java",
@@ -106,28 +102,6 @@ export function startCell(id, code, startedAt) {
   setCellStatus(cell, "running");
   $("transcript-empty").hidden = true;
   scrollToEnd();
-}
-
-export function setCellStatus(cell, status, text) {
-  cell.node.dataset.status = status;
-  cell.status.className = `badge badge-${status}`;
-  cell.status.textContent = text || STATUS_LABELS[status] || status;
-  if (status === "running") cell.prompt.textContent = "[*]";
-  showBusy();
-}
-
-export function showBusy() {
-  // Between polls, the open session's status follows its cells.
-  if (!state.current) return;
-  const running = document.querySelector(
-    "#transcript .cell:is([data-status=running], [data-status=pending_approval])") !== null;
-  const badges = [$("session-status"),
-    document.querySelector(`.session-item[data-session-id="${state.current}"] .badge`)];
-  for (const badge of badges) {
-    if (!badge) continue;
-    if (running) setStatusBadge(badge, "busy");
-    else if (badge.textContent === "busy") setStatusBadge(badge, "idle");
-  }
 }
 
 export function rejectCell(cell, detail) {
@@ -306,6 +280,6 @@ function finishCell(cell, frame) {
   if (frame.files && frame.files.length) cell.outputs.after(touchedFiles(frame.files));
   if (state.current) {
     refreshFiles();
-    refreshSessions().catch(() => {});
+    hooks.refreshSessions().catch(() => {});
   }
 }

@@ -22,6 +22,13 @@ export const state = {
   kernelspecs: null,    // GET /api/kernelspecs, once: the languages of each profile
 };
 
+// What a view calls of the views above it (signing out on a refused key, refreshing the
+// sessions list): app.js sets these at start, so no module imports one that imports it.
+export const hooks = {
+  signOut: null,          // (message) => void: signin.js's signOut
+  refreshSessions: null,  // () => Promise: sessions.js's refreshSessions
+};
+
 // -- small helpers -----------------------------------------------------------------------
 
 export function el(tag, attrs, ...children) {

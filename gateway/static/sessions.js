@@ -3,49 +3,17 @@
 
 import { $, ago, el, formatSeconds, shortId, state, toast } from "./page.js";
 import { api, sessionPath } from "./api.js";
-import { showApproverToggle } from "./signin.js";
+import { setStatusBadge, showBusy } from "./status.js";
 import { connectWatch, showTransfer } from "./watch.js";
 import { refreshFiles } from "./files.js";
-import { loadLanguages, showBusy } from "./cells.js";
-import { holdCell } from "./approvals.js";
+import { loadLanguages } from "./cells.js";
+import { refreshApprovals } from "./approvals.js";
 
 // -- sessions ----------------------------------------------------------------------------
-
-/** One refresh for a burst of changes (a history replay holds many). */
-export function refreshSoon() {
-  if (state.refreshTimer || !state.current) return;
-  state.refreshTimer = setTimeout(() => {
-    state.refreshTimer = null;
-    if (state.key) refreshSessions().catch(() => {});
-  }, 250);
-}
 
 export async function refreshSessions() {
   const [sessions] = await Promise.all([api("GET", "/v1/sessions"), refreshApprovals()]);
   renderSessions(sessions);
-}
-
-/** The tenant's pending approvals: counts per session, and held cells of the open one. */
-export async function refreshApprovals() {
-  const asked = ++state.approvalsAsked;
-  let approvals;
-  try {
-    approvals = await api("GET", "/v1/approvals");
-  } catch (_) {
-    return;
-  }
-  if (asked !== state.approvalsAsked || !Array.isArray(approvals)) return;
-  state.waiting = new Map();
-  for (const approval of approvals) {
-    state.waiting.set(approval.session_id, (state.waiting.get(approval.session_id) || 0) + 1);
-    if (approval.session_id !== state.current) continue;
-    // A watcher that joins while a cell is held gets no pending_approval frame for it.
-    const cell = state.cells.get(approval.execution_id);
-    if (cell && !cell.approval && cell.node.dataset.status === "running") {
-      holdCell(cell, approval);
-    }
-  }
-  showApproverToggle();
 }
 
 export function renderSessions(sessions) {
@@ -175,12 +143,6 @@ function statusBadge(status) {
   return setStatusBadge(el("span"), status);
 }
 
-export function setStatusBadge(node, status) {
-  node.className = `badge badge-${status}`;
-  node.textContent = status;
-  return node;
-}
-
 export async function createSession() {
   const button = $("new-session");
   button.disabled = true;
@@ -257,10 +219,4 @@ export function closeSession() {
   for (const item of document.querySelectorAll(".session-item.active")) {
     item.classList.remove("active");
   }
-}
-
-export function sessionEnded() {
-  toast("The session has ended.", "error");
-  location.hash = "";
-  refreshSessions().catch(() => {});
 }

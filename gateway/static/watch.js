@@ -1,12 +1,12 @@
 /* The open session's sockets: the watch socket's frames (its whole history, then live), the
  * pause/resume bar, and running code through the ws socket. */
 
-import { $, autosize, formatSize, randomId, saveBlob, scrollToEnd, shortId, state, toast }
+import { $, autosize, formatSize, hooks, randomId, saveBlob, scrollToEnd, shortId, state, toast }
   from "./page.js";
 import { api, sessionPath, socketUrl } from "./api.js";
-import { signOut } from "./signin.js";
-import { refreshApprovals, refreshSessions, sessionEnded, setStatusBadge } from "./sessions.js";
-import { addEvent, createCell, rejectCell, setCellStatus, startCell } from "./cells.js";
+import { setCellStatus, setStatusBadge } from "./status.js";
+import { refreshApprovals } from "./approvals.js";
+import { addEvent, createCell, rejectCell, startCell } from "./cells.js";
 
 // -- watching ----------------------------------------------------------------------------
 
@@ -34,13 +34,19 @@ export function connectWatch() {
   socket.onclose = (event) => {
     if (state.watch !== socket || state.current !== id) return;
     state.watch = null;
-    if (event.code === 4401) return signOut("The API key was refused. Sign in again.");
+    if (event.code === 4401) return hooks.signOut("The API key was refused. Sign in again.");
     if (event.code === 4404) return sessionEnded();
     setLive("offline", "Reconnecting");
     const delay = Math.min(10000, 500 * 2 ** state.retry);
     state.retry += 1;
     state.retryTimer = setTimeout(() => { if (state.current === id) connectWatch(); }, delay);
   };
+}
+
+function sessionEnded() {
+  toast("The session has ended.", "error");
+  location.hash = "";
+  hooks.refreshSessions().catch(() => {});
 }
 
 function onWatchFrame(frame) {
@@ -89,7 +95,7 @@ export function showTransfer(frame) {
     $("transfer-text").textContent = frame.state === "done"
       ? `${past}: ${formatSize(frame.done_bytes)}` : `${verb} failed`;
     state.transferTimer = setTimeout(() => { box.hidden = true; }, 2000);
-    refreshSessions().catch(() => {});
+    hooks.refreshSessions().catch(() => {});
   }
   box.hidden = false;
 }
@@ -116,7 +122,7 @@ function runner() {
   };
   socket.onclose = (event) => {
     if (state.runner === socket) state.runner = null;
-    if (event.code === 4401) signOut("The API key was refused. Sign in again.");
+    if (event.code === 4401) hooks.signOut("The API key was refused. Sign in again.");
     if (event.code === 4404 && state.current === id) sessionEnded();
   };
   return socket;
@@ -169,7 +175,7 @@ export async function restart() {
     if (error.status !== 401) toast(`Could not restart: ${error.message}`, "error");
   } finally {
     button.disabled = false;
-    refreshSessions().catch(() => {});
+    hooks.refreshSessions().catch(() => {});
   }
 }
 
