@@ -29,13 +29,12 @@ from kernel_pool import KernelPool, Session
 from kernel_pool._kernel import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
-    IMAGE_SUFFIX,
-    Packing,
     checkpoint_failure,
     criu_log_named,
     remove_staged_copies,
     without_host_paths,
 )
+from kernel_pool.backends.docker._packing import IMAGE_SUFFIX, Packing
 
 SETUP = """
 import threading, time

@@ -17,7 +17,7 @@ from kp_support import pausing_pool, run_ok
 
 from kernel_pool import KernelPool
 from kernel_pool.backends.docker import DockerSandbox
-from kernel_pool.backends.docker._checkpoint import (
+from kernel_pool.backends.docker._packing import (
     ABOUT_NAME,
     COMPRESSOR,
     IMAGE_SUFFIX,

@@ -31,15 +31,11 @@ which held them, is the sandbox's and may be emptied while the session is paused
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import tarfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,23 +43,19 @@ from typing import Any, Protocol
 import docker
 
 from kernel_pool.backends.docker._criu import ROOT_PATH
+from kernel_pool.backends.docker._packing import (
+    ABOUT_NAME,
+    CheckpointError,
+    _first_records,
+    _unpack,
+)
 from kernel_pool.exceptions import BackendError
 
 CHECKPOINT_NAME = "replgate"
-ABOUT_NAME = "replgate.json"
 TREE_KEY = "kernel_tree"
 """Set in a dump's records when it holds the kernel's process tree alone (:mod:`._tree`)."""
-ZSTD = shutil.which("zstd")
-COMPRESSOR = [ZSTD, "-1", "-q", "-T0"] if ZSTD else ["gzip", "-1"]
-"""zstd -1 packed a 93 MB checkpoint of a kernel to 23 MB in 0.30 s on the development machine;
-gzip -1 to 26 MB in 1.5 s (docs/checkpoint.md)."""
 ENGINE_TIMEOUT_S = 300
 """A dump or restore writes or reads the whole memory of the sandbox: minutes at worst."""
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-"""What stops a gateway, and must not stop its packing (see :class:`Packing`)."""
-IMAGE_SUFFIXES = (".tar.zst", ".tar.gz")
-"""The names a checkpoint archive may have (after the session's id), the one made here first."""
-IMAGE_SUFFIX = IMAGE_SUFFIXES[0] if ZSTD else IMAGE_SUFFIXES[1]
 RUNC_STATE_ROOTS = (Path("/run/docker/runtime-runc/moby"),
                     Path("/var/run/docker/runtime-runc/moby"))
 """Where Docker's containerd keeps runc's state of the engine's containers: ``<exec root>/
@@ -81,10 +73,6 @@ CRIU_LOG_NOISE = ("tun.c", "RLIMIT_NOFILE for self")
 CAP_SYS_RESOURCE for its own rlimit): they say nothing about a failure."""
 WORK_NAME = ".replgate-criu-work"
 """The folder beside the checkpoint where CRIU writes its log during a dump (then removed)."""
-
-
-class CheckpointError(Exception):
-    """A dump, a packing or a restore failed; the message says which, with the engine's words."""
 
 
 def checkpoint_dir(data_root: Path, container_id: str) -> Path:
@@ -299,33 +287,6 @@ def restore(api: docker.APIClient, container_id: str, folder: Path, image: Path,
     return about
 
 
-def _first_records(image: Path) -> dict[str, Any] | None:
-    """The records of a packed dump, read from the head of its archive, where
-    :class:`Packing` puts them; None when they are not there (an archive of an earlier
-    gateway, or not one at all: the unpacking says so)."""
-    program = (ZSTD or "zstd") if image.name.endswith(".zst") else "gzip"
-    fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        with subprocess.Popen([program, "-dc"], stdin=fd, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL) as unpacker:
-            assert unpacker.stdout is not None
-            try:
-                with tarfile.open(fileobj=unpacker.stdout, mode="r|") as archive:
-                    member = archive.next()
-                    if member is None or member.name.lstrip("./") != ABOUT_NAME \
-                            or not member.isfile() or member.size > 1 << 16:
-                        return None
-                    read = archive.extractfile(member)
-                    about = json.loads(read.read()) if read is not None else None
-            except (tarfile.TarError, ValueError, OSError):
-                return None
-            finally:
-                unpacker.kill()
-    finally:
-        os.close(fd)
-    return about if isinstance(about, dict) else None
-
-
 def remove_staged_copies(records: bytes | None = None) -> int:
     """Remove containerd's copies of restored checkpoints of ours; how many. With
     ``records``, the copy holding exactly those (a restore's own, at once); without, every
@@ -364,96 +325,6 @@ def _start(api: docker.APIClient, container_id: str) -> None:
     answer = api.post(_url(api, f"/containers/{container_id}/start"),
                       params={"checkpoint": CHECKPOINT_NAME}, timeout=ENGINE_TIMEOUT_S)
     _engine(answer, "the engine could not restore the sandbox", container_id)
-
-
-class Packing:
-    """The packing of :func:`dump`'s folder into one 0600 archive, ``stem`` + the archive's
-    suffix; :meth:`cancel` (from any thread) stops it, its partial file removed. The folder
-    is left to the caller either way."""
-
-    def __init__(self, folder: Path, stem: Path) -> None:
-        self.folder = folder
-        self.image = stem.with_name(stem.name + IMAGE_SUFFIX)
-        self._lock = threading.Lock()
-        self._processes: list[subprocess.Popen[bytes]] = []
-        self._cancelled = False
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            for process in self._processes:
-                with contextlib.suppress(OSError):
-                    process.kill()
-
-    def _names(self) -> list[str]:
-        others = sorted(name for name in os.listdir(self.folder) if name != ABOUT_NAME)
-        return [ABOUT_NAME, *others] if (self.folder / ABOUT_NAME).exists() else others
-
-    def run(self) -> Path:
-        """Pack (blocking); the archive. :class:`CheckpointError` when it failed or was
-        cancelled."""
-        partial = self.image.with_name(self.image.name + ".part")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            with self._lock:
-                if self._cancelled:
-                    raise CheckpointError("the packing was cancelled")
-                # A stop signal to the gateway (its process group, a stop, ^C, or every
-                # process of its cgroup under systemd) must not cut the packing short: the
-                # gateway's stop waits for it, and only cancel() ends it (SIGKILL). Sessions
-                # of their own keep tar and zstd out of the group; and since a child is in the
-                # group until its setsid(), they start, and run, with those signals blocked
-                # (ci23: a SIGTERM in that window killed tar).
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-                try:
-                    # The records first: a restore reads them before the rest is unpacked.
-                    tar = subprocess.Popen(["tar", "-C", str(self.folder), "-cf", "-",
-                                            "--", *self._names()],
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           start_new_session=True)
-                    assert tar.stdout is not None
-                    packer = subprocess.Popen(COMPRESSOR, stdin=tar.stdout, stdout=fd,
-                                              stderr=subprocess.PIPE, start_new_session=True)
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-                self._processes = [tar, packer]
-            tar.stdout.close()
-            _, packer_err = packer.communicate()
-            _, tar_err = tar.communicate()
-            if self._cancelled:
-                raise CheckpointError("the packing was cancelled")
-            if tar.returncode or packer.returncode:
-                said = (tar_err or packer_err).decode(errors="replace").strip()[-300:]
-                raise CheckpointError(f"packing failed (tar: {tar.returncode}, "
-                                      f"{Path(COMPRESSOR[0] or '').name}: {packer.returncode})"
-                                      f"{': ' + said if said else ''}")
-            os.fsync(fd)
-        except BaseException:
-            os.unlink(partial)
-            raise
-        finally:
-            os.close(fd)
-        os.replace(partial, self.image)
-        return self.image
-
-
-def _unpack(image: Path, folder: Path) -> None:
-    fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        # Chosen by the name, not by what the host has now: zstd may have come or gone since.
-        program = (ZSTD or "zstd") if image.name.endswith(".zst") else "gzip"
-        unpacker = subprocess.Popen([program, "-dc"], stdin=fd, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
-        assert unpacker.stdout is not None
-        tar = subprocess.run(["tar", "-C", str(folder), "--no-same-owner", "-xf", "-"],
-                             stdin=unpacker.stdout, capture_output=True)
-        unpacker.stdout.close()
-        _, unpack_err = unpacker.communicate()
-    finally:
-        os.close(fd)
-    if unpacker.returncode or tar.returncode:
-        raise CheckpointError("the checkpoint image is corrupt: "
-                              f"{(unpack_err or tar.stderr).decode(errors='replace')[-300:]}")
 
 
 _HELD_TCP_STATES = {"01", "08"}

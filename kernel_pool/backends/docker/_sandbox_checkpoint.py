@@ -19,8 +19,6 @@ import docker.errors
 from kernel_pool._languages import KERNEL_LANGUAGES
 from kernel_pool.backends.docker._checkpoint import (
     TREE_KEY,
-    CheckpointError,
-    Packing,
     checkpoint_dir,
     checkpoint_failure,
     discard,
@@ -45,6 +43,7 @@ from kernel_pool.backends.docker._init_kernel import (
     request_adoption,
     write_for_sandbox,
 )
+from kernel_pool.backends.docker._packing import CheckpointError, Packing
 from kernel_pool.backends.docker._sandbox_base import DockerSandboxBase
 from kernel_pool.backends.docker._template import TemplateError
 from kernel_pool.backends.docker._tree import dump as dump_tree
