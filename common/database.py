@@ -1,4 +1,5 @@
-"""The gateway's database: one SQLAlchemy engine over SQLite (the embedded default) or PostgreSQL.
+"""The database of gateways and nodes: one SQLAlchemy engine over SQLite (the embedded default)
+or PostgreSQL.
 
 ``REPLGATE_DATABASE_URL`` chooses it: unset, ``replgate.db`` in the state directory, as ever;
 ``postgresql://user:password@host/db``, a server that several gateways (and, later, nodes) share.

@@ -1,4 +1,5 @@
-"""Gateway settings, from ``REPLGATE_*`` environment variables. Every one has a default.
+"""Settings of gateways and nodes, from ``REPLGATE_*`` environment variables. Every one has a
+default.
 
 Nested with ``__``: the pool's own models are fields here, so each of their settings is
 reachable from the environment and its default is stated once, in :mod:`kernel_pool.config`::
