@@ -111,14 +111,14 @@ class NodeAgent:
         says so), never paused (it would claim to have kept everything)."""
         try:
             await self.store.update_session(
-                session.id, status=session.status.value,
+                session.id, status=session.state().status.value,
                 sandbox=session.sandbox_info().model_dump(mode="json"))
         except Exception as exc:  # the database away: the resume stands, its record lags
             logger.warning("session %s: its resume was not recorded: %s", session.id, exc)
 
     def _lifecycle(self, session: SessionPort) -> None:
         self._spawn(self.store.update_session(
-            session.id, status=session.status.value,
+            session.id, status=session.state().status.value,
             sandbox=session.sandbox_info().model_dump(mode="json")))
 
     def _spawn(self, work: Any) -> None:
