@@ -3,7 +3,8 @@
 The image's blocks are reserved whole (``fallocate``) while a sandbox may write, and given back
 when it is parked: free blocks trimmed through the loop device, the never-written ones punched
 out (FIEMAP). Unmounts are immediate where a writer could be left, lazy (:func:`detach`) where
-nothing can write. :class:`~kernel_pool._workspace.Workspace` decides when; this module does it.
+nothing can write. :class:`WorkspaceDisk` decides when, for the file API built on it
+(:class:`~kernel_pool._workspace.Workspace`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal, Self
 
 from kernel_pool.exceptions import StateDirFull, WorkspaceError
 
 logger = logging.getLogger(__name__)
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+"""The sandbox's user, who owns a workspace's files."""
 
 
 def _allocate(image: Path, size_bytes: int) -> None:
@@ -196,3 +205,175 @@ def _run(cmd: list[str]) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise WorkspaceError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+
+
+class WorkspaceDisk:
+    """A workspace's disk as the host holds it: made, taken back, destroyed; parked (its
+    unused blocks and mount given back) and mounted again for each use (:meth:`access`).
+    Blocking I/O: call from a worker thread."""
+
+    def __init__(self, root: Path, image: Path | None = None, *, parked: bool = False) -> None:
+        self.root = root
+        self.image = image
+        self._guard = threading.Condition(threading.Lock())
+        self._users = 0
+        """File operations under way (each holds the mount it uses)."""
+        self._parked = parked and image is not None
+        self._mount: Literal["ro", "rw"] | None = None if self._parked else "rw"
+        """How the image is mounted now: "rw" (reserved), "ro" (parked, lent to readers)."""
+
+    @classmethod
+    def create(cls, root: Path, size_bytes: int) -> Self:
+        """Make (or take back) the workspace at ``root`` with a cap of ``size_bytes``."""
+        root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            logger.warning("not root: workspace %s has no enforced size cap", root)
+            os.chmod(root, 0o777)
+            return cls(root)
+        image = root.with_suffix(".ext4")
+        if os.path.ismount(root):
+            return cls(root, image)
+        if not image.exists():
+            _allocate(image, size_bytes)
+            # nodiscard: mkfs would otherwise punch the reserved blocks out again.
+            subprocess.run(
+                ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+                 "-E", f"root_owner={SANDBOX_UID}:{SANDBOX_GID},nodiscard", str(image)],
+                check=True, capture_output=True,
+            )
+        else:
+            _reserve(image)  # a parked one (a paused session's, after a reboot)
+        _mount(image, root, read_only=False)
+        lost = root / "lost+found"
+        if lost.is_dir():
+            lost.rmdir()
+        return cls(root, image)
+
+    @classmethod
+    def take_back_parked(cls, root: Path, size_bytes: int) -> Self:
+        """A paused session's workspace after a gateway restart: parked (given back now if a
+        previous gateway left it mounted). Without root, the plain folder."""
+        image = root.with_suffix(".ext4")
+        if os.geteuid() != 0 or not image.exists():
+            return cls.create(root, size_bytes)
+        root.mkdir(parents=True, exist_ok=True)  # where it is mounted when used
+        mounted = os.path.ismount(root)
+        workspace = cls(root, image, parked=not mounted)
+        if mounted:
+            workspace.park()
+        return workspace
+
+    def destroy(self) -> None:
+        """Unmount and delete everything; afterwards no byte of the workspace remains.
+
+        Under the guard: a file operation's end parks the workspace (unmounts it) under it
+        too, so the mount cannot go between the check and the unmount here. One that went
+        anyway (someone else unmounted it) is not an error.
+        """
+        with self._guard:
+            if os.path.ismount(self.root):
+                detach(self.root)
+            self._mount = None
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.image is not None:
+            self.image.unlink(missing_ok=True)
+
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> None:
+        """Give back every block the files do not use, and the mount, once no file operation
+        uses it (now, or when the last one ends). Call only when no sandbox has it mounted:
+        its container is gone. Without root (no image) there is nothing to give back."""
+        if self.image is None:
+            return
+        with self._guard:
+            self._parked = True
+            if self._users == 0 and self._mount is not None:
+                try:
+                    self._give_back()
+                except WorkspaceError as exc:  # kept whole, tried again after its next use
+                    logger.warning("workspace %s stays mounted: %s", self.root, exc)
+
+    def unpark(self) -> None:
+        """Reserve the full size again and mount the workspace for a sandbox to use;
+        :class:`StateDirFull` (the workspace stays parked, its files intact) when the host's
+        disk cannot give the blocks back."""
+        with self._guard:
+            if not self._parked:
+                return
+            while self._mount == "ro":  # lent to readers: their read-only mount goes first
+                self._guard.wait()
+            if self._mount is None:
+                self._mount_parked(write=True)
+            self._parked = False
+
+    @property
+    def _image(self) -> Path:
+        assert self.image is not None
+        return self.image
+
+    def used_bytes(self) -> int:
+        """What the workspace's files and metadata hold on disk (an estimate while parked);
+        without a file system of its own (not root), more than anything copied on resume."""
+        if self.image is None:
+            return 2**62
+        with self._guard:
+            if self._mount is None:
+                return os.stat(self.image).st_blocks * 512
+            info = os.statvfs(self.root)
+            return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+    @contextmanager
+    def access(self, write: bool = False) -> Iterator[None]:
+        """The workspace mounted for one file operation: a parked workspace is mounted for
+        its duration (read-only for readers, who share it; reserved first for a writer), and
+        parked again when the last operation ends."""
+        with self._guard:
+            while write and self._mount == "ro":
+                self._guard.wait()
+            if self._mount is None:
+                self._mount_parked(write)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._users -= 1
+                if self._users == 0 and self._parked and self._mount is not None:
+                    try:
+                        self._give_back()
+                    except WorkspaceError as exc:
+                        logger.warning("workspace %s stays mounted: %s", self.root, exc)
+                    self._guard.notify_all()
+
+    def _mount_parked(self, write: bool) -> None:
+        """Mount the parked image (guard held): writable after reserving it, else read-only.
+        On failure it stays parked as it was."""
+        if write:
+            _reserve(self._image)
+        try:
+            _mount(self._image, self.root, read_only=not write)
+        except WorkspaceError:
+            if write:
+                _punch_unwritten(self._image)  # the reserve goes back with the failed mount
+            raise
+        self._mount = "rw" if write else "ro"
+
+    def _give_back(self) -> None:
+        """Unmount (guard held, no user); if it was writable, first punch its free blocks out
+        of the image (discards, which the loop device turns into holes), then the reserved
+        blocks nothing ever wrote (metadata reserved but still zeros)."""
+        writable = self._mount == "rw"
+        if writable:
+            _trim(self.root)
+        try:
+            _unmount(self.root, read_only=not writable)
+        except WorkspaceError:
+            if writable:  # it stays mounted, writable: what the trim gave back is taken again
+                _refill(self._image)
+            raise
+        self._mount = None
+        if writable:
+            _punch_unwritten(self._image)
