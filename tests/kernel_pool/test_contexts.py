@@ -14,7 +14,6 @@ import pytest
 from kp_support import pausing_pool
 
 from kernel_pool import (
-    ContextNotFound,
     KernelPool,
     Profile,
     Session,
@@ -206,22 +205,6 @@ async def test_a_context_has_the_session_environment_and_descends_from_pid_1(
         assert set(found.stdout.split()) == {"1"}, found.stdout
     finally:
         await languages_pool.delete_session(session.id)
-
-
-async def test_contexts_made_restarted_and_removed(poly: Session) -> None:
-    made = await poly.create_context("R")
-    assert made.language == "r" and not made.running and made.id.startswith("ctx-")
-    assert (await poly.submit("y <- 1", context_id=made.id).result()).status == "ok"
-    # Its own variables, not the default R context's.
-    other = await poly.submit("exists('y')", language="r").result()
-    assert "FALSE" in str(other.outputs), other
-    await poly.restart_context(made.id)
-    gone = await poly.submit("exists('y')", context_id=made.id).result()
-    assert "FALSE" in str(gone.outputs), gone
-    await poly.remove_context(made.id)
-    with pytest.raises(ContextNotFound):
-        poly.submit("1", context_id=made.id)
-    assert made.id not in {c.id for c in await poly.list_contexts()}
 
 
 async def test_typescript_runs_in_the_javascript_context(poly: Session) -> None:
