@@ -359,6 +359,9 @@ async def test_tool_call_anthropic_round_trip_returns_text_and_image(
 
 async def test_tool_call_openai_round_trip_parses_json_arguments(
         sandbox: AsyncSandbox) -> None:
+    # The session is the module's: this file makes the listing's content known, whichever
+    # tests ran before (alone, this test would find an empty working directory).
+    await sandbox.files.write("openai_tools/listed.txt", "listed")
     tool_calls = [
         SimpleNamespace(id="call_1", type="function", function=SimpleNamespace(
             name="execute_python", arguments=json.dumps({"code": PLOT}))),
@@ -376,6 +379,7 @@ async def test_tool_call_openai_round_trip_parses_json_arguments(
     assert image["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
     assert messages[2]["tool_call_id"] == "call_2"
     assert "file(s) in the working directory" in messages[2]["content"]
+    assert "openai_tools/listed.txt\t6 bytes" in messages[2]["content"].splitlines()
 
 
 async def test_tool_call_with_bad_arguments_returns_error_result(sandbox: AsyncSandbox) -> None:
