@@ -73,8 +73,9 @@ async def ensure_api_keys(settings: Settings, store: Store) -> None:
 
 
 
-Leftovers = tuple[list[SandboxInfo], dict[str, SessionRecord]]
-"""A previous gateway's sandboxes on this host, and the records of its sessions."""
+Leftovers = tuple[KernelPool, list[SandboxInfo], dict[str, SessionRecord]]
+"""The pool of one machine, a previous gateway's sandboxes in it, and the records of its
+sessions."""
 
 
 @asynccontextmanager
@@ -116,7 +117,7 @@ async def _session_host(settings: Settings, policy: Policy,
     pool = KernelPool(pool_settings, address=f"{settings.host}:{settings.port}")
     kept = await pool.start(keep=lambda info: info.container_id in records)
     try:
-        yield pool, (kept, records)
+        yield pool, (pool, kept, records)
     finally:
         await pool.close()
 
@@ -147,8 +148,8 @@ def create_app(settings: Settings) -> FastAPI:
             async with _session_host(settings, policy, store) as (pool, leftovers):
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
                                   tracing)
-                if isinstance(pool, KernelPool) and leftovers is not None:
-                    await take_back(gateway, pool, *leftovers)
+                if leftovers is not None:
+                    await take_back(gateway, *leftovers)
                 app.state.gateway = gateway
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
