@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kernel_pool._context_code import check_env, env_code
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
+    from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import Denial, ExecutionHandle, Gate, refused_at_gate
     from kernel_pool._languages import (
         DEFAULT_CONTEXT,
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from kernel_pool._queue import ExecutionQueue
     from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
-    from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
     from kernel_pool.events import (
@@ -224,9 +224,9 @@ _HOMES = {
     "ExecutionHandle": "kernel_pool._handle",
     "ExecutionIdTaken": "kernel_pool.exceptions",
     "ExecutionStatus": "kernel_pool.events",
-    "Entry": "kernel_pool._workspace",
+    "Entry": "kernel_pool._entries",
     "FileChange": "kernel_pool.events",
-    "FileInfo": "kernel_pool._workspace",
+    "FileInfo": "kernel_pool._entries",
     "FileMissing": "kernel_pool.exceptions",
     "FileTooLarge": "kernel_pool.exceptions",
     "Gate": "kernel_pool._handle",

@@ -14,8 +14,9 @@ it: :class:`~kernel_pool.NotDrainable`), so the gateway never asks which one it 
 
 A session's facts (status, counts, what its pause kept) are one :class:`SessionState`,
 declared once in :mod:`kernel_pool.state`: :meth:`SessionPort.state` is how they are read.
-Two stay properties because they are read per event, where building a state would cost:
-:attr:`SessionPort.current` (a stream asks it of each event) and :attr:`SessionPort.closed`.
+Three stay properties because they are read where building a state would cost:
+:attr:`SessionPort.current` (a stream asks it of each event), :attr:`SessionPort.closed`,
+and :attr:`SessionPort.pending` (every submission counts its tenant's running executions).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ if TYPE_CHECKING:
     from kernel_pool._commands import CommandEmit
     from kernel_pool._contexts import ContextInfo
     from kernel_pool._egress import EgressAttempt
+    from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
     from kernel_pool._usage import SandboxUsage
-    from kernel_pool._workspace import Entry, FileInfo
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event
-    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SessionStatus, Transfer
+    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""
@@ -67,25 +68,9 @@ class SessionPort(Protocol):
     def current(self) -> ExecutionHandle | None:
         """The execution running now, if any."""
 
-    # -- read through state() from now on; these go once the gateway does -------------------
-
-    env: dict[str, str]
-    metadata: dict[str, Any]
-    created_at: str
-    last_active_at: str
-    execution_count: int
-    pause_info: PauseInfo | None
-    reason: str | None
-    transfer: Transfer | None
-
     @property
-    def status(self) -> SessionStatus: ...
-
-    @property
-    def paused(self) -> bool: ...
-
-    @property
-    def pending(self) -> int: ...
+    def pending(self) -> int:
+        """Executions queued or running (the gateway counts a tenant's with every submit)."""
 
     # -- executions ---------------------------------------------------------------------------
 
