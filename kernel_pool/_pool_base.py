@@ -1,0 +1,213 @@
+"""What every part of the kernel pool stands on: its books (kernels idle, starting, in use;
+sessions), starting one kernel, removing one, and its background tasks.
+
+:class:`~kernel_pool.KernelPool` is this base and the rooms built on it, one concept each
+(the warm kernels, running-kernel slots and the sessions holding them, forks and restores,
+adoption), stacked in that order so each calls only what is below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from kernel_pool._kernel import Kernel, make_context
+from kernel_pool._session import Session
+from kernel_pool._snapshot import SnapshotStore
+from kernel_pool.backends.base import (
+    Sandbox,
+    SandboxBackend,
+    SandboxInfo,
+    SandboxSpec,
+    load_backend,
+)
+from kernel_pool.config import PoolSettings, Profile, parse_size
+from kernel_pool.exceptions import (
+    KernelStartError,
+    ProfileNotFound,
+)
+from kernel_pool.port import ClosedListener, SessionPort
+
+logger = logging.getLogger(__name__)
+
+START_ATTEMPTS = 2
+"""A kernel that does not come up gets one more try in a fresh sandbox before the session's
+request fails: a rare stuck start should not cost an agent its session."""
+
+
+class PoolBase:
+    """The pool's books and the calls every room uses (see the module's docstring)."""
+
+    def __init__(self, settings: PoolSettings, backend: SandboxBackend | None = None, *,
+                 address: str = "") -> None:
+        self.settings = settings
+        self.address = address
+        """``HOST:PORT`` where this process is reached, as :meth:`nodes` shows it."""
+        self.backend = backend or load_backend("docker", settings)
+        self._context = make_context()
+        self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
+        self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._warming: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        """Of those starting, the ones the pool starts for itself (a refill), not for a caller."""
+        self._waiters: dict[str, deque[asyncio.Future[Kernel | None]]] = {
+            name: deque() for name in settings.profiles}
+        """Resumes waiting for the next warm kernel a refill brings up (:meth:`take_warm`)."""
+        self._in_use: set[Kernel] = set()
+        self._kernels: weakref.WeakSet[Kernel] = weakref.WeakSet()
+        """Every kernel made and not yet gone, wherever it is (for ``close``: no leaks)."""
+        self._sessions: dict[str, Session] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._failures: dict[str, int] = dict.fromkeys(settings.profiles, 0)
+        self._refill_at: dict[str, float] = dict.fromkeys(settings.profiles, 0.0)
+        self._closing = False
+        self.on_session_closed: list[ClosedListener] = []
+        """Called with (session, reason) when the pool culls or closes a session."""
+        self.on_session_paused: list[Callable[[SessionPort], None]] = []
+        """Called when the pool paused a session by itself (idle, or to make room)."""
+        self.on_session_resumed: list[Callable[[SessionPort], None]] = []
+        """Called when a paused session runs again (its sandbox may be a new one)."""
+        self.keep_paused: Callable[[Session], Awaitable[None]] | None = None
+        """Awaited after each pause, before it answers (a node writes the session's bundle to
+        shared storage); it says in the session's ``reason`` what it could not keep."""
+        self.keep_resumed: Callable[[Session], Awaitable[None]] | None = None
+        """Awaited after each resume, before any code runs (a node records that the session
+        runs past its last pause: lost with its node, it restarts from that pause)."""
+        self.acquire_seconds: list[float] = []
+        self.snapshots = SnapshotStore(settings.state_dir / "snapshots",
+                                       parse_size(settings.snapshot_budget))
+        """Paused sessions' snapshots (see :mod:`kernel_pool._snapshot`)."""
+        self._held: set[str] = set()
+        """Sessions not to be paused now: being paused already, or in a fork."""
+        self._making: set[str] = set()
+        """Sandboxes being made, not yet a kernel's (:meth:`remove_leftovers` spares them)."""
+        self._unremoved: dict[str, SandboxInfo] = {}
+        """Sandboxes whose removal failed, to be tried again (:meth:`_remove`)."""
+
+    def __repr__(self) -> str:
+        idle = sum(len(q) for q in self._idle.values())
+        starting = sum(self._starting.values())
+        return (f"<KernelPool {idle} idle, {starting} starting, {len(self._in_use)} in use, "
+                f"max {self.settings.max_kernels}>")
+
+    def stats(self) -> dict[str, int]:
+        return {"idle": sum(len(q) for q in self._idle.values()),
+                "starting": sum(self._starting.values()),
+                "in_use": len(self._in_use), "sessions": len(self._sessions),
+                "paused": sum(s.paused for s in self._sessions.values()),
+                "max": self.settings.max_kernels}
+
+    def _total(self) -> int:
+        return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
+                + len(self._in_use))
+
+    @property
+    def checkpoint_refusal(self) -> str | None:
+        """Why the backend cannot checkpoint a sandbox, None when it can (Lifecycle)."""
+        return None if self.backend.checkpoints else (
+            self.backend.checkpoint_refusal or "this backend cannot checkpoint a sandbox")
+
+    def profile(self, name: str) -> Profile:
+        try:
+            return self.settings.profiles[name]
+        except KeyError:
+            raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
+
+    async def languages(self, profile: str) -> tuple[str, ...]:
+        """The languages sessions of ``profile`` offer, by its image (``typescript`` beside
+        ``javascript``), before any session of it exists."""
+        return await self.backend.image_languages(self.profile(profile).image)
+
+    @contextlib.contextmanager
+    def _being_made(self, spec: SandboxSpec) -> Iterator[None]:
+        """While a sandbox is made, until its kernel object exists (no await in between)."""
+        self._making.add(spec.sandbox_id)
+        try:
+            yield
+        finally:
+            self._making.discard(spec.sandbox_id)
+
+    def _new_kernel(self, sandbox: Sandbox, profile: Profile) -> Kernel:
+        """The kernel of ``sandbox`` (not started), counted among the pool's until it is gone."""
+        kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        self._kernels.add(kernel)
+        return kernel
+
+    async def _start_kernel(self, profile: Profile) -> Kernel:
+        """Start one kernel (a second try in a fresh sandbox if the first does not come up);
+        the caller has reserved a ``_starting`` slot for it."""
+        try:
+            attempt = 1
+            while True:
+                spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
+                with self._being_made(spec):
+                    kernel = self._new_kernel(await self.backend.create(spec), profile)
+                try:
+                    await kernel.start()
+                except KernelStartError as exc:
+                    await asyncio.shield(kernel.close())
+                    if attempt == START_ATTEMPTS or self._closing:
+                        raise
+                    attempt += 1
+                    logger.warning("%s; trying again in a fresh sandbox", exc)
+                    continue
+                except BaseException:
+                    await asyncio.shield(kernel.close())
+                    raise
+                self._failures[profile.name] = 0
+                return kernel
+        except Exception:
+            self._failures[profile.name] += 1
+            raise
+        finally:
+            self._starting[profile.name] -= 1
+
+    def _wake(self, profile_name: str, kernel: Kernel | None, every: bool = False) -> bool:
+        """Give ``kernel`` (None: nothing is coming) to the first resume still waiting in
+        :meth:`take_warm`, or to every one; whether one took it."""
+        waiters = self._waiters[profile_name]
+        woke = False
+        while waiters and (every or not woke):
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(kernel)
+                woke = True
+        return woke
+
+    def _spawn(self, coro: Any, what: str) -> None:
+        """Run ``coro`` in the background; should it fail, ``what`` it did is logged with
+        why (once: its exception is retrieved here)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._spawned, what))
+
+    def _spawned(self, what: str, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("%s failed: %s", what, exc, exc_info=exc)
+
+    async def _remove(self, kernel: Kernel) -> None:
+        """Close a kernel and remove its sandbox. A removal that fails (the kernel logs why)
+        is tried again by the cull loop, and by :meth:`close`."""
+        try:
+            await kernel.close()
+        except Exception:
+            info = kernel.sandbox.get_info()
+            self._unremoved[info.sandbox_id] = info
+
+    async def _remove_again(self) -> None:
+        """Try again the removals that failed (:meth:`_remove`)."""
+        for sandbox_id, info in list(self._unremoved.items()):
+            try:
+                await self.backend.remove(info)
+            except Exception as exc:
+                logger.warning("sandbox %s: removing it failed again: %s", sandbox_id, exc)
+                continue
+            self._unremoved.pop(sandbox_id, None)  # (a concurrent try may have done it)
+            logger.info("sandbox %s removed on a later try", sandbox_id)

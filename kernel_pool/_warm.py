@@ -1,0 +1,101 @@
+"""The warm kernels: started ahead of need up to each profile's ``min_idle``, kept idle, handed
+out in one I/O-free step, replaced when they die or are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kernel_pool._kernel import Kernel, KernelState
+from kernel_pool._pool_base import PoolBase
+from kernel_pool.config import Profile
+
+logger = logging.getLogger(__name__)
+
+REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class WarmPool(PoolBase):
+    """Fill, park, hand out and release warm kernels."""
+
+    def _pop_warm(self, profile: str) -> Kernel | None:
+        """I/O-free: a ready idle kernel, now in use, or None; dead ones are removed."""
+        idle = self._idle[profile]
+        while idle:
+            kernel = idle.popleft()
+            if kernel.state is KernelState.READY:
+                self._in_use.add(kernel)
+                return kernel
+            self._spawn(self._remove(kernel), f"removing dead idle kernel {kernel.id}")
+        return None
+
+    def _fill(self, profile_name: str) -> None:
+        """Start warm kernels in the background up to ``min_idle`` (within the cap)."""
+        if self._closing:
+            return
+        profile = self.settings.profiles[profile_name]
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._refill_at[profile_name]:
+            return
+        while (len(self._idle[profile_name]) + self._starting[profile_name] < profile.min_idle
+               and self._total() < self.settings.max_kernels):
+            self._starting[profile_name] += 1
+            self._warming[profile_name] += 1
+            self._spawn(self._warm(profile), f"a warm kernel start of profile {profile.name}")
+
+    async def _warm(self, profile: Profile) -> None:
+        try:
+            kernel = await self._start_kernel(profile)
+        except Exception as exc:
+            self._wake(profile.name, None)  # a resume waiting for it starts its own
+            failures = self._failures[profile.name]
+            delay = REFILL_BACKOFF_S[min(failures, len(REFILL_BACKOFF_S)) - 1]
+            logger.error("warm kernel for profile %s failed to start (%s); retry in %ss",
+                         profile.name, exc, delay)
+            loop = asyncio.get_running_loop()
+            self._refill_at[profile.name] = loop.time() + delay
+            loop.call_later(delay, self._fill, profile.name)
+            return
+        finally:
+            self._warming[profile.name] -= 1
+        if self._closing:
+            await kernel.close()
+            return
+        self._park(kernel)
+
+    def _park(self, kernel: Kernel) -> None:
+        """Hand a started kernel to a resume waiting for one, else make it idle; should it
+        die there, it is replaced at once."""
+        if self._wake(kernel.profile.name, kernel):
+            self._in_use.add(kernel)
+            self._fill(kernel.profile.name)
+            return
+        self._idle[kernel.profile.name].append(kernel)
+        kernel.on_death = lambda _died: self._idle_died(kernel)
+
+    def _idle_died(self, kernel: Kernel) -> None:
+        idle = self._idle[kernel.profile.name]
+        if kernel in idle:
+            logger.warning("idle kernel %s died; replacing it", kernel.id)
+            idle.remove(kernel)
+            self._spawn(self._remove(kernel), f"removing dead idle kernel {kernel.id}")
+            self._fill(kernel.profile.name)
+
+    async def release(self, kernel: Kernel) -> None:
+        """A used kernel is never reused: remove its sandbox, then refill."""
+        self._in_use.discard(kernel)
+        try:
+            await self._remove(kernel)
+        finally:
+            self._fill(kernel.profile.name)
+
+    async def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until every profile has its ``min_idle`` warm kernels (for tests, benchmarks)."""
+        async with asyncio.timeout(timeout_s):
+            while not self._ready():  # noqa: ASYNC110 (no event for this; tests, benchmarks)
+                await asyncio.sleep(0.05)
+
+    def _ready(self) -> bool:
+        return all(len(self._idle[name]) >= min(p.min_idle, self.settings.max_kernels)
+                   for name, p in self.settings.profiles.items())
