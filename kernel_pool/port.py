@@ -157,6 +157,10 @@ class SessionHost(Protocol):
     A session carries its tenant as an opaque label (given at its creation, inherited by a
     fork's copies) that the host keeps for the gateway and never reads otherwise: asked for a
     tenant's session, a host answers as if another tenant's did not exist.
+
+    :meth:`find`, :meth:`tenant_of`, :meth:`list_sessions` and :meth:`count_sessions` see a
+    session of this process's pool as soon as it is made; on nodes, once it is recorded in the
+    shared database, which the gateway does right after a create or a fork.
     """
 
     first_epoch: ClassVar[int]
