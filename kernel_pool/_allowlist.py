@@ -62,7 +62,7 @@ def _ip(text: str) -> IPAddress | None:
 
 
 
-def _split_host_port(text: str) -> tuple[str, str | None]:
+def split_host_port(text: str) -> tuple[str, str | None]:
     """``host``, ``host:port``, ``[v6]``, ``[v6]:port`` or a bare IPv6 address."""
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
@@ -76,7 +76,7 @@ def _split_host_port(text: str) -> tuple[str, str | None]:
 
 
 
-def _port(text: str, where: str) -> int:
+def parse_port(text: str, where: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise ValueError(f"{where}: port {text!r} is not a number from 1 to 65535")
     return int(text)
@@ -90,10 +90,10 @@ def parse_allow(entries: Iterable[str]) -> list[AllowEntry]:
         text = raw.strip().lower().rstrip(".")
         where = f"egress_allow entry {raw!r}"
         try:
-            host, port_text = _split_host_port(text)
+            host, port_text = split_host_port(text)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        port = None if port_text is None else _port(port_text, where)
+        port = None if port_text is None else parse_port(port_text, where)
         address = _ip(host)
         bare = host[2:] if host.startswith("*.") else host
         if address is None and ("*" in bare or not _HOST_NAME.fullmatch(bare)):

@@ -27,7 +27,7 @@ import zmq.asyncio
 from jupyter_client.session import Session as MessageSession
 
 from kernel_pool._channel import wait_disconnect
-from kernel_pool._messages import LARGE_MESSAGE_BYTES, _Messages, _parent_id
+from kernel_pool._messages import LARGE_MESSAGE_BYTES, KernelSession, peek_parent_id
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.exceptions import KernelStartError
 
@@ -111,9 +111,9 @@ class KernelChannels:
         return self._context
 
     def _connect(self, connection: dict[str, Any]) -> None:
-        self._session = _Messages(key=connection["key"].encode(),
-                                       signature_scheme=connection["signature_scheme"],
-                                       username="replgate")
+        self._session = KernelSession(key=connection["key"].encode(),
+                                      signature_scheme=connection["signature_scheme"],
+                                      username="replgate")
         base = connection["ip"]
         self._iopub_address = f"ipc://{base}-{connection['iopub_port']}"
         self._addresses = {channel: f"ipc://{base}-{connection[channel + '_port']}"
@@ -216,7 +216,7 @@ class KernelChannels:
             try:
                 frames = await socket.recv_multipart()
                 _idents, parts = session.feed_identities(frames)
-                if _parent_id(parts) not in self._routes:
+                if peek_parent_id(parts) not in self._routes:
                     continue  # nobody waits for it (late, stray or forged): not even checked
                 if sum(map(len, parts)) > LARGE_MESSAGE_BYTES:
                     # Checking and parsing megabytes would hold the loop (every session's) for

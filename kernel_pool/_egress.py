@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from kernel_pool._allowlist import EgressRules, _port, _split_host_port
+from kernel_pool._allowlist import EgressRules, parse_port, split_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -233,10 +233,10 @@ class EgressProxy:
 def _target(method: str, target: str) -> tuple[str, int, str]:
     """(host, port, origin-form path) of a proxy request; ValueError when malformed."""
     if method == "CONNECT":
-        host, port_text = _split_host_port(target)
+        host, port_text = split_host_port(target)
         if not host or port_text is None:
             raise ValueError(f"CONNECT needs host:port, got {target[:100]!r}")
-        return host, _port(port_text, "CONNECT"), ""
+        return host, parse_port(port_text, "CONNECT"), ""
     if not target.lower().startswith("http://"):
         raise ValueError("send absolute-form http:// requests, or CONNECT for https")
     url = urlsplit(target)

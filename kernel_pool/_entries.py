@@ -36,7 +36,7 @@ class Entry(BaseModel):
     """Where a link points (never followed)."""
 
 
-def _entry(path: str, info: os.stat_result, target: str | None = None) -> Entry:
+def entry_of(path: str, info: os.stat_result, target: str | None = None) -> Entry:
     kind: Literal["file", "dir", "symlink", "other"] = (
         "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
         else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
@@ -55,7 +55,7 @@ def split_relative(path: str) -> list[str]:
     return parts
 
 
-def _path_error(exc: OSError, path: str) -> WorkspaceError:
+def path_error(exc: OSError, path: str) -> WorkspaceError:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
         return PathOutsideWorkspace(path)
     if exc.errno == errno.ENOENT:

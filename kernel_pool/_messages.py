@@ -24,7 +24,7 @@ RECONNECT_MS = 5
 """How often a socket of ours tries again to reach a kernel's that is not bound yet."""
 
 
-class _Messages(MessageSession):
+class KernelSession(MessageSession):
     """jupyter_client's message session with unguessable message ids.
 
     Its own ids are ``session_pid_counter``: code in the sandbox, which sees the id of the
@@ -65,7 +65,7 @@ class _Messages(MessageSession):
 
 
 
-def _parent_id(parts: list[bytes] | list[zmq.Frame]) -> str:
+def peek_parent_id(parts: list[bytes] | list[zmq.Frame]) -> str:
     """The parent's message id, read from a message's frames before any check.
 
     Only to drop at once what no request waits for: a message that names a waiting request is

@@ -40,7 +40,7 @@ from kernel_pool._streams import (
     Progress,
     copy,
 )
-from kernel_pool._variables import _load_stream, _save_stream
+from kernel_pool._variables import load_stream, save_stream
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 
 # (re-exported: kernel_pool.bundles and tests import them from here)
@@ -314,7 +314,7 @@ async def save_variables(kernel: Kernel, store: SnapshotStore, key: str,
     (with the snapshot's size). The kernel goes on unchanged, also when this fails."""
     writer = await anyio.to_thread.run_sync(store.open_write, key)
     try:
-        info, suffix = await _save_stream(kernel, writer, progress)
+        info, suffix = await save_stream(kernel, writer, progress)
         committed: PauseInfo = await anyio.to_thread.run_sync(store.commit, key, writer, info,
                                                               suffix)
     except BaseException:
@@ -329,7 +329,7 @@ async def load_variables(kernel: Kernel, store: SnapshotStore, key: str, reseed:
     generators, for a fork's copy)."""
     reader, suffix = await anyio.to_thread.run_sync(store.open_read, key)
     try:
-        await _load_stream(kernel, reader, suffix, reseed, progress)
+        await load_stream(kernel, reader, suffix, reseed, progress)
     finally:
         reader.close()
 

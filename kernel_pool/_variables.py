@@ -79,8 +79,8 @@ def _transfer_name() -> str:
 
 
 
-async def _save_stream(kernel: Kernel, writer: FileChunkWriter,
-                       progress: Progress | None) -> tuple[PauseInfo, str]:
+async def save_stream(kernel: Kernel, writer: FileChunkWriter,
+                      progress: Progress | None) -> tuple[PauseInfo, str]:
     """What the kernel kept, streamed into ``writer``, and how it was stored (its suffix)."""
     sandbox, name, pump = kernel.sandbox, _transfer_name(), Pump()
     folder = sandbox.pipe_folder
@@ -132,8 +132,8 @@ def _kept(answer: Any) -> PauseInfo:
 
 
 
-async def _load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed: bool,
-                       progress: Progress | None) -> None:
+async def load_stream(kernel: Kernel, reader: ChunkReader, suffix: str, reseed: bool,
+                      progress: Progress | None) -> None:
     sandbox, name, pump = kernel.sandbox, _transfer_name(), Pump()
     folder = sandbox.pipe_folder
     load = "__import__('replgate_kernel.snapshot').snapshot.load({!r}, {!r})"

@@ -33,7 +33,7 @@ from kernel_pool._disk import SANDBOX_UID as SANDBOX_UID
 from kernel_pool._disk import WorkspaceDisk
 from kernel_pool._entries import Entry as Entry
 from kernel_pool._entries import FileInfo as FileInfo
-from kernel_pool._entries import _entry, _path_error
+from kernel_pool._entries import entry_of, path_error
 from kernel_pool._entries import split_relative as split_relative
 from kernel_pool.exceptions import FileTooLarge, WorkspaceError
 
@@ -79,7 +79,7 @@ class Workspace(WorkspaceDisk):
                 try:
                     child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 except OSError as exc:
-                    raise _path_error(exc, "/".join(parts)) from exc
+                    raise path_error(exc, "/".join(parts)) from exc
                 os.close(fd)
                 fd = child
             yield fd
@@ -111,7 +111,7 @@ class Workspace(WorkspaceDisk):
                 fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | mode | os.O_NOFOLLOW
                              | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
             except OSError as exc:
-                raise _path_error(exc, path) from exc
+                raise path_error(exc, path) from exc
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise WorkspaceError(f"{path!r} is not a regular file")
@@ -121,7 +121,7 @@ class Workspace(WorkspaceDisk):
                 while view:  # a write near a full disk may be partial; the next one says why
                     view = view[os.write(fd, view):]
             except OSError as exc:
-                raise _path_error(exc, path) from exc
+                raise path_error(exc, path) from exc
             finally:
                 os.close(fd)
 
@@ -132,7 +132,7 @@ class Workspace(WorkspaceDisk):
             try:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
             except OSError as exc:
-                raise _path_error(exc, path) from exc
+                raise path_error(exc, path) from exc
             try:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
@@ -208,15 +208,15 @@ class Workspace(WorkspaceDisk):
         """What is at ``path`` (a link is described, not followed)."""
         parts = self._parts(path)
         if not parts:
-            return _entry("", os.stat(self.root))
+            return entry_of("", os.stat(self.root))
         with self._parent_fd(parts, create=False) as dir_fd:
             try:
                 info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
                 target = (os.readlink(parts[-1], dir_fd=dir_fd)
                           if stat.S_ISLNK(info.st_mode) else None)
             except OSError as exc:
-                raise _path_error(exc, path) from exc
-        return _entry("/".join(parts), info, target)
+                raise path_error(exc, path) from exc
+        return entry_of("/".join(parts), info, target)
 
     @_mounted(write=False)
     def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
@@ -242,7 +242,7 @@ class Workspace(WorkspaceDisk):
                                       if stat.S_ISLNK(info.st_mode) else None)
                         except OSError:
                             continue
-                        found.append(_entry("/".join([*folder, item.name]), info, target))
+                        found.append(entry_of("/".join([*folder, item.name]), info, target))
                         if stat.S_ISDIR(info.st_mode) and level < depth:
                             folders.append(([*folder, item.name], level + 1))
             except WorkspaceError:
@@ -264,7 +264,7 @@ class Workspace(WorkspaceDisk):
                     raise WorkspaceError(f"{path!r} exists and is not a folder") from None
                 return False
             except OSError as exc:
-                raise _path_error(exc, path) from exc
+                raise path_error(exc, path) from exc
             self._own(parts[-1], dir_fd)
         return True
 
@@ -283,7 +283,7 @@ class Workspace(WorkspaceDisk):
                 else:
                     os.unlink(parts[-1], dir_fd=dir_fd)
             except OSError as exc:
-                raise _path_error(exc, path) from exc
+                raise path_error(exc, path) from exc
 
     @_mounted(write=True)
     def move(self, source: str, destination: str) -> Entry:
@@ -296,5 +296,5 @@ class Workspace(WorkspaceDisk):
             try:
                 os.rename(src[-1], dst[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
             except OSError as exc:
-                raise _path_error(exc, f"{source} -> {destination}") from exc
+                raise path_error(exc, f"{source} -> {destination}") from exc
         return self.stat(destination)

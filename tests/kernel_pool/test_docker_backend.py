@@ -14,7 +14,7 @@ from kp_support import OWNER, SESSION_ENV, is_mounted, run_ok, sandbox_gone
 
 from kernel_pool import BackendError, KernelPool, Session
 from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX
-from kernel_pool.backends.docker._docker import _read_connection_file
+from kernel_pool.backends.docker._docker import read_connection_file
 
 
 async def observe(session: Session, code: str) -> dict[str, object]:
@@ -246,7 +246,7 @@ async def test_connection_file_replaced_by_a_fifo_is_refused_without_blocking(
 
     def read() -> None:
         try:
-            outcome.append(_read_connection_file(path))
+            outcome.append(read_connection_file(path))
         except Exception as exc:
             outcome.append(exc)
 

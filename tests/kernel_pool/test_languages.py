@@ -31,7 +31,7 @@ from kernel_pool import Profile
 from kernel_pool._languages import KERNEL_LANGUAGES, kernel_language, offered
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import DockerBackend, DockerSandbox, build_image, current_image
-from kernel_pool.backends.docker._docker import KERNEL_DIR, _connection
+from kernel_pool.backends.docker._docker import KERNEL_DIR, kernel_connection
 from kernel_pool.backends.docker._init_kernel import (
     exit_code,
     find_kernel,
@@ -76,7 +76,7 @@ class Kernel:
     async def start(cls, docker_client: docker.DockerClient, sandbox: DockerSandbox,
                     language: str, name: str = "k1") -> Kernel:
         socket_dir = Path(sandbox.info.socket_dir)
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         write_for_sandbox(socket_dir / f"{name}.json", json.dumps(config))
         request_kernel(socket_dir, name, 1 << 20, language)
         container = docker_client.api.inspect_container(sandbox.info.container_id)
@@ -223,7 +223,7 @@ async def test_a_language_the_image_lacks_exits_at_once(
         docker_client: docker.DockerClient, slim_sandbox: DockerSandbox) -> None:
     socket_dir = Path(slim_sandbox.info.socket_dir)
     for name, language in (("k1", "r"), ("k2", "java"), ("k3", "cobol")):
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         write_for_sandbox(socket_dir / f"{name}.json", json.dumps(config))
         request_kernel(socket_dir, name, 1 << 20, language)
         init_pid = docker_client.api.inspect_container(

@@ -22,7 +22,7 @@ from kernel_pool.backends.docker._packing import (
     COMPRESSOR,
     IMAGE_SUFFIX,
     Packing,
-    _first_records,
+    first_records,
 )
 
 SETUP = """
@@ -198,11 +198,11 @@ def test_a_packed_dump_gives_its_records_before_it_is_unpacked(tmp_path: Path) -
     (dump / ABOUT_NAME).write_text(json.dumps({"kernel_tree": True, "kernel_name": "k1"}))
     (dump / "z.img").write_text("z")
     image = Packing(dump, tmp_path / "packed").run()
-    assert _first_records(image) == {"kernel_tree": True, "kernel_name": "k1"}
+    assert first_records(image) == {"kernel_tree": True, "kernel_name": "k1"}
     # An archive of an earlier gateway (records anywhere) is unpacked before it is read.
     earlier = tmp_path / f"earlier{IMAGE_SUFFIX}"
     with open(earlier, "wb") as out:
         tar = subprocess.run(["tar", "-C", str(dump), "-cf", "-", "a.img", ABOUT_NAME],
                              capture_output=True, check=True)
         subprocess.run(COMPRESSOR, input=tar.stdout, stdout=out, check=True)
-    assert _first_records(earlier) is None
+    assert first_records(earlier) is None

@@ -20,9 +20,9 @@ from kernel_pool.backends.docker._criu import checkpoint_support, dumps_file_loc
 from kernel_pool.backends.docker._docker import (
     DATA_ROOT,
     SOCKET_SUBDIR,
-    _in_thread,
-    _run,
+    call_engine,
     container_name,
+    in_thread,
 )
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import missing_runtime
@@ -69,19 +69,19 @@ class DockerBackend(DockerTemplates):
                 "set REPLGATE_STATE_DIR to a shorter path")
         try:
             if start:  # a stopped sandbox's is made when it starts (``reserve``)
-                await _in_thread(self.make_socket_dir, socket_dir)
+                await in_thread(self.make_socket_dir, socket_dir)
             try:
-                workspace = await _in_thread(
+                workspace = await in_thread(
                     Workspace.create, workspace_dir, parse_size(spec.profile.workspace_size))
             except WorkspaceError as exc:  # no room on the host: the engine side's failure
                 raise BackendError(f"cannot make the sandbox's workspace: {exc}") from exc
             container_id = container_name(spec.sandbox_id)
             if start:
-                container_id = await _run(self.run_container, spec.sandbox_id, spec.profile,
-                                          workspace.root, socket_dir, spec.env)
+                container_id = await call_engine(self.run_container, spec.sandbox_id, spec.profile,
+                                                 workspace.root, socket_dir, spec.env)
         except BaseException:
             # Failed or cancelled half-way: remove whatever was made (the container by name).
-            await _in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)
+            await in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)
             raise
         info = SandboxInfo(sandbox_id=spec.sandbox_id, backend=self.name,
                            profile=spec.profile.name, container_id=container_id,
@@ -94,7 +94,7 @@ class DockerBackend(DockerTemplates):
     async def load(self, info: SandboxInfo, profile: Profile) -> Sandbox:
         """Take back a running sandbox: its container, workspace and running kernel, if any."""
         workspace = Workspace(Path(info.workspace), Path(info.workspace).with_suffix(".ext4"))
-        details = await _run(self.client.api.inspect_container, info.container_id)
+        details = await call_engine(self.client.api.inspect_container, info.container_id)
         env = dict(item.split("=", 1) for item in details["Config"].get("Env") or []
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
@@ -107,8 +107,8 @@ class DockerBackend(DockerTemplates):
             if freezer is not None and not state.get("Paused"):
                 # A gateway killed while it reaped strays left the freeze (the engine's own
                 # pause would say Paused): nothing in the container would run again.
-                await _in_thread(freezer.thaw)
-            name = await _in_thread(latest_kernel, Path(info.socket_dir)) if init_pid else None
+                await in_thread(freezer.thaw)
+            name = await in_thread(latest_kernel, Path(info.socket_dir)) if init_pid else None
             if name is not None:
                 sandbox._init_pid, info.kernel_name = init_pid, name
                 await sandbox._watch_init_child(name, 0.0)
@@ -118,7 +118,7 @@ class DockerBackend(DockerTemplates):
                     info.kernel_name = None
             return sandbox
         for exec_id in details.get("ExecIDs") or []:
-            exec_details = await _run(self.client.api.exec_inspect, exec_id)
+            exec_details = await call_engine(self.client.api.exec_inspect, exec_id)
             arguments = exec_details.get("ProcessConfig", {}).get("arguments") or []
             if exec_details.get("Running") and "replgate_kernel" in arguments:
                 info.kernel_ref = exec_id
@@ -131,7 +131,7 @@ class DockerBackend(DockerTemplates):
     async def check(self, profiles: list[Profile]) -> None:
         """Fail when a profile asks for a runtime the engine does not offer as needed; learn
         whether memory pauses and kernel templates can work here (when they are asked for)."""
-        info = await _run(self.client.api.info)
+        info = await call_engine(self.client.api.info)
         self.data_root = Path(info.get("DockerRootDir") or DATA_ROOT)
         problem = missing_runtime(info.get("Runtimes") or {}, profiles)
         if problem:
@@ -139,7 +139,7 @@ class DockerBackend(DockerTemplates):
         pauses = self.settings.pause_with != "variables"
         if not (pauses or self.settings.kernel_templates):
             return
-        support = await _in_thread(checkpoint_support, info)
+        support = await in_thread(checkpoint_support, info)
         if self.settings.kernel_templates:
             self.templates_refusal = templates_refusal(support)
             self.templates = self.templates_refusal is None
@@ -151,7 +151,7 @@ class DockerBackend(DockerTemplates):
             self.checkpoint_refusal = (
                 None if self.checkpoints else support.reason if not support.available
                 else "the gateway is not root, and cannot reach the engine's checkpoints")
-            self.file_locks = self.checkpoints and await _in_thread(dumps_file_locks)
+            self.file_locks = self.checkpoints and await in_thread(dumps_file_locks)
             if self.checkpoint_refusal:
                 # Asked for by name, it is worth a warning; `auto` makes do with variables.
                 logger.log(logging.WARNING if self.settings.pause_with == "memory" else
@@ -159,7 +159,7 @@ class DockerBackend(DockerTemplates):
                            "available (%s): pauses keep the variables",
                            self.settings.pause_with, self.checkpoint_refusal)
             else:
-                removed = await _in_thread(remove_staged_copies)
+                removed = await in_thread(remove_staged_copies)
                 if removed:
                     logger.info("removed %d copies of restored memory images containerd "
                                 "left in %s", removed, CONTAINERD_STAGING)
@@ -168,10 +168,10 @@ class DockerBackend(DockerTemplates):
                            env: dict[str, str]) -> Sandbox:
         """A paused session's sandbox, released (its workspace parked, no mount); its
         ``launch_kernel`` (after ``reserve``) makes its container."""
-        await _in_thread(self.unmount_socket_dir, Path(info.socket_dir))
+        await in_thread(self.unmount_socket_dir, Path(info.socket_dir))
         try:
-            workspace = await _in_thread(Workspace.take_back_parked, Path(info.workspace),
-                                         parse_size(profile.workspace_size))
+            workspace = await in_thread(Workspace.take_back_parked, Path(info.workspace),
+                                        parse_size(profile.workspace_size))
         except WorkspaceError as exc:
             raise BackendError(f"cannot take back the sandbox's workspace: {exc}") from exc
         stopped = info.model_copy(update={"kernel_name": None, "kernel_ref": None})
@@ -184,4 +184,4 @@ class DockerBackend(DockerTemplates):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await _in_thread(self.client.close)
+        await in_thread(self.client.close)

@@ -46,8 +46,8 @@ from kernel_pool.backends.docker._criu import ROOT_PATH
 from kernel_pool.backends.docker._packing import (
     ABOUT_NAME,
     CheckpointError,
-    _first_records,
-    _unpack,
+    first_records,
+    unpack,
 )
 from kernel_pool.exceptions import BackendError
 
@@ -258,13 +258,13 @@ def restore(api: docker.APIClient, container_id: str, folder: Path, image: Path,
         folder.mkdir(parents=True, mode=0o700)
     records = b""
     try:
-        early = None if unpacked else _first_records(image)
+        early = None if unpacked else first_records(image)
         with concurrent.futures.ThreadPoolExecutor(1) as starter:
             started = (starter.submit(tree.start)
                        if early is not None and early.get(TREE_KEY) is True else None)
             try:
                 if not unpacked:
-                    _unpack(image, folder)
+                    unpack(image, folder)
             finally:
                 if started is not None:
                     started.result()

@@ -26,9 +26,9 @@ from kernel_pool.backends.docker._docker import (
     LABEL_PROFILE,
     LABEL_SANDBOX,
     SOCKET_SUBDIR,
-    _in_thread,
-    _run,
+    call_engine,
     container_name,
+    in_thread,
 )
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, host_pids_limit
 from kernel_pool.config import PoolSettings, Profile, parse_size
@@ -188,7 +188,7 @@ class DockerContainers(SandboxBackend):
         """The languages ``image`` offers, by its label (asked of the engine once per image)."""
         if image not in self._languages:
             try:
-                details = await _run(self.client.api.inspect_image, image)
+                details = await call_engine(self.client.api.inspect_image, image)
             except BackendError:
                 return ("python",)  # not asked again: the next sandbox's creation may find it
             self._languages[image] = tuple(offered((details.get("Config") or {}).get("Labels")))
@@ -196,17 +196,17 @@ class DockerContainers(SandboxBackend):
 
     async def image_digest(self, image: str) -> str | None:
         try:
-            details = await _run(self.client.api.inspect_image, image)
+            details = await call_engine(self.client.api.inspect_image, image)
         except BackendError:
             return None
         return str(details.get("Id")) or None
 
     async def list_sandboxes(self) -> list[SandboxInfo]:
-        containers = await _run(self.client.api.containers, all=True,
-                                filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
+        containers = await call_engine(self.client.api.containers, all=True,
+                                       filters={"label": f"{LABEL_OWNER}={self.settings.owner}"})
         # The owner label alone is not enough: two gateways on different state directories may
         # share an owner (the default), and each must leave the other's sandboxes alone.
-        mine = await _in_thread(self._in_state_dir, [
+        mine = await in_thread(self._in_state_dir, [
             (item.get("Labels") or {}).get("io.replgate.workspace", "") for item in containers])
         found = []
         for item, ours in zip(containers, mine, strict=True):
@@ -221,7 +221,7 @@ class DockerContainers(SandboxBackend):
         return found
 
     async def list_on_host(self) -> list[SandboxInfo]:
-        return await _in_thread(self._on_host)
+        return await in_thread(self._on_host)
 
     def _on_host(self) -> list[SandboxInfo]:
         """The sandboxes named in ``workspaces/`` and ``run/`` (blocking)."""
@@ -244,10 +244,10 @@ class DockerContainers(SandboxBackend):
     async def remove(self, info: SandboxInfo, workspace: Workspace | None = None) -> None:
         """``workspace``: the sandbox's own, whose lock its file operations hold (else one
         made from ``info``, for a sandbox not loaded)."""
-        await _run(self.remove_container, info.container_id)
+        await call_engine(self.remove_container, info.container_id)
         if info.sandbox_id:  # a replacement container made under the same name
-            await _run(self.remove_container, container_name(info.sandbox_id))
+            await call_engine(self.remove_container, container_name(info.sandbox_id))
         workspace = workspace or Workspace(Path(info.workspace),
                                            Path(info.workspace).with_suffix(".ext4"))
         if info.workspace:
-            await _in_thread(self._remove_dirs, workspace, Path(info.socket_dir))
+            await in_thread(self._remove_dirs, workspace, Path(info.socket_dir))

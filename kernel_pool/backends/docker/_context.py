@@ -34,7 +34,7 @@ from kernel_pool._languages import KERNEL_LANGUAGES
 from kernel_pool._sandbox_image import context_dir
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxInfo
-from kernel_pool.backends.docker._docker import KERNEL_DIR, _connection, _in_thread
+from kernel_pool.backends.docker._docker import KERNEL_DIR, in_thread, kernel_connection
 from kernel_pool.backends.docker._init_kernel import exit_code, write_for_sandbox
 from kernel_pool.backends.docker._strays import kill_tree
 from kernel_pool.exceptions import BackendError
@@ -144,8 +144,8 @@ class DockerContextSandbox(Sandbox):
         self._forget()
         self._launches += 1
         name = f"{self.name}k{self._launches}"
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
-        await _in_thread(self._write_connection_file, name, config)
+        config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        await in_thread(self._write_connection_file, name, config)
         self.info.kernel_name, self.info.kernel_ref, self.key = name, None, config["key"]
         pid, code = await self._parent.start_by_init(name, self.language, self.env)
         if pid is None:
@@ -193,7 +193,7 @@ class DockerContextSandbox(Sandbox):
         name = self.info.kernel_name
         deadline = time.monotonic() + EXIT_RECORD_WAIT_S
         while name and code is None and time.monotonic() < deadline:
-            code = await _in_thread(exit_code, self._socket_dir, name)
+            code = await in_thread(exit_code, self._socket_dir, name)
             if code is None:
                 await asyncio.sleep(0.02)
         self._exit_code = code if code is not None else -signal.SIGKILL
@@ -224,7 +224,7 @@ class DockerContextSandbox(Sandbox):
         """Kill the kernel, its group and every descendant (nothing else of the sandbox)."""
         procs = self._parent.procs_file
         if self._pid and procs is not None:
-            await _in_thread(kill_tree, procs, self._pid, 0)
+            await in_thread(kill_tree, procs, self._pid, 0)
         elif self._pidfd is not None and not self._exited():
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -233,7 +233,7 @@ class DockerContextSandbox(Sandbox):
         self._forget()
         if not restart:
             self._parent.context_ended(self)
-            await _in_thread(self._remove_files)
+            await in_thread(self._remove_files)
 
     def _remove_files(self) -> None:
         for path in self._socket_dir.glob(f"{self.name}k*"):
@@ -253,7 +253,7 @@ class DockerContextSandbox(Sandbox):
         killed = 0
         procs = self._parent.procs_file
         if not keep_kernel_children and self._pid and procs is not None:
-            killed = await _in_thread(kill_tree, procs, self._pid,
+            killed = await in_thread(kill_tree, procs, self._pid,
                                     self._kernel_levels)
         return killed + await self._parent.kill_strays(keep_kernel_children=True)
 

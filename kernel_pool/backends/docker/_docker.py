@@ -34,7 +34,7 @@ DATA_ROOT = "/var/lib/docker"
 PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
 
 
-async def _in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+async def in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking call in a worker thread; a cancellation first waits for the call to end.
 
     Cancelling a task does not stop its thread: without the wait, the clean-up after a
@@ -50,9 +50,9 @@ async def _in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) ->
         raise
 
 
-async def _run(func: Any, *args: Any, **kwargs: Any) -> Any:
+async def call_engine(func: Any, *args: Any, **kwargs: Any) -> Any:
     try:
-        return await _in_thread(func, *args, **kwargs)
+        return await in_thread(func, *args, **kwargs)
     except docker.errors.DockerException as exc:
         raise BackendError(f"Docker engine: {exc}") from exc
     except requests.exceptions.RequestException as exc:  # no answer in time: a stuck engine
@@ -63,7 +63,7 @@ def container_name(sandbox_id: str) -> str:
     return f"replgate-{sandbox_id}"
 
 
-def _connection(key: str, ip: str | None = None) -> dict[str, Any]:
+def kernel_connection(key: str, ip: str | None = None) -> dict[str, Any]:
     """A kernel's connection info (jupyter_client's connection-file dict) with ``key``, and
     ``ip`` (the sockets' path stem) when given."""
     info = {**PORTS, "transport": "ipc", "key": key, "signature_scheme": "hmac-sha256",
@@ -71,7 +71,7 @@ def _connection(key: str, ip: str | None = None) -> dict[str, Any]:
     return info if ip is None else {**info, "ip": ip}
 
 
-def _read_connection_file(path: Path) -> dict[str, Any]:
+def read_connection_file(path: Path) -> dict[str, Any]:
     """A kernel's connection file, which lies in a folder the sandbox can write: read it
     without following links and keep only well-formed values (ports must be the fixed small
     integers, so a tampered file cannot point the gateway's socket paths elsewhere). A FIFO
@@ -85,4 +85,4 @@ def _read_connection_file(path: Path) -> dict[str, Any]:
     key = raw.get("key") if isinstance(raw, dict) else None
     if not isinstance(key, str) or not key.isalnum():
         raise BackendError(f"kernel connection file {path} is missing or malformed")
-    return _connection(key)
+    return kernel_connection(key)

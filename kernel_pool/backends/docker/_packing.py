@@ -105,7 +105,7 @@ class Packing:
 
 
 
-def _unpack(image: Path, folder: Path) -> None:
+def unpack(image: Path, folder: Path) -> None:
     fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         # Chosen by the name, not by what the host has now: zstd may have come or gone since.
@@ -125,7 +125,7 @@ def _unpack(image: Path, folder: Path) -> None:
 
 
 
-def _first_records(image: Path) -> dict[str, Any] | None:
+def first_records(image: Path) -> dict[str, Any] | None:
     """The records of a packed dump, read from the head of its archive, where
     :class:`Packing` puts them; None when they are not there (an archive of an earlier
     gateway, or not one at all: the unpacking says so)."""

@@ -21,7 +21,7 @@ from kernel_pool.backends.base import CgroupUsage, CommandProcess, Sandbox
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
-from kernel_pool.backends.docker._docker import KERNEL_DIR, _in_thread, _run
+from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
 from kernel_pool.backends.docker._gvisor import OOM_POLL_S
 from kernel_pool.backends.docker._init_kernel import exit_code
 from kernel_pool.backends.docker._sandbox_checkpoint import SandboxCheckpoints
@@ -72,7 +72,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         if self._through_init:
             return await self._poll_init_child()
         try:
-            details = await _in_thread(self._api.exec_inspect, self.info.kernel_ref)
+            details = await in_thread(self._api.exec_inspect, self.info.kernel_ref)
         except docker.errors.NotFound:
             # Its container was removed (a gVisor sandbox's hard stop replaces it): the
             # engine forgets its execs, and the kernel was killed with it.
@@ -101,7 +101,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             self._exit_code = -signal.SIGKILL
             return self._exit_code
         name = self.info.kernel_name or ""
-        code = await _in_thread(exit_code, self._socket_dir, name)
+        code = await in_thread(exit_code, self._socket_dir, name)
         if code is None:
             return None  # reaped in a moment: PID 1 writes the record right after
         self._exit_code = code
@@ -157,8 +157,8 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         # the kernel's end: its record is final once it shows the container stopped.
         for _ in range(OOM_RECORD_WAITS):
             try:
-                state = (await _run(self._api.inspect_container,
-                                    self.info.container_id))["State"]
+                state = (await call_engine(self._api.inspect_container,
+                                           self.info.container_id))["State"]
             except BackendError:
                 return  # already removed: no evidence left
             if state.get("OOMKilled"):
@@ -178,41 +178,41 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         logger.warning("sandbox %s: out of memory (limit %s) and stuck; killing its processes",
                        self.info.sandbox_id, self.profile.memory)
         if not await runsc.kill_all_but_init():
-            await _run(self._backend.remove_container, self.info.container_id)
+            await call_engine(self._backend.remove_container, self.info.container_id)
 
     async def send_signal(self, signum: int) -> None:
         if self._pidfd is not None:
             signal.pidfd_send_signal(self._pidfd, signum)
         elif self._pid:
-            await _run(self._api.exec_create, self.info.container_id,
-                       ["/bin/sh", "-c", f"kill -{signum} -1"], user=f"{SANDBOX_UID}")
+            await call_engine(self._api.exec_create, self.info.container_id,
+                              ["/bin/sh", "-c", f"kill -{signum} -1"], user=f"{SANDBOX_UID}")
 
     async def kill(self, restart: bool = False) -> None:
         if restart and self.profile.runtime == "gvisor":
             # The cgroup holds gVisor's own processes, not the sandboxed ones: the hard stop
             # replaces the container (a fresh gVisor kernel; launch_kernel makes it, the
             # workspace stays), which no swarm of processes inside can slow down.
-            await _run(self._backend.remove_container, self.info.container_id)
+            await call_engine(self._backend.remove_container, self.info.container_id)
             return
         if restart:
             procs = self._cgroup.procs_file if self._cgroup is not None else None
             if procs is not None and self._init_pid and procs.exists():
                 # From the host, through the container's cgroup: this needs no new process in
                 # the container, which a fork bomb at the pids limit leaves no room for.
-                await _in_thread(kill_strays, procs, self._init_pid, 0, False, (),
-                                 self._freezer)
-                if not await _in_thread(wait_gone, procs, self._init_pid):
+                await in_thread(kill_strays, procs, self._init_pid, 0, False, (),
+                                self._freezer)
+                if not await in_thread(wait_gone, procs, self._init_pid):
                     logger.warning("sandbox %s: processes killed for a restart still run "
                                    "after %g s", self.info.sandbox_id, GONE_WAIT_S)
                 return
             try:
-                exec_id = (await _run(self._api.exec_create, self.info.container_id, KILL_ALL,
-                                      user=f"{SANDBOX_UID}:{SANDBOX_GID}"))["Id"]
-                await _run(self._api.exec_start, exec_id)
+                exec_id = (await call_engine(self._api.exec_create, self.info.container_id,
+                                             KILL_ALL, user=f"{SANDBOX_UID}:{SANDBOX_GID}"))["Id"]
+                await call_engine(self._api.exec_start, exec_id)
             except BackendError:
                 pass  # the container is gone: launch_kernel makes a new one
         else:
-            await _run(self._backend.remove_container, self.info.container_id)
+            await call_engine(self._backend.remove_container, self.info.container_id)
 
     async def cleanup(self, restart: bool = False) -> None:
         self._close_pidfd()
@@ -245,7 +245,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
                 logger.warning("sandbox %s: processes outlived the execution and the sandbox "
                                "could not be paused to kill them; replacing it",
                                self.info.sandbox_id)
-                await _run(self._backend.remove_container, self.info.container_id)
+                await call_engine(self._backend.remove_container, self.info.container_id)
                 return 0
             return gone
         procs = self._cgroup.procs_file if self._cgroup is not None else None
@@ -255,8 +255,8 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
         if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0
-        killed: int = await _in_thread(kill_strays, procs, self._init_pid, self._pid,
-                                       keep_kernel_children, spared, self._freezer)
+        killed: int = await in_thread(kill_strays, procs, self._init_pid, self._pid,
+                                      keep_kernel_children, spared, self._freezer)
         return killed
 
     @property
@@ -287,14 +287,14 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
         listening egress socket may hold it until its proxy closes); ``reserve`` makes it."""
         await super().release()
-        await _in_thread(self._backend.unmount_socket_dir, self._socket_dir)
+        await in_thread(self._backend.unmount_socket_dir, self._socket_dir)
 
     async def reserve(self) -> None:
         await super().reserve()
-        await _in_thread(self._backend.make_socket_dir, self._socket_dir)
+        await in_thread(self._backend.make_socket_dir, self._socket_dir)
 
     async def start_command(self, command: str, *, env: dict[str, str],
                             cwd: str) -> CommandProcess:
         return await DockerCommand.start(
-            self._api, _run, self.info.container_id, command, env=env,
+            self._api, call_engine, self.info.container_id, command, env=env,
             cwd=f"{SANDBOX_PATH}/{cwd}".rstrip("/"), running=self._commands)

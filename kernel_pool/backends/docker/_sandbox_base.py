@@ -15,7 +15,7 @@ from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import Sandbox, SandboxInfo
 from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._context import DockerContextSandbox
-from kernel_pool.backends.docker._docker import _in_thread, _run
+from kernel_pool.backends.docker._docker import call_engine, in_thread
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import OutOfMemoryWatch, Runsc
 from kernel_pool.backends.docker._init_kernel import find_kernel
@@ -119,7 +119,8 @@ class DockerSandboxBase(Sandbox):
 
     async def _running(self) -> bool:
         try:
-            state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+            state = (await call_engine(self._api.inspect_container,
+                                       self.info.container_id))["State"]
         except BackendError:
             return False
         # A container being removed (someone's `docker rm -f`) still says Running, and so does
@@ -129,8 +130,8 @@ class DockerSandboxBase(Sandbox):
 
     async def _ensure_running(self) -> None:
         if not await self._running():
-            await _run(self._backend.remove_container, self.info.container_id)
-            self.info.container_id = await _run(
+            await call_engine(self._backend.remove_container, self.info.container_id)
+            self.info.container_id = await call_engine(
                 self._backend.run_container, self.info.sandbox_id, self.profile,
                 self.workspace.root, self._socket_dir, self._env)
             self._cgroup = None
@@ -140,7 +141,7 @@ class DockerSandboxBase(Sandbox):
 
     async def _find_init(self) -> None:
         """The host pid of the (new or restored) container's PID 1, and its cgroup."""
-        state = (await _run(self._api.inspect_container, self.info.container_id))["State"]
+        state = (await call_engine(self._api.inspect_container, self.info.container_id))["State"]
         self._init_pid = int(state.get("Pid") or 0)
         self._cgroup = CgroupReader.for_pid(self._init_pid)
         gvisor = self.profile.runtime == "gvisor"
@@ -157,7 +158,7 @@ class DockerSandboxBase(Sandbox):
 
     async def _watch_init_child(self, name: str, wait_s: float) -> None:
         """Find the kernel PID 1 started (its host pid, and a pidfd for its exit)."""
-        found = await _in_thread(find_kernel, self._socket_dir, name, self._init_pid, wait_s)
+        found = await in_thread(find_kernel, self._socket_dir, name, self._init_pid, wait_s)
         self._keep_init_child(*found)
 
     def _keep_init_child(self, pid: int | None, code: int | None) -> None:

@@ -30,10 +30,10 @@ from kernel_pool.backends.docker._checkpoint import (
 from kernel_pool.backends.docker._checkpoint import restore as restore_checkpoint
 from kernel_pool.backends.docker._docker import (
     KERNEL_DIR,
-    _connection,
-    _in_thread,
-    _read_connection_file,
-    _run,
+    call_engine,
+    in_thread,
+    kernel_connection,
+    read_connection_file,
 )
 from kernel_pool.backends.docker._init_kernel import (
     CONTEXT_KERNEL_NAME,
@@ -81,19 +81,19 @@ class SandboxCheckpoints(DockerSandboxBase):
         name = self.info.kernel_name
         if not self._through_init or not name or not self._pid:
             raise BackendError("only a running kernel of a runc sandbox can be checkpointed")
-        about = await _in_thread(self._kernel_records, name)
+        about = await in_thread(self._kernel_records, name)
         # A relay closes its loopback connections to the kernel once the host's are gone (the
         # caller dropped them); CRIU refuses those still open or closing.
         relayed = any(KERNEL_LANGUAGES[record["language"]].relayed
                       for record in about["contexts"])
-        if relayed and not await _in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S):
+        if relayed and not await in_thread(loopback_settled, self._init_pid, RELAY_SETTLE_S):
             logger.info("sandbox %s: a TCP connection is still open after %g s; CRIU "
                         "may refuse the dump", self.info.sandbox_id, RELAY_SETTLE_S)
         folder = await self._checkpoint_tree(about) if self._backend.tree_checkpoints else None
         if folder is None:
             try:
-                folder = await _run(dump, self._api, self.info.container_id,
-                                    self._checkpoint_dir, about)
+                folder = await call_engine(dump, self._api, self.info.container_id,
+                                           self._checkpoint_dir, about)
             except (CheckpointError, OSError) as exc:
                 raise checkpoint_failure(exc) from exc
             self.memory_path = "engine"
@@ -108,13 +108,13 @@ class SandboxCheckpoints(DockerSandboxBase):
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid:
             return None
-        outside = await _in_thread(outside_the_tree, procs, self._init_pid, self._pid)
+        outside = await in_thread(outside_the_tree, procs, self._init_pid, self._pid)
         if outside:
             logger.info("sandbox %s: %d processes outside the kernel's tree; the whole "
                         "container is dumped", self.info.sandbox_id, outside)
             return None
         try:
-            shared = await _in_thread(sysv_objects, self._init_pid)
+            shared = await in_thread(sysv_objects, self._init_pid)
         except (OSError, subprocess.SubprocessError) as exc:
             logger.warning("sandbox %s: its System V IPC objects could not be listed (%s); "
                            "the whole container is dumped", self.info.sandbox_id, exc)
@@ -125,7 +125,7 @@ class SandboxCheckpoints(DockerSandboxBase):
             return None
         started = time.monotonic()
         try:
-            await _in_thread(self._dump_tree, procs, about)
+            await in_thread(self._dump_tree, procs, about)
         except (TemplateError, CheckpointError, OSError, docker.errors.APIError) as exc:
             logger.warning("sandbox %s: the kernel-tree dump failed (%s); the engine's runc "
                            "dumps the whole container instead", self.info.sandbox_id,
@@ -178,13 +178,13 @@ class SandboxCheckpoints(DockerSandboxBase):
 
     async def checkpoint_bytes(self, dump: Path) -> int:
         try:
-            return await _in_thread(folder_bytes, dump)
+            return await in_thread(folder_bytes, dump)
         except OSError as exc:
             raise checkpoint_failure(exc) from exc
 
     async def pack_checkpoint(self, dump: Path, stem: Path) -> Path:
         packing = Packing(dump, stem)
-        work = asyncio.ensure_future(_in_thread(packing.run))
+        work = asyncio.ensure_future(in_thread(packing.run))
         try:
             image = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -196,20 +196,20 @@ class SandboxCheckpoints(DockerSandboxBase):
             raise
         except (CheckpointError, OSError) as exc:
             raise checkpoint_failure(exc) from exc
-        await _in_thread(discard, dump)
+        await in_thread(discard, dump)
         return image
 
     async def discard_checkpoint(self, dump: Path) -> None:
-        await _in_thread(discard, dump)
+        await in_thread(discard, dump)
 
     async def left_checkpoint(self) -> Path | None:
-        return await _in_thread(whole_dump, self._checkpoint_dir)
+        return await in_thread(whole_dump, self._checkpoint_dir)
 
     def _kernel_records(self, name: str) -> dict[str, Any]:
         # From the host's process table, not the sandbox's own record of it.
         pid = container_pid(self._pid) if self._pid else None
         try:
-            key = _read_connection_file(self._socket_dir / f"{name}.json")["key"]
+            key = read_connection_file(self._socket_dir / f"{name}.json")["key"]
         except (OSError, ValueError) as exc:
             raise BackendError(f"the kernel's connection file cannot be read: {exc}") from exc
         if pid is None:
@@ -219,8 +219,8 @@ class SandboxCheckpoints(DockerSandboxBase):
 
     async def restore(self, image: Path) -> dict[str, Any]:
         try:
-            about = await _run(restore_checkpoint, self._api, self.info.container_id,
-                               self._checkpoint_dir, image, _TreeRestore(self))
+            about = await call_engine(restore_checkpoint, self._api, self.info.container_id,
+                                      self._checkpoint_dir, image, _TreeRestore(self))
         except (CheckpointError, OSError, docker.errors.APIError) as exc:
             raise checkpoint_failure(exc) from exc
         tree = about.get(TREE_KEY) is True
@@ -228,24 +228,24 @@ class SandboxCheckpoints(DockerSandboxBase):
         if (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)
                 or not isinstance(pid, int) or not isinstance(key, str) or not key.isalnum()):
             raise BackendError("the checkpoint's records are malformed")
-        config = _connection(key)
+        config = kernel_connection(key)
         # The socket folder may have been made afresh while the sandbox was stopped: its
         # records go back, for a later gateway that takes the sandbox back (``load``).
-        await _in_thread(self._write_records, name, pid,
-                         {**config, "ip": f"{KERNEL_DIR}/{name}"})
+        await in_thread(self._write_records, name, pid,
+                        {**config, "ip": f"{KERNEL_DIR}/{name}"})
         self.info.kernel_name, self._exit_code = name, None
         await self._find_init()
         if tree:
             # CRIU, the restored tree's parent, has exited: PID 1 is its parent now, and must
             # know it as its kernel to record its exit.
-            await _in_thread(request_adoption, self._socket_dir, name, pid)
+            await in_thread(request_adoption, self._socket_dir, name, pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._init_pid, signal.SIGUSR1)
         await self._watch_init_child(name, 2.0)
         if self.info.kernel_ref is None:
             raise BackendError("the sandbox was restored without its kernel process")
-        self._restored_contexts = await _in_thread(self._find_restored_contexts,
-                                                   about.get("contexts"))
+        self._restored_contexts = await in_thread(self._find_restored_contexts,
+                                                  about.get("contexts"))
         self.memory_path = "kernel tree" if tree else "engine"
         return {**config, "ip": str(self._socket_dir / name)}
 
@@ -266,7 +266,7 @@ class SandboxCheckpoints(DockerSandboxBase):
             host = host_pid(self._init_pid, pid)
             if host is None:
                 continue
-            config = _connection(key)
+            config = kernel_connection(key)
             self._write_records(kernel_name, pid, {**config, "ip": f"{KERNEL_DIR}/{kernel_name}"})
             found[name] = (kernel_name, host, {**config, "ip": str(self._socket_dir / kernel_name)})
         return found

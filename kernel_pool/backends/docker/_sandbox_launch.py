@@ -15,10 +15,10 @@ from typing import Any
 from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID
 from kernel_pool.backends.docker._docker import (
     KERNEL_DIR,
-    _connection,
-    _in_thread,
-    _read_connection_file,
-    _run,
+    call_engine,
+    in_thread,
+    kernel_connection,
+    read_connection_file,
 )
 from kernel_pool.backends.docker._gvisor import OutOfMemoryWatch
 from kernel_pool.backends.docker._init_kernel import (
@@ -73,8 +73,8 @@ class SandboxLaunch(DockerSandboxBase):
         previous = self.info.kernel_name
         number = int(previous[1:]) + 1 if previous else 1
         name = f"k{number}"
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
-        await _in_thread(self._write_connection_file, name, config, previous)
+        config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        await in_thread(self._write_connection_file, name, config, previous)
         if self._through_init:
             await self._launch_through_init(name)
         else:
@@ -86,14 +86,14 @@ class SandboxLaunch(DockerSandboxBase):
         give it a key of its own (and fresh random generators) before anyone else reaches it;
         :class:`TemplateError` when any step fails (the caller then boots a kernel)."""
         name = template.kernel_name
-        config = _connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
-        await _in_thread(self._write_connection_file, name, config, self.info.kernel_name)
+        config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
+        await in_thread(self._write_connection_file, name, config, self.info.kernel_name)
         work = self._backend.template_work / self.info.sandbox_id
-        took = await _in_thread(restore_template, template, self._init_pid,
-                                self.info.container_id, work)
+        took = await in_thread(restore_template, template, self._init_pid,
+                               self.info.container_id, work)
         logger.debug("sandbox %s: kernel restored from the template in %.3f s",
                      self.info.sandbox_id, took)
-        await _in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
+        await in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._init_pid, signal.SIGUSR1)
         self.info.kernel_name = name
@@ -111,7 +111,7 @@ class SandboxLaunch(DockerSandboxBase):
         async def signal_init() -> None:
             for attempt in range(3):
                 try:
-                    await _run(self._api.kill, self.info.container_id, "SIGUSR1")
+                    await call_engine(self._api.kill, self.info.container_id, "SIGUSR1")
                     return
                 except BackendError:  # stopped or removed since it was checked: remake it
                     if attempt == 2 or await self._running():
@@ -145,23 +145,23 @@ class SandboxLaunch(DockerSandboxBase):
         for the kernel: (host pid, exit code) as :func:`find_kernel` answers. One request at
         a time: PID 1 reads one file."""
         async with self._launching:
-            await _in_thread(request_kernel, self._socket_dir, name,
-                             self.profile.caps.display_bytes, language, env)
+            await in_thread(request_kernel, self._socket_dir, name,
+                            self.profile.caps.display_bytes, language, env)
             await signal_init()
-            return await _in_thread(find_kernel, self._socket_dir, name, self._init_pid,
-                                    PID_WAIT_S)
+            return await in_thread(find_kernel, self._socket_dir, name, self._init_pid,
+                                   PID_WAIT_S)
 
     async def _launch_by_exec(self, name: str) -> None:
         for attempt in range(3):
             try:
-                exec_id = (await _run(
+                exec_id = (await call_engine(
                     self._api.exec_create, self.info.container_id,
                     [*KERNEL_COMMAND[:-1],
                      f"--max-output-bytes={self.profile.caps.display_bytes}",
                      KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
                     user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=SANDBOX_PATH,
                     stdout=False, stderr=False))["Id"]
-                await _run(self._api.exec_start, exec_id, detach=True)
+                await call_engine(self._api.exec_start, exec_id, detach=True)
                 break
             except BackendError:  # stopped or removed since it was checked: remake it
                 if attempt == 2 or await self._running():
@@ -177,7 +177,7 @@ class SandboxLaunch(DockerSandboxBase):
         if not self.info.kernel_name or await self.poll() is not None:
             return None
         path = self._socket_dir / f"{self.info.kernel_name}.json"
-        config = await _in_thread(_read_connection_file, path)
+        config = await in_thread(read_connection_file, path)
         return {**config, "ip": str(self._socket_dir / self.info.kernel_name)}
 
     def _write_connection_file(self, name: str, config: dict[str, Any],
@@ -200,7 +200,7 @@ class SandboxLaunch(DockerSandboxBase):
     async def _watch(self, exec_id: str) -> None:
         """Find an exec'd kernel's host pid, and a pidfd that becomes readable when it exits."""
         for _ in range(50):
-            details = await _run(self._api.exec_inspect, exec_id)
+            details = await call_engine(self._api.exec_inspect, exec_id)
             if details.get("Pid") or not details.get("Running"):
                 break
             await asyncio.sleep(0.02)

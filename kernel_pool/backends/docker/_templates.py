@@ -12,7 +12,7 @@ from functools import partial
 
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker._containers import DockerContainers
-from kernel_pool.backends.docker._docker import _in_thread
+from kernel_pool.backends.docker._docker import in_thread
 from kernel_pool.backends.docker._init_kernel import container_pid
 from kernel_pool.backends.docker._sandbox import DockerSandbox
 from kernel_pool.backends.docker._template import (
@@ -76,7 +76,7 @@ class DockerTemplates(DockerContainers):
             del self._template_tasks[profile.name]
             self._template_failures[profile.name] = (
                 self._template_failures.get(profile.name, 0) + 1)
-            await _in_thread(shutil.rmtree, template.folder, True)
+            await in_thread(shutil.rmtree, template.folder, True)
 
     async def _make_template(self, profile: Profile) -> None:
         try:
@@ -84,15 +84,15 @@ class DockerTemplates(DockerContainers):
             fingerprint = hashlib.sha256(
                 f"{image}\n{profile.model_dump_json()}".encode()).hexdigest()[:16]
             stem = f"{profile.name}-{fingerprint}"
-            template = await _in_thread(find_template, self._template_root, stem)
+            template = await in_thread(find_template, self._template_root, stem)
             if template is None:
-                await _in_thread(remove_stale_parts, self._template_root)
+                await in_thread(remove_stale_parts, self._template_root)
                 template = await self._dump_template(profile, stem)
                 logger.info("kernel template for profile %s made: new kernels are restored "
                             "from it", profile.name)
             if self.settings.template_dir is None:  # the state directory's own: no one shares
-                await _in_thread(remove_other_templates, self._template_root, profile.name,
-                                 template.folder)
+                await in_thread(remove_other_templates, self._template_root, profile.name,
+                                template.folder)
             self._templates[profile.name] = template
         except Exception as exc:  # a template only saves time: never fatal
             self._template_failures[profile.name] = (
@@ -104,8 +104,8 @@ class DockerTemplates(DockerContainers):
     async def _dump_template(self, profile: Profile, stem: str) -> Template:
         """Boot a kernel in a sandbox of its own, wait for its answer (its imports done), and
         dump it into a new folder ``stem-*``; the sandbox is removed either way."""
-        await _in_thread(partial(self._template_root.mkdir, mode=0o700, parents=True,
-                                 exist_ok=True))
+        await in_thread(partial(self._template_root.mkdir, mode=0o700, parents=True,
+                                exist_ok=True))
         # Its workspace is never written: the smallest one, not the profile's (a full
         # reservation of the state directory's disk, for a moment).
         spec = SandboxSpec(sandbox_id=f"template-{secrets.token_hex(6)}",
@@ -124,17 +124,17 @@ class DockerTemplates(DockerContainers):
         assert isinstance(sandbox, DockerSandbox)
         try:
             await sandbox._find_init()
-            await _in_thread(first_pid, sandbox._init_pid, sandbox.info.container_id,
-                             TEMPLATE_PID)
+            await in_thread(first_pid, sandbox._init_pid, sandbox.info.container_id,
+                            TEMPLATE_PID)
             sandbox.fresh = False
             connection = await sandbox.launch_kernel()
             await answered(connection, self.settings.kernel_start_timeout_s)
             pid = container_pid(sandbox._pid) if sandbox._pid else None
             if pid is None:
                 raise TemplateError("the template's kernel is gone")
-            return await _in_thread(dump_template, sandbox._init_pid, sandbox.info.container_id,
-                                    pid, self._template_root, stem,
-                                    sandbox.info.kernel_name or "", str(connection["key"]))
+            return await in_thread(dump_template, sandbox._init_pid, sandbox.info.container_id,
+                                   pid, self._template_root, stem,
+                                   sandbox.info.kernel_name or "", str(connection["key"]))
         finally:
             await sandbox.kill()
             await sandbox.cleanup()
