@@ -4,28 +4,32 @@ conftest is not importable).
 ``local``: a :class:`~kernel_pool.KernelPool` in this process, as a gateway of one machine
 holds it. ``remote``: a real ``replgate node`` subprocess (mutual TLS, its own pool and
 containers, a PostgreSQL database of its own as the cluster tests' nodes have) and, in this
-process, the :class:`~node.placement.RemoteNodes` a gateway of many machines holds, so every
-call crosses HTTPS and the node's channel WebSocket. Both run with the same limits; after
+process, the :class:`~node.placement.RemoteNodes` a gateway of many machines holds (with the
+records the gateway writes beside it: :class:`RecordingNodes`), so every call crosses HTTPS
+and the node's channel WebSocket. Both run with the same limits; after
 either stops, no container or mount of it may remain.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import docker
 
-from gateway.store import Store
-from kernel_pool import KernelPool, PoolSettings, Profile, SessionHost
+from common.store import RecordNotFound, SessionRecord, Store
+from kernel_pool import KernelPool, PoolSettings, Profile, SessionHost, SessionPort
 from node.local import stop_group
 from node.placement import RemoteNodes
 from node.records import SessionRecords
 from node.registry import Registry
+from node.remote import RemoteSession
 from node.tls import client_context, make_cluster_certs
 from tests.conftest import (
     TEMPLATE_DIR,
@@ -43,12 +47,47 @@ MAX_QUEUED = 3
 LIMITS = {"memory": "1g", "workspace_size": "64m", "tmp_size": "32m", "min_idle": "1",
           "default_timeout_s": "30", "max_timeout_s": "120"}
 """The default profile's limits, the same on both legs (the node reads them as settings)."""
-POOL = {"max_kernels": "4", "interrupt_grace_s": "2.0", "pause_after_s": "0",
+POOL = {"max_kernels": "4", "interrupt_grace_s": "10", "pause_after_s": "0",
         "max_queued_executions": str(MAX_QUEUED)}
-"""The pool's limits, the same on both legs (no idle pause: a test's session stays as it is)."""
+"""The pool's limits, the same on both legs (no idle pause: a test's session stays as it is;
+an interrupted kernel has 10 s to stop before it is restarted: on a loaded machine 2 s was
+missed now and then on both legs, and the variables went with the restart)."""
 
 SESSION_ENV = {"GREETING": "hi"}
 """The environment each test's session is made with."""
+
+
+class RecordingNodes(RemoteNodes):
+    """The nodes as a gateway holds them, with the records it writes beside them: a session
+    made or forked is recorded in the shared database (Gateway.create_session and fork write
+    the same fields), a deleted one is marked so. Nodes find, list and count sessions by
+    these records: a session no gateway recorded is not theirs to find."""
+
+    async def create_session(self, profile: str = "default", **options: Any) -> RemoteSession:
+        session = await super().create_session(profile, **options)
+        await self._record(session)
+        return session
+
+    async def fork_session(self, parent_id: str, count: int = 1,
+                           metadata: dict[str, Any] | None = None) -> list[RemoteSession]:
+        children = await super().fork_session(parent_id, count, metadata)
+        for child in children:
+            await self._record(child)
+        return children
+
+    async def delete_session(self, session_id: str) -> None:
+        await super().delete_session(session_id)
+        with contextlib.suppress(RecordNotFound):  # (its node may have marked it first)
+            await self.records.store.mark_deleted(session_id)
+
+    async def _record(self, session: SessionPort) -> None:
+        state = session.state()
+        await self.records.store.create_session(SessionRecord(
+            id=session.id, tenant=state.tenant, profile=state.profile.name,
+            status=state.status.value, created_at=state.created_at,
+            last_active_at=state.last_active_at, execution_count=0, metadata=state.metadata,
+            env=state.env, sandbox=state.sandbox.model_dump(mode="json"), node=state.node,
+            epoch=self.first_epoch))
 
 
 def pool_settings(state_dir: Path, owner: str) -> PoolSettings:
@@ -89,7 +128,7 @@ async def remote_host(docker_client: docker.DockerClient) -> AsyncIterator[Sessi
         node.start()
         await asyncio.to_thread(node.wait_registered, database_url)
         async with Store.open(database_url) as store:
-            nodes = RemoteNodes(
+            nodes = RecordingNodes(
                 pool_settings(node.state_dir, node.node_id),
                 Registry(store.database, heartbeat_timeout_s=30),
                 client_context(certs.gateway_cert, certs.gateway_key, certs.ca),

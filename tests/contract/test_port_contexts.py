@@ -31,8 +31,9 @@ async def test_a_language_runs_in_its_own_context_beside_python(session: Session
 
 async def test_contexts_are_made_restarted_and_removed(session: SessionPort) -> None:
     await session.submit("X=7", language="bash").result()
-    made = await session.create_context("bash")
+    made = await session.create_context("Bash")  # (names are not case-sensitive)
     assert made.language == "bash" and made.id.startswith("ctx-")
+    assert not made.running, "its kernel starts with its first execution"
     ran = await session.submit("echo ${X:-unset}", context_id=made.id).result()
     assert ran.stdout.strip() == "unset", "a new context has variables of its own"
     assert {c.id for c in await session.list_contexts()} == {"python", "bash", made.id}

@@ -90,6 +90,7 @@ async def test_the_nodes_sessions_run_on(host: SessionHost, session: SessionPort
     assert len(nodes) == 1, nodes
     assert nodes[0].state == "up" and nodes[0].max_kernels == 4
     assert nodes[0].id == session.state().node
+    assert host.stats()["sessions"] >= 1, "the host counts the sessions it holds"
 
 
 async def test_a_node_is_drained_and_back_or_refused_as_not_drainable(
