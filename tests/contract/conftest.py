@@ -1,7 +1,7 @@
-"""The contract suite's fixtures: a host of each kind (:mod:`tests.contract.support`), started
-the first time a test asks for it and stopped after the last test of its leg, and a session of
-each test's own. Tests take a :class:`SessionHost` and a :class:`SessionPort` and never ask
-which one they have."""
+"""The contract suite's fixtures: a host of each kind (:mod:`tests.contract.support`), one per
+module and leg (a package-scoped one would live to the end of the whole run: tests/ is the
+package), and a session of each test's own. Tests take a :class:`SessionHost` and a
+:class:`SessionPort` and never ask which one they have."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kernel_pool import SessionHost, SessionPort
 from tests.contract.support import SESSION_ENV, local_host, remote_host
 
 
-@pytest.fixture(scope="session", params=["local", "remote"])
+@pytest.fixture(scope="module", params=["local", "remote"])
 async def host(request: pytest.FixtureRequest,
                docker_client: docker.DockerClient) -> AsyncIterator[SessionHost]:
     """Where sessions are made: this process's pool, or a node reached over the network."""
