@@ -22,7 +22,8 @@ from typing import Any
 
 from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
 from kernel_pool._channel import STALL_S
-from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._channels import KernelDied, KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._lines import LineJoiner
 from kernel_pool._results import files_from_reply
 from kernel_pool._translate import translate

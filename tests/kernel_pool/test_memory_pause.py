@@ -26,7 +26,7 @@ from kp_support import (
 )
 
 from kernel_pool import KernelPool, Session
-from kernel_pool._kernel import KernelState
+from kernel_pool._channels import KernelState
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     checkpoint_failure,

@@ -9,7 +9,7 @@ import docker
 from kp_support import eventually, run_ok
 
 from kernel_pool import Session
-from kernel_pool._kernel import KernelState
+from kernel_pool._channels import KernelState
 
 
 async def test_os_exit_reported_died_and_recovered(session: Session) -> None:
