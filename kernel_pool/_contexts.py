@@ -24,9 +24,10 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
+from kernel_pool._channels import KernelDied, KernelState
 from kernel_pool._context_code import start_code
 from kernel_pool._execution import LateOutput
-from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._languages import (
     DEFAULT_CONTEXT,
     KERNEL_LANGUAGES,

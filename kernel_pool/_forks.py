@@ -12,10 +12,12 @@ from typing import Any
 
 import anyio.to_thread
 
-from kernel_pool._kernel import Kernel, KernelState
+from kernel_pool._channels import KernelState
+from kernel_pool._copies import copy_workspace
+from kernel_pool._kernel import Kernel
 from kernel_pool._session import Session
 from kernel_pool._slots import Slots
-from kernel_pool._snapshot import copy_workspace, load_variables
+from kernel_pool._snapshot import load_variables
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import (
     Sandbox,

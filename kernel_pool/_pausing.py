@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio.to_thread
 
 from kernel_pool._caused import caused
+from kernel_pool._channels import KernelState
 from kernel_pool._contexts import (
     CodeContext,
     close_context,
 )
-from kernel_pool._kernel import KernelState
 from kernel_pool._languages import display_language
 from kernel_pool._snapshot import (
     STOPPED_COMMAND,

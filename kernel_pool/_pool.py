@@ -17,8 +17,8 @@ from typing import ClassVar
 import anyio.to_thread
 
 from kernel_pool._adoption import Adoption
+from kernel_pool._channels import KernelState
 from kernel_pool._handle import utcnow
-from kernel_pool._kernel import KernelState
 from kernel_pool._session import Session
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.exceptions import (

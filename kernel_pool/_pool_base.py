@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from kernel_pool._kernel import Kernel, make_context
+from kernel_pool._kernel import Kernel
+from kernel_pool._messages import make_context
 from kernel_pool._session import Session
 from kernel_pool._snapshot import SnapshotStore
 from kernel_pool.backends.base import (

@@ -11,16 +11,14 @@ import logging
 import anyio.to_thread
 
 from kernel_pool._caused import caused
+from kernel_pool._channels import KernelState
 from kernel_pool._contexts import close_context
+from kernel_pool._copies import copy_workspace
 from kernel_pool._handle import ExecutionHandle
-from kernel_pool._kernel import Kernel, KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._languages import display_language
 from kernel_pool._pausing import SessionPausing
-from kernel_pool._snapshot import (
-    SnapshotStore,
-    copy_workspace,
-    load_variables,
-)
+from kernel_pool._snapshot import SnapshotStore, load_variables
 from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,

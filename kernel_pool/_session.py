@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kernel_pool._channels import KernelState
 from kernel_pool._contexts import (
     JS_LATE_OUTPUT,
     CodeContext,
@@ -25,7 +26,7 @@ from kernel_pool._contexts import (
 )
 from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, utcnow
-from kernel_pool._kernel import Kernel, KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._languages import display_language, normalize_language
 from kernel_pool._session_base import Lifecycle
 from kernel_pool._session_contexts import SessionContexts

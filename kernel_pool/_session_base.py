@@ -19,10 +19,11 @@ from typing import Any, Protocol, TypeVar, cast
 
 import anyio.to_thread
 
+from kernel_pool._channels import KernelDied, KernelState
 from kernel_pool._commands import CommandRun
 from kernel_pool._contexts import Contexts
 from kernel_pool._handle import ExecutionHandle, utcnow
-from kernel_pool._kernel import Kernel, KernelDied, KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._queue import ExecutionQueue
 from kernel_pool._snapshot import SnapshotStore
 from kernel_pool._workspace import Workspace

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kernel_pool._kernel import Kernel, KernelState
+from kernel_pool._channels import KernelState
+from kernel_pool._kernel import Kernel
 from kernel_pool._pool_base import PoolBase
 from kernel_pool.config import Profile
 
