@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from kernel_pool._copies import copy_workspace as copy_workspace
 from kernel_pool._streams import (
     SUFFIXES,
     ChunkReader,
@@ -42,10 +41,7 @@ from kernel_pool._streams import (
 )
 from kernel_pool._variables import load_stream, save_stream
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
-
-# (re-exported: kernel_pool.bundles and tests import them from here)
-from kernel_pool.state import KeptContext as KeptContext
-from kernel_pool.state import PauseInfo as PauseInfo
+from kernel_pool.state import PauseInfo
 
 if TYPE_CHECKING:
     from kernel_pool._kernel import Kernel
@@ -56,7 +52,8 @@ STOPPED_COMMAND = "command "
 """How a ``not_kept`` entry of a shell command a pause stopped begins (no pause keeps one)."""
 STOPPED_CONTEXT = "context "
 """How a ``not_kept`` entry of a code context a pause ended begins (a variables pause keeps
-none but the session's Python kernel; a memory pause keeps those it can, :class:`KeptContext`)."""
+none but the session's Python kernel; a memory pause keeps those it can,
+:class:`~kernel_pool.state.KeptContext`)."""
 
 
 def context_entry(context_id: str) -> str:

@@ -31,10 +31,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 from kernel_pool._disk import SANDBOX_GID as SANDBOX_GID
 from kernel_pool._disk import SANDBOX_UID as SANDBOX_UID
 from kernel_pool._disk import WorkspaceDisk
-from kernel_pool._entries import Entry as Entry
-from kernel_pool._entries import FileInfo as FileInfo
-from kernel_pool._entries import entry_of, path_error
-from kernel_pool._entries import split_relative as split_relative
+from kernel_pool._entries import Entry, FileInfo, entry_of, path_error, split_relative
 from kernel_pool.exceptions import FileTooLarge, WorkspaceError
 
 P = ParamSpec("P")
