@@ -11,6 +11,7 @@ from kernel_pool import (
     ExecutionStatus,
     InvalidRequest,
     SessionPort,
+    StreamEvent,
     UnknownLanguage,
 )
 
@@ -59,6 +60,20 @@ async def test_a_context_made_in_a_folder_runs_there(session: SessionPort) -> No
     assert made.cwd == "/tmp" and here.stdout == "/tmp\n", here
     with pytest.raises(InvalidRequest, match="does not exist"):
         await session.create_context("bash", cwd="/nowhere")
+
+
+async def test_an_interrupt_reaches_the_context_running_the_code(session: SessionPort) -> None:
+    await session.submit("X=1", language="bash").result()
+    handle = session.submit("echo go; while true; do :; done", language="bash")
+    async for event in handle.stream():
+        if isinstance(event, StreamEvent):
+            break
+    assert await session.interrupt("python") is False, "not the context running now"
+    assert await session.interrupt("bash") is True
+    result = await handle.result()
+
+    assert result.status is ExecutionStatus.INTERRUPTED and not result.restarted, result
+    assert (await session.submit("echo $X", language="bash").result()).stdout.strip() == "1"
 
 
 async def test_languages_and_contexts_refused_are_named(session: SessionPort) -> None:

@@ -17,6 +17,7 @@ from kernel_pool import (
     SessionClosed,
     SessionHost,
     SessionPort,
+    SessionStatus,
     StreamEvent,
 )
 from tests.contract.support import MAX_QUEUED
@@ -90,12 +91,16 @@ async def test_interrupt_stops_running_code_and_the_state_stays(session: Session
     async for event in handle.stream():
         if isinstance(event, StreamEvent):
             break
+    current = session.current
+    assert current is not None and current.id == handle.id
+    assert session.pending == 1 and session.state().status is SessionStatus.BUSY
     assert await session.interrupt() is True
     result = await handle.result()
 
     assert result.status is ExecutionStatus.INTERRUPTED, result
     assert not result.restarted, result.reason
     assert (await session.submit("print(kept)").result()).stdout == "yes\n"
+    assert session.current is None and session.pending == 0
 
 
 async def test_interrupt_with_nothing_running_is_false(session: SessionPort) -> None:
