@@ -15,20 +15,22 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.routing import Route
 
+from common.keys import generate_api_key, parse_api_keys_setting
+from common.metrics import Metrics
+from common.policy import Policy, load_policy
+from common.settings import Settings
+from common.store import SessionRecord
+from common.tracing import setup_tracing
 from gateway import __version__, bodies, e2b, errors
 from gateway.adoption import take_back
 from gateway.audit import AuditLog
-from gateway.auth import generate_api_key, parse_api_keys_setting
-from gateway.governance import Governance, Policy, load_policy
+from gateway.governance import Governance
 from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
-from gateway.metrics import Metrics
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
 from gateway.routers import governance as governance_routes
 from gateway.service import Gateway
-from gateway.settings import Settings
-from gateway.store import SessionRecord, Store
-from gateway.tracing import setup_tracing
+from gateway.store import Store
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
 from node.records import SessionRecords

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import local
 
 if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
-    from gateway.settings import Settings
+    from common.settings import Settings
 
 
 class _JsonFormatter(logging.Formatter):
@@ -37,11 +37,11 @@ class _JsonFormatter(logging.Formatter):
 
 
 def configure_logging(settings: Settings) -> None:
-    from gateway.audit import RedactSecrets
+    from gateway.redaction import RedactSecrets
 
     ids = None
     if settings.log_json:
-        from gateway.tracing import log_ids, tracing_asked
+        from common.tracing import log_ids, tracing_asked
 
         ids = log_ids if tracing_asked(os.environ) else None
     handler = logging.StreamHandler()
@@ -78,7 +78,7 @@ def _claimed(state_dir: Path, host: str, port: int, *,
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.settings import Settings
+    from common.settings import Settings
     from gateway.statelock import StartRefused
 
     overrides: dict[str, Any] = {}
@@ -122,8 +122,8 @@ def _return_large_buffers() -> None:
 def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     import uvicorn
 
+    from common.policy import PolicyError
     from gateway.app import create_app
-    from gateway.governance import PolicyError
     from gateway.statelock import socket_url
 
     configure_logging(settings)
@@ -144,7 +144,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from gateway.settings import Settings
+    from common.settings import Settings
     from gateway.statelock import StartRefused
 
     host, port = _host_port(args.listen or f"0.0.0.0:{_host_port(args.advertise)[1]}")
@@ -230,8 +230,8 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _image_build(args: argparse.Namespace) -> int:
+    from common.settings import Settings
     from gateway.doctor import build_sandbox_images
-    from gateway.settings import Settings
     from kernel_pool import KernelPoolError
 
     try:
@@ -247,8 +247,8 @@ def _image_build(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from common.settings import Settings
     from gateway.doctor import diagnose
-    from gateway.settings import Settings
 
     results = diagnose(Settings())
     for ok, sentence in results:
@@ -257,8 +257,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 async def _with_audit(action: str, target: str | None) -> int:
+    from common.settings import Settings
     from gateway.audit import AuditLog
-    from gateway.settings import Settings
     from gateway.store import Store
 
     settings = Settings()

@@ -17,18 +17,15 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway.audit import AuditLog, AuditRecord
+from common.metrics import Metrics
+from common.store import RecordExists
+from common.tracing import Tracing
+from gateway.audit import AuditLog
+from gateway.audit_records import AuditRecord
 from gateway.errors import DATABASE_AWAY
 from gateway.governance import Governance
-from gateway.metrics import Metrics
-from gateway.store import (
-    PENDING_APPROVAL,
-    RUNNING,
-    ExecutionRecord,
-    RecordExists,
-    Store,
-)
-from gateway.tracing import Tracing
+from gateway.records.executions import PENDING_APPROVAL, RUNNING, ExecutionRecord
+from gateway.store import Store
 from kernel_pool import Execution, ExecutionHandle, SessionPort
 
 logger = logging.getLogger(__name__)

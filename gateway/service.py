@@ -16,7 +16,12 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway.audit import AuditLog, AuditRecord
+from common.metrics import Metrics
+from common.settings import Settings
+from common.store import SessionRecord
+from common.tracing import Tracing
+from gateway.audit import AuditLog
+from gateway.audit_records import AuditRecord
 from gateway.errors import (
     InvalidInput,
     NotFound,
@@ -24,16 +29,10 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.governance import Governance
-from gateway.metrics import Metrics
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.recording import UNRECORDED_REFUSED, Recorder
-from gateway.settings import Settings
-from gateway.store import (
-    ExecutionRecord,
-    SessionRecord,
-    Store,
-)
-from gateway.tracing import Tracing
+from gateway.records.executions import ExecutionRecord
+from gateway.store import Store
 from gateway.usage import UsageMeter
 from gateway.wire import (
     CommandRequest,

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, TypeAdapter
 
 from common.tracing import setup_tracing
-from kernel_pool import KernelPoolError, NodeUnreachable
+from kernel_pool import KernelPoolError, NodeUnreachable, SessionState
 from node.channel import NodeChannel
 from node.wire import (
     PREFIX,
@@ -28,7 +28,6 @@ from node.wire import (
     ForkSession,
     Frame,
     NodeInfo,
-    SessionState,
     Submit,
     error_from,
 )

@@ -18,20 +18,23 @@ from typing import Any, ClassVar
 from kernel_pool import (
     ClosedListener,
     KernelPoolError,
+    NodeRecord,
     NodeUnreachable,
     PoolSettings,
     Profile,
     ProfileNotFound,
     SessionNotFound,
     SessionPort,
+    SessionState,
+    UnknownNode,
 )
 from node import recovery
 from node.client import NodeClient
 from node.records import SessionRecords
-from node.registry import NodeRecord, Registry, UnknownNode
+from node.registry import Registry
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
-from node.wire import CreateSession, ForkSession, SessionState
+from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
 

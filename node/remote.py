@@ -39,6 +39,7 @@ from kernel_pool import (
     SandboxInfo,
     SessionClosed,
     SessionNotFound,
+    SessionState,
     SessionStatus,
     TransferListener,
     check_language,
@@ -51,7 +52,6 @@ from node.wire import (
     Frame,
     Interrupted,
     Relay,
-    SessionState,
     Submit,
     error_from,
 )

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from kernel_pool import KernelPool, SnapshotError
 from kernel_pool.bundles import BundleCorrupt, BundleNotFound
 from node.bundles import BundleKeeper
-from node.remote import NodeClient
+from node.client import NodeClient
 from node.wire import PREFIX, SessionState
 
 router = APIRouter(prefix=PREFIX)
