@@ -37,8 +37,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from gateway.database import Database
-from node.registry import NodeRecord, NoNodeAvailable, Registry
+from common.database import Database
+from kernel_pool import NodeRecord, NoNodeAvailable
+from node.registry import Registry
 
 DEFAULT_SERVER = os.environ.get("REPLGATE_TEST_POSTGRES",
                                 "postgresql://replgate:replgate@127.0.0.1:5432/replgate")

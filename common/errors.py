@@ -27,7 +27,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from common.store import RecordExists, RecordNotFound, StoreError
+from common.database import StoreError
+from common.store import RecordExists, RecordNotFound
 from kernel_pool import (
     BackendError,
     CapacityError,

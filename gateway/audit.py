@@ -43,8 +43,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from common.database import Database, Write
 from gateway.audit_records import AuditRecord, canonical_json, chain_hash
-from gateway.database import Database, Write
 from gateway.redaction import RedactSecrets, redact  # their old home: gateway.cli imports here
 from gateway.store import Store
 

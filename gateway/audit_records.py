@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.store import utc_now
+from common.store import utc_now
 from kernel_pool import CommandResult, Execution
 
 __all__ = ["AuditRecord", "canonical_json", "chain_hash"]

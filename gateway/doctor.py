@@ -17,8 +17,8 @@ from collections.abc import Callable
 import docker
 import docker.errors
 
-from gateway.governance import PolicyError, load_policy
-from gateway.settings import Settings
+from common.policy import PolicyError, load_policy
+from common.settings import Settings
 from kernel_pool.backends.docker import (
     CheckpointSupport,
     ImageInfo,

@@ -15,8 +15,8 @@ import pytest
 from fastapi.routing import iter_route_contexts
 from starlette.routing import Mount, Route, WebSocketRoute
 
+from common.settings import Settings
 from gateway.app import create_app
-from gateway.settings import Settings
 from tests.conftest import REPO
 
 README = REPO / "README.md"

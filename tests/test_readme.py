@@ -28,7 +28,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from gateway.governance import load_policy
+from common.policy import load_policy
 from tests.conftest import REPO, GatewayProcess, running_gateway
 
 README = REPO / "README.md"

@@ -23,7 +23,7 @@ from tests.conftest import REPO, GatewayProcess
 
 REPLGATE = Path(sys.executable).with_name("replgate")
 SERVER_ONLY = ["docker", "zmq", "jupyter_client", "fastapi", "uvicorn", "aiosqlite", "mcp",
-               "pydantic_settings", "gateway.app", "gateway.settings"]
+               "pydantic_settings", "gateway.app", "common.settings"]
 
 
 def test_exports_are_the_clients_under_a_sorted_all() -> None:

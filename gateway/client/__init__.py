@@ -45,7 +45,8 @@ from ._errors import (
 from ._files import AsyncFiles
 from ._render import ImagePart, TextPart, ToolResult, render_execution
 from ._sync import Sandbox
-from ._tools import SandboxTools, ToolLimits, ToolSession, ToolSpec, tool_specs
+from ._tool_specs import ToolLimits, ToolSpec, tool_specs
+from ._tools import SandboxTools, ToolSession
 
 __all__ = [
     "AsyncCommandHandle",

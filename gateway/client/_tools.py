@@ -27,21 +27,7 @@ from gateway.wire import CommandResult, Execution, FileInfo
 
 from ._errors import InvalidRequestError, NotFoundError
 from ._render import ImagePart, TextPart, ToolResult, cut, render_command, render_execution
-
-# The definitions' old home: the package and gateway.mcp import them from here.
-from ._tool_specs import Base64Flag as Base64Flag
-from ._tool_specs import Code as Code
-from ._tool_specs import CodeInLanguage as CodeInLanguage
-from ._tool_specs import FileContent as FileContent
-from ._tool_specs import FilePath as FilePath
-from ._tool_specs import ForkCount as ForkCount
-from ._tool_specs import LanguageName as LanguageName
-from ._tool_specs import NotebookPath as NotebookPath
-from ._tool_specs import ShellCommand as ShellCommand
-from ._tool_specs import TimeoutS as TimeoutS
-from ._tool_specs import ToolLimits as ToolLimits
-from ._tool_specs import ToolSpec as ToolSpec
-from ._tool_specs import tool_specs as tool_specs
+from ._tool_specs import ToolLimits, ToolSpec, tool_specs
 
 
 class ToolSession(Protocol):

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from common.store import stored_time
 from gateway.e2b._errors import E2BError
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxNetwork, SandboxOut
 from gateway.service import Gateway
-from gateway.store import stored_time
 from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, SessionStatus, parse_size
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from gateway.governance.policy import Rule
+from common.policy import Rule
 
 __all__ = ["Finding", "Match", "decide", "inspect_code", "match_rules"]
 

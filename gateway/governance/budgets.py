@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from gateway.governance.policy import Budgets
+from common.policy import Budgets
 from gateway.store import Store
 from gateway.wire import BudgetOut
 from kernel_pool import DoneEvent, Event, ExecutionHandle, SessionPort

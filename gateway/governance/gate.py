@@ -20,11 +20,13 @@ from typing import Any
 
 import anyio.to_thread
 
+from common.keys import parse_approver_keys
+from common.policy import Policy
 from gateway.governance.analysis import Match, decide
-from gateway.governance.approvals import ApprovalBook, ApproverKeys, parse_approver_keys
+from gateway.governance.approvals import ApprovalBook, ApproverKeys
 from gateway.governance.budgets import BudgetTracker
-from gateway.governance.policy import Policy
-from gateway.store import PENDING_APPROVAL, RUNNING, Store
+from gateway.records.executions import PENDING_APPROVAL, RUNNING
+from gateway.store import Store
 from gateway.wire import BudgetOut
 from kernel_pool import (
     ApprovalEvent,

@@ -17,7 +17,7 @@ from opentelemetry import propagate
 
 from gateway import __version__
 from gateway.client import ReplgateError, SandboxTools, TextPart, ToolLimits, ToolResult, tool_specs
-from gateway.client._tools import (
+from gateway.client._tool_specs import (
     Base64Flag,
     Code,
     CodeInLanguage,

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from common.settings import Settings
 from gateway.client import CommandResult, Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
 from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
 from gateway.service import Gateway
-from gateway.settings import Settings
 from gateway.wire import CommandRequest, ForkRequest, SessionCreate
 from kernel_pool import KernelPoolError, SessionClosed, SessionNotFound
 

@@ -11,10 +11,11 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Query, Request
 from pydantic import BaseModel
 
+from common.keys import Approver
 from gateway.auth import extract_token
 from gateway.deps import GatewayDep, TenantDep
 from gateway.errors import Forbidden
-from gateway.governance import Approval, Approver
+from gateway.governance import Approval
 from gateway.wire import DecisionIn, EgressAttempt
 
 router = APIRouter(tags=["governance"])

@@ -29,9 +29,9 @@ import contextlib
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from gateway.errors import DOMAIN_ERRORS, WS_CLOSE_LAGGED, close_code_for
+from gateway.records.executions import RUNNING
 from gateway.routers.ws import accept_session, transfer_frame
 from gateway.service import Gateway
-from gateway.store import RUNNING
 from gateway.wire import (
     Event,
     EventFrame,

@@ -20,6 +20,7 @@ import uuid
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
+from common.tracing import SOCKET_SEND
 from gateway.auth import extract_token, origin_allowed
 from gateway.errors import (
     DOMAIN_ERRORS,
@@ -30,7 +31,6 @@ from gateway.errors import (
     status_for,
 )
 from gateway.service import Gateway
-from gateway.tracing import SOCKET_SEND
 from gateway.wire import (
     CommandDone,
     CommandFrame,

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gateway.settings import ENV_PREFIX, FLAT_NAMES, Settings
+from common.settings import ENV_PREFIX, FLAT_NAMES, Settings
 from tests.conftest import REPO
 
 KUSTOMIZATION = REPO / "deploy" / "kubernetes"
@@ -30,7 +30,7 @@ KUBERNETES_VERSION = "1.32.0"
 GATEWAY_PORT = 8000
 NODE_PORT = 7070
 
-# ../shared/CONTRACT.md, "Many machines": settings of gateways and nodes that gateway/settings.py
+# ../shared/CONTRACT.md, "Many machines": settings of gateways and nodes that common/settings.py
 # may not have yet (once it does, the Settings check below covers them too).
 CONTRACT_NAMES = {
     "REPLGATE_DATABASE_URL", "REPLGATE_BUNDLE_STORE", "REPLGATE_TLS_CA", "REPLGATE_TLS_CERT",
@@ -252,7 +252,7 @@ def test_no_pod_gets_a_service_account_token(objects: list[dict[str, Any]]) -> N
 
 
 def test_every_variable_is_a_setting(objects: list[dict[str, Any]]) -> None:
-    """A setting renamed or removed in gateway/settings.py (or the contract) fails here."""
+    """A setting renamed or removed in common/settings.py (or the contract) fails here."""
     allowed = SETTINGS_NAMES | CONTRACT_NAMES | AWS_NAMES
     for workload in workloads(objects):
         for container in containers(workload["spec"]["template"]["spec"]):

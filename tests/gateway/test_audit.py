@@ -16,12 +16,10 @@ import pytest
 from gateway.audit import (
     GENESIS_HASH,
     AuditLog,
-    AuditRecord,
-    RedactSecrets,
     VerifyResult,
-    canonical_json,
-    redact,
 )
+from gateway.audit_records import AuditRecord, canonical_json
+from gateway.redaction import RedactSecrets, redact
 from gateway.store import Store
 from kernel_pool import (
     DisplayEvent,

@@ -15,8 +15,8 @@ from typing import cast
 
 import pytest
 
+from common.policy import Budgets
 from gateway.governance.budgets import BudgetTracker
-from gateway.governance.policy import Budgets
 from gateway.store import Store
 from kernel_pool import DoneEvent, ExecutionHandle, ExecutionStatus, SessionPort
 

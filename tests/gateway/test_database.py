@@ -17,8 +17,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from common import database as database_module
 from common.database import Database, DatabaseError, Write, database_url
 from common.settings import Settings
-from gateway.audit import AuditLog, AuditRecord, chain_hash
-from gateway.store import SessionRecord, Store
+from common.store import SessionRecord
+from gateway.audit import AuditLog
+from gateway.audit_records import AuditRecord, chain_hash
+from gateway.store import Store
 from kernel_pool import DoneEvent, Execution, ExecutionStatus, SandboxInfo
 from tests.conftest import REPO, create_database, drop_database, postgres_admin
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 import gateway
-from common.store import StoreError
+from common.database import StoreError
 from gateway import errors
 from gateway.errors import GatewayError, status_for
 from kernel_pool import KernelPoolError

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from gateway.governance import decide, load_policy
-from gateway.governance.policy import BUILTIN_RULES
+from common.policy import BUILTIN_RULES, load_policy
+from gateway.governance import decide
 from tests.conftest import GatewayProcess, make_gateway, running_gateway
 
 APPROVAL_TIMEOUT_S = 6

@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from common.database import StoreError
+from common.store import RecordExists, RecordNotFound, SessionRecord
 from gateway.records import keys as store_module
-from gateway.store import (
-    ExecutionRecord,
-    RecordExists,
-    RecordNotFound,
-    SessionRecord,
-    Store,
-    StoreError,
-)
+from gateway.records.executions import ExecutionRecord
+from gateway.store import Store
 from kernel_pool import (
     DisplayEvent,
     DoneEvent,

@@ -13,7 +13,8 @@ from sqlalchemy import text
 
 from common.database import Database
 from common.store import SessionRecord, Store
-from node.registry import Fenced, NoNodeAvailable, Registry, UnknownNode
+from kernel_pool import NoNodeAvailable, UnknownNode
+from node.registry import Fenced, Registry
 from tests.conftest import create_database, drop_database
 
 LONG_AGO = "2000-01-01T00:00:00.000000+00:00"
