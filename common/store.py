@@ -40,7 +40,6 @@ __all__ = [
     "RecordNotFound",
     "SessionRecord",
     "Store",
-    "StoreError",
     "as_dict",
     "stored_time",
     "utc_now",

@@ -45,19 +45,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.database import Database, Write
 from gateway.audit_records import AuditRecord, canonical_json, chain_hash
-from gateway.redaction import RedactSecrets, redact  # their old home: gateway.cli imports here
 from gateway.store import Store
 
 __all__ = [
     "GENESIS_HASH",
     "AuditEntry",
     "AuditLog",
-    "AuditRecord",
-    "RedactSecrets",
     "VerifyResult",
-    "canonical_json",
-    "chain_hash",
-    "redact",
 ]
 
 logger = logging.getLogger(__name__)

@@ -10,17 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-# Moved to common.keys (the node makes keys too); re-exported here until the last importers move.
-from common.keys import API_KEY_PREFIX, generate_api_key, hash_api_key, parse_api_keys_setting
-
-__all__ = [
-    "API_KEY_PREFIX",
-    "extract_token",
-    "generate_api_key",
-    "hash_api_key",
-    "origin_allowed",
-    "parse_api_keys_setting",
-]
+__all__ = ["extract_token", "origin_allowed"]
 
 _SCHEMES = frozenset({"bearer", "token"})
 

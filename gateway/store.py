@@ -12,35 +12,13 @@ The audit log (:mod:`gateway.audit`) keeps its own tables in the same database, 
 
 from __future__ import annotations
 
-from common.store import (
-    RecordExists,
-    RecordNotFound,
-    SessionRecord,
-    StoreError,
-    stored_time,
-    utc_now,
-)
 from gateway.records.approvals import ApprovalRecords
-from gateway.records.executions import PENDING_APPROVAL, RUNNING, ExecutionRecord, ExecutionRecords
-from gateway.records.keys import KEYS_FRESH_S, KEYS_READ_AHEAD_S, KeyRecords
+from gateway.records.executions import ExecutionRecords
+from gateway.records.keys import KeyRecords
 from gateway.records.sandbox_ends import SandboxEndRecords
-from gateway.records.usage import Usage, UsageRecords
+from gateway.records.usage import UsageRecords
 
-__all__ = [
-    "KEYS_FRESH_S",
-    "KEYS_READ_AHEAD_S",
-    "PENDING_APPROVAL",
-    "RUNNING",
-    "ExecutionRecord",
-    "RecordExists",
-    "RecordNotFound",
-    "SessionRecord",
-    "Store",
-    "StoreError",
-    "Usage",
-    "stored_time",
-    "utc_now",
-]
+__all__ = ["Store"]
 
 
 class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords):

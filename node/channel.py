@@ -33,7 +33,7 @@ from node.wire import (
     stream_of,
 )
 
-__all__ = ["NodeChannel", "NodeUnreachable"]
+__all__ = ["NodeChannel"]
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from common.database import Database
 from kernel_pool import NodeRecord, NoNodeAvailable, UnknownNode
 from kernel_pool.state import NodeState
 
-__all__ = ["Fenced", "NoNodeAvailable", "NodeRecord", "Registry", "UnknownNode"]
+__all__ = ["Fenced", "Registry"]
 
 _COLUMNS = "id, address, state, kernels, max_kernels, sessions, heartbeat_at"
 

@@ -9,42 +9,23 @@ from gateway.governance.approvals import (
     ApprovalBook,
     ApprovalDecided,
     ApprovalNotFound,
-    Approver,
     ApproverKeys,
     Forbidden,
-    parse_approver_keys,
 )
 from gateway.governance.budgets import BudgetTracker
-from gateway.governance.gate import PENDING_APPROVAL, Governance
-from gateway.governance.policy import (
-    BUILTIN_RULES,
-    Budgets,
-    Policy,
-    PolicyError,
-    Rule,
-    load_policy,
-)
+from gateway.governance.gate import Governance
 
 __all__ = [
-    "BUILTIN_RULES",
-    "PENDING_APPROVAL",
     "Approval",
     "ApprovalBook",
     "ApprovalDecided",
     "ApprovalNotFound",
-    "Approver",
     "ApproverKeys",
     "BudgetTracker",
-    "Budgets",
     "Finding",
     "Forbidden",
     "Governance",
     "Match",
-    "Policy",
-    "PolicyError",
-    "Rule",
     "decide",
     "inspect_code",
-    "load_policy",
-    "parse_approver_keys",
 ]

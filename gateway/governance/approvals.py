@@ -17,7 +17,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from common.keys import Approver, hash_api_key, parse_approver_keys
+from common.keys import Approver, hash_api_key
 from common.store import stored_time
 from gateway.errors import DATABASE_AWAY, Conflict, Forbidden, NotFound
 from gateway.store import Store
@@ -28,10 +28,8 @@ __all__ = [
     "ApprovalBook",
     "ApprovalDecided",
     "ApprovalNotFound",
-    "Approver",
     "ApproverKeys",
     "Forbidden",
-    "parse_approver_keys",
 ]
 
 logger = logging.getLogger(__name__)
