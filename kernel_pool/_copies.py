@@ -7,8 +7,9 @@ import contextlib
 import os
 import stat
 
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._variables import TRANSFER_NAME
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+from kernel_pool._workspace import Workspace
 
 
 def copy_workspace(source: Workspace, target: Workspace) -> None:

@@ -16,12 +16,9 @@ import zmq
 import zmq.asyncio
 
 from kernel_pool._caused import caused
-from kernel_pool._channels import KernelChannels
-from kernel_pool._channels import KernelDied as KernelDied
-from kernel_pool._channels import KernelState as KernelState
+from kernel_pool._channels import KernelChannels, KernelDied, KernelState
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
-from kernel_pool._messages import make_context as make_context
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
 

@@ -28,9 +28,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Concatenate, ParamSpec, TypeVar
 
-from kernel_pool._disk import SANDBOX_GID as SANDBOX_GID
-from kernel_pool._disk import SANDBOX_UID as SANDBOX_UID
-from kernel_pool._disk import WorkspaceDisk
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID, WorkspaceDisk
 from kernel_pool._entries import Entry, FileInfo, entry_of, path_error, split_relative
 from kernel_pool.exceptions import FileTooLarge, WorkspaceError
 

@@ -25,10 +25,11 @@ import anyio.from_thread
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._snapshot import SnapshotStore
 from kernel_pool._streams import SUFFIXES
 from kernel_pool._variables import TRANSFER_NAME
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID, Workspace
+from kernel_pool._workspace import Workspace
 from kernel_pool.bundles._errors import BundleCorrupt, BundleNotFound
 from kernel_pool.bundles._manifest import BundleInfo
 from kernel_pool.bundles._store import PART_SIZE

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from kernel_pool._copies import copy_workspace
+from kernel_pool._disk import SANDBOX_UID
 from kernel_pool._snapshot import SnapshotStore
 from kernel_pool._streams import HEAD_BYTES, Pump
-from kernel_pool._workspace import SANDBOX_UID, Workspace
+from kernel_pool._workspace import Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 from kernel_pool.state import PauseInfo
 

@@ -15,8 +15,8 @@ import pytest
 from kp_support import mounts_under, run_ok
 
 from kernel_pool import PathOutsideWorkspace, Session, StateDirFull, WorkspaceError
-from kernel_pool._disk import detach
-from kernel_pool._workspace import SANDBOX_UID, Workspace
+from kernel_pool._disk import SANDBOX_UID, detach
+from kernel_pool._workspace import Workspace
 from tests.conftest import fill_disk, small_disk
 
 

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import CommandProcess
 
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")

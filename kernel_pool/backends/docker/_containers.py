@@ -16,9 +16,9 @@ import docker
 import docker.errors
 from docker.types import Mount, Ulimit
 
-from kernel_pool._disk import detach
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID, detach
 from kernel_pool._languages import offered
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID, Workspace
+from kernel_pool._workspace import SANDBOX_PATH, Workspace
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo
 from kernel_pool.backends.docker._docker import (
     KERNEL_DIR,

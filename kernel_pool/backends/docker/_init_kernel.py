@@ -18,7 +18,7 @@ import stat
 import time
 from pathlib import Path
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 
 REQUEST_NAME = "launch.json"
 KERNEL_NAME = re.compile(r"k[0-9]{1,9}")

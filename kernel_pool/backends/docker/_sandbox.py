@@ -16,7 +16,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._workspace import SANDBOX_PATH
 from kernel_pool.backends.base import CgroupUsage, CommandProcess, Sandbox
 from kernel_pool.backends.docker._commands import DockerCommand
 from kernel_pool.backends.docker._context import DockerContextSandbox

@@ -12,7 +12,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_PATH, SANDBOX_UID
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._workspace import SANDBOX_PATH
 from kernel_pool.backends.docker._docker import (
     KERNEL_DIR,
     call_engine,

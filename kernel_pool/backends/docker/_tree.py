@@ -38,7 +38,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from kernel_pool._workspace import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.docker._checkpoint import TREE_KEY, WORK_NAME, without_host_paths
 from kernel_pool.backends.docker._packing import ABOUT_NAME
 from kernel_pool.backends.docker._strays import find_strays
