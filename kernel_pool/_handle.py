@@ -81,7 +81,6 @@ class ExecutionHandle:
             self._finished.set()
         self._changed.set()
 
-    _add = add  # (the old name, for tests/ui/test_watch.py until it calls add)
 
     async def stream(self) -> AsyncIterator[Event]:
         """Every event of this execution, from the first, as they happen; ends after ``done``."""

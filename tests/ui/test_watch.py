@@ -173,7 +173,7 @@ class FakeSocket:
 
 
 def publish(watcher: Watcher, session: FakeSession, handle: ExecutionHandle, event: Any) -> None:
-    handle._add(event)
+    handle.add(event)
     watcher(session, handle, event)  # type: ignore[arg-type]
 
 
