@@ -5,7 +5,7 @@ The host side never trusts what the kernel sends: every message is signature-che
 jupyter_client's :class:`~jupyter_client.session.Session`, size-bounded by ZMQ (``MAXMSGSIZE``
 on the context) and routed only by its parent's message id to the request that caused it.
 A message over that size breaks the output channel: its socket monitor notices, the requests in
-flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool._channel`).
+flight learn it, and the kernel is subscribed to afresh (see :mod:`kernel_pool._channel_watch`).
 A message with no live request behind it (a forged one, or late output of a finished cell)
 is dropped.
 """
@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.session import Session as MessageSession
 
-from kernel_pool._channel import wait_disconnect
+from kernel_pool._channel_watch import wait_disconnect
 from kernel_pool._messages import LARGE_MESSAGE_BYTES, KernelSession, peek_parent_id
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.exceptions import KernelStartError

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel_pool._caps import SPILL_DIR, OutputLimiter, spill
-from kernel_pool._channel import STALL_S
+from kernel_pool._channel_watch import STALL_S
 from kernel_pool._channels import KernelDied, KernelState
 from kernel_pool._kernel import Kernel
 from kernel_pool._lines import LineJoiner
