@@ -21,9 +21,6 @@ OVER_400: dict[str, str] = {
     "gateway/service.py":
         "the gateway's use cases, one method per API call (tenancy, limits, recording's "
         "entry); recording, adoption and node recovery are already out",
-    "gateway/wire/__init__.py":
-        "the HTTP API's models, one module the agent-facing client imports without FastAPI; "
-        "to split per resource in the plan's step 6",
     "node/remote.py":
         "RemoteSession: its queue, state, executions and the following of its node's events, "
         "which share its state; its files and commands are in node/remote_files.py",
