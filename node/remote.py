@@ -45,7 +45,7 @@ from kernel_pool import (
     check_language,
     normalize_language,
 )
-from node.client import NodeClient as NodeClient
+from node.client import NodeClient
 from node.remote_files import SessionRequests
 from node.wire import (
     CreateContext,

@@ -40,7 +40,8 @@ from kernel_pool import (
     Transfer,
 )
 from node.channel import NodeChannel
-from node.remote import NodeClient, RemoteSession
+from node.client import NodeClient
+from node.remote import RemoteSession
 from node.server import create_node_app
 from node.wire import (
     PREFIX,
