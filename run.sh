@@ -120,9 +120,9 @@ gvisor_leg() {  # [pytest args]
 # a gateway restart). The rest of the suite does not touch the database.
 postgres_leg() {  # [pytest args]
   say "PostgreSQL leg: the store, the audit chain and the gateway's state on PostgreSQL"
-  REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest tests/gateway/test_store.py \
-    tests/gateway/test_database.py tests/gateway/test_api.py tests/gateway/test_auth.py \
-    tests/gateway/test_commands_api.py tests/gateway/test_governance.py \
+  REPLGATE_TEST_DATABASE=postgresql "$VENV/bin/python" -m pytest tests/common/test_session_store.py \
+    tests/common/test_database.py tests/gateway/test_store.py tests/gateway/test_api.py \
+    tests/gateway/test_auth.py tests/gateway/test_commands_api.py tests/gateway/test_governance.py \
     tests/gateway/test_budgets.py tests/gateway/test_lifecycle.py \
     tests/gateway/e2b/test_python_sdk.py "$@" \
     -k "not test_python_sdk or create or timeout or kill or history or survives or pause \
