@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 import gateway
+from common import errors
 from common.database import StoreError
-from gateway import errors
-from gateway.errors import GatewayError, status_for
+from common.errors import GatewayError, status_for
+from gateway.errors import close_code_for
 from kernel_pool import KernelPoolError
 
 GATEWAY_DIR = Path(gateway.__file__).parent
@@ -94,8 +95,8 @@ def test_unknown_error_is_500() -> None:
 def test_close_codes_mirror_statuses() -> None:
     from kernel_pool import SessionNotFound
 
-    assert errors.close_code_for(SessionNotFound("s")) == 4404
-    assert errors.close_code_for(errors.Unauthorized("no key")) == 4401
+    assert close_code_for(SessionNotFound("s")) == 4404
+    assert close_code_for(errors.Unauthorized("no key")) == 4401
 
 
 def test_gateway_errors_take_no_status() -> None:
