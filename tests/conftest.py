@@ -35,12 +35,13 @@ from node.local import stop_group
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUNTIME = os.environ.get("REPLGATE_TEST_RUNTIME", "runc")
 """The isolation every sandbox of the run uses (``runc`` or ``gvisor``): CI runs the suites
-under runc, then a subset again with ``REPLGATE_TEST_RUNTIME=gvisor`` (which and why: run.sh)."""
+under runc, and a subset again with ``REPLGATE_TEST_RUNTIME=gvisor`` (which and why:
+setup/test_legs.sh)."""
 TEST_DATABASE = os.environ.get("REPLGATE_TEST_DATABASE", "sqlite")
 """The database of every test gateway: ``sqlite`` (the file in its state directory, the
 default) or ``postgresql`` (a database of its own on :data:`TEST_POSTGRES`, created with the
-gateway and dropped after it). CI runs the gateway's suites on SQLite, then a subset again with
-``REPLGATE_TEST_DATABASE=postgresql`` (which and why: run.sh)."""
+gateway and dropped after it). CI runs the gateway's suites on SQLite, and a subset again with
+``REPLGATE_TEST_DATABASE=postgresql`` (which and why: setup/test_legs.sh)."""
 TEST_POSTGRES = os.environ.get("REPLGATE_TEST_POSTGRES",
                                "postgresql://replgate:replgate@127.0.0.1:5432/replgate")
 """A PostgreSQL server and a role that may create databases (run.sh's ensure_postgres starts
