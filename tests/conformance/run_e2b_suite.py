@@ -126,6 +126,9 @@ def main() -> int:
             subprocess.run(
                 [str(Path(sys.executable).with_name("pytest")), "-o",
                  "addopts=--import-mode=importlib", "-p", "no:cacheprovider", "-q", "-rfE",
+                 # an offline unit test importing what this SDK release lacks must not stop
+                 # the others from running
+                 "--continue-on-collection-errors",
                  f"--junitxml={junit}", *(args.pytest_args or ["tests"])],
                 cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     finally:
