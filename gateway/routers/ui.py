@@ -5,10 +5,15 @@ output is untrusted: the page renders HTML and SVG only inside sandboxed iframes
 origin, so no access to the page's storage or cookies), and its Content-Security-Policy, which
 those frames inherit, allows scripts only from the page's own files or carrying this
 response's nonce, and no connection but to the gateway itself.
+
+Third-party files (xterm.js for the terminal tab) are vendored under ``static/vendor/``, each
+named in its ``lock.json`` with the npm package, version and sha256 it came from: the lock is
+also the list of what ``/ui/vendor/`` serves.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from functools import cache
 from importlib.resources import files
@@ -38,11 +43,25 @@ ASSETS = {
     "favicon.svg": "image/svg+xml",
 }
 NONCE_PLACEHOLDER = "{{nonce}}"
+VENDOR_TYPES = {
+    ".mjs": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".LICENSE": "text/plain; charset=utf-8",
+}
 
 
 @cache
 def _static(name: str) -> bytes:
     return files("gateway").joinpath("static", name).read_bytes()
+
+
+@cache
+def vendored() -> dict[str, str]:
+    """Each vendored file the lock names, with its media type (by its name's ending)."""
+    lock = json.loads(_static("vendor/lock.json"))
+    names = [name for package in lock["packages"] for name in package["files"]]
+    return {name: next(media for end, media in VENDOR_TYPES.items() if name.endswith(end))
+            for name in names}
 
 
 def content_security_policy(nonce: str) -> str:
@@ -81,3 +100,11 @@ def asset(name: str) -> Response:
     if media_type is None:
         raise NotFound(f"no UI file named {name!r}")
     return Response(_static(name), media_type=media_type, headers=_headers())
+
+
+@router.get("/ui/vendor/{name}")
+def vendor_asset(name: str) -> Response:
+    media_type = vendored().get(name)
+    if media_type is None:
+        raise NotFound(f"no vendored UI file named {name!r}")
+    return Response(_static(f"vendor/{name}"), media_type=media_type, headers=_headers())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.routers.ui import ASSETS
+from gateway.routers.ui import ASSETS, vendored
 from tests.conftest import REPO
 
 STATIC = REPO / "gateway" / "static"
@@ -37,7 +37,12 @@ def module_graph() -> dict[str, list[str]]:
     for path in sorted(STATIC.glob("*.js")):
         targets = []
         for specifier in imports(path):
-            # The page has no import map: only files beside it load, by relative URL.
+            # The page has no import map: only files beside it load, by relative URL, and the
+            # vendored modules its lock names (served by /ui/vendor/).
+            if specifier.startswith("./vendor/"):
+                assert vendored().get(specifier.removeprefix("./vendor/"), "").startswith(
+                    "text/javascript"), f"{path.name} imports {specifier}, not a locked module"
+                continue
             assert re.fullmatch(r"\./[a-z_]+\.js", specifier), (path.name, specifier)
             assert (STATIC / specifier[2:]).is_file(), f"{path.name} imports a missing {specifier}"
             targets.append(specifier[2:])
@@ -117,3 +122,11 @@ def test_every_module_loads_from_app_js_and_is_served() -> None:
     # index.html loads the entry alone; the browser follows its imports.
     page = (STATIC / "index.html").read_text()
     assert re.findall(r'<script[^>]*\bsrc="/ui/([^"]+)"', page) == [ENTRY]
+
+
+def test_vendored_modules_import_nothing() -> None:
+    """Loaded by URL with no import map, a vendored module must be whole in itself."""
+    modules = [name for name in vendored() if name.endswith(".mjs")]
+    assert modules
+    for name in modules:
+        assert imports(STATIC / "vendor" / name) == [], name
