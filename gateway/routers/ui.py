@@ -37,6 +37,7 @@ ASSETS = {
     "sessions.js": "text/javascript; charset=utf-8",
     "signin.js": "text/javascript; charset=utf-8",
     "status.js": "text/javascript; charset=utf-8",
+    "terminal.js": "text/javascript; charset=utf-8",
     "text.js": "text/javascript; charset=utf-8",
     "watch.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",

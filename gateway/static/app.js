@@ -1,6 +1,6 @@
-/* replgate's web UI: plain JS, no dependencies, no build step. This module starts it; the
- * others are its views and helpers, ES modules the browser loads itself (index.html names
- * this one).
+/* replgate's web UI: plain JS, no build step. This module starts it; the others are its views
+ * and helpers, ES modules the browser loads itself (index.html names this one). Its one
+ * dependency, xterm.js for the terminal tab, is vendored under vendor/ (see its lock.json).
  *
  * Kernel output is untrusted. Text goes into the DOM only as text nodes (never innerHTML);
  * HTML and SVG go into iframes with sandbox="allow-scripts" and no allow-same-origin, so their
@@ -21,6 +21,7 @@ import { KEY_STORAGE, showApp, showSignIn, signIn, signOut } from "./signin.js";
 import { createSession, openFromHash, refreshSessions } from "./sessions.js";
 import { downloadNotebook, interrupt, restart, runCode } from "./watch.js";
 import { uploadFiles } from "./files.js";
+import { killTerminal, newTerminal } from "./terminal.js";
 import { setPlaceholder } from "./cells.js";
 import { tickExpiries } from "./approvals.js";
 import { onFrameMessage } from "./output.js";
@@ -68,6 +69,8 @@ function bindUi() {
   $("restart").addEventListener("click", restart);
   $("download-notebook").addEventListener("click", downloadNotebook);
   $("upload-input").addEventListener("change", uploadFiles);
+  $("terminal-kill").addEventListener("click", killTerminal);
+  $("terminal-new").addEventListener("click", newTerminal);
   $("approver-toggle").addEventListener("click", () => {
     if ($("approver-panel").hidden) openApproverPanel(); else closeApproverPanel();
   });

@@ -1,8 +1,8 @@
-/* The open session's workspace files: the list, downloads and uploads, and a cell's touched
- * files. */
+/* The open session's workspace files: the list, kept live by the files watch socket,
+ * downloads and uploads, and a cell's touched files. */
 
-import { $, el, formatSize, saveBlob, state, toast } from "./page.js";
-import { api, sessionPath } from "./api.js";
+import { $, el, formatSize, hooks, saveBlob, state, toast } from "./page.js";
+import { api, sessionPath, socketUrl } from "./api.js";
 
 // -- files -------------------------------------------------------------------------------
 
@@ -30,6 +30,98 @@ export async function refreshFiles() {
     el("span", { class: "file-size muted", text: formatSize(file.size) }))));
   $("files-empty").hidden = files.length > 0;
 }
+
+// -- live: the files watch socket ------------------------------------------------------------
+
+// A burst of changes (an unzip, a build) makes one listing, at most one per this many ms.
+const REFRESH_DEBOUNCE_MS = 250;
+const CHANGES = new Set(["create", "write", "remove", "rename", "chmod"]);
+// A watch ended by a pause opens again once the session is seen running, with no transfer.
+const RUNNING = new Set(["idle", "busy"]);
+const ENDED_SETTLE_MS = 1000;
+
+/** Follow the open session's workspace: each change refreshes the list (debounced). */
+export function watchFiles(session) {
+  unwatchFiles();
+  const w = { sessionId: state.current, socket: null, retry: 0, timer: null, refresh: null,
+    waiting: false };
+  state.filesWatch = w;
+  if (session && !RUNNING.has(session.status)) {
+    w.waiting = true;  // paused: opening it now would ask the session to resume
+    return;
+  }
+  openFilesSocket(w);
+}
+
+function openFilesSocket(w) {
+  w.waiting = false;
+  const socket = new WebSocket(
+    `${socketUrl(`${sessionPath(w.sessionId)}/files/watch`)}&recursive=true`);
+  w.socket = socket;
+  w.ended = false;
+  $("file-list").dataset.watch = "connecting";
+  socket.onopen = () => {
+    if (w.socket !== socket) return;
+    $("file-list").dataset.watch = "live";
+    // What changed while no socket watched shows now.
+    if (w.retry > 0 || w.reopened) refreshFiles();
+  };
+  socket.onmessage = (message) => {
+    if (w.socket !== socket) return;
+    const frame = JSON.parse(message.data);
+    if (CHANGES.has(frame.type)) {
+      scheduleRefresh(w);
+    } else if (frame.type === "end") {
+      // The session paused or ended: wait until it runs again (or goes).
+      w.ended = true;
+      w.endedAt = Date.now();
+      w.retry = 0;
+      $("file-list").dataset.watch = "ended";
+      hooks.refreshSessions().catch(() => {});
+    }
+  };
+  socket.onclose = (event) => {
+    if (w.socket !== socket || state.filesWatch !== w) return;
+    w.socket = null;
+    if (w.ended) { w.waiting = true; return; }
+    $("file-list").dataset.watch = "offline";
+    if (event.code === 4401 || event.code === 4404) return;  // the other sockets say why
+    const delay = Math.min(10000, 500 * 2 ** w.retry);
+    w.retry += 1;
+    w.timer = setTimeout(() => { if (state.filesWatch === w) openFilesSocket(w); }, delay);
+  };
+}
+
+function scheduleRefresh(w) {
+  if (w.refresh) return;
+  w.refresh = setTimeout(() => {
+    w.refresh = null;
+    if (state.filesWatch === w) refreshFiles();
+  }, REFRESH_DEBOUNCE_MS);
+}
+
+/** The open session as the sessions list last showed it: a paused watch resumes with it. */
+export function filesSessionSeen(session) {
+  const w = state.filesWatch;
+  if (!w || !w.waiting || w.socket || session.id !== w.sessionId) return;
+  if (!RUNNING.has(session.status) || session.transfer) return;
+  // An answer given as the pause began may still say it runs: trust a later one.
+  if (w.ended && Date.now() - w.endedAt < ENDED_SETTLE_MS) return;
+  w.reopened = true;
+  openFilesSocket(w);
+}
+
+export function unwatchFiles() {
+  const w = state.filesWatch;
+  state.filesWatch = null;
+  if (!w) return;
+  clearTimeout(w.timer);
+  clearTimeout(w.refresh);
+  if (w.socket) { w.socket.onclose = null; w.socket.close(); }
+  delete $("file-list").dataset.watch;
+}
+
+// -- downloads and uploads ---------------------------------------------------------------
 
 async function downloadFile(path) {
   try {

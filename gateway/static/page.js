@@ -20,6 +20,8 @@ export const state = {
   refreshTimer: null,
   transferTimer: null,  // hides the pause/resume bar a moment after its transfer ended
   kernelspecs: null,    // GET /api/kernelspecs, once: the languages of each profile
+  terminal: null,       // the open session's terminal tab: its xterm and socket
+  filesWatch: null,     // the open session's files watch: its socket, retries, pending refresh
 };
 
 // What a view calls of the views above it (signing out on a refused key, refreshing the

@@ -5,7 +5,8 @@ import { $, ago, el, formatSeconds, shortId, state, toast } from "./page.js";
 import { api, sessionPath } from "./api.js";
 import { setStatusBadge, showBusy } from "./status.js";
 import { connectWatch, showTransfer } from "./watch.js";
-import { refreshFiles } from "./files.js";
+import { filesSessionSeen, refreshFiles, unwatchFiles, watchFiles } from "./files.js";
+import { closeTerminal, setTabLinks, showTab } from "./terminal.js";
 import { loadLanguages } from "./cells.js";
 import { refreshApprovals } from "./approvals.js";
 
@@ -32,6 +33,7 @@ export function renderSessions(sessions) {
     if (current.transfer && $("transfer").hidden) {
       showTransfer({ ...current.transfer, state: "running" });
     }
+    filesSessionSeen(current);
   }
   showBusy();
 }
@@ -172,11 +174,14 @@ async function deleteSession(id, label) {
 
 export function openFromHash() {
   if (!state.key) return;
-  const match = /^#\/s\/([A-Za-z0-9_-]+)$/.exec(location.hash);
+  // `#/s/<id>` opens a session's notebook, `#/s/<id>/terminal` its terminal.
+  const match = /^#\/s\/([A-Za-z0-9_-]+)(\/terminal)?$/.exec(location.hash);
   const id = match ? match[1] : null;
-  if (id === state.current) return;
-  closeSession();
-  if (id) openSession(id);
+  if (id !== state.current) {
+    closeSession();
+    if (id) openSession(id);
+  }
+  if (id) showTab(match[2] ? "terminal" : "notebook");
 }
 
 function openSession(id) {
@@ -191,14 +196,17 @@ function openSession(id) {
   for (const item of document.querySelectorAll(".session-item")) {
     item.classList.toggle("active", item.dataset.sessionId === id);
   }
+  setTabLinks(id);
   connectWatch();
   refreshFiles();
+  watchFiles(known);
   loadLanguages(known ? known.profile : "default");
-  $("code").focus();
 }
 
 export function closeSession() {
   state.current = null;
+  closeTerminal();
+  unwatchFiles();
   clearTimeout(state.retryTimer);
   for (const socket of [state.watch, state.runner]) {
     if (socket) { socket.onclose = null; socket.close(); }
