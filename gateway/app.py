@@ -29,6 +29,7 @@ from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
 from gateway.routers import governance as governance_routes
+from gateway.routers import terminals as terminal_routes
 from gateway.service import Gateway
 from gateway.store import Store
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
@@ -177,6 +178,7 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
+    app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
     if tracing is not None:
         tracing.instrument_app(app)

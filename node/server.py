@@ -39,6 +39,7 @@ from kernel_pool import (
 )
 from node.channel_server import error_out, set_fields
 from node.channel_server import router as channel_router
+from node.command_input import router as command_input_router
 from node.restore import router as restore_router
 from node.wire import (
     PREFIX,
@@ -203,7 +204,8 @@ async def run_command(request: Request, session_id: str, body: RunCommand) -> St
     """
     session = _session(request, session_id)
     run = session.prepare_command(body.command, timeout_s=body.timeout_s, env=body.env,
-                                  cwd=body.cwd, command_id=body.command_id)
+                                  cwd=body.cwd, command_id=body.command_id,
+                                  stdin=body.stdin, pty=body.pty)
     output: asyncio.Queue[StreamEvent | None] = asyncio.Queue()  # the caps bound it
 
     def frame(said: StreamEvent | None) -> Frame:
@@ -375,6 +377,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.include_router(router)
     app.include_router(channel_router)  # executions and new sessions, over one WebSocket
     app.include_router(restore_router)  # sessions moving through the bundle store
+    app.include_router(command_input_router)  # a running command's stdin and terminal
     return app
 
 

@@ -70,6 +70,17 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
+from ._terminals import (
+    CommandInput,
+    TerminalClientMessage,
+    TerminalExit,
+    TerminalInput,
+    TerminalKill,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSize,
+    TerminalStarted,
+)
 
 __all__ = [
     "CHART_MIME",
@@ -82,6 +93,7 @@ __all__ = [
     "ClearOutputEvent",
     "CommandDone",
     "CommandFrame",
+    "CommandInput",
     "CommandKilledFrame",
     "CommandRequest",
     "CommandResult",
@@ -123,6 +135,14 @@ __all__ = [
     "SessionMetricsOut",
     "SessionOut",
     "StreamEvent",
+    "TerminalClientMessage",
+    "TerminalExit",
+    "TerminalInput",
+    "TerminalKill",
+    "TerminalOutput",
+    "TerminalResize",
+    "TerminalSize",
+    "TerminalStarted",
     "Timeout",
     "TransferFrame",
     "UpdateDisplayEvent",
