@@ -52,6 +52,7 @@ from kernel_pool import (
     SnapshotError,
     StateDirFull,
     TooManyCommands,
+    TooManyWatches,
     UnknownNode,
     WorkspaceError,
 )
@@ -138,6 +139,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (PayloadTooLarge, 413),
     (QueueFull, 429),
     (TooManyCommands, 429),
+    (TooManyWatches, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -12,6 +12,7 @@
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
     ├── TooManyCommands        too many shell commands running in one session
+    ├── TooManyWatches         too many folders watched in one session
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
     │   └── UnknownLanguage    a language the session's image does not offer
@@ -112,6 +113,14 @@ class TooManyCommands(KernelPoolError):
         super().__init__(
             f"session {session_id} already runs {limit} shell commands; wait for one to end, "
             "kill one, or raise REPLGATE_MAX_COMMANDS")
+class TooManyWatches(KernelPoolError):
+    def __init__(self, session_id: str, limit: int) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id} already watches {limit} folders; stop a watch first, or "
+            "raise REPLGATE_POOL__MAX_WATCHES")
+
+
 class ExecutionIdTaken(KernelPoolError):
     def __init__(self, execution_id: str) -> None:
         self.execution_id = execution_id
