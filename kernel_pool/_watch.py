@@ -188,6 +188,8 @@ class SandboxWatch(DirWatch):
                 first = await self._line()
         except TimeoutError:
             first = None
+        if first is None and self._ended is not None:
+            return  # ended while it started (the session paused or went): said by its end
         if first is None or first.get("type") != "ready":
             await self._release_now()
             if first is not None and first.get("kind") == "missing":
@@ -207,7 +209,7 @@ class SandboxWatch(DirWatch):
             if stream == "stdout":
                 self._buffer += data
             else:
-                logger.debug("%s: watcher said %r", self.id, data[:500])
+                logger.warning("%s: the folder watcher said %r", self.id, data[:500])
         line, _, rest = self._buffer.partition(b"\n")
         self._buffer = bytearray(rest)
         try:

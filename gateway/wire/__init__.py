@@ -70,6 +70,7 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
+from ._watch import WatchChange, WatchEndFrame, WatchFrame, WatchReadyFrame
 
 __all__ = [
     "CHART_MIME",
@@ -126,6 +127,10 @@ __all__ = [
     "Timeout",
     "TransferFrame",
     "UpdateDisplayEvent",
+    "WatchChange",
+    "WatchEndFrame",
+    "WatchFrame",
+    "WatchReadyFrame",
     "WsClientMessage",
     "WsCommand",
     "WsExecute",
