@@ -54,6 +54,7 @@ from kernel_pool import (
     SnapshotError,
     StateDirFull,
     TooManyCommands,
+    TooManyWatches,
     UnknownNode,
     WorkspaceError,
 )
@@ -142,6 +143,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (TooManyCommands, 429),
     (CommandNotFound, 404),
     (CommandInputClosed, 409),
+    (TooManyWatches, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -11,7 +11,7 @@ EXPORTED = [
     "ClosedListener",
     "CommandDone", "CommandInputClosed", "CommandNotFound", "CommandResult", "CommandStatus",
     "ContextInfo", "ContextNotFound",
-    "ContextStartFailed", "Denial",
+    "ContextStartFailed", "Denial", "DirWatch",
     "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
@@ -24,8 +24,9 @@ EXPORTED = [
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UnknownNode",
-    "UpdateDisplayEvent",
+    "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage",
+    "UnknownNode",
+    "UpdateDisplayEvent", "WatchEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
     # gate and checks languages as the node would; the E2B face sets a call's variables in
