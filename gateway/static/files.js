@@ -1,7 +1,7 @@
 /* The open session's workspace files: the list, kept live by the files watch socket,
  * downloads and uploads, and a cell's touched files. */
 
-import { $, el, formatSize, hooks, saveBlob, state, toast } from "./page.js";
+import { $, el, formatSize, saveBlob, state, toast } from "./page.js";
 import { api, sessionPath, socketUrl } from "./api.js";
 
 // -- files -------------------------------------------------------------------------------
@@ -60,24 +60,24 @@ function openFilesSocket(w) {
   w.socket = socket;
   w.ended = false;
   $("file-list").dataset.watch = "connecting";
-  socket.onopen = () => {
-    if (w.socket !== socket) return;
-    $("file-list").dataset.watch = "live";
-    // What changed while no socket watched shows now.
-    if (w.retry > 0 || w.reopened) refreshFiles();
-  };
   socket.onmessage = (message) => {
     if (w.socket !== socket) return;
     const frame = JSON.parse(message.data);
     if (CHANGES.has(frame.type)) {
       scheduleRefresh(w);
+    } else if (frame.type === "ready") {
+      // The watch is in place: from here no change is missed; what changed before (while
+      // no socket watched, or since the first listing) shows now.
+      $("file-list").dataset.watch = "live";
+      refreshFiles();
+      w.retry = 0;
     } else if (frame.type === "end") {
-      // The session paused or ended: wait until it runs again (or goes).
+      // The session paused or ended (or this socket fell behind): wait until the sessions
+      // list shows it running (a pause's and a resume's end refresh it), or it goes.
       w.ended = true;
       w.endedAt = Date.now();
       w.retry = 0;
       $("file-list").dataset.watch = "ended";
-      hooks.refreshSessions().catch(() => {});
     }
   };
   socket.onclose = (event) => {
@@ -107,7 +107,6 @@ export function filesSessionSeen(session) {
   if (!RUNNING.has(session.status) || session.transfer) return;
   // An answer given as the pause began may still say it runs: trust a later one.
   if (w.ended && Date.now() - w.endedAt < ENDED_SETTLE_MS) return;
-  w.reopened = true;
   openFilesSocket(w);
 }
 

@@ -4,7 +4,8 @@
  * The socket's frames: the server's `started` (the terminal's id), `output`, and a last `exit`;
  * ours `input`, `resize` and `kill`. Closing the socket leaves the shell running, so the page
  * keeps the id per session in sessionStorage and reattaches with it (after a reload, or a lost
- * connection); a terminal that ended meanwhile is replaced by a new one.
+ * connection), and the server then sends the terminal's recent output again; a terminal that
+ * ended meanwhile is replaced by a new one.
  */
 
 import { $, hooks, state } from "./page.js";
@@ -117,6 +118,8 @@ function connect(t) {
 function onFrame(t, frame) {
   switch (frame.type) {
     case "started":
+      // A reattached terminal's recent output follows: it redraws the screen from clean.
+      if (t.reattaching) t.term.reset();
       t.started = true;
       t.retry = 0;
       sessionStorage.setItem(storageKey(t), frame.id);
