@@ -46,8 +46,10 @@ export function watchFiles(session) {
   const w = { sessionId: state.current, socket: null, retry: 0, timer: null, refresh: null,
     waiting: false };
   state.filesWatch = w;
-  if (session && !RUNNING.has(session.status)) {
-    w.waiting = true;  // paused: opening it now would ask the session to resume
+  if (session && (!RUNNING.has(session.status) || session.transfer)) {
+    // Paused or pausing: a watch asks its session to resume, so it waits for the session.
+    w.waiting = true;
+    $("file-list").dataset.watch = "waiting";
     return;
   }
   openFilesSocket(w);

@@ -79,3 +79,21 @@ async def test_the_panel_watches_again_after_a_pause_and_resume(ui: Ui) -> None:
     await page.wait_for_selector("#file-list[data-watch=live]", state="attached")
     await command(ui, session_id, "echo back > after-resume.txt")
     await file_link(page, "after-resume.txt").wait_for()
+
+
+async def test_a_paused_session_is_not_resumed_by_opening_its_page(ui: Ui) -> None:
+    session_id = await ui.create_session()
+    paused = await ui.api("POST", f"/v1/sessions/{session_id}/pause")
+    assert paused.status_code == 200, paused.text
+    page = await ui.signed_in_page()
+    await ui.open_session(page, session_id)
+    await page.wait_for_selector("#file-list[data-watch=waiting]", state="attached")
+    await page.wait_for_timeout(2000)  # a watch opened now would have resumed it by then
+    status = await ui.api("GET", f"/v1/sessions/{session_id}")
+    assert status.json()["status"] == "paused", status.text
+
+    resumed = await ui.api("POST", f"/v1/sessions/{session_id}/resume")
+    assert resumed.status_code == 200, resumed.text
+    await page.wait_for_selector("#file-list[data-watch=live]", state="attached")
+    await command(ui, session_id, "echo hello > hello.txt")
+    await file_link(page, "hello.txt").wait_for()
