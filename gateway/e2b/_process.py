@@ -82,6 +82,8 @@ logger = logging.getLogger(__name__)
 
 KEEPALIVE_S = 50.0
 """How long a stream may stay silent before a keepalive event (E2B's SDKs ask for 50 s)."""
+FOLLOWER_EVENTS = 1024
+"""Events a stream may fall behind its terminal before it is ended."""
 
 _CODES = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.ALREADY_EXISTS,
           413: Code.INVALID_ARGUMENT, 429: Code.RESOURCE_EXHAUSTED,
@@ -112,9 +114,23 @@ class Running:
         self.started = True
         self.tell(ProcessEvent(start=StartEvent(pid=self.pid)))
 
+    def follower(self) -> asyncio.Queue[Said]:
+        """A new stream's queue: bounded for a terminal, whose output is not capped (a
+        command's caps bound its events)."""
+        queue: asyncio.Queue[Said] = asyncio.Queue(FOLLOWER_EVENTS if self.pty else 0)
+        self.streams.add(queue)
+        return queue
+
     def tell(self, said: Said) -> None:
-        for queue in self.streams:
-            queue.put_nowait(said)
+        for queue in list(self.streams):
+            try:
+                queue.put_nowait(said)
+            except asyncio.QueueFull:  # a terminal's output is not capped: its reader lags
+                self.streams.discard(queue)
+                queue.get_nowait()
+                queue.put_nowait(ConnectError(
+                    Code.RESOURCE_EXHAUSTED, f"this stream fell too far behind the output of "
+                    f"process {self.pid}; connect to it again"))
 
 
 def _command_id(pid: int) -> str:
@@ -260,8 +276,7 @@ class Processes(ProcessInputs):
             where = ".".join(str(p) for p in first.get("loc", ()))
             raise ConnectError(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}") from None
         running = Running(pid, command.id or "", config, request.tag, command.pty is not None)
-        queue: asyncio.Queue[Said] = asyncio.Queue()
-        running.streams.add(queue)
+        queue = running.follower()
         self._running.setdefault(target.session.id, {})[pid] = running
         running.task = asyncio.create_task(self._run(target, command, running))
         return _follow(running, queue, ctx)
@@ -269,9 +284,7 @@ class Processes(ProcessInputs):
     def connect(self, request: ConnectRequest, ctx: RequestContext[Any, Any],
                 ) -> AsyncIterator[EventResponse]:
         running = self._find(TARGET.get().session.id, request.process)
-        queue: asyncio.Queue[Said] = asyncio.Queue()
-        running.streams.add(queue)
-        return _follow(running, queue, ctx)
+        return _follow(running, running.follower(), ctx)
 
     async def list(self, request: Empty) -> ListResponse:
         return ListResponse(processes=[
