@@ -129,7 +129,7 @@ class Running:
                 self.streams.discard(queue)
                 queue.get_nowait()
                 queue.put_nowait(ConnectError(
-                    Code.RESOURCE_EXHAUSTED, f"this stream fell too far behind the output of "
+                    Code.ABORTED, f"this stream fell too far behind the output of "
                     f"process {self.pid}; connect to it again"))
 
 

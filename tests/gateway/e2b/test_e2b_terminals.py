@@ -31,6 +31,13 @@ def test_stdin_is_sent_and_closed(sandbox: Sandbox) -> None:
     assert (result.exit_code, result.stdout) == (0, "Hello,\nWorld!")
 
 
+def test_stdin_is_streamed(sandbox: Sandbox) -> None:
+    cmd = sandbox.commands.run("cat", background=True, stdin=True)
+    sandbox.commands.stream_input(cmd.pid, ["one ", b"two ", "three"])
+    sandbox.commands.close_stdin(cmd.pid)
+    assert cmd.wait().stdout == "one two three"
+
+
 def test_stdin_to_a_command_without_it_is_refused(sandbox: Sandbox) -> None:
     cmd = sandbox.commands.run("sleep 30", background=True)
     with pytest.raises(Exception, match="without stdin"):
