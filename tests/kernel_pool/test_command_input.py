@@ -166,3 +166,9 @@ async def test_terminal_jobs_outlive_an_execution_beside_them(any_session: Sessi
     await any_session.send_command_input(shell.run.id, b"jobs; exit\n")
     await shell.seen("Running")
     assert (await shell.result()).exit_code == 0
+
+
+async def test_command_in_a_missing_folder_fails_as_a_command(shared_session: Session) -> None:
+    result = await shared_session.run_command("pwd", cwd="/no/such/folder")
+    assert result.exit_code not in (0, None), result
+    assert result.status == "ok" and "/no/such/folder" in result.stdout + result.stderr
