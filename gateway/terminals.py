@@ -35,7 +35,7 @@ DEFAULT_COMMAND = "exec bash -i"
 """What a terminal runs unless told: an interactive shell, without a login's profile."""
 SCROLLBACK_CHARS = 64 * 1024
 """The output kept to draw an attaching client's screen again."""
-LISTENER_FRAMES = 4096
+LISTENER_FRAMES = 256
 """Frames a client may fall behind before it is detached (it may attach again)."""
 
 TerminalFrame = TerminalStarted | TerminalOutput | TerminalExit

@@ -66,6 +66,8 @@ router = APIRouter(prefix=PREFIX)
 FOLLOW_BUFFER = 4096
 """Frames a follower of a session may fall behind before its stream is ended (it follows
 again, having missed some)."""
+TERMINAL_BACKLOG = 1024
+"""Output events of a terminal a gateway may fall behind on before they are dropped."""
 FOLLOW_KEEPALIVE_S = 5.0
 """How often a quiet follower's stream carries an empty line: a gateway gone is noticed, and
 a session closed ends the stream."""
@@ -209,13 +211,19 @@ async def run_command(request: Request, session_id: str, body: RunCommand) -> St
                                   stdin=body.stdin, pty=body.pty)
     output: asyncio.Queue[StreamEvent | None] = asyncio.Queue()  # the caps bound it
 
+    def emitted(event: StreamEvent) -> None:
+        # A terminal's output is not capped: what a slow gateway is this far behind on is
+        # dropped (a screen is drawn again by what follows) rather than held without end.
+        if body.pty is None or output.qsize() < TERMINAL_BACKLOG:
+            output.put_nowait(event)
+
     def frame(said: StreamEvent | None) -> Frame:
         # None is the command's start, queued before any of its output.
         return Frame(command_started=run.id) if said is None else Frame(event=said)
 
     async def lines() -> AsyncIterator[bytes]:
         running = asyncio.ensure_future(session.run_prepared(
-            run, output.put_nowait, lambda: output.put_nowait(None)))
+            run, emitted, lambda: output.put_nowait(None)))
         try:
             while not running.done():
                 getting = asyncio.ensure_future(output.get())

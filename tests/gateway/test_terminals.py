@@ -152,3 +152,23 @@ def test_http_command_takes_stdin_and_a_terminal(alpha: httpx.Client, sid: str) 
     assert gone.status_code == 404 and "no shell command 'h-none'" in gone.json()["detail"]
     bad = alpha.post(f"/v1/sessions/{sid}/commands/h-none/resize", json={"cols": 0, "rows": 5})
     assert bad.status_code in (400, 422)
+
+
+async def test_a_client_too_far_behind_is_detached_and_the_terminal_runs_on(
+        gateway: GatewayProcess, sid: str) -> None:
+    async with connect(terminal_url(gateway, sid), additional_headers=gateway.headers(),
+                       max_queue=1) as ws:
+        terminal_id = json.loads(await ws.recv())["id"]
+        await ws.send(json.dumps({"type": "input", "data": "yes flooding-the-terminal\n"}))
+        await asyncio.sleep(5)  # not reading: the server's frames for it pile up
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            async with asyncio.timeout(60):
+                while True:
+                    await ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    async with connect(terminal_url(gateway, sid, f"?id={terminal_id}"),
+                       additional_headers=gateway.headers()) as ws:
+        assert json.loads(await ws.recv())["id"] == terminal_id
+        await ws.send(json.dumps({"type": "kill"}))
+        _, frames = await read_until(ws, "never-shown")
+        assert frames[-1]["type"] == "exit" and frames[-1]["status"] == "killed"

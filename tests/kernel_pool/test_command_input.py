@@ -8,7 +8,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import pausing_pool, processes
+from kp_support import pausing_pool, processes, run_ok
 
 from kernel_pool import (
     CommandInputClosed,
@@ -155,3 +155,20 @@ async def test_command_whose_sandbox_is_deleted_raises_session_closed(
     await input_pool.delete_session(session.id)
     with pytest.raises(SessionClosed):
         await sleeper.result()
+
+
+async def test_terminal_jobs_outlive_an_execution_beside_them(any_session: Session) -> None:
+    shell = Started(any_session, "bash -i", pty=PtySize())
+    await shell.started.wait()
+    await any_session.send_command_input(shell.run.id, b"sleep 302 & echo started\n")
+    await shell.seen("started\r\n")
+    await run_ok(any_session, "print(1)")  # its clean-up spares the terminal's processes
+    await any_session.send_command_input(shell.run.id, b"jobs; exit\n")
+    await shell.seen("Running")
+    assert (await shell.result()).exit_code == 0
+
+
+async def test_command_in_a_missing_folder_fails_as_a_command(shared_session: Session) -> None:
+    result = await shared_session.run_command("pwd", cwd="/no/such/folder")
+    assert result.exit_code not in (0, None), result
+    assert result.status == "ok" and "/no/such/folder" in result.stdout + result.stderr
