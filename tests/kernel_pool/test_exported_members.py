@@ -23,7 +23,8 @@ EXPORTED = [
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage", "UnknownNode",
+    "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage",
+    "UnknownNode",
     "UpdateDisplayEvent", "WatchEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
