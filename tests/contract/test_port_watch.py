@@ -34,6 +34,7 @@ async def test_changes_come_in_order_with_their_entries(session: SessionPort) ->
     await session.make_dir("d")
     watch = await session.watch_dir("d", recursive=True)
     await session.write_file("d/a.txt", b"hello")
+    await watch.flush()  # (gVisor: what the host wrote is seen at a flush or a rescan)
     await session.run_command("mkdir d/sub && printf hi > d/sub/b.txt && chmod 600 d/a.txt"
                               " && mv d/a.txt d/c.txt && rm d/c.txt")
     await watch.flush()
@@ -41,11 +42,16 @@ async def test_changes_come_in_order_with_their_entries(session: SessionPort) ->
     events = await _until(watch, "end")
 
     kinds = [(e.type, e.name) for e in events]
-    assert kinds[:3] == [("create", "a.txt"), ("chmod", "a.txt"), ("write", "a.txt")], kinds
+    # a.txt's chmod after its create (the gateway giving it to the sandbox's user) is seen
+    # by inotify under runc; gVisor's rescan of what the host wrote cannot tell an owner
+    assert [k for k in kinds if k[1] == "a.txt" and k[0] != "chmod"][:2] == [
+        ("create", "a.txt"), ("write", "a.txt")], kinds
+    assert kinds.index(("write", "a.txt")) < kinds.index(("create", "sub")), kinds
     assert ("create", "sub") in kinds and ("write", "sub/b.txt") in kinds, kinds
+    assert kinds.count(("create", "sub/b.txt")) == 1, kinds
     assert kinds[-5:] == [("chmod", "a.txt"), ("rename", "a.txt"), ("create", "c.txt"),
                           ("remove", "c.txt"), ("end", "")], kinds
-    written = events[2]
+    written = next(e for e in events if e.type == "write")
     assert written.path == "d/a.txt" and written.entry is not None
     assert (written.entry.path, written.entry.kind, written.entry.size) == (
         "d/a.txt", "file", 5)
@@ -59,9 +65,8 @@ async def test_a_flush_makes_a_poll_hold_what_was_just_written(session: SessionP
     for round_ in range(3):
         await session.write_file(f"f{round_}.txt", b"x")
         await watch.flush()
-        assert [(e.type, e.name) for e in watch.take()] == [
-            ("create", f"f{round_}.txt"), ("chmod", f"f{round_}.txt"),
-            ("write", f"f{round_}.txt")]
+        assert [(e.type, e.name) for e in watch.take() if e.type != "chmod"] == [
+            ("create", f"f{round_}.txt"), ("write", f"f{round_}.txt")]
     await watch.close()
 
 

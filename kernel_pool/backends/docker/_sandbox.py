@@ -303,7 +303,10 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             cwd=folder, running=self._commands, stdin=stdin, pty=pty)
 
     async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
-        argv = [*WATCHER, f"{SANDBOX_PATH}/{folder}".rstrip("/"), "1" if recursive else "0"]
+        # gVisor's inotify does not see what the host writes: the watcher rescans as well
+        rescans = self.profile.runtime == "gvisor"
+        argv = [*WATCHER, f"{SANDBOX_PATH}/{folder}".rstrip("/"), "1" if recursive else "0",
+                "1" if rescans else "0"]
         return await DockerCommand.start(
             self._api, call_engine, self.info.container_id, "", env={}, cwd=SANDBOX_PATH,
             running=self._commands, argv=argv)
