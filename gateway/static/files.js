@@ -36,15 +36,15 @@ export async function refreshFiles() {
 // A burst of changes (an unzip, a build) makes one listing, at most one per this many ms.
 const REFRESH_DEBOUNCE_MS = 250;
 const CHANGES = new Set(["create", "write", "remove", "rename", "chmod"]);
-// A watch ended by a pause opens again once the session is seen running, with no transfer.
+// A watch that ended or dropped opens again once the session is seen running, with no transfer.
 const RUNNING = new Set(["idle", "busy"]);
 const ENDED_SETTLE_MS = 1000;
 
 /** Follow the open session's workspace: each change refreshes the list (debounced). */
 export function watchFiles(session) {
   unwatchFiles();
-  const w = { sessionId: state.current, socket: null, retry: 0, timer: null, refresh: null,
-    waiting: false };
+  const w = { sessionId: state.current, socket: null, refresh: null, waiting: false,
+    ended: false, endedAt: 0 };
   state.filesWatch = w;
   if (session && (!RUNNING.has(session.status) || session.transfer)) {
     // Paused or pausing: a watch asks its session to resume, so it waits for the session.
@@ -72,25 +72,27 @@ function openFilesSocket(w) {
       // no socket watched, or since the first listing) shows now.
       $("file-list").dataset.watch = "live";
       refreshFiles();
-      w.retry = 0;
     } else if (frame.type === "end") {
-      // The session paused or ended (or this socket fell behind): wait until the sessions
-      // list shows it running (a pause's and a resume's end refresh it), or it goes.
+      // The session paused or ended (or this socket fell behind).
       w.ended = true;
       w.endedAt = Date.now();
-      w.retry = 0;
       $("file-list").dataset.watch = "ended";
     }
   };
   socket.onclose = (event) => {
     if (w.socket !== socket || state.filesWatch !== w) return;
     w.socket = null;
-    if (w.ended) { w.waiting = true; return; }
-    $("file-list").dataset.watch = "offline";
-    if (event.code === 4401 || event.code === 4404) return;  // the other sockets say why
-    const delay = Math.min(10000, 500 * 2 ** w.retry);
-    w.retry += 1;
-    w.timer = setTimeout(() => { if (state.filesWatch === w) openFilesSocket(w); }, delay);
+    if (event.code === 4401 || event.code === 4404) {  // the session's own sockets say why
+      $("file-list").dataset.watch = "offline";
+      return;
+    }
+    // Ended or dropped: not opened again at once, since a watch resumes a paused session;
+    // the next sessions list that shows this one running opens it again.
+    if (!w.ended) {
+      w.endedAt = Date.now();
+      $("file-list").dataset.watch = "offline";
+    }
+    w.waiting = true;
   };
 }
 
@@ -107,8 +109,8 @@ export function filesSessionSeen(session) {
   const w = state.filesWatch;
   if (!w || !w.waiting || w.socket || session.id !== w.sessionId) return;
   if (!RUNNING.has(session.status) || session.transfer) return;
-  // An answer given as the pause began may still say it runs: trust a later one.
-  if (w.ended && Date.now() - w.endedAt < ENDED_SETTLE_MS) return;
+  // An answer asked for as the pause began may still say it runs: trust a later one.
+  if (Date.now() - w.endedAt < ENDED_SETTLE_MS) return;
   openFilesSocket(w);
 }
 
@@ -116,7 +118,6 @@ export function unwatchFiles() {
   const w = state.filesWatch;
   state.filesWatch = null;
   if (!w) return;
-  clearTimeout(w.timer);
   clearTimeout(w.refresh);
   if (w.socket) { w.socket.onclose = null; w.socket.close(); }
   delete $("file-list").dataset.watch;

@@ -73,6 +73,11 @@ async def test_the_panel_watches_again_after_a_pause_and_resume(ui: Ui) -> None:
     assert paused.status_code == 200, paused.text
     await page.wait_for_selector("#file-list[data-watch=ended]", state="attached")
     await page.wait_for_selector("#session-status.badge-paused")
+    # The page waits: a watch opened again now would resume the session.
+    await page.wait_for_timeout(2000)
+    status = await ui.api("GET", f"/v1/sessions/{session_id}")
+    assert status.json()["status"] == "paused", status.text
+    assert await page.get_attribute("#file-list", "data-watch") == "ended"
 
     resumed = await ui.api("POST", f"/v1/sessions/{session_id}/resume")
     assert resumed.status_code == 200, resumed.text
