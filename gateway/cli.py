@@ -123,6 +123,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     import uvicorn
 
     from common.policy import PolicyError
+    from common.tracing import TracingConfigError
     from gateway.app import create_app
     from gateway.statelock import socket_url
 
@@ -131,7 +132,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings)
-    except PolicyError as exc:
+    except (PolicyError, TracingConfigError) as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
