@@ -25,6 +25,7 @@ from cluster_support import (
     create_session,
     execute,
     gateway_client,
+    make_node,
     running_cluster,
 )
 from websockets.asyncio.client import connect
@@ -110,6 +111,21 @@ def test_a_node_refuses_a_client_of_another_ca(cluster: Cluster) -> None:
     bare = ssl.create_default_context(cafile=str(cluster.certs.ca))
     with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
         httpx.get(f"https://{node.address}/healthz", verify=bare)
+
+
+def test_a_node_started_with_a_live_nodes_id_is_refused_and_says_so(cluster: Cluster) -> None:
+    live = cluster.nodes[0]
+    twin = make_node(live.node_id, cluster.database_url, cluster.certs)
+    twin.start()
+    try:
+        assert twin.process is not None and twin.process.wait(timeout=120) == 2, twin.log()
+    finally:
+        twin.stop()
+    assert (f"node id {live.node_id!r} is held by a live node at {live.address}"
+            in twin.log())
+    answer = httpx.get(f"https://{live.address}/healthz", verify=client_context(
+        cluster.certs.gateway_cert, cluster.certs.gateway_key, cluster.certs.ca))
+    assert answer.json()["node"] == live.node_id
 
 
 async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> None:
