@@ -64,6 +64,8 @@ class RemoteNodes:
         self._sessions: dict[str, RemoteSession] = {}
         self._attaching: dict[str, asyncio.Future[RemoteSession]] = {}
         self._down: set[str] = set()
+        self._serving = 0
+        """The nodes ``up`` at the last look (:meth:`watch`), for the health figures."""
         """The nodes declared down, as of the last look (:meth:`watch`)."""
         self._draining: set[str] = set()
         """The nodes drained, as of the last look or this gateway's own drain."""
@@ -78,7 +80,7 @@ class RemoteNodes:
         """What this gateway holds: kernels are the nodes' (``GET /v1/nodes``)."""
         return {"idle": 0, "starting": 0, "in_use": 0, "sessions": len(self._sessions),
                 "paused": sum(s.paused for s in self._sessions.values()), "max": 0,
-                "nodes": len(self._clients)}
+                "nodes": self._serving}
 
     def profile(self, name: str) -> Profile:
         try:
@@ -315,7 +317,6 @@ class RemoteNodes:
         """Declare down the nodes whose heartbeat is late, until cancelled (every gateway
         does; the database lets one win per node)."""
         while True:
-            await asyncio.sleep(every_s)
             try:
                 for node_id in await self.registry.mark_lost():
                     logger.warning("node %s is down: its heartbeat is late; its sessions will "
@@ -323,8 +324,10 @@ class RemoteNodes:
                 nodes = await self.registry.nodes()
                 self._down = {n.id for n in nodes if n.state == "down"}
                 self._draining = {n.id for n in nodes if n.state == "draining"}
+                self._serving = sum(n.state == "up" for n in nodes)
             except Exception as exc:  # the database away for a moment: look again later
                 logger.warning("could not look for lost nodes: %s", exc)
+            await asyncio.sleep(every_s)
 
     async def close(self) -> None:
         """Close the connections; the sessions run on, on their nodes."""
