@@ -61,8 +61,8 @@ class NodeIdTaken(ValueError):
         super().__init__(
             f"node id {node_id!r} is held by a live node at {holder.address} (its state "
             f"{holder.state}, last heartbeat at {holder.heartbeat_at}): start this node with "
-            "another --id (the id defaults to the host name, which machines made from one "
-            "image share), or stop that node first")
+            "another --id (or, with no --id, another state folder: the default id is kept "
+            "in it, and a copied folder copies it), or stop that node first")
 
 
 class Registry:
