@@ -190,7 +190,7 @@ async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
         assert all(n["state"] == "up" and n["max_kernels"] == 4 for n in nodes)
         # Every node up counts, reached by this gateway yet or not (it said 0 at first).
         for gateway in cluster.gateways:
-            health = httpx.get(f"{gateway.url}/healthz").json()
+            health = (await ops.get(f"{gateway.url}/healthz")).json()
             assert health["pool"]["nodes"] == len(cluster.nodes), health
         assert (await first.get("/v1/nodes")).status_code == 403, "a tenant's key is refused"
         assert (await ops.get("/v1/nodes", headers={"Authorization": ""})).status_code == 401
