@@ -64,11 +64,12 @@ class RemoteNodes:
         self._sessions: dict[str, RemoteSession] = {}
         self._attaching: dict[str, asyncio.Future[RemoteSession]] = {}
         self._down: set[str] = set()
+        """The nodes declared down, as of the last look (:meth:`watch`)."""
         self._serving = 0
         """The nodes ``up`` at the last look (:meth:`watch`), for the health figures."""
-        """The nodes declared down, as of the last look (:meth:`watch`)."""
         self._draining: set[str] = set()
         """The nodes drained, as of the last look or this gateway's own drain."""
+        records.on_node_state = self._node_state
         self.on_session_closed: list[ClosedListener] = []
         self.on_session_paused: list[Callable[[SessionPort], None]] = []
         self.on_session_resumed: list[Callable[[SessionPort], None]] = []
@@ -267,6 +268,12 @@ class RemoteNodes:
             self._draining.discard(node_id)
             return False
         return True
+
+    def _node_state(self, node_id: str, state: str) -> None:
+        """A node's state as another gateway (or a node) just changed it: requests stop going
+        to a lost node at once, not at this gateway's next look."""
+        (self._down.add if state == "down" else self._down.discard)(node_id)
+        (self._draining.add if state == "draining" else self._draining.discard)(node_id)
 
     def note_draining(self, node_id: str, draining: bool) -> None:
         """This gateway drained or undrained the node (the others see it at their next look)."""

@@ -38,9 +38,12 @@ from common.database import Database
 from kernel_pool import NodeRecord, NoNodeAvailable, UnknownNode
 from kernel_pool.state import NodeState
 
-__all__ = ["Fenced", "NodeIdTaken", "Registry"]
+__all__ = ["NODES_CHANNEL", "Fenced", "NodeIdTaken", "Registry"]
 
 _COLUMNS = "id, address, state, kernels, max_kernels, sessions, heartbeat_at"
+NODES_CHANNEL = "replgate_nodes"
+"""PostgreSQL's channel on which a change of a node's state is told (``"ID STATE"``), so that
+every gateway stops sending a lost node requests as soon as one declared it down."""
 
 
 class Fenced(Exception):
@@ -139,7 +142,9 @@ class Registry:
             if holder is None:  # it went down and was removed meanwhile: take the id now
                 return await self.register(node_id, address, max_kernels)
             raise NodeIdTaken(node_id, holder)
-        return NodeRecord.model_validate(dict(row))
+        node = NodeRecord.model_validate(dict(row))
+        await self._tell([(node.id, node.state)])
+        return node
 
     async def check_free(self, node_id: str, address: str) -> None:
         """Raise :class:`NodeIdTaken` if a live node at another address holds ``node_id``:
@@ -197,7 +202,9 @@ class Registry:
         Each node is returned to one caller only, however many gateways call at once."""
         async with self.database.connect() as connection:
             result = await connection.execute(self._mark_lost, {"cutoff": self._cutoff})
-            return sorted(row[0] for row in result)
+            lost = sorted(row[0] for row in result)
+        await self._tell([(node_id, "down") for node_id in lost])
+        return lost
 
     # -- placement ------------------------------------------------------------------------
 
@@ -266,7 +273,20 @@ class Registry:
             f"WHERE id = :id RETURNING {_COLUMNS}"), id=node_id, state=state, current=current)
         if row is None:
             raise UnknownNode(node_id)
-        return NodeRecord.model_validate(dict(row))
+        node = NodeRecord.model_validate(dict(row))
+        await self._tell([(node.id, node.state)])
+        return node
+
+    async def _tell(self, changes: list[tuple[str, str]]) -> None:
+        """Tell every gateway listening on :data:`NODES_CHANNEL` of these states (PostgreSQL
+        only: with SQLite there is one gateway, which looks itself)."""
+        if not changes or self.database.dialect != "postgresql":
+            return
+        async with self.database.connect() as connection:
+            for node_id, state in changes:
+                await connection.execute(text("SELECT pg_notify(:channel, :payload)"),
+                                         {"channel": NODES_CHANNEL,
+                                          "payload": f"{node_id} {state}"})
 
     async def _one(self, statement: TextClause, **params: Any) -> RowMapping | None:
         async with self.database.connect() as connection:
