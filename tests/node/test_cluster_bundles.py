@@ -155,7 +155,7 @@ async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Clus
             lost.wait_registered(cluster.database_url)
 
 
-LOSS_ROUNDS = int(os.environ.get("REPLGATE_TEST_LOSS_ROUNDS", "10"))
+LOSS_ROUNDS = int(os.environ.get("REPLGATE_TEST_LOSS_ROUNDS", "6"))
 """Rounds of node loss (each about 35 s here: a kill, its detection, two restores, the node's
 restart); the issue's 20 by hand with ``REPLGATE_TEST_LOSS_ROUNDS=20``. Before notices on
 node states, a round failed about one time in four."""
