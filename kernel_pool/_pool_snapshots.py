@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import anyio.to_thread
+from pydantic import SecretStr
 
 from kernel_pool._forks import Forks
 from kernel_pool._session import Session
@@ -29,7 +30,7 @@ from kernel_pool.bundles import (
     write_session,
 )
 from kernel_pool.bundles._session import holds_variables, read_files
-from kernel_pool.config import PoolSettings
+from kernel_pool.config import BundleSettings, PoolSettings
 from kernel_pool.exceptions import SnapshotError, SnapshotNotFound
 from kernel_pool.state import SnapshotSaved
 
@@ -51,6 +52,13 @@ class PoolSnapshots(Forks):
         """Where saved snapshots are kept: the state directory (one machine), or the shared
         bundle store a node or gateway sets here; None where none can be (a node without a
         bundle store), and snapshots are refused."""
+
+    def keep_snapshots_in(self, store: str, key: str | None) -> None:
+        """Keep saved snapshots in the bundle store ``store`` (``s3://`` or ``file://``,
+        sealed with ``key``), which other gateways or nodes share, rather than in the state
+        directory."""
+        self.snapshot_bundles = Bundles.from_settings(BundleSettings(
+            store=store, key=SecretStr(key) if key is not None else None))
 
     def _saved(self) -> Bundles:
         if self.snapshot_bundles is None:
