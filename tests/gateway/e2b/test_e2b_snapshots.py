@@ -6,6 +6,7 @@ and snapshots kept across a gateway restart."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import signal
 
@@ -13,7 +14,7 @@ import docker
 import pytest
 from e2b import RateLimitException, SandboxException
 from e2b import SandboxNotFoundException as E2BSandboxNotFound
-from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from tests.conftest import GatewayProcess, running_gateway
 
@@ -52,6 +53,24 @@ def test_sandboxes_from_a_snapshot_are_copies_of_its_moment() -> None:
     finally:
         for copy in made:
             copy.kill()
+        source.kill()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+
+
+def test_a_filesystem_snapshot_keeps_the_files_alone() -> None:
+    source = Sandbox.create()
+    try:
+        source.run_code("only_in_memory = 1")
+        source.files.write("/home/user/on-disk.txt", "kept")
+        snapshot = source.create_snapshot(mode="filesystem")
+        copy = Sandbox.create(snapshot.snapshot_id)
+        try:
+            assert copy.files.read("/home/user/on-disk.txt") == "kept"
+            assert copy.run_code("'only_in_memory' in globals()").text == "False"
+        finally:
+            copy.kill()
+        assert source.run_code("only_in_memory").text == "1"
+    finally:
         source.kill()
         Sandbox.delete_snapshot(snapshot.snapshot_id)
 
@@ -160,3 +179,23 @@ def test_quotas_refuse_with_a_sentence_and_snapshots_outlive_a_restart(
         assert copy.run_code("print(kept)").logs.stdout == ["across the restart\n"]
         copy.kill()
         assert Sandbox.delete_snapshot(snapshot.snapshot_id, **options) is True
+
+
+async def test_many_sandboxes_are_made_from_a_snapshot_at_once() -> None:
+    source = await AsyncSandbox.create()
+    made: list[AsyncSandbox] = []
+    try:
+        await source.files.write("/home/user/seed.txt", "seeded")
+        snapshot = await source.create_snapshot()
+        made = list(await asyncio.gather(*(AsyncSandbox.create(snapshot.snapshot_id)
+                                           for _ in range(4))))
+        assert len({copy.sandbox_id for copy in made}) == 4
+        for index, copy in enumerate(made):
+            await copy.files.write("/home/user/seed.txt", f"copy {index}")
+        assert [await copy.files.read("/home/user/seed.txt") for copy in made] == [
+            f"copy {index}" for index in range(4)]
+        assert await source.files.read("/home/user/seed.txt") == "seeded"
+    finally:
+        await asyncio.gather(*(copy.kill() for copy in made))
+        await source.kill()
+        await AsyncSandbox.delete_snapshot(snapshot.snapshot_id)
