@@ -193,6 +193,8 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                 await pool.close()
 
     pool = KernelPool(pool_settings)
+    # Saved snapshots go where every node reads them, or nowhere (refused with a sentence).
+    pool.snapshot_bundles = bundles
     # Spans of the node's requests join the gateway's trace (its httpx calls carry the
     # traceparent): an execution's trace shows the hop and the node's side of it.
     tracing = setup_tracing()

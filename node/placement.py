@@ -20,12 +20,14 @@ from kernel_pool import (
     KernelPoolError,
     NodeRecord,
     NodeUnreachable,
+    NoNodeAvailable,
     PoolSettings,
     Profile,
     ProfileNotFound,
     SessionNotFound,
     SessionPort,
     SessionState,
+    SnapshotSaved,
     UnknownNode,
 )
 from node import recovery
@@ -34,6 +36,7 @@ from node.records import SessionRecords
 from node.registry import Registry
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
+from node.snapshots import FromSnapshot, SaveSnapshot, delete_on, make_on, save_on
 from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
@@ -193,6 +196,44 @@ class RemoteNodes:
         for child in children:
             self._sessions[child.id] = child
         return children
+
+    # -- saved snapshots: written and read by the nodes, in the shared bundle store ----------
+
+    async def snapshot_session(self, session_id: str, snapshot_id: str, *, tenant: str,
+                               memory: bool = True) -> SnapshotSaved:
+        """Saved by the session's node (see :meth:`KernelPool.snapshot_session`)."""
+        session = await self.find(session_id, tenant=tenant)
+        return await save_on(session.client, session_id, SaveSnapshot(
+            snapshot_id=snapshot_id, tenant=tenant, memory=memory))
+
+    async def create_from_snapshot(self, snapshot_id: str, *, tenant: str, profile: str,
+                                   env: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None,
+                                   admitted: Awaitable[None] | None = None) -> RemoteSession:
+        """A copy of the snapshot on the node with the most room, its slot claimed first
+        (as :meth:`create_session` places one)."""
+        self.profile(profile)
+        node = await self.registry.place()
+        try:
+            if admitted is not None:
+                await admitted
+            client = self._client_for(node)
+            state = await make_on(client, snapshot_id, FromSnapshot(
+                tenant=tenant, profile=profile, env=env or {}, metadata=metadata or {}))
+        except BaseException:
+            await self.registry.release(node.id)
+            raise
+        session = self._session(client, state, tenant)
+        self._sessions[session.id] = session
+        return session
+
+    async def delete_snapshot(self, tenant: str, snapshot_id: str) -> None:
+        """Removed by a node that is up (they share the bundle store)."""
+        nodes = await self.registry.nodes()
+        up = [n for n in nodes if n.state != "down"]
+        if not up:
+            raise NoNodeAvailable(nodes)
+        await delete_on(self._client_for(up[0]), tenant, snapshot_id)
 
     async def find(self, session_id: str, *, tenant: str | None = None) -> RemoteSession:
         """The live session (of ``tenant``, when given), wherever it runs: placed again when

@@ -155,6 +155,42 @@ async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Clus
             lost.wait_registered(cluster.database_url)
 
 
+async def test_a_snapshot_taken_on_one_node_makes_sessions_on_the_other(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second, \
+            _operator(two) as ops:
+        source, node = await _session(first, "x = 41")
+        saved = await first.post(f"/v1/sessions/{source}/snapshots",
+                                 json={"name": "across-nodes"})
+        assert saved.status_code == 201, saved.text
+        snapshot = saved.json()["id"]
+        copies: list[str] = []
+        await ops.post(f"/v1/nodes/{node}/drain")  # the copy goes to the other node
+        try:
+            # Through the other gateway, by name: its record is in the shared database, its
+            # bundle in the S3 store.
+            assert [s["id"] for s in (await second.get("/v1/snapshots")).json()] == [snapshot]
+            made = await second.post("/v1/snapshots/across-nodes/sessions")
+            assert made.status_code == 201, made.text
+            copies.append(made.json()["id"])
+            result = await execute(second, copies[0], f"print(x + 1, open({FILE!r}).read())")
+            assert result["stdout"] == f"42 of {source}\n", result
+            now = (await first.get(f"/v1/sessions/{copies[0]}")).json()
+            assert now["node"] not in (None, node), now
+            # Deleted through the other gateway, while its copy and source go on.
+            assert (await second.delete(f"/v1/snapshots/{snapshot}")).status_code == 204
+            assert (await first.get("/v1/snapshots")).json() == []
+            gone = await first.post(f"/v1/snapshots/{snapshot}/sessions")
+            assert gone.status_code == 404, gone.text
+            assert (await execute(first, copies[0], "print(x)"))["stdout"] == "41\n"
+            assert (await execute(first, source, "print(x)"))["stdout"] == "41\n"
+        finally:
+            await ops.post(f"/v1/nodes/{node}/undrain")
+            for sid in (source, *copies):
+                await first.delete(f"/v1/sessions/{sid}")
+
+
 LOSS_ROUNDS = int(os.environ.get("REPLGATE_TEST_LOSS_ROUNDS", "6"))
 """Rounds of node loss (each about 35 s here: a kill, its detection, two restores, the node's
 restart); the issue's 20 by hand with ``REPLGATE_TEST_LOSS_ROUNDS=20``. Before notices on
