@@ -84,6 +84,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         SnapshotBudgetExceeded,
         SnapshotError,
+        SnapshotNotFound,
         StateDirFull,
         TooManyCommands,
         UnknownLanguage,
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
         PauseInfo,
         SessionState,
         SessionStatus,
+        SnapshotSaved,
         Transfer,
     )
 
@@ -175,6 +177,8 @@ __all__ = [
     "SessionStatus",
     "SnapshotBudgetExceeded",
     "SnapshotError",
+    "SnapshotNotFound",
+    "SnapshotSaved",
     "StateDirFull",
     "StreamEvent",
     "TooManyCommands",
@@ -268,6 +272,8 @@ _HOMES = {
     "NodeRecord": "kernel_pool.state",
     "SnapshotBudgetExceeded": "kernel_pool.exceptions",
     "SnapshotError": "kernel_pool.exceptions",
+    "SnapshotNotFound": "kernel_pool.exceptions",
+    "SnapshotSaved": "kernel_pool.state",
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",

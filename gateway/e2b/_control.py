@@ -13,7 +13,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
-from gateway.auth import extract_token
 from gateway.deps import GatewayDep
 from gateway.e2b._errors import E2BError, E2BRoute, unsupported
 from gateway.e2b._lifecycle import asked as lifecycle_asked
@@ -31,6 +30,8 @@ from gateway.e2b._models import (
     TimeoutRequest,
 )
 from gateway.e2b._sandboxes import Sandboxes
+from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
+from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import SessionPort, SessionStatus
@@ -47,19 +48,6 @@ async def get_sandboxes(request: Request) -> Sandboxes:
 
 
 SandboxesDep = Annotated[Sandboxes, Depends(get_sandboxes)]
-
-
-async def get_tenant(request: Request, gateway: GatewayDep) -> str:
-    key = request.headers.get("x-api-key") or extract_token(
-        request.headers.get("authorization"), None)
-    try:
-        return await gateway.authenticate(key)
-    except Exception:
-        raise E2BError(401, "missing or wrong API key: set E2B_API_KEY to a replgate API "
-                            "key (it is sent as X-API-Key)") from None
-
-
-TenantDep = Annotated[str, Depends(get_tenant)]
 
 
 def _profile(gateway: Gateway, template: str) -> str:
@@ -91,11 +79,16 @@ def _refuse_unsupported(body: NewSandbox) -> None:
 @router.post("/sandboxes", status_code=status.HTTP_201_CREATED)
 @router.post("/v2/sandboxes", status_code=status.HTTP_201_CREATED)
 async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
-                 sandboxes: SandboxesDep) -> SandboxOut:
-    """A new sandbox: a replgate session of the key's tenant, on the template's profile."""
+                 sandboxes: SandboxesDep, snapshots: SnapshotsDep) -> SandboxOut:
+    """A new sandbox: a replgate session of the key's tenant, on the template's profile (or
+    made from the snapshot the template names: :mod:`._snapshots`)."""
     _refuse_unsupported(body)
-    profile = _profile(gateway, body.template_id)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
+    snapshot = await snapshot_for(snapshots, tenant, body.template_id)
+    if snapshot is not None:
+        return await sandbox_from_snapshot(snapshot, body, tenant, timeout, snapshots,
+                                           sandboxes)
+    profile = _profile(gateway, body.template_id)
     sandboxes.check_timeout(timeout)
     policy = lifecycle_asked(body, timeout)
     session = await gateway.create_session(tenant, SessionCreate(
@@ -281,5 +274,5 @@ async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                   include_in_schema=False)
 async def not_offered(path: str, request: Request, tenant: TenantDep) -> Response:
     raise E2BError(404, f"replgate's E2B-compatible API does not offer {request.method} /{path} "
-                        "(custom templates, snapshots, volumes, secrets, logs and network "
-                        "rules are not available)")
+                        "(custom templates, volumes, secrets, logs and network rules are "
+                        "not available)")

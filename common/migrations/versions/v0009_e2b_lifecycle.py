@@ -5,8 +5,8 @@ JSON object beside the sandbox's end (``gateway.e2b._lifecycle``), so that which
 reaches the end, or sees the traffic that resumes it, does what the create asked. Null: E2B's
 defaults (killed at the timeout, not resumed by traffic), as for sandboxes made before.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-29
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
