@@ -32,6 +32,8 @@ from common.store import RecordExists, RecordNotFound
 from kernel_pool import (
     BackendError,
     CapacityError,
+    CommandInputClosed,
+    CommandNotFound,
     ContextNotFound,
     ContextStartFailed,
     ExecutionIdTaken,
@@ -139,6 +141,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (PayloadTooLarge, 413),
     (QueueFull, 429),
     (TooManyCommands, 429),
+    (CommandNotFound, 404),
+    (CommandInputClosed, 409),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -12,6 +12,8 @@
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
     ├── TooManyCommands        too many shell commands running in one session
+    ├── CommandNotFound        no running shell command of that id in the session
+    ├── CommandInputClosed     a command's stdin is not open (not asked for, or closed)
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
     │   └── UnknownLanguage    a language the session's image does not offer
@@ -113,6 +115,20 @@ class TooManyCommands(KernelPoolError):
         super().__init__(
             f"session {session_id} already runs {limit} shell commands; wait for one to end, "
             "kill one, or raise REPLGATE_MAX_COMMANDS")
+
+
+class CommandNotFound(KernelPoolError):
+    def __init__(self, session_id: str, command_id: str) -> None:
+        self.session_id = session_id
+        self.command_id = command_id
+        super().__init__(f"no shell command {command_id!r} is running in session {session_id}; "
+                         "it ended, or was never started")
+
+
+class CommandInputClosed(KernelPoolError):
+    def __init__(self, command_id: str, why: str) -> None:
+        self.command_id = command_id
+        super().__init__(f"command {command_id!r} takes no input: {why}")
 class ExecutionIdTaken(KernelPoolError):
     def __init__(self, execution_id: str) -> None:
         self.execution_id = execution_id

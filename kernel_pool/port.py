@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from kernel_pool._usage import SandboxUsage
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
-    from kernel_pool.events import CommandResult, Event
+    from kernel_pool.events import CommandResult, Event, PtySize
     from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SnapshotSaved, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
@@ -135,12 +135,27 @@ class SessionPort(Protocol):
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
                           emit: CommandEmit | None = None,
-                          on_start: Callable[[], None] | None = None) -> CommandResult:
+                          on_start: Callable[[], None] | None = None,
+                          stdin: bool = False, pty: PtySize | None = None) -> CommandResult:
         """A shell command beside the kernel, to its end; ``emit`` hears its output and
-        ``on_start`` is called once the command is running (a kill by its id reaches it)."""
+        ``on_start`` is called once the command is running (a kill by its id reaches it).
+        ``stdin`` keeps its standard input open for :meth:`send_command_input`; ``pty`` runs
+        it on a terminal of that size (stdin open, its output one ``stdout`` stream)."""
 
     async def kill_command(self, command_id: str) -> bool:
         """Stop the command running under that id; False when none does."""
+
+    async def send_command_input(self, command_id: str, data: bytes) -> None:
+        """Write ``data`` to a running command's stdin (or terminal); :class:`CommandNotFound`
+        when none runs under that id, :class:`CommandInputClosed` when its stdin is not open."""
+
+    async def close_command_input(self, command_id: str) -> None:
+        """Close a running command's stdin (it reads its end); as :meth:`send_command_input`
+        refuses. Closing it twice is no error."""
+
+    async def resize_command(self, command_id: str, size: PtySize) -> None:
+        """Resize a running command's terminal; :class:`CommandInputClosed` for a command
+        without one."""
 
     # -- the sandbox --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from kernel_pool import (
     Event,
     KernelPoolError,
     Profile,
+    PtySize,
     SessionState,
     Transfer,
 )
@@ -62,6 +63,8 @@ class RunCommand(BaseModel):
     timeout_s: float | None = None
     env: dict[str, str] | None = None
     cwd: str | None = None
+    stdin: bool = False
+    pty: PtySize | None = None
 
 
 class Relay(BaseModel):

@@ -71,6 +71,17 @@ from ._sessions import (
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
 from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
+from ._terminals import (
+    CommandInput,
+    TerminalClientMessage,
+    TerminalExit,
+    TerminalInput,
+    TerminalKill,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSize,
+    TerminalStarted,
+)
 
 __all__ = [
     "CHART_MIME",
@@ -83,6 +94,7 @@ __all__ = [
     "ClearOutputEvent",
     "CommandDone",
     "CommandFrame",
+    "CommandInput",
     "CommandKilledFrame",
     "CommandRequest",
     "CommandResult",
@@ -127,6 +139,14 @@ __all__ = [
     "SnapshotOut",
     "SnapshotSessionCreate",
     "StreamEvent",
+    "TerminalClientMessage",
+    "TerminalExit",
+    "TerminalInput",
+    "TerminalKill",
+    "TerminalOutput",
+    "TerminalResize",
+    "TerminalSize",
+    "TerminalStarted",
     "Timeout",
     "TransferFrame",
     "UpdateDisplayEvent",

@@ -9,7 +9,8 @@ import kernel_pool
 EXPORTED = [
     "ApprovalEvent", "BackendError", "CHART_MIME", "CapacityError", "ClearOutputEvent",
     "ClosedListener",
-    "CommandDone", "CommandResult", "CommandStatus", "ContextInfo", "ContextNotFound",
+    "CommandDone", "CommandInputClosed", "CommandNotFound", "CommandResult", "CommandStatus",
+    "ContextInfo", "ContextNotFound",
     "ContextStartFailed", "Denial",
     "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
@@ -19,7 +20,7 @@ EXPORTED = [
     "ExecutionQueue", "NoNodeAvailable", "NodeRecord", "NodeUnreachable", "NotDrainable",
     "Output",
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
-    "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound",
+    "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound", "PtySize",
     "QueueFull", "ResourceUsage", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "SnapshotNotFound",

@@ -294,8 +294,10 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         await super().reserve()
         await in_thread(self._backend.make_socket_dir, self._socket_dir)
 
-    async def start_command(self, command: str, *, env: dict[str, str],
-                            cwd: str) -> CommandProcess:
+    async def start_command(self, command: str, *, env: dict[str, str], cwd: str,
+                            stdin: bool = False,
+                            pty: tuple[int, int] | None = None) -> CommandProcess:
+        folder = cwd if cwd.startswith("/") else f"{SANDBOX_PATH}/{cwd}".rstrip("/")
         return await DockerCommand.start(
             self._api, call_engine, self.info.container_id, command, env=env,
-            cwd=f"{SANDBOX_PATH}/{cwd}".rstrip("/"), running=self._commands)
+            cwd=folder, running=self._commands, stdin=stdin, pty=pty)
