@@ -119,3 +119,18 @@ def test_an_mcp_create_fails_to_start_its_gateway_and_leaves_no_sandbox() -> Non
         Sandbox.create("base", metadata=metadata, mcp={"invalid_server": {}})  # type: ignore[arg-type]
     left = Sandbox.list(query=SandboxQuery(metadata=metadata)).next_items()
     assert left == []
+
+
+def test_a_sandbox_made_from_a_snapshot_gets_its_creates_lifecycle() -> None:
+    source = Sandbox.create()
+    snapshot = source.create_snapshot()
+    try:
+        made = Sandbox.create(snapshot.snapshot_id,
+                              lifecycle={"on_timeout": "pause", "auto_resume": True})
+        try:
+            assert made.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        finally:
+            made.kill()
+    finally:
+        source.kill()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
