@@ -98,6 +98,8 @@ async def test_what_cannot_be_watched_is_refused(session: SessionPort) -> None:
 
 
 async def test_a_pause_ends_the_watch_cleanly(session: SessionPort) -> None:
+    # a generator: no variables snapshot keeps it, so the pause keeps the memory where it can
+    await session.submit("g = (i for i in range(3))").result()
     watch = await session.watch_dir("", recursive=True)
     await session.pause()
     events = await _until(watch, "end")
