@@ -55,6 +55,7 @@ from kernel_pool import (
     SnapshotNotFound,
     StateDirFull,
     TooManyCommands,
+    TooManyWatches,
     UnknownNode,
     WorkspaceError,
 )
@@ -143,6 +144,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (TooManyCommands, 429),
     (CommandNotFound, 404),
     (CommandInputClosed, 409),
+    (TooManyWatches, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),

@@ -28,6 +28,7 @@ from gateway.governance import Governance
 from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
+from gateway.routers import files_watch as folder_watch
 from gateway.routers import governance as governance_routes
 from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
@@ -186,6 +187,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
     app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
+    app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
     if tracing is not None:
         tracing.instrument_app(app)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from kernel_pool._queue import ExecutionQueue
     from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
+    from kernel_pool._watch import DirWatch, WatchEvent
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
     from kernel_pool.events import (
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
         SnapshotNotFound,
         StateDirFull,
         TooManyCommands,
+        TooManyWatches,
         UnknownLanguage,
         UnknownNode,
         WorkspaceError,
@@ -129,6 +131,7 @@ __all__ = [
     "ContextNotFound",
     "ContextStartFailed",
     "Denial",
+    "DirWatch",
     "DisplayEvent",
     "DoneEvent",
     "EgressAttempt",
@@ -188,11 +191,13 @@ __all__ = [
     "StateDirFull",
     "StreamEvent",
     "TooManyCommands",
+    "TooManyWatches",
     "Transfer",
     "TransferListener",
     "UnknownLanguage",
     "UnknownNode",
     "UpdateDisplayEvent",
+    "WatchEvent",
     "WorkspaceError",
     "WorkspaceFull",
     "check_env",
@@ -286,6 +291,9 @@ _HOMES = {
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",
+    "TooManyWatches": "kernel_pool.exceptions",
+    "DirWatch": "kernel_pool._watch",
+    "WatchEvent": "kernel_pool._watch",
     "Transfer": "kernel_pool.state",
     "TransferListener": "kernel_pool.port",
     "UnknownLanguage": "kernel_pool.exceptions",

@@ -14,6 +14,7 @@
     ├── TooManyCommands        too many shell commands running in one session
     ├── CommandNotFound        no running shell command of that id in the session
     ├── CommandInputClosed     a command's stdin is not open (not asked for, or closed)
+    ├── TooManyWatches         too many folders watched in one session
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
     │   └── UnknownLanguage    a language the session's image does not offer
@@ -129,6 +130,16 @@ class CommandInputClosed(KernelPoolError):
     def __init__(self, command_id: str, why: str) -> None:
         self.command_id = command_id
         super().__init__(f"command {command_id!r} takes no input: {why}")
+
+
+class TooManyWatches(KernelPoolError):
+    def __init__(self, session_id: str, limit: int) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id} already watches {limit} folders; stop a watch first, or "
+            "raise REPLGATE_POOL__MAX_WATCHES")
+
+
 class ExecutionIdTaken(KernelPoolError):
     def __init__(self, execution_id: str) -> None:
         self.execution_id = execution_id

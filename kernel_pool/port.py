@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
     from kernel_pool._usage import SandboxUsage
+    from kernel_pool._watch import DirWatch
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event, PtySize
@@ -156,6 +157,12 @@ class SessionPort(Protocol):
     async def resize_command(self, command_id: str, size: PtySize) -> None:
         """Resize a running command's terminal; :class:`CommandInputClosed` for a command
         without one."""
+
+    async def watch_dir(self, path: str, recursive: bool = False, *,
+                        watch_id: str | None = None) -> DirWatch:
+        """Watch a workspace folder (``""``: all of it); the watch once it is in place, its
+        events in order, ending with an ``end`` event (a pause, the session's end, a lost
+        node, a lagging consumer), never an error. At most ``max_watches`` at once."""
 
     # -- the sandbox --------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter
 from kernel_pool import (
     CommandEmit,
     CommandResult,
+    DirWatch,
     EgressAttempt,
     Entry,
     FileInfo,
@@ -29,6 +30,7 @@ from kernel_pool import (
     StreamEvent,
 )
 from node.client import NodeClient
+from node.remote_watch import RemoteWatch
 from node.wire import Killed, Made, Move, RunCommand, Written, error_from
 
 _FILES = TypeAdapter(list[FileInfo])
@@ -157,6 +159,14 @@ class SessionRequests:
         await self._call("POST", f"/sessions/{self.id}/commands/{command_id}/resize",
                          session_id=self.id, content=size.model_dump_json(),
                          headers={"content-type": "application/json"})
+
+    async def watch_dir(self, path: str, recursive: bool = False, *,
+                        watch_id: str | None = None) -> DirWatch:
+        if self._closed:
+            raise SessionClosed(self.id)
+        watch = RemoteWatch(self.client, self.id, path, recursive, watch_id)
+        await watch.start()
+        return watch
 
     # -- the sandbox --------------------------------------------------------------------------
 

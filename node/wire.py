@@ -22,6 +22,7 @@ from kernel_pool import (
     PtySize,
     SessionState,
     Transfer,
+    WatchEvent,
 )
 from kernel_pool import exceptions as pool_errors
 
@@ -117,6 +118,8 @@ class Frame(BaseModel):
     created: SessionState | None = None
     """A session made (on the channel, a ``create``'s answer)."""
     transfer: Transfer | None = None
+    watched: WatchEvent | None = None
+    """A watched folder's event (``SessionPort.watch_dir``'s stream; ``sync``: a marker)."""
     error: ErrorOut | None = None
 
 

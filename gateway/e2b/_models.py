@@ -14,10 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENVD_VERSION = "0.5.7"
-"""The envd version replgate answers as: octet-stream uploads (0.5.7) and the default user
-(0.4.0) are served; file metadata (0.6.2) and watch entries (0.6.3) are not, so the SDKs do
-not ask for them."""
+ENVD_VERSION = "0.6.4"
+"""The envd version replgate answers as: octet-stream uploads (0.5.7), the default user
+(0.4.0), watch entries (0.6.3) and the network-mounts flag of a watch (0.6.4) are served."""
 
 DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter"})
 """The SDKs' default template names; they run on replgate's ``default`` profile."""

@@ -82,6 +82,7 @@ from ._terminals import (
     TerminalSize,
     TerminalStarted,
 )
+from ._watch import WatchChange, WatchEndFrame, WatchFrame, WatchReadyFrame
 
 __all__ = [
     "CHART_MIME",
@@ -150,6 +151,10 @@ __all__ = [
     "Timeout",
     "TransferFrame",
     "UpdateDisplayEvent",
+    "WatchChange",
+    "WatchEndFrame",
+    "WatchFrame",
+    "WatchReadyFrame",
     "WsClientMessage",
     "WsCommand",
     "WsExecute",

@@ -84,6 +84,11 @@ class CommandProcess(ABC):
         """Release the connection to the command."""
         return None
 
+    async def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the process the backend started (not its group); nothing when
+        it has ended."""
+        return None
+
 
 class Sandbox(ABC):
     """One isolated container with a workspace, hosting one kernel at a time (and those of
@@ -188,6 +193,12 @@ class Sandbox(ABC):
         ``pty`` (columns, rows) runs it on a terminal: its output is one ``stdout`` stream and
         the shell has the terminal as its controlling one (job control, ``tput``)."""
         raise BackendError(f"the {self.info.backend} backend cannot run shell commands")
+
+    async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
+        """Start the sandbox's folder watcher (``replgate_kernel/watch.py``) on ``folder``
+        (workspace-relative) beside the kernel, as the sandbox's user; its output is the
+        watcher's JSON lines."""
+        raise BackendError(f"the {self.info.backend} backend cannot watch folders")
 
     async def checkpoint(self) -> Path:
         """Dump the whole sandbox (every process's memory, threads, open files, ``/tmp``) and

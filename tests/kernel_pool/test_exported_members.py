@@ -11,7 +11,7 @@ EXPORTED = [
     "ClosedListener",
     "CommandDone", "CommandInputClosed", "CommandNotFound", "CommandResult", "CommandStatus",
     "ContextInfo", "ContextNotFound",
-    "ContextStartFailed", "Denial",
+    "ContextStartFailed", "Denial", "DirWatch",
     "DisplayEvent", "DoneEvent",
     "EgressAttempt", "Entry", "ErrorEvent", "Event", "Execution", "ExecutionBuilder",
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
@@ -25,8 +25,9 @@ EXPORTED = [
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "SnapshotNotFound",
     "SnapshotSaved", "StateDirFull", "StreamEvent",
-    "TooManyCommands", "Transfer", "TransferListener", "UnknownLanguage", "UnknownNode",
-    "UpdateDisplayEvent",
+    "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage",
+    "UnknownNode",
+    "UpdateDisplayEvent", "WatchEvent",
     "WorkspaceError", "WorkspaceFull", "parse_size",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
     # gate and checks languages as the node would; the E2B face sets a call's variables in

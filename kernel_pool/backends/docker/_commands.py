@@ -29,6 +29,8 @@ from kernel_pool.backends.base import CommandProcess
 from kernel_pool.exceptions import BackendError
 
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
+WATCHER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/watch.py")
+"""The folder watcher (``SessionPort.watch_dir``), started like a command."""
 FIND_PID_S = 10.0
 """How long the engine may take to start the exec and say its pid."""
 KILL_GRACE_S = 2.0
@@ -69,11 +71,14 @@ class DockerCommand(CommandProcess):
     @classmethod
     async def start(cls, api: Any, run: Run, container_id: str, command: str, *,
                     env: dict[str, str], cwd: str, running: set[int], stdin: bool = False,
-                    pty: tuple[int, int] | None = None) -> DockerCommand:
+                    pty: tuple[int, int] | None = None,
+                    argv: list[str] | None = None) -> DockerCommand:
+        """``sh -c command`` through the wrapper (or ``argv`` as it is, e.g. the watcher)."""
         tty = pty is not None
         if pty is not None:
             env = {"TERM": "xterm-256color", **env, "REPLGATE_PTY": f"{pty[0]}x{pty[1]}"}
-        exec_id = (await run(api.exec_create, container_id, [*WRAPPER, command],
+        exec_id = (await run(api.exec_create, container_id,
+                             [*WRAPPER, command] if argv is None else argv,
                              user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=cwd,
                              environment=env, stdout=True, stderr=True,
                              stdin=stdin or tty, tty=tty))["Id"]
@@ -197,6 +202,11 @@ class DockerCommand(CommandProcess):
         except TimeoutError:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def send_signal(self, signum: int) -> None:
+        if self._pidfd is not None and not self._exited.done():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signum)
 
     async def wait(self) -> int | None:
         for _ in range(100):  # the engine's exec record may lag the process by a moment

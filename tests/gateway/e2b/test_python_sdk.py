@@ -457,7 +457,3 @@ def test_fork_copies_variables_files_and_metadata() -> None:
     finally:
         sandbox.kill()
 
-
-def test_watch_dir_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="watching folders"):
-        sandbox.files.watch_dir("/home/user")
