@@ -52,6 +52,7 @@ from kernel_pool import (
     SessionNotFound,
     SnapshotBudgetExceeded,
     SnapshotError,
+    SnapshotNotFound,
     StateDirFull,
     TooManyCommands,
     TooManyWatches,
@@ -156,6 +157,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     # one machine has nowhere to drain its one node to (it was the gateway's Conflict)
     (NotDrainable, 409),
     (SnapshotBudgetExceeded, 507),
+    (SnapshotNotFound, 404),
     (SnapshotError, 409),
     # the store's
     (RecordNotFound, 404),

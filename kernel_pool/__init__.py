@@ -88,6 +88,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         SnapshotBudgetExceeded,
         SnapshotError,
+        SnapshotNotFound,
         StateDirFull,
         TooManyCommands,
         TooManyWatches,
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
         PauseInfo,
         SessionState,
         SessionStatus,
+        SnapshotSaved,
         Transfer,
     )
 
@@ -184,6 +186,8 @@ __all__ = [
     "SessionStatus",
     "SnapshotBudgetExceeded",
     "SnapshotError",
+    "SnapshotNotFound",
+    "SnapshotSaved",
     "StateDirFull",
     "StreamEvent",
     "TooManyCommands",
@@ -282,6 +286,8 @@ _HOMES = {
     "NodeRecord": "kernel_pool.state",
     "SnapshotBudgetExceeded": "kernel_pool.exceptions",
     "SnapshotError": "kernel_pool.exceptions",
+    "SnapshotNotFound": "kernel_pool.exceptions",
+    "SnapshotSaved": "kernel_pool.state",
     "StateDirFull": "kernel_pool.exceptions",
     "StreamEvent": "kernel_pool.events",
     "TooManyCommands": "kernel_pool.exceptions",

@@ -205,7 +205,7 @@ class Session(SessionContexts):
         if self._closed:
             return
         self._closed = True
-        end_watches(self.watches, "the session was deleted")
+        await end_watches(self.watches, "the session was deleted")
         await self._queue.cancel()
         if self._dump is not None:  # a memory pause's, its packing cancelled above
             with contextlib.suppress(Exception):

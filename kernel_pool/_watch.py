@@ -262,7 +262,12 @@ class SandboxWatch(DirWatch):
             await self._process.close()
 
 
-def end_watches(watches: dict[str, DirWatch], reason: str) -> None:
-    """End every watch of a session (it pauses or is deleted), each with ``reason``."""
-    for watch in list(watches.values()):
+async def end_watches(watches: dict[str, DirWatch], reason: str) -> None:
+    """End every watch of a session (it pauses or is deleted), each with ``reason``, and wait
+    until their watchers are stopped (a memory pause's dump must not meet them)."""
+    ending = list(watches.values())
+    for watch in ending:
         watch.end(reason)
+    for watch in ending:
+        with contextlib.suppress(Exception):
+            await watch.close(reason)

@@ -23,7 +23,8 @@
     ├── PayloadTooLarge        code or an upload over its size limit
     ├── StateDirFull           the state directory (database, workspaces) has no room left
     ├── SnapshotError          a pause, resume or fork could not keep or restore the state
-    │   └── SnapshotBudgetExceeded   no room for another snapshot
+    │   ├── SnapshotBudgetExceeded   no room for another snapshot
+    │   └── SnapshotNotFound   no saved snapshot of that id (or not yours)
     ├── NoNodeAvailable        no node can take a new session
     ├── UnknownNode            no node has that id
     ├── NotDrainable           a host with one node (this machine) cannot drain it
@@ -224,6 +225,15 @@ class SnapshotError(KernelPoolError):
 
 class SnapshotBudgetExceeded(SnapshotError):
     """The state directory has no room for another snapshot (HTTP 507)."""
+
+
+class SnapshotNotFound(SnapshotError):
+    """A saved snapshot (E2B's ``create_snapshot``) that does not exist, or is another
+    tenant's: exactly as absent."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(f"snapshot {snapshot_id!r} not found")
 
 
 class _Node(Protocol):

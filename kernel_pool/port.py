@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event, PtySize
-    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, Transfer
+    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SnapshotSaved, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""
@@ -213,6 +213,25 @@ class SessionHost(Protocol):
 
     async def fork_session(self, parent_id: str, count: int = 1,
                            metadata: dict[str, Any] | None = None) -> Sequence[SessionPort]: ...
+
+    # -- saved snapshots (E2B's create_snapshot): see kernel_pool._pool_snapshots ------------
+
+    async def snapshot_session(self, session_id: str, snapshot_id: str, *, tenant: str,
+                               memory: bool = True) -> SnapshotSaved:
+        """Save the session's variables (unless ``memory`` is False) and files as snapshot
+        ``snapshot_id`` of ``tenant``, where every node of this host can read it; the session
+        goes on unchanged."""
+
+    async def create_from_snapshot(self, snapshot_id: str, *, tenant: str, profile: str,
+                                   env: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None,
+                                   admitted: Awaitable[None] | None = None) -> SessionPort:
+        """A new session of ``tenant``, a copy of that saved snapshot (``profile``: the
+        snapshot's); :class:`~kernel_pool.SnapshotNotFound` when the tenant has none of that
+        id. ``admitted``: see :meth:`create_session`."""
+
+    async def delete_snapshot(self, tenant: str, snapshot_id: str) -> None:
+        """Remove a saved snapshot (none: no error); the sessions made from it go on."""
 
     async def delete_session(self, session_id: str) -> None: ...
 

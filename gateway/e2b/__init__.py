@@ -15,7 +15,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.routing import Mount, Route
 
-from gateway.e2b import _control, _envd, _interpreter
+from gateway.e2b import _control, _envd, _interpreter, _snapshots
 from gateway.e2b._connect import SandboxRpc
 from gateway.e2b._filesystem import SERVICE as FILESYSTEM
 from gateway.e2b._filesystem import filesystem_service
@@ -42,6 +42,7 @@ def install(app: FastAPI, domain: str | None = None) -> None:
         app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))
     app.include_router(_interpreter.router)
     app.include_router(_envd.router)
+    app.include_router(_snapshots.router)  # before the control plane's catch-all
     app.include_router(_control.router)
 
 

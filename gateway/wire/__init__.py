@@ -70,6 +70,7 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
+from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
 from ._terminals import (
     CommandInput,
     TerminalClientMessage,
@@ -135,6 +136,9 @@ __all__ = [
     "SessionCreate",
     "SessionMetricsOut",
     "SessionOut",
+    "SnapshotCreate",
+    "SnapshotOut",
+    "SnapshotSessionCreate",
     "StreamEvent",
     "TerminalClientMessage",
     "TerminalExit",

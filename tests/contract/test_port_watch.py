@@ -14,9 +14,14 @@ from kernel_pool import (
     PathOutsideWorkspace,
     SessionHost,
     SessionPort,
+    TooManyWatches,
     WatchEvent,
     WorkspaceError,
 )
+from kernel_pool._watch import WATCH_QUEUE
+
+MAX_WATCHES = 8
+"""``PoolLimits.max_watches``'s default, which both legs run with."""
 
 
 async def _until(watch: DirWatch, done: str, timeout_s: float = 20.0) -> list[WatchEvent]:
@@ -93,6 +98,8 @@ async def test_what_cannot_be_watched_is_refused(session: SessionPort) -> None:
 
 
 async def test_a_pause_ends_the_watch_cleanly(session: SessionPort) -> None:
+    # a generator: no variables snapshot keeps it, so the pause keeps the memory where it can
+    await session.submit("g = (i for i in range(3))").result()
     watch = await session.watch_dir("", recursive=True)
     await session.pause()
     events = await _until(watch, "end")
@@ -110,3 +117,23 @@ async def test_deleting_the_session_ends_the_watch_cleanly(host: SessionHost) ->
     await host.delete_session(session.id)
     events = await _until(watch, "end")
     assert events[-1].type == "end" and events[-1].reason is not None
+
+
+async def test_a_consumer_that_falls_behind_is_told_and_the_watch_ends(
+        session: SessionPort) -> None:
+    watch = await session.watch_dir("")
+    await session.run_command("seq 3000 | xargs touch")  # a create and a chmod each
+    await watch.flush()
+    events = await _until(watch, "end")
+    assert events[-1].reason is not None and events[-1].reason.startswith("lagged"), events[-1]
+    assert len(events) <= WATCH_QUEUE + 1
+
+
+async def test_watches_are_bounded_per_session(session: SessionPort) -> None:
+    watches = [await session.watch_dir("") for _ in range(MAX_WATCHES)]
+    with pytest.raises(TooManyWatches):
+        await session.watch_dir("")
+    await watches.pop().close()
+    watches.append(await session.watch_dir(""))  # a closed one frees its place
+    for watch in watches:
+        await watch.close()

@@ -31,6 +31,7 @@ def sandbox(e2b_env: dict[str, str]) -> Iterator[Sandbox]:
 def test_a_poll_holds_what_was_written_just_before(sandbox: Sandbox) -> None:
     sandbox.files.make_dir("polled")
     handle = sandbox.files.watch_dir("polled", include_entry=True)
+    assert sandbox.commands.list() == []  # a watch is not a command
     sandbox.files.write("polled/a.txt", "hello")
     events = handle.get_new_events()
     assert [(e.type, e.name) for e in events] == [
