@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENVD_VERSION = "0.5.7"
-"""The envd version replgate answers as: octet-stream uploads (0.5.7) and the default user
-(0.4.0) are served; file metadata (0.6.2) and watch entries (0.6.3) are not, so the SDKs do
+ENVD_VERSION = "0.6.2"
+"""The envd version replgate answers as: the default user (0.4.0), octet-stream uploads
+(0.5.7) and file metadata (0.6.2) are served; watch entries (0.6.3) are not, so the SDKs do
 not ask for them."""
 
 DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter"})
