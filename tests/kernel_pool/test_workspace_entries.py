@@ -3,11 +3,14 @@ followed inside the workspace only, and metadata kept as ``user.e2b.*`` extended
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
+from kp_support import pausing_pool, run_ok
 
 from kernel_pool import InvalidRequest, PathOutsideWorkspace
 from kernel_pool._workspace import Workspace
@@ -117,3 +120,31 @@ def test_a_read_goes_through_links_that_stay_inside(workspace: Workspace,
     for name in ("out", "up"):
         with pytest.raises(PathOutsideWorkspace):
             workspace.read_bytes(name, 100)
+
+
+@pytest.mark.parametrize("profile", ["default", "hostile"])
+async def test_metadata_is_shared_with_the_code_under_runc_and_gvisor(
+        state_root: Path, docker_client: docker.DockerClient, profile: str) -> None:
+    """The workspace (an ext4 image, or a plain folder without root) keeps ``user.*``
+    attributes, and the sandbox reads them through its bind mount, gVisor's gofer included;
+    gVisor (runsc 20240729) refuses to set one from inside (EOPNOTSUPP) and pads a value it
+    reads with NULs to the reader's buffer, docs/e2b.md says so."""
+    async with pausing_pool(state_root, docker_client, f"xattr-{profile}") as pool:
+        session = await pool.create_session(profile)
+        try:
+            await session.write_file("m.txt", b"x", {"from": "api"})
+            seen = await run_ok(session, "import os\n"
+                                "value = os.getxattr('m.txt', 'user.e2b.from')\n"
+                                "print(value.rstrip(b'\\0').decode())\n"
+                                "try:\n    os.setxattr('m.txt', 'user.e2b.by', b'code')\n"
+                                "    print('set')\n"
+                                "except OSError as exc:\n    print(exc.errno)")
+            if profile == "default":
+                assert seen == "api\nset\n"
+                assert (await session.stat_path("m.txt")).metadata == {"by": "code",
+                                                                      "from": "api"}
+            else:
+                assert seen == f"api\n{errno.EOPNOTSUPP}\n"
+                assert (await session.stat_path("m.txt")).metadata == {"from": "api"}
+        finally:
+            await pool.delete_session(session.id)
