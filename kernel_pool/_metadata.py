@@ -100,3 +100,54 @@ def replace_metadata(fd: int, metadata: Mapping[str, str] | None, path: str) -> 
 def _unsupported(path: str) -> WorkspaceError:
     return WorkspaceError(f"{path!r}: the workspace's file system keeps no metadata (extended "
                           "attributes); write the file without metadata")
+
+
+# -- copies: a fork's workspace, a bundle's ---------------------------------------------------
+# Copied as raw bytes, whatever the sandbox's code set, and best-effort: a copy must not fail
+# for an attribute its target cannot hold (the attributes go, the file is whole).
+
+PAX_PREFIX = "SCHILY.xattr."
+"""How GNU tar and libarchive name an extended attribute in a PAX header."""
+
+
+def _raw(path: str) -> dict[str, bytes]:
+    try:
+        names = sorted(n for n in os.listxattr(path, follow_symlinks=False) if n.startswith(PREFIX))
+    except OSError:
+        return {}
+    found: dict[str, bytes] = {}
+    for name in names[:MAX_KEYS]:
+        try:
+            found[name] = os.getxattr(path, name, follow_symlinks=False)
+        except OSError:
+            continue
+    return found
+
+
+def _set_raw(path: str, attributes: Mapping[str, bytes]) -> None:
+    for name, value in attributes.items():
+        if name.startswith(PREFIX) and len(value) <= 64 * 1024:
+            try:
+                os.setxattr(path, name, value, follow_symlinks=False)
+            except OSError:
+                continue
+
+
+def copy_metadata(src_dir_fd: int, name: str, dst_dir_fd: int) -> None:
+    """Give ``name`` in ``dst_dir_fd`` the ``user.e2b.*`` attributes of ``name`` in
+    ``src_dir_fd`` (neither followed if a link)."""
+    _set_raw(f"/proc/self/fd/{dst_dir_fd}/{name}", _raw(f"/proc/self/fd/{src_dir_fd}/{name}"))
+
+
+def pax_metadata(dir_fd: int, name: str) -> dict[str, str]:
+    """The ``user.e2b.*`` attributes of ``name`` as a tar entry's PAX headers."""
+    return {PAX_PREFIX + key: value.decode("utf-8", "surrogateescape")
+            for key, value in _raw(f"/proc/self/fd/{dir_fd}/{name}").items()}
+
+
+def restore_pax_metadata(dir_fd: int, name: str, headers: Mapping[str, str]) -> None:
+    """Set on ``name`` the ``user.e2b.*`` attributes a tar entry's PAX headers carry."""
+    _set_raw(f"/proc/self/fd/{dir_fd}/{name}", {
+        key.removeprefix(PAX_PREFIX): value.encode("utf-8", "surrogateescape")
+        for key, value in list(headers.items())[:4 * MAX_KEYS]
+        if key.startswith(PAX_PREFIX)})

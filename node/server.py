@@ -150,7 +150,7 @@ async def read_file(request: Request, session_id: str, path: str,
 
 @router.put("/sessions/{session_id}/file")
 async def write_file(request: Request, session_id: str, path: str,
-                     data: Annotated[bytes, Body(media_type="application/octet-stream")],
+                     data: Annotated[bytes, Body(media_type="application/octet-stream")] = b"",
                      metadata: str | None = None) -> Written:
     """``metadata``: the file's metadata as a JSON object of strings."""
     pairs = _METADATA.validate_json(metadata) if metadata else None

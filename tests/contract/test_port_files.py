@@ -27,6 +27,12 @@ async def test_files_round_trip_through_the_workspace(session: SessionPort) -> N
     assert read.stdout == "b'payload'\n"
 
 
+async def test_an_empty_file_is_written_and_read(session: SessionPort) -> None:
+    assert await session.write_file("empty.txt", b"") == 0
+    assert await session.read_file("empty.txt", 100) == b""
+    assert (await session.stat_path("empty.txt")).size == 0
+
+
 async def test_file_refusals_are_raised_as_their_class(session: SessionPort) -> None:
     await session.write_file("big.bin", b"x" * 100)
 

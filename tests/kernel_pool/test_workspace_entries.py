@@ -13,6 +13,7 @@ import pytest
 from kp_support import pausing_pool, run_ok
 
 from kernel_pool import InvalidRequest, PathOutsideWorkspace
+from kernel_pool._copies import copy_workspace
 from kernel_pool._workspace import Workspace
 
 
@@ -148,3 +149,18 @@ async def test_metadata_is_shared_with_the_code_under_runc_and_gvisor(
                 assert (await session.stat_path("m.txt")).metadata == {"from": "api"}
         finally:
             await pool.delete_session(session.id)
+
+
+def test_a_forks_copy_keeps_files_and_folders_metadata(workspace: Workspace,
+                                                       tmp_path: Path) -> None:
+    workspace.write_bytes("d/f.txt", b"x", metadata={"k": "file"})
+    os.setxattr(workspace.root / "d", "user.e2b.k", b"folder")
+    os.setxattr(workspace.root / "d/f.txt", "user.e2b.raw", b"\xff\x00")  # the code's own
+    copy = Workspace.create(tmp_path / "copy", 16 * 2**20)
+    try:
+        copy_workspace(workspace, copy)
+        assert copy.stat("d").metadata == {"k": "folder"}
+        assert os.getxattr(copy.root / "d/f.txt", "user.e2b.raw") == b"\xff\x00"
+        assert copy.stat("d/f.txt").metadata == {"k": "file", "raw": "\\xff\x00"}
+    finally:
+        copy.destroy()
