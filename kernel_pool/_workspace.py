@@ -271,7 +271,8 @@ class Workspace(WorkspaceDisk):
         except OSError as exc:
             raise path_error(exc, path) from exc
         if link:  # a link to a folder: its entries are listed by their own paths
-            parts = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH)) or parts
+            leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+            parts = parts if leads_to is None else leads_to
         found: list[Entry] = []
         # An explicit stack of the folders being read: the sandboxed code chooses the depth.
         stack = [(parts, 1, iter(self._scan(parts)))]

@@ -52,6 +52,8 @@ def test_a_link_inside_is_followed_with_its_target(workspace: Workspace) -> None
     assert listed["docs/rel"] == ("file", "docs/real.txt")
     assert [e.path for e in workspace.list_dir("folder")] == ["docs/chain", "docs/real.txt",
                                                              "docs/rel"]
+    os.symlink("/home/user", workspace.root / "home")
+    assert {e.path for e in workspace.list_dir("home")} == {"abs", "docs", "folder", "home"}
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "../../../../etc/passwd", "/home/user/..",
