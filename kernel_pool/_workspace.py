@@ -91,9 +91,18 @@ class Workspace(WorkspaceDisk):
     @_mounted(write=True)
     def write_bytes(self, path: str, data: bytes,
                     metadata: dict[str, str] | None = None) -> int:
-        """Create or replace a file; ``metadata`` becomes its only metadata (a write without
-        clears what an earlier one set). A refused ``metadata`` leaves no file."""
-        self._write(path, data, os.O_TRUNC, metadata=check_metadata(metadata), replace=True)
+        """Create or replace a file, through links on its path while they lead to what is
+        inside the workspace; ``metadata`` becomes its only metadata (a write without clears
+        what an earlier one set). A refused ``metadata`` leaves no file."""
+        checked = check_metadata(metadata)
+        try:
+            self._write(path, data, os.O_TRUNC, metadata=checked, replace=True)
+        except PathOutsideWorkspace:
+            parts = split_relative(path)
+            leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+            if not leads_to or leads_to == parts:
+                raise
+            self._write("/".join(leads_to), data, os.O_TRUNC, metadata=checked, replace=True)
         return len(data)
 
     @_mounted(write=True)

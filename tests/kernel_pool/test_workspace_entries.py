@@ -110,7 +110,7 @@ def test_invalid_metadata_is_refused_before_the_file_is_made(workspace: Workspac
     assert not (workspace.root / "never.txt").exists()
 
 
-def test_a_read_goes_through_links_that_stay_inside(workspace: Workspace,
+def test_a_read_or_write_goes_through_links_that_stay_inside(workspace: Workspace,
                                                     tmp_path: Path) -> None:
     workspace.write_bytes("docs/real.txt", b"hello")
     os.symlink("docs", workspace.root / "d")
@@ -123,6 +123,13 @@ def test_a_read_goes_through_links_that_stay_inside(workspace: Workspace,
     for name in ("out", "up"):
         with pytest.raises(PathOutsideWorkspace):
             workspace.read_bytes(name, 100)
+        with pytest.raises(PathOutsideWorkspace):
+            workspace.write_bytes(name, b"owned")
+    assert (tmp_path / "host.txt").read_text() == "host"
+    workspace.write_bytes("d/real.txt", b"through", metadata={"k": "v"})
+    workspace.write_bytes("abs", b"again")
+    assert workspace.read_bytes("docs/real.txt", 100) == b"again"
+    assert os.path.islink(workspace.root / "abs")  # the link stays a link
 
 
 @pytest.mark.parametrize("profile", ["default", "hostile"])

@@ -63,6 +63,9 @@ def test_get_info_follows_a_link_inside_home_user(sandbox: Sandbox) -> None:
     assert listed == {"folder": (FileType.DIR, "/home/user/links"),
                       "real.txt": (FileType.FILE, None),
                       "rel": (FileType.FILE, "/home/user/links/real.txt")}
+    sandbox.files.write("links/rel", "bye")  # through the link, which stays one
+    assert sandbox.files.read("links/real.txt") == "bye"
+    assert sandbox.files.get_info("links/rel").symlink_target == "/home/user/links/real.txt"
 
 
 def test_a_link_out_of_home_user_is_described_as_itself(sandbox: Sandbox) -> None:
@@ -78,6 +81,8 @@ def test_a_link_out_of_home_user_is_described_as_itself(sandbox: Sandbox) -> Non
     assert sandbox.files.get_info("out/passwd").size == len("/etc/passwd")
     with pytest.raises(SandboxException):
         sandbox.files.read("out/passwd")
+    with pytest.raises(SandboxException):
+        sandbox.files.write("out/passwd", "owned")
 
 
 def test_gzip_uploads_and_downloads(sandbox: Sandbox, gateway: GatewayProcess) -> None:
