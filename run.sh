@@ -62,8 +62,12 @@ ensure_venv() {
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   ensure_uv
   say "installing replgate[$extra] into $VENV from uv.lock"
+  # The interpreter is chosen once, when the virtualenv is made: named again (a pyenv shim, say,
+  # where the virtualenv records the version's own path), uv would remove and remake it on each
+  # sync, dropping what the other command installed (serve's sync removed test's pytest).
+  local python=(); [ -x "$VENV/bin/python" ] || python=(--python "$(find_python)")
   UV_PROJECT_ENVIRONMENT=$VENV "$UV" sync --quiet --frozen --inexact --extra "$extra" \
-    --python "$(find_python)"
+    "${python[@]}"
   echo "$want" > "$stamp"
 }
 

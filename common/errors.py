@@ -32,6 +32,8 @@ from common.store import RecordExists, RecordNotFound
 from kernel_pool import (
     BackendError,
     CapacityError,
+    CommandInputClosed,
+    CommandNotFound,
     ContextNotFound,
     ContextStartFailed,
     ExecutionIdTaken,
@@ -50,8 +52,10 @@ from kernel_pool import (
     SessionNotFound,
     SnapshotBudgetExceeded,
     SnapshotError,
+    SnapshotNotFound,
     StateDirFull,
     TooManyCommands,
+    TooManyWatches,
     UnknownNode,
     WorkspaceError,
 )
@@ -138,6 +142,9 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (PayloadTooLarge, 413),
     (QueueFull, 429),
     (TooManyCommands, 429),
+    (CommandNotFound, 404),
+    (CommandInputClosed, 409),
+    (TooManyWatches, 429),
     (CapacityError, 503),
     (KernelStartError, 503),
     (KernelUnavailable, 503),
@@ -150,6 +157,7 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     # one machine has nowhere to drain its one node to (it was the gateway's Conflict)
     (NotDrainable, 409),
     (SnapshotBudgetExceeded, 507),
+    (SnapshotNotFound, 404),
     (SnapshotError, 409),
     # the store's
     (RecordNotFound, 404),

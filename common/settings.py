@@ -149,6 +149,18 @@ class Settings(BaseSettings):
     max_download_bytes: int = Field(100 * 1024 * 1024, ge=1)
     max_sessions_per_tenant: int = Field(32, ge=1)
     max_concurrent_executions_per_tenant: int = Field(16, ge=1)
+    max_snapshots_per_tenant: int = Field(
+        64, ge=0, description="saved snapshots (E2B's create_snapshot) a tenant may keep; "
+        "more gives 429")
+    max_snapshot_bytes_per_tenant: str = Field(
+        "20g", description="what a tenant's saved snapshots may take in the bundle store in "
+        "all (variables and files); a snapshot past it is removed and refused with 429")
+
+    @field_validator("max_snapshot_bytes_per_tenant")
+    @classmethod
+    def _snapshot_bytes(cls, value: str) -> str:
+        parse_size(value)
+        return value
     max_unrecorded_executions: int = Field(
         256, ge=1, description="executions answered before their history and audit records "
                                "are written, at most: past it an execution over HTTP is "

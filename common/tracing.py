@@ -55,6 +55,51 @@ def tracing_asked(environ: Mapping[str, str]) -> bool:
                 or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+class TracingConfigError(ValueError):
+    """The ``OTEL_*`` variables ask for an exporter or protocol replgate cannot export with;
+    the message names the variable and what to set instead."""
+
+
+_HTTP_PROTOBUF = "http/protobuf"
+_EXPORTER_BY_PROTOCOL = {_HTTP_PROTOBUF: "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+_EXPORTER_PACKAGE = {"otlp_proto_grpc": "opentelemetry-exporter-otlp-proto-grpc"}
+
+
+def trace_exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """The exporters the SDK's configurator is to add to those ``OTEL_TRACES_EXPORTER`` names.
+
+    The configurator exports nothing unless ``OTEL_TRACES_EXPORTER`` names an exporter, and an
+    ``otlp`` named here would be looked up as is (only the protocol-specific names are
+    installed): so with no exporter named, OTLP is asked for by its protocol's name, and the
+    specification's default protocol, http/protobuf, is the one installed. Raises
+    :class:`TracingConfigError` for a protocol or exporter that is not installed, before
+    anything starts.
+    """
+    from importlib.metadata import entry_points
+
+    installed = {point.name for point in entry_points(group="opentelemetry_traces_exporter")}
+    protocol_variable = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+                         if environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                         else "OTEL_EXPORTER_OTLP_PROTOCOL")
+    protocol = (environ.get(protocol_variable) or _HTTP_PROTOBUF).strip()
+    named = [name.strip() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")
+             if name.strip() and name.strip().lower() != "none"]
+    wanted = named or ["otlp"]
+    if "otlp" in wanted and protocol not in _EXPORTER_BY_PROTOCOL:
+        raise TracingConfigError(
+            f"{protocol_variable}={protocol!r} is not a protocol replgate can export "
+            f"traces with: set it to {_HTTP_PROTOBUF} (the default) or leave it unset")
+    resolved = [_EXPORTER_BY_PROTOCOL[protocol] if name == "otlp" else name for name in wanted]
+    for name in resolved:
+        if name not in installed:
+            package = _EXPORTER_PACKAGE.get(name, f"the package registering {name!r}")
+            raise TracingConfigError(
+                f"traces exporter {name!r} is not installed (it needs {package}); replgate "
+                f"exports OTLP over {_HTTP_PROTOBUF}: set OTEL_EXPORTER_OTLP_PROTOCOL="
+                f"{_HTTP_PROTOBUF} or leave it unset")
+    return [] if named else resolved
+
+
 _tracing: Tracing | None = None
 
 
@@ -64,14 +109,12 @@ def setup_tracing() -> Tracing | None:
     if _tracing is None and tracing_asked(os.environ):
         from opentelemetry.distro import OpenTelemetryConfigurator
 
-        # The SDK's configurator exports nothing unless OTEL_TRACES_EXPORTER names an
-        # exporter, and takes OTLP to mean gRPC; the specification's defaults are "otlp"
-        # and http/protobuf, the one installed (gRPC needs its exporter package too).
-        names: list[str] = []
-        if not os.environ.get("OTEL_TRACES_EXPORTER"):
-            protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            names = ["otlp" if protocol else "otlp_proto_http"]
+        names = trace_exporter_names(os.environ)
+        if not any(os.environ.get(f"OTEL_EXPORTER_OTLP{part}_PROTOCOL")
+                   for part in ("", "_TRACES")):
+            # The configurator, reading OTEL_TRACES_EXPORTER=otlp itself, takes gRPC for it
+            # without a protocol; the specification's default is http/protobuf.
+            os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = _HTTP_PROTOBUF
         OpenTelemetryConfigurator().configure(  # type: ignore[no-untyped-call]
             trace_exporter_names=names)
         provider = trace.get_tracer_provider()

@@ -28,8 +28,12 @@ from gateway.governance import Governance
 from gateway.local import KEY_FILE
 from gateway.mcp.service import mcp_endpoint
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
+from gateway.routers import files_watch as folder_watch
 from gateway.routers import governance as governance_routes
+from gateway.routers import snapshots as snapshot_routes
+from gateway.routers import terminals as terminal_routes
 from gateway.service import Gateway
+from gateway.snapshots import Snapshots
 from gateway.store import Store
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
@@ -117,6 +121,9 @@ async def _session_host(settings: Settings, policy: Policy,
     records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
                if r.sandbox is not None}
     pool = KernelPool(pool_settings, address=f"{settings.host}:{settings.port}")
+    if settings.bundle_store is not None:  # saved snapshots where every gateway reads them
+        pool.keep_snapshots_in(settings.bundle_store, settings.bundle_key.get_secret_value()
+                               if settings.bundle_key is not None else None)
     kept = await pool.start(keep=lambda info: info.container_id in records)
     try:
         yield pool, (pool, kept, records)
@@ -153,6 +160,7 @@ def create_app(settings: Settings) -> FastAPI:
                 if leftovers is not None:
                     await take_back(gateway, *leftovers)
                 app.state.gateway = gateway
+                app.state.snapshots = Snapshots(gateway)
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session
@@ -177,6 +185,9 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
+    app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
+    app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
+    app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified
     if tracing is not None:
         tracing.instrument_app(app)

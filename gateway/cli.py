@@ -123,6 +123,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     import uvicorn
 
     from common.policy import PolicyError
+    from common.tracing import TracingConfigError
     from gateway.app import create_app
     from gateway.statelock import socket_url
 
@@ -131,7 +132,7 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings)
-    except PolicyError as exc:
+    except (PolicyError, TracingConfigError) as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
@@ -152,6 +153,10 @@ def _node(args: argparse.Namespace) -> int:
     try:
         with _claimed(settings.state_dir, host, port, record=False) as sock:
             from node.agent import run_node
+            from node.identity import default_node_id
+
+            if args.id is None:  # (read and kept under the state folder's lock)
+                args.id = default_node_id(settings.state_dir)
 
             configure_logging(settings)
             _return_large_buffers()
@@ -299,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the address gateways reach this node on")
     node.add_argument("--listen", metavar="HOST:PORT",
                       help="the address to bind (default: all addresses, the advertised port)")
-    node.add_argument("--id", default=socket.gethostname(),
-                      help="this node's id, unique among the nodes (default: the host name)")
+    node.add_argument("--id", help="this node's id, unique among the nodes (default: the host "
+                                   "name and a suffix drawn once and kept in the state folder)")
     node.set_defaults(func=_node)
 
     cluster = commands.add_parser(

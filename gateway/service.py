@@ -394,8 +394,8 @@ class Gateway:
         self.check_disk()
         result = await session.run_command(request.cmd, timeout_s=request.timeout_s,
                                            env=request.env, cwd=request.cwd,
-                                           command_id=request.id, emit=emit,
-                                           on_start=on_start)
+                                           command_id=request.id, emit=emit, on_start=on_start,
+                                           stdin=request.stdin, pty=request.pty)
         record = AuditRecord.for_command(
             result, command=request.cmd, tenant=tenant, session_id=session.id,
             image=self.recorder.image,

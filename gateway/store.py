@@ -16,11 +16,14 @@ from gateway.records.approvals import ApprovalRecords
 from gateway.records.executions import ExecutionRecords
 from gateway.records.keys import KeyRecords
 from gateway.records.sandbox_ends import SandboxEndRecords
+from gateway.records.sandbox_lifecycles import SandboxLifecycleRecords
+from gateway.records.snapshots import SnapshotRecords
 from gateway.records.usage import UsageRecords
 
 __all__ = ["Store"]
 
 
-class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords):
-    """Sessions, history, keys, approvals, budgets' use and sandboxes' ends. Make one with
-    :meth:`open`."""
+class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords,
+            SandboxLifecycleRecords, SnapshotRecords):
+    """Sessions, history, keys, approvals, budgets' use, sandboxes' ends and lifecycles, and
+    saved snapshots. Make one with :meth:`open`."""

@@ -4,7 +4,9 @@ The sandbox's cgroup counts CPU time as a running total, so a percentage needs t
 some time apart: each request's reading is kept for :data:`WINDOW_S`, and the figure covers the
 time since the oldest kept one. A first request (or one after a quiet spell) has none at
 least :data:`MIN_WINDOW_S` old, and waits that long for a second reading: no sampler runs in the
-background for sessions nobody watches.
+background for sessions nobody watches. So the figures over a time range (E2B's
+``getMetrics(start, end)``) are those of the requests made in it: each reading is kept, the
+last :data:`HISTORY` of each session, until the session ends or the gateway stops.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ WINDOW_S = 5.0
 """The CPU figure covers at most the last this many seconds."""
 MIN_WINDOW_S = 1.0
 """... and at least this many: a shorter span is mostly the reading's own noise."""
+HISTORY = 720
+"""Readings kept per session (an hour's at E2B's one every 5 s)."""
 
 
 class UsageMeter:
@@ -29,9 +33,24 @@ class UsageMeter:
     def __init__(self) -> None:
         self._readings: dict[str, deque[tuple[float, int]]] = {}
         self._last: dict[str, SessionMetricsOut] = {}
+        self._history: dict[str, deque[tuple[float, SessionMetricsOut]]] = {}
 
     async def read(self, session: SessionPort) -> SessionMetricsOut:
-        """The session's figures now; a paused one's last figures with memory and CPU 0."""
+        """The session's figures now; a paused one's last figures with memory and CPU 0. Each
+        answer is kept for :meth:`history`."""
+        figures = await self._read(session)
+        kept = self._history.setdefault(session.id, deque(maxlen=HISTORY))
+        kept.append((datetime.fromisoformat(figures.at).timestamp(), figures))
+        return figures
+
+    def history(self, session_id: str, start: float | None = None,
+                until: float | None = None) -> list[SessionMetricsOut]:
+        """The session's kept readings taken at ``start`` or later and before ``until`` (Unix
+        seconds; None: open), oldest first."""
+        return [figures for at, figures in self._history.get(session_id, ())
+                if (start is None or at >= start) and (until is None or at < until)]
+
+    async def _read(self, session: SessionPort) -> SessionMetricsOut:
         usage = await session.usage()
         at = datetime.now(UTC).isoformat()
         if usage.paused:
@@ -53,7 +72,7 @@ class UsageMeter:
             usage = await session.usage()
             now, at = time.monotonic(), datetime.now(UTC).isoformat()
             if usage.cpu_ns is None or usage.cpu_ns < cpu_before:  # paused or moved meanwhile
-                return await self.read(session)
+                return await self._read(session)
             cpu_ns = usage.cpu_ns
             readings.append((now, cpu_ns))
         percent = 100.0 * (cpu_ns - cpu_before) / 1e9 / ((now - since) * usage.cpus)
@@ -73,3 +92,4 @@ class UsageMeter:
         """The session is gone."""
         self._readings.pop(session_id, None)
         self._last.pop(session_id, None)
+        self._history.pop(session_id, None)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from kernel_pool._forks import Forks
+from kernel_pool._pool_snapshots import PoolSnapshots
 from kernel_pool._session import Session
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.exceptions import (
@@ -19,7 +19,7 @@ from kernel_pool.exceptions import (
 logger = logging.getLogger(__name__)
 
 
-class Adoption(Forks):
+class Adoption(PoolSnapshots):
     """Adopt left sessions and remove left sandboxes."""
 
     async def adopt_paused_session(self, info: SandboxInfo, *, session_id: str,

@@ -25,6 +25,7 @@ from kernel_pool._snapshot import (
     save_variables,
 )
 from kernel_pool._transfers import SessionTransfers
+from kernel_pool._watch import end_watches
 from kernel_pool.exceptions import (
     BackendError,
     SessionClosed,
@@ -80,6 +81,7 @@ class SessionPausing(SessionTransfers):
             self._settings.pause_with == "auto" and bool(info.not_kept))
         if wants_memory and self._memory_refusal() is not None:
             keep = []
+        await end_watches(self.watches, "the session was paused")
         ended = {**await self._end_commands(), **await self._end_contexts(keep, refused)}
         held = {context_entry(context.id): (
             f"its {display_language(context.language)} kernel: only the memory image holds "

@@ -30,6 +30,7 @@ from kernel_pool._kernel import Kernel
 from kernel_pool._languages import display_language, normalize_language
 from kernel_pool._session_base import Lifecycle
 from kernel_pool._session_contexts import SessionContexts
+from kernel_pool._watch import end_watches
 from kernel_pool.events import (
     DoneEvent,
     ErrorEvent,
@@ -204,6 +205,7 @@ class Session(SessionContexts):
         if self._closed:
             return
         self._closed = True
+        await end_watches(self.watches, "the session was deleted")
         await self._queue.cancel()
         if self._dump is not None:  # a memory pause's, its packing cancelled above
             with contextlib.suppress(Exception):

@@ -2,8 +2,8 @@
 execution queue's events, interrupts, and the workspace calls' guard.
 
 :class:`~kernel_pool._session.Session` is this base and the rooms built on it, one concept each
-(transfers, pausing, resuming, files and commands, code contexts), stacked in that order so
-each calls only what is below it.
+(transfers, pausing, resuming, files and commands, watches, code contexts), stacked in that
+order so each calls only what is below it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kernel_pool._handle import ExecutionHandle, utcnow
 from kernel_pool._kernel import Kernel
 from kernel_pool._queue import ExecutionQueue
 from kernel_pool._snapshot import SnapshotStore
+from kernel_pool._watch import DirWatch
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import PoolSettings, Profile
@@ -115,6 +116,8 @@ class SessionBase:
         self.listeners: list[Listener] = self._queue.listeners
         self.commands: dict[str, CommandRun] = {}
         """Shell commands running now, by id (:meth:`run_command`)."""
+        self.watches: dict[str, DirWatch] = {}
+        """Folders watched now, by id (``watch_dir``); a pause or the end ends them."""
         self.lifecycle: Lifecycle[Any] | None = None
         """Set by the pool: without it the session cannot pause."""
         self.pause_info: PauseInfo | None = None

@@ -11,14 +11,14 @@ from kernel_pool._contexts import (
     close_context,
 )
 from kernel_pool._languages import check_language
-from kernel_pool._session_files import SessionFiles
+from kernel_pool._session_watch import SessionWatching
 from kernel_pool.exceptions import (
     InvalidRequest,
     SessionClosed,
 )
 
 
-class SessionContexts(SessionFiles):
+class SessionContexts(SessionWatching):
     """List, create, restart and remove code contexts."""
 
     async def list_contexts(self) -> list[ContextInfo]:

@@ -4,6 +4,7 @@ sandbox's figures.
 
 from __future__ import annotations
 
+import posixpath
 import uuid
 from collections.abc import Callable
 
@@ -13,9 +14,10 @@ from kernel_pool._entries import Entry, FileInfo, split_relative
 from kernel_pool._resuming import SessionResuming
 from kernel_pool._usage import SandboxUsage, read_usage
 from kernel_pool._workspace import OLD_SANDBOX_PATH, SANDBOX_PATH
-from kernel_pool.events import CommandResult
+from kernel_pool.events import CommandResult, PtySize
 from kernel_pool.exceptions import (
     BackendError,
+    CommandNotFound,
     InvalidRequest,
     SessionClosed,
     TooManyCommands,
@@ -28,11 +30,13 @@ class SessionFiles(SessionResuming):
 
     def prepare_command(self, command: str, *, timeout_s: float | None = None,
                         env: dict[str, str] | None = None, cwd: str | None = None,
-                        command_id: str | None = None) -> CommandRun:
+                        command_id: str | None = None, stdin: bool = False,
+                        pty: PtySize | None = None) -> CommandRun:
         """Check a shell command's request; the run to pass to :meth:`run_prepared`.
 
         Commands run beside the kernel, not in the execution queue: one may run while code
-        does (at most ``max_commands`` per session at once).
+        does (at most ``max_commands`` per session at once). ``cwd`` is a workspace folder,
+        or an absolute path elsewhere in the sandbox (its own folders, ``/`` too).
         """
         if self._closed or self.status is SessionStatus.DEAD:
             raise SessionClosed(self.id)
@@ -44,7 +48,10 @@ class SessionFiles(SessionResuming):
         for root in (SANDBOX_PATH, OLD_SANDBOX_PATH):  # the path as the sandbox sees it
             if cwd is not None and (cwd == root or cwd.startswith(f"{root}/")):
                 cwd = cwd.removeprefix(root).lstrip("/")
-        folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
+        if cwd is not None and cwd.startswith("/"):
+            folder = posixpath.normpath(cwd).replace("//", "/", 1)
+        else:
+            folder = "/".join(split_relative(cwd)) if cwd not in (None, "", ".") else ""
         if len(self.commands) >= self._settings.max_commands:
             raise TooManyCommands(self.id, self._settings.max_commands)
         command_id = command_id or f"cmd-{uuid.uuid4().hex}"
@@ -52,7 +59,7 @@ class SessionFiles(SessionResuming):
             raise InvalidRequest(f"command id {command_id!r} is already running")
         return CommandRun(self.kernel.sandbox, command, command_id=command_id,
                           timeout_s=timeout, caps=self.profile.caps,
-                          env={**self.env, **(env or {})}, cwd=folder)
+                          env={**self.env, **(env or {})}, cwd=folder, stdin=stdin, pty=pty)
 
     async def kill_command(self, command_id: str) -> bool:
         """Stop a running command and its process group; False when none runs under that id."""
@@ -63,12 +70,31 @@ class SessionFiles(SessionResuming):
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
                           emit: CommandEmit | None = None,
-                          on_start: Callable[[], None] | None = None) -> CommandResult:
+                          on_start: Callable[[], None] | None = None,
+                          stdin: bool = False, pty: PtySize | None = None) -> CommandResult:
         """Run a shell command to its end (:meth:`prepare_command` says what is refused);
         ``emit`` is told of its output as it comes; its aggregate result."""
         run = self.prepare_command(command, timeout_s=timeout_s, env=env, cwd=cwd,
-                                   command_id=command_id)
+                                   command_id=command_id, stdin=stdin, pty=pty)
         return await self.run_prepared(run, emit, on_start)
+
+    def _command(self, command_id: str) -> CommandRun:
+        run = self.commands.get(command_id)
+        if run is None:
+            raise CommandNotFound(self.id, command_id)
+        return run
+
+    async def send_command_input(self, command_id: str, data: bytes) -> None:
+        """Write to a running command's stdin or terminal (see :class:`SessionPort`)."""
+        await self._command(command_id).write(data)
+
+    async def close_command_input(self, command_id: str) -> None:
+        """Close a running command's stdin."""
+        await self._command(command_id).close_input()
+
+    async def resize_command(self, command_id: str, size: PtySize) -> None:
+        """Resize a running command's terminal."""
+        await self._command(command_id).resize(size)
 
     async def run_prepared(self, run: CommandRun, emit: CommandEmit | None = None,
                            on_start: Callable[[], None] | None = None) -> CommandResult:
@@ -88,6 +114,9 @@ class SessionFiles(SessionResuming):
         finally:
             self.commands.pop(run.id, None)
             self._touch()
+        if self._closed:
+            # Its sandbox went away under it: not an exit of the command's own.
+            raise SessionClosed(self.id)
         return run.result(done)
 
     async def read_file(self, path: str, limit: int) -> bytes:

@@ -128,6 +128,8 @@ class PoolLimits(BaseModel):
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
     max_commands: int = Field(4, ge=1, description="shell commands running at once per session")
+    max_watches: int = Field(8, ge=1, le=256,
+                             description="folders watched at once per session (watch_dir)")
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is culled")
     max_lifetime_s: float = Field(24 * 3600.0, gt=0)
     cull_interval_s: float = Field(30.0, gt=0)

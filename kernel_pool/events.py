@@ -152,6 +152,13 @@ class CommandDone(BaseModel):
     reason: str | None = None
 
 
+class PtySize(BaseModel):
+    """A terminal's size in characters, for a command run on a pty (and its resizes)."""
+
+    cols: int = Field(80, ge=1, le=1000)
+    rows: int = Field(24, ge=1, le=1000)
+
+
 class CommandResult(BaseModel):
     """CONTRACT.md's answer to ``POST /v1/sessions/{id}/commands``."""
 

@@ -12,6 +12,9 @@
     ├── SessionClosed          the session was deleted or culled
     ├── QueueFull              too many executions waiting on one session
     ├── TooManyCommands        too many shell commands running in one session
+    ├── CommandNotFound        no running shell command of that id in the session
+    ├── CommandInputClosed     a command's stdin is not open (not asked for, or closed)
+    ├── TooManyWatches         too many folders watched in one session
     ├── ExecutionIdTaken       a caller-chosen execution id is already used
     ├── InvalidRequest         a value out of range (timeout, ...)
     │   └── UnknownLanguage    a language the session's image does not offer
@@ -20,7 +23,8 @@
     ├── PayloadTooLarge        code or an upload over its size limit
     ├── StateDirFull           the state directory (database, workspaces) has no room left
     ├── SnapshotError          a pause, resume or fork could not keep or restore the state
-    │   └── SnapshotBudgetExceeded   no room for another snapshot
+    │   ├── SnapshotBudgetExceeded   no room for another snapshot
+    │   └── SnapshotNotFound   no saved snapshot of that id (or not yours)
     ├── NoNodeAvailable        no node can take a new session
     ├── UnknownNode            no node has that id
     ├── NotDrainable           a host with one node (this machine) cannot drain it
@@ -112,6 +116,30 @@ class TooManyCommands(KernelPoolError):
         super().__init__(
             f"session {session_id} already runs {limit} shell commands; wait for one to end, "
             "kill one, or raise REPLGATE_MAX_COMMANDS")
+
+
+class CommandNotFound(KernelPoolError):
+    def __init__(self, session_id: str, command_id: str) -> None:
+        self.session_id = session_id
+        self.command_id = command_id
+        super().__init__(f"no shell command {command_id!r} is running in session {session_id}; "
+                         "it ended, or was never started")
+
+
+class CommandInputClosed(KernelPoolError):
+    def __init__(self, command_id: str, why: str) -> None:
+        self.command_id = command_id
+        super().__init__(f"command {command_id!r} takes no input: {why}")
+
+
+class TooManyWatches(KernelPoolError):
+    def __init__(self, session_id: str, limit: int) -> None:
+        self.session_id = session_id
+        super().__init__(
+            f"session {session_id} already watches {limit} folders; stop a watch first, or "
+            "raise REPLGATE_POOL__MAX_WATCHES")
+
+
 class ExecutionIdTaken(KernelPoolError):
     def __init__(self, execution_id: str) -> None:
         self.execution_id = execution_id
@@ -197,6 +225,15 @@ class SnapshotError(KernelPoolError):
 
 class SnapshotBudgetExceeded(SnapshotError):
     """The state directory has no room for another snapshot (HTTP 507)."""
+
+
+class SnapshotNotFound(SnapshotError):
+    """A saved snapshot (E2B's ``create_snapshot``) that does not exist, or is another
+    tenant's: exactly as absent."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(f"snapshot {snapshot_id!r} not found")
 
 
 class _Node(Protocol):

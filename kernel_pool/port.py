@@ -31,10 +31,11 @@ if TYPE_CHECKING:
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
     from kernel_pool._usage import SandboxUsage
+    from kernel_pool._watch import DirWatch
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
-    from kernel_pool.events import CommandResult, Event
-    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, Transfer
+    from kernel_pool.events import CommandResult, Event, PtySize
+    from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SnapshotSaved, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
 """Told of each event of every execution of a session (``None``: the execution started)."""
@@ -136,12 +137,33 @@ class SessionPort(Protocol):
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
                           emit: CommandEmit | None = None,
-                          on_start: Callable[[], None] | None = None) -> CommandResult:
+                          on_start: Callable[[], None] | None = None,
+                          stdin: bool = False, pty: PtySize | None = None) -> CommandResult:
         """A shell command beside the kernel, to its end; ``emit`` hears its output and
-        ``on_start`` is called once the command is running (a kill by its id reaches it)."""
+        ``on_start`` is called once the command is running (a kill by its id reaches it).
+        ``stdin`` keeps its standard input open for :meth:`send_command_input`; ``pty`` runs
+        it on a terminal of that size (stdin open, its output one ``stdout`` stream)."""
 
     async def kill_command(self, command_id: str) -> bool:
         """Stop the command running under that id; False when none does."""
+
+    async def send_command_input(self, command_id: str, data: bytes) -> None:
+        """Write ``data`` to a running command's stdin (or terminal); :class:`CommandNotFound`
+        when none runs under that id, :class:`CommandInputClosed` when its stdin is not open."""
+
+    async def close_command_input(self, command_id: str) -> None:
+        """Close a running command's stdin (it reads its end); as :meth:`send_command_input`
+        refuses. Closing it twice is no error."""
+
+    async def resize_command(self, command_id: str, size: PtySize) -> None:
+        """Resize a running command's terminal; :class:`CommandInputClosed` for a command
+        without one."""
+
+    async def watch_dir(self, path: str, recursive: bool = False, *,
+                        watch_id: str | None = None) -> DirWatch:
+        """Watch a workspace folder (``""``: all of it); the watch once it is in place, its
+        events in order, ending with an ``end`` event (a pause, the session's end, a lost
+        node, a lagging consumer), never an error. At most ``max_watches`` at once."""
 
     # -- the sandbox --------------------------------------------------------------------------
 
@@ -192,6 +214,25 @@ class SessionHost(Protocol):
 
     async def fork_session(self, parent_id: str, count: int = 1,
                            metadata: dict[str, Any] | None = None) -> Sequence[SessionPort]: ...
+
+    # -- saved snapshots (E2B's create_snapshot): see kernel_pool._pool_snapshots ------------
+
+    async def snapshot_session(self, session_id: str, snapshot_id: str, *, tenant: str,
+                               memory: bool = True) -> SnapshotSaved:
+        """Save the session's variables (unless ``memory`` is False) and files as snapshot
+        ``snapshot_id`` of ``tenant``, where every node of this host can read it; the session
+        goes on unchanged."""
+
+    async def create_from_snapshot(self, snapshot_id: str, *, tenant: str, profile: str,
+                                   env: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None,
+                                   admitted: Awaitable[None] | None = None) -> SessionPort:
+        """A new session of ``tenant``, a copy of that saved snapshot (``profile``: the
+        snapshot's); :class:`~kernel_pool.SnapshotNotFound` when the tenant has none of that
+        id. ``admitted``: see :meth:`create_session`."""
+
+    async def delete_snapshot(self, tenant: str, snapshot_id: str) -> None:
+        """Remove a saved snapshot (none: no error); the sessions made from it go on."""
 
     async def delete_session(self, session_id: str) -> None: ...
 

@@ -123,6 +123,27 @@ class SessionState(BaseModel):
     fork's copies inherit it). kernel_pool never reads it."""
 
 
+class SnapshotSaved(BaseModel):
+    """A running or paused session saved under a snapshot id, in the host's bundle store,
+    for new sessions to start from (each a copy); the session goes on unchanged."""
+
+    snapshot_id: str
+    session_id: str
+    """The session it was taken of."""
+    profile: str
+    """The profile its sessions start on (the image its files and variables belong to)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """The session's variables of the environment, which its sessions start with."""
+    memory: bool = True
+    """Whether it holds the kernel's variables (a paused session's keep): False, its files
+    alone, and its sessions start on a fresh kernel."""
+    kept: list[str] = Field(default_factory=list)
+    not_kept: dict[str, str] = Field(default_factory=dict)
+    """What it does not hold, each with the reason (as a paused session's ``not_kept``)."""
+    size_bytes: int = 0
+    """What it takes in the bundle store (variables and files, before sealing)."""
+
+
 NodeState = Literal["up", "draining", "down"]
 
 

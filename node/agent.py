@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +31,7 @@ from kernel_pool import KernelPool, SessionPort
 from kernel_pool.bundles import Bundles
 from kernel_pool.config import BundleSettings
 from node.bundles import BundleKeeper
-from node.registry import Fenced, Registry
+from node.registry import Fenced, NodeIdTaken, Registry
 from node.restore import MOVED
 from node.server import create_node_app
 from node.tls import uvicorn_ssl_options
@@ -72,15 +74,22 @@ class NodeAgent:
             await asyncio.sleep(self.beat_s)
             stats = self.pool.stats()
             try:
-                await self.registry.heartbeat(self.node_id, kernels=stats["in_use"] + stats["idle"],
+                await self.registry.heartbeat(self.node_id, self.advertise,
+                                              kernels=stats["in_use"] + stats["idle"],
                                               sessions=stats["sessions"])
-            except Fenced:
-                logger.warning("node %s was declared down while away: its sessions run "
-                               "elsewhere now; removing them here", self.node_id)
+            except Fenced as fenced:
+                logger.warning("%s; removing its sessions here", fenced)
                 for session_id in list(self.pool.sessions):
                     with contextlib.suppress(Exception):
                         await self.pool.delete_session(session_id, reason=FENCED)
-                await self.register()
+                try:
+                    await self.register()
+                except NodeIdTaken as taken:
+                    # Another node runs under this id now: serving on would only confuse
+                    # the gateways, so this process stops (as SIGTERM stops it).
+                    logger.error("%s; stopping", taken)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
             except Exception as exc:  # the database away for a moment: beat again later
                 logger.warning("heartbeat of node %s failed: %s", self.node_id, exc)
 
@@ -149,19 +158,30 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     pool_settings = policy.pool_settings(settings.model_copy(
         update={"pool": limits, "keep_sessions_on_stop": False}).pool_settings())
 
+    refused: list[NodeIdTaken] = []
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(
             lambda: settings.state_dir.mkdir(parents=True, exist_ok=True))
         async with Store.open(settings.database) as store:
             registry = Registry(store.database, heartbeat_timeout_s=settings.node_timeout_s)
+            try:  # before any container starts
+                await registry.check_free(node_id, advertise)
+            except NodeIdTaken as taken:
+                refused.append(taken)
+                raise
             await pool.start()  # what a previous life left here is removed: it was placed anew
             await pool.remove_leftovers()  # (and what its paused sessions left without a container)
             keeper = app.state.bundles = (
                 BundleKeeper(node_id, pool, bundles, store) if bundles is not None else None)
             agent = NodeAgent(node_id, advertise, pool, store, registry,
                               beat_s=settings.node_timeout_s / 3, keeper=keeper)
-            await agent.register()
+            try:
+                await agent.register()
+            except NodeIdTaken as taken:
+                refused.append(taken)
+                raise
             beating = asyncio.create_task(agent.beat())
             try:
                 yield
@@ -173,6 +193,8 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                 await pool.close()
 
     pool = KernelPool(pool_settings)
+    # Saved snapshots go where every node reads them, or nowhere (refused with a sentence).
+    pool.snapshot_bundles = bundles
     # Spans of the node's requests join the gateway's trace (its httpx calls carry the
     # traceparent): an execution's trace shows the hop and the node's side of it.
     tracing = setup_tracing()
@@ -184,4 +206,9 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
                             timeout_keep_alive=settings.http_keep_alive_s,
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
                                                   settings.tls_ca))
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except SystemExit:  # uvicorn's exit when its start failed
+        if refused:  # said as the command's own error (status 2), not only in the log
+            raise refused[0] from None
+        raise

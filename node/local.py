@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,7 +96,22 @@ class LocalCluster:
         return [g.ready_url.removesuffix("/healthz") for g in self.gateways]
 
     def start(self, timeout_s: float = 180.0) -> None:
-        """Nodes first (each answering over mutual TLS), then the gateways."""
+        """Nodes first (each answering over mutual TLS), then the gateways.
+
+        Raises RuntimeError, before starting anything, when a port of the cluster is taken:
+        the process there (a gateway of ``./run.sh serve``, say) would answer the readiness
+        check in place of the member that could not listen.
+        """
+        for member in (*self.nodes, *self.gateways):
+            port = int(member.ready_url.rsplit(":", 1)[1].split("/", 1)[0])
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    raise RuntimeError(
+                        f"port {port} of {member.name} is taken (a gateway of ./run.sh serve "
+                        "still running?): stop what listens there, or pass --port/--node-port"
+                    ) from None
         self.folder.mkdir(parents=True, exist_ok=True)
         for group in (self.nodes, self.gateways):
             for member in group:

@@ -20,12 +20,14 @@ from kernel_pool import (
     KernelPoolError,
     NodeRecord,
     NodeUnreachable,
+    NoNodeAvailable,
     PoolSettings,
     Profile,
     ProfileNotFound,
     SessionNotFound,
     SessionPort,
     SessionState,
+    SnapshotSaved,
     UnknownNode,
 )
 from node import recovery
@@ -34,6 +36,7 @@ from node.records import SessionRecords
 from node.registry import Registry
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
+from node.snapshots import FromSnapshot, SaveSnapshot, delete_on, make_on, save_on
 from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
@@ -65,8 +68,11 @@ class RemoteNodes:
         self._attaching: dict[str, asyncio.Future[RemoteSession]] = {}
         self._down: set[str] = set()
         """The nodes declared down, as of the last look (:meth:`watch`)."""
+        self._serving = 0
+        """The nodes ``up`` at the last look (:meth:`watch`), for the health figures."""
         self._draining: set[str] = set()
         """The nodes drained, as of the last look or this gateway's own drain."""
+        records.on_node_state = self._node_state
         self.on_session_closed: list[ClosedListener] = []
         self.on_session_paused: list[Callable[[SessionPort], None]] = []
         self.on_session_resumed: list[Callable[[SessionPort], None]] = []
@@ -78,7 +84,7 @@ class RemoteNodes:
         """What this gateway holds: kernels are the nodes' (``GET /v1/nodes``)."""
         return {"idle": 0, "starting": 0, "in_use": 0, "sessions": len(self._sessions),
                 "paused": sum(s.paused for s in self._sessions.values()), "max": 0,
-                "nodes": len(self._clients)}
+                "nodes": self._serving}
 
     def profile(self, name: str) -> Profile:
         try:
@@ -191,6 +197,44 @@ class RemoteNodes:
             self._sessions[child.id] = child
         return children
 
+    # -- saved snapshots: written and read by the nodes, in the shared bundle store ----------
+
+    async def snapshot_session(self, session_id: str, snapshot_id: str, *, tenant: str,
+                               memory: bool = True) -> SnapshotSaved:
+        """Saved by the session's node (see :meth:`KernelPool.snapshot_session`)."""
+        session = await self.find(session_id, tenant=tenant)
+        return await save_on(session.client, session_id, SaveSnapshot(
+            snapshot_id=snapshot_id, tenant=tenant, memory=memory))
+
+    async def create_from_snapshot(self, snapshot_id: str, *, tenant: str, profile: str,
+                                   env: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None,
+                                   admitted: Awaitable[None] | None = None) -> RemoteSession:
+        """A copy of the snapshot on the node with the most room, its slot claimed first
+        (as :meth:`create_session` places one)."""
+        self.profile(profile)
+        node = await self.registry.place()
+        try:
+            if admitted is not None:
+                await admitted
+            client = self._client_for(node)
+            state = await make_on(client, snapshot_id, FromSnapshot(
+                tenant=tenant, profile=profile, env=env or {}, metadata=metadata or {}))
+        except BaseException:
+            await self.registry.release(node.id)
+            raise
+        session = self._session(client, state, tenant)
+        self._sessions[session.id] = session
+        return session
+
+    async def delete_snapshot(self, tenant: str, snapshot_id: str) -> None:
+        """Removed by a node that is up (they share the bundle store)."""
+        nodes = await self.registry.nodes()
+        up = [n for n in nodes if n.state != "down"]
+        if not up:
+            raise NoNodeAvailable(nodes)
+        await delete_on(self._client_for(up[0]), tenant, snapshot_id)
+
     async def find(self, session_id: str, *, tenant: str | None = None) -> RemoteSession:
         """The live session (of ``tenant``, when given), wherever it runs: placed again when
         its node lost it, moved when its node is drained (:mod:`node.recovery`)."""
@@ -266,6 +310,12 @@ class RemoteNodes:
             return False
         return True
 
+    def _node_state(self, node_id: str, state: str) -> None:
+        """A node's state as another gateway (or a node) just changed it: requests stop going
+        to a lost node at once, not at this gateway's next look."""
+        (self._down.add if state == "down" else self._down.discard)(node_id)
+        (self._draining.add if state == "draining" else self._draining.discard)(node_id)
+
     def note_draining(self, node_id: str, draining: bool) -> None:
         """This gateway drained or undrained the node (the others see it at their next look)."""
         if draining:
@@ -315,7 +365,6 @@ class RemoteNodes:
         """Declare down the nodes whose heartbeat is late, until cancelled (every gateway
         does; the database lets one win per node)."""
         while True:
-            await asyncio.sleep(every_s)
             try:
                 for node_id in await self.registry.mark_lost():
                     logger.warning("node %s is down: its heartbeat is late; its sessions will "
@@ -323,8 +372,10 @@ class RemoteNodes:
                 nodes = await self.registry.nodes()
                 self._down = {n.id for n in nodes if n.state == "down"}
                 self._draining = {n.id for n in nodes if n.state == "draining"}
+                self._serving = sum(n.state == "up" for n in nodes)
             except Exception as exc:  # the database away for a moment: look again later
                 logger.warning("could not look for lost nodes: %s", exc)
+            await asyncio.sleep(every_s)
 
     async def close(self) -> None:
         """Close the connections; the sessions run on, on their nodes."""

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import psycopg
 
 from common.store import SessionRecord, Store
+from node.registry import NODES_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ class SessionRecords:
         self._listening = False
         self._notices = 0
         """Raised by every notice: a read begun before one is not kept."""
+        self.on_node_state: Callable[[str, str], None] | None = None
+        """Called with a node's id and state as a notice on :data:`NODES_CHANNEL` tells of a
+        change (the same connection listens to both)."""
 
     @property
     def listening(self) -> bool:
@@ -68,9 +73,15 @@ class SessionRecords:
             try:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(f"LISTEN {NODES_CHANNEL}")
                     self._listening = True
                     async for notice in conn.notifies():
-                        self.forget(notice.payload)
+                        if notice.channel == NODES_CHANNEL:
+                            node_id, _, state = notice.payload.rpartition(" ")
+                            if self.on_node_state is not None:
+                                self.on_node_state(node_id, state)
+                        else:
+                            self.forget(notice.payload)
             except psycopg.Error as exc:
                 logger.warning("notices of sessions' placements stopped (%s): every request "
                                "reads its session's record until they come again", exc)

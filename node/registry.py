@@ -38,9 +38,12 @@ from common.database import Database
 from kernel_pool import NodeRecord, NoNodeAvailable, UnknownNode
 from kernel_pool.state import NodeState
 
-__all__ = ["Fenced", "Registry"]
+__all__ = ["NODES_CHANNEL", "Fenced", "NodeIdTaken", "Registry"]
 
 _COLUMNS = "id, address, state, kernels, max_kernels, sessions, heartbeat_at"
+NODES_CHANNEL = "replgate_nodes"
+"""PostgreSQL's channel on which a change of a node's state is told (``"ID STATE"``), so that
+every gateway stops sending a lost node requests as soon as one declared it down."""
 
 
 class Fenced(Exception):
@@ -50,6 +53,19 @@ class Fenced(Exception):
     def __init__(self, node_id: str, reason: str) -> None:
         self.node_id = node_id
         super().__init__(reason)
+
+
+class NodeIdTaken(ValueError):
+    """A node registering under the id of a live node at another address."""
+
+    def __init__(self, node_id: str, holder: NodeRecord) -> None:
+        self.node_id = node_id
+        self.holder = holder
+        super().__init__(
+            f"node id {node_id!r} is held by a live node at {holder.address} (its state "
+            f"{holder.state}, last heartbeat at {holder.heartbeat_at}): start this node with "
+            "another --id (or, with no --id, another state folder: the default id is kept "
+            "in it, and a copied folder copies it), or stop that node first")
 
 
 class Registry:
@@ -90,12 +106,19 @@ class Registry:
             # An operator's drain outlives a restart of the node; nothing else of it does.
             "state = CASE WHEN nodes.state = 'draining' THEN 'draining' ELSE 'up' END, "
             "kernels = 0, max_kernels = excluded.max_kernels, sessions = 0, "
-            f"heartbeat_at = excluded.heartbeat_at, claimed_at = NULL RETURNING {_COLUMNS}")
+            f"heartbeat_at = excluded.heartbeat_at, claimed_at = NULL "
+            # Another live node's id is not taken over: the same address is this node's own
+            # earlier life (it has the port now), a late or down row is free to take.
+            f"WHERE nodes.address = excluded.address OR nodes.state = 'down' "
+            f"OR nodes.heartbeat_at < {cutoff} RETURNING {_COLUMNS}")
+        self._holder = text(
+            f"SELECT {_COLUMNS} FROM nodes WHERE id = :id AND address <> :address "
+            f"AND state <> 'down' AND heartbeat_at >= {cutoff}")
         self._heartbeat = text(
             f"UPDATE nodes SET kernels = :kernels, heartbeat_at = {now}, "
             f"sessions = CASE WHEN claimed_at IS NULL OR claimed_at < {cutoff} THEN :sessions "
             f"ELSE {greatest}(sessions, :sessions) END "
-            f"WHERE id = :id AND state <> 'down' RETURNING {_COLUMNS}")
+            f"WHERE id = :id AND state <> 'down' AND address = :address RETURNING {_COLUMNS}")
         self._mark_lost = text(
             f"UPDATE nodes SET state = 'down' WHERE state <> 'down' AND heartbeat_at < {cutoff} "
             "RETURNING id")
@@ -113,24 +136,44 @@ class Registry:
         if max_kernels < 0:
             raise ValueError("max_kernels must be at least 0")
         row = await self._one(self._register, id=node_id, address=address,
-                              max_kernels=max_kernels)
-        assert row is not None  # an upsert always returns its row
-        return NodeRecord.model_validate(dict(row))
+                              max_kernels=max_kernels, cutoff=self._cutoff)
+        if row is None:
+            holder = await self.get(node_id)
+            if holder is None:  # it went down and was removed meanwhile: take the id now
+                return await self.register(node_id, address, max_kernels)
+            raise NodeIdTaken(node_id, holder)
+        node = NodeRecord.model_validate(dict(row))
+        await self._tell([(node.id, node.state)])
+        return node
 
-    async def heartbeat(self, node_id: str, *, kernels: int, sessions: int) -> NodeRecord:
-        """The node is alive, runs ``kernels`` kernels and ``sessions`` sessions.
+    async def check_free(self, node_id: str, address: str) -> None:
+        """Raise :class:`NodeIdTaken` if a live node at another address holds ``node_id``:
+        asked before a node starts anything (:meth:`register` refuses it too, atomically)."""
+        row = await self._one(self._holder, id=node_id, address=address, cutoff=self._cutoff)
+        if row is not None:
+            raise NodeIdTaken(node_id, NodeRecord.model_validate(dict(row)))
+
+    async def heartbeat(self, node_id: str, address: str, *, kernels: int,
+                        sessions: int) -> NodeRecord:
+        """The node at ``address`` is alive, runs ``kernels`` kernels and ``sessions`` sessions.
 
         Raises:
-            Fenced: the node was declared down (or never registered): its sessions are, or will
+            Fenced: the node was declared down (or never registered, or its id was taken by a
+                node at another address once this one was late): its sessions are, or will
                 be, placed elsewhere. It must drop every one of them, then :meth:`register`.
         """
         row = await self._one(self._heartbeat, id=node_id, kernels=kernels, sessions=sessions,
-                              cutoff=self._cutoff)
+                              address=address, cutoff=self._cutoff)
         if row is None:
             known = await self.get(node_id)
+            if known is None:
+                raise Fenced(node_id, f"node {node_id} is not registered")
+            if known.address != address:
+                raise Fenced(node_id, f"node id {node_id} was taken by a node at "
+                             f"{known.address} while this one was late: its sessions are "
+                             "placed there")
             raise Fenced(node_id, f"node {node_id} was declared down (its heartbeat was late): "
-                         "its sessions are placed elsewhere" if known is not None else
-                         f"node {node_id} is not registered")
+                         "its sessions are placed elsewhere")
         return NodeRecord.model_validate(dict(row))
 
     async def nodes(self) -> list[NodeRecord]:
@@ -159,7 +202,9 @@ class Registry:
         Each node is returned to one caller only, however many gateways call at once."""
         async with self.database.connect() as connection:
             result = await connection.execute(self._mark_lost, {"cutoff": self._cutoff})
-            return sorted(row[0] for row in result)
+            lost = sorted(row[0] for row in result)
+        await self._tell([(node_id, "down") for node_id in lost])
+        return lost
 
     # -- placement ------------------------------------------------------------------------
 
@@ -228,7 +273,20 @@ class Registry:
             f"WHERE id = :id RETURNING {_COLUMNS}"), id=node_id, state=state, current=current)
         if row is None:
             raise UnknownNode(node_id)
-        return NodeRecord.model_validate(dict(row))
+        node = NodeRecord.model_validate(dict(row))
+        await self._tell([(node.id, node.state)])
+        return node
+
+    async def _tell(self, changes: list[tuple[str, str]]) -> None:
+        """Tell every gateway listening on :data:`NODES_CHANNEL` of these states (PostgreSQL
+        only: with SQLite there is one gateway, which looks itself)."""
+        if not changes or self.database.dialect != "postgresql":
+            return
+        async with self.database.connect() as connection:
+            for node_id, state in changes:
+                await connection.execute(text("SELECT pg_notify(:channel, :payload)"),
+                                         {"channel": NODES_CHANNEL,
+                                          "payload": f"{node_id} {state}"})
 
     async def _one(self, statement: TextClause, **params: Any) -> RowMapping | None:
         async with self.database.connect() as connection:

@@ -20,15 +20,18 @@ from pydantic import BaseModel, TypeAdapter
 from kernel_pool import (
     CommandEmit,
     CommandResult,
+    DirWatch,
     EgressAttempt,
     Entry,
     FileInfo,
     NodeUnreachable,
+    PtySize,
     SandboxUsage,
     SessionClosed,
     StreamEvent,
 )
 from node.client import NodeClient
+from node.remote_watch import RemoteWatch
 from node.wire import Killed, Made, Move, RunCommand, Written, error_from
 
 _FILES = TypeAdapter(list[FileInfo])
@@ -110,12 +113,13 @@ class SessionRequests:
                           env: dict[str, str] | None = None, cwd: str | None = None,
                           command_id: str | None = None,
                           emit: CommandEmit | None = None,
-                          on_start: Callable[[], None] | None = None) -> CommandResult:
+                          on_start: Callable[[], None] | None = None,
+                          stdin: bool = False, pty: PtySize | None = None) -> CommandResult:
         if self._closed:
             raise SessionClosed(self.id)
         # Named here, so a kill can reach it before its first output comes back.
         request = RunCommand(command=command, command_id=command_id or f"cmd-{uuid.uuid4().hex}",
-                             timeout_s=timeout_s, env=env, cwd=cwd)
+                             timeout_s=timeout_s, env=env, cwd=cwd, stdin=stdin, pty=pty)
         try:
             async with self.client.stream(f"/sessions/{self.id}/commands", request,
                                           self.id) as frames:
@@ -146,6 +150,28 @@ class SessionRequests:
             "POST", f"/sessions/{self.id}/commands/{command_id}/kill", Killed,
             session_id=self.id)
         return killed.killed
+
+    async def send_command_input(self, command_id: str, data: bytes) -> None:
+        await self._call("POST", f"/sessions/{self.id}/commands/{command_id}/input",
+                         session_id=self.id, content=data,
+                         headers={"content-type": "application/octet-stream"})
+
+    async def close_command_input(self, command_id: str) -> None:
+        await self._call("POST", f"/sessions/{self.id}/commands/{command_id}/close-input",
+                         session_id=self.id)
+
+    async def resize_command(self, command_id: str, size: PtySize) -> None:
+        await self._call("POST", f"/sessions/{self.id}/commands/{command_id}/resize",
+                         session_id=self.id, content=size.model_dump_json(),
+                         headers={"content-type": "application/json"})
+
+    async def watch_dir(self, path: str, recursive: bool = False, *,
+                        watch_id: str | None = None) -> DirWatch:
+        if self._closed:
+            raise SessionClosed(self.id)
+        watch = RemoteWatch(self.client, self.id, path, recursive, watch_id)
+        await watch.start()
+        return watch
 
     # -- the sandbox --------------------------------------------------------------------------
 

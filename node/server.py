@@ -40,7 +40,10 @@ from kernel_pool import (
 )
 from node.channel_server import error_out, set_fields
 from node.channel_server import router as channel_router
+from node.command_input import router as command_input_router
 from node.restore import router as restore_router
+from node.snapshots import router as snapshots_router
+from node.watch_server import router as watch_router
 from node.wire import (
     PREFIX,
     CreateContext,
@@ -66,6 +69,8 @@ _METADATA = TypeAdapter(dict[str, str])
 FOLLOW_BUFFER = 4096
 """Frames a follower of a session may fall behind before its stream is ended (it follows
 again, having missed some)."""
+TERMINAL_BACKLOG = 1024
+"""Output events of a terminal a gateway may fall behind on before they are dropped."""
 FOLLOW_KEEPALIVE_S = 5.0
 """How often a quiet follower's stream carries an empty line: a gateway gone is noticed, and
 a session closed ends the stream."""
@@ -207,8 +212,15 @@ async def run_command(request: Request, session_id: str, body: RunCommand) -> St
     """
     session = _session(request, session_id)
     run = session.prepare_command(body.command, timeout_s=body.timeout_s, env=body.env,
-                                  cwd=body.cwd, command_id=body.command_id)
+                                  cwd=body.cwd, command_id=body.command_id,
+                                  stdin=body.stdin, pty=body.pty)
     output: asyncio.Queue[StreamEvent | None] = asyncio.Queue()  # the caps bound it
+
+    def emitted(event: StreamEvent) -> None:
+        # A terminal's output is not capped: what a slow gateway is this far behind on is
+        # dropped (a screen is drawn again by what follows) rather than held without end.
+        if body.pty is None or output.qsize() < TERMINAL_BACKLOG:
+            output.put_nowait(event)
 
     def frame(said: StreamEvent | None) -> Frame:
         # None is the command's start, queued before any of its output.
@@ -216,7 +228,7 @@ async def run_command(request: Request, session_id: str, body: RunCommand) -> St
 
     async def lines() -> AsyncIterator[bytes]:
         running = asyncio.ensure_future(session.run_prepared(
-            run, output.put_nowait, lambda: output.put_nowait(None)))
+            run, emitted, lambda: output.put_nowait(None)))
         try:
             while not running.done():
                 getting = asyncio.ensure_future(output.get())
@@ -379,6 +391,9 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.include_router(router)
     app.include_router(channel_router)  # executions and new sessions, over one WebSocket
     app.include_router(restore_router)  # sessions moving through the bundle store
+    app.include_router(snapshots_router)  # saved snapshots, in the bundle store too
+    app.include_router(command_input_router)  # a running command's stdin and terminal
+    app.include_router(watch_router)  # folders watched
     return app
 
 

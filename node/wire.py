@@ -19,8 +19,10 @@ from kernel_pool import (
     Event,
     KernelPoolError,
     Profile,
+    PtySize,
     SessionState,
     Transfer,
+    WatchEvent,
 )
 from kernel_pool import exceptions as pool_errors
 
@@ -62,6 +64,8 @@ class RunCommand(BaseModel):
     timeout_s: float | None = None
     env: dict[str, str] | None = None
     cwd: str | None = None
+    stdin: bool = False
+    pty: PtySize | None = None
 
 
 class Relay(BaseModel):
@@ -114,6 +118,8 @@ class Frame(BaseModel):
     created: SessionState | None = None
     """A session made (on the channel, a ``create``'s answer)."""
     transfer: Transfer | None = None
+    watched: WatchEvent | None = None
+    """A watched folder's event (``SessionPort.watch_dir``'s stream; ``sync``: a marker)."""
     error: ErrorOut | None = None
 
 

@@ -141,3 +141,9 @@ def test_api_reference_names_no_route_that_is_not_served(served: list[Served]) -
     assert unserved == [], "docs/api.md names routes the gateway does not serve"
     assert all(not any(answers(r, m, p) for r in served) for m, p in mentions(planned)), (
         "docs/api.md lists as planned a route that is served")
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_command_runs_a_pip_the_virtualenv_lacks(document: Path) -> None:
+    """uv makes ``.venv`` without pip: a documented ``.venv/bin/pip`` fails as written."""
+    assert ".venv/bin/pip " not in document.read_text()

@@ -142,3 +142,19 @@ def test_image_holds_exactly_the_locked_versions(docker_client: docker.DockerCli
               if not pin.marker or Marker(pin.marker).evaluate(environment)}
     installed = dict(line.lower().replace("_", "-").split("==") for line in frozen.split())
     assert installed == wanted
+
+
+APT_LOCK = REPO / "sandbox_image" / "languages" / "apt-packages.txt"
+
+
+def test_default_image_holds_the_pinned_debian_packages(docker_client: docker.DockerClient,
+                                                        ) -> None:
+    """Every Debian package ``apt-packages.txt`` pins (R, the JDK, git and their closure) is in
+    the default image at that version."""
+    pins = dict(line.split("=", 1) for line in APT_LOCK.read_text().split())
+    assert "git" in pins
+    answer = docker_client.containers.run(
+        current_image(), ["dpkg-query", "-W", "-f", "${Package}=${Version}\\n", *pins],
+        entrypoint=[], network_mode="none", remove=True)
+    installed = dict(line.split("=", 1) for line in answer.decode().split())
+    assert installed == pins

@@ -8,6 +8,8 @@ sandbox is created or connected, never at import.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -40,6 +42,22 @@ def resolve_api_key(api_key: str | None) -> str:
     return key
 
 
+@functools.cache
+def _verifying_context() -> ssl.SSLContext:
+    """httpx's own verification (certifi's authorities), made once per process: making it
+    takes about 20 ms, which every sandbox's create paid when each client made its own."""
+    return httpx.create_ssl_context()
+
+
+def _tls_for(base_url: str) -> ssl.SSLContext:
+    """The TLS context of a client of ``base_url``. A plain ``http://`` gateway needs none: it
+    gets a context that trusts no authority (nothing to load), so that an ``https://`` URL it
+    might redirect to fails closed rather than unverified."""
+    if httpx.URL(base_url).scheme == "https":
+        return _verifying_context()
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 class Transport:
     """An HTTP client bound to one gateway and key; error answers become :class:`ReplgateError`."""
 
@@ -47,7 +65,7 @@ class Transport:
         self.base_url = resolve_base_url(base_url)
         self.headers = {"Authorization": f"Bearer {resolve_api_key(api_key)}"}
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers,
-                                       timeout=DEFAULT_TIMEOUT)
+                                       timeout=DEFAULT_TIMEOUT, verify=_tls_for(self.base_url))
 
     def websocket_url(self, path: str) -> str:
         """The ``ws://`` (or ``wss://``) address of ``path`` on this gateway."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.routing import Mount, Route
 
-from gateway.e2b import _control, _envd, _interpreter
+from gateway.e2b import _control, _envd, _interpreter, _snapshots
 from gateway.e2b._connect import SandboxRpc
+from gateway.e2b._filesystem import SERVICE as FILESYSTEM
 from gateway.e2b._filesystem import filesystem_service
 from gateway.e2b._hosts import E2BHosts
 from gateway.e2b._process import process_service
 from gateway.e2b._sandboxes import Sandboxes
+from gateway.e2b._watch import watch_endpoints
 from gateway.service import Gateway
 
 __all__ = ["Sandboxes", "install", "start"]
@@ -35,11 +37,12 @@ def install(app: FastAPI, domain: str | None = None) -> None:
         app.add_middleware(E2BHosts, domain=domain)
     app.router.routes.insert(0, Route("/e2b/sandbox/execute", _interpreter.execute,
                                       methods=["POST"], include_in_schema=False))
-    rpc = SandboxRpc(filesystem_service(), process_service())
+    rpc = SandboxRpc(filesystem_service(*watch_endpoints(FILESYSTEM)), process_service())
     for name in rpc.services:
         app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))
     app.include_router(_interpreter.router)
     app.include_router(_envd.router)
+    app.include_router(_snapshots.router)  # before the control plane's catch-all
     app.include_router(_control.router)
 
 

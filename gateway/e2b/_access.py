@@ -41,9 +41,11 @@ async def find_sandbox(headers: Mapping[str, str], gateway: Gateway, sandboxes: 
                             f"{' or '.join(str(p) for p in ports)}")
     tenant = await sandboxes.owner(sandbox_id, token)
     try:
-        return tenant, await gateway.session(tenant, sandbox_id)
+        session = await gateway.session(tenant, sandbox_id)
     except (SessionNotFound, SessionClosed):  # deleted a moment ago
         raise E2BError(502, f"The sandbox {sandbox_id} was not found") from None
+    await sandboxes.traffic(tenant, session)  # a paused one with autoResume wakes
+    return tenant, session
 
 
 def services(connection: HTTPConnection) -> tuple[Gateway, Sandboxes]:

@@ -7,14 +7,15 @@ A template name is a profile name; the SDKs' default templates run on the ``defa
 from __future__ import annotations
 
 import math
+import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
-from gateway.auth import extract_token
 from gateway.deps import GatewayDep
 from gateway.e2b._errors import E2BError, E2BRoute, unsupported
+from gateway.e2b._lifecycle import asked as lifecycle_asked
 from gateway.e2b._listing import Order, page, parse_states, select
 from gateway.e2b._models import (
     DEFAULT_TEMPLATES,
@@ -29,6 +30,8 @@ from gateway.e2b._models import (
     TimeoutRequest,
 )
 from gateway.e2b._sandboxes import Sandboxes
+from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
+from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import SessionPort, SessionStatus
@@ -47,19 +50,6 @@ async def get_sandboxes(request: Request) -> Sandboxes:
 SandboxesDep = Annotated[Sandboxes, Depends(get_sandboxes)]
 
 
-async def get_tenant(request: Request, gateway: GatewayDep) -> str:
-    key = request.headers.get("x-api-key") or extract_token(
-        request.headers.get("authorization"), None)
-    try:
-        return await gateway.authenticate(key)
-    except Exception:
-        raise E2BError(401, "missing or wrong API key: set E2B_API_KEY to a replgate API "
-                            "key (it is sent as X-API-Key)") from None
-
-
-TenantDep = Annotated[str, Depends(get_tenant)]
-
-
 def _profile(gateway: Gateway, template: str) -> str:
     profiles = [profile.name for profile in gateway.profiles()]
     if template in profiles:
@@ -74,32 +64,36 @@ def _refuse_unsupported(body: NewSandbox) -> None:
     """Refuse what a create asks for that replgate cannot give. ``allow_internet_access`` and
     ``network.allow_public_traffic`` are not among them: older SDKs send the first on every
     create, and the traffic token the second is about is always required here; the sandbox
-    gets its profile's network and the answer says what that is."""
+    gets its profile's network and the answer says what that is. Nor is ``mcp``: as on E2B,
+    the SDK itself starts the MCP gateway in the new sandbox (``mcp-gateway``), which
+    replgate's images lack, so the SDK's create fails there and kills the sandbox."""
     if body.network is not None and body.network.rules:
         raise unsupported(
             f"network rules ({', '.join(sorted(body.network.rules))})",
             "a sandbox's network is its profile's (egress_allow in the policy file); leave "
             "network unset, or give only allow_public_traffic")
-    if body.mcp:
-        raise unsupported("MCP servers inside sandboxes",
-                          "replgate serves MCP itself at /mcp")
     if body.volume_mounts:
         raise unsupported("volume mounts", "each sandbox has its own workspace at /home/user")
-    if body.auto_pause:
-        raise unsupported("auto-pause in this version", "leave auto_pause unset")
 
 
 @router.post("/sandboxes", status_code=status.HTTP_201_CREATED)
 @router.post("/v2/sandboxes", status_code=status.HTTP_201_CREATED)
 async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
-                 sandboxes: SandboxesDep) -> SandboxOut:
-    """A new sandbox: a replgate session of the key's tenant, on the template's profile."""
+                 sandboxes: SandboxesDep, snapshots: SnapshotsDep) -> SandboxOut:
+    """A new sandbox: a replgate session of the key's tenant, on the template's profile (or
+    made from the snapshot the template names: :mod:`._snapshots`)."""
     _refuse_unsupported(body)
-    profile = _profile(gateway, body.template_id)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
+    snapshot = await snapshot_for(snapshots, tenant, body.template_id)
+    if snapshot is not None:
+        return await sandbox_from_snapshot(snapshot, body, tenant, timeout, snapshots,
+                                           sandboxes)
+    profile = _profile(gateway, body.template_id)
     sandboxes.check_timeout(timeout)
+    policy = lifecycle_asked(body, timeout)
     session = await gateway.create_session(tenant, SessionCreate(
         profile=profile, env=body.env_vars, metadata=dict(body.metadata)))
+    await sandboxes.set_lifecycle(tenant, session, policy)
     await sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)
 
@@ -252,25 +246,33 @@ async def fork(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep, sandboxe
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
-async def metrics(sandbox_id: str, tenant: TenantDep,
-                  gateway: GatewayDep) -> list[dict[str, object]]:
-    """``Sandbox.get_metrics()``: replgate keeps no time series, so one entry, the figures now
-    (``GET /v1/sessions/{id}/metrics``; ``start``/``end`` are not needed to pick it).
-    ``cpuCount`` is the CPU limit rounded up; ``memCache`` is 0: the page cache is counted in
-    ``memUsed``, as the limit counts it."""
-    figures = await gateway.session_metrics(tenant, sandbox_id)
-    at = datetime.fromisoformat(figures.at)
-    cpus = (await gateway.session(tenant, sandbox_id)).profile.cpus
-    return [{"timestamp": figures.at, "timestampUnix": int(at.timestamp()),
-             "cpuCount": max(1, math.ceil(cpus)),
-             "cpuUsedPct": figures.cpu_used_pct, "memUsed": figures.mem_used_bytes,
-             "memTotal": figures.mem_limit_bytes, "memCache": 0,
-             "diskUsed": figures.disk_used_bytes, "diskTotal": figures.disk_limit_bytes}]
+async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
+                  start: Annotated[int | None, Query(ge=0)] = None,
+                  end: Annotated[int | None, Query(ge=0)] = None) -> list[dict[str, object]]:
+    """``Sandbox.get_metrics(start, end)``: the readings replgate took in that range (Unix
+    seconds, ``end``'s whole second included), oldest first. replgate reads a sandbox when
+    asked (``GET /v1/sessions/{id}/metrics``; :mod:`gateway.usage` keeps the readings), so a
+    range that reaches now takes a reading now. ``cpuCount`` is the CPU limit rounded up;
+    ``memCache`` is 0: the page cache is counted in ``memUsed``, as the limit counts it."""
+    if start is not None and end is not None and start > end:
+        raise E2BError(400, f"start ({start}) must not be after end ({end})")
+    session = await gateway.session(tenant, sandbox_id)
+    if end is None or end + 1 >= time.time():
+        await gateway.session_metrics(tenant, sandbox_id)
+    cpus = max(1, math.ceil(session.profile.cpus))
+    return [{"timestamp": figures.at,
+             "timestampUnix": int(datetime.fromisoformat(figures.at).timestamp()),
+             "cpuCount": cpus, "cpuUsedPct": figures.cpu_used_pct,
+             "memUsed": figures.mem_used_bytes, "memTotal": figures.mem_limit_bytes,
+             "memCache": 0, "diskUsed": figures.disk_used_bytes,
+             "diskTotal": figures.disk_limit_bytes}
+            for figures in gateway.usage.history(
+                session.id, start, None if end is None else end + 1)]
 
 
 @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                   include_in_schema=False)
 async def not_offered(path: str, request: Request, tenant: TenantDep) -> Response:
     raise E2BError(404, f"replgate's E2B-compatible API does not offer {request.method} /{path} "
-                        "(custom templates, snapshots, volumes, secrets, logs and network "
-                        "rules are not available)")
+                        "(custom templates, volumes, secrets, logs and network rules are "
+                        "not available)")

@@ -1,7 +1,7 @@
 """envd's ``filesystem.Filesystem`` service on the session's workspace (``/home/user``).
 
 Messages restate envd's public interface in ProtoJSON (``filesystem.proto``: EntryInfo, Stat,
-ListDir, MakeDir, Move, Remove). Watching a folder is not offered: it answers UNIMPLEMENTED.
+ListDir, MakeDir, Move, Remove); watching folders is :mod:`gateway.e2b._watch`'s.
 
 As envd does, an entry that is a link describes what it leads to (its type, size, mode) with
 ``symlinkTarget`` the absolute path it resolves to, and ``isSymlink`` left false (the newest
@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import posixpath
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
-from connectrpc.request import RequestContext
 
 from gateway.e2b._connect import (
     TARGET,
     ConnectService,
     Empty,
     ProtoJSON,
-    not_offered,
-    server_stream,
     unary,
 )
 from gateway.e2b._errors import E2BError
@@ -80,10 +77,6 @@ class EntryResponse(ProtoJSON):
 
 class ListDirResponse(ProtoJSON):
     entries: list[EntryInfo]
-
-
-class WatchRequest(ProtoJSON):
-    path: str = ""
 
 
 def entry_info(entry: Entry) -> EntryInfo:
@@ -154,25 +147,13 @@ async def remove(request: PathRequest) -> Empty:
     return Empty()
 
 
-async def watch_dir(request: WatchRequest, _ctx: RequestContext[WatchRequest, Empty],
-                    ) -> AsyncIterator[Empty]:
-    raise not_offered("watching folders (watch_dir); list the folder again instead")
-    yield Empty()  # pragma: no cover - makes this an async generator
-
-
-async def _no_watchers(request: WatchRequest) -> Empty:
-    raise not_offered("watching folders (watchers); list the folder again instead")
-
-
-def filesystem_service() -> ConnectService:
+def filesystem_service(*watching: tuple[str, Any]) -> ConnectService:
+    """The service; ``watching``: its folder-watching methods (``_watch.watch_endpoints``)."""
     return ConnectService(SERVICE, dict([
         unary(SERVICE, "Stat", PathRequest, EntryResponse, stat_entry),
         unary(SERVICE, "ListDir", ListDirRequest, ListDirResponse, list_dir),
         unary(SERVICE, "MakeDir", PathRequest, EntryResponse, make_dir),
         unary(SERVICE, "Move", MoveRequest, EntryResponse, move),
         unary(SERVICE, "Remove", PathRequest, Empty, remove),
-        server_stream(SERVICE, "WatchDir", WatchRequest, Empty, watch_dir),
-        unary(SERVICE, "CreateWatcher", WatchRequest, Empty, _no_watchers),
-        unary(SERVICE, "GetWatcherEvents", WatchRequest, Empty, _no_watchers),
-        unary(SERVICE, "RemoveWatcher", WatchRequest, Empty, _no_watchers),
+        *watching,
     ]))

@@ -4,7 +4,8 @@ Field names are E2B's (``templateID``, ``sandboxID``, camelCase); requests ignor
 version does not know, as E2B's API does. What an SDK sends unasked (``allow_internet_access:
 true``, ``secure``, ``autoPause: false``) gets the sandbox its profile gives, and the answer says
 what that is (:class:`SandboxNetwork`); the asks replgate cannot honour are refused by
-:mod:`gateway.e2b._control` with a sentence.
+:mod:`gateway.e2b._control` with a sentence. What a create asks of the sandbox's end
+(``autoPause``, ``autoPauseMemory``, ``autoResume``) is :mod:`gateway.e2b._lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ENVD_VERSION = "0.6.2"
-"""The envd version replgate answers as: the default user (0.4.0), octet-stream uploads
-(0.5.7) and file metadata (0.6.2) are served; watch entries (0.6.3) are not, so the SDKs do
-not ask for them."""
+ENVD_VERSION = "0.6.4"
+"""The envd version replgate answers as: octet-stream uploads (0.5.7), the default user
+(0.4.0), file metadata (0.6.2), watch entries (0.6.3) and the network-mounts flag of a watch
+(0.6.4) are served."""
 
 DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter"})
 """The SDKs' default template names; they run on replgate's ``default`` profile."""
@@ -47,18 +48,30 @@ class NetworkRequest(Lenient):
                           and v not in (None, [], {}, "")}}
 
 
+class AutoResumeRequest(Lenient):
+    """``SandboxAutoResumeConfig``: whether traffic to the sandbox resumes it once paused."""
+
+    enabled: bool
+
+
 class NewSandbox(Lenient):
     template_id: str = Field(alias="templateID", min_length=1, max_length=128)
     timeout: int | None = Field(None, ge=0, description="seconds the sandbox lives")
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
-    auto_pause: bool = Field(False, alias="autoPause")
+    auto_pause: bool | None = Field(None, alias="autoPause")
+    """At its timeout the sandbox is paused instead of killed (E2B's default: killed)."""
+    auto_pause_memory: bool | None = Field(None, alias="autoPauseMemory")
+    """``false``: that pause keeps the files only, and its resume boots a fresh kernel."""
+    auto_resume: AutoResumeRequest | None = Field(None, alias="autoResume")
     allow_internet_access: bool | None = None
     """Older SDKs (Python's 2.45.1 and JS's 2.45.0 among them) send ``true`` on every create
     unless told otherwise, so it is no ask replgate can tell from a default: the sandbox gets
     its profile's network either way, and the answer says which."""
     network: NetworkRequest | None = None
     mcp: dict[str, Any] | None = None
+    """Read by no one: E2B's SDKs start the MCP gateway inside the sandbox themselves, after
+    the create (replgate's images have none, so that start fails, as in E2B's ``base``)."""
     volume_mounts: list[Any] | None = Field(None, alias="volumeMounts")
 
 
@@ -98,9 +111,10 @@ class SandboxNetwork(BaseModel):
 
 
 class SandboxLifecycle(BaseModel):
-    """``SandboxLifecycle``: at its timeout a sandbox is deleted, never auto-paused."""
+    """``SandboxLifecycle``: what the sandbox's timeout does, and whether traffic resumes it
+    when paused (what its create asked; E2B's defaults: killed, not resumed)."""
 
-    onTimeout: Literal["kill"] = "kill"
+    onTimeout: Literal["kill", "pause"] = "kill"
     autoResume: bool = False
 
 

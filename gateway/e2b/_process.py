@@ -2,15 +2,22 @@
 
 E2B's ``commands.run(cmd)`` starts ``/bin/bash -l -c CMD``; replgate runs that command line
 (without ``-l``: a login shell's profile would reset the sandbox's PATH) beside the kernel,
-under the sandbox's limits, in the workspace (``cwd`` under ``/home/user``). Output streams as
-``data`` events, the exit as ``end`` (the SDK raises ``CommandExitException`` on a non-zero
-code). Each command gets a pid by which ``SendSignal`` (SIGKILL, SIGTERM), ``List`` and
-``Connect`` find it; on many machines ``SendSignal`` reaches one started through another
-gateway too (``List`` and ``Connect`` know those started through their own).
+under the sandbox's limits, in the workspace (or the ``cwd`` asked for, ``/`` too). Output
+streams as ``data`` events, the exit as ``end`` (the SDK raises ``CommandExitException`` on a
+non-zero code). Each command gets a pid by which ``SendSignal`` (SIGKILL, SIGTERM), ``List``
+and ``Connect`` find it; on many machines ``SendSignal``, ``SendInput``, ``CloseStdin``,
+``StreamInput`` and ``Update`` reach one started through another gateway too (``List`` and
+``Connect`` know those started through their own).
+
+A command started with ``stdin`` takes input (``SendInput``, ``StreamInput``) until
+``CloseStdin``; one started with a ``pty`` runs on a terminal of that size (E2B's
+``sandbox.pty``: ``/bin/bash -i``), its output as ``data.pty``, resized by ``Update``.
 
 As in E2B, a command outlives the stream that started it (``disconnect``, then ``connect`` by
 pid); it is bounded by its ``timeout`` (the stream's deadline) or, with ``timeout=0``, by the
-profile's maximum. Not offered: terminals (pty), stdin, other signals.
+profile's maximum. A sandbox killed while a command runs ends its streams with ``UNAVAILABLE``,
+after which the SDK asks the sandbox's health and raises "sandbox was killed". Not offered:
+signals other than SIGKILL and SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import base64
 import contextlib
 import itertools
 import logging
+import posixpath
 import secrets
 import shlex
 from collections.abc import AsyncIterator
@@ -28,106 +36,59 @@ from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
-from connectrpc.method import IdempotencyLevel, MethodInfo
 from connectrpc.request import RequestContext
-from connectrpc.server import Endpoint
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
 from gateway.e2b._connect import (
     TARGET,
     ConnectService,
     Empty,
-    ProtoJSON,
     Target,
-    not_offered,
     server_stream,
     unary,
 )
 from gateway.e2b._errors import E2BError
-from gateway.e2b._paths import to_workspace
+from gateway.e2b._paths import HOME, to_workspace
+from gateway.e2b._process_input import SERVICE, ProcessInputs, client_stream
+from gateway.e2b._process_models import (
+    CloseStdinRequest,
+    ConnectRequest,
+    DataEvent,
+    EndEvent,
+    EventResponse,
+    ListResponse,
+    ProcessConfig,
+    ProcessEvent,
+    ProcessInfo,
+    ProcessSelector,
+    SendInputRequest,
+    SignalRequest,
+    StartEvent,
+    StartRequest,
+    UpdateRequest,
+)
 from gateway.errors import GatewayError, status_for
 from gateway.wire import CommandRequest
-from kernel_pool import CommandResult, CommandStatus, KernelPoolError, StreamEvent
+from kernel_pool import (
+    CommandResult,
+    CommandStatus,
+    KernelPoolError,
+    PtySize,
+    SessionClosed,
+    StreamEvent,
+)
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "process.Process"
 KEEPALIVE_S = 50.0
 """How long a stream may stay silent before a keepalive event (E2B's SDKs ask for 50 s)."""
+FOLLOWER_EVENTS = 1024
+"""Events a stream may fall behind its terminal before it is ended."""
 
 _CODES = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.ALREADY_EXISTS,
           413: Code.INVALID_ARGUMENT, 429: Code.RESOURCE_EXHAUSTED,
           507: Code.RESOURCE_EXHAUSTED}
 _STOPPING = {"SIGNAL_SIGKILL", "SIGNAL_SIGTERM", "9", "15"}
-
-
-class ProcessConfig(ProtoJSON):
-    cmd: str = ""
-    args: list[str] = Field(default_factory=list)
-    envs: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-
-
-class ProcessSelector(ProtoJSON):
-    pid: int | None = None
-    tag: str | None = None
-
-
-class StartRequest(ProtoJSON):
-    process: ProcessConfig = ProcessConfig()
-    pty: dict[str, Any] | None = None
-    tag: str | None = None
-    stdin: bool | None = None
-
-
-class ConnectRequest(ProtoJSON):
-    process: ProcessSelector = ProcessSelector()
-
-
-class SignalRequest(ProtoJSON):
-    process: ProcessSelector = ProcessSelector()
-    signal: str | int = "SIGNAL_UNSPECIFIED"
-
-
-class StartEvent(ProtoJSON):
-    pid: int
-
-
-class DataEvent(ProtoJSON):
-    """One chunk of output; ``bytes`` fields are base64 in ProtoJSON."""
-
-    stdout: str | None = None
-    stderr: str | None = None
-
-
-class EndEvent(ProtoJSON):
-    exit_code: int
-    exited: bool
-    status: str
-    error: str | None = None
-
-
-class ProcessEvent(ProtoJSON):
-    start: StartEvent | None = None
-    data: DataEvent | None = None
-    end: EndEvent | None = None
-    keepalive: Empty | None = None
-
-
-class EventResponse(ProtoJSON):
-    """``StartResponse`` and ``ConnectResponse`` alike."""
-
-    event: ProcessEvent
-
-
-class ProcessInfo(ProtoJSON):
-    config: ProcessConfig
-    pid: int
-    tag: str | None = None
-
-
-class ListResponse(ProtoJSON):
-    processes: list[ProcessInfo]
 
 
 Said = ProcessEvent | ConnectError
@@ -143,6 +104,7 @@ class Running:
     command_id: str
     config: ProcessConfig
     tag: str | None
+    pty: bool = False
     streams: set[asyncio.Queue[Said]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     started: bool = False
@@ -152,9 +114,23 @@ class Running:
         self.started = True
         self.tell(ProcessEvent(start=StartEvent(pid=self.pid)))
 
+    def follower(self) -> asyncio.Queue[Said]:
+        """A new stream's queue: bounded for a terminal, whose output is not capped (a
+        command's caps bound its events)."""
+        queue: asyncio.Queue[Said] = asyncio.Queue(FOLLOWER_EVENTS if self.pty else 0)
+        self.streams.add(queue)
+        return queue
+
     def tell(self, said: Said) -> None:
-        for queue in self.streams:
-            queue.put_nowait(said)
+        for queue in list(self.streams):
+            try:
+                queue.put_nowait(said)
+            except asyncio.QueueFull:  # a terminal's output is not capped: its reader lags
+                self.streams.discard(queue)
+                queue.get_nowait()
+                queue.put_nowait(ConnectError(
+                    Code.ABORTED, f"this stream fell too far behind the output of "
+                    f"process {self.pid}; connect to it again"))
 
 
 def _command_id(pid: int) -> str:
@@ -169,8 +145,25 @@ def _command_line(config: ProcessConfig) -> str:
     return shlex.join([config.cmd, *args])
 
 
-def _data(event: StreamEvent) -> ProcessEvent:
+def _cwd(cwd: str | None) -> str | None:
+    """The command's folder: in the workspace as a workspace path, elsewhere absolute (the
+    sandbox's own folders, ``/`` too); a relative one is from ``/home/user``."""
+    if not cwd:
+        return None
+    if "\x00" in cwd:
+        raise E2BError(400, "cwd cannot contain a NUL character")
+    if cwd.startswith("~"):
+        cwd = HOME + cwd[1:]
+    absolute = posixpath.normpath(posixpath.join(HOME, cwd))
+    if absolute == HOME or absolute.startswith(HOME + "/"):
+        return to_workspace(absolute)
+    return "/" + absolute.lstrip("/")
+
+
+def _data(event: StreamEvent, pty: bool) -> ProcessEvent:
     encoded = base64.b64encode(event.text.encode("utf-8")).decode()
+    if pty:
+        return ProcessEvent(data=DataEvent(pty=encoded))
     data = DataEvent(stdout=encoded) if event.type == "stdout" else DataEvent(stderr=encoded)
     return ProcessEvent(data=data)
 
@@ -215,7 +208,7 @@ async def _follow(running: Running, queue: asyncio.Queue[Said],
         running.streams.discard(queue)
 
 
-class Processes:
+class Processes(ProcessInputs):
     """The service, with the commands it started: per session, by pid."""
 
     def __init__(self) -> None:
@@ -240,8 +233,12 @@ class Processes:
         try:
             result = await target.gateway.run_command(
                 target.tenant, target.session, command,
-                lambda event: running.tell(_data(event)), running.start)
+                lambda event: running.tell(_data(event, running.pty)), running.start)
             said = _end(result)
+        except SessionClosed:
+            # Not the sandbox's "was not found": the SDK then asks the sandbox's health.
+            said = ConnectError(Code.UNAVAILABLE, f"the sandbox {target.session.id} ended while "
+                                                  "the command ran")
         except (GatewayError, KernelPoolError) as exc:
             said = ConnectError(_CODES.get(status_for(exc), Code.UNAVAILABLE), str(exc))
         except Exception as exc:  # a fault of ours: its streams must still end
@@ -257,10 +254,6 @@ class Processes:
     def start(self, request: StartRequest, ctx: RequestContext[Any, Any],
               ) -> AsyncIterator[EventResponse]:
         target = TARGET.get()
-        if request.pty is not None:
-            raise not_offered("terminals (pty); run the command without one")
-        if request.stdin:
-            raise not_offered("stdin to commands; pass the input in the command itself")
         config = request.process
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty; name the program "
@@ -269,9 +262,12 @@ class Processes:
         limit = target.session.profile.max_timeout_s
         pid = next(self._pids)
         try:
-            cwd = to_workspace(config.cwd) if config.cwd else None
+            size = request.pty.size if request.pty is not None else None
             command = CommandRequest(
-                cmd=_command_line(config), env=config.envs, cwd=cwd, id=_command_id(pid),
+                cmd=_command_line(config), env=config.envs, cwd=_cwd(config.cwd),
+                id=_command_id(pid), stdin=bool(request.stdin),
+                pty=None if request.pty is None else PtySize(
+                    cols=size.cols if size else 80, rows=size.rows if size else 24),
                 timeout_s=min(limit, deadline_ms / 1000) if deadline_ms else limit)
         except E2BError as exc:
             raise ConnectError(Code.INVALID_ARGUMENT, exc.message) from None
@@ -279,9 +275,8 @@ class Processes:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
             raise ConnectError(Code.INVALID_ARGUMENT, f"{where}: {first['msg']}") from None
-        running = Running(pid, command.id or "", config, request.tag)
-        queue: asyncio.Queue[Said] = asyncio.Queue()
-        running.streams.add(queue)
+        running = Running(pid, command.id or "", config, request.tag, command.pty is not None)
+        queue = running.follower()
         self._running.setdefault(target.session.id, {})[pid] = running
         running.task = asyncio.create_task(self._run(target, command, running))
         return _follow(running, queue, ctx)
@@ -289,9 +284,7 @@ class Processes:
     def connect(self, request: ConnectRequest, ctx: RequestContext[Any, Any],
                 ) -> AsyncIterator[EventResponse]:
         running = self._find(TARGET.get().session.id, request.process)
-        queue: asyncio.Queue[Said] = asyncio.Queue()
-        running.streams.add(queue)
-        return _follow(running, queue, ctx)
+        return _follow(running, running.follower(), ctx)
 
     async def list(self, request: Empty) -> ListResponse:
         return ListResponse(processes=[
@@ -319,35 +312,27 @@ class Processes:
                                f"no running command with pid {request.process.pid}")
         return Empty()
 
+    def _command_of(self, session_id: str, selector: ProcessSelector) -> str:
+        """The command id of the selected process; by its pid, one started through another
+        gateway too (the session's node knows it)."""
+        try:
+            return self._find(session_id, selector).command_id
+        except ConnectError:
+            if selector.pid is None:
+                raise
+            return _command_id(selector.pid)
+
     def service(self) -> ConnectService:
         return ConnectService(SERVICE, dict([
             server_stream(SERVICE, "Start", StartRequest, EventResponse, self.start),
             server_stream(SERVICE, "Connect", ConnectRequest, EventResponse, self.connect),
             unary(SERVICE, "List", Empty, ListResponse, self.list),
             unary(SERVICE, "SendSignal", SignalRequest, Empty, self.send_signal),
-            unary(SERVICE, "Update", Empty, Empty, _no_pty),
-            unary(SERVICE, "SendInput", Empty, Empty, _no_stdin),
-            unary(SERVICE, "CloseStdin", Empty, Empty, _no_stdin),
-            _client_stream("StreamInput"),
+            unary(SERVICE, "Update", UpdateRequest, Empty, self.update),
+            unary(SERVICE, "SendInput", SendInputRequest, Empty, self.send_input),
+            unary(SERVICE, "CloseStdin", CloseStdinRequest, Empty, self.close_stdin),
+            client_stream("StreamInput", self.stream_input),
         ]))
-
-
-async def _no_pty(request: Empty) -> Empty:
-    raise not_offered("terminals (pty); run commands without one")
-
-
-async def _no_stdin(request: Empty) -> Empty:
-    raise not_offered("stdin to commands; pass the input in the command itself")
-
-
-def _client_stream(name: str) -> tuple[str, Endpoint[Empty, Empty]]:
-    async def refuse(_messages: AsyncIterator[Empty], _ctx: RequestContext[Empty, Empty],
-                     ) -> Empty:
-        raise not_offered("stdin to commands; pass the input in the command itself")
-
-    info = MethodInfo(name=name, service_name=SERVICE, input=Empty, output=Empty,
-                      idempotency_level=IdempotencyLevel.UNKNOWN)
-    return f"/{SERVICE}/{name}", Endpoint.client_stream(method=info, function=refuse)
 
 
 def process_service() -> ConnectService:

@@ -5,7 +5,8 @@ from the id with a key kept in the state directory (HMAC-SHA256), so it needs no
 stays valid when the gateway restarts and takes its sessions back. The E2B timeout (the
 sandbox's end) is a time in the database (``e2b_sandboxes``); at that time the session is
 deleted, as E2B kills a sandbox at its end, by whichever gateway sharing the database claims the
-end first (so a sandbox ends on time after the gateway that made it is gone, or restarted).
+end first (so a sandbox ends on time after the gateway that made it is gone, or restarted); or
+paused, when its create asked for that (:mod:`gateway.e2b._lifecycle`, kept beside the end).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import anyio.to_thread
 
 from common.store import stored_time
 from gateway.e2b._errors import E2BError
+from gateway.e2b._lifecycle import SandboxPolicy, pause_at_timeout
 from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxNetwork, SandboxOut
 from gateway.service import Gateway
 from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, SessionStatus, parse_size
@@ -149,6 +151,33 @@ class Sandboxes:
         ends = await self.store.sandbox_ends([session.id])
         return session.id in ends and ends[session.id] is None
 
+    async def set_lifecycle(self, tenant: str, session: SessionPort,
+                            policy: SandboxPolicy) -> None:
+        """Keep what the sandbox's create asked of its end (before its end is first set, so
+        no gateway reaches the end without it)."""
+        await self.store.set_sandbox_lifecycle(session.id, tenant, policy.model_dump_json())
+
+    async def policy(self, session_id: str) -> SandboxPolicy:
+        """The sandbox's lifecycle (E2B's defaults for one made without)."""
+        _, stored = (await self.store.sandbox_lifecycles([session_id])).get(
+            session_id, (None, None))
+        return SandboxPolicy.stored(stored)
+
+    async def traffic(self, tenant: str, session: SessionPort) -> None:
+        """A request reached the sandbox's ports: one paused by its SDK or its timeout, whose
+        create turned ``autoResume`` on, is resumed and ends its create's timeout from now,
+        as E2B's auto-resume does. (Only a paused session costs the database a look.)"""
+        if session.state().status is not SessionStatus.PAUSED:
+            return
+        end, stored = (await self.store.sandbox_lifecycles([session.id])).get(
+            session.id, (None, None))
+        policy = SandboxPolicy.stored(stored)
+        if stored is None or end is not None or not policy.auto_resume:
+            return
+        logger.info("E2B sandbox %s resumed by a request to it (autoResume)", session.id)
+        await self.gateway.resume(tenant, session.id)
+        await self.set_timeout(tenant, session, policy.timeout_s)
+
     def _forget(self, session_id: str) -> None:
         task = asyncio.get_running_loop().create_task(self._drop(session_id))
         self._tasks.add(task)
@@ -193,14 +222,25 @@ class Sandboxes:
     async def _end(self, session_id: str, tenant: str, end: str, retry: str) -> None:
         if not await self.store.claim_sandbox(session_id, end, retry):
             return  # another gateway ends it, or its end moved
-        logger.info("E2B sandbox %s reached its timeout; deleting it", session_id)
+        policy = await self.policy(session_id)
+        logger.info("E2B sandbox %s reached its timeout; %s", session_id,
+                    "pausing it" if policy.on_timeout == "pause" else "deleting it")
         try:
+            if policy.on_timeout == "pause":
+                # Paused by its end: no end until a connect (or its traffic) resumes it. Set
+                # first, so that it reads as paused by its end as soon as it reads paused (a
+                # gateway gone mid-pause leaves it running to replgate's maximum lifetime).
+                await self.store.set_sandbox_end(session_id, tenant, None)
+                await pause_at_timeout(self.gateway, tenant, session_id, policy)
+                return
             await self.gateway.delete_session(tenant, session_id)
         except SessionNotFound:
             pass  # gone already
         except KernelPoolError as exc:
             logger.warning("E2B sandbox %s not ended yet (tried again at %s): %s",
                            session_id, retry, exc)
+            if policy.on_timeout == "pause":
+                await self.store.set_sandbox_end(session_id, tenant, retry)
             return
         await self.store.drop_sandbox(session_id)
 
@@ -244,8 +284,10 @@ class Sandboxes:
 
     async def detail(self, session: SessionPort) -> SandboxDetail:
         (listed,) = await self.listed([session])
+        policy = await self.policy(session.id)
         return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id),
-                             domain=self.gateway.settings.e2b_domain, network=_network(session))
+                             domain=self.gateway.settings.e2b_domain, network=_network(session),
+                             lifecycle=policy.described())
 
 
 def _network(session: SessionPort) -> SandboxNetwork:

@@ -70,6 +70,19 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
+from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
+from ._terminals import (
+    CommandInput,
+    TerminalClientMessage,
+    TerminalExit,
+    TerminalInput,
+    TerminalKill,
+    TerminalOutput,
+    TerminalResize,
+    TerminalSize,
+    TerminalStarted,
+)
+from ._watch import WatchChange, WatchEndFrame, WatchFrame, WatchReadyFrame
 
 __all__ = [
     "CHART_MIME",
@@ -82,6 +95,7 @@ __all__ = [
     "ClearOutputEvent",
     "CommandDone",
     "CommandFrame",
+    "CommandInput",
     "CommandKilledFrame",
     "CommandRequest",
     "CommandResult",
@@ -122,10 +136,25 @@ __all__ = [
     "SessionCreate",
     "SessionMetricsOut",
     "SessionOut",
+    "SnapshotCreate",
+    "SnapshotOut",
+    "SnapshotSessionCreate",
     "StreamEvent",
+    "TerminalClientMessage",
+    "TerminalExit",
+    "TerminalInput",
+    "TerminalKill",
+    "TerminalOutput",
+    "TerminalResize",
+    "TerminalSize",
+    "TerminalStarted",
     "Timeout",
     "TransferFrame",
     "UpdateDisplayEvent",
+    "WatchChange",
+    "WatchEndFrame",
+    "WatchFrame",
+    "WatchReadyFrame",
     "WsClientMessage",
     "WsCommand",
     "WsExecute",

@@ -68,8 +68,25 @@ class CommandProcess(ABC):
     async def wait(self) -> int | None:
         """The exit status once the output has ended (None if it cannot be known)."""
 
+    async def write(self, data: bytes) -> None:
+        """Write to the command's stdin (or terminal); started with ``stdin`` or ``pty``."""
+        raise BackendError("this backend cannot write to a command's input")
+
+    async def close_input(self) -> None:
+        """Close the command's stdin: it reads its end."""
+        raise BackendError("this backend cannot close a command's input")
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resize the command's terminal (started with ``pty``)."""
+        raise BackendError("this backend cannot resize a command's terminal")
+
     async def close(self) -> None:
         """Release the connection to the command."""
+        return None
+
+    async def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the process the backend started (not its group); nothing when
+        it has ended."""
         return None
 
 
@@ -167,11 +184,21 @@ class Sandbox(ABC):
         return 0."""
         return 0
 
-    async def start_command(self, command: str, *, env: dict[str, str],
-                            cwd: str) -> CommandProcess:
+    async def start_command(self, command: str, *, env: dict[str, str], cwd: str,
+                            stdin: bool = False,
+                            pty: tuple[int, int] | None = None) -> CommandProcess:
         """Start ``sh -c command`` beside the kernel, as the sandbox's user, in ``cwd`` (a
-        workspace-relative folder) with ``env`` added to the sandbox's environment."""
+        workspace-relative folder, or an absolute path in the sandbox) with ``env`` added to
+        the sandbox's environment. ``stdin`` keeps its input open (:meth:`CommandProcess.write`);
+        ``pty`` (columns, rows) runs it on a terminal: its output is one ``stdout`` stream and
+        the shell has the terminal as its controlling one (job control, ``tput``)."""
         raise BackendError(f"the {self.info.backend} backend cannot run shell commands")
+
+    async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
+        """Start the sandbox's folder watcher (``replgate_kernel/watch.py``) on ``folder``
+        (workspace-relative) beside the kernel, as the sandbox's user; its output is the
+        watcher's JSON lines."""
+        raise BackendError(f"the {self.info.backend} backend cannot watch folders")
 
     async def checkpoint(self) -> Path:
         """Dump the whole sandbox (every process's memory, threads, open files, ``/tmp``) and

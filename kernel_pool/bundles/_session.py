@@ -50,19 +50,30 @@ Emit = Callable[[bytes], None]
 
 
 async def write_session(bundles: Bundles, tenant: str, session_id: str, info: BundleInfo,
-                        snapshots: SnapshotStore, workspace: Workspace) -> None:
-    """Write the bundle of a paused session: its snapshot in ``snapshots`` and the files of
-    ``workspace``, committed (replacing its previous bundle) once both are whole."""
-    reader, suffix = await anyio.to_thread.run_sync(snapshots.open_read, session_id)
+                        snapshots: SnapshotStore | None, workspace: Workspace) -> int:
+    """Write the bundle of a paused session: its snapshot in ``snapshots`` (None: its files
+    alone, a saved snapshot that keeps no variables) and the files of ``workspace``,
+    committed (replacing its previous bundle) once both are whole; the bytes written."""
+    reader, suffix = (await anyio.to_thread.run_sync(snapshots.open_read, session_id)
+                      if snapshots is not None else (None, ""))
     try:
         async with bundles.write(tenant, session_id, info) as writer:
-            async with writer.part(SNAPSHOT + suffix) as part:
-                while chunk := await anyio.to_thread.run_sync(reader.read, PART_SIZE):
-                    await part.write(chunk)
+            if reader is not None:
+                async with writer.part(SNAPSHOT + suffix) as part:
+                    while chunk := await anyio.to_thread.run_sync(reader.read, PART_SIZE):
+                        await part.write(chunk)
             async with writer.part(WORKSPACE) as part:
                 await _produced(lambda emit: _tar_workspace(workspace, emit), part.write)
     finally:
-        reader.close()
+        if reader is not None:
+            reader.close()
+    return sum(part.size for part in writer.parts.values())
+
+
+def holds_variables(bundle: Bundle) -> bool:
+    """Whether the bundle holds a variables snapshot (a saved snapshot may hold files
+    alone)."""
+    return any(name.startswith(SNAPSHOT) for name in bundle.manifest.parts)
 
 
 async def read_session(bundle: Bundle, session_id: str, snapshots: SnapshotStore,
@@ -93,19 +104,27 @@ async def read_session(bundle: Bundle, session_id: str, snapshots: SnapshotStore
     kept: PauseInfo = await anyio.to_thread.run_sync(snapshots.commit, session_id, writer,
                                                      info, suffix)
     try:
-        async with contextlib.aclosing(bundle.read(WORKSPACE)) as chunks:
-            await _consumed(chunks, lambda source: _untar_workspace(source, workspace))
-    except tarfile.TarError as exc:
-        await anyio.to_thread.run_sync(snapshots.delete, session_id)
-        raise BundleCorrupt(WORKSPACE, f"its files do not read as a tar stream: {exc}") from None
-    except OSError as exc:  # the host's words, not its paths: the tenant's error message
-        await anyio.to_thread.run_sync(snapshots.delete, session_id)
-        raise SnapshotError("the bundle's files could not be written into the new workspace: "
-                            f"{exc.strerror or type(exc).__name__}") from None
+        await read_files(bundle, workspace)
     except BaseException:
         await anyio.to_thread.run_sync(snapshots.delete, session_id)
         raise
     return kept
+
+
+async def read_files(bundle: Bundle, workspace: Workspace) -> None:
+    """Unpack the bundle's files into ``workspace`` (a new session's, nothing else writing
+    in it yet). On an error the caller removes the workspace or its session."""
+    if WORKSPACE not in bundle.manifest.parts:
+        raise BundleNotFound(f"{bundle.manifest.tenant}/{bundle.manifest.session_id}: "
+                             "a workspace")
+    try:
+        async with contextlib.aclosing(bundle.read(WORKSPACE)) as chunks:
+            await _consumed(chunks, lambda source: _untar_workspace(source, workspace))
+    except tarfile.TarError as exc:
+        raise BundleCorrupt(WORKSPACE, f"its files do not read as a tar stream: {exc}") from None
+    except OSError as exc:  # the host's words, not its paths: the tenant's error message
+        raise SnapshotError("the bundle's files could not be written into the new workspace: "
+                            f"{exc.strerror or type(exc).__name__}") from None
 
 
 # -- between a worker thread and the event loop -----------------------------------------------

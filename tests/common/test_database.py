@@ -61,7 +61,7 @@ async def test_legacy_state_dir_migrates_with_nothing_lost(tmp_path: Path) -> No
     with sqlite3.connect(state / "replgate.db") as raw:
         (revision,) = raw.execute("SELECT version_num FROM alembic_version").fetchone()
     raw.close()
-    assert revision == "0006"
+    assert revision == "0009"
     # and the command line agrees, on the migrated folder
     env = {"REPLGATE_STATE_DIR": str(state), "PATH": "/usr/bin:/bin"}
     verify = await asyncio.to_thread(
@@ -174,13 +174,15 @@ def test_settings_refuse_a_bad_database_url_and_default_to_the_state_dir(
 
 
 async def test_database_repr_hides_the_password() -> None:
-    from tests.conftest import TEST_POSTGRES
-
-    database = await Database.open(TEST_POSTGRES)
+    # A database of its own: opening one migrates it to this checkout's head, which would
+    # break the shared one for checkouts with another head.
+    url = create_database()
+    database = await Database.open(url)
     try:
         assert "replgate:***@" in repr(database) and database.dialect == "postgresql"
     finally:
         await database.close()
+        drop_database(url)
 
 
 async def test_postgresql_connections_dropped_while_idle_are_replaced_unseen(

@@ -9,7 +9,9 @@ checkout of E2B's repository at a path you give it::
 ``code-interpreter`` is ``e2b-dev/code-interpreter``'s ``python/tests``; ``sdk`` is
 ``e2b-dev/E2B``'s ``packages/python-sdk/tests``. The suite runs serially (E2B's own
 ``pytest.ini`` asks pytest-xdist for two workers; its other options are kept) with the SDKs of
-``.venv`` (the versions in ``uv.lock``), pointed at replgate by the README's three variables.
+``.venv`` (the versions in ``uv.lock``; ``--sdk-python`` names another virtualenv's Python,
+holding an older SDK release and pytest's plugins), pointed at replgate by the README's
+three variables.
 Without ``--url``, a gateway is started as a default install starts (``replgate serve``, no
 profiles, a state folder of its own, its first API key) and stopped after; with ``--url`` and
 ``--api-key``, the suite runs against that gateway.
@@ -101,6 +103,9 @@ def main() -> int:
     parser.add_argument("checkout", type=Path, help="a checkout of the suite's repository")
     parser.add_argument("--url", help="a running gateway (default: start one)")
     parser.add_argument("--api-key", help="its API key (with --url)")
+    parser.add_argument("--sdk-python", type=Path,
+                        help="the Python of a virtualenv holding another SDK release and "
+                             "pytest's plugins, to run the suite with (default: .venv's)")
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
     args = parser.parse_args()
 
@@ -124,7 +129,7 @@ def main() -> int:
             # pytest's own script, not `python -m pytest`: that would put the checkout's
             # folder first on sys.path, and its SDK sources would stand in for the installed SDK.
             subprocess.run(
-                [str(Path(sys.executable).with_name("pytest")), "-o",
+                [str((args.sdk_python or Path(sys.executable)).with_name("pytest")), "-o",
                  "addopts=--import-mode=importlib", "-p", "no:cacheprovider", "-q", "-rfE",
                  # an offline unit test importing what this SDK release lacks must not stop
                  # the others from running

@@ -59,9 +59,10 @@ SESSION_ENV = {"GREETING": "hi"}
 
 class RecordingNodes(RemoteNodes):
     """The nodes as a gateway holds them, with the records it writes beside them: a session
-    made or forked is recorded in the shared database (Gateway.create_session and fork write
-    the same fields), a deleted one is marked so. Nodes find, list and count sessions by
-    these records: a session no gateway recorded is not theirs to find."""
+    made (from a snapshot too) or forked is recorded in the shared database
+    (Gateway.create_session and fork write the same fields), a deleted one is marked so.
+    Nodes find, list and count sessions by these records: a session no gateway recorded is
+    not theirs to find."""
 
     async def create_session(self, profile: str = "default", **options: Any) -> RemoteSession:
         session = await super().create_session(profile, **options)
@@ -74,6 +75,11 @@ class RecordingNodes(RemoteNodes):
         for child in children:
             await self._record(child)
         return children
+
+    async def create_from_snapshot(self, snapshot_id: str, **options: Any) -> RemoteSession:
+        session = await super().create_from_snapshot(snapshot_id, **options)
+        await self._record(session)
+        return session
 
     async def delete_session(self, session_id: str) -> None:
         await super().delete_session(session_id)
@@ -116,14 +122,18 @@ async def local_host(docker_client: docker.DockerClient) -> AsyncIterator[Sessio
         assert not left and not mounted, (left, mounted)
 
 
-async def remote_host(docker_client: docker.DockerClient) -> AsyncIterator[SessionHost]:
-    """A node subprocess, one kernel warm, and the gateway's RemoteNodes reaching it."""
+async def remote_host(docker_client: docker.DockerClient, *,
+                      bundle_store: bool = False) -> AsyncIterator[SessionHost]:
+    """A node subprocess, one kernel warm, and the gateway's RemoteNodes reaching it;
+    ``bundle_store``: the node keeps bundles (paused sessions, saved snapshots) in a folder
+    of its own (``file://``)."""
     database_url = await asyncio.to_thread(create_database)
     certs_dir = Path(tempfile.mkdtemp(prefix="rg-ct-certs-", dir="/tmp"))
     certs = make_cluster_certs(certs_dir)
+    store = {"REPLGATE_BUNDLE_STORE": (certs_dir / "bundles").as_uri()} if bundle_store else {}
     node = make_node(f"contract-{secrets.token_hex(4)}", database_url, certs,
                      {f"REPLGATE_{name.upper()}": value for name, value in {
-                         **LIMITS, **POOL}.items()})
+                         **LIMITS, **POOL}.items()} | store)
     try:
         node.start()
         await asyncio.to_thread(node.wait_registered, database_url)

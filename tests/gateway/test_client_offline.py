@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -395,3 +396,19 @@ def test_blocking_call_from_loop_thread_raises() -> None:
         loop.stop()
     with pytest.raises(ReplgateError, match="closed"):
         loop.run(asyncio.sleep(0))
+
+
+def test_clients_share_one_verifying_tls_context_and_plain_http_loads_no_authority() -> None:
+    """Each client made its own TLS context, about 20 ms of every sandbox's create."""
+    from gateway.client._transport import Transport
+
+    secure = [Transport("https://gateway.example:8443", "k")._http for _ in range(2)]
+    contexts = [client._transport._pool._ssl_context for client in secure]  # type: ignore[attr-defined]
+    assert contexts[0] is contexts[1]
+    assert contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+    assert contexts[0].cert_store_stats()["x509_ca"] > 0, "no authority to verify with"
+    plain = Transport("http://127.0.0.1:8000", "k")._http
+    context = plain._transport._pool._ssl_context  # type: ignore[attr-defined]
+    # An https URL such a client were sent to fails closed: nothing is trusted, nothing skipped.
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] == 0

@@ -109,3 +109,38 @@ async def test_e2b_get_metrics_maps_onto_the_sessions_figures(
         assert entry.disk_total == figures["disk_limit_bytes"]
     finally:
         await sandbox.kill()
+
+
+async def test_e2b_get_metrics_gives_the_readings_between_start_and_end(
+        gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_URL", f"{gateway.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{gateway.url}/e2b/sandbox")
+    monkeypatch.setenv("E2B_API_KEY", gateway.keys["alpha"])
+    before = datetime.now(UTC)
+    sandbox = await AsyncSandbox.create()
+    try:
+        [first] = await sandbox.get_metrics()
+        await asyncio.sleep(2.5)
+        both = await sandbox.get_metrics(start=before)  # reaches now: a reading now too
+        assert [m.timestamp for m in both][:1] == [first.timestamp] and len(both) == 2
+        assert both[1].timestamp - first.timestamp >= timedelta(seconds=2)
+        only_first = await sandbox.get_metrics(start=first.timestamp, end=first.timestamp)
+        assert [m.timestamp for m in only_first] == [first.timestamp]
+        assert await sandbox.get_metrics(start=before - timedelta(hours=1),
+                                         end=before - timedelta(minutes=30)) == []
+    finally:
+        await sandbox.kill()
+
+
+async def test_e2b_get_metrics_with_start_after_end_is_400(gateway: GatewayProcess) -> None:
+    async with httpx.AsyncClient(base_url=f"{gateway.url}/e2b", timeout=60,
+                                 headers={"X-API-Key": gateway.keys["alpha"]}) as api:
+        created = await api.post("/sandboxes", json={"templateID": "base"})
+        sandbox_id = created.json()["sandboxID"]
+        try:
+            answer = await api.get(f"/sandboxes/{sandbox_id}/metrics",
+                                   params={"start": 200, "end": 100})
+            assert answer.status_code == 400
+            assert "must not be after end" in answer.json()["message"]
+        finally:
+            await api.delete(f"/sandboxes/{sandbox_id}")

@@ -41,7 +41,9 @@ def traced(docker_client: docker.DockerClient, receiver: OtlpReceiver,
            ) -> Iterator[GatewayProcess]:
     process = make_gateway(log_json="true")
     process.env.update({
+        # The protocol as docs/observability.md writes it (it once stopped the gateway).
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_SERVICE_NAME": "replgate-test",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_TRACES_SAMPLER": "always_on", "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test"})
     with running_gateway(docker_client, process) as gateway:

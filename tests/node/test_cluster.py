@@ -25,6 +25,7 @@ from cluster_support import (
     create_session,
     execute,
     gateway_client,
+    make_node,
     running_cluster,
 )
 from websockets.asyncio.client import connect
@@ -112,6 +113,21 @@ def test_a_node_refuses_a_client_of_another_ca(cluster: Cluster) -> None:
         httpx.get(f"https://{node.address}/healthz", verify=bare)
 
 
+def test_a_node_started_with_a_live_nodes_id_is_refused_and_says_so(cluster: Cluster) -> None:
+    live = cluster.nodes[0]
+    twin = make_node(live.node_id, cluster.database_url, cluster.certs)
+    twin.start()
+    try:
+        assert twin.process is not None and twin.process.wait(timeout=120) == 2, twin.log()
+    finally:
+        twin.stop()
+    assert (f"node id {live.node_id!r} is held by a live node at {live.address}"
+            in twin.log())
+    answer = httpx.get(f"https://{live.address}/healthz", verify=client_context(
+        cluster.certs.gateway_cert, cluster.certs.gateway_key, cluster.certs.ca))
+    assert answer.json()["node"] == live.node_id
+
+
 async def test_a_gateway_killed_mid_stream_loses_nothing(cluster: Cluster) -> None:
     one, two = cluster.gateways
     async with gateway_client(two, key_of=one) as second:
@@ -172,6 +188,10 @@ async def test_operators_see_and_drain_the_nodes(cluster: Cluster) -> None:
         nodes = (await ops.get("/v1/nodes")).json()
         assert {n["id"] for n in nodes} == {n.node_id for n in cluster.nodes}
         assert all(n["state"] == "up" and n["max_kernels"] == 4 for n in nodes)
+        # Every node up counts, reached by this gateway yet or not (it said 0 at first).
+        for gateway in cluster.gateways:
+            health = (await ops.get(f"{gateway.url}/healthz")).json()
+            assert health["pool"]["nodes"] == len(cluster.nodes), health
         assert (await first.get("/v1/nodes")).status_code == 403, "a tenant's key is refused"
         assert (await ops.get("/v1/nodes", headers={"Authorization": ""})).status_code == 401
         assert (await ops.post("/v1/nodes/nope/drain")).status_code == 404

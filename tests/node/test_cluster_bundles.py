@@ -6,6 +6,7 @@ variables and its files, after a drain and after a kill -9."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import docker
 import httpx
+import psycopg
 import pytest
 from cluster_support import (
     ADMIN_KEY,
@@ -151,3 +153,87 @@ async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Clus
                 await first.delete(f"/v1/sessions/{sid}")
             lost.start()
             lost.wait_registered(cluster.database_url)
+
+
+async def test_a_snapshot_taken_on_one_node_makes_sessions_on_the_other(
+        cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second, \
+            _operator(two) as ops:
+        source, node = await _session(first, "x = 41")
+        saved = await first.post(f"/v1/sessions/{source}/snapshots",
+                                 json={"name": "across-nodes"})
+        assert saved.status_code == 201, saved.text
+        snapshot = saved.json()["id"]
+        copies: list[str] = []
+        await ops.post(f"/v1/nodes/{node}/drain")  # the copy goes to the other node
+        try:
+            # Through the other gateway, by name: its record is in the shared database, its
+            # bundle in the S3 store.
+            assert [s["id"] for s in (await second.get("/v1/snapshots")).json()] == [snapshot]
+            made = await second.post("/v1/snapshots/across-nodes/sessions")
+            assert made.status_code == 201, made.text
+            copies.append(made.json()["id"])
+            result = await execute(second, copies[0], f"print(x + 1, open({FILE!r}).read())")
+            assert result["stdout"] == f"42 of {source}\n", result
+            now = (await first.get(f"/v1/sessions/{copies[0]}")).json()
+            assert now["node"] not in (None, node), now
+            # Deleted through the other gateway, while its copy and source go on.
+            assert (await second.delete(f"/v1/snapshots/{snapshot}")).status_code == 204
+            assert (await first.get("/v1/snapshots")).json() == []
+            gone = await first.post(f"/v1/snapshots/{snapshot}/sessions")
+            assert gone.status_code == 404, gone.text
+            assert (await execute(first, copies[0], "print(x)"))["stdout"] == "41\n"
+            assert (await execute(first, source, "print(x)"))["stdout"] == "41\n"
+        finally:
+            await ops.post(f"/v1/nodes/{node}/undrain")
+            for sid in (source, *copies):
+                await first.delete(f"/v1/sessions/{sid}")
+
+
+LOSS_ROUNDS = int(os.environ.get("REPLGATE_TEST_LOSS_ROUNDS", "6"))
+"""Rounds of node loss (each about 35 s here: a kill, its detection, two restores, the node's
+restart); the issue's 20 by hand with ``REPLGATE_TEST_LOSS_ROUNDS=20``. Before notices on
+node states, a round failed about one time in four."""
+
+
+def _node_state(database_url: str, node_id: str) -> str:
+    with psycopg.connect(database_url, autocommit=True) as db:
+        row = db.execute("SELECT state FROM nodes WHERE id = %s", (node_id,)).fetchone()
+    return str(row[0]) if row else "missing"
+
+
+async def test_the_first_request_after_a_node_is_down_never_goes_to_it(cluster: Cluster) -> None:
+    """Node loss, every time: a node killed round after round (each in turn), and the first
+    requests sent the moment the database says it is down, through either gateway."""
+    one, two = cluster.gateways
+    async with gateway_client(one) as first, gateway_client(two, key_of=one) as second, \
+            _operator(one) as ops:
+        for round_ in range(LOSS_ROUNDS):
+            lost = cluster.nodes[round_ % 2]
+            # (each gateway answers one of the two first requests, in turn)
+            by_paused, by_running = (first, second) if round_ % 2 else (second, first)
+            paused = await _beside(first, ops, cluster, lost.node_id, f"x = {round_}")
+            running = await _beside(first, ops, cluster, lost.node_id, f"z = {round_}")
+            await _pause(first, paused)
+            await _pause(first, running)
+            await execute(first, running, "z = -1")  # resumed: it runs on past its last pause
+            lost.stop(signal.SIGKILL)
+            try:
+                async with asyncio.timeout(10 * NODE_TIMEOUT_S):
+                    while await asyncio.to_thread(  # noqa: ASYNC110
+                            _node_state, cluster.database_url, lost.node_id) != "down":
+                        await asyncio.sleep(0.05)
+                result = await execute(by_paused, paused, "x + 1")
+                assert result["status"] == "ok" and result["restarted"] is False, (
+                    round_, result)
+                assert result["outputs"][-1]["data"]["text/plain"] == str(round_ + 1)
+                result = await execute(by_running, running, "print(z)")
+                assert result["status"] == "ok" and result["restarted"] is True, (
+                    round_, result)
+                assert result["stdout"] == f"{round_}\n" and "lost" in result["reason"]
+            finally:
+                for sid in (paused, running):
+                    await first.delete(f"/v1/sessions/{sid}")
+                lost.start()
+                lost.wait_registered(cluster.database_url)

@@ -1,7 +1,7 @@
 """The port over the network, where it is more than the port: a real pool served by a node's
 app (uvicorn, real HTTP), its channel's frames as sent, bad frames either way, an unreachable
-node, and two gateways' RemoteSessions of one session (a kill, a context, executions and
-transfers made through one, seen through the other).
+node, a watch whose node goes mid-stream, and two gateways' RemoteSessions of one session (a
+kill, a context, executions and transfers made through one, seen through the other).
 
 What a session does through the port, wherever it runs, is tests/contract/'s (both legs: a
 pool in process, a node over mutual TLS). Mutual TLS is tested by tests/node/test_tls.py and
@@ -38,10 +38,12 @@ from kernel_pool import (
     SessionPort,
     StreamEvent,
     Transfer,
+    WatchEvent,
 )
 from node.channel import NodeChannel
 from node.client import NodeClient
 from node.remote import RemoteSession
+from node.remote_watch import RemoteWatch
 from node.server import create_node_app
 from node.wire import (
     PREFIX,
@@ -258,3 +260,32 @@ async def test_a_follower_hears_executions_and_transfers_from_another_gateway(
         assert not follower.followed.is_set(), "no one listens: the node is not followed"
     finally:
         await session.close()
+
+
+async def test_a_watch_ends_cleanly_when_its_node_goes() -> None:
+    """A node that answers a watch, sends one change and then drops the connection (it went
+    away mid-stream): the gateway's watch yields the change, then an ``end`` naming the
+    node, never an error."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        change = Frame(watched=WatchEvent(type="create", path="a.txt", name="a.txt"))
+        line = change.model_dump_json().encode() + b"\n"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n"
+                     + f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        await writer.drain()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = NodeClient("node-going", f"127.0.0.1:{port}", None)
+    try:
+        watch = RemoteWatch(client, "s1", "", True)
+        await watch.start()
+        async with asyncio.timeout(10):
+            events = [event async for event in watch]
+        assert [(e.type, e.name) for e in events] == [("create", "a.txt"), ("end", "")]
+        assert events[-1].reason is not None and "node-going" in events[-1].reason
+    finally:
+        await client.close()
+        server.close()

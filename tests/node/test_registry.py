@@ -14,7 +14,7 @@ from sqlalchemy import text
 from common.database import Database
 from common.store import SessionRecord, Store
 from kernel_pool import NoNodeAvailable, UnknownNode
-from node.registry import Fenced, Registry
+from node.registry import Fenced, NodeIdTaken, Registry
 from tests.conftest import create_database, drop_database
 
 LONG_AGO = "2000-01-01T00:00:00.000000+00:00"
@@ -71,25 +71,46 @@ async def test_register_adds_an_up_node_once(database: Database) -> None:
     assert (node.id, node.address, node.state, node.kernels, node.max_kernels,
             node.sessions) == ("n1", "10.0.0.1:7000", "up", 0, 8, 0)
     assert node.heartbeat_at.endswith("+00:00") and len(node.heartbeat_at) == 32
-    again = await registry.register("n1", "10.0.0.2:7000", 16)
-    assert (again.address, again.max_kernels) == ("10.0.0.2:7000", 16)
+    again = await registry.register("n1", "10.0.0.1:7000", 16)  # restarted
+    assert (again.address, again.max_kernels) == ("10.0.0.1:7000", 16)
     assert [n.id for n in await registry.nodes()] == ["n1"]
     assert await registry.get("n1") == again
     assert await registry.get("n2") is None
+
+
+async def test_a_live_nodes_id_is_refused_at_another_address_and_free_once_it_is_late(
+        database: Database) -> None:
+    registry = Registry(database)
+    await registry.register("vm", "10.0.0.1:7000", 8)
+    for refused in (registry.check_free, lambda *at: registry.register(*at, 8)):
+        with pytest.raises(NodeIdTaken, match=r"'vm' is held by a live node at 10\.0\.0\.1"):
+            await refused("vm", "10.0.0.2:7000")
+    await registry.check_free("vm", "10.0.0.1:7000")  # its own address: a restart
+    held = await registry.get("vm")
+    assert held is not None and held.address == "10.0.0.1:7000"
+    assert (await registry.heartbeat("vm", "10.0.0.1:7000", kernels=1, sessions=0)).kernels == 1
+    # Late (or down): the id is free, and the late node learns it lost it at its next beat.
+    await _set(database, "UPDATE nodes SET heartbeat_at = :t", t=LONG_AGO)
+    await registry.check_free("vm", "10.0.0.2:7000")
+    taken = await registry.register("vm", "10.0.0.2:7000", 8)
+    assert taken.address == "10.0.0.2:7000"
+    with pytest.raises(Fenced, match=r"taken by a node at 10\.0\.0\.2:7000"):
+        await registry.heartbeat("vm", "10.0.0.1:7000", kernels=0, sessions=0)
+    assert (await registry.heartbeat("vm", "10.0.0.2:7000", kernels=0, sessions=0)).state == "up"
 
 
 async def test_heartbeat_records_counts_and_time(database: Database) -> None:
     registry = Registry(database)
     first = await registry.register("n1", "h:1", 8)
     await asyncio.sleep(0.01)
-    beat = await registry.heartbeat("n1", kernels=3, sessions=2)
+    beat = await registry.heartbeat("n1", "h:1", kernels=3, sessions=2)
     assert (beat.kernels, beat.sessions) == (3, 2)
     assert beat.heartbeat_at > first.heartbeat_at
 
 
 async def test_heartbeat_of_unregistered_node_is_fenced(database: Database) -> None:
     with pytest.raises(Fenced, match="not registered"):
-        await Registry(database).heartbeat("ghost", kernels=0, sessions=0)
+        await Registry(database).heartbeat("ghost", "h:9", kernels=0, sessions=0)
 
 
 async def test_heartbeat_keeps_recent_claims_and_heals_old_ones(database: Database) -> None:
@@ -98,11 +119,11 @@ async def test_heartbeat_keeps_recent_claims_and_heals_old_ones(database: Databa
     for _ in range(3):
         await registry.place()
     # The node runs one session so far; two are still being made: the claims stand.
-    assert (await registry.heartbeat("n1", kernels=1, sessions=1)).sessions == 3
+    assert (await registry.heartbeat("n1", "h:1", kernels=1, sessions=1)).sessions == 3
     # Claims older than the timeout that the node never saw were never used (a gateway killed
     # between its claim and its request): the node's figure wins.
     await _set(database, "UPDATE nodes SET claimed_at = :t", t=LONG_AGO)
-    assert (await registry.heartbeat("n1", kernels=1, sessions=1)).sessions == 1
+    assert (await registry.heartbeat("n1", "h:1", kernels=1, sessions=1)).sessions == 1
 
 
 async def test_drain_stops_placement_and_undrain_resumes(database: Database) -> None:
@@ -136,13 +157,13 @@ async def test_silent_node_is_down_for_one_caller_and_fenced_until_registered(
     assert sorted(node for lost in results for node in lost) == ["n1", "n2"]
     assert [n.state for n in await one.nodes()] == ["down", "down", "up"]
     with pytest.raises(Fenced, match="declared down"):
-        await one.heartbeat("n1", kernels=0, sessions=0)
+        await one.heartbeat("n1", "h:1", kernels=0, sessions=0)
     with pytest.raises(UnknownNode):
         await one.undrain("ghost")
     assert (await one.undrain("n1")).state == "down"  # a down node comes back by registering
     back = await one.register("n1", "h:1", 8)
     assert (back.state, back.sessions) == ("up", 0)
-    assert (await one.heartbeat("n1", kernels=0, sessions=0)).state == "up"
+    assert (await one.heartbeat("n1", "h:1", kernels=0, sessions=0)).state == "up"
 
 
 async def test_place_picks_most_room_and_says_why_none(database: Database) -> None:

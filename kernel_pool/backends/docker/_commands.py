@@ -6,6 +6,11 @@ the gateway takes it, and no thread is held per command. Stopping a command sign
 wrapper (``replgate_kernel/command.py``) from the host through a pidfd; the wrapper kills the
 command's whole process group. The wrapper's host pid is kept in ``running`` while it runs, so
 the clean-up after an execution spares a command started beside it.
+
+A command may keep its stdin open: written to the same socket, closed by half-closing it (the
+engine then closes the command's stdin). On a terminal (``tty``) the engine's stream is raw,
+not framed, and is the terminal's output; the wrapper is told the size to start with
+(``REPLGATE_PTY``), and resizes go through the engine.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ from typing import Any
 
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool.backends.base import CommandProcess
+from kernel_pool.exceptions import BackendError
 
 WRAPPER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/command.py")
+WATCHER = ("/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/watch.py")
+"""The folder watcher (``SessionPort.watch_dir``), started like a command."""
 FIND_PID_S = 10.0
 """How long the engine may take to start the exec and say its pid."""
 KILL_GRACE_S = 2.0
@@ -42,8 +50,10 @@ Run = Callable[..., Awaitable[Any]]
 class DockerCommand(CommandProcess):
     """One ``docker exec`` of the command wrapper."""
 
-    def __init__(self, api: Any, run: Run, exec_id: str, raw: Any, running: set[int]) -> None:
+    def __init__(self, api: Any, run: Run, exec_id: str, raw: Any, running: set[int],
+                 tty: bool = False) -> None:
         self._api = api
+        self._tty = tty
         self._run = run
         self._exec_id = exec_id
         self._raw = raw
@@ -60,14 +70,24 @@ class DockerCommand(CommandProcess):
 
     @classmethod
     async def start(cls, api: Any, run: Run, container_id: str, command: str, *,
-                    env: dict[str, str], cwd: str, running: set[int]) -> DockerCommand:
-        exec_id = (await run(api.exec_create, container_id, [*WRAPPER, command],
+                    env: dict[str, str], cwd: str, running: set[int], stdin: bool = False,
+                    pty: tuple[int, int] | None = None,
+                    argv: list[str] | None = None) -> DockerCommand:
+        """``sh -c command`` through the wrapper (or ``argv`` as it is, e.g. the watcher)."""
+        tty = pty is not None
+        if pty is not None:
+            env = {"TERM": "xterm-256color", **env, "REPLGATE_PTY": f"{pty[0]}x{pty[1]}"}
+        exec_id = (await run(api.exec_create, container_id,
+                             [*WRAPPER, command] if argv is None else argv,
                              user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=cwd,
-                             environment=env, stdout=True, stderr=True, stdin=False))["Id"]
-        raw = await run(api.exec_start, exec_id, socket=True)
-        process = cls(api, run, exec_id, raw, running)
+                             environment=env, stdout=True, stderr=True,
+                             stdin=stdin or tty, tty=tty))["Id"]
+        raw = await run(api.exec_start, exec_id, socket=True, tty=tty)
+        process = cls(api, run, exec_id, raw, running, tty)
         try:
             await process._find_pid()
+            if pty is not None and process._pid:
+                await process.resize(*pty)
         except BaseException:
             await process.close()
             raise
@@ -99,6 +119,13 @@ class DockerCommand(CommandProcess):
 
     async def read(self) -> tuple[str, bytes] | None:
         loop = asyncio.get_running_loop()
+        while self._tty:  # a terminal's stream: raw output, no framing
+            if self._eof:
+                return None
+            chunk = await self._receive(loop)
+            if chunk:
+                return "stdout", chunk
+            self._eof = True
         while True:
             if len(self._buffer) >= _HEADER.size:
                 kind, size = _HEADER.unpack_from(self._buffer)
@@ -134,6 +161,23 @@ class DockerCommand(CommandProcess):
         finally:
             receiving.cancel()
 
+    async def write(self, data: bytes) -> None:
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+        except (OSError, ValueError) as exc:  # it ended, or its input was closed
+            raise BackendError(f"the command's input is closed: {exc}") from exc
+
+    async def close_input(self) -> None:
+        # The engine reads the half-close as the end of the command's stdin.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        try:
+            await self._run(self._api.exec_resize, self._exec_id, height=rows, width=cols)
+        except Exception as exc:  # the SDK's APIError: ended meanwhile, or no terminal
+            raise BackendError(f"the engine could not resize the terminal: {exc}") from exc
+
     async def kill(self) -> None:
         # One kill at a time, kept to its end even when its caller is cancelled: ``close``
         # puts off its release until the kill ends: the pidfd must stay open while it signals.
@@ -158,6 +202,11 @@ class DockerCommand(CommandProcess):
         except TimeoutError:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    async def send_signal(self, signum: int) -> None:
+        if self._pidfd is not None and not self._exited.done():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signum)
 
     async def wait(self) -> int | None:
         for _ in range(100):  # the engine's exec record may lag the process by a moment

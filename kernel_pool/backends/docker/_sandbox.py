@@ -19,7 +19,7 @@ import requests.exceptions
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._workspace import SANDBOX_PATH
 from kernel_pool.backends.base import CgroupUsage, CommandProcess, Sandbox
-from kernel_pool.backends.docker._commands import DockerCommand
+from kernel_pool.backends.docker._commands import WATCHER, DockerCommand
 from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
 from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
@@ -294,8 +294,19 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         await super().reserve()
         await in_thread(self._backend.make_socket_dir, self._socket_dir)
 
-    async def start_command(self, command: str, *, env: dict[str, str],
-                            cwd: str) -> CommandProcess:
+    async def start_command(self, command: str, *, env: dict[str, str], cwd: str,
+                            stdin: bool = False,
+                            pty: tuple[int, int] | None = None) -> CommandProcess:
+        folder = cwd if cwd.startswith("/") else f"{SANDBOX_PATH}/{cwd}".rstrip("/")
         return await DockerCommand.start(
             self._api, call_engine, self.info.container_id, command, env=env,
-            cwd=f"{SANDBOX_PATH}/{cwd}".rstrip("/"), running=self._commands)
+            cwd=folder, running=self._commands, stdin=stdin, pty=pty)
+
+    async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
+        # gVisor's inotify does not see what the host writes: the watcher rescans as well
+        rescans = self.profile.runtime == "gvisor"
+        argv = [*WATCHER, f"{SANDBOX_PATH}/{folder}".rstrip("/"), "1" if recursive else "0",
+                "1" if rescans else "0"]
+        return await DockerCommand.start(
+            self._api, call_engine, self.info.container_id, "", env={}, cwd=SANDBOX_PATH,
+            running=self._commands, argv=argv)

@@ -219,8 +219,14 @@ def test_connect_bad_requests_are_connect_errors_not_500(
 @pytest.mark.parametrize("method,body,code", [
     ("SendSignal", b'{"process": {"pid": 1}, "signal": "SIGNAL_SIGKILL"}', "not_found"),
     ("SendSignal", b'{"process": {"pid": "x"}}', "invalid_argument"),
-    ("SendInput", b'{"process": {"pid": 1}, "input": {"stdin": "eA=="}}', "unimplemented"),
-    ("Update", b"{}", "unimplemented"),
+    ("SendInput", b'{"process": {"pid": 1}, "input": {"stdin": "eA=="}}', "not_found"),
+    ("SendInput", b'{"process": {"pid": 1}, "input": {"stdin": "not base64!"}}',
+     "invalid_argument"),
+    ("CloseStdin", b'{"process": {"pid": 1}}', "not_found"),
+    ("Update", b"{}", "not_found"),
+    ("Update", b'{"process": {"pid": 1}}', "invalid_argument"),
+    ("Update", b'{"process": {"pid": 1}, "pty": {"size": {"cols": 0, "rows": 5}}}',
+     "invalid_argument"),
 ])
 def test_process_refusals_are_connect_errors_with_a_sentence(
         gateway: GatewayProcess, sandbox: dict[str, str], method: str, body: bytes,
@@ -232,8 +238,8 @@ def test_process_refusals_are_connect_errors_with_a_sentence(
 
 
 @pytest.mark.parametrize("process,why", [
-    ({"process": {"cmd": "/bin/bash", "args": ["-c", "true"]}, "pty": {}}, "terminals"),
-    ({"process": {"cmd": "/bin/bash", "args": ["-c", "true"], "cwd": "/etc"}}, "/home/user"),
+    ({"process": {"cmd": "/bin/bash", "args": ["-c", "true"]},
+      "pty": {"size": {"cols": 0, "rows": 24}}}, "cols"),
     ({"process": {"cmd": ""}}, "cmd is empty"),
 ])
 def test_process_start_refusal_ends_the_stream_with_a_sentence(

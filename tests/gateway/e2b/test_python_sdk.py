@@ -177,11 +177,6 @@ def test_commands_connect_follows_a_running_command(sandbox: Sandbox) -> None:
     assert again.wait().stdout == "later\n"
 
 
-def test_commands_stdin_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="stdin"):
-        sandbox.commands.run("cat", stdin=True)
-
-
 def test_files_write_read_list_remove(sandbox: Sandbox) -> None:
     sandbox.files.write("data.csv", "a,b\n1,2\n")
     sandbox.files.write("/home/user/nested/blob.bin", b"\x00\x01\xff")
@@ -462,7 +457,3 @@ def test_fork_copies_variables_files_and_metadata() -> None:
     finally:
         sandbox.kill()
 
-
-def test_watch_dir_is_refused_with_a_sentence(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="watching folders"):
-        sandbox.files.watch_dir("/home/user")

@@ -96,6 +96,21 @@ check('commands.run timeout, background wait and kill', async () => {
   await assert.rejects(slow.wait(), (e) => e instanceof CommandExitError)
 })
 
+check('commands with stdin, and a terminal: input, resize, exit', async () => {
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+  await sbx.commands.sendStdin(cat.pid, 'from js stdin')
+  await sbx.commands.closeStdin(cat.pid)
+  assert.equal((await cat.wait()).stdout, 'from js stdin')
+  const chunks = []
+  const term = await sbx.pty.create({
+    cols: 80, rows: 24, cwd: '/', envs: { MARK: 'js-pty' }, onData: (d) => chunks.push(d),
+  })
+  await sbx.pty.resize(term.pid, { cols: 101, rows: 24 })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo $MARK $PWD $(tput cols)\nexit\n'))
+  assert.equal((await term.wait()).exitCode, 0)
+  assert.ok(Buffer.concat(chunks).toString().includes('js-pty / 101'))
+})
+
 check('connect reaches the same state', async () => {
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.runCode('x')).text, '41')
