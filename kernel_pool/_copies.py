@@ -1,5 +1,6 @@
 """A fork's copy of its parent's workspace: regular files, folders and links, read without
-following a link or opening anything else (a FIFO, a device)."""
+following a link or opening anything else (a FIFO, a device); files' and folders' metadata
+(``user.e2b.*`` attributes) with them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import stat
 
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._metadata import copy_metadata
 from kernel_pool._variables import TRANSFER_NAME
 from kernel_pool._workspace import Workspace
 
@@ -51,6 +53,7 @@ def _copy_tree(src: int, dst: int, depth: int) -> None:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, stat.S_IMODE(info.st_mode) | 0o700, dir_fd=dst)
                 _own(name, dst)
+                copy_metadata(src, name, dst)
             child_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src)
             try:
                 child_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
@@ -63,6 +66,7 @@ def _copy_tree(src: int, dst: int, depth: int) -> None:
                 os.close(child_src)
         elif stat.S_ISREG(info.st_mode):
             _copy_file(name, src, dst, stat.S_IMODE(info.st_mode))
+            copy_metadata(src, name, dst)
 
 
 

@@ -33,16 +33,30 @@ class Entry(BaseModel):
     modified: float
     """Seconds since the epoch."""
     target: str | None = None
-    """Where a link points (never followed)."""
+    """Where a link points: its own text, as the sandbox reads it."""
+    resolved: str | None = None
+    """For a link followed, the workspace path it leads to; ``kind``, ``size``, ``mode`` and
+    ``modified`` are then that entry's. None for a link that leaves the workspace, leads
+    nowhere or loops: the entry describes the link itself (``kind`` ``symlink``)."""
+    metadata: dict[str, str] | None = None
+    """The file's metadata (its ``user.e2b.*`` extended attributes), None if it has none."""
 
 
-def entry_of(path: str, info: os.stat_result, target: str | None = None) -> Entry:
+def entry_of(path: str, info: os.stat_result, target: str | None = None, *,
+             resolved: str | None = None, metadata: dict[str, str] | None = None) -> Entry:
     kind: Literal["file", "dir", "symlink", "other"] = (
         "dir" if stat.S_ISDIR(info.st_mode) else "file" if stat.S_ISREG(info.st_mode)
         else "symlink" if stat.S_ISLNK(info.st_mode) else "other")
-    return Entry(path=os.fsencode(path).decode("utf-8", "backslashreplace"), kind=kind,
-                 size=info.st_size, mode=stat.S_IMODE(info.st_mode), modified=info.st_mtime,
-                 target=target)
+    return Entry(path=_shown(path), kind=kind, size=info.st_size,
+                 mode=stat.S_IMODE(info.st_mode), modified=info.st_mtime,
+                 target=None if target is None else _shown(target),
+                 resolved=None if resolved is None else _shown(resolved), metadata=metadata)
+
+
+def _shown(name: str) -> str:
+    """A file system name as text: bytes that are not UTF-8 as backslash escapes (JSON cannot
+    carry them)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def split_relative(path: str) -> list[str]:

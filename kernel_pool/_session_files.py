@@ -124,20 +124,24 @@ class SessionFiles(SessionResuming):
         over ``limit`` bytes, :class:`PathOutsideWorkspace` for a path leaving it."""
         return await self._in_workspace(self.workspace.read_bytes, path, limit)
 
-    async def write_file(self, path: str, data: bytes) -> int:
-        """Create or replace ``path`` (parent folders too); the number of bytes written."""
-        return await self._in_workspace(self.workspace.write_bytes, path, data)
+    async def write_file(self, path: str, data: bytes,
+                         metadata: dict[str, str] | None = None) -> int:
+        """Create or replace ``path`` (parent folders too); the number of bytes written.
+        ``metadata`` becomes the file's only metadata (none clears an earlier write's);
+        :class:`InvalidRequest` for keys or values the workspace refuses."""
+        return await self._in_workspace(self.workspace.write_bytes, path, data, metadata)
 
     async def list_files(self) -> list[FileInfo]:
         """Every regular file of the workspace, recursively, paths relative to it."""
         return await self._in_workspace(self.workspace.list_files)
 
     async def stat_path(self, path: str) -> Entry:
-        """What is at ``path`` (``""``: the workspace); a link is described, not followed."""
+        """What is at ``path`` (``""``: the workspace), with its metadata; a link is followed
+        while it stays in the workspace, else described as itself."""
         return await self._in_workspace(self.workspace.stat, path)
 
     async def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
-        """The entries under the folder ``path``, ``depth`` levels down."""
+        """The entries under the folder ``path``, ``depth`` levels down, depth first."""
         return await self._in_workspace(self.workspace.list_dir, path, depth)
 
     async def make_dir(self, path: str) -> bool:

@@ -30,7 +30,9 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID, WorkspaceDisk
 from kernel_pool._entries import Entry, FileInfo, entry_of, path_error, split_relative
-from kernel_pool.exceptions import FileTooLarge, WorkspaceError
+from kernel_pool._links import resolve
+from kernel_pool._metadata import check_metadata, read_metadata, replace_metadata
+from kernel_pool.exceptions import FileTooLarge, PathOutsideWorkspace, WorkspaceError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -87,8 +89,20 @@ class Workspace(WorkspaceDisk):
             os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=dir_fd, follow_symlinks=False)
 
     @_mounted(write=True)
-    def write_bytes(self, path: str, data: bytes) -> int:
-        self._write(path, data, os.O_TRUNC)
+    def write_bytes(self, path: str, data: bytes,
+                    metadata: dict[str, str] | None = None) -> int:
+        """Create or replace a file, through links on its path while they lead to what is
+        inside the workspace; ``metadata`` becomes its only metadata (a write without clears
+        what an earlier one set). A refused ``metadata`` leaves no file."""
+        checked = check_metadata(metadata)
+        try:
+            self._write(path, data, os.O_TRUNC, metadata=checked, replace=True)
+        except PathOutsideWorkspace:
+            parts = split_relative(path)
+            leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+            if not leads_to or leads_to == parts:
+                raise
+            self._write("/".join(leads_to), data, os.O_TRUNC, metadata=checked, replace=True)
         return len(data)
 
     @_mounted(write=True)
@@ -96,9 +110,11 @@ class Workspace(WorkspaceDisk):
         """Append to a file the gateway owns for the session (full text of capped output)."""
         self._write(path, text.encode("utf-8", "replace"), os.O_APPEND)
 
-    def _write(self, path: str, data: bytes, mode: int) -> None:
+    def _write(self, path: str, data: bytes, mode: int, *,
+               metadata: dict[str, str] | None = None, replace: bool = False) -> None:
         """Write ``data`` to a regular file at ``path`` (``mode``: truncate or append), made
-        with parent folders if missing and owned by the sandbox user, never through a link."""
+        with parent folders if missing and owned by the sandbox user, never through a link;
+        with ``replace``, ``metadata`` (checked) replaces its metadata."""
         parts = split_relative(path)
         with self._parent_fd(parts, create=True) as dir_fd:
             try:
@@ -115,6 +131,8 @@ class Workspace(WorkspaceDisk):
                 view = memoryview(data)
                 while view:  # a write near a full disk may be partial; the next one says why
                     view = view[os.write(fd, view):]
+                if replace:
+                    replace_metadata(fd, metadata, path)
             except OSError as exc:
                 raise path_error(exc, path) from exc
             finally:
@@ -122,7 +140,17 @@ class Workspace(WorkspaceDisk):
 
     @_mounted(write=False)
     def read_bytes(self, path: str, limit: int) -> bytes:
+        """The file's bytes; through links on its path while they stay in the workspace."""
         parts = split_relative(path)
+        try:
+            return self._read(parts, path, limit)
+        except PathOutsideWorkspace:  # a link on the way: followed if it leads inside
+            leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+            if not leads_to or leads_to == parts:
+                raise
+            return self._read(leads_to, path, limit)
+
+    def _read(self, parts: list[str], path: str, limit: int) -> bytes:
         with self._parent_fd(parts, create=False) as dir_fd:
             try:
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -200,10 +228,12 @@ class Workspace(WorkspaceDisk):
 
     @_mounted(write=False)
     def stat(self, path: str) -> Entry:
-        """What is at ``path`` (a link is described, not followed)."""
+        """What is at ``path``, with its metadata; a link is followed while it stays in the
+        workspace (see :mod:`kernel_pool._links`), else described as itself."""
         parts = self._parts(path)
         if not parts:
-            return entry_of("", os.stat(self.root))
+            with self._dir_fd([]) as fd:
+                return entry_of("", os.fstat(fd), metadata=read_metadata(fd, "."))
         with self._parent_fd(parts, create=False) as dir_fd:
             try:
                 info = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
@@ -211,37 +241,84 @@ class Workspace(WorkspaceDisk):
                           if stat.S_ISLNK(info.st_mode) else None)
             except OSError as exc:
                 raise path_error(exc, path) from exc
-        return entry_of("/".join(parts), info, target)
+            if target is None:
+                return entry_of("/".join(parts), info,
+                                metadata=read_metadata(dir_fd, parts[-1]))
+        return self._link_entry(parts, info, target)
+
+    def _lookup(self, folder: list[str], name: str) -> tuple[os.stat_result, str | None]:
+        with self._dir_fd(folder) as fd:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            return info, os.readlink(name, dir_fd=fd) if stat.S_ISLNK(info.st_mode) else None
+
+    def _link_entry(self, parts: list[str], info: os.stat_result, target: str) -> Entry:
+        """The link at ``parts``: what it leads to in the workspace, or the link itself."""
+        path = "/".join(parts)
+        leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+        if leads_to is not None:
+            try:
+                with self._dir_fd(leads_to[:-1]) as fd:
+                    name = leads_to[-1] if leads_to else "."
+                    found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if not stat.S_ISLNK(found.st_mode):  # not swapped for a link meanwhile
+                        return entry_of(path, found, target, resolved="/".join(leads_to),
+                                        metadata=read_metadata(fd, name))
+            except (OSError, WorkspaceError):
+                pass
+        return entry_of(path, info, target)
 
     @_mounted(write=False)
     def list_dir(self, path: str, depth: int = 1) -> list[Entry]:
-        """The entries under the folder ``path``, ``depth`` levels down (links not followed)."""
+        """The entries under the folder ``path``, ``depth`` levels down, depth first and by
+        name (``a``, ``a/a1``, ``b``), as :meth:`stat` describes them; a link to a folder is
+        not walked into."""
         parts = self._parts(path)
         if self.stat(path).kind != "dir":
             raise WorkspaceError(f"{path!r} is not a folder")
-        device = os.stat(self.root).st_dev
+        try:
+            link = bool(parts) and self._lookup(parts[:-1], parts[-1])[1] is not None
+        except OSError as exc:
+            raise path_error(exc, path) from exc
+        if link:  # a link to a folder: its entries are listed by their own paths
+            leads_to = resolve(parts, self._lookup, (SANDBOX_PATH, OLD_SANDBOX_PATH))
+            parts = parts if leads_to is None else leads_to
         found: list[Entry] = []
-        folders = [(parts, 1)]
-        while folders:  # an explicit stack: the sandboxed code chooses the depth
-            folder, level = folders.pop()
-            try:
-                with self._dir_fd(folder) as fd:
-                    if os.fstat(fd).st_dev != device:
+        # An explicit stack of the folders being read: the sandboxed code chooses the depth.
+        stack = [(parts, 1, iter(self._scan(parts)))]
+        while stack:
+            folder, level, entries = stack[-1]
+            name, item = next(entries, (None, None))
+            if name is None or item is None:
+                stack.pop()
+                continue
+            found.append(item)
+            if item.kind == "dir" and item.resolved is None and level < depth:
+                stack.append(([*folder, name], level + 1, iter(self._scan([*folder, name]))))
+        return found
+
+    def _scan(self, folder: list[str]) -> list[tuple[str, Entry]]:
+        """The entries of one folder by name, each with its name as the file system has it;
+        none if it is gone, swapped for a link or on another file system mid-walk."""
+        found: list[tuple[str, Entry]] = []
+        try:
+            with self._dir_fd(folder) as fd:
+                if os.fstat(fd).st_dev != os.stat(self.root).st_dev:
+                    return []
+                with os.scandir(fd) as scan:
+                    items = sorted(scan, key=lambda entry: entry.name)
+                for item in items:
+                    try:
+                        info = item.stat(follow_symlinks=False)
+                        target = (os.readlink(item.name, dir_fd=fd)
+                                  if stat.S_ISLNK(info.st_mode) else None)
+                    except OSError:
                         continue
-                    with os.scandir(fd) as scan:
-                        entries = sorted(scan, key=lambda entry: entry.name)
-                    for item in entries:
-                        try:
-                            info = item.stat(follow_symlinks=False)
-                            target = (os.readlink(item.name, dir_fd=fd)
-                                      if stat.S_ISLNK(info.st_mode) else None)
-                        except OSError:
-                            continue
-                        found.append(entry_of("/".join([*folder, item.name]), info, target))
-                        if stat.S_ISDIR(info.st_mode) and level < depth:
-                            folders.append(([*folder, item.name], level + 1))
-            except WorkspaceError:
-                continue  # removed or swapped for a link mid-walk: skip it
+                    found.append((item.name, entry_of(
+                        "/".join([*folder, item.name]), info,
+                        metadata=read_metadata(fd, item.name)) if target is None
+                        else self._link_entry([*folder, item.name], info, target)))
+        except WorkspaceError:
+            return []
         return found
 
     @_mounted(write=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -66,10 +67,14 @@ class SessionRequests:
         content: bytes = response.content
         return content
 
-    async def write_file(self, path: str, data: bytes) -> int:
+    async def write_file(self, path: str, data: bytes,
+                         metadata: dict[str, str] | None = None) -> int:
+        params = {"path": path}
+        if metadata:
+            params["metadata"] = json.dumps(metadata)
         written: Written = await self._call(
             "PUT", f"/sessions/{self.id}/file", Written, session_id=self.id,
-            params={"path": path}, content=data,
+            params=params, content=data,
             headers={"content-type": "application/octet-stream"})
         return written.size
 

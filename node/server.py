@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import TypeAdapter
 
 from common.errors import status_for
 from common.metrics import Metrics
@@ -63,6 +64,7 @@ from node.wire import (
 )
 
 router = APIRouter(prefix=PREFIX)
+_METADATA = TypeAdapter(dict[str, str])
 
 FOLLOW_BUFFER = 4096
 """Frames a follower of a session may fall behind before its stream is ended (it follows
@@ -153,9 +155,11 @@ async def read_file(request: Request, session_id: str, path: str,
 
 @router.put("/sessions/{session_id}/file")
 async def write_file(request: Request, session_id: str, path: str,
-                     data: Annotated[bytes, Body(media_type="application/octet-stream")]
-                     ) -> Written:
-    return Written(size=await _session(request, session_id).write_file(path, data))
+                     data: Annotated[bytes, Body(media_type="application/octet-stream")] = b"",
+                     metadata: str | None = None) -> Written:
+    """``metadata``: the file's metadata as a JSON object of strings."""
+    pairs = _METADATA.validate_json(metadata) if metadata else None
+    return Written(size=await _session(request, session_id).write_file(path, data, pairs))
 
 
 @router.get("/sessions/{session_id}/files")

@@ -2,7 +2,10 @@
 
 Uploads come as ``multipart/form-data`` (one part per file, the file's path in the part's
 filename unless ``?path=`` names the only one) or as a raw ``application/octet-stream`` body
-(envd 0.5.7 and later). Both answer ``[{"name", "type": "file", "path"}]``.
+(envd 0.5.7 and later), gzipped or not (``Content-Encoding: gzip``, the size limit applying to
+the inflated file). ``X-Metadata-<key>: <value>`` headers (envd 0.6.2) become every uploaded
+file's metadata, replacing what it had. Both answer ``[{"name", "type": "file", "path"}]``,
+with ``"metadata"`` when some was set. A download is gzipped when ``Accept-Encoding`` asks.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from starlette.types import Message
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._paths import to_e2b, to_workspace
-from gateway.routers.files import read_upload
+from gateway.file_bodies import file_response, read_upload
+
+METADATA_HEADER = "x-metadata-"
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2BRoute,
                    include_in_schema=False)
@@ -29,15 +34,17 @@ async def download(request: Request, path: str = "") -> Response:
     if not path:
         raise E2BError(400, "the query parameter path is required")
     data = await gateway.read_file(tenant, session.id, to_workspace(path))
-    return Response(data, media_type="application/octet-stream")
+    return await file_response(request, data)
 
 
 @router.post("/files")
 async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
-    tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
-    if request.headers.get("content-encoding", "identity") != "identity":
-        raise E2BError(400, "compressed uploads are not accepted; send the file as is")
+    _tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    # Header names come lowercased, as envd lowercases metadata keys.
+    metadata = {name.removeprefix(METADATA_HEADER): value
+                for name, value in request.headers.items()
+                if name.startswith(METADATA_HEADER)} or None
     body = await read_upload(request, gateway.settings.max_upload_bytes)
     files: list[tuple[str, bytes]] = []
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -59,8 +66,9 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
             raise E2BError(400, "a file without a path: name it with ?path= or in the part's "
                                 "filename")
         relative = to_workspace(name)
-        await gateway.write_file(tenant, session.id, relative, data)
+        # The body was read under the upload limit already: straight to the session.
+        await session.write_file(relative, data, metadata)
         written.append({"name": relative.rsplit("/", 1)[-1], "type": "file",
-                        "path": to_e2b(relative)})
+                        "path": to_e2b(relative), **({"metadata": metadata} if metadata else {})})
     return written
 

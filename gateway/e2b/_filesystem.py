@@ -2,10 +2,18 @@
 
 Messages restate envd's public interface in ProtoJSON (``filesystem.proto``: EntryInfo, Stat,
 ListDir, MakeDir, Move, Remove); watching folders is :mod:`gateway.e2b._watch`'s.
+
+As envd does, an entry that is a link describes what it leads to (its type, size, mode) with
+``symlinkTarget`` the absolute path it resolves to, and ``isSymlink`` left false (the newest
+SDKs would otherwise call it a link, the test suite's older ones a file). A link leading out
+of ``/home/user``, nowhere, or in a loop is described as itself (``FILE_TYPE_SYMLINK``, its
+own size, ``symlinkTarget`` its text made absolute): nothing outside the workspace is read.
+Removing what does not exist succeeds, as envd's ``os.RemoveAll`` does.
 """
 
 from __future__ import annotations
 
+import posixpath
 import stat
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -46,6 +54,7 @@ class EntryInfo(ProtoJSON):
     group: str = "user"
     modified_time: str
     symlink_target: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 class PathRequest(ProtoJSON):
@@ -72,13 +81,19 @@ class ListDirResponse(ProtoJSON):
 
 def entry_info(entry: Entry) -> EntryInfo:
     kind_bits = {"dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}.get(entry.kind, stat.S_IFREG)
+    target = None
+    if entry.resolved is not None:
+        target = to_e2b(entry.resolved)
+    elif entry.target is not None:  # described as itself: where its text points
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(to_e2b(entry.path)),
+                                                   entry.target))
     return EntryInfo(
         name=entry.path.rsplit("/", 1)[-1] if entry.path else "user",
         type=_TYPES[entry.kind], path=to_e2b(entry.path), size=str(entry.size),
         mode=entry.mode, permissions=stat.filemode(kind_bits | entry.mode),
         modified_time=datetime.fromtimestamp(entry.modified, UTC).isoformat().replace(
             "+00:00", "Z"),
-        symlink_target=entry.target)
+        symlink_target=target, metadata=entry.metadata)
 
 
 async def _on_workspace(operation: Callable[[SessionPort], Awaitable[T]]) -> T:
@@ -124,7 +139,11 @@ async def move(request: MoveRequest) -> EntryResponse:
 
 async def remove(request: PathRequest) -> Empty:
     path = _path(request.path)
-    await _on_workspace(lambda s: s.remove_path(path))
+    try:
+        await _on_workspace(lambda s: s.remove_path(path))
+    except ConnectError as exc:
+        if exc.code != Code.NOT_FOUND:
+            raise
     return Empty()
 
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENVD_VERSION = "0.6.4"
 """The envd version replgate answers as: octet-stream uploads (0.5.7), the default user
-(0.4.0), watch entries (0.6.3) and the network-mounts flag of a watch (0.6.4) are served."""
+(0.4.0), file metadata (0.6.2), watch entries (0.6.3) and the network-mounts flag of a watch
+(0.6.4) are served."""
 
 DEFAULT_TEMPLATES = frozenset({"base", "code-interpreter-v1", "code-interpreter"})
 """The SDKs' default template names; they run on replgate's ``default`` profile."""

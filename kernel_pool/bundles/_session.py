@@ -26,6 +26,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
+from kernel_pool._metadata import pax_metadata, restore_pax_metadata
 from kernel_pool._snapshot import SnapshotStore
 from kernel_pool._streams import SUFFIXES
 from kernel_pool._variables import TRANSFER_NAME
@@ -268,6 +269,7 @@ def _tar_tree(tar: tarfile.TarFile, folder: int, prefix: str, depth: int) -> Non
                 continue
             try:
                 member.type = tarfile.DIRTYPE
+                member.pax_headers = pax_metadata(folder, name)
                 tar.addfile(member)
                 _tar_tree(tar, child, f"{member.name}/", depth + 1)
             finally:
@@ -281,6 +283,7 @@ def _tar_tree(tar: tarfile.TarFile, folder: int, prefix: str, depth: int) -> Non
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     continue
                 member.size = os.fstat(fd).st_size  # nothing of a paused session writes it
+                member.pax_headers = pax_metadata(folder, name)
                 tar.addfile(member, file)
 
 
@@ -326,6 +329,8 @@ def _unpack(tar: tarfile.TarFile, member: tarfile.TarInfo, root: int) -> None:
                 os.close(fd)
         else:
             return  # the writer puts nothing else in; skipped rather than trusted
+        if member.isfile() or member.isdir():
+            restore_pax_metadata(folder, name, member.pax_headers)
         if os.geteuid() == 0:
             os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=folder, follow_symlinks=False)
     finally:

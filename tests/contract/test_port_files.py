@@ -27,6 +27,12 @@ async def test_files_round_trip_through_the_workspace(session: SessionPort) -> N
     assert read.stdout == "b'payload'\n"
 
 
+async def test_an_empty_file_is_written_and_read(session: SessionPort) -> None:
+    assert await session.write_file("empty.txt", b"") == 0
+    assert await session.read_file("empty.txt", 100) == b""
+    assert (await session.stat_path("empty.txt")).size == 0
+
+
 async def test_file_refusals_are_raised_as_their_class(session: SessionPort) -> None:
     await session.write_file("big.bin", b"x" * 100)
 
@@ -141,3 +147,30 @@ async def test_the_sandbox_says_what_it_is_and_uses(session: SessionPort) -> Non
     assert info.backend == "docker" and info.container_id
     assert usage.memory_limit_bytes > 0
     assert await session.egress_attempts() == [], "the default profile has no network"
+
+
+async def test_metadata_is_written_kept_and_cleared(session: SessionPort) -> None:
+    assert await session.write_file("m/a.txt", b"1", {"Author": "mish"}) == 1
+    assert (await session.stat_path("m/a.txt")).metadata == {"author": "mish"}
+    moved = await session.move_path("m/a.txt", "m/b.txt")
+    assert moved.metadata == {"author": "mish"}
+    assert [e.metadata for e in await session.list_dir("m")] == [{"author": "mish"}]
+    await session.write_file("m/b.txt", b"2")
+    assert (await session.stat_path("m/b.txt")).metadata is None
+    with pytest.raises(InvalidRequest, match="invalid metadata key"):
+        await session.write_file("m/c.txt", b"3", {"bad key": "v"})
+    with pytest.raises(FileMissing):
+        await session.stat_path("m/c.txt")
+
+
+async def test_links_are_followed_inside_the_workspace_only(session: SessionPort) -> None:
+    await session.write_file("l/real.txt", b"hello")
+    made = await session.run_command("ln -s real.txt l/in && ln -s /etc/passwd l/out")
+    assert made.exit_code == 0, made.stderr
+    inside = await session.stat_path("l/in")
+    assert (inside.kind, inside.size, inside.resolved) == ("file", 5, "l/real.txt")
+    out = await session.stat_path("l/out")
+    assert (out.kind, out.target, out.resolved) == ("symlink", "/etc/passwd", None)
+    assert [(e.path, e.kind) for e in await session.list_dir("l")] == [
+        ("l/in", "file"), ("l/out", "symlink"), ("l/real.txt", "file")]
+    assert await session.read_file("l/in", 100) == b"hello"

@@ -29,6 +29,7 @@ x = 41
 os.makedirs('data/deep', exist_ok=True)
 pathlib.Path('data/deep/in.bin').write_bytes(bytes(range(256)) * 4096)
 os.symlink('deep/in.bin', 'data/link')
+os.setxattr('data/deep/in.bin', 'user.e2b.tag', b'kept')  # E2B's file metadata
 """
 
 
@@ -59,6 +60,7 @@ async def test_a_paused_session_resumes_in_another_pool_with_its_variables_and_f
         assert "x" in restored.pause_info.kept
         # A file request works on it while paused, as on any paused session.
         assert len(await restored.read_file("data/deep/in.bin", 1 << 21)) == 256 * 4096
+        assert (await restored.stat_path("data/deep/in.bin")).metadata == {"tag": "kept"}
         out = await run_ok(restored, "import os\nprint(x + 1, os.readlink('data/link'), "
                            "open('data/link', 'rb').read(3) == bytes([0, 1, 2]))")
         assert out == "42 deep/in.bin True\n"
