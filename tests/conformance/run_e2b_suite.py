@@ -16,8 +16,10 @@ Without ``--url``, a gateway is started as a default install starts (``replgate 
 profiles, a state folder of its own, its first API key) and stopped after; with ``--url`` and
 ``--api-key``, the suite runs against that gateway.
 
-Prints one line per test file (passed, failed, skipped) and the totals; writes pytest's
-JUnit XML beside its log in the run folder it names. Arguments after ``--`` replace the
+Prints one line per test file (passed, failed, skipped) and the totals; for ``sdk``, also
+the tests that reach a server (they take a sandbox or a build: ``e2b_reaching.py``, loaded
+into the suite's pytest as a plugin that only records), per area. Writes pytest's JUnit XML
+beside its log in the run folder it names. Arguments after ``--`` replace the
 default target (``tests``) in pytest's command line (``-- tests/sync -k contexts``).
 """
 
@@ -97,6 +99,46 @@ def _totals(junit: Path) -> tuple[dict[str, Counter[str]], Counter[str]]:
     return by_file, sum(by_file.values(), Counter())
 
 
+def _outcomes(junit: Path) -> dict[str, str]:
+    """Each test's outcome by its pytest node id (``tests/x/test_y.py::[Class::]test_z``)."""
+    found = {}
+    for case in ET.parse(junit).iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        parts = case.get("classname", "").split(".")
+        # The module's path ends at its test_ part; a class follows it.
+        cut = max((i for i, part in enumerate(parts) if part.startswith("test_")),
+                  default=len(parts) - 1) + 1
+        node = "/".join(parts[:cut]) + ".py"
+        found["::".join([node, *parts[cut:], case.get("name", "")])] = outcome
+    return found
+
+
+def _print_areas(collected: Path, junit: Path) -> None:
+    """The tests that reach a server, per area, and the figure without the areas of other
+    issues (templates, network) and E2B's host names."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from e2b_reaching import area, reaching
+
+    outcomes = _outcomes(junit)
+    by_area: dict[str, Counter[str]] = defaultdict(Counter)
+    for test_id in reaching(collected.read_text().splitlines()):
+        by_area[area(test_id)][outcomes.get(test_id, "not run")] += 1
+    print("Tests that reach a server, by area:")
+    for name in sorted(by_area):
+        counts = by_area[name]
+        print(f"  {name}: {counts['passed']} of {sum(counts.values())} passed")
+    kept = [c for name, c in by_area.items() if name not in ("templates", "network", "host names")]
+    every = sum(by_area.values(), Counter())
+    outside = sum(kept, Counter())
+    print(f"  all: {every['passed']} of {sum(every.values())}; without templates, network and "
+          f"host names: {outside['passed']} of {sum(outside.values())}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", choices=sorted(SUITES))
@@ -123,7 +165,13 @@ def main() -> int:
     env = {key_: value for key_, value in os.environ.items()
            if not key_.startswith(("E2B_", "REPLGATE_"))}
     env.update(E2B_API_URL=f"{url}/e2b", E2B_SANDBOX_URL=f"{url}/e2b/sandbox", E2B_API_KEY=key)
-    junit = run_dir / "junit.xml"
+    junit, collected = run_dir / "junit.xml", run_dir / "collected.jsonl"
+    plugin: list[str] = []
+    if args.suite == "sdk":  # which tests reach a server (tests/conformance/e2b_reaching.py)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).parent), *filter(None, [env.get("PYTHONPATH")])])
+        env["RG_REACHING_OUT"] = str(collected)
+        plugin = ["-p", "e2b_reaching"]
     try:
         with open(run_dir / "pytest.log", "wb") as log:
             # pytest's own script, not `python -m pytest`: that would put the checkout's
@@ -133,7 +181,7 @@ def main() -> int:
                  "addopts=--import-mode=importlib", "-p", "no:cacheprovider", "-q", "-rfE",
                  # an offline unit test importing what this SDK release lacks must not stop
                  # the others from running
-                 "--continue-on-collection-errors",
+                 "--continue-on-collection-errors", *plugin,
                  f"--junitxml={junit}", *(args.pytest_args or ["tests"])],
                 cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
     finally:
@@ -150,6 +198,8 @@ def main() -> int:
     print(f"E2B {args.suite} suite against {url}: {total['passed']} of {sum(total.values())} "
           f"passed, {total['failed']} failed, {total['skipped']} skipped "
           f"(log and JUnit XML in {run_dir})")
+    if collected.exists():
+        _print_areas(collected, junit)
     return 0 if total["failed"] == 0 else 1
 
 
