@@ -13,9 +13,11 @@ from fastapi import APIRouter, Request, Response
 from starlette.datastructures import UploadFile
 from starlette.types import Message
 
+from gateway.e2b import _sandbox_paths as sandbox
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._paths import to_e2b, to_workspace
+from gateway.e2b._sandbox_paths import in_sandbox
 from gateway.routers.files import read_upload
 
 router = APIRouter(prefix="/e2b/sandbox", tags=["e2b"], route_class=E2BRoute,
@@ -28,6 +30,8 @@ async def download(request: Request, path: str = "") -> Response:
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     if not path:
         raise E2BError(400, "the query parameter path is required")
+    if in_sandbox(path):  # beyond the workspace: through the container, streamed
+        return await sandbox.download(session, path, gateway.settings.max_download_bytes)
     data = await gateway.read_file(tenant, session.id, to_workspace(path))
     return Response(data, media_type="application/octet-stream")
 
@@ -36,6 +40,9 @@ async def download(request: Request, path: str = "") -> Response:
 async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    multipart = request.headers.get("content-type", "").startswith("multipart/form-data")
+    if in_sandbox(path) and not multipart:  # beyond the workspace: streamed into the container
+        return await sandbox.upload(request, session, path, gateway.settings.max_upload_bytes)
     if request.headers.get("content-encoding", "identity") != "identity":
         raise E2BError(400, "compressed uploads are not accepted; send the file as is")
     body = await read_upload(request, gateway.settings.max_upload_bytes)
@@ -58,6 +65,9 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
         if not name:
             raise E2BError(400, "a file without a path: name it with ?path= or in the part's "
                                 "filename")
+        if in_sandbox(name):
+            written.append(await sandbox.upload_part(session, name, data))
+            continue
         relative = to_workspace(name)
         await gateway.write_file(tenant, session.id, relative, data)
         written.append({"name": relative.rsplit("/", 1)[-1], "type": "file",
