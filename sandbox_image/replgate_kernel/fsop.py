@@ -158,8 +158,13 @@ def op_read(path, limit):
         if info.st_size > limit:
             raise Refused("too_large", json.dumps({"size": info.st_size, "limit": limit}))
         if info.st_size == 0:
-            # /proc and /sys say 0 for what they generate: read it whole, under the limit.
-            data = file.read(limit + 1)
+            # /proc and /sys say 0 for what they generate: read it whole, under the limit, in
+            # pieces (a sysctl file refuses one read of a size it cannot allocate: ENOMEM).
+            pieces, size = [], 0
+            while size <= limit and (piece := file.read(min(CHUNK, limit + 1 - size))):
+                pieces.append(piece)
+                size += len(piece)
+            data = b"".join(pieces)
             if len(data) > limit:
                 raise Refused("too_large", json.dumps({"size": len(data), "limit": limit}))
             _answer({"size": len(data)})
