@@ -75,11 +75,11 @@ def test_system_files_are_read_as_the_sandbox_sees_them(sandbox: Sandbox) -> Non
 
 
 def test_what_the_sandboxs_user_may_not_do_is_refused(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="(?i)permission denied|read-only"):
+    with pytest.raises(SandboxException, match=r"(?i)permission denied|read-only"):
         sandbox.files.write("/etc/replgate-x", "no")
-    with pytest.raises(SandboxException, match="(?i)permission denied"):
+    with pytest.raises(SandboxException, match=r"(?i)permission denied"):
         sandbox.files.read("/etc/shadow")
-    with pytest.raises(SandboxException, match="(?i)permission denied|read-only"):
+    with pytest.raises(SandboxException, match=r"(?i)permission denied|read-only"):
         sandbox.files.make_dir("/usr/replgate-x")
     with pytest.raises(NotFoundException):
         sandbox.files.read("/tmp/no-such-file")
@@ -91,8 +91,8 @@ def test_files_over_the_limits_are_refused(sandbox: Sandbox) -> None:
     sandbox.commands.run(f"head -c {LIMIT + 1} /dev/zero > /tmp/big.bin")
     with pytest.raises(SandboxException, match="over the download limit"):
         sandbox.files.read("/tmp/big.bin", format="bytes")
-    with pytest.raises(SandboxException, match="(?i)upload"):
+    with pytest.raises(SandboxException, match=r"(?i)upload"):
         sandbox.files.write("/tmp/huge.bin", io.BytesIO(b"x" * (LIMIT + 1)))
     assert not sandbox.files.exists("/tmp/huge.bin")  # nothing half-written is left
-    with pytest.raises(SandboxException, match="(?i)upload"):
+    with pytest.raises(SandboxException, match=r"(?i)upload"):
         sandbox.files.write("/tmp/huge.txt", "x" * (LIMIT + 1))
