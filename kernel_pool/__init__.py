@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
     from kernel_pool._pool import KernelPool
     from kernel_pool._queue import ExecutionQueue
+    from kernel_pool._sandbox_fs import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch, WatchEvent
@@ -84,6 +85,11 @@ if TYPE_CHECKING:
         PayloadTooLarge,
         ProfileNotFound,
         QueueFull,
+        SandboxDiskFull,
+        SandboxFileDenied,
+        SandboxFileError,
+        SandboxFileExists,
+        SandboxFileMissing,
         SessionClosed,
         SessionNotFound,
         SnapshotBudgetExceeded,
@@ -175,6 +181,14 @@ __all__ = [
     "PtySize",
     "QueueFull",
     "ResourceUsage",
+    "SandboxDiskFull",
+    "SandboxEntry",
+    "SandboxFileDenied",
+    "SandboxFileError",
+    "SandboxFileExists",
+    "SandboxFileMissing",
+    "SandboxFsAnswer",
+    "SandboxFsRequest",
     "SandboxInfo",
     "SandboxUsage",
     "Session",
@@ -274,6 +288,14 @@ _HOMES = {
     "QueueFull": "kernel_pool.exceptions",
     "ResourceUsage": "kernel_pool.events",
     "SandboxInfo": "kernel_pool.backends.base",
+    "SandboxDiskFull": "kernel_pool.exceptions",
+    "SandboxFileDenied": "kernel_pool.exceptions",
+    "SandboxFileError": "kernel_pool.exceptions",
+    "SandboxFileExists": "kernel_pool.exceptions",
+    "SandboxFileMissing": "kernel_pool.exceptions",
+    "SandboxEntry": "kernel_pool._sandbox_fs",
+    "SandboxFsAnswer": "kernel_pool._sandbox_fs",
+    "SandboxFsRequest": "kernel_pool._sandbox_fs",
     "SandboxUsage": "kernel_pool._usage",
     "Session": "kernel_pool._session",
     "SessionPort": "kernel_pool.port",

@@ -28,6 +28,7 @@ from kernel_pool._execution import ExecutionRun
 from kernel_pool._handle import ExecutionHandle, Gate, utcnow
 from kernel_pool._kernel import Kernel
 from kernel_pool._languages import display_language, normalize_language
+from kernel_pool._sandbox_fs import SessionSandboxFs
 from kernel_pool._session_base import Lifecycle
 from kernel_pool._session_contexts import SessionContexts
 from kernel_pool._watch import end_watches
@@ -47,7 +48,7 @@ from kernel_pool.exceptions import (
 
 logger = logging.getLogger(__name__)
 
-class Session(SessionContexts):
+class Session(SessionContexts, SessionSandboxFs):
     """One kernel with its workspace. Executions queue (bounded) and run one at a time."""
 
     lifecycle: Lifecycle[Session] | None

@@ -28,6 +28,11 @@
     ├── NoNodeAvailable        no node can take a new session
     ├── UnknownNode            no node has that id
     ├── NotDrainable           a host with one node (this machine) cannot drain it
+    ├── SandboxFileError       a path of the sandbox (outside the workspace) it refused
+    │   ├── SandboxFileMissing       no such file or folder there
+    │   ├── SandboxFileDenied        its user may not (read-only folder, another's file)
+    │   ├── SandboxFileExists        something is in the way
+    │   └── SandboxDiskFull          no room left there
     └── WorkspaceError         a file path or size the workspace refuses
         ├── PathOutsideWorkspace
         ├── FileMissing        no such file in the workspace
@@ -291,3 +296,31 @@ class NotDrainable(KernelPoolError):
     def __init__(self) -> None:
         super().__init__("one machine has one node, this gateway: there is nowhere to drain "
                          "it to (run `replgate node` processes with a shared database)")
+
+
+class SandboxFileError(KernelPoolError):
+    """A path of the sandbox's own file system (outside its workspace) that the sandbox refused
+    to its user, as it would refuse code running there; the message is the sandbox's.
+
+    Subclasses: :class:`SandboxFileMissing`, :class:`SandboxFileDenied`,
+    :class:`SandboxFileExists`, :class:`SandboxDiskFull`."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class SandboxFileMissing(SandboxFileError):
+    """No such file or folder in the sandbox."""
+
+
+class SandboxFileDenied(SandboxFileError):
+    """The sandbox's user may not do that there (a read-only system folder, root's file)."""
+
+
+class SandboxFileExists(SandboxFileError):
+    """Something is in the way (a file where a folder was asked for, a folder not empty)."""
+
+
+class SandboxDiskFull(SandboxFileError):
+    """The sandbox's file system (its ``/tmp``, its workspace) has no room left."""

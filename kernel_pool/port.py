@@ -21,7 +21,15 @@ and :attr:`SessionPort.pending` (every submission counts its tenant's running ex
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
+    from kernel_pool._sandbox_fs import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch
     from kernel_pool.backends.base import SandboxInfo
@@ -164,6 +173,22 @@ class SessionPort(Protocol):
         """Watch a workspace folder (``""``: all of it); the watch once it is in place, its
         events in order, ending with an ``end`` event (a pause, the session's end, a lost
         node, a lagging consumer), never an error. At most ``max_watches`` at once."""
+
+    # -- the sandbox's own files, outside the workspace (kernel_pool._sandbox_fs) ------------
+
+    async def sandbox_fs(self, request: SandboxFsRequest) -> SandboxFsAnswer:
+        """Stat, list, make, remove or move an absolute path of the sandbox, done in its
+        container as its user (a paused session is resumed first); refusals are
+        :class:`~kernel_pool.SandboxFileError` and below."""
+
+    def sandbox_read(self, path: str, limit: int) -> AsyncGenerator[bytes, None]:
+        """A file of the sandbox, streamed: its refusal (missing, denied, a folder, over
+        ``limit`` bytes: :class:`~kernel_pool.FileTooLarge`) is raised before the first piece,
+        which may be empty."""
+
+    async def sandbox_write(self, path: str, chunks: AsyncIterable[bytes]) -> SandboxEntry:
+        """Create or replace a file of the sandbox (parents made) from ``chunks``; if they
+        raise, the write stops and a file it created is removed."""
 
     # -- the sandbox --------------------------------------------------------------------------
 

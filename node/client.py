@@ -99,6 +99,24 @@ class NodeClient:
             await response.aclose()
 
     @contextlib.asynccontextmanager
+    async def byte_stream(self, method: str, path: str, *, session_id: str,
+                          **kwargs: Any) -> AsyncIterator[AsyncIterator[bytes]]:
+        """A streamed answer as raw bytes (a file), its error raised before the first."""
+        request = self._http.build_request(method, path, **kwargs)
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise NodeUnreachable(session_id, f"its node {self.node_id} did not answer "
+                                  f"({exc!r})") from None
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _error(response, session_id)
+            yield _bytes(response, self.node_id, session_id)
+        finally:
+            await response.aclose()
+
+    @contextlib.asynccontextmanager
     async def execution(self, session_id: str,
                         submit: Submit) -> AsyncIterator[AsyncIterator[Frame]]:
         """The execution sent on the node's channel; its frames, to its end. The hop is a
@@ -152,6 +170,16 @@ async def _frames(response: httpx.Response, node_id: str,
         async for line in response.aiter_lines():
             if line:
                 yield Frame.model_validate_json(line)
+    except httpx.TransportError as exc:
+        raise NodeUnreachable(session_id, f"its node {node_id} stopped answering "
+                              f"({exc!r})") from None
+
+
+async def _bytes(response: httpx.Response, node_id: str,
+                 session_id: str) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
     except httpx.TransportError as exc:
         raise NodeUnreachable(session_id, f"its node {node_id} stopped answering "
                               f"({exc!r})") from None

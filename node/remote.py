@@ -47,6 +47,7 @@ from kernel_pool import (
 )
 from node.client import NodeClient
 from node.remote_files import SessionRequests
+from node.sandbox_fs import RemoteSandboxFs
 from node.wire import (
     CreateContext,
     Frame,
@@ -81,7 +82,7 @@ class _Followed(list["TransferListener"]):
         self._changed()
 
 
-class RemoteSession(SessionRequests):
+class RemoteSession(SessionRequests, RemoteSandboxFs):
     """A session that runs on a node (see the module's docstring)."""
 
     def __init__(self, client: NodeClient, state: SessionState, *, tenant: str = "",

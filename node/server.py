@@ -42,6 +42,7 @@ from node.channel_server import error_out, set_fields
 from node.channel_server import router as channel_router
 from node.command_input import router as command_input_router
 from node.restore import router as restore_router
+from node.sandbox_fs import router as sandbox_fs_router
 from node.snapshots import router as snapshots_router
 from node.watch_server import router as watch_router
 from node.wire import (
@@ -394,6 +395,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.include_router(snapshots_router)  # saved snapshots, in the bundle store too
     app.include_router(command_input_router)  # a running command's stdin and terminal
     app.include_router(watch_router)  # folders watched
+    app.include_router(sandbox_fs_router)  # the sandbox's own files, outside the workspace
     return app
 
 

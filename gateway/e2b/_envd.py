@@ -16,9 +16,11 @@ from fastapi import APIRouter, Request, Response
 from starlette.datastructures import UploadFile
 from starlette.types import Message
 
+from gateway.e2b import _sandbox_paths as sandbox
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._paths import to_e2b, to_workspace
+from gateway.e2b._sandbox_paths import in_sandbox
 from gateway.file_bodies import file_response, read_upload
 
 METADATA_HEADER = "x-metadata-"
@@ -33,6 +35,8 @@ async def download(request: Request, path: str = "") -> Response:
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     if not path:
         raise E2BError(400, "the query parameter path is required")
+    if in_sandbox(path):  # beyond the workspace: through the container, streamed
+        return await sandbox.download(session, path, gateway.settings.max_download_bytes)
     data = await gateway.read_file(tenant, session.id, to_workspace(path))
     return await file_response(request, data)
 
@@ -41,6 +45,9 @@ async def download(request: Request, path: str = "") -> Response:
 async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
     _tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
+    multipart = request.headers.get("content-type", "").startswith("multipart/form-data")
+    if in_sandbox(path) and not multipart:  # beyond the workspace: streamed into the container
+        return await sandbox.upload(request, session, path, gateway.settings.max_upload_bytes)
     # Header names come lowercased, as envd lowercases metadata keys.
     metadata = {name.removeprefix(METADATA_HEADER): value
                 for name, value in request.headers.items()
@@ -65,6 +72,9 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
         if not name:
             raise E2BError(400, "a file without a path: name it with ?path= or in the part's "
                                 "filename")
+        if in_sandbox(name):
+            written.append(await sandbox.upload_part(session, name, data))
+            continue
         relative = to_workspace(name)
         # The body was read under the upload limit already: straight to the session.
         await session.write_file(relative, data, metadata)

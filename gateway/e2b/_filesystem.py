@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
+from gateway.e2b import _sandbox_paths as sandbox
 from gateway.e2b._connect import (
     TARGET,
     ConnectService,
@@ -31,6 +32,7 @@ from gateway.e2b._connect import (
 )
 from gateway.e2b._errors import E2BError
 from gateway.e2b._paths import to_e2b, to_workspace
+from gateway.e2b._sandbox_paths import in_sandbox
 from kernel_pool import Entry, FileMissing, SessionPort, WorkspaceError
 
 SERVICE = "filesystem.Filesystem"
@@ -114,17 +116,24 @@ def _path(path: str) -> str:
 
 
 async def stat_entry(request: PathRequest) -> EntryResponse:
+    if in_sandbox(request.path):
+        return EntryResponse.model_validate({"entry": await sandbox.stat_entry(request.path)})
     path = _path(request.path)
     return EntryResponse(entry=entry_info(await _on_workspace(lambda s: s.stat_path(path))))
 
 
 async def list_dir(request: ListDirRequest) -> ListDirResponse:
+    if in_sandbox(request.path):
+        return ListDirResponse.model_validate(
+            {"entries": await sandbox.list_dir(request.path, request.depth)})
     path, depth = _path(request.path), max(1, request.depth)
     entries = await _on_workspace(lambda s: s.list_dir(path, depth))
     return ListDirResponse(entries=[entry_info(e) for e in entries])
 
 
 async def make_dir(request: PathRequest) -> EntryResponse:
+    if in_sandbox(request.path):
+        return EntryResponse.model_validate({"entry": await sandbox.make_dir(request.path)})
     path = _path(request.path)
     if not await _on_workspace(lambda s: s.make_dir(path)):
         raise ConnectError(Code.ALREADY_EXISTS, f"{request.path!r} already exists")
@@ -132,12 +141,18 @@ async def make_dir(request: PathRequest) -> EntryResponse:
 
 
 async def move(request: MoveRequest) -> EntryResponse:
+    if in_sandbox(request.source) or in_sandbox(request.destination):
+        return EntryResponse.model_validate(
+            {"entry": await sandbox.move(request.source, request.destination)})
     source, destination = _path(request.source), _path(request.destination)
     return EntryResponse(entry=entry_info(
         await _on_workspace(lambda s: s.move_path(source, destination))))
 
 
 async def remove(request: PathRequest) -> Empty:
+    if in_sandbox(request.path):
+        await sandbox.remove(request.path)
+        return Empty()
     path = _path(request.path)
     try:
         await _on_workspace(lambda s: s.remove_path(path))

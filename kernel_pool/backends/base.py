@@ -184,6 +184,14 @@ class Sandbox(ABC):
         return 0."""
         return 0
 
+    async def start_file_op(self, args: list[str], *, stdin: bool = False) -> CommandProcess:
+        """Start the sandbox's file program (``replgate_kernel/fsop.py``) with ``args`` (an
+        operation and its absolute paths), as the sandbox's user, beside the kernel: what it
+        does to the sandbox's own files, code in the sandbox could do too. Its stdout is its
+        answer (and a read's bytes); ``stdin`` stays open for a write's content."""
+        raise BackendError(f"the {self.info.backend} backend cannot reach the sandbox's files "
+                           "outside its workspace")
+
     async def start_command(self, command: str, *, env: dict[str, str], cwd: str,
                             stdin: bool = False,
                             pty: tuple[int, int] | None = None) -> CommandProcess:

@@ -23,6 +23,7 @@ from kernel_pool.backends.docker._commands import WATCHER, DockerCommand
 from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
 from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
+from kernel_pool.backends.docker._fsop import start_file_op
 from kernel_pool.backends.docker._gvisor import OOM_POLL_S
 from kernel_pool.backends.docker._init_kernel import exit_code
 from kernel_pool.backends.docker._sandbox_checkpoint import SandboxCheckpoints
@@ -293,6 +294,10 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
     async def reserve(self) -> None:
         await super().reserve()
         await in_thread(self._backend.make_socket_dir, self._socket_dir)
+
+    async def start_file_op(self, args: list[str], *, stdin: bool = False) -> CommandProcess:
+        return await start_file_op(self._api, call_engine, self.info.container_id, args,
+                                   running=self._commands, stdin=stdin)
 
     async def start_command(self, command: str, *, env: dict[str, str], cwd: str,
                             stdin: bool = False,
