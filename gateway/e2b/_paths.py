@@ -25,8 +25,8 @@ def to_workspace(path: str) -> str:
         if normal == HOME:
             return ""
         if not normal.startswith(HOME + "/"):
-            raise E2BError(400, f"path {path!r} is outside /home/user: replgate gives access "
-                                "to the sandbox's workspace only, which is /home/user")
+            raise E2BError(400, f"path {path!r} is outside /home/user: this call works on "
+                                "the sandbox's workspace only, which is /home/user")
         return normal[len(HOME) + 1:]
     if normal == ".":
         return ""
