@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     )
     from kernel_pool._pool import KernelPool
     from kernel_pool._queue import ExecutionQueue
-    from kernel_pool._sandbox_fs import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
+    from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._session import Session
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch, WatchEvent
@@ -293,9 +293,9 @@ _HOMES = {
     "SandboxFileError": "kernel_pool.exceptions",
     "SandboxFileExists": "kernel_pool.exceptions",
     "SandboxFileMissing": "kernel_pool.exceptions",
-    "SandboxEntry": "kernel_pool._sandbox_fs",
-    "SandboxFsAnswer": "kernel_pool._sandbox_fs",
-    "SandboxFsRequest": "kernel_pool._sandbox_fs",
+    "SandboxEntry": "kernel_pool._sandbox_files",
+    "SandboxFsAnswer": "kernel_pool._sandbox_files",
+    "SandboxFsRequest": "kernel_pool._sandbox_files",
     "SandboxUsage": "kernel_pool._usage",
     "Session": "kernel_pool._session",
     "SessionPort": "kernel_pool.port",

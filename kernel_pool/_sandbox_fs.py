@@ -16,12 +16,10 @@ import contextlib
 import json
 import posixpath
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from kernel_pool._entries import Entry
 from kernel_pool._resuming import SessionResuming
+from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
 from kernel_pool.backends.base import CommandProcess, Sandbox
 from kernel_pool.exceptions import (
     BackendError,
@@ -42,37 +40,6 @@ before it is stopped: a path on a slow mount cannot hold a request forever."""
 _REFUSALS: dict[str, type[SandboxFileError]] = {
     "missing": SandboxFileMissing, "denied": SandboxFileDenied, "exists": SandboxFileExists,
     "no_space": SandboxDiskFull}
-
-
-class SandboxEntry(Entry):
-    """A file or folder of the sandbox: ``path`` absolute; a link followed (``resolved`` the
-    absolute path it leads to, its ``kind``, ``size`` and ``mode`` the target's)."""
-
-    resolved: str | None = None
-    owner: int = 0
-    """Its owner's uid in the sandbox (the sandbox's user is 1000, root 0)."""
-    group: int = 0
-
-
-class SandboxFsRequest(BaseModel):
-    """One operation on the sandbox's files (reads and writes stream: see the port)."""
-
-    op: Literal["stat", "list", "mkdir", "remove", "move"]
-    path: str
-    """Absolute, in the sandbox (normalized here: ``/tmp/../etc`` is ``/etc``)."""
-    destination: str | None = None
-    """``move``'s new path."""
-    depth: int = Field(1, ge=1, le=64)
-    """``list``'s levels below the folder."""
-
-
-class SandboxFsAnswer(BaseModel):
-    """What an operation answered: the entry it stat'ed, made or moved; a listing's entries
-    (depth-first); whether ``mkdir`` made the folder."""
-
-    entry: SandboxEntry | None = None
-    entries: list[SandboxEntry] | None = None
-    created: bool | None = None
 
 
 def sandbox_path(path: str) -> str:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
-    from kernel_pool._sandbox_fs import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
+    from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch
     from kernel_pool.backends.base import SandboxInfo

@@ -85,24 +85,22 @@ class NodeClient:
             headers={} if body is None else {"content-type": "application/json"},
             # An execution's events may be minutes apart: only a silent connection times out.
             timeout=httpx.Timeout(None, connect=5.0))
-        try:
-            response = await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise NodeUnreachable(session_id, f"its node {self.node_id} did not answer "
-                                  f"({exc!r})") from None
-        try:
-            if response.status_code >= 400:
-                await response.aread()
-                raise _error(response, session_id)
+        async with self._streamed(request, session_id) as response:
             yield _frames(response, self.node_id, session_id)
-        finally:
-            await response.aclose()
 
     @contextlib.asynccontextmanager
     async def byte_stream(self, method: str, path: str, *, session_id: str,
                           **kwargs: Any) -> AsyncIterator[AsyncIterator[bytes]]:
         """A streamed answer as raw bytes (a file), its error raised before the first."""
         request = self._http.build_request(method, path, **kwargs)
+        async with self._streamed(request, session_id) as response:
+            yield _bytes(response, self.node_id, session_id)
+
+    @contextlib.asynccontextmanager
+    async def _streamed(self, request: httpx.Request,
+                        session_id: str) -> AsyncIterator[httpx.Response]:
+        """``request`` sent, its answer's head read: an error answer raised, a good one
+        yielded to be read on, and closed after."""
         try:
             response = await self._http.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -112,7 +110,7 @@ class NodeClient:
             if response.status_code >= 400:
                 await response.aread()
                 raise _error(response, session_id)
-            yield _bytes(response, self.node_id, session_id)
+            yield response
         finally:
             await response.aclose()
 

@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from common.streams import primed
 from kernel_pool import (
     KernelPool,
     SandboxEntry,
@@ -43,18 +44,9 @@ async def sandbox_fs(request: Request, session_id: str,
 @router.get("/sessions/{session_id}/sandbox-file")
 async def sandbox_read(request: Request, session_id: str, path: str,
                        limit: int) -> StreamingResponse:
-    chunks = _pool(request).get_session(session_id).sandbox_read(path, limit)
-    first = await anext(chunks)  # its refusal, answered as the node's errors are
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()
-
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    # (its refusal, before the first piece, answered as the node's errors are)
+    body = await primed(_pool(request).get_session(session_id).sandbox_read(path, limit))
+    return StreamingResponse(body, media_type="application/octet-stream")
 
 
 @router.put("/sessions/{session_id}/sandbox-file")

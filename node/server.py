@@ -14,11 +14,10 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import TypeAdapter
 
 from common.errors import status_for
 from common.metrics import Metrics
@@ -26,10 +25,8 @@ from common.tracing import Tracing
 from kernel_pool import (
     ContextInfo,
     EgressAttempt,
-    Entry,
     Event,
     ExecutionHandle,
-    FileInfo,
     KernelPool,
     KernelPoolError,
     SandboxUsage,
@@ -41,6 +38,7 @@ from kernel_pool import (
 from node.channel_server import error_out, set_fields
 from node.channel_server import router as channel_router
 from node.command_input import router as command_input_router
+from node.files_server import router as files_router
 from node.restore import router as restore_router
 from node.sandbox_fs import router as sandbox_fs_router
 from node.snapshots import router as snapshots_router
@@ -53,20 +51,15 @@ from node.wire import (
     Frame,
     Interrupted,
     Killed,
-    Made,
-    Move,
     NodeInfo,
     Relay,
     Relayed,
     RunCommand,
     SessionState,
     Started,
-    Written,
 )
 
 router = APIRouter(prefix=PREFIX)
-_METADATA = TypeAdapter(dict[str, str])
-
 FOLLOW_BUFFER = 4096
 """Frames a follower of a session may fall behind before its stream is ended (it follows
 again, having missed some)."""
@@ -147,27 +140,6 @@ async def resume(request: Request, session_id: str) -> SessionState:
     return session.state()
 
 
-@router.get("/sessions/{session_id}/file")
-async def read_file(request: Request, session_id: str, path: str,
-                    limit: Annotated[int, Query(ge=0)]) -> Response:
-    data = await _session(request, session_id).read_file(path, limit)
-    return Response(data, media_type="application/octet-stream")
-
-
-@router.put("/sessions/{session_id}/file")
-async def write_file(request: Request, session_id: str, path: str,
-                     data: Annotated[bytes, Body(media_type="application/octet-stream")] = b"",
-                     metadata: str | None = None) -> Written:
-    """``metadata``: the file's metadata as a JSON object of strings."""
-    pairs = _METADATA.validate_json(metadata) if metadata else None
-    return Written(size=await _session(request, session_id).write_file(path, data, pairs))
-
-
-@router.get("/sessions/{session_id}/files")
-async def list_files(request: Request, session_id: str) -> list[FileInfo]:
-    return await _session(request, session_id).list_files()
-
-
 @router.get("/sessions/{session_id}/usage")
 async def usage(request: Request, session_id: str) -> SandboxUsage:
     return await _session(request, session_id).usage()
@@ -176,32 +148,6 @@ async def usage(request: Request, session_id: str) -> SandboxUsage:
 @router.get("/sessions/{session_id}/egress")
 async def egress(request: Request, session_id: str) -> list[EgressAttempt]:
     return await _session(request, session_id).egress_attempts()
-
-
-@router.get("/sessions/{session_id}/entry")
-async def stat_path(request: Request, session_id: str, path: str) -> Entry:
-    return await _session(request, session_id).stat_path(path)
-
-
-@router.delete("/sessions/{session_id}/entry", status_code=204)
-async def remove_path(request: Request, session_id: str, path: str) -> None:
-    await _session(request, session_id).remove_path(path)
-
-
-@router.get("/sessions/{session_id}/dir")
-async def list_dir(request: Request, session_id: str, path: str,
-                   depth: Annotated[int, Query(ge=1)] = 1) -> list[Entry]:
-    return await _session(request, session_id).list_dir(path, depth)
-
-
-@router.post("/sessions/{session_id}/dir")
-async def make_dir(request: Request, session_id: str, path: str) -> Made:
-    return Made(made=await _session(request, session_id).make_dir(path))
-
-
-@router.post("/sessions/{session_id}/move")
-async def move_path(request: Request, session_id: str, body: Move) -> Entry:
-    return await _session(request, session_id).move_path(body.source, body.destination)
 
 
 @router.post("/sessions/{session_id}/commands")
@@ -393,6 +339,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.include_router(channel_router)  # executions and new sessions, over one WebSocket
     app.include_router(restore_router)  # sessions moving through the bundle store
     app.include_router(snapshots_router)  # saved snapshots, in the bundle store too
+    app.include_router(files_router)  # the workspace's files
     app.include_router(command_input_router)  # a running command's stdin and terminal
     app.include_router(watch_router)  # folders watched
     app.include_router(sandbox_fs_router)  # the sandbox's own files, outside the workspace

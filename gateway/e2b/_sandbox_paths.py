@@ -26,6 +26,7 @@ from connectrpc.errors import ConnectError
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from common.streams import primed
 from gateway.e2b._connect import TARGET
 from gateway.e2b._errors import E2BError
 from gateway.e2b._paths import HOME
@@ -143,18 +144,8 @@ async def remove(path: str) -> None:
 async def download(session: SessionPort, path: str, limit: int) -> StreamingResponse:
     """envd's ``GET /files`` of a path of the sandbox, streamed; its refusal (raised before
     the answer starts) answered in E2B's shape by the route."""
-    chunks = session.sandbox_read(_absolute(path), limit)
-    first = await anext(chunks)
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()
-
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    body = await primed(session.sandbox_read(_absolute(path), limit))
+    return StreamingResponse(body, media_type="application/octet-stream")
 
 
 async def _capped(request: Request, limit: int) -> AsyncIterator[bytes]:
