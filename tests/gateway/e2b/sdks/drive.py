@@ -4,8 +4,9 @@ Run by ``test_sdk_releases.py`` with the Python of a virtualenv holding that rel
 requirements file beside this one) and E2B's three environment variables set, or, for a release
 before 2.7, ``E2B_DOMAIN`` naming the domain whose host names the gateway answers: nothing else
 points the SDK here. ``python drive.py core`` uses ``e2b``'s ``Sandbox``; with ``interpreter``
-too, ``e2b_code_interpreter``'s. Prints one JSON object of what each step saw; a step that
-raises ends the run with the traceback on stderr.
+too, ``e2b_code_interpreter``'s; with ``killed``, a sandbox killed while a command runs. Prints
+one JSON object of what each step saw; a step that raises ends the run with the traceback on
+stderr.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ if "interpreter" in sys.argv[1:]:
     sandboxes.append(interpreter)
     interpreter.run_code("x = 41")
     seen["run_code"] = interpreter.run_code("x + 1").text
+
+if "killed" in sys.argv[1:]:  # a sandbox killed while a command runs: how the wait ends
+    doomed = Sandbox.create()
+    running = doomed.commands.run("sleep 60", background=True)
+    doomed.kill()
+    try:
+        running.wait()
+        seen["killed_mid_command"] = "returned"
+    except Exception as exc:
+        seen["killed_mid_command"] = f"{type(exc).__name__}: {exc}"
 
 ids = {s.sandbox_id for s in sandboxes}
 seen["listed"] = ids <= {s.sandbox_id for s in Sandbox.list().next_items()}
