@@ -5,13 +5,16 @@ start with a sentence."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
+from common.tracing import TracingConfigError, trace_exporter_names
 from tests.otlp_receiver import OtlpReceiver
 
 EXPORT_ONE_SPAN = textwrap.dedent("""
@@ -54,15 +57,21 @@ def test_documented_configurations_export_spans(variables: dict[str, str]) -> No
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "not a protocol replgate can export"),
     ({"OTEL_TRACES_EXPORTER": "zipkin"}, "traces exporter 'zipkin' is not installed"),
 ])
-def test_serve_refuses_what_cannot_export_with_a_sentence(
-        tmp_path: object, variables: dict[str, str], says: str) -> None:
+def test_what_cannot_export_is_refused_with_a_sentence(variables: dict[str, str],
+                                                        says: str) -> None:
+    with pytest.raises(TracingConfigError, match=re.escape(says)):
+        trace_exporter_names({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **variables})
+
+
+def test_serve_stops_at_start_with_the_sentence(tmp_path: Path) -> None:
     clean = {key: value for key, value in os.environ.items()
              if not key.startswith(("OTEL_", "REPLGATE_"))}
     done = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "serve", "--port", "0"],
         env={**clean, "REPLGATE_STATE_DIR": str(tmp_path),
-             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", **variables},
+             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert says in done.stderr
+    assert "opentelemetry-exporter-otlp-proto-grpc" in done.stderr
     assert "Traceback" not in done.stderr
