@@ -239,9 +239,9 @@ class Processes(ProcessInputs):
             # Not the sandbox's "was not found": the SDK then asks the sandbox's health (from
             # 2.63; older releases raise their TimeoutException with this text as it is, so it
             # says what the newer ones say).
-            said = ConnectError(Code.UNAVAILABLE, f"the sandbox {target.session.id} was killed "
-                                                  "or reached its end of life while the "
-                                                  "command ran")
+            said = ConnectError(Code.UNAVAILABLE, "sandbox was killed or reached its end of "
+                                                  "life while the command ran (sandbox "
+                                                  f"{target.session.id})")
         except (GatewayError, KernelPoolError) as exc:
             said = ConnectError(_CODES.get(status_for(exc), Code.UNAVAILABLE), str(exc))
         except Exception as exc:  # a fault of ours: its streams must still end

@@ -96,7 +96,7 @@ def test_python_release_creates_runs_lists_and_kills_with_its_defaults(
     if "killed" in parts:  # before 2.63 the SDK says the server's own text, unchecked
         killed = seen.pop("killed_mid_command")
         assert killed.startswith("TimeoutException: ") and (
-            "was killed or reached its end of life" in killed), killed
+            "sandbox was killed or reached its end of life" in killed), killed
     assert seen == {"command": "ok\n", "file": "written", "running": True, "listed": True,
                     "running_after_kill": False}
 
