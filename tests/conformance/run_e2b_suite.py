@@ -86,16 +86,20 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def _outcome(case: ET.Element) -> str:
+    outcome = "passed"
+    for child in case:
+        if child.tag in ("failure", "error"):
+            outcome = "failed"
+        elif child.tag == "skipped":
+            outcome = "skipped"
+    return outcome
+
+
 def _totals(junit: Path) -> tuple[dict[str, Counter[str]], Counter[str]]:
     by_file: dict[str, Counter[str]] = defaultdict(Counter)
     for case in ET.parse(junit).iter("testcase"):
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-            elif child.tag == "skipped":
-                outcome = "skipped"
-        by_file[case.get("classname", "?")][outcome] += 1
+        by_file[case.get("classname", "?")][_outcome(case)] += 1
     return by_file, sum(by_file.values(), Counter())
 
 
@@ -103,12 +107,7 @@ def _outcomes(junit: Path) -> dict[str, str]:
     """Each test's outcome by its pytest node id (``tests/x/test_y.py::[Class::]test_z``)."""
     found = {}
     for case in ET.parse(junit).iter("testcase"):
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-            elif child.tag == "skipped":
-                outcome = "skipped"
+        outcome = _outcome(case)
         parts = case.get("classname", "").split(".")
         # The module's path ends at its test_ part; a class follows it.
         cut = max((i for i, part in enumerate(parts) if part.startswith("test_")),
