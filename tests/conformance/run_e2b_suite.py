@@ -148,7 +148,7 @@ def main() -> int:
                         help="the Python of a virtualenv holding another SDK release and "
                              "pytest's plugins, to run the suite with (default: .venv's)")
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options after the suite and its checkout too
 
     project = args.checkout / SUITES[args.suite]
     if not (project / "tests").is_dir():
