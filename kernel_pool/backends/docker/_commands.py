@@ -162,8 +162,21 @@ class DockerCommand(CommandProcess):
             receiving.cancel()
 
     async def write(self, data: bytes) -> None:
+        # Raced against the process's end: once it ended, the engine may stop reading its
+        # input without closing the socket, and a write bigger than the buffers would wait on
+        # (a file program out of room waited minutes before its answer was read).
+        sending = asyncio.ensure_future(
+            asyncio.get_running_loop().sock_sendall(self._sock, data))
         try:
-            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+            await asyncio.wait({sending, self._exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            unsent = not sending.done()
+            if unsent:
+                sending.cancel()
+        if unsent:
+            raise BackendError("the command ended: it reads no more input")
+        try:
+            sending.result()
         except (OSError, ValueError) as exc:  # it ended, or its input was closed
             raise BackendError(f"the command's input is closed: {exc}") from exc
 
