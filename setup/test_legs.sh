@@ -46,10 +46,10 @@ postgres_leg() {  # [pytest args]
 
 # The runc leg runs every test once, in two processes side by side: the folders below in the
 # background lane (after the side legs), the rest in the foreground. Chosen to balance the
-# lanes (about 15 of the runc leg's 42 minutes on this machine) among suites that hold no time bound a
+# lanes (about 4.5 of the runc leg's 23 minutes on CI) among suites that hold no time bound a
 # busy machine could break; the security suite's flood and timeout tests stay in the foreground,
 # near its end, when the background lane has little left.
-RUNC_SIDE_PATHS=(tests/node tests/gateway/e2b tests/ui tests/kernel_pool/bundles tests/contract)
+RUNC_SIDE_PATHS=(tests/node tests/gateway/e2b tests/ui tests/kernel_pool/bundles)
 
 runc_side_leg() {  # [pytest args]
   say "runc leg, second lane: ${RUNC_SIDE_PATHS[*]}"
