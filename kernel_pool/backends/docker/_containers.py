@@ -14,6 +14,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests.exceptions
 from docker.types import Mount, Ulimit
 
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID, detach
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 REMOVAL_WAITS = 300
 """Tenths of a second to wait for a container's removal that is already in progress."""
+SLOW_REMOVALS = 4
+"""How many times a removal may outlast the engine client's timeout before it is given up:
+under gVisor, a sandbox left with a hundred processes by a fork bomb can take the engine more
+than a minute to stop, and the removal goes on after the client stops waiting."""
 SANDBOX_CPU_SHARES = 512
 """Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
@@ -126,6 +131,7 @@ class DockerContainers(SandboxBackend):
     def remove_container(self, container_id: str) -> None:
         """Remove a container (blocking), and wait for a removal already under way (someone
         else's ``docker rm``): a new container of the same name can only follow it."""
+        slow = 0
         for attempt in range(REMOVAL_WAITS):
             try:
                 with self._lifecycle:
@@ -136,6 +142,14 @@ class DockerContainers(SandboxBackend):
             except docker.errors.APIError as exc:
                 if exc.status_code != 409 or attempt == REMOVAL_WAITS - 1:
                     raise
+            except requests.exceptions.ReadTimeout:
+                # The engine is still at it: asking again waits for it (409, then not found).
+                slow += 1
+                if slow == SLOW_REMOVALS:
+                    raise
+                logger.warning("container %s: its removal outlasted the engine client's "
+                               "timeout; waiting on", container_id[:12])
+                continue
             time.sleep(0.1)
 
     @staticmethod
