@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError
 
 from common.database import Database, StoreError, Write
 from kernel_pool import SandboxInfo
+from kernel_pool.network import NetworkPolicy
 
 __all__ = [
     "RecordExists",
@@ -45,7 +46,7 @@ __all__ = [
     "utc_now",
 ]
 
-_SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox")
+_SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox", "network")
 
 
 def utc_now() -> str:
@@ -98,6 +99,8 @@ class SessionRecord(BaseModel):
     it is placed."""
     epoch: int = Field(default=0, ge=0)
     """Raised by each new placement: a node holding an older one no longer owns the session."""
+    network: NetworkPolicy | None = None
+    """Its network policy (None: its profile's), applied again wherever it is taken back."""
 
 
 _S = TypeVar("_S", bound="Store")

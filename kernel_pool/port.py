@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event, PtySize
+    from kernel_pool.network import NetworkPolicy
     from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SnapshotSaved, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]
@@ -197,6 +198,16 @@ class SessionPort(Protocol):
     async def usage(self) -> SandboxUsage: ...
 
     async def egress_attempts(self) -> list[EgressAttempt]: ...
+
+    # -- its network policy (kernel_pool.network) ---------------------------------------------
+
+    @property
+    def network(self) -> NetworkPolicy | None:
+        """Its network policy (None: its profile's ``egress_allow``, if any)."""
+
+    async def set_network(self, policy: NetworkPolicy | None) -> None:
+        """Apply a network policy to its next connections (the caller checked it against the
+        profile's bound); kept across restarts, pauses, resumes, and inherited by forks."""
 
 
 class SessionHost(Protocol):

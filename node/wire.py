@@ -25,6 +25,7 @@ from kernel_pool import (
     WatchEvent,
 )
 from kernel_pool import exceptions as pool_errors
+from kernel_pool.network import NetworkPolicy
 
 __all__ = ["SessionState"]  # (the session's facts: declared once, in kernel_pool.state)
 
@@ -209,3 +210,9 @@ class ChannelFrame(BaseModel):
     stream: int
     frame: Frame | None = None
     end: bool = False
+
+
+class SetNetwork(BaseModel):
+    """A session's network policy, set on the node that runs it (its proxy runs there)."""
+
+    policy: NetworkPolicy | None = None
