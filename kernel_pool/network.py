@@ -194,11 +194,17 @@ class _Decider:
             return True, "allowed by the default"
         return False, "not on the allow list (the default is deny)"
 
-    def names_may_pass(self, name: str, port: int) -> bool:
-        """Whether some resolution of ``name`` could be allowed (spares a lookup otherwise)."""
-        return self.default == "allow" or any(
-            entry.network is not None or entry.matches(name, None, port, deny=False)
-            for entry in self.allow)
+    def refuses_name(self, name: str, port: int) -> str | None:
+        """Why ``name`` is refused before any lookup (a deny entry names it, or nothing could
+        allow it), or None."""
+        allowed, reason = self.decide(name, None, port)
+        if allowed:
+            return None
+        if reason.startswith("denied"):
+            return reason
+        if any(entry.network is not None for entry in self.allow):
+            return None  # its address may be allowed
+        return reason
 
 
 class NetworkRules:
@@ -230,8 +236,9 @@ class NetworkRules:
         with contextlib.suppress(OSError):
             socket.inet_aton(name)  # 0x7f.1, 2130706433: an IP address in disguise
             return None, f"{host!r} is an IP address in a non-standard form"
-        if not self._policy.names_may_pass(name, port):
-            return None, f"{name}:{port} is {self._policy.decide(name, None, port)[1]}"
+        refused = self._policy.refuses_name(name, port)
+        if refused is not None:
+            return None, f"port {port}: {refused}"
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 infos = await asyncio.get_running_loop().getaddrinfo(
