@@ -33,8 +33,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from common.database import Database, StoreError, Write
-from kernel_pool import SandboxInfo
-from kernel_pool.network import NetworkPolicy
+from kernel_pool import NetworkPolicy, SandboxInfo
 
 __all__ = [
     "RecordExists",

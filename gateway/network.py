@@ -17,15 +17,21 @@ import logging
 
 from common.errors import Forbidden
 from common.store import Store
-from kernel_pool import Profile, SessionHost, SessionPort
-from kernel_pool.network import NetworkPolicy, beyond, profile_bound
+from kernel_pool import (
+    NetworkPolicy,
+    Profile,
+    SessionHost,
+    SessionPort,
+    policy_beyond,
+    profile_bound,
+)
 
 logger = logging.getLogger(__name__)
 
 
 def check_network(profile: Profile, policy: NetworkPolicy) -> None:
     """Forbidden (403, naming the entry) when ``policy`` opens more than ``profile`` allows."""
-    refusal = beyond(policy, profile_bound(profile.egress_allow, profile.network_max))
+    refusal = policy_beyond(policy, profile_bound(profile.egress_allow, profile.network_max))
     if refusal is not None:
         raise Forbidden(f"network policy refused for profile {profile.name!r}: {refusal}; "
                         "ask the operator to widen the profile's network_max")
@@ -50,9 +56,12 @@ async def attach(host: SessionHost, session: SessionPort, policy: NetworkPolicy 
         raise
 
 
-async def change_network(store: Store, session: SessionPort, policy: NetworkPolicy) -> None:
-    """Check, apply (to the next connections) and keep a live session's new policy."""
-    check_network(session.profile, policy)
+async def change_network(store: Store, session: SessionPort,
+                         policy: NetworkPolicy | None) -> None:
+    """Check, apply (to the next connections) and keep a live session's new policy (None:
+    its profile's network again)."""
+    if policy is not None:
+        check_network(session.profile, policy)
     await session.set_network(policy)
     await store.update_session(session.id, network=policy)
 

@@ -32,7 +32,7 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from kernel_pool._allowlist import EgressRules, parse_port, split_host_port
-from kernel_pool.network import NetworkRules
+from kernel_pool._network import NetworkRules
 
 logger = logging.getLogger(__name__)
 

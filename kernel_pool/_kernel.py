@@ -20,9 +20,9 @@ from kernel_pool._caused import caused
 from kernel_pool._channels import KernelChannels, KernelDied, KernelState
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
+from kernel_pool._network import PROXY_ENV, NetworkPolicy, NetworkRules, profile_bound
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
-from kernel_pool.network import PROXY_ENV, NetworkPolicy, NetworkRules, profile_bound
 
 logger = logging.getLogger(__name__)
 

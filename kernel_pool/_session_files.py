@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._entries import Entry, FileInfo, split_relative
+from kernel_pool._network import NetworkPolicy
 from kernel_pool._resuming import SessionResuming
 from kernel_pool._usage import SandboxUsage, read_usage
 from kernel_pool._workspace import OLD_SANDBOX_PATH, SANDBOX_PATH
@@ -22,7 +23,6 @@ from kernel_pool.exceptions import (
     SessionClosed,
     TooManyCommands,
 )
-from kernel_pool.network import NetworkPolicy
 from kernel_pool.state import SessionStatus
 
 

@@ -16,8 +16,8 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from kernel_pool._network import NetworkPolicy
 from kernel_pool._sandbox_image import current_image, named_image
-from kernel_pool.network import NetworkPolicy
 
 MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
 """The largest per-output cap: a bundle base64-encodes and travels as one message, which must
@@ -77,7 +77,7 @@ class Profile(BaseModel):
         "filtering proxy (host, *.suffix or IP, optional :port); empty: no network at all")
     network_max: NetworkPolicy | None = Field(
         None, description="the widest network policy a session of this profile may ask for "
-        "(kernel_pool.network); unset: the egress_allow hosts, which a session may narrow")
+        "(kernel_pool._network); unset: the egress_allow hosts, which a session may narrow")
 
     @field_validator("memory", "tmp_size", "workspace_size")
     @classmethod

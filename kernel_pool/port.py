@@ -38,13 +38,13 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
+    from kernel_pool._network import NetworkPolicy
     from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch
     from kernel_pool.backends.base import SandboxInfo
     from kernel_pool.config import PoolSettings, Profile
     from kernel_pool.events import CommandResult, Event, PtySize
-    from kernel_pool.network import NetworkPolicy
     from kernel_pool.state import NodeRecord, PauseInfo, SessionState, SnapshotSaved, Transfer
 
 Listener = Callable[["SessionPort", "ExecutionHandle", "Event | None"], None]

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kernel_pool._network import NetworkPolicy
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import Profile
-from kernel_pool.network import NetworkPolicy
 
 
 class SessionStatus(StrEnum):

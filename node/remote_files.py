@@ -24,6 +24,7 @@ from kernel_pool import (
     EgressAttempt,
     Entry,
     FileInfo,
+    NetworkPolicy,
     NodeUnreachable,
     PtySize,
     SandboxUsage,
@@ -31,7 +32,6 @@ from kernel_pool import (
     SessionState,
     StreamEvent,
 )
-from kernel_pool.network import NetworkPolicy
 from node.client import NodeClient
 from node.remote_watch import RemoteWatch
 from node.wire import Killed, Made, Move, RunCommand, SetNetwork, Written, error_from

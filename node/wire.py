@@ -18,6 +18,7 @@ from kernel_pool import (
     CommandResult,
     Event,
     KernelPoolError,
+    NetworkPolicy,
     Profile,
     PtySize,
     SessionState,
@@ -25,7 +26,6 @@ from kernel_pool import (
     WatchEvent,
 )
 from kernel_pool import exceptions as pool_errors
-from kernel_pool.network import NetworkPolicy
 
 __all__ = ["SessionState"]  # (the session's facts: declared once, in kernel_pool.state)
 

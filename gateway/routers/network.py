@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.deps import GatewayDep, TenantDep
 from gateway.network import change_network, network_of
-from kernel_pool.network import NetworkPolicy
+from kernel_pool import NetworkPolicy
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernel_pool.network import NetworkPolicy
+from kernel_pool import NetworkPolicy
 
 from ._base import EnvName, Strict, Timeout
 

@@ -6,7 +6,13 @@ import pytest
 from pydantic import ValidationError
 
 from kernel_pool import Profile
-from kernel_pool.network import NetworkPolicy, NetworkRules, beyond, parse_entry, profile_bound
+from kernel_pool._network import (
+    NetworkPolicy,
+    NetworkRules,
+    parse_entry,
+    policy_beyond,
+    profile_bound,
+)
 
 
 @pytest.mark.parametrize("entry", ["*", "a*b.example", "host:0", "10.0.0.0/33", "[::1",
@@ -25,22 +31,22 @@ def test_entries_parse_names_wildcards_addresses_and_networks() -> None:
 
 def test_a_policy_beyond_its_bound_names_the_entry() -> None:
     bound = NetworkPolicy(allow=["*.example.com", "10.0.0.0/8:443"])
-    assert beyond(NetworkPolicy(allow=["api.example.com", "10.1.0.0/16:443"]), bound) is None
-    assert "'pypi.org'" in (beyond(NetworkPolicy(allow=["pypi.org"]), bound) or "")
-    assert "'10.1.0.0/16'" in (beyond(NetworkPolicy(allow=["10.1.0.0/16"]), bound) or "")
-    assert "default" in (beyond(NetworkPolicy(default="allow"), bound) or "")
+    assert policy_beyond(NetworkPolicy(allow=["api.example.com", "10.1.0.0/16:443"]), bound) is None
+    assert "'pypi.org'" in (policy_beyond(NetworkPolicy(allow=["pypi.org"]), bound) or "")
+    assert "'10.1.0.0/16'" in (policy_beyond(NetworkPolicy(allow=["10.1.0.0/16"]), bound) or "")
+    assert "default" in (policy_beyond(NetworkPolicy(default="allow"), bound) or "")
     open_bound = NetworkPolicy(default="allow", deny=["*.internal"])
-    assert beyond(NetworkPolicy(default="allow"), open_bound) is None
+    assert policy_beyond(NetworkPolicy(default="allow"), open_bound) is None
     assert "denied by this profile" in (
-        beyond(NetworkPolicy(allow=["db.internal"]), open_bound) or "")
+        policy_beyond(NetworkPolicy(allow=["db.internal"]), open_bound) or "")
 
 
 def test_a_profile_without_network_max_is_bound_by_its_egress_allow() -> None:
     profile = Profile(name="p", egress_allow=["pypi.org:443"])
     bound = profile_bound(profile.egress_allow, profile.network_max)
     assert bound == NetworkPolicy(allow=["pypi.org:443"])
-    assert beyond(NetworkPolicy(allow=["pypi.org:443"]), bound) is None
-    assert beyond(NetworkPolicy(allow=["pypi.org"]), bound) is not None  # 80 too: wider
+    assert policy_beyond(NetworkPolicy(allow=["pypi.org:443"]), bound) is None
+    assert policy_beyond(NetworkPolicy(allow=["pypi.org"]), bound) is not None  # 80 too: wider
 
 
 async def test_allow_wins_over_deny_and_the_default_decides_the_rest() -> None:

@@ -1,6 +1,6 @@
 """A session's network policy, kept with its record.
 
-``sessions.network``: the policy (``kernel_pool.network.NetworkPolicy``) as JSON, so that a
+``sessions.network``: the policy (``kernel_pool.NetworkPolicy``) as JSON, so that a
 gateway restart, a node move or a recovery applies it again to the session's new proxy. Null:
 the profile's own network (its ``egress_allow``), as for sessions made before.
 

@@ -9,8 +9,8 @@ its ``deny_out`` the same way). An allow entry without a port allows 80 and 443 
 
 The profile bounds it (:func:`profile_bound`): its ``network_max`` when the operator wrote one,
 else its ``egress_allow`` (a session may then narrow the profile's hosts, never add one).
-:func:`beyond` names the first entry of a policy wider than its bound (the gateway's 403), and
-every attempt is decided by both (:class:`NetworkRules`), so an entry that only partly
+:func:`policy_beyond` names the first entry of a policy wider than its bound (the gateway's
+403), and every attempt is decided by both (:class:`NetworkRules`), so an entry that only partly
 overlaps its bound never opens more than the bound. Whatever either says, a session's
 attempts never reach the guarded addresses: metadata services, loopback, link-local,
 unspecified and multicast ranges, and this host's own addresses (its interfaces, read again
@@ -136,10 +136,10 @@ def parse_entry(raw: str) -> Entry:
         return Entry(text=raw, name=None, network=network,
                      port=parse_port(port_text, where) if colon else None)
     try:
-        host, port_text = split_host_port(text)
+        host, given = split_host_port(text)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
-    port = None if port_text is None else parse_port(port_text, where)
+    port = None if given is None else parse_port(given, where)
     with contextlib.suppress(ValueError):
         address = ipaddress.ip_address(host)
         return Entry(text=raw, name=None, network=ipaddress.ip_network(address), port=port)
@@ -160,7 +160,7 @@ def profile_bound(egress_allow: Sequence[str], network_max: NetworkPolicy | None
     return NetworkPolicy(default="deny", allow=list(egress_allow))
 
 
-def beyond(policy: NetworkPolicy, bound: NetworkPolicy) -> str | None:
+def policy_beyond(policy: NetworkPolicy, bound: NetworkPolicy) -> str | None:
     """Why ``policy`` opens more than ``bound`` (naming the entry), or None when it does not."""
     if policy.default == "allow" and bound.default == "deny":
         return ("'default': 'allow' is wider than this profile allows (its network is closed "
