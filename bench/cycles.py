@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from bench._measure import pct
+from bench._peers import Replgate
 
 SCRATCH = "/tmp/scratch.bin"
 """The file a memory cycle holds open in ``/tmp`` (which only a memory pause keeps)."""
@@ -189,8 +190,11 @@ class CycledSession:
         """Every workspace file's bytes as written, and no other file."""
         for path, data in self.files.items():
             answer = await self.http.get(f"/v1/sessions/{self.sid}/files/{path}")
-            if answer.status_code != 200 or answer.content != data:
-                raise CycleLost(f"session {self.sid}: {path} answered {answer.status_code}, "
+            if answer.status_code != 200:
+                raise CycleLost(f"session {self.sid}: {path} answered {answer.status_code}: "
+                                f"{answer.text}")
+            if answer.content != data:
+                raise CycleLost(f"session {self.sid}: {path} holds "
                                 f"{len(answer.content)} bytes, sha256 "
                                 f"{_sha(answer.content)[:12]}, not {len(data)} bytes, "
                                 f"{_sha(data)[:12]}")
@@ -205,7 +209,8 @@ class CycledSession:
     async def cycle(self, i: int, memory: bool,
                     move: Callable[[CycledSession], Awaitable[None]] | None = None) -> Cycle:
         """One step (holding the ``/tmp`` file when ``memory``), a pause, ``move`` (while
-        paused: say, drain its node so that it resumes on another), a resume and the checks."""
+        paused: say, drain its node so that it resumes on another), the files read while
+        paused, a resume and the checks."""
         await self.step(i, memory)
         started = time.perf_counter()
         answer = await self.http.post(f"/v1/sessions/{self.sid}/pause")
@@ -216,6 +221,7 @@ class CycledSession:
         if move is not None:
             await move(self)
             paused = (await self.http.get(f"/v1/sessions/{self.sid}")).json()
+        await self.check_files()  # read while paused: its workspace, lent read-only
         not_kept = sorted(paused.get("not_kept") or {})
         if SCRATCH in not_kept:
             self.lost_scratch()
@@ -245,7 +251,7 @@ class CycledSession:
 
 
 async def fork_chain(root: CycledSession, length: int, first: int,
-                     delete: Callable[[str], Awaitable[None]]) -> list[float]:
+                     delete: Callable[[str], Awaitable[object]]) -> list[float]:
     """``length`` forks, each of the one before (the first of ``root``), each checked against
     its parent, changed (step ``first + k``), and its parent checked unchanged afterwards;
     each parent but ``root`` is deleted once its child is checked. The seconds of each fork
@@ -268,7 +274,8 @@ async def fork_chain(root: CycledSession, length: int, first: int,
 
 def summarise(cycles: list[Cycle], fork_s: list[float]) -> dict[str, Any]:
     """p50 and p99 of pause and resume by what each pause kept, and the growth: the median of
-    the last 10 of each against the first 10's (1.0 when nothing grows)."""
+    the last 10 of each against the first 10's (of fewer, halves; 1.0 when nothing grows);
+    the fork chain's, the last 3 forks' against the first 3's."""
     out: dict[str, Any] = {"cycles": len(cycles)}
     for mode in sorted({c.paused_with for c in cycles}):
         mine = [c for c in cycles if c.paused_with == mode]
@@ -285,4 +292,55 @@ def summarise(cycles: list[Cycle], fork_s: list[float]) -> dict[str, Any]:
                              "p50": round(pct([s * 1000 for s in fork_s], 0.5), 1),
                              "growth": round(statistics.median(fork_s[-3:])
                                              / statistics.median(fork_s[:3]), 2)}
+    return out
+
+
+async def cycles(count: int, chain: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """The figure: ``count`` cycles on one session of a gateway of its own (default settings:
+    ``auto`` pauses), then a chain of ``chain`` forks of forks; :func:`summarise`'s figures,
+    and ``lost``: the first thing a cycle lost or changed, or None."""
+    rg = Replgate(min_idle=1, max_kernels=8)
+    session: CycledSession | None = None
+    forks: list[float] = []
+    lost = None
+    try:
+        await rg.wait_template()
+        await rg.wait_idle(1)
+        session = CycledSession(rg.http, await rg.create_session())
+        await session.setup()
+        for i in range(count):
+            done = await session.cycle(i, memory=i % 2 == 1)
+            if i % 10 == 9:
+                log(f"cycle {i + 1}: {done.paused_with} pause {done.pause_s * 1000:.0f} ms, "
+                    f"resume {done.resume_s * 1000:.0f} ms")
+        await session.step(count, memory=False)
+        forks = await fork_chain(session, chain, count + 1, rg.delete_session)
+    except CycleLost as exc:
+        lost = str(exc)
+        log(f"LOST: {lost}")
+    finally:
+        await rg.stop()
+    out = summarise(session.cycles if session else [], forks)
+    out["lost"] = lost
+    return out
+
+
+GROWTH_NOISE = 0.3
+"""How far from 1.0 the last cycles' median may stand from the first's on this machine."""
+
+
+def cycle_targets(results: dict[str, Any]) -> list[tuple[str, float | None, str, bool | None]]:
+    """(target, value, goal, met) of the cycles figure, if it ran: nothing lost, and each
+    median of the last cycles against the first's within the noise of 1.0."""
+    figure = results.get("cycles")
+    if not isinstance(figure, dict) or "cycles" not in figure:
+        return []
+    out: list[tuple[str, float | None, str, bool | None]] = [
+        (f"cycles: {figure['cycles']} pause/resume cycles, nothing lost",
+         float(figure["cycles"]), "every cycle", figure.get("lost") is None)]
+    for key, value in figure.items():
+        if isinstance(value, dict) and "growth" in value:
+            growth = value["growth"]
+            out.append((f"cycles: {key.replace('_', ' ')}, growth (last / first medians)", growth,
+                        f"1.0 +- {GROWTH_NOISE}", abs(growth - 1.0) <= GROWTH_NOISE))
     return out
