@@ -34,6 +34,7 @@ from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
 from gateway.service import Gateway
 from gateway.snapshots import Snapshots
+from gateway.statelock import StartRefused
 from gateway.store import Store
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
@@ -91,11 +92,7 @@ async def _session_host(settings: Settings, policy: Policy,
     back, or the nodes of the shared database."""
     pool_settings = policy.pool_settings(settings.pool_settings())
     if not settings.hosts_sessions:
-        if settings.tls_ca is None or settings.tls_cert is None or settings.tls_key is None:
-            raise ValueError(
-                "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL set, "
-                "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
-                "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
+        assert settings.tls_ca and settings.tls_cert and settings.tls_key  # (create_app)
         nodes = RemoteNodes(pool_settings, Registry(
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
@@ -134,8 +131,17 @@ async def _session_host(settings: Settings, policy: Policy,
 def create_app(settings: Settings) -> FastAPI:
     """The gateway as an ASGI app; nothing starts until its lifespan runs.
 
-    The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem).
+    The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem),
+    and so are the settings that cannot work together (``StartRefused``), before the database
+    is opened.
     """
+    if not settings.hosts_sessions and not (settings.tls_ca and settings.tls_cert
+                                            and settings.tls_key):
+        raise StartRefused(
+            "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL set, "
+            "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
+            "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only; or set "
+            "REPLGATE_LOCAL_NODE=true to run sessions in the gateway")
     policy = load_policy(settings.policy_file)
     tracing = setup_tracing()  # None unless the OTEL_* variables ask for traces
 
