@@ -110,8 +110,8 @@ class Settings(BaseSettings):
     # many machines (docs/cluster.md)
     local_node: bool | None = Field(
         None, description="run sessions in this process: unset, yes without a database URL "
-        "(one machine) and no with one (sessions then run on `replgate node` processes "
-        "registered in that database)")
+        "or with a sqlite:// one (one machine) and no with a postgresql:// one (sessions then "
+        "run on `replgate node` processes registered in that database)")
     tls_ca: Path | None = Field(None, description="PEM: the CA whose certificates gateways and "
                                 "nodes accept from each other (mutual TLS)")
     tls_cert: Path | None = Field(None, description="PEM: this process's certificate, signed by "
@@ -280,8 +280,11 @@ class Settings(BaseSettings):
 
     @property
     def hosts_sessions(self) -> bool:
-        """Whether this gateway runs sessions itself (see ``local_node``)."""
-        return self.local_node if self.local_node is not None else self.database_url is None
+        """Whether this gateway runs sessions itself (see ``local_node``): by default unless
+        its database is one several machines share (a SQLite file is one machine's)."""
+        if self.local_node is not None:
+            return self.local_node
+        return self.database_url is None or self.database_url.startswith("sqlite")
 
     @property
     def db_path(self) -> Path:

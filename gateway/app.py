@@ -138,7 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
     if not settings.hosts_sessions and not (settings.tls_ca and settings.tls_cert
                                             and settings.tls_key):
         raise StartRefused(
-            "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL set, "
+            "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL postgresql://, "
             "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
             "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only; or set "
             "REPLGATE_LOCAL_NODE=true to run sessions in the gateway")

@@ -163,3 +163,11 @@ def test_what_cannot_work_is_one_line_naming_the_variable(
     said = str(refused.value)
     assert line in said and "\n" not in said
     assert "hunter2" not in said and "aHVudGVyMg" not in said  # secrets are not repeated
+
+
+@pytest.mark.parametrize(("url", "local"), [
+    (None, True), ("sqlite:////srv/replgate/state.db", True),
+    ("postgresql://replgate:secret@db:5432/replgate", False)])
+def test_sessions_run_here_unless_the_database_is_shared(url: str | None, local: bool) -> None:
+    assert Settings(database_url=url).hosts_sessions is local
+    assert Settings(database_url=url, local_node=not local).hosts_sessions is not local

@@ -109,6 +109,8 @@ def _gateway_of(valid: Valid, folder: Path, seaweedfs: SeaweedFS) -> GatewayProc
     elif valid.database == "sqlite":
         settings["database_url"] = f"sqlite:///{folder / 'elsewhere.db'}"
     process = make_gateway(**settings)
+    if valid.database != "postgresql":  # where sessions run follows the database, as written
+        process.env.pop("REPLGATE_LOCAL_NODE")
     if valid.database is None:  # (the PostgreSQL leg's own database: not this value)
         if process.own_database and process.database_url is not None:
             drop_database(process.database_url)
