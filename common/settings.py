@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         "client never sends a request on a connection the gateway is closing that moment")
 
     e2b_domain: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$",
+        None,
         description="the domain under which the gateway answers E2B's host names, for E2B's "
         "SDK releases 2.0 to 2.6 (E2B_DOMAIN): api.DOMAIN is /e2b, PORT-ID.DOMAIN a sandbox's "
         "port; TLS and the *.DOMAIN DNS record are the deployment's (docs/e2b.md); unset: "
@@ -244,6 +244,22 @@ class Settings(BaseSettings):
 
         if not isinstance(logging.getLevelName(value.upper()), int):
             raise ValueError("must be one of debug, info, warning, error, critical")
+        return value
+
+    @field_validator("e2b_domain")
+    @classmethod
+    def _domain(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", value):
+            raise ValueError("must be a domain name, e.g. e2b.example.com")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, value: str | None) -> str | None:
+        if value:
+            from common.keys import parse_api_keys_setting
+
+            parse_api_keys_setting(value)
         return value
 
     @field_validator("state_min_free")

@@ -238,6 +238,8 @@ class Refused:
     says: str
     """The variable the one line must name."""
     command: str = "serve"
+    status: int = 2
+    """1 where what is asked for cannot be taken (the state directory, the address)."""
 
 
 REFUSED: dict[str, Refused] = {
@@ -285,6 +287,14 @@ REFUSED: dict[str, Refused] = {
     "log-level-unknown": Refused({"LOG_LEVEL": "loud"}, "REPLGATE_LOG_LEVEL"),
     "allowed-origins-not-json": Refused({"ALLOWED_ORIGINS": "https://a.example"},
                                         "REPLGATE_ALLOWED_ORIGINS"),
+    "api-keys-without-tenant": Refused({"API_KEYS": "secret-key-of-nobody"},
+                                       "REPLGATE_API_KEYS"),
+    "e2b-domain-not-a-domain": Refused({"E2B_DOMAIN": "localhost"}, "REPLGATE_E2B_DOMAIN"),
+    "state-dir-impossible": Refused({"STATE_DIR": "/proc/replgate"}, "REPLGATE_STATE_DIR",
+                                    status=1),
+    "host-not-an-address": Refused({"HOST": "gateway.invalid"}, "REPLGATE_HOST", status=1),
+    "policy-file-missing": Refused({"POLICY_FILE": "/nonexistent/policy.toml"},
+                                   "REPLGATE_POLICY_FILE"),
     "node-pause-with-unknown": Refused({"PAUSE_WITH": "disk"}, "REPLGATE_PAUSE_WITH", "node"),
     "node-without-database": Refused({}, "REPLGATE_DATABASE_URL", "node"),
     "node-database-unreachable": Refused({"DATABASE_URL": UNREACHABLE}, "REPLGATE_DATABASE_URL",
@@ -336,7 +346,7 @@ def test_what_cannot_work_stops_with_one_line_naming_the_setting(
     done, refused = refusals[name].result(), REFUSED[name]
     lines = done.stderr.strip().splitlines()
     said = [line for line in lines if line.startswith("replgate: ")]
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == refused.status, done.stderr
     assert "Traceback" not in done.stderr and not any(" ERROR " in line for line in lines), \
         done.stderr
     assert len(said) == 1 and said == lines[-1:], done.stderr
