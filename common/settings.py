@@ -302,6 +302,15 @@ class Settings(BaseSettings):
             return self.local_node
         return self.database_url is None or self.database_url.startswith("sqlite")
 
+    def serve_refusal(self) -> str | None:
+        """Why a gateway cannot start with these settings together, or None."""
+        if not self.hosts_sessions and not (self.tls_ca and self.tls_cert and self.tls_key):
+            return ("a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL postgresql://, "
+                    "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
+                    "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only; or set "
+                    "REPLGATE_LOCAL_NODE=true to run sessions in the gateway")
+        return None
+
     @property
     def db_path(self) -> Path:
         """The embedded SQLite database (used when ``database_url`` is unset)."""

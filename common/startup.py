@@ -11,9 +11,11 @@ exception is a bug, and keeps its traceback.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import socket
+
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _UVICORN_SAYS = "Application startup failed"
@@ -68,3 +70,20 @@ class StartupGuard:
         if self.refused is None:
             return None
         return " ".join(str(self.refused).split()) or type(self.refused).__name__
+
+
+def serve_guarded(app: ASGIApp, refusals: tuple[type[BaseException], ...],
+                  sock: socket.socket, **config: Any) -> str | None:
+    """Serve ``app`` with uvicorn (``config``: its options) on ``sock`` until stopped; the one
+    line to print if its start-up was refused with one of ``refusals``, else None."""
+    import uvicorn
+
+    guard = StartupGuard(app, refusals)
+    logging.getLogger("uvicorn.error").addFilter(guard.filter)
+    try:
+        uvicorn.Server(uvicorn.Config(guard, **config)).run(sockets=[sock])
+    except SystemExit:  # uvicorn's exit when the start-up failed
+        if guard.line() is None:
+            raise
+    return guard.line()
+

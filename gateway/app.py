@@ -128,21 +128,17 @@ async def _session_host(settings: Settings, policy: Policy,
         await pool.close()
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
     """The gateway as an ASGI app; nothing starts until its lifespan runs.
 
-    The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem),
-    and so are the settings that cannot work together (``StartRefused``), before the database
-    is opened.
+    The policy file is read here unless ``policy`` is given, so a bad one fails at once
+    (``PolicyError`` names the problem), and settings that cannot work together are refused
+    (``StartRefused``), before the database is opened.
     """
-    if not settings.hosts_sessions and not (settings.tls_ca and settings.tls_cert
-                                            and settings.tls_key):
-        raise StartRefused(
-            "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL postgresql://, "
-            "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
-            "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only; or set "
-            "REPLGATE_LOCAL_NODE=true to run sessions in the gateway")
-    policy = load_policy(settings.policy_file)
+    refusal = settings.serve_refusal()
+    if refusal is not None:
+        raise StartRefused(refusal)
+    policy = policy or load_policy(settings.policy_file)
     tracing = setup_tracing()  # None unless the OTEL_* variables ask for traces
 
     @asynccontextmanager

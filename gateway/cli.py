@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import local
 
 if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
+    from common.policy import Policy
     from common.settings import Settings
 
 
@@ -90,6 +91,7 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from common.policy import PolicyError, load_policy
     from gateway.statelock import StartRefused
 
     overrides: dict[str, Any] = {}
@@ -98,9 +100,18 @@ def _serve(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     settings = _settings(**overrides)
+    # Said before the slow imports (seconds): settings that cannot work together, the policy.
+    refusal = settings.serve_refusal()
+    try:
+        policy = load_policy(settings.policy_file)
+    except PolicyError as exc:
+        refusal = refusal or str(exc)
+    if refusal is not None:
+        print(f"replgate: {refusal}", file=sys.stderr)
+        return 2
     try:
         with _claimed(settings.state_dir, settings.host, settings.port, record=True) as sock:
-            return _run_gateway(settings, sock)
+            return _run_gateway(settings, policy, sock)
     except StartRefused as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 1
@@ -130,12 +141,9 @@ def _return_large_buffers() -> None:
     mallopt(M_TRIM_THRESHOLD, 4 * 1024 * 1024)
 
 
-def _run_gateway(settings: Settings, sock: socket.socket) -> int:
-    import uvicorn
-
+def _run_gateway(settings: Settings, policy: Policy, sock: socket.socket) -> int:
     from common.database import DatabaseError
-    from common.policy import PolicyError
-    from common.startup import StartupGuard
+    from common.startup import serve_guarded
     from common.tracing import TracingConfigError
     from gateway.app import create_app
     from gateway.statelock import StartRefused, socket_url
@@ -145,24 +153,18 @@ def _run_gateway(settings: Settings, sock: socket.socket) -> int:
     _return_large_buffers()
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
-        app = create_app(settings)
-    except (PolicyError, TracingConfigError, StartRefused) as exc:
+        app = create_app(settings, policy)
+    except TracingConfigError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
     # than it saves on the local or LAN links agents use (and PNGs do not compress).
-    guard = StartupGuard(app, refusals=(StartRefused, DatabaseError, BackendError))
-    logging.getLogger("uvicorn.error").addFilter(guard.filter)
-    config = uvicorn.Config(guard, log_config=None, ws_max_size=16 * 1024 * 1024,
-                            ws_per_message_deflate=False, timeout_graceful_shutdown=15,
-                            timeout_keep_alive=settings.http_keep_alive_s)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except SystemExit:  # uvicorn's exit when the start-up failed
-        if guard.line() is None:
-            raise
-    if guard.line() is not None:
-        print(f"replgate: {guard.line()}", file=sys.stderr)
+    refused = serve_guarded(
+        app, (StartRefused, DatabaseError, BackendError), sock, log_config=None,
+        ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
+        timeout_graceful_shutdown=15, timeout_keep_alive=settings.http_keep_alive_s)
+    if refused is not None:
+        print(f"replgate: {refused}", file=sys.stderr)
         return 2
     return 0
 
@@ -388,8 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     status = int(args.func(args))
-    # The process ends: the collector's last walk over the app's objects took seconds on a
-    # busy machine, for nothing (a refused start-up seemed to hang after its line).
+    # Ends at once: the collector's last walk over the app's objects took seconds, for nothing.
     gc.freeze()
     return status
 

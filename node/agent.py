@@ -20,13 +20,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
-import uvicorn
 from fastapi import FastAPI
 
 from common.database import DatabaseError
 from common.policy import load_policy
 from common.settings import Settings
-from common.startup import StartupGuard, StartupRefused
+from common.startup import StartupRefused, serve_guarded
 from common.store import RecordNotFound, Store
 from common.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
@@ -196,17 +195,11 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     # The channel's messages are executions' code, which the gateway bounds (max_code_bytes).
     # A node id taken, a database that cannot be used, a runtime the engine lacks: said as
     # the command's own error (status 2), without a traceback in the log.
-    guard = StartupGuard(app, refusals=(NodeIdTaken, DatabaseError, BackendError))
-    logging.getLogger("uvicorn.error").addFilter(guard.filter)
-    config = uvicorn.Config(guard, log_config=None, timeout_graceful_shutdown=10,
+    refused = serve_guarded(app, (NodeIdTaken, DatabaseError, BackendError), sock,
+                            log_config=None, timeout_graceful_shutdown=10,
                             ws_max_size=64 * 1024 * 1024, ws_per_message_deflate=False,
                             timeout_keep_alive=settings.http_keep_alive_s,
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
                                                   settings.tls_ca))
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except SystemExit:  # uvicorn's exit when its start failed
-        line = guard.line()
-        if line is not None:
-            raise StartupRefused(line) from None
-        raise
+    if refused is not None:
+        raise StartupRefused(refused)
