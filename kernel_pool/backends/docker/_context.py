@@ -36,7 +36,7 @@ from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxInfo
 from kernel_pool.backends.docker._docker import KERNEL_DIR, in_thread, kernel_connection
 from kernel_pool.backends.docker._freezer import Freezer
-from kernel_pool.backends.docker._init_kernel import exit_code, write_for_sandbox
+from kernel_pool.backends.docker._init_kernel import exit_code, start_errors, write_for_sandbox
 from kernel_pool.backends.docker._strays import kill_tree
 from kernel_pool.exceptions import BackendError
 
@@ -158,6 +158,11 @@ class DockerContextSandbox(Sandbox):
         elif not self._hold(pid):
             self._exit_code = -1  # gone already
         return {**config, "ip": str(self._socket_dir / name)}
+
+    async def start_errors(self) -> str | None:
+        if not self.info.kernel_name:
+            return None
+        return await in_thread(start_errors, self._socket_dir, self.info.kernel_name)
 
     def _hold(self, pid: int) -> bool:
         """Watch host process ``pid`` as this face's kernel (a pidfd for its exit, spared by
