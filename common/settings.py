@@ -15,6 +15,8 @@ environment at import time: ``Settings()`` does, when the CLI builds the app.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from pathlib import Path
 from typing import Any
@@ -77,8 +79,9 @@ class Settings(BaseSettings):
     """Configuration of ``replgate serve``; each field is ``REPLGATE_<NAME>`` in the environment,
     nested fields ``REPLGATE_<NAME>__<FIELD>``."""
 
+    # hide_input_in_errors: a refused key or database URL (with its password) is not quoted
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
-                                      extra="ignore")
+                                      extra="ignore", hide_input_in_errors=True)
 
     host: str = Field("127.0.0.1", description="address to bind; 127.0.0.1 keeps it local")
     port: int = Field(8000, ge=0, le=65535)
@@ -131,6 +134,11 @@ class Settings(BaseSettings):
     bundle_key: SecretStr | None = Field(
         None, description="base64 of 32 or more random bytes, the same on every node: each "
         "tenant's bundles are encrypted with a key derived from it; required for s3://")
+
+    secrets_key: SecretStr | None = Field(
+        None, description="base64 of 32 or more random bytes: tenants' secrets (PUT "
+        "/v1/secrets/{name}, docs/secrets.md) are encrypted at rest with a key derived from "
+        "it, the same on every gateway of a database; unset: the secrets API answers 409")
 
     # the pool
     pool: PoolLimits = Field(default_factory=PoolLimits,
@@ -222,6 +230,13 @@ class Settings(BaseSettings):
             raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            decode_secrets_key(value.get_secret_value())
+        return value
+
     @field_validator("state_min_free")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -269,3 +284,21 @@ class Settings(BaseSettings):
         return PoolSettings(state_dir=self.state_dir, profiles={"default": profile},
                             keep_sessions_on_close=self.keep_sessions_on_stop,
                             **self.pool.model_dump())
+
+
+SECRETS_KEY_MIN_BYTES = 32
+
+
+def decode_secrets_key(value: str) -> bytes:
+    """The master key ``REPLGATE_SECRETS_KEY`` holds (32 or more random bytes, base64), or
+    ValueError saying how to make one (the message never holds the value)."""
+    how = ("make one with: python -c 'import base64, os; "
+           "print(base64.b64encode(os.urandom(32)).decode())'")
+    try:
+        master = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"REPLGATE_SECRETS_KEY is not base64 ({how})") from None
+    if len(master) < SECRETS_KEY_MIN_BYTES:
+        raise ValueError(f"REPLGATE_SECRETS_KEY must hold at least {SECRETS_KEY_MIN_BYTES} "
+                         f"bytes, not {len(master)} ({how})")
+    return master

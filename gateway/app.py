@@ -30,8 +30,10 @@ from gateway.mcp.service import mcp_endpoint
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
 from gateway.routers import files_watch as folder_watch
 from gateway.routers import governance as governance_routes
+from gateway.routers import secrets as secret_routes
 from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
+from gateway.secrets import Secrets
 from gateway.service import Gateway
 from gateway.snapshots import Snapshots
 from gateway.store import Store
@@ -161,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
                     await take_back(gateway, *leftovers)
                 app.state.gateway = gateway
                 app.state.snapshots = Snapshots(gateway)
+                app.state.secrets = Secrets(store, settings.secrets_key)
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session
@@ -186,6 +189,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
+    app.include_router(secret_routes.router)  # /v1/secrets: write-only, never read back
     app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
     app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified

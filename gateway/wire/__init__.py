@@ -70,6 +70,7 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
+from ._secrets import SecretIn, SecretOut
 from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
 from ._terminals import (
     CommandInput,
@@ -133,6 +134,8 @@ __all__ = [
     "PendingApprovalEvent",
     "RejectedFrame",
     "ResourceUsage",
+    "SecretIn",
+    "SecretOut",
     "SessionCreate",
     "SessionMetricsOut",
     "SessionOut",
