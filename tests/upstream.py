@@ -117,11 +117,12 @@ def upstream_server() -> Iterator[Upstream]:
         _ip("-n", namespace, "addr", "add", f"{address}/30", "dev", inner_end)
         _ip("-n", namespace, "link", "set", inner_end, "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, "-m", "tests.upstream",
-             address, str(PORT), str(cert_file), str(key_file), str(log)],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.DEVNULL, stderr=open(folder / "server.err", "wb"))
+        with open(folder / "server.err", "wb") as errors:
+            process = subprocess.Popen(
+                ["ip", "netns", "exec", namespace, sys.executable, "-m", "tests.upstream",
+                 address, str(PORT), str(cert_file), str(key_file), str(log)],
+                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                stdout=subprocess.DEVNULL, stderr=errors)
         deadline = time.monotonic() + 20
         while True:
             try:

@@ -61,6 +61,7 @@ from ._frames import (
 from ._health import Health
 from ._jupyter import KernelCreate, KernelModel
 from ._messages import WsClientMessage, WsCommand, WsExecute, WsInterrupt, WsKillCommand
+from ._secrets import SecretIn, SecretOut
 from ._sessions import (
     SESSION_STATES,
     BudgetOut,
@@ -70,7 +71,6 @@ from ._sessions import (
 )
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
-from ._secrets import SecretIn, SecretOut
 from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
 from ._terminals import (
     CommandInput,
