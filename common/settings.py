@@ -59,6 +59,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "pause_with": ("pool", "pause_with"),
     "kernel_templates": ("pool", "kernel_templates"),
     "template_dir": ("pool", "template_dir"),
+    "egress_ca_file": ("pool", "egress_ca_file"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 

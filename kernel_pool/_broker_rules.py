@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kernel_pool._allowlist import parse_allow
 
-__all__ = ["PLACEHOLDER", "SecretRule", "matching_rules", "secret_names"]
+__all__ = ["PLACEHOLDER", "SecretRule", "check_rules", "matching_rules", "secret_names"]
 
 PLACEHOLDER = re.compile(r"\{secret:([A-Za-z0-9_][A-Za-z0-9_.-]{0,63})\}")
 """``{secret:NAME}``: in a rule's header value, and as the sandbox's stand-in for a secret."""
@@ -120,3 +120,12 @@ def matching_rules(rules: Sequence[SecretRule], host: str, port: int, method: st
 def secret_names(rules: Sequence[SecretRule]) -> set[str]:
     """Every secret the rules may put into a request."""
     return {name for rule in rules for name in rule.named()}
+
+
+def check_rules(default: str, rules: Sequence[SecretRule]) -> None:
+    """ValueError (a 422) for rules on a policy whose default is ``allow``: a sandbox that may
+    reach any host could send a secret anywhere (to a host of its own, through a rule's
+    placeholder), so secrets are brokered only where the hosts are listed."""
+    if rules and default == "allow":
+        raise ValueError("secret rules need a network policy whose default is \"deny\": with "
+                         "\"allow\" the sandbox could send a secret to any host")

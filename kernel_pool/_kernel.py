@@ -15,12 +15,16 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from kernel_pool._broker import SecretLookup
+from kernel_pool._broker_rules import SecretRule
 from kernel_pool._caused import caused
 from kernel_pool._channels import KernelChannels, KernelDied, KernelState
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
+from kernel_pool._sandbox_ca import TRUST_ENV
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
+from kernel_pool.exceptions import InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ class Kernel(KernelChannels):
         """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
         self.egress: EgressProxy | None = None
         """The sandbox's egress proxy, for a profile with ``egress_allow``."""
+        self.egress_ca_file: Path | None = None
+        """Certificates the egress broker trusts besides the system's (the pool's setting)."""
         self._died = asyncio.Event()
         """Set with :attr:`death`, for waiters beside the death watcher."""
 
@@ -304,6 +310,19 @@ class Kernel(KernelChannels):
                                       self.profile.egress_allow, self.id,
                                       owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
         await self.egress.ensure()
+
+    async def set_secret_rules(self, rules: list[SecretRule],
+                               lookup: SecretLookup) -> dict[str, str]:
+        """Broker ``rules`` on the sandbox's proxy from its next connection (none: stop), and
+        the variables that make the sandbox trust its CA (for its environment; none without
+        rules). ``lookup`` gives a secret's value at each request (docs/secrets.md)."""
+        if self.egress is None:
+            if rules:
+                raise InvalidRequest("secret rules need the sandbox's egress proxy (a network "
+                                 "policy or a profile with egress_allow)")
+            return {}
+        await self.egress.set_broker(rules, lookup, upstream_cafile=self.egress_ca_file)
+        return dict(TRUST_ENV) if rules else {}
 
     async def close(self) -> None:
         """Remove the sandbox: container, workspace and sockets.

@@ -137,6 +137,7 @@ class PoolBase:
     def _new_kernel(self, sandbox: Sandbox, profile: Profile) -> Kernel:
         """The kernel of ``sandbox`` (not started), counted among the pool's until it is gone."""
         kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.egress_ca_file = self.settings.egress_ca_file
         self._kernels.add(kernel)
         return kernel
 
