@@ -8,6 +8,7 @@ import base64
 import os
 import secrets
 import sqlite3
+import time
 from collections.abc import Iterator
 
 import docker
@@ -16,15 +17,27 @@ import pytest
 from pydantic import SecretStr
 
 from gateway.secrets import SecretBox
-from tests.conftest import GatewayProcess, running_gateway
+from tests.conftest import GatewayProcess, make_gateway, running_gateway
+from tests.otlp_receiver import OtlpReceiver
 
 KEY = base64.b64encode(os.urandom(32)).decode()
 
 
 @pytest.fixture(scope="module")
-def keyed(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
-    with running_gateway(docker_client, secrets_key=KEY) as process:
-        yield process
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as otlp:
+        yield otlp
+
+
+@pytest.fixture(scope="module")
+def keyed(docker_client: docker.DockerClient,
+          receiver: OtlpReceiver) -> Iterator[GatewayProcess]:
+    process = make_gateway(secrets_key=KEY, log_level="debug")
+    process.env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                        "OTEL_SERVICE_NAME": "replgate-test", "OTEL_TRACES_SAMPLER": "always_on",
+                        "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    with running_gateway(docker_client, process) as gateway:
+        yield gateway
 
 
 @pytest.fixture
@@ -91,7 +104,8 @@ def test_bad_input_is_a_clear_4xx(alpha: httpx.Client, name: str, body: dict[str
     assert "X-Injected" not in answer.text and "x" * 100 not in answer.text
 
 
-def test_no_value_in_log_database_or_audit(alpha: httpx.Client, keyed: GatewayProcess) -> None:
+def test_no_value_in_log_database_audit_or_spans(alpha: httpx.Client, keyed: GatewayProcess,
+                                                 receiver: OtlpReceiver) -> None:
     value = f"never-seen-{secrets.token_hex(16)}"
     assert alpha.put("/v1/secrets/HIDDEN", json={"value": value}).status_code == 204
     answer = alpha.post("/v1/sessions", json={})
@@ -105,6 +119,11 @@ def test_no_value_in_log_database_or_audit(alpha: httpx.Client, keyed: GatewayPr
     assert value.encode() not in _database_bytes(keyed)
     assert value not in repr(keyed.audit_records())
     assert "HIDDEN" in repr(_database_bytes(keyed))  # the row is there, sealed
+    deadline = time.monotonic() + 10
+    while not any("/v1/secrets" in span.name for span in receiver.snapshot()):
+        assert time.monotonic() < deadline, "no span of PUT /v1/secrets arrived"
+        time.sleep(0.1)
+    assert not any(value.encode() in body for body in receiver.bodies)
 
 
 def test_without_a_key_the_api_answers_409(gateway: GatewayProcess) -> None:
