@@ -189,6 +189,20 @@ print("certificate" in g.stderr.lower(), g.stderr.strip()[-300:])
     assert _received(upstream, "/keyed/repo.git/info/refs?service=git-upload-pack")
 
 
+async def test_deno_fetch_trusts_the_sandbox_ca(session: Session, upstream: Upstream,
+                                               vault: Vault) -> None:
+    vault.values["TOKEN"] = value = f"sk-{secrets.token_hex(16)}"
+    script = (f"const r = await fetch('{upstream.url('/v1/deno')}', {{method: 'POST'}});"
+              "console.log(r.status + ' ' + (await r.text()).trim());")
+    out = await run(session, f"""
+import subprocess
+d = subprocess.run(["deno", "eval", {script!r}], capture_output=True, text=True, timeout=60)
+print(d.returncode, d.stdout.strip(), d.stderr.strip()[-300:])
+""")
+    assert out.startswith("0 200 ok"), out
+    assert _received(upstream, "/v1/deno")["authorization"] == f"Bearer {value}"
+
+
 async def test_websocket_upgrade_then_bytes_pass(session: Session, upstream: Upstream,
                                                  vault: Vault) -> None:
     vault.values["TOKEN"] = value = f"sk-{secrets.token_hex(16)}"
