@@ -69,23 +69,20 @@ class Broker:
         """Serve one ``CONNECT`` the proxy allowed and answered 200 to."""
         name = host.strip().lower().rstrip(".").strip("[]")
         await writer.start_tls(self.ca.server_context(name))
+        relay = _Relay(self, name, port, address, note, reader, writer)
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                up_reader, up_writer = await asyncio.open_connection(
-                    address, port, ssl=self._upstream, server_hostname=name, limit=CHUNK)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
-            reason = f"replgate egress could not reach {name}:{port} over TLS: {exc}"
-            note("TLS", name, port, False, reason)
-            await _refuse(writer, 502, reason)
-            return
-        try:
-            await _Relay(self, name, port, note, reader, writer, up_reader, up_writer).run()
+            await relay.run()
         except h11.ProtocolError as exc:  # a request or an answer h11 cannot relay
             note("TLS", name, port, False, f"not relayed: {exc}")
         finally:
-            up_writer.close()
-            with contextlib.suppress(Exception):
-                await up_writer.wait_closed()
+            await relay.close_upstream()
+
+    async def connect(self, host: str, port: int, address: str,
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the host with verified TLS (OSError, TimeoutError if none)."""
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            return await asyncio.open_connection(address, port, ssl=self._upstream,
+                                                 server_hostname=host, limit=CHUNK)
 
     async def rewrite(self, host: str, port: int, method: str, target: str,
                       headers: list[tuple[bytes, bytes]],
@@ -142,14 +139,40 @@ def _missing(secret: str) -> str:
 class _Relay:
     """One terminated connection: requests from the sandbox, answers from the host."""
 
-    def __init__(self, broker: Broker, host: str, port: int, note: Note,
-                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
-        self.broker, self.host, self.port, self.note = broker, host, port, note
+    def __init__(self, broker: Broker, host: str, port: int, address: str, note: Note,
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.broker, self.host, self.port, self.address = broker, host, port, address
+        self.note = note
         self.reader, self.writer = reader, writer
-        self.up_reader, self.up_writer = up_reader, up_writer
+        self.up_reader: asyncio.StreamReader | None = None
+        self.up_writer: asyncio.StreamWriter | None = None
         self.client = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+
+    async def _upstream_ready(self) -> bool:
+        """A connection to the host for the next request: the last one, unless the host
+        closed it meanwhile (an idle keep-alive); False (the sandbox answered 502) if none."""
+        if self.up_reader is not None and not self.up_reader.at_eof() \
+                and self.upstream.our_state is h11.IDLE:
+            return True
+        await self.close_upstream()
+        try:
+            self.up_reader, self.up_writer = await self.broker.connect(
+                self.host, self.port, self.address)
+        except (OSError, TimeoutError) as exc:
+            reason = f"replgate egress could not reach {self.host}:{self.port} over TLS: {exc}"
+            self.note("TLS", self.host, self.port, False, reason)
+            await _refuse(self.writer, 502, reason, self.client)
+            return False
+        self.upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        return True
+
+    async def close_upstream(self) -> None:
+        writer, self.up_reader, self.up_writer = self.up_writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
     async def run(self) -> None:
         while True:
@@ -165,6 +188,8 @@ class _Relay:
             if refusal is not None:
                 await _refuse(self.writer, 403, refusal, self.client)
                 return
+            if not await self._upstream_ready():
+                return
             self._send_up(h11.Request(method=request.method, target=request.target,
                                       headers=headers, http_version="1.1"))
             if not await self._relay_body():
@@ -177,7 +202,9 @@ class _Relay:
             self.client.start_next_cycle()
             self.upstream.start_next_cycle()
 
-    async def _next(self, connection: h11.Connection, reader: asyncio.StreamReader) -> object:
+    async def _next(self, connection: h11.Connection,
+                    reader: asyncio.StreamReader | None) -> object:
+        assert reader is not None
         while True:
             try:
                 event = connection.next_event()
@@ -190,9 +217,14 @@ class _Relay:
             connection.receive_data(data)
 
     def _send_up(self, event: h11.Event) -> None:
+        assert self.up_writer is not None
         data = self.upstream.send(event)
         if data:
             self.up_writer.write(data)
+
+    async def _drain_up(self) -> None:
+        assert self.up_writer is not None
+        await self.up_writer.drain()
 
     def _send_down(self, event: h11.Event) -> None:
         data = self.client.send(event)
@@ -205,10 +237,10 @@ class _Relay:
             event = await self._next(self.client, self.reader)
             if isinstance(event, h11.Data):
                 self._send_up(event)
-                await self.up_writer.drain()
+                await self._drain_up()
             elif isinstance(event, h11.EndOfMessage):
                 self._send_up(event)
-                await self.up_writer.drain()
+                await self._drain_up()
                 return True
             else:
                 return False
@@ -237,6 +269,7 @@ class _Relay:
 
     async def _pipe(self) -> None:
         """After an accepted upgrade (WebSocket): bytes both ways, unchanged."""
+        assert self.up_reader is not None and self.up_writer is not None
         leftover_down = self.upstream.trailing_data[0]
         leftover_up = self.client.trailing_data[0]
         if leftover_down:

@@ -7,7 +7,8 @@ for the test, reached over a veth pair, with its own test CA.
 the server: every request it receives is appended to a JSON-lines log (method, path, headers,
 body) that the test reads with :meth:`Upstream.requests`; it answers ``200 ok <n>`` without
 echoing anything it received (so the sandbox never sees an injected header). A request with
-``Upgrade: websocket`` gets ``101`` and then an echo of the bytes that follow.
+``Upgrade: websocket`` gets ``101`` and then an echo of the bytes that follow; after answering a
+path holding ``/drop`` it closes the connection without saying so (a host's idle timeout).
 Everything goes when the context ends.
 """
 
@@ -165,6 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(text)))
         self.end_headers()
         self.wfile.write(text)
+        if "/drop" in self.path:  # as a host closes an idle keep-alive: without a word
+            self.close_connection = True
 
     def _websocket(self) -> None:
         accept = base64.b64encode(hashlib.sha1(

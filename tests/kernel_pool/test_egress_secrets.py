@@ -157,6 +157,22 @@ async def test_a_replaced_secret_applies_to_the_next_request(
     assert _received(upstream, "/v1/two")["authorization"] == f"Bearer {second}"
 
 
+async def test_one_connection_carries_requests_and_outlives_the_host_closing(
+        session: Session, upstream: Upstream, vault: Vault) -> None:
+    vault.values["TOKEN"] = value = f"sk-{secrets.token_hex(16)}"
+    out = await run(session, f"""
+import requests, time
+with requests.Session() as s:
+    print(s.post({upstream.url('/v1/drop-1')!r}, timeout=15).status_code)
+    time.sleep(0.3)
+    print(s.post({upstream.url('/v1/after-drop')!r}, timeout=15).status_code)
+    print(s.post({upstream.url('/v1/kept')!r}, timeout=15).status_code)
+""")
+    assert out.split() == ["200", "200", "200"], out
+    for path in ("/v1/drop-1", "/v1/after-drop", "/v1/kept"):
+        assert _received(upstream, path)["authorization"] == f"Bearer {value}"
+
+
 async def test_a_deleted_secret_refuses_the_request(session: Session, upstream: Upstream,
                                                     vault: Vault) -> None:
     vault.values.pop("TOKEN", None)
