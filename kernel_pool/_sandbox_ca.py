@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import ipaddress
 import os
 import ssl
@@ -40,6 +41,11 @@ TRUST_ENV = {name: SANDBOX_BUNDLE for name in (
 
 _LIFETIME = datetime.timedelta(days=30)
 _BACKDATE = datetime.timedelta(hours=1)
+
+
+@functools.cache
+def _system_bundle() -> bytes:
+    return Path(certifi.where()).read_bytes().rstrip(b"\n") + b"\n"
 
 
 def _name(common: str) -> x509.Name:
@@ -78,7 +84,7 @@ class SandboxCA:
 
     def bundle(self) -> bytes:
         """What the sandbox trusts: the system's CAs (certifi's) and this CA."""
-        return Path(certifi.where()).read_bytes().rstrip(b"\n") + b"\n" + self.pem()
+        return _system_bundle() + self.pem()
 
     def write_bundle(self, socket_dir: Path, owner: tuple[int | None, int | None]) -> Path:
         """Place the bundle in the sandbox's socket folder (staged in a private file and
