@@ -123,6 +123,29 @@ async def test_a_drained_node_sessions_resume_on_the_other_with_everything(
                 await first.delete(f"/v1/sessions/{sid}")
 
 
+async def test_a_network_policy_moves_with_its_session_and_the_new_node_applies_it(
+        cluster: Cluster) -> None:
+    one, _two = cluster.gateways
+    policy = {"default": "deny", "allow": [], "deny": ["198.51.100.0/24"]}
+    fetch = ("import requests\n"
+             "print(requests.get('http://198.51.100.7/', timeout=10).text.strip())")
+    async with gateway_client(one) as first, _operator(one) as ops:
+        sid, node = await _session(first, "x = 1")
+        assert (await first.patch(f"/v1/sessions/{sid}/network", json=policy)).status_code == 200
+        await _pause(first, sid)
+        assert (await ops.post(f"/v1/nodes/{node}/drain")).status_code == 202
+        try:
+            result = await execute(first, sid, fetch)  # resumed on the other node
+            assert (await first.get(f"/v1/sessions/{sid}")).json()["node"] not in (None, node)
+            assert result["stdout"].startswith("replgate egress refused 198.51.100.7:80"), result
+            assert (await first.get(f"/v1/sessions/{sid}/network")).json() == policy
+            log = (await first.get(f"/v1/sessions/{sid}/egress")).json()
+            assert "denied by '198.51.100.0/24'" in log[-1]["reason"], log
+        finally:
+            await ops.post(f"/v1/nodes/{node}/undrain")
+            await first.delete(f"/v1/sessions/{sid}")
+
+
 async def test_a_killed_node_sessions_resume_from_their_last_pause(cluster: Cluster) -> None:
     one = cluster.gateways[0]
     async with gateway_client(one) as first, _operator(one) as ops:

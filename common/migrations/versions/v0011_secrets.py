@@ -5,7 +5,7 @@ AES-256-GCM ciphertext under a key derived from ``REPLGATE_SECRETS_KEY``, bound 
 and the name (a row copied to another tenant or name does not open). Times are ISO 8601 UTC.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-29
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
