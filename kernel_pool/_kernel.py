@@ -65,6 +65,8 @@ class Kernel(KernelChannels):
         :meth:`set_network` and at every start."""
         self.egress_ca_file: Path | None = None
         """Certificates the egress broker trusts besides the system's (the pool's setting)."""
+        self.secret_source: Callable[[str], SecretLookup] | None = None
+        """A tenant's secrets, for the broker of a policy's ``rules`` (the pool's)."""
         self._died = asyncio.Event()
         """Set with :attr:`death`, for waiters beside the death watcher."""
 
@@ -162,8 +164,9 @@ class Kernel(KernelChannels):
         finally:
             step("waiting for its first answer")
         self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
-        if self.env:
-            await self.set_env(self.env)
+        env = {**self.env, **self.trust_env()}
+        if env:
+            await self.set_env(env)
         self.state = KernelState.READY
 
     async def _watch(self) -> None:
@@ -329,24 +332,45 @@ class Kernel(KernelChannels):
         return NetworkRules(self.network, profile_bound(self.profile.egress_allow,
                                                         self.profile.network_max))
 
-    async def set_network(self, policy: NetworkPolicy | None, session_id: str | None) -> None:
+    async def set_network(self, policy: NetworkPolicy | None, session_id: str | None, *,
+                          tenant: str = "") -> None:
         """Apply a network policy: the next connection is decided by it. A running kernel's
         proxy is served (or stopped) at once; a stopped one's at its next start. The kernel's
         environment gets the proxy's variables when it has a proxy (its launcher set them
-        only if the proxy was there when it started)."""
+        only if the proxy was there when it started). The policy's secret ``rules`` are
+        brokered with ``tenant``'s secrets (docs/secrets.md)."""
+        rules = policy.rules if policy is not None else []
+        if rules and self.secret_source is None:
+            raise InvalidRequest("secret rules need the gateway's secrets "
+                                 "(REPLGATE_SECRETS_KEY) beside the session; sessions on "
+                                 "nodes do not take them yet")
         self.network = policy
         if self.state is not KernelState.READY:
             if self.egress is not None and (policy is not None or self.profile.egress_allow):
                 self.egress.rules = self._egress_rules()  # the start under way serves it
+                await self._broker_rules(rules, tenant)
             return
         await self._ensure_egress()
         if self.egress is not None:
             self.egress.session_id = session_id
+            await self._broker_rules(rules, tenant)
             await self.set_env(self.proxy_env())
 
+    async def _broker_rules(self, rules: list[SecretRule], tenant: str) -> None:
+        if self.egress is None or (not rules and self.egress.broker is None):
+            return
+        source = self.secret_source
+        await self.set_secret_rules(rules, source(tenant) if source is not None else _none)
+
     def proxy_env(self) -> dict[str, str]:
-        """The variables that route HTTP(S) through the sandbox's proxy (none without one)."""
-        return dict(PROXY_ENV) if self.egress is not None else {}
+        """The variables that route HTTP(S) through the sandbox's proxy (none without one),
+        and those that make its clients trust its CA when the proxy brokers secrets."""
+        return {**PROXY_ENV, **self.trust_env()} if self.egress is not None else {}
+
+    def trust_env(self) -> dict[str, str]:
+        """The CA variables (:data:`~kernel_pool._sandbox_ca.TRUST_ENV`) while the sandbox's
+        proxy brokers secrets, else none."""
+        return dict(TRUST_ENV) if self.egress is not None and self.egress.broker else {}
 
     async def set_secret_rules(self, rules: list[SecretRule],
                                lookup: SecretLookup) -> dict[str, str]:
@@ -384,3 +408,8 @@ class Kernel(KernelChannels):
         if self.egress is not None:
             await self.egress.close()
         await self.sandbox.cleanup(restart=False)
+
+
+async def _none(name: str) -> str | None:
+    """No secrets: what a broker gets when its rules are being removed."""
+    return None
