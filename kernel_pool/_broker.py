@@ -29,7 +29,7 @@ from kernel_pool._sandbox_ca import SandboxCA
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Broker", "SecretLookup"]
+__all__ = ["Broker", "SecretLookup", "no_secrets"]
 
 SecretLookup = Callable[[str], Awaitable[str | None]]
 """A secret's value by name, or None when there is none."""
@@ -41,6 +41,11 @@ MAX_HEAD = 64 * 1024
 
 Note = Callable[[str, str, int, bool, str], None]
 """How the broker reports a request to the proxy's log: (method, host, port, allowed, why)."""
+
+
+async def no_secrets(name: str) -> str | None:
+    """A lookup that finds none (a broker whose rules are being removed)."""
+    return None
 
 
 class Broker:

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from kernel_pool._allowlist import EgressRules
-from kernel_pool._broker import SecretLookup
+from kernel_pool._broker import SecretLookup, no_secrets
 from kernel_pool._broker_rules import SecretRule
 from kernel_pool._caused import caused
 from kernel_pool._channels import KernelChannels, KernelDied, KernelState
@@ -360,7 +360,8 @@ class Kernel(KernelChannels):
         if self.egress is None or (not rules and self.egress.broker is None):
             return
         source = self.secret_source
-        await self.set_secret_rules(rules, source(tenant) if source is not None else _none)
+        await self.egress.set_broker(rules, source(tenant) if source is not None else no_secrets,
+                                     upstream_cafile=self.egress_ca_file)
 
     def proxy_env(self) -> dict[str, str]:
         """The variables that route HTTP(S) through the sandbox's proxy (none without one),
@@ -371,19 +372,6 @@ class Kernel(KernelChannels):
         """The CA variables (:data:`~kernel_pool._sandbox_ca.TRUST_ENV`) while the sandbox's
         proxy brokers secrets, else none."""
         return dict(TRUST_ENV) if self.egress is not None and self.egress.broker else {}
-
-    async def set_secret_rules(self, rules: list[SecretRule],
-                               lookup: SecretLookup) -> dict[str, str]:
-        """Broker ``rules`` on the sandbox's proxy from its next connection (none: stop), and
-        the variables that make the sandbox trust its CA (for its environment; none without
-        rules). ``lookup`` gives a secret's value at each request (docs/secrets.md)."""
-        if self.egress is None:
-            if rules:
-                raise InvalidRequest("secret rules need the sandbox's egress proxy (a network "
-                                 "policy or a profile with egress_allow)")
-            return {}
-        await self.egress.set_broker(rules, lookup, upstream_cafile=self.egress_ca_file)
-        return dict(TRUST_ENV) if rules else {}
 
     async def close(self) -> None:
         """Remove the sandbox: container, workspace and sockets.
@@ -408,8 +396,3 @@ class Kernel(KernelChannels):
         if self.egress is not None:
             await self.egress.close()
         await self.sandbox.cleanup(restart=False)
-
-
-async def _none(name: str) -> str | None:
-    """No secrets: what a broker gets when its rules are being removed."""
-    return None

@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from gateway.secrets import Secrets
 from gateway.store import Store
-from kernel_pool import KernelPool, PoolSettings, Profile, Session
+from kernel_pool import KernelPool, NetworkPolicy, PoolSettings, Profile, Session
 from kernel_pool._broker_rules import SecretRule, check_rules
 from kernel_pool._sandbox_ca import TRUST_ENV
 from tests.conftest import containers_of
@@ -62,14 +62,16 @@ async def session(docker_client: docker.DockerClient, upstream: Upstream,
         state_dir=state, owner=OWNER, max_kernels=2, egress_ca_file=upstream.ca_file,
         profiles={"default": Profile(name="default", **fields), "egress": Profile(
             name="egress", egress_allow=[f"{upstream.address}:{upstream.port}"], **fields)}))
+    pool.secret_source = vault.lookup_for
     try:
         await pool.start()
         session = await pool.create_session("egress", tenant="alpha",
-                                            env={"API_KEY": "{secret:TOKEN}", **TRUST_ENV})
-        trust = await session.kernel.set_secret_rules(
-            [SecretRule(host=upstream.address, port=upstream.port, secrets=["TOKEN"])],
-            vault.lookup_for("alpha"))  # the upstream's CA: the pool's egress_ca_file
-        assert trust == TRUST_ENV
+                                            env={"API_KEY": "{secret:TOKEN}"})
+        # the upstream's CA is trusted through the pool's egress_ca_file
+        await session.set_network(NetworkPolicy(
+            default="deny", allow=[f"{upstream.address}:{upstream.port}"],
+            rules=[SecretRule(host=upstream.address, port=upstream.port, secrets=["TOKEN"])]))
+        assert session.kernel.proxy_env().items() >= TRUST_ENV.items()
         yield session
     finally:
         await pool.close()
@@ -109,12 +111,26 @@ async def test_stored_replaced_deleted_secret_reaches_the_request_or_refuses_it(
     assert sealed is not None and "beta-" not in sealed
 
 
+async def test_rules_removed_by_a_new_policy_stop_the_broker(session: Session,
+                                                             upstream: Upstream) -> None:
+    policy = NetworkPolicy(default="deny", allow=[f"{upstream.address}:{upstream.port}"])
+    await session.set_network(policy)
+    egress = session.kernel.egress
+    assert egress is not None and egress.broker is None
+    assert "SSL_CERT_FILE" not in session.kernel.proxy_env()
+    await session.set_network(policy.model_copy(update={"rules": [
+        SecretRule(host=upstream.address, port=upstream.port, secrets=["TOKEN"])]}))
+    assert egress.broker is not None
+
+
 def test_rules_on_a_policy_that_allows_everything_are_refused() -> None:
     rule = SecretRule(host="api.example.com", headers={"Authorization": "Bearer {secret:X}"})
     check_rules("deny", [rule])
     check_rules("allow", [])
     with pytest.raises(ValueError, match="default is \"deny\""):
         check_rules("allow", [rule])
+    with pytest.raises(ValueError, match="could send a secret to any host"):
+        NetworkPolicy(default="allow", rules=[rule])
 
 
 @pytest.mark.parametrize("rule", [
