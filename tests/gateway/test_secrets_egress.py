@@ -45,7 +45,8 @@ def gateway(docker_client: docker.DockerClient,
     policy.write_text(POLICY)
     with running_gateway(docker_client, policy_file=str(policy), min_idle="0",
                          secrets_key=base64.b64encode(os.urandom(32)).decode(),
-                         egress_ca_file=str(upstream.ca_file)) as process:
+                         egress_ca_file=str(upstream.ca_file),
+                         keep_sessions_on_stop="true") as process:
         yield process
 
 
@@ -114,3 +115,36 @@ def test_rules_on_a_policy_that_allows_everything_are_a_422(alpha: httpx.Client,
     answer = alpha.post("/v1/sessions", json={"profile": "open", "network": network})
     assert answer.status_code == 422, answer.text
     assert "could send a secret to any host" in answer.text
+
+
+def test_rules_hold_across_pause_resume_fork_and_a_gateway_restart(
+        alpha: httpx.Client, gateway: GatewayProcess, upstream: Upstream) -> None:
+    value = f"sk-kept-{secrets.token_hex(16)}"
+    assert alpha.put("/v1/secrets/KEPT", json={"value": value}).status_code == 204
+    created = alpha.post("/v1/sessions", json={"profile": "open", "network": _network(
+        upstream, headers={"Authorization": "Bearer {secret:KEPT}"})})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    child = None
+
+    def check(session_id: str, path: str) -> None:
+        out = _run(alpha, session_id, REQUEST.format(method="GET", url=upstream.url(path)))
+        assert out.startswith("200 ok"), out
+        assert _received(upstream, path)["authorization"] == f"Bearer {value}"
+
+    try:
+        assert alpha.post(f"/v1/sessions/{sid}/pause").status_code == 200
+        assert alpha.post(f"/v1/sessions/{sid}/resume").status_code == 200
+        check(sid, "/resumed")
+        forked = alpha.post(f"/v1/sessions/{sid}/fork", json={"count": 1})
+        assert forked.status_code == 201, forked.text
+        child = forked.json()[0]["id"]
+        check(child, "/forked")
+        gateway.stop()
+        gateway.start()
+        check(sid, "/restarted")
+        check(child, "/restarted-child")
+    finally:
+        for session_id in (sid, child):
+            if session_id is not None:
+                alpha.delete(f"/v1/sessions/{session_id}")
