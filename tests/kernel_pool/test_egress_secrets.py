@@ -173,6 +173,18 @@ with requests.Session() as s:
         assert _received(upstream, path)["authorization"] == f"Bearer {value}"
 
 
+async def test_a_large_body_is_relayed_whole(session: Session, upstream: Upstream,
+                                             vault: Vault) -> None:
+    vault.values["TOKEN"] = value = f"sk-{secrets.token_hex(16)}"
+    out = await run(session, REQUEST.format(method="POST", url=upstream.url("/v1/upload"),
+                                            headers="{}").replace(
+        "timeout=15)", "timeout=15, data=b'x' * 300_000)"))
+    assert out.startswith("200 ok"), out
+    got = [r for r in upstream.requests() if r["path"] == "/v1/upload"][-1]
+    assert len(got["body"]) == 300_000
+    assert {k.lower(): v for k, v in got["headers"]}["authorization"] == f"Bearer {value}"
+
+
 async def test_a_deleted_secret_refuses_the_request(session: Session, upstream: Upstream,
                                                     vault: Vault) -> None:
     vault.values.pop("TOKEN", None)
