@@ -15,6 +15,8 @@ environment at import time: ``Settings()`` does, when the CLI builds the app.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 from pathlib import Path
@@ -60,6 +62,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "pause_with": ("pool", "pause_with"),
     "kernel_templates": ("pool", "kernel_templates"),
     "template_dir": ("pool", "template_dir"),
+    "egress_ca_file": ("pool", "egress_ca_file"),
 }
 """``REPLGATE_<flat name>`` -> the nested setting it sets (the names of replgate 0.1)."""
 
@@ -80,8 +83,9 @@ class Settings(BaseSettings):
     """Configuration of ``replgate serve``; each field is ``REPLGATE_<NAME>`` in the environment,
     nested fields ``REPLGATE_<NAME>__<FIELD>``."""
 
+    # hide_input_in_errors: a refused key or database URL (with its password) is not quoted
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__",
-                                      extra="ignore")
+                                      extra="ignore", hide_input_in_errors=True)
 
     host: str = Field("127.0.0.1", description="address to bind; 127.0.0.1 keeps it local")
     port: int = Field(8000, ge=0, le=65535)
@@ -134,6 +138,11 @@ class Settings(BaseSettings):
     bundle_key: SecretStr | None = Field(
         None, description="base64 of 32 or more random bytes, the same on every node: each "
         "tenant's bundles are encrypted with a key derived from it; required for s3://")
+
+    secrets_key: SecretStr | None = Field(
+        None, description="base64 of 32 or more random bytes: tenants' secrets (PUT "
+        "/v1/secrets/{name}, docs/secrets.md) are encrypted at rest with a key derived from "
+        "it, the same on every gateway of a database; unset: the secrets API answers 409")
 
     # the pool
     pool: PoolLimits = Field(default_factory=PoolLimits,
@@ -262,6 +271,13 @@ class Settings(BaseSettings):
             parse_api_keys_setting(value)
         return value
 
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            decode_secrets_key(value.get_secret_value())
+        return value
+
     @field_validator("state_min_free")
     @classmethod
     def _size(cls, value: str) -> str:
@@ -332,7 +348,8 @@ class SettingsError(ValueError):
     """Settings that cannot work, said in one line naming each variable to change."""
 
 
-_SECRETS = {"api_keys", "admin_keys", "approver_keys", "bundle_key", "database_url"}
+_SECRETS = {"api_keys", "admin_keys", "approver_keys", "bundle_key", "database_url",
+            "secrets_key"}
 """Settings whose values are never repeated in a message (keys, a password in a URL)."""
 
 
@@ -377,3 +394,20 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"{name} (or a {name}__... setting) is not valid JSON: "
                             f"{exc.__cause__ or exc}") from None
 
+
+SECRETS_KEY_MIN_BYTES = 32
+
+
+def decode_secrets_key(value: str) -> bytes:
+    """The master key ``REPLGATE_SECRETS_KEY`` holds (32 or more random bytes, base64), or
+    ValueError saying how to make one (the message never holds the value)."""
+    how = ("make one with: python -c 'import base64, os; "
+           "print(base64.b64encode(os.urandom(32)).decode())'")
+    try:
+        master = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"REPLGATE_SECRETS_KEY is not base64 ({how})") from None
+    if len(master) < SECRETS_KEY_MIN_BYTES:
+        raise ValueError(f"REPLGATE_SECRETS_KEY must hold at least {SECRETS_KEY_MIN_BYTES} "
+                         f"bytes, not {len(master)} ({how})")
+    return master

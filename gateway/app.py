@@ -31,8 +31,10 @@ from gateway.routers import contexts, files, health, jupyter, nodes, sessions, u
 from gateway.routers import files_watch as folder_watch
 from gateway.routers import governance as governance_routes
 from gateway.routers import network as network_routes
+from gateway.routers import secrets as secret_routes
 from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
+from gateway.secrets import Secrets
 from gateway.service import Gateway
 from gateway.snapshots import Snapshots
 from gateway.statelock import StartRefused
@@ -87,8 +89,8 @@ sessions."""
 
 
 @asynccontextmanager
-async def _session_host(settings: Settings, policy: Policy,
-                        store: Store) -> AsyncIterator[tuple[SessionHost, Leftovers | None]]:
+async def _session_host(settings: Settings, policy: Policy, store: Store,
+                        secrets: Secrets) -> AsyncIterator[tuple[SessionHost, Leftovers | None]]:
     """This process's pool (one machine) with what a previous gateway left in it to take
     back, or the nodes of the shared database."""
     pool_settings = policy.pool_settings(settings.pool_settings())
@@ -119,6 +121,8 @@ async def _session_host(settings: Settings, policy: Policy,
     records = {r.sandbox.container_id: r for r in await store.list_sessions(node=node)
                if r.sandbox is not None}
     pool = KernelPool(pool_settings, address=f"{settings.host}:{settings.port}")
+    if secrets.enabled:  # before any kernel: warm ones and those taken back broker too
+        pool.secret_source = secrets.lookup_for
     if settings.bundle_store is not None:  # saved snapshots where every gateway reads them
         pool.keep_snapshots_in(settings.bundle_store, settings.bundle_key.get_secret_value()
                                if settings.bundle_key is not None else None)
@@ -157,13 +161,15 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
             gc.freeze()
             governance = Governance(store, policy, approver_keys=settings.approver_keys,
                                     approval_timeout_s=settings.approval_timeout_s)
-            async with _session_host(settings, policy, store) as (pool, leftovers):
+            secrets = Secrets(store, settings.secrets_key)
+            async with _session_host(settings, policy, store, secrets) as (pool, leftovers):
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
                                   tracing)
                 if leftovers is not None:
                     await take_back(gateway, *leftovers)
                 app.state.gateway = gateway
                 app.state.snapshots = Snapshots(gateway)
+                app.state.secrets = secrets
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session
@@ -190,6 +196,7 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
     app.include_router(network_routes.router)  # /v1/sessions/{id}/network
     app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
+    app.include_router(secret_routes.router)  # /v1/secrets: write-only, never read back
     app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
     app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified

@@ -17,6 +17,7 @@ from gateway.records.executions import ExecutionRecords
 from gateway.records.keys import KeyRecords
 from gateway.records.sandbox_ends import SandboxEndRecords
 from gateway.records.sandbox_lifecycles import SandboxLifecycleRecords
+from gateway.records.secrets import SecretRecords
 from gateway.records.snapshots import SnapshotRecords
 from gateway.records.usage import UsageRecords
 
@@ -24,6 +25,6 @@ __all__ = ["Store"]
 
 
 class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords,
-            SandboxLifecycleRecords, SnapshotRecords):
-    """Sessions, history, keys, approvals, budgets' use, sandboxes' ends and lifecycles, and
-    saved snapshots. Make one with :meth:`open`."""
+            SandboxLifecycleRecords, SnapshotRecords, SecretRecords):
+    """Sessions, history, keys, approvals, budgets' use, sandboxes' ends and lifecycles,
+    saved snapshots and tenants' sealed secrets. Make one with :meth:`open`."""

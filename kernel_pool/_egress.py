@@ -32,7 +32,10 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from kernel_pool._allowlist import EgressRules, parse_port, split_host_port
+from kernel_pool._broker import Broker, SecretLookup
+from kernel_pool._broker_rules import SecretRule
 from kernel_pool._network import NetworkRules
+from kernel_pool._sandbox_ca import SandboxCA
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,9 @@ class EgressProxy:
         self._inode: int | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._attempts: deque[EgressAttempt] = deque(maxlen=ATTEMPTS_KEPT)
+        self.broker: Broker | None = None
+        """The session's secret rules, when it has any (HTTPS to their hosts is terminated)."""
+        self._ca: SandboxCA | None = None
 
     def __repr__(self) -> str:
         state = "serving" if self._server else "stopped"
@@ -94,6 +100,21 @@ class EgressProxy:
     def attempts(self) -> list[EgressAttempt]:
         """The latest attempts (at most ``ATTEMPTS_KEPT``), oldest first."""
         return list(self._attempts)
+
+    async def set_broker(self, rules: Sequence[SecretRule], lookup: SecretLookup, *,
+                         upstream_cafile: Path | None = None) -> None:
+        """Put secrets into the requests ``rules`` match (none: stop); the sandbox's CA is made
+        on first use and its bundle placed beside the socket (``/kernel/egress-ca.pem``, the
+        file :data:`kernel_pool._sandbox_ca.TRUST_ENV` names). Applies to new connections."""
+        if not rules:
+            self.broker = None
+            return
+        if self._ca is None:
+            ca = await asyncio.to_thread(SandboxCA, self.sandbox_id)
+            await asyncio.to_thread(ca.write_bundle, self.socket_path.parent, self._owner)
+            self._ca = ca
+        self.broker = Broker(rules, lookup, self._ca, upstream_cafile=upstream_cafile)
+        logger.info("egress broker for sandbox %s: %r", self.sandbox_id, self.broker)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -159,6 +180,8 @@ class EgressProxy:
                 if os.stat(self.socket_path).st_ino == self._inode:
                     self.socket_path.unlink()
         self._inode = None
+        if self._ca is not None:
+            self._ca.close()
 
     # -- one connection ----------------------------------------------------------------------
 
@@ -205,6 +228,12 @@ class EgressProxy:
         self._log(method, host, port, address is not None, reason, address)
         if address is None:
             await _answer(writer, 403, f"replgate egress refused {host}:{port}: {reason}")
+            return
+        broker = self.broker
+        if method == "CONNECT" and broker is not None and broker.covers(host, port):
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await broker.serve(reader, writer, host, port, address, self._log)
             return
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):

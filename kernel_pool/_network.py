@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernel_pool._allowlist import (
     _GUARDED,
@@ -42,6 +42,7 @@ from kernel_pool._allowlist import (
     parse_port,
     split_host_port,
 )
+from kernel_pool._broker_rules import SecretRule, check_rules
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -67,12 +68,22 @@ class NetworkPolicy(BaseModel):
     deny: list[str] = Field(default_factory=list, max_length=MAX_ENTRIES,
                             description="the same forms (without a port: every port)")
 
+    rules: list[SecretRule] = Field(
+        default_factory=list, max_length=MAX_ENTRIES,
+        description="secrets put into the HTTPS requests each rule matches (docs/secrets.md); "
+        "only with default \"deny\"")
+
     @field_validator("allow", "deny")
     @classmethod
     def _entries(cls, value: list[str]) -> list[str]:
         for text in value:
             parse_entry(text)
         return value
+
+    @model_validator(mode="after")
+    def _rules(self) -> NetworkPolicy:
+        check_rules(self.default, self.rules)
+        return self
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from kernel_pool._broker import SecretLookup
 from kernel_pool._kernel import Kernel
 from kernel_pool._messages import make_context
 from kernel_pool._session import Session
@@ -52,6 +53,9 @@ class PoolBase:
         self.address = address
         """``HOST:PORT`` where this process is reached, as :meth:`nodes` shows it."""
         self.backend = backend or load_backend("docker", settings)
+        self.secret_source: Callable[[str], SecretLookup] | None = None
+        """A tenant's secrets for the egress broker (the gateway's, when it has
+        ``REPLGATE_SECRETS_KEY``); None: secret rules are refused."""
         self._context = make_context()
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
         self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)
@@ -137,6 +141,8 @@ class PoolBase:
     def _new_kernel(self, sandbox: Sandbox, profile: Profile) -> Kernel:
         """The kernel of ``sandbox`` (not started), counted among the pool's until it is gone."""
         kernel = Kernel(sandbox, profile, self._context, self.settings.kernel_start_timeout_s)
+        kernel.egress_ca_file = self.settings.egress_ca_file
+        kernel.secret_source = self.secret_source
         self._kernels.add(kernel)
         return kernel
 

@@ -185,7 +185,7 @@ class SessionResuming(SessionPausing):
         warm.on_death = self._kernel_died
         try:
             if old.network is not None:  # read at the swap: one set meanwhile is not lost
-                await warm.set_network(old.network, self.id)
+                await warm.set_network(old.network, self.id, tenant=self.tenant)
         finally:
             if warm.egress is not None:
                 warm.egress.session_id = self.id

@@ -181,4 +181,4 @@ class SessionFiles(SessionResuming):
         session across restarts, pauses and resumes."""
         if self._closed:
             raise SessionClosed(self.id)
-        await self.kernel.set_network(policy, self.id)
+        await self.kernel.set_network(policy, self.id, tenant=self.tenant)

@@ -157,6 +157,10 @@ class PoolLimits(BaseModel):
     template_dir: Path | None = Field(
         None, description="where kernel templates are kept (one per profile and image, about "
         "90 MB each); default: <state dir>/templates. Gateways of one host may share one")
+    egress_ca_file: Path | None = Field(
+        None, description="PEM certificates the egress broker trusts, besides the system's, "
+        "for the hosts it connects to on a sandbox's behalf (a private API behind an "
+        "internal CA; docs/secrets.md)")
 
     @field_validator("snapshot_budget")
     @classmethod

@@ -61,6 +61,7 @@ from ._frames import (
 from ._health import Health
 from ._jupyter import KernelCreate, KernelModel
 from ._messages import WsClientMessage, WsCommand, WsExecute, WsInterrupt, WsKillCommand
+from ._secrets import SecretIn, SecretOut
 from ._sessions import (
     SESSION_STATES,
     BudgetOut,
@@ -133,6 +134,8 @@ __all__ = [
     "PendingApprovalEvent",
     "RejectedFrame",
     "ResourceUsage",
+    "SecretIn",
+    "SecretOut",
     "SessionCreate",
     "SessionMetricsOut",
     "SessionOut",

@@ -66,7 +66,7 @@ def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
 
 
 def only(host: NetnsHost, port: int = ALLOWED) -> dict[str, object]:
-    return {"default": "deny", "allow": [f"{host.address}:{port}"], "deny": []}
+    return {"default": "deny", "allow": [f"{host.address}:{port}"], "deny": [], "rules": []}
 
 
 def create(client: httpx.Client, **body: object) -> str:
