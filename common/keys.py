@@ -12,6 +12,8 @@ Finding a key in a request is the gateway's (:mod:`gateway.auth`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import re
 import secrets
@@ -123,3 +125,21 @@ def parse_approver_keys(value: str | None) -> list[tuple[Approver, str]]:
     if len(set(keys)) != len(keys):
         raise ValueError("REPLGATE_APPROVER_KEYS gives one key to two approvers")
     return found
+
+
+SECRETS_KEY_MIN_BYTES = 32
+
+
+def decode_secrets_key(value: str) -> bytes:
+    """The master key ``REPLGATE_SECRETS_KEY`` holds (32 or more random bytes, base64), or
+    ValueError saying how to make one (the message never holds the value)."""
+    how = ("make one with: python -c 'import base64, os; "
+           "print(base64.b64encode(os.urandom(32)).decode())'")
+    try:
+        master = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"REPLGATE_SECRETS_KEY is not base64 ({how})") from None
+    if len(master) < SECRETS_KEY_MIN_BYTES:
+        raise ValueError(f"REPLGATE_SECRETS_KEY must hold at least {SECRETS_KEY_MIN_BYTES} "
+                         f"bytes, not {len(master)} ({how})")
+    return master

@@ -15,8 +15,6 @@ environment at import time: ``Settings()`` does, when the CLI builds the app.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import re
 from pathlib import Path
@@ -275,6 +273,8 @@ class Settings(BaseSettings):
     @classmethod
     def _secrets_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
+            from common.keys import decode_secrets_key
+
             decode_secrets_key(value.get_secret_value())
         return value
 
@@ -394,20 +394,3 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(f"{name} (or a {name}__... setting) is not valid JSON: "
                             f"{exc.__cause__ or exc}") from None
 
-
-SECRETS_KEY_MIN_BYTES = 32
-
-
-def decode_secrets_key(value: str) -> bytes:
-    """The master key ``REPLGATE_SECRETS_KEY`` holds (32 or more random bytes, base64), or
-    ValueError saying how to make one (the message never holds the value)."""
-    how = ("make one with: python -c 'import base64, os; "
-           "print(base64.b64encode(os.urandom(32)).decode())'")
-    try:
-        master = base64.b64decode(value.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"REPLGATE_SECRETS_KEY is not base64 ({how})") from None
-    if len(master) < SECRETS_KEY_MIN_BYTES:
-        raise ValueError(f"REPLGATE_SECRETS_KEY must hold at least {SECRETS_KEY_MIN_BYTES} "
-                         f"bytes, not {len(master)} ({how})")
-    return master

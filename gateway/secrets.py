@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import SecretStr
 
 from common.errors import Conflict, InvalidInput, NotFound
-from common.settings import decode_secrets_key
+from common.keys import decode_secrets_key
 from gateway.records.secrets import SecretRecord
 from gateway.store import Store
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import logging
 import os
 import shutil
-import struct
 import subprocess
 import threading
 import time
@@ -24,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, Self
 
+from kernel_pool._disk_blocks import punch_unwritten, trim
 from kernel_pool.exceptions import StateDirFull, WorkspaceError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ def _reserve(image: Path) -> None:
         try:
             os.posix_fallocate(fd, 0, info.st_size)
         except OSError as exc:
-            _punch_unwritten(image)  # what the failed call took goes back
+            punch_unwritten(image)  # what the failed call took goes back
             raise StateDirFull(shutil.disk_usage(image.parent).free,
                                f"{why} ({exc.strerror})") from exc
     finally:
@@ -132,33 +131,7 @@ def _mount_live(image: Path, root: Path) -> bool:
 MOUNT_SETTLE_S = 2.0
 """How long a mount waits for the image's previous loop device to be let go."""
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-FALLOC_FL_KEEP_SIZE = 0x01
-FALLOC_FL_PUNCH_HOLE = 0x02
-FITRIM = 0xC0185879
-"""``_IOWR('X', 121, struct fstrim_range)``: discard a mounted file system's free blocks."""
-FS_IOC_FIEMAP = 0xC020660B
-FIEMAP_FLAG_SYNC = 0x1
-FIEMAP_EXTENT_LAST = 0x1
-FIEMAP_EXTENT_UNWRITTEN = 0x800
-FIEMAP_BATCH = 128
-_FIEMAP_HEAD = struct.Struct("=QQLLLL")
-_FIEMAP_EXTENT = struct.Struct("=QQQQQL12x")
-
-
-def _trim(root: Path) -> None:
-    """Discard the free blocks of the file system mounted at ``root``: its loop device punches
-    them out of the image. A host that cannot (no discard) keeps them, which costs disk only."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, FITRIM, struct.pack("=QQQ", 0, 2**64 - 1, 0))
-    except OSError as exc:
-        logger.debug("cannot trim %s: %s", root, exc)
-    finally:
-        os.close(fd)
-
-
 UNMOUNT_WAITS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 """Pauses between tries of an unmount found busy: a process the gateway spawns (``mount``,
 ``mkfs``) holds copies of its open files until it starts its program, files of the workspace
@@ -189,41 +162,6 @@ def detach(root: Path) -> None:
         code = ctypes.get_errno()
         if os.path.ismount(root):
             raise WorkspaceError(f"cannot unmount {root}: {os.strerror(code)}")
-
-
-def _punch_unwritten(image: Path) -> None:
-    """Punch out the image's blocks that are reserved but were never written (they read as
-    zeros, so nothing changes): ext4's inode tables, say, and what a failed reserve took.
-    Only on an image no writable mount uses (FIEMAP's sync flushes what the loop wrote)."""
-    fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        start, holes = 0, []
-        while True:
-            request = bytearray(_FIEMAP_HEAD.pack(start, 2**64 - 1 - start, FIEMAP_FLAG_SYNC,
-                                                  0, FIEMAP_BATCH, 0)
-                                + bytes(_FIEMAP_EXTENT.size * FIEMAP_BATCH))
-            fcntl.ioctl(fd, FS_IOC_FIEMAP, request)
-            mapped = _FIEMAP_HEAD.unpack_from(request)[3]
-            last = not mapped
-            for index in range(mapped):
-                offset, _, length, _, _, flags = _FIEMAP_EXTENT.unpack_from(
-                    request, _FIEMAP_HEAD.size + index * _FIEMAP_EXTENT.size)
-                if flags & FIEMAP_EXTENT_UNWRITTEN:
-                    holes.append((offset, length))
-                start = offset + length
-                last = last or bool(flags & FIEMAP_EXTENT_LAST)
-            if last:
-                break
-        for offset, length in holes:
-            if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset,
-                               length) != 0:
-                code = ctypes.get_errno()
-                logger.debug("cannot punch %s: %s", image, os.strerror(code))
-                return
-    except OSError as exc:  # no FIEMAP (another host file system): the blocks stay reserved
-        logger.debug("cannot map %s: %s", image, exc)
-    finally:
-        os.close(fd)
 
 
 def _run(cmd: list[str]) -> None:
@@ -382,7 +320,7 @@ class WorkspaceDisk:
             _mount(self._image, self.root, read_only=not write)
         except WorkspaceError:
             if write:
-                _punch_unwritten(self._image)  # the reserve goes back with the failed mount
+                punch_unwritten(self._image)  # the reserve goes back with the failed mount
             raise
         self._mount = "rw" if write else "ro"
 
@@ -392,7 +330,7 @@ class WorkspaceDisk:
         blocks nothing ever wrote (metadata reserved but still zeros)."""
         writable = self._mount == "rw"
         if writable:
-            _trim(self.root)
+            trim(self.root)
         try:
             _unmount(self.root, read_only=not writable)
         except WorkspaceError:
@@ -401,4 +339,4 @@ class WorkspaceDisk:
             raise
         self._mount = None
         if writable:
-            _punch_unwritten(self._image)
+            punch_unwritten(self._image)
