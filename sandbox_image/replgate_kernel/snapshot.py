@@ -8,7 +8,9 @@ where the sandbox cannot share a pipe with the host (gVisor), a file in the work
 No second copy of the data is ever made in the sandbox: the pickle is protocol 5, and every
 buffer a value exposes (numpy arrays, and pandas frames through them) goes out of band,
 written to the stream straight from the value's own memory, and read back into one buffer
-that the loaded value then uses as its memory. The stream (:data:`MAGIC`, then records):
+that the loaded value then uses as its memory (an array of plain Python values, a string
+column, is the exception: pickled whole by the C pickler, those bytes go out of band, one
+array at a time; see :mod:`replgate_kernel.plain`). The stream (:data:`MAGIC`, then records):
 
 - ``P`` + length + pickle bytes;
 - ``B`` + length + one out-of-band buffer, always before the pickle bytes that use it;
@@ -35,6 +37,8 @@ from typing import Any
 
 import dill
 from IPython import get_ipython
+
+from replgate_kernel import plain
 
 MAX_REASON = 200
 # The kernel's own folders in /tmp (made at its start, see __main__): not the user's files.
@@ -194,6 +198,9 @@ class _Writer:
         _check_memory()
         with buffer.raw() as view:
             self._record(b"B", view)
+        # The pickler's memo keeps the reduce tuple holding this buffer to the dump's end:
+        # released, it no longer keeps its object (a plain array's pickle) alive that long.
+        buffer.release()
         return False
 
     def void(self) -> None:
@@ -328,42 +335,12 @@ class _Pickler(dill.Pickler):  # type: ignore[misc]
         numpy = sys.modules.get("numpy")
         if numpy is not None and type(obj) is numpy.ndarray:
             if obj.dtype.hasobject:
-                return _plain_objects(obj) or NotImplemented
+                return plain.reduced(obj, memory_free, MIN_FREE_BYTES) or NotImplemented
             return obj.__reduce_ex__(5)
         if isinstance(obj, io.IOBase) and obj.closed and isinstance(
                 getattr(obj, "name", None), str) and isinstance(getattr(obj, "mode", None), str):
             return _closed_file, (obj.name, obj.mode, not isinstance(obj, io.FileIO))
         return NotImplemented
-
-
-PLAIN_TYPES = frozenset({str, int, float, bool, type(None), bytes, complex})
-"""What an array of Python objects may hold to be pickled by the C pickler: values that it
-pickles exactly as dill does (no reference to a module, a class or ``__main__``)."""
-PLAIN_MIN_ITEMS = 1024
-"""Smaller arrays of objects are not worth the look at every item's type."""
-
-
-def _plain_objects(array: Any) -> Any:
-    """How an array of Python objects is pickled when each is a plain value (a pandas column
-    of strings, say), or None: whole by the C pickler, its bytes out of band.
-
-    dill's pickler is written in Python: it takes about 2 µs an item, 2 s for a million
-    strings, where the C pickler takes 0.16 s. The bytes are a copy of the values (not of
-    the array's other memory), made and written one array at a time. An array that holds
-    anything else (an instance of a class of the session, a function) is left to dill,
-    which keeps such values by value.
-    """
-    if array.size < PLAIN_MIN_ITEMS or array.dtype.fields is not None:
-        return None
-    if not set(map(type, array.ravel(order="K"))) <= PLAIN_TYPES:
-        return None
-    data = pickle.dumps(array, protocol=5)
-    return _loads_plain, (pickle.PickleBuffer(data),)
-
-
-def _loads_plain(data: Any) -> Any:
-    """An array of plain objects, from what :func:`_plain_objects` wrote."""
-    return pickle.loads(data)
 
 
 def _sized(namespace: dict[str, object], names: list[str]) -> list[str]:
