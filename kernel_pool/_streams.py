@@ -124,14 +124,15 @@ class Pump:
         if ZSTD is None or not worth_compressing(head):
             # From a pipe into a file, the bytes move within the kernel: at 1 GiB, the two
             # copies through this process took about as long as the disk's own writing.
-            spliced = isinstance(writer, FileChunkWriter) and _is_pipe(source)
+            spliced = writer if isinstance(writer, FileChunkWriter) and _is_pipe(source) \
+                else None
             try:
                 writer.write(head)
                 done = len(head)
                 while True:
-                    if spliced:
+                    if spliced is not None:
                         self._wait_unless_stopped(source)
-                        moved = writer.splice_from(source)
+                        moved = spliced.splice_from(source)
                     else:
                         chunk = self._read_unless_stopped(source)
                         writer.write(chunk)
