@@ -254,9 +254,11 @@ class Policy:
                 known = sorted({*Profile.model_fields, "rules", "budgets"} - {"name"})
                 raise PolicyError(f"[profiles.{name}]: unknown setting(s) "
                                   f"{', '.join(sorted(unknown))}; known: {', '.join(known)}")
-            if name == "default" and fields.get("egress_allow"):
-                raise PolicyError("[profiles.default]: egress_allow is not allowed here; the "
-                                  "default profile stays network-less. Define another profile")
+            for networked in ("egress_allow", "network_max"):
+                if name == "default" and fields.get(networked):
+                    raise PolicyError(f"[profiles.default]: {networked} is not allowed here; "
+                                      "the default profile stays network-less. Define another "
+                                      "profile")
             try:
                 Profile.model_validate({**Profile().model_dump(), **fields, "name": name})
             except ValidationError as exc:

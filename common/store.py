@@ -33,7 +33,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from common.database import Database, StoreError, Write
-from kernel_pool import SandboxInfo
+from kernel_pool import NetworkPolicy, SandboxInfo
 
 __all__ = [
     "RecordExists",
@@ -45,7 +45,7 @@ __all__ = [
     "utc_now",
 ]
 
-_SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox")
+_SESSION_JSON_COLUMNS = ("metadata", "env", "sandbox", "network")
 
 
 def utc_now() -> str:
@@ -98,6 +98,8 @@ class SessionRecord(BaseModel):
     it is placed."""
     epoch: int = Field(default=0, ge=0)
     """Raised by each new placement: a node holding an older one no longer owns the session."""
+    network: NetworkPolicy | None = None
+    """Its network policy (None: its profile's), applied again wherever it is taken back."""
 
 
 _S = TypeVar("_S", bound="Store")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from common.store import SessionRecord
+from gateway.network import reapply
 from gateway.service import Gateway
 from kernel_pool import KernelPool, SandboxInfo
 
@@ -36,6 +37,7 @@ async def take_back(gateway: Gateway, pool: KernelPool, kept: list[SandboxInfo],
             await pool.remove_sandbox(info)
             continue
         gateway.took_back(session.id, record.tenant)
+        await reapply(session, record.network)
         logger.info("took back session %s of tenant %s", session.id, record.tenant)
     live = set(pool.sessions)
     for record in records.values():
@@ -45,11 +47,12 @@ async def take_back(gateway: Gateway, pool: KernelPool, kept: list[SandboxInfo],
         # the session reuses or removes it).
         if pool.snapshots.info(record.id) is not None:  # paused: resumed when used
             try:
-                await pool.adopt_paused_session(
+                paused = await pool.adopt_paused_session(
                     record.sandbox, session_id=record.id, env=record.env,
                     metadata=record.metadata, created_at=record.created_at,
                     execution_count=record.execution_count, tenant=record.tenant)
                 gateway.took_back(record.id, record.tenant)
+                await reapply(paused, record.network)  # kept for its resume
                 continue
             except Exception as exc:
                 logger.error("could not take back paused session %s: %s", record.id, exc)

@@ -30,6 +30,7 @@ from gateway.mcp.service import mcp_endpoint
 from gateway.routers import contexts, files, health, jupyter, nodes, sessions, ui, watch, ws
 from gateway.routers import files_watch as folder_watch
 from gateway.routers import governance as governance_routes
+from gateway.routers import network as network_routes
 from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
 from gateway.service import Gateway
@@ -185,6 +186,7 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):
         app.include_router(module.router)
     app.include_router(governance_routes.router)  # /v1/approvals, /v1/sessions/{id}/egress
+    app.include_router(network_routes.router)  # /v1/sessions/{id}/network
     app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
     app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
     app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch

@@ -29,6 +29,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.governance import Governance
+from gateway.network import attach, check_network
 from gateway.notebook import NotebookCell, build_notebook
 from gateway.recording import UNRECORDED_REFUSED, Recorder
 from gateway.records.executions import ExecutionRecord
@@ -175,6 +176,8 @@ class Gateway:
                              session_id: str | None = None) -> SessionPort:
         self.check_disk()
         profile = self.pool.profile(request.profile)
+        if request.network is not None:
+            check_network(profile, request.network)  # a 403 before any kernel is claimed
         if request.timeout_s is not None and request.timeout_s > profile.max_timeout_s:
             raise InvalidInput(f"timeout_s must be at most {profile.max_timeout_s:g} "
                                f"for profile {profile.name!r}")
@@ -192,6 +195,7 @@ class Gateway:
                 admitted.cancel()
             elif not admitted.cancelled():
                 admitted.exception()  # (retrieved: raised by the create, or moot)
+        await attach(self.pool, session, request.network)
         self.metrics.acquire.observe(loop.time() - started)
         if request.timeout_s is not None:
             session.profile = profile.model_copy(update={"default_timeout_s": request.timeout_s})
@@ -202,7 +206,7 @@ class Gateway:
             created_at=state.created_at, last_active_at=state.last_active_at,
             execution_count=0, metadata=request.metadata, env=request.env,
             sandbox=state.sandbox.model_dump(mode="json"), node=state.node,
-            epoch=self.pool.first_epoch))
+            epoch=self.pool.first_epoch, network=request.network))
         return session
 
     def took_back(self, session_id: str, tenant: str) -> None:
@@ -261,7 +265,7 @@ class Gateway:
                 last_active_at=state.last_active_at, execution_count=0,
                 metadata=state.metadata, env=state.env,
                 sandbox=state.sandbox.model_dump(mode="json"), node=state.node,
-                epoch=self.pool.first_epoch))
+                epoch=self.pool.first_epoch, network=state.network))
         return children
 
     def _span(self, name: str, tenant: str,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         check_language,
         normalize_language,
     )
+    from kernel_pool._network import NetworkPolicy, policy_beyond, profile_bound
     from kernel_pool._pool import KernelPool
     from kernel_pool._queue import ExecutionQueue
     from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
@@ -163,6 +164,7 @@ __all__ = [
     "KernelStartError",
     "KernelUnavailable",
     "Listener",
+    "NetworkPolicy",
     "NoNodeAvailable",
     "NodeRecord",
     "NodeUnreachable",
@@ -219,6 +221,8 @@ __all__ = [
     "env_code",
     "normalize_language",
     "parse_size",
+    "policy_beyond",
+    "profile_bound",
     "refused_at_gate",
 ]
 
@@ -247,6 +251,9 @@ _HOMES = {
     "DisplayEvent": "kernel_pool.events",
     "DoneEvent": "kernel_pool.events",
     "EgressAttempt": "kernel_pool._egress",
+    "NetworkPolicy": "kernel_pool._network",
+    "policy_beyond": "kernel_pool._network",
+    "profile_bound": "kernel_pool._network",
     "ErrorEvent": "kernel_pool.events",
     "Event": "kernel_pool.events",
     "Execution": "kernel_pool.events",

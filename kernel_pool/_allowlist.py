@@ -112,6 +112,9 @@ class EgressRules:
         self.entries = parse_allow(entries)
         self._listed = {entry.address for entry in self.entries if entry.address is not None}
 
+    def __str__(self) -> str:
+        return ", ".join(entry.text for entry in self.entries)
+
     async def decide(self, host: str, port: int) -> tuple[str | None, str]:
         """``(address, why allowed)`` or ``(None, why refused)``."""
         name = host.strip().lower().rstrip(".")

@@ -28,9 +28,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from opentelemetry import trace
 from pydantic import BaseModel
 
 from kernel_pool._allowlist import EgressRules, parse_port, split_host_port
+from kernel_pool._network import NetworkRules
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ IDLE_TIMEOUT_S = 300.0
 MAX_CONNECTIONS = 64
 ATTEMPTS_KEPT = 200
 CHUNK = 64 * 1024
+
+_tracer = trace.get_tracer("replgate.egress")
 
 _HOP_HEADERS = {"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te",
                 "trailer", "upgrade"}
@@ -66,10 +70,13 @@ class EgressAttempt(BaseModel):
 class EgressProxy:
     """The proxy of one sandbox, listening on a Unix socket in the sandbox's socket folder."""
 
-    def __init__(self, socket_path: Path, allow: Sequence[str], sandbox_id: str, *,
-                 owner_uid: int | None = None, owner_gid: int | None = None) -> None:
+    def __init__(self, socket_path: Path, allow: Sequence[str] | EgressRules | NetworkRules,
+                 sandbox_id: str, *, owner_uid: int | None = None,
+                 owner_gid: int | None = None) -> None:
         self.socket_path = socket_path
-        self.rules = EgressRules(allow)
+        self.rules = allow if isinstance(allow, EgressRules | NetworkRules) else EgressRules(allow)
+        """What decides each attempt: a profile's allowlist, or a session's policy within its
+        profile's bound. Replaced on a live proxy, it decides every later attempt."""
         self.sandbox_id = sandbox_id
         self.session_id: str | None = None
         """Set when the sandbox is handed to a session (log lines and attempts carry it)."""
@@ -81,8 +88,7 @@ class EgressProxy:
 
     def __repr__(self) -> str:
         state = "serving" if self._server else "stopped"
-        return (f"<EgressProxy {self.sandbox_id} {state} {len(self._handlers)} open, "
-                f"{len(self.rules.entries)} allowed>")
+        return f"<EgressProxy {self.sandbox_id} {state} {len(self._handlers)} open, {self.rules}>"
 
     @property
     def attempts(self) -> list[EgressAttempt]:
@@ -131,7 +137,7 @@ class EgressProxy:
             with contextlib.suppress(OSError):
                 private.rmdir()
         logger.info("egress proxy for sandbox %s on %s: %s", self.sandbox_id, self.socket_path,
-                    ", ".join(entry.text for entry in self.rules.entries))
+                    self.rules)
 
     async def _stop_server(self) -> None:
         server, self._server = self._server, None
@@ -225,6 +231,13 @@ class EgressProxy:
                                 session_id=self.session_id, method=method, host=host[:300],
                                 port=port, allowed=allowed, reason=reason, address=address)
         self._attempts.append(attempt)
+        # One span per decision (a no-op unless the process exports traces): ids, host, port
+        # and the verdict; never a path, header or body.
+        _tracer.start_span("replgate.egress", attributes={
+            "replgate.sandbox.id": self.sandbox_id, "replgate.session.id": self.session_id or "",
+            "replgate.egress.method": method[:16], "replgate.egress.host": attempt.host,
+            "replgate.egress.port": port or 0, "replgate.egress.allowed": allowed,
+            "replgate.egress.reason": reason[:300]}).end()
         logger.info("egress sandbox=%s session=%s %s %s:%s %s: %s", self.sandbox_id,
                     self.session_id or "-", method[:16], attempt.host, port,
                     "allowed" if allowed else "refused", reason)

@@ -106,6 +106,8 @@ class Forks(Slots):
             child = await self._open_session(kernel, env=parent.env, metadata=metadata,
                                              tenant=parent.tenant)
             children.append(child)
+            if parent.network is not None:  # a fork inherits the policy
+                await child.set_network(parent.network)
             held.add(child.id)
             self._held.add(child.id)
             await anyio.to_thread.run_sync(copy_workspace, parent.workspace, child.workspace)
@@ -137,6 +139,7 @@ class Forks(Slots):
             sandbox = await self.backend.create_stopped(spec)
             child = self._stopped_session(sandbox, parent.profile, env=parent.env,
                                           metadata=metadata, tenant=parent.tenant)
+            child.kernel.network = parent.network  # served when it first resumes
         children.append(child)
         await anyio.to_thread.run_sync(copy_workspace, parent.workspace, sandbox.workspace)
         child.pause_info = await anyio.to_thread.run_sync(

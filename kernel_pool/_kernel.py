@@ -15,10 +15,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from kernel_pool._allowlist import EgressRules
 from kernel_pool._caused import caused
 from kernel_pool._channels import KernelChannels, KernelDied, KernelState
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
 from kernel_pool._egress import SOCKET_NAME, EgressProxy
+from kernel_pool._network import PROXY_ENV, NetworkPolicy, NetworkRules, profile_bound
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
 
@@ -52,7 +54,11 @@ class Kernel(KernelChannels):
         self.on_death: Callable[[KernelDied], None] | None = None
         """Called when the kernel process dies unexpectedly (requests in flight learn it too)."""
         self.egress: EgressProxy | None = None
-        """The sandbox's egress proxy, for a profile with ``egress_allow``."""
+        """The sandbox's egress proxy, for a profile with ``egress_allow`` or a session with a
+        network policy."""
+        self.network: NetworkPolicy | None = None
+        """The session's network policy (None: the profile's ``egress_allow``), applied by
+        :meth:`set_network` and at every start."""
         self._died = asyncio.Event()
         """Set with :attr:`death`, for waiters beside the death watcher."""
 
@@ -296,14 +302,45 @@ class Kernel(KernelChannels):
         await self.sandbox.cleanup(restart=True)
 
     async def _ensure_egress(self) -> None:
-        """Serve the profile's egress proxy before the kernel (whose launcher looks for it)."""
-        if not self.profile.egress_allow:
+        """Serve the egress proxy (of the session's policy, else of the profile's
+        ``egress_allow``) before the kernel, whose launcher looks for it."""
+        if self.network is None and not self.profile.egress_allow:
+            if self.egress is not None:
+                egress, self.egress = self.egress, None
+                await egress.close()
             return
         if self.egress is None:
             self.egress = EgressProxy(Path(self.sandbox.info.socket_dir) / SOCKET_NAME,
-                                      self.profile.egress_allow, self.id,
-                                      owner_uid=SANDBOX_UID, owner_gid=SANDBOX_GID)
+                                      self._egress_rules(), self.id, owner_uid=SANDBOX_UID,
+                                      owner_gid=SANDBOX_GID)
+        else:
+            self.egress.rules = self._egress_rules()
         await self.egress.ensure()
+
+    def _egress_rules(self) -> EgressRules | NetworkRules:
+        if self.network is None:
+            return EgressRules(self.profile.egress_allow)
+        return NetworkRules(self.network, profile_bound(self.profile.egress_allow,
+                                                        self.profile.network_max))
+
+    async def set_network(self, policy: NetworkPolicy | None, session_id: str | None) -> None:
+        """Apply a network policy: the next connection is decided by it. A running kernel's
+        proxy is served (or stopped) at once; a stopped one's at its next start. The kernel's
+        environment gets the proxy's variables when it has a proxy (its launcher set them
+        only if the proxy was there when it started)."""
+        self.network = policy
+        if self.state is not KernelState.READY:
+            if self.egress is not None and (policy is not None or self.profile.egress_allow):
+                self.egress.rules = self._egress_rules()  # the start under way serves it
+            return
+        await self._ensure_egress()
+        if self.egress is not None:
+            self.egress.session_id = session_id
+            await self.set_env(self.proxy_env())
+
+    def proxy_env(self) -> dict[str, str]:
+        """The variables that route HTTP(S) through the sandbox's proxy (none without one)."""
+        return dict(PROXY_ENV) if self.egress is not None else {}
 
     async def close(self) -> None:
         """Remove the sandbox: container, workspace and sockets.

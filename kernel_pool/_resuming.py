@@ -183,9 +183,13 @@ class SessionResuming(SessionPausing):
             raise
         old, self.kernel = self.kernel, warm
         warm.on_death = self._kernel_died
-        if warm.egress is not None:
-            warm.egress.session_id = self.id
-        self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
+        try:
+            if old.network is not None:  # read at the swap: one set meanwhile is not lost
+                await warm.set_network(old.network, self.id)
+        finally:
+            if warm.egress is not None:
+                warm.egress.session_id = self.id
+            self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
 
     async def _resume_failed(self, handle: ExecutionHandle) -> bool:
         """Resume a paused session for an execution; if it cannot, end the execution (an

@@ -190,7 +190,7 @@ class SessionBase:
             execution_count=self.execution_count, status=self.status, pending=self.pending,
             pause_info=self.pause_info, reason=self.reason, transfer=self.transfer,
             sandbox=self.sandbox_info(), languages=self.languages, contexts=self.contexts,
-            node=self.node, tenant=self.tenant)
+            node=self.node, tenant=self.tenant, network=self.kernel.network)
 
     async def refresh(self) -> None:
         """Nothing to ask: its state is read where it is kept, in this process."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kernel_pool._commands import CommandEmit, CommandRun
 from kernel_pool._egress import EgressAttempt
 from kernel_pool._entries import Entry, FileInfo, split_relative
+from kernel_pool._network import NetworkPolicy
 from kernel_pool._resuming import SessionResuming
 from kernel_pool._usage import SandboxUsage, read_usage
 from kernel_pool._workspace import OLD_SANDBOX_PATH, SANDBOX_PATH
@@ -59,7 +60,8 @@ class SessionFiles(SessionResuming):
             raise InvalidRequest(f"command id {command_id!r} is already running")
         return CommandRun(self.kernel.sandbox, command, command_id=command_id,
                           timeout_s=timeout, caps=self.profile.caps,
-                          env={**self.env, **(env or {})}, cwd=folder, stdin=stdin, pty=pty)
+                          env={**self.kernel.proxy_env(), **self.env, **(env or {})},
+                          cwd=folder, stdin=stdin, pty=pty)
 
     async def kill_command(self, command_id: str) -> bool:
         """Stop a running command and its process group; False when none runs under that id."""
@@ -167,3 +169,16 @@ class SessionFiles(SessionResuming):
         """The latest connection attempts through the sandbox's egress proxy (none without)."""
         egress = self.kernel.egress
         return egress.attempts if egress is not None else []
+
+    @property
+    def network(self) -> NetworkPolicy | None:
+        """The session's network policy (None: its profile's ``egress_allow``, if any)."""
+        return self.kernel.network
+
+    async def set_network(self, policy: NetworkPolicy | None) -> None:
+        """Apply a network policy to the next connections (the caller checked its bound:
+        every attempt is decided within the profile's bound anyway). It stays with the
+        session across restarts, pauses and resumes."""
+        if self._closed:
+            raise SessionClosed(self.id)
+        await self.kernel.set_network(policy, self.id)

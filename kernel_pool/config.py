@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from kernel_pool._network import NetworkPolicy
 from kernel_pool._sandbox_image import current_image, named_image
 
 MAX_OUTPUT_BYTES_LIMIT = 48 * 1024 * 1024
@@ -74,6 +75,9 @@ class Profile(BaseModel):
     egress_allow: list[str] = Field(
         default_factory=list, description="hosts the sandbox may reach through the gateway's "
         "filtering proxy (host, *.suffix or IP, optional :port); empty: no network at all")
+    network_max: NetworkPolicy | None = Field(
+        None, description="the widest network policy a session of this profile may ask for "
+        "(kernel_pool._network); unset: the egress_allow hosts, which a session may narrow")
 
     @field_validator("memory", "tmp_size", "workspace_size")
     @classmethod

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from kernel_pool._egress import EgressAttempt
     from kernel_pool._entries import Entry, FileInfo
     from kernel_pool._handle import ExecutionHandle, Gate
+    from kernel_pool._network import NetworkPolicy
     from kernel_pool._sandbox_files import SandboxEntry, SandboxFsAnswer, SandboxFsRequest
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch
@@ -197,6 +198,16 @@ class SessionPort(Protocol):
     async def usage(self) -> SandboxUsage: ...
 
     async def egress_attempts(self) -> list[EgressAttempt]: ...
+
+    # -- its network policy (kernel_pool.network) ---------------------------------------------
+
+    @property
+    def network(self) -> NetworkPolicy | None:
+        """Its network policy (None: its profile's ``egress_allow``, if any)."""
+
+    async def set_network(self, policy: NetworkPolicy | None) -> None:
+        """Apply a network policy to its next connections (the caller checked it against the
+        profile's bound); kept across restarts, pauses, resumes, and inherited by forks."""
 
 
 class SessionHost(Protocol):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kernel_pool._network import NetworkPolicy
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.config import Profile
 
@@ -121,6 +122,9 @@ class SessionState(BaseModel):
     tenant: str = ""
     """An opaque label its host keeps for the gateway (the API key's tenant that made it; a
     fork's copies inherit it). kernel_pool never reads it."""
+    network: NetworkPolicy | None = None
+    """Its network policy (None: its profile's ``egress_allow``, if any); a fork's copies
+    inherit it."""
 
 
 class SnapshotSaved(BaseModel):

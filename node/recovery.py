@@ -126,6 +126,7 @@ async def _move(nodes: Nodes, record: SessionRecord, session: RemoteSession) -> 
     except (NotRestored, KernelPoolError) as exc:
         logger.warning("session %s stays on drained node %s: %s", record.id, old, exc)
         return session
+    await _network_again(moved, record)
     placed = await _settle(nodes, record, moved)
     if placed is moved:
         logger.info("session %s moved from drained node %s to node %s", record.id, old,
@@ -202,4 +203,17 @@ async def _lost(nodes: Nodes, record: SessionRecord,
     else:
         logger.warning("session %s: %s; restored from its bundle on node %s", record.id,
                        lost, session.node)
+    await _network_again(session, fresh)
     return await _settle(nodes, fresh, session)
+
+
+async def _network_again(session: RemoteSession, record: SessionRecord) -> None:
+    """A moved or recovered session's network policy, applied on its new node (kept in its
+    record; the new node's proxy serves it). Failing, it has its profile's network: no wider."""
+    if record.network is None:
+        return
+    try:
+        await session.set_network(record.network)
+    except Exception as exc:
+        logger.error("session %s: its network policy was not applied on node %s: %s",
+                     record.id, session.node, exc)

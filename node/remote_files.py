@@ -24,15 +24,17 @@ from kernel_pool import (
     EgressAttempt,
     Entry,
     FileInfo,
+    NetworkPolicy,
     NodeUnreachable,
     PtySize,
     SandboxUsage,
     SessionClosed,
+    SessionState,
     StreamEvent,
 )
 from node.client import NodeClient
 from node.remote_watch import RemoteWatch
-from node.wire import Killed, Made, Move, RunCommand, Written, error_from
+from node.wire import Killed, Made, Move, RunCommand, SetNetwork, Written, error_from
 
 _FILES = TypeAdapter(list[FileInfo])
 _EGRESS = TypeAdapter(list[EgressAttempt])
@@ -45,6 +47,7 @@ class SessionRequests:
     id: str
     client: NodeClient
     _closed: bool
+    _state: SessionState
 
     @property
     def node(self) -> str:
@@ -184,3 +187,15 @@ class SessionRequests:
         response = await self._call("GET", f"/sessions/{self.id}/egress",
                                           session_id=self.id)
         return _EGRESS.validate_json(response.content)
+
+    # -- its network policy, applied on its node (whose proxy serves it) ----------------------
+
+    @property
+    def network(self) -> NetworkPolicy | None:
+        return self._state.network
+
+    async def set_network(self, policy: NetworkPolicy | None) -> None:
+        state: SessionState = await self._call(
+            "PUT", f"/sessions/{self.id}/network", SessionState, session_id=self.id,
+            json=SetNetwork(policy=policy).model_dump(mode="json"))
+        self._state = state

@@ -56,6 +56,7 @@ from node.wire import (
     Relayed,
     RunCommand,
     SessionState,
+    SetNetwork,
     Started,
 )
 
@@ -148,6 +149,14 @@ async def usage(request: Request, session_id: str) -> SandboxUsage:
 @router.get("/sessions/{session_id}/egress")
 async def egress(request: Request, session_id: str) -> list[EgressAttempt]:
     return await _session(request, session_id).egress_attempts()
+
+
+@router.put("/sessions/{session_id}/network")
+async def set_network(request: Request, session_id: str, body: SetNetwork) -> SessionState:
+    """Apply the session's network policy to its proxy, here on its node."""
+    session = _session(request, session_id)
+    await session.set_network(body.policy)
+    return session.state()
 
 
 @router.post("/sessions/{session_id}/commands")

@@ -18,6 +18,7 @@ from kernel_pool import (
     CommandResult,
     Event,
     KernelPoolError,
+    NetworkPolicy,
     Profile,
     PtySize,
     SessionState,
@@ -209,3 +210,9 @@ class ChannelFrame(BaseModel):
     stream: int
     frame: Frame | None = None
     end: bool = False
+
+
+class SetNetwork(BaseModel):
+    """A session's network policy, set on the node that runs it (its proxy runs there)."""
+
+    policy: NetworkPolicy | None = None

@@ -23,12 +23,14 @@ from gateway.e2b._models import (
     ForkResult,
     ForkSandbox,
     ListedSandbox,
+    NetworkRequest,
     NewSandbox,
     PauseRequest,
     SandboxDetail,
     SandboxOut,
     TimeoutRequest,
 )
+from gateway.e2b._network import policy_for, refuse_unmappable
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
 from gateway.e2b._tenant import TenantDep
@@ -61,17 +63,14 @@ def _profile(gateway: Gateway, template: str) -> str:
 
 
 def _refuse_unsupported(body: NewSandbox) -> None:
-    """Refuse what a create asks for that replgate cannot give. ``allow_internet_access`` and
-    ``network.allow_public_traffic`` are not among them: older SDKs send the first on every
-    create, and the traffic token the second is about is always required here; the sandbox
-    gets its profile's network and the answer says what that is. Nor is ``mcp``: as on E2B,
-    the SDK itself starts the MCP gateway in the new sandbox (``mcp-gateway``), which
+    """Refuse what a create asks for that replgate cannot give. ``allow_internet_access``,
+    ``network.allow_out`` and ``deny_out`` map onto the session's network policy
+    (:mod:`._network`); ``network.allow_public_traffic`` is no refusal either: the traffic
+    token it is about is always required here, and the answer says so. Nor is ``mcp``: as on
+    E2B, the SDK itself starts the MCP gateway in the new sandbox (``mcp-gateway``), which
     replgate's images lack, so the SDK's create fails there and kills the sandbox."""
-    if body.network is not None and body.network.rules:
-        raise unsupported(
-            f"network rules ({', '.join(sorted(body.network.rules))})",
-            "a sandbox's network is its profile's (egress_allow in the policy file); leave "
-            "network unset, or give only allow_public_traffic")
+    if body.network is not None:
+        refuse_unmappable(body.network.rules)
     if body.volume_mounts:
         raise unsupported("volume mounts", "each sandbox has its own workspace at /home/user")
 
@@ -91,8 +90,11 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     profile = _profile(gateway, body.template_id)
     sandboxes.check_timeout(timeout)
     policy = lifecycle_asked(body, timeout)
+    asked = body.network or NetworkRequest()
+    network = policy_for(gateway.pool.profile(profile), asked.allow_out, asked.deny_out,
+                         body.allow_internet_access)
     session = await gateway.create_session(tenant, SessionCreate(
-        profile=profile, env=body.env_vars, metadata=dict(body.metadata)))
+        profile=profile, env=body.env_vars, metadata=dict(body.metadata), network=network))
     await sandboxes.set_lifecycle(tenant, session, policy)
     await sandboxes.set_timeout(tenant, session, timeout)
     return sandboxes.created(session)

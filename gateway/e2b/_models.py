@@ -33,18 +33,22 @@ class NetworkRequest(Lenient):
     allow_public_traffic: bool | None = Field(None, alias="allowPublicTraffic")
     """Whether the sandbox's URLs may be reached without its traffic token: on replgate the
     token is always needed, so the answer says ``false`` whatever was asked."""
+    allow_out: list[str] | None = Field(None, alias="allowOut")
+    deny_out: list[str] | None = Field(None, alias="denyOut")
+    """Both mapped onto the session's network policy (:mod:`gateway.e2b._network`)."""
     rules: dict[str, Any] = Field(default_factory=dict)
-    """Everything else the create asked for (``allowOut``, ``denyOut``, ``maskRequestHost``,
-    ...): E2B's network rules, which replgate does not offer; empty values count as unset."""
+    """Everything else the create asked for (``maskRequestHost``, ``rules``, ...), which
+    replgate does not map; empty values count as unset."""
 
     @model_validator(mode="before")
     @classmethod
     def _gather(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        public = {"allowPublicTraffic", "allow_public_traffic"}
-        return {**{k: v for k, v in data.items() if k in public},
-                "rules": {k: v for k, v in data.items() if k not in public
+        mapped = {"allowPublicTraffic", "allow_public_traffic", "allowOut", "allow_out",
+                  "denyOut", "deny_out"}
+        return {**{k: v for k, v in data.items() if k in mapped},
+                "rules": {k: v for k, v in data.items() if k not in mapped
                           and v not in (None, [], {}, "")}}
 
 
@@ -66,8 +70,9 @@ class NewSandbox(Lenient):
     auto_resume: AutoResumeRequest | None = Field(None, alias="autoResume")
     allow_internet_access: bool | None = None
     """Older SDKs (Python's 2.45.1 and JS's 2.45.0 among them) send ``true`` on every create
-    unless told otherwise, so it is no ask replgate can tell from a default: the sandbox gets
-    its profile's network either way, and the answer says which."""
+    unless told otherwise, so ``true`` is E2B's default ask: the internet where the profile
+    lets a session open it, else the profile's network, and the answer says which
+    (:mod:`gateway.e2b._network`)."""
     network: NetworkRequest | None = None
     mcp: dict[str, Any] | None = None
     """Read by no one: E2B's SDKs start the MCP gateway inside the sandbox themselves, after
@@ -105,9 +110,10 @@ class SandboxNetwork(BaseModel):
     allowPublicTraffic: bool = False
     """Always false: every in-sandbox request needs the sandbox's access token."""
     allowOut: list[str] = Field(default_factory=list)
-    """The hosts of the profile's ``egress_allow`` (through the gateway's filtering proxy)."""
+    """The session's policy's allow entries, else its profile's ``egress_allow`` (through the
+    gateway's filtering proxy)."""
     denyOut: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])
-    """Everything else."""
+    """Its deny entries, with everything else (``0.0.0.0/0``) when its default is deny."""
 
 
 class SandboxLifecycle(BaseModel):
@@ -155,8 +161,7 @@ class ListedSandbox(BaseModel):
 class SandboxDetail(ListedSandbox):
     envdAccessToken: str
     allowInternetAccess: bool = False
-    """Whether the sandbox reaches the whole internet: never on replgate (``network`` says
-    what it reaches)."""
+    """Whether the sandbox's policy is open by default (``network`` says what it reaches)."""
     domain: str | None = None
     network: SandboxNetwork = Field(default_factory=SandboxNetwork)
     lifecycle: SandboxLifecycle = Field(default_factory=SandboxLifecycle)

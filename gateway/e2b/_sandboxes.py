@@ -28,7 +28,8 @@ import anyio.to_thread
 from common.store import stored_time
 from gateway.e2b._errors import E2BError
 from gateway.e2b._lifecycle import SandboxPolicy, pause_at_timeout
-from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxNetwork, SandboxOut
+from gateway.e2b._models import ListedSandbox, SandboxDetail, SandboxOut
+from gateway.e2b._network import described
 from gateway.service import Gateway
 from kernel_pool import KernelPoolError, SessionNotFound, SessionPort, SessionStatus, parse_size
 
@@ -261,10 +262,11 @@ class Sandboxes:
 
     def created(self, session: SessionPort) -> SandboxOut:
         token = self.token(session.id)
+        internet, network = described(session)
         return SandboxOut(templateID=session.profile.name, sandboxID=session.id,
                           alias=session.profile.name, envdAccessToken=token,
                           trafficAccessToken=token, domain=self.gateway.settings.e2b_domain,
-                          network=_network(session))
+                          allowInternetAccess=internet, network=network)
 
     async def listed(self, sessions: list[SessionPort]) -> list[ListedSandbox]:
         """The sandboxes as ``Sandbox.list()`` describes them (their ends read at once)."""
@@ -285,14 +287,12 @@ class Sandboxes:
     async def detail(self, session: SessionPort) -> SandboxDetail:
         (listed,) = await self.listed([session])
         policy = await self.policy(session.id)
+        internet, network = described(session)
         return SandboxDetail(**listed.model_dump(), envdAccessToken=self.token(session.id),
-                             domain=self.gateway.settings.e2b_domain, network=_network(session),
-                             lifecycle=policy.described())
+                             domain=self.gateway.settings.e2b_domain, network=network,
+                             allowInternetAccess=internet, lifecycle=policy.described())
 
 
-def _network(session: SessionPort) -> SandboxNetwork:
-    """What the sandbox reaches: its profile's egress hosts, nothing else."""
-    return SandboxNetwork(allowOut=list(session.profile.egress_allow))
 
 
 def _in(seconds: float) -> str:

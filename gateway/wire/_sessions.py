@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kernel_pool import NetworkPolicy
+
 from ._base import EnvName, Strict, Timeout
 
 SESSION_STATES = ("idle", "busy", "starting", "dead", "paused")
@@ -21,6 +23,9 @@ class SessionCreate(Strict):
     env: dict[EnvName, Annotated[str, Field(max_length=32_768)]] = Field(
         default_factory=dict, max_length=256)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    network: NetworkPolicy | None = Field(
+        None, description="what the sandbox may reach (within the profile's bound); "
+        "none: the profile's network")
 
 
 class BudgetOut(BaseModel):

@@ -154,7 +154,7 @@ def _plain_format_calls() -> None:
 
 
 def _start_egress() -> None:
-    """Under an egress profile, route HTTP(S) through the gateway's proxy (see egress.py)."""
+    """Forward 127.0.0.1:3128 to the gateway's egress proxy, now or once it serves (egress.py)."""
     if "-f" in sys.argv[1:-1]:
         from replgate_kernel import egress
 

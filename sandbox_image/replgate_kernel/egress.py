@@ -1,12 +1,16 @@
 """The sandbox's side of egress: ``127.0.0.1:3128`` piped to the gateway's filtering proxy.
 
 The container has no network (``--network none``), only its own loopback. When the gateway
-serves an egress proxy for this sandbox (a profile with ``egress_allow``), its Unix socket sits
-beside the kernel's connection file (``/kernel/egress.sock``). Then a thread of the kernel
-process listens on ``127.0.0.1:3128`` and pipes each connection, byte for byte, to that
-socket; ``HTTP_PROXY``/``HTTPS_PROXY`` point there, so ``requests``, ``urllib``, ``pip`` and
-``curl`` go through the gateway, which decides. Nothing here filters or can widen anything:
-code that skips the proxy has no route at all.
+serves an egress proxy for this sandbox (a profile with ``egress_allow``, or a session's
+network policy), its Unix socket sits beside the kernel's connection file
+(``/kernel/egress.sock``). A thread of the kernel process always listens on ``127.0.0.1:3128``
+and pipes each connection, byte for byte, to that socket, looked up per connection: so a warm
+kernel started with no proxy gets one when a session with a policy claims it, without a
+restart (the gateway then sets the variables below in the kernel). When the proxy is there
+at the start, ``HTTP_PROXY``/``HTTPS_PROXY`` point at the forwarder from the start, so
+``requests``, ``urllib``, ``pip`` and ``curl`` go through the gateway, which decides. Without
+a proxy a connection is answered ``403 No network for this sandbox``. Nothing here filters or
+can widen anything: code that skips the proxy has no route at all.
 """
 
 import contextlib
@@ -22,11 +26,15 @@ SOCKET_NAME = "egress.sock"
 CHUNK = 64 * 1024
 
 
+NO_NETWORK = (b"HTTP/1.1 403 No network for this sandbox\r\nContent-Type: text/plain\r\n"
+              b"Content-Length: 70\r\nX-Replgate-Egress: refused\r\nConnection: close\r\n\r\n"
+              b"replgate egress refused: this sandbox's session has no network policy\n")
+
+
 def start(kernel_dir: str) -> bool:
-    """Forward 127.0.0.1:3128 to ``kernel_dir/egress.sock`` if it exists; True if it does."""
+    """Forward 127.0.0.1:3128 to ``kernel_dir/egress.sock``; set the proxy variables if the
+    socket exists now (True then)."""
     path = os.path.join(kernel_dir, SOCKET_NAME)
-    if not os.path.exists(path):
-        return False
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -38,6 +46,8 @@ def start(kernel_dir: str) -> bool:
         return False
     threading.Thread(target=_accept, args=(listener, path), name="replgate-egress",
                      daemon=True).start()
+    if not os.path.exists(path):
+        return False
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         os.environ[name] = PROXY_URL
     for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
@@ -59,6 +69,8 @@ def _pipe(client: socket.socket, path: str) -> None:
     try:
         upstream.connect(path)
     except OSError:
+        with contextlib.suppress(OSError):
+            client.sendall(NO_NETWORK)
         client.close()
         upstream.close()
         return

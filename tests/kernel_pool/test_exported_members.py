@@ -17,7 +17,8 @@ EXPORTED = [
     "ExecutionError", "ExecutionHandle", "ExecutionIdTaken", "ExecutionStatus", "FileChange",
     "FileInfo", "FileMissing", "FileTooLarge", "Gate", "ImageError", "InvalidRequest",
     "KernelPool", "KernelPoolError", "KernelStartError", "KernelUnavailable", "Listener",
-    "ExecutionQueue", "NoNodeAvailable", "NodeRecord", "NodeUnreachable", "NotDrainable",
+    "ExecutionQueue", "NetworkPolicy", "NoNodeAvailable", "NodeRecord", "NodeUnreachable",
+    "NotDrainable",
     "Output",
     "OutputCaps", "OutputEvent", "PathOutsideWorkspace", "PauseInfo", "PayloadTooLarge",
     "PendingApprovalEvent", "PoolLimits", "PoolSettings", "Profile", "ProfileNotFound", "PtySize",
@@ -30,7 +31,7 @@ EXPORTED = [
     "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage",
     "UnknownNode",
     "UpdateDisplayEvent", "WatchEvent",
-    "WorkspaceError", "WorkspaceFull", "parse_size",
+    "WorkspaceError", "WorkspaceFull", "parse_size", "policy_beyond", "profile_bound",
     # Shared by both sides of the port (the gateway's RemoteSession holds executions at the
     # gate and checks languages as the node would; the E2B face sets a call's variables in
     # the kernel's language):

@@ -15,7 +15,7 @@ import docker
 import pytest
 from kp_support import own_session, pausing_pool, run_ok
 
-from kernel_pool import KernelPool, Session
+from kernel_pool import KernelPool, NetworkPolicy, Session
 from kernel_pool.backends.docker import DockerBackend, DockerSandbox
 from kernel_pool.backends.docker._template import (
     TEMPLATE_PID,
@@ -152,6 +152,18 @@ async def test_a_sandbox_with_an_environment_of_its_own_gets_it_in_a_restored_ke
                 await template_pool.delete_session(copy.id)
     finally:
         await template_pool.delete_session(parent.id)
+
+
+async def test_a_policy_attached_at_claim_reaches_the_proxy_from_a_restored_kernel(
+        session: Session) -> None:
+    assert sandbox_of(session).from_template
+    await session.set_network(NetworkPolicy(allow=["192.0.2.1:9"]))
+    # The template's forwarder (listening since before the checkpoint) reaches the proxy
+    # attached at the claim, which decides: this address is not on the policy.
+    out = await run_ok(session, "import requests\n"
+                       "print(requests.get('http://198.51.100.7/', timeout=10).text)")
+    assert out.startswith("replgate egress refused 198.51.100.7:80"), out
+    assert sandbox_of(session).from_template  # no restart, no boot
 
 
 async def test_a_template_that_fails_to_restore_is_dropped_and_kernels_boot(

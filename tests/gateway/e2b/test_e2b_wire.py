@@ -76,15 +76,34 @@ def test_an_sdks_defaults_create_and_the_answer_says_what_the_sandbox_got(
         api.delete(f"/sandboxes/{sandbox_id}")
 
 
-@pytest.mark.parametrize(("network", "named"), [
-    ({"allowOut": ["1.1.1.1"]}, "allowOut"),
-    ({"denyOut": ["10.0.0.0/8"], "maskRequestHost": "x"}, "denyOut, maskRequestHost"),
-])
-def test_network_rules_are_400_naming_them(api: httpx.Client, network: dict[str, object],
-                                           named: str) -> None:
-    answer = api.post("/sandboxes", json={"templateID": "base", "network": network})
+def test_network_options_that_cannot_map_are_400_naming_them(api: httpx.Client) -> None:
+    answer = api.post("/sandboxes", json={"templateID": "base", "network": {
+        "denyOut": ["10.0.0.0/8"], "maskRequestHost": "x"}})
     assert answer.status_code == 400
-    assert f"network rules ({named})" in answer.json()["message"]
+    assert "network options maskRequestHost" in answer.json()["message"]
+
+
+@pytest.mark.parametrize(("network", "named"), [
+    ({"allowOut": ["1.1.1.1"]}, "'default': 'allow' is wider than this profile allows"),
+    ({"allowOut": ["1.1.1.1"], "denyOut": ["0.0.0.0/0"]}, "allow entry '1.1.1.1' is beyond"),
+])
+def test_network_wider_than_the_profile_is_403_naming_the_entry(
+        api: httpx.Client, network: dict[str, object], named: str) -> None:
+    answer = api.post("/sandboxes", json={"templateID": "base", "network": network})
+    assert answer.status_code == 403
+    assert named in answer.json()["message"]
+
+
+def test_closing_the_network_maps_onto_a_policy(api: httpx.Client) -> None:
+    for body in ({"network": {"denyOut": ["0.0.0.0/0"]}}, {"allow_internet_access": False}):
+        created = api.post("/sandboxes", json={"templateID": "base", **body})
+        assert created.status_code == 201, created.text
+        sandbox_id = created.json()["sandboxID"]
+        try:
+            assert created.json()["network"]["denyOut"] == ["0.0.0.0/0"]
+            assert api.get(f"/sandboxes/{sandbox_id}").json()["allowInternetAccess"] is False
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")
 
 
 def test_missing_key_is_401_in_e2b_shape(gateway: GatewayProcess) -> None:

@@ -292,9 +292,10 @@ def test_private_traffic_is_what_every_sandbox_has(gateway: GatewayProcess) -> N
         assert untokened.status_code == 401
 
 
-def test_network_rules_are_refused_with_a_sentence() -> None:
-    with pytest.raises(SandboxException, match=r"network rules \(allowOut\)"):
-        Sandbox.create(network={"allow_out": ["1.1.1.1"]})
+def test_network_wider_than_the_profile_is_refused_with_a_sentence() -> None:
+    with pytest.raises(SandboxException, match=r"allow entry '1.1.1.1' is beyond what this "
+                                               r"profile allows"):
+        Sandbox.create(network={"allow_out": ["1.1.1.1"], "deny_out": ["0.0.0.0/0"]})
 
 
 def test_wrong_api_key_is_refused(e2b_env: dict[str, str]) -> None:
