@@ -200,8 +200,11 @@ async def _lifecycle_only(wanted: set[str], sizes: figures.Sizes, args: argparse
                           "pause_with", pause_with(variables, memory, sizes.starts_cold))
     if "pause_sizes" in wanted:
         log("pause and resume at 200 MiB and 1 GiB, against the disk")
-        results["pause_sizes"] = await pause_sizes()
+        sizes_mib = tuple(int(mib) for mib in args.pause_sizes.split(","))
+        results["pause_sizes"] = await pause_sizes(sizes_mib, memory_pause=not args.no_memory_pause)
         log(json.dumps(results["pause_sizes"], indent=2))
+        for line in results["pause_sizes"]["verdicts"]:
+            log(line)
     if "held" in wanted:
         log(f"{args.held_sessions} paused sessions held")
         results["held"] = await held(args.held_sessions, args.held_sample)
@@ -228,6 +231,10 @@ def main() -> None:
                         help="paused sessions the held figure makes")
     parser.add_argument("--held-sample", type=int, default=8,
                         help="held sessions resumed (spread over the lot)")
+    parser.add_argument("--pause-sizes", default="200,1024",
+                        help="MiB the variables pauses of --only pause_sizes hold, e.g. 200")
+    parser.add_argument("--no-memory-pause", action="store_true",
+                        help="--only pause_sizes without its 200 MiB memory pause")
     parser.add_argument("--cycles", type=int, default=100,
                         help="pause/resume cycles of --only cycles (--quick: 20)")
     parser.add_argument("--fork-chain", type=int, default=10,

@@ -31,14 +31,8 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from kernel_pool._streams import (
-    SUFFIXES,
-    ChunkReader,
-    FileChunkReader,
-    FileChunkWriter,
-    Progress,
-    copy,
-)
+from kernel_pool._chunk_files import FileChunkReader, FileChunkWriter
+from kernel_pool._streams import SUFFIXES, ChunkReader, Progress, copy
 from kernel_pool._variables import load_stream, save_stream
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 from kernel_pool.state import PauseInfo

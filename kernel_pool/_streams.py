@@ -15,23 +15,21 @@ is. Every call here blocks: callers run them in worker threads.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import shutil
+import stat
 import subprocess
 import threading
 import zlib
 from collections.abc import Callable
 from typing import Protocol
 
-from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
+from kernel_pool._chunk_files import CHUNK, FileChunkReader, FileChunkWriter
+from kernel_pool.exceptions import SnapshotError
 
-CHUNK = 1 << 20
 STOP_POLL_MS = 100
 """How often a read from the sandbox's side that waits looks whether it was stopped."""
-WRITEBACK_BYTES = 32 << 20
-"""A written file is handed to the disk this often, so the final fsync has little left."""
 HEAD_BYTES = 4 << 20
 """What of a snapshot's stream is read before it is known whether to compress it."""
 SAMPLE_BYTES = 128 << 10
@@ -67,93 +65,6 @@ class ChunkReader(Protocol):
         """The next bytes, at most ``size``; ``b""`` at the end."""
 
     def close(self) -> None: ...
-
-
-def _storage_error(exc: OSError) -> SnapshotError:
-    """The file system's words without the path: the host's folders are not the tenant's."""
-    error = SnapshotBudgetExceeded if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
-        else SnapshotError
-    return error("the snapshot could not be written to the state directory: "
-                 f"{exc.strerror or type(exc).__name__}")
-
-
-class FileChunkWriter:
-    """A file (0600) written as ``<path>.part``, renamed to ``path`` when committed.
-    ``reserve`` is asked before each chunk is written (a budget's check)."""
-
-    def __init__(self, path: os.PathLike[str] | str,
-                 reserve: Callable[[int], None] = lambda _n: None) -> None:
-        self.path = os.fspath(path)
-        self.partial = self.path + ".part"
-        self._reserve = reserve
-        self.written = 0
-        self._synced = 0
-        try:
-            self._fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                               | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise _storage_error(exc) from exc
-
-    def write(self, chunk: bytes) -> None:
-        self._reserve(len(chunk))
-        view = memoryview(chunk)
-        try:
-            while view:
-                view = view[os.write(self._fd, view):]
-        except OSError as exc:
-            raise _storage_error(exc) from exc
-        self.written += len(chunk)
-        if self.written - self._synced >= WRITEBACK_BYTES:
-            # Start the disk's writing now (and keep the page cache lean): the fsync at
-            # the commit then waits for the last few megabytes only.
-            os.posix_fadvise(self._fd, self._synced, self.written - self._synced,
-                             os.POSIX_FADV_DONTNEED)
-            self._synced = self.written
-
-    def commit(self, path: os.PathLike[str] | str | None = None) -> int:
-        """Make the file durable under its name (or under ``path``); its size."""
-        try:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-            os.replace(self.partial, self.path if path is None else path)
-        except OSError as exc:
-            self.abort()
-            raise _storage_error(exc) from exc
-        return self.written
-
-    def abort(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.partial)
-
-
-class FileChunkReader:
-    """A stored file's bytes (:class:`SnapshotError` when it cannot be opened)."""
-
-    def __init__(self, path: os.PathLike[str] | str) -> None:
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            self.size = os.fstat(self._fd).st_size
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead
-        except OSError as exc:
-            raise SnapshotError(f"the session's snapshot cannot be read: "
-                                f"{exc.strerror or exc}") from exc
-
-    def read(self, size: int = CHUNK) -> bytes:
-        return os.read(self._fd, size)
-
-    def send(self, target: int, size: int = CHUNK) -> int:
-        """Move the next bytes, at most ``size``, into ``target`` within the kernel (no copy
-        through this process); how many (0 at the end)."""
-        return os.sendfile(target, self._fd, None, size)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class Pump:
@@ -211,12 +122,24 @@ class Pump:
             os.close(source)
             raise
         if ZSTD is None or not worth_compressing(head):
+            # From a pipe into a file, the bytes move within the kernel: at 1 GiB, the two
+            # copies through this process took about as long as the disk's own writing.
+            spliced = writer if isinstance(writer, FileChunkWriter) and _is_pipe(source) \
+                else None
             try:
                 writer.write(head)
                 done = len(head)
-                while chunk := self._read_unless_stopped(source):
-                    writer.write(chunk)
-                    done += len(chunk)
+                while True:
+                    if spliced is not None:
+                        self._wait_unless_stopped(source)
+                        moved = spliced.splice_from(source)
+                    else:
+                        chunk = self._read_unless_stopped(source)
+                        writer.write(chunk)
+                        moved = len(chunk)
+                    if not moved:
+                        break
+                    done += moved
                     if progress is not None:
                         progress(done)
             finally:
@@ -260,6 +183,11 @@ class Pump:
     def _read_unless_stopped(self, source: int) -> bytes:
         """The next bytes of ``source`` (empty at its end); a read that would wait is polled,
         so that :meth:`stop` ends it (no codec process to kill here)."""
+        self._wait_unless_stopped(source)
+        return _read(source)
+
+    def _wait_unless_stopped(self, source: int) -> None:
+        """Wait until ``source`` has bytes or its end, polling whether it was stopped."""
         poller = select.poll()
         poller.register(source, select.POLLIN | select.POLLHUP)
         while not poller.poll(STOP_POLL_MS):
@@ -267,7 +195,6 @@ class Pump:
                 raise SnapshotError("the snapshot was stopped")
         if self.stopped:
             raise SnapshotError("the snapshot was stopped")
-        return _read(source)
 
     def into(self, reader: ChunkReader, suffix: str, target: int,
              progress: Progress | None = None) -> None:
@@ -362,6 +289,10 @@ def worth_compressing(head: bytes) -> bool:
     samples = (head[-SAMPLE_BYTES:], head[len(head) // 2:len(head) // 2 + SAMPLE_BYTES])
     packed = sum(len(zlib.compress(sample, 1)) for sample in samples)
     return packed <= 0.9 * sum(len(sample) for sample in samples)
+
+
+def _is_pipe(fd: int) -> bool:
+    return stat.S_ISFIFO(os.fstat(fd).st_mode)
 
 
 def _read(fd: int) -> bytes:

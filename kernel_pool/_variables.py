@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from kernel_pool._chunk_files import FileChunkWriter
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
-from kernel_pool._streams import ChunkReader, FileChunkWriter, Progress, Pump
+from kernel_pool._streams import ChunkReader, Progress, Pump
 from kernel_pool._workspace import Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 from kernel_pool.state import PauseInfo

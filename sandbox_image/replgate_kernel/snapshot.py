@@ -8,7 +8,9 @@ where the sandbox cannot share a pipe with the host (gVisor), a file in the work
 No second copy of the data is ever made in the sandbox: the pickle is protocol 5, and every
 buffer a value exposes (numpy arrays, and pandas frames through them) goes out of band,
 written to the stream straight from the value's own memory, and read back into one buffer
-that the loaded value then uses as its memory. The stream (:data:`MAGIC`, then records):
+that the loaded value then uses as its memory (an array of plain Python values, a string
+column, is the exception: pickled whole by the C pickler, those bytes go out of band, one
+array at a time; see :mod:`replgate_kernel.plain`). The stream (:data:`MAGIC`, then records):
 
 - ``P`` + length + pickle bytes;
 - ``B`` + length + one out-of-band buffer, always before the pickle bytes that use it;
@@ -35,6 +37,8 @@ from typing import Any
 
 import dill
 from IPython import get_ipython
+
+from replgate_kernel import plain
 
 MAX_REASON = 200
 # The kernel's own folders in /tmp (made at its start, see __main__): not the user's files.
@@ -194,6 +198,9 @@ class _Writer:
         _check_memory()
         with buffer.raw() as view:
             self._record(b"B", view)
+        # The pickler's memo keeps the reduce tuple holding this buffer to the dump's end:
+        # released, it no longer keeps its object (a plain array's pickle) alive that long.
+        buffer.release()
         return False
 
     def void(self) -> None:
@@ -327,6 +334,8 @@ class _Pickler(dill.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: object) -> Any:
         numpy = sys.modules.get("numpy")
         if numpy is not None and type(obj) is numpy.ndarray:
+            if obj.dtype.hasobject:
+                return plain.reduced(obj, memory_free, MIN_FREE_BYTES) or NotImplemented
             return obj.__reduce_ex__(5)
         if isinstance(obj, io.IOBase) and obj.closed and isinstance(
                 getattr(obj, "name", None), str) and isinstance(getattr(obj, "mode", None), str):

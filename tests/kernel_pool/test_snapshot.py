@@ -130,6 +130,17 @@ def test_a_snapshot_outgrowing_the_budget_midway_stops_and_leaves_nothing(
     assert list(store.root.iterdir()) == [] and store.used_bytes() == 0
 
 
+def test_a_stream_stored_as_it_is_stops_past_the_budget_after_its_head(
+        tmp_path: Path) -> None:
+    # Past its head, a stream stored as it is moves from the pipe into the file within the
+    # kernel (splice): the budget is still counted as it goes.
+    store = SnapshotStore(tmp_path / "snapshots", HEAD_BYTES + (2 << 20))
+
+    with pytest.raises(SnapshotBudgetExceeded, match="REPLGATE_SNAPSHOT_BUDGET"):
+        save(store, "s1", os.urandom(4 * HEAD_BYTES))
+    assert list(store.root.iterdir()) == [] and store.used_bytes() == 0
+
+
 def test_a_deleted_snapshot_makes_room_in_the_budget_at_once(tmp_path: Path) -> None:
     first = save(SnapshotStore(tmp_path / "probe", 2**20), "s", os.urandom(4096))
     one = first.image_bytes + len(first.model_dump_json())

@@ -6,7 +6,8 @@ import os
 import threading
 from pathlib import Path
 
-from kernel_pool._streams import FileChunkReader, Pump
+from kernel_pool._chunk_files import FileChunkReader
+from kernel_pool._streams import Pump
 
 SIZE = 256 * 1024 + 17
 ROUNDS = 200
