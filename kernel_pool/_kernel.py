@@ -336,7 +336,7 @@ class Kernel(KernelChannels):
         await self._ensure_egress()
         if self.egress is not None:
             self.egress.session_id = session_id
-            await self.set_env(self.proxy_env())
+            self.post_env(self.proxy_env())
 
     def proxy_env(self) -> dict[str, str]:
         """The variables that route HTTP(S) through the sandbox's proxy (none without one)."""
