@@ -14,7 +14,6 @@ class SandboxEntry(Entry):
     """A file or folder of the sandbox: ``path`` absolute; a link followed (``resolved`` the
     absolute path it leads to, its ``kind``, ``size`` and ``mode`` the target's)."""
 
-    resolved: str | None = None
     owner: int = 0
     """Its owner's uid in the sandbox (the sandbox's user is 1000, root 0)."""
     group: int = 0

@@ -20,7 +20,6 @@ from gateway.e2b import _sandbox_paths as sandbox
 from gateway.e2b._access import ENVD_PORT, find_sandbox, services
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._paths import to_e2b, to_workspace
-from gateway.e2b._sandbox_paths import in_sandbox
 from gateway.file_bodies import file_response, read_upload
 
 METADATA_HEADER = "x-metadata-"
@@ -35,7 +34,7 @@ async def download(request: Request, path: str = "") -> Response:
     tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     if not path:
         raise E2BError(400, "the query parameter path is required")
-    if in_sandbox(path):  # beyond the workspace: through the container, streamed
+    if sandbox.in_sandbox(path):  # beyond the workspace: through the container, streamed
         return await sandbox.download(session, path, gateway.settings.max_download_bytes)
     data = await gateway.read_file(tenant, session.id, to_workspace(path))
     return await file_response(request, data)
@@ -46,7 +45,7 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
     gateway, sandboxes = services(request)
     _tenant, session = await find_sandbox(request.headers, gateway, sandboxes, ENVD_PORT)
     multipart = request.headers.get("content-type", "").startswith("multipart/form-data")
-    if in_sandbox(path) and not multipart:  # beyond the workspace: streamed into the container
+    if sandbox.in_sandbox(path) and not multipart:  # beyond the workspace: streamed in
         return await sandbox.upload(request, session, path, gateway.settings.max_upload_bytes)
     # Header names come lowercased, as envd lowercases metadata keys.
     metadata = {name.removeprefix(METADATA_HEADER): value
@@ -72,7 +71,7 @@ async def upload(request: Request, path: str = "") -> list[dict[str, Any]]:
         if not name:
             raise E2BError(400, "a file without a path: name it with ?path= or in the part's "
                                 "filename")
-        if in_sandbox(name):
+        if sandbox.in_sandbox(name):
             written.append(await sandbox.upload_part(session, name, data))
             continue
         relative = to_workspace(name)

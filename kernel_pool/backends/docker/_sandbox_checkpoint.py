@@ -196,7 +196,15 @@ class SandboxCheckpoints(DockerSandboxBase):
             raise
         except (CheckpointError, OSError) as exc:
             raise checkpoint_failure(exc) from exc
-        await in_thread(discard, dump)
+        try:
+            await in_thread(discard, dump)
+        except asyncio.CancelledError:
+            # Too late to stop: the archive is whole and the dump gone (``in_thread`` waits
+            # for the discard). Cancelled now, the caller would keep the dump's path and a
+            # resume would restore from a folder that no longer exists, losing the image.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
         return image
 
     async def discard_checkpoint(self, dump: Path) -> None:
