@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from common.settings import FLAT_NAMES, Settings
-from kernel_pool import OutputCaps, PoolLimits, Profile
+from kernel_pool import NetworkPolicy, OutputCaps, PoolLimits, Profile
 
 SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
 
@@ -31,6 +31,8 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
         return '["example.com"]', ["example.com"]
     if Path in get_args(annotation):  # a folder, unset by default
         return "/srv/other-value", Path("/srv/other-value")
+    if NetworkPolicy in get_args(annotation):  # a profile's network bound, unset by default
+        return '{"default": "allow"}', NetworkPolicy(default="allow")
     return "other-value", "other-value"
 
 
@@ -134,3 +136,13 @@ def test_raised_output_cap_raises_the_total_with_it(monkeypatch: pytest.MonkeyPa
 
     assert (caps.display_bytes, caps.display_total_bytes) == (32 * 2**20, 64 * 2**20)
     assert OutputCaps().display_total_bytes == 16 * 2**20
+
+
+def test_the_database_and_bundle_store_hosts_are_guarded(monkeypatch: pytest.MonkeyPatch,
+                                                         ) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://store.internal:8333")
+    settings = Settings(database_url="postgresql://u:p@db.internal:5432/x",
+                        bundle_store="s3://bucket/prefix", bundle_key="A" * 44,
+                        pool={"egress_guarded": ["10.9.0.0/16"]})
+    assert settings.pool_settings().egress_guarded == ["10.9.0.0/16", "db.internal",
+                                                       "store.internal"]
