@@ -77,7 +77,7 @@ def create(client: httpx.Client, **body: object) -> str:
 
 def fetch(client: httpx.Client, sid: str, *urls: str) -> list[str]:
     answer = client.post(f"/v1/sessions/{sid}/execute",
-                         json={"code": GET.format(urls=list(urls)), "timeout_s": 40})
+                         json={"code": GET.format(urls=list(urls)), "timeout_s": 90})
     assert answer.status_code == 200, answer.text
     return str(answer.json()["stdout"]).strip().split("\n")
 
