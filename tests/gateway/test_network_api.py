@@ -61,7 +61,7 @@ def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
 
 @pytest.fixture(scope="module")
 def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
+    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=120) as c:
         yield c
 
 
