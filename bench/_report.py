@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.cycles import cycle_targets
+
 
 def _get(results: dict[str, Any], path: str) -> Any:
     value: Any = results
@@ -104,6 +106,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for name, key, limit in LIFECYCLE_TARGETS:
         value = _get(results, key)
         add(name, value, f"<= {limit:g}", None if value is None else value <= limit)
+    for name, value, goal, met in cycle_targets(results):
+        add(name, value, goal, met)
     held = _get(results, "held.sessions")
     correct, _, tried = str(_get(results, "held.resumed_correct")).partition("/")
     add("paused sessions held, 8 running kernels, sample resumed", held, ">= 2000",

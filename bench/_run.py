@@ -22,16 +22,18 @@ from bench._measure import load_average, machine, wait_quiet
 from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
 from bench._sizes import pause_sizes
+from bench.cycles import cycles
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
-ON_REQUEST = ("held", "pause_with", "pause_sizes")
+ON_REQUEST = ("held", "pause_with", "pause_sizes", "cycles")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
 workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU;
-``pause_sizes`` holds gigabytes of memory and writes them to disk)."""
+``pause_sizes`` holds gigabytes of memory and writes them to disk; ``cycles``: a hundred
+pause/resume cycles on one session, memory pauses among them)."""
 
 
 def log(message: str) -> None:
@@ -57,6 +59,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
         await _e2b_only(sizes, results)
+        return _finish(results, started)
+    if wanted == {"cycles"}:  # pause/resume cycles and a fork chain on one gateway of its own
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        count = 20 if args.quick else args.cycles
+        log(f"{count} pause/resume cycles, a chain of {args.fork_chain} forks")
+        await _loaded(results, "cycles", "cycles", cycles(count, args.fork_chain, log))
         return _finish(results, started)
     if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
@@ -219,6 +228,10 @@ def main() -> None:
                         help="paused sessions the held figure makes")
     parser.add_argument("--held-sample", type=int, default=8,
                         help="held sessions resumed (spread over the lot)")
+    parser.add_argument("--cycles", type=int, default=100,
+                        help="pause/resume cycles of --only cycles (--quick: 20)")
+    parser.add_argument("--fork-chain", type=int, default=10,
+                        help="forks of forks of --only cycles")
     parser.add_argument("--sessions", help="throughput session counts, e.g. 1,8,32")
     parser.add_argument("--wait-quiet", action="store_true",
                         help="first wait for the load average to drop (see --quiet-load)")

@@ -37,7 +37,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, event, inspect, make_url, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, DisconnectionError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 __all__ = ["LEGACY_REVISION", "Database", "DatabaseError", "StoreError", "Write", "database_url"]
@@ -78,8 +78,10 @@ def database_url(target: str | Path | URL) -> URL:
         return URL.create("sqlite+aiosqlite", database=str(target))
     try:
         url = make_url(target)
-    except ArgumentError as exc:
-        raise DatabaseError(f"REPLGATE_DATABASE_URL is not a database URL ({exc})") from None
+    except (ArgumentError, ValueError) as exc:  # (a port that is not a number: ValueError)
+        raise DatabaseError(f"REPLGATE_DATABASE_URL is not a database URL ({exc}): write "
+                            "postgresql://user:password@host:5432/database or "
+                            "sqlite:////path/to/file.db") from None
     backend = url.get_backend_name()
     if backend in ("postgresql", "postgres"):
         return url.set(drivername="postgresql+psycopg")
@@ -119,13 +121,22 @@ class Database:
         with its folder, if needed) and migrate the schema to this replgate's head.
 
         Raises:
-            DatabaseError: the database's schema is newer than this replgate knows.
+            DatabaseError: the database cannot be reached or used (the message names the
+                setting to change), or its schema is newer than this replgate knows.
         """
         url = database_url(target)
+        # What to change when it cannot be opened: a URL is the setting's, a path the state
+        # directory's.
+        setting = ("REPLGATE_DATABASE_URL" if isinstance(target, str | URL) and "://" in str(target)
+                   else "REPLGATE_STATE_DIR")
         if url.get_backend_name() == "sqlite":
             path = Path(url.database or "")
-            await anyio.to_thread.run_sync(
-                lambda: path.parent.mkdir(parents=True, exist_ok=True))
+            try:
+                await anyio.to_thread.run_sync(
+                    lambda: path.parent.mkdir(parents=True, exist_ok=True))
+            except OSError as exc:
+                raise DatabaseError(f"{setting}: cannot make the folder of the database "
+                                    f"{path} ({exc.strerror or exc})") from exc
             # No reset on return to the pool: every statement commits on its own, and a
             # transaction always ends in its commit or rollback.
             engine = create_async_engine(url, pool_reset_on_return=None)
@@ -136,6 +147,14 @@ class Database:
         database = cls(engine)
         try:
             await database._migrate()
+        except DBAPIError as exc:  # unreachable, refused, no such database, no right to it
+            await engine.dispose()
+            reason = " ".join(str(exc.orig or exc).split())
+            raise DatabaseError(
+                f"{setting}: cannot use the database "
+                f"{url.render_as_string(hide_password=True)} ({reason}); check that it "
+                "runs, is reachable from here and that the user may create tables in it"
+            ) from exc
         except BaseException:
             await engine.dispose()
             raise

@@ -297,7 +297,7 @@ def load_policy(path: Path | None) -> Policy:
     """The policy in ``path`` (None: the empty policy). PolicyError says what is wrong."""
     if path is None:
         return Policy()
-    where = f"policy file {path}"
+    where = f"policy file {path} (REPLGATE_POLICY_FILE)"
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:

@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from pydantic_settings.exceptions import SettingsError as SourceError
 
 from common.paths import default_state_dir
 from kernel_pool import NetworkPolicy, PoolLimits, PoolSettings, Profile, parse_size
+from kernel_pool.config import check_bundle_store, decode_bundle_key
 
 ENV_PREFIX = "REPLGATE_"
 
@@ -100,7 +103,7 @@ class Settings(BaseSettings):
         "client never sends a request on a connection the gateway is closing that moment")
 
     e2b_domain: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$",
+        None,
         description="the domain under which the gateway answers E2B's host names, for E2B's "
         "SDK releases 2.0 to 2.6 (E2B_DOMAIN): api.DOMAIN is /e2b, PORT-ID.DOMAIN a sandbox's "
         "port; TLS and the *.DOMAIN DNS record are the deployment's (docs/e2b.md); unset: "
@@ -109,8 +112,8 @@ class Settings(BaseSettings):
     # many machines (docs/cluster.md)
     local_node: bool | None = Field(
         None, description="run sessions in this process: unset, yes without a database URL "
-        "(one machine) and no with one (sessions then run on `replgate node` processes "
-        "registered in that database)")
+        "or with a sqlite:// one (one machine) and no with a postgresql:// one (sessions then "
+        "run on `replgate node` processes registered in that database)")
     tls_ca: Path | None = Field(None, description="PEM: the CA whose certificates gateways and "
                                 "nodes accept from each other (mutual TLS)")
     tls_cert: Path | None = Field(None, description="PEM: this process's certificate, signed by "
@@ -218,10 +221,47 @@ class Settings(BaseSettings):
         # Imported here: `replgate mcp` reads these settings without the serve extra.
         from common.database import DatabaseError, database_url
 
+        if "://" not in value:  # (database_url reads a bare path as SQLite's: not this one)
+            raise ValueError("must be postgresql://user:password@host:5432/database or "
+                             "sqlite:////path/to/file.db")
         try:
             database_url(value)
         except DatabaseError as exc:
             raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _bundle_store(self) -> Settings:
+        # (a bare path, a URL of another scheme or a bad key would fail at the first pause)
+        if self.bundle_store:
+            check_bundle_store(self.bundle_store, self.bundle_key)
+        elif self.bundle_key is not None:
+            decode_bundle_key(self.bundle_key.get_secret_value())
+        return self
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        import logging
+
+        if not isinstance(logging.getLevelName(value.upper()), int):
+            raise ValueError("must be one of debug, info, warning, error, critical")
+        return value
+
+    @field_validator("e2b_domain")
+    @classmethod
+    def _domain(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", value):
+            raise ValueError("must be a domain name, e.g. e2b.example.com")
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys(cls, value: str | None) -> str | None:
+        if value:
+            from common.keys import parse_api_keys_setting
+
+            parse_api_keys_setting(value)
         return value
 
     @field_validator("state_min_free")
@@ -249,12 +289,29 @@ class Settings(BaseSettings):
         if given and len(given) != 3:
             raise ValueError("set all of REPLGATE_TLS_CA, REPLGATE_TLS_CERT and REPLGATE_TLS_KEY, "
                              "or none")
+        for name in given:
+            path: Path = getattr(self, name)
+            if not path.is_file():
+                raise ValueError(f"{ENV_PREFIX}{name.upper()}={str(path)!r} is not a file: name "
+                                 "a PEM file (docs/cluster.md says how to make them)")
         return self
 
     @property
     def hosts_sessions(self) -> bool:
-        """Whether this gateway runs sessions itself (see ``local_node``)."""
-        return self.local_node if self.local_node is not None else self.database_url is None
+        """Whether this gateway runs sessions itself (see ``local_node``): by default unless
+        its database is one several machines share (a SQLite file is one machine's)."""
+        if self.local_node is not None:
+            return self.local_node
+        return self.database_url is None or self.database_url.startswith("sqlite")
+
+    def serve_refusal(self) -> str | None:
+        """Why a gateway cannot start with these settings together, or None."""
+        if not self.hosts_sessions and not (self.tls_ca and self.tls_cert and self.tls_key):
+            return ("a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL postgresql://, "
+                    "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
+                    "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only; or set "
+                    "REPLGATE_LOCAL_NODE=true to run sessions in the gateway")
+        return None
 
     @property
     def db_path(self) -> Path:
@@ -285,3 +342,54 @@ class Settings(BaseSettings):
                 if host and NetworkPolicy(deny=[host]):
                     hosts.append(host)
         return hosts
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work, said in one line naming each variable to change."""
+
+
+_SECRETS = {"api_keys", "admin_keys", "approver_keys", "bundle_key", "database_url"}
+"""Settings whose values are never repeated in a message (keys, a password in a URL)."""
+
+
+def _variable(location: tuple[int | str, ...]) -> str:
+    """The environment variable of a setting's place in :class:`Settings`: the flat name
+    where one is set, else the nested one."""
+    path = tuple(str(part) for part in location)
+    environ = {key.upper() for key in os.environ}
+    for flat, nested in FLAT_NAMES.items():
+        name = ENV_PREFIX + flat.upper()
+        if nested == path and name in environ:
+            return name
+    return ENV_PREFIX + "__".join(path).upper()
+
+
+def settings_error(exc: ValidationError) -> SettingsError:
+    """One line for what pydantic found wrong: each setting's variable, its value (unless
+    secret) and what it should be."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        message = error["msg"].removeprefix("Value error, ").removeprefix("Input ")
+        location = error["loc"]
+        if not location or message.startswith(ENV_PREFIX):  # the message names its settings
+            problems.append(message)
+            continue
+        name = _variable(location)
+        shown = "" if str(location[-1]) in _SECRETS or location[0] in _SECRETS else (
+            f"={error['input']!r}" if isinstance(error["input"], str | int | float) else "")
+        problems.append(f"{name}{shown}: {message}")
+    return SettingsError("; ".join(problems))
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """:class:`Settings` from the environment and ``overrides``, or :class:`SettingsError`."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise settings_error(exc) from None
+    except SourceError as exc:  # a list or a model that is not JSON: only its field is told
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = ENV_PREFIX + (field.group(1).upper() if field else "...")
+        raise SettingsError(f"{name} (or a {name}__... setting) is not valid JSON: "
+                            f"{exc.__cause__ or exc}") from None
+

@@ -35,6 +35,7 @@ from gateway.routers import snapshots as snapshot_routes
 from gateway.routers import terminals as terminal_routes
 from gateway.service import Gateway
 from gateway.snapshots import Snapshots
+from gateway.statelock import StartRefused
 from gateway.store import Store
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
@@ -92,11 +93,7 @@ async def _session_host(settings: Settings, policy: Policy,
     back, or the nodes of the shared database."""
     pool_settings = policy.pool_settings(settings.pool_settings())
     if not settings.hosts_sessions:
-        if settings.tls_ca is None or settings.tls_cert is None or settings.tls_key is None:
-            raise ValueError(
-                "a gateway whose sessions run on nodes (REPLGATE_DATABASE_URL set, "
-                "REPLGATE_LOCAL_NODE not true) needs REPLGATE_TLS_CA, REPLGATE_TLS_CERT and "
-                "REPLGATE_TLS_KEY: gateways and nodes talk over mutual TLS only")
+        assert settings.tls_ca and settings.tls_cert and settings.tls_key  # (create_app)
         nodes = RemoteNodes(pool_settings, Registry(
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
@@ -132,12 +129,17 @@ async def _session_host(settings: Settings, policy: Policy,
         await pool.close()
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
     """The gateway as an ASGI app; nothing starts until its lifespan runs.
 
-    The policy file is read here, so a bad one fails at once (``PolicyError`` names the problem).
+    The policy file is read here unless ``policy`` is given, so a bad one fails at once
+    (``PolicyError`` names the problem), and settings that cannot work together are refused
+    (``StartRefused``), before the database is opened.
     """
-    policy = load_policy(settings.policy_file)
+    refusal = settings.serve_refusal()
+    if refusal is not None:
+        raise StartRefused(refusal)
+    policy = policy or load_policy(settings.policy_file)
     tracing = setup_tracing()  # None unless the OTEL_* variables ask for traces
 
     @asynccontextmanager

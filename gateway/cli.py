@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import local
 
 if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
+    from common.policy import Policy
     from common.settings import Settings
 
 
@@ -77,8 +79,19 @@ def _claimed(state_dir: Path, host: str, port: int, *,
         lock.release()
 
 
+def _settings(**overrides: Any) -> Settings:
+    """The settings, or the command's end with one line naming what to change (status 2)."""
+    from common.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from common.settings import Settings
+    from common.policy import PolicyError, load_policy
     from gateway.statelock import StartRefused
 
     overrides: dict[str, Any] = {}
@@ -86,10 +99,19 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["host"] = args.host
     if args.port is not None:
         overrides["port"] = args.port
-    settings = Settings(**overrides)
+    settings = _settings(**overrides)
+    # Said before the slow imports (seconds): settings that cannot work together, the policy.
+    refusal = settings.serve_refusal()
+    try:
+        policy = load_policy(settings.policy_file)
+    except PolicyError as exc:
+        refusal = refusal or str(exc)
+    if refusal is not None:
+        print(f"replgate: {refusal}", file=sys.stderr)
+        return 2
     try:
         with _claimed(settings.state_dir, settings.host, settings.port, record=True) as sock:
-            return _run_gateway(settings, sock)
+            return _run_gateway(settings, policy, sock)
     except StartRefused as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 1
@@ -119,37 +141,39 @@ def _return_large_buffers() -> None:
     mallopt(M_TRIM_THRESHOLD, 4 * 1024 * 1024)
 
 
-def _run_gateway(settings: Settings, sock: socket.socket) -> int:
-    import uvicorn
-
-    from common.policy import PolicyError
+def _run_gateway(settings: Settings, policy: Policy, sock: socket.socket) -> int:
+    from common.database import DatabaseError
+    from common.startup import serve_guarded
     from common.tracing import TracingConfigError
     from gateway.app import create_app
-    from gateway.statelock import socket_url
+    from gateway.statelock import StartRefused, socket_url
+    from kernel_pool.exceptions import BackendError
 
     configure_logging(settings)
     _return_large_buffers()
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
-        app = create_app(settings)
-    except (PolicyError, TracingConfigError) as exc:
+        app = create_app(settings, policy)
+    except TracingConfigError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
         return 2
     # No permessage-deflate: compressing each small event frame costs more CPU and latency
     # than it saves on the local or LAN links agents use (and PNGs do not compress).
-    config = uvicorn.Config(app, log_config=None, ws_max_size=16 * 1024 * 1024,
-                            ws_per_message_deflate=False, timeout_graceful_shutdown=15,
-                            timeout_keep_alive=settings.http_keep_alive_s)
-    uvicorn.Server(config).run(sockets=[sock])
+    refused = serve_guarded(
+        app, (StartRefused, DatabaseError, BackendError), sock, log_config=None,
+        ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
+        timeout_graceful_shutdown=15, timeout_keep_alive=settings.http_keep_alive_s)
+    if refused is not None:
+        print(f"replgate: {refused}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _node(args: argparse.Namespace) -> int:
-    from common.settings import Settings
     from gateway.statelock import StartRefused
 
     host, port = _host_port(args.listen or f"0.0.0.0:{_host_port(args.advertise)[1]}")
-    settings = Settings()
+    settings = _settings()
     try:
         with _claimed(settings.state_dir, host, port, record=False) as sock:
             from node.agent import run_node
@@ -235,13 +259,12 @@ def _mcp(args: argparse.Namespace) -> int:
 
 
 def _image_build(args: argparse.Namespace) -> int:
-    from common.settings import Settings
     from gateway.doctor import build_sandbox_images
     from kernel_pool import KernelPoolError
 
     try:
         built = build_sandbox_images(
-            Settings(), force=args.force, slim=args.slim,
+            _settings(), force=args.force, slim=args.slim,
             log=lambda line: print(f"[replgate] {line}", file=sys.stderr))
     except KernelPoolError as exc:
         print(f"replgate: {exc}", file=sys.stderr)
@@ -252,26 +275,30 @@ def _image_build(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from common.settings import Settings
     from gateway.doctor import diagnose
 
-    results = diagnose(Settings())
+    results = diagnose(_settings())
     for ok, sentence in results:
         print(f"{'ok     ' if ok else 'PROBLEM'} {sentence}")
     return 0 if all(ok for ok, _ in results) else 1
 
 
 async def _with_audit(action: str, target: str | None) -> int:
-    from common.settings import Settings
+    from common.database import DatabaseError
     from gateway.audit import AuditLog
     from gateway.store import Store
 
-    settings = Settings()
+    settings = _settings()
     if settings.database_url is None and not settings.db_path.is_file():
         print(f"replgate: no database at {settings.db_path}; set REPLGATE_STATE_DIR or "
               "REPLGATE_DATABASE_URL", file=sys.stderr)
         return 2
-    async with Store.open(settings.database) as store:
+    try:
+        store = await Store.open(settings.database)
+    except DatabaseError as exc:
+        print(f"replgate: {exc}", file=sys.stderr)
+        return 2
+    async with store:
         audit = await AuditLog.open(store)
         if action == "verify":
             result = await audit.verify()
@@ -362,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    status = int(args.func(args))
+    # Ends at once: the collector's last walk over the app's objects took seconds, for nothing.
+    gc.freeze()
+    return status
 
 
 if __name__ == "__main__":

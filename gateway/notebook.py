@@ -9,13 +9,10 @@ rewrites every earlier output with that id, in whichever cell it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import nbformat
-import nbformat.v4
-from nbformat import NotebookNode
 from pydantic import BaseModel, Field, TypeAdapter
 
 from kernel_pool import (
@@ -29,14 +26,38 @@ from kernel_pool import (
     UpdateDisplayEvent,
 )
 
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
 _KERNELSPEC = {"name": "python3", "display_name": "Python 3 (replgate sandbox)",
                "language": "python"}
 
-# nbformat is untyped; these are its constructors as they behave.
-_new_notebook: Callable[..., NotebookNode] = nbformat.v4.new_notebook
-_new_code_cell: Callable[..., NotebookNode] = nbformat.v4.new_code_cell
-_new_output: Callable[..., NotebookNode] = nbformat.v4.new_output
-_from_dict: Callable[[dict[str, Any]], NotebookNode] = nbformat.from_dict
+
+
+# nbformat's constructors, imported at the first export: importing nbformat (its validator's
+# jsonschema, whose format checkers build rfc3987's grammar) was 40% of a gateway's start-up.
+def _new_notebook(**fields: Any) -> NotebookNode:
+    import nbformat.v4
+
+    return nbformat.v4.new_notebook(**fields)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _new_code_cell(**fields: Any) -> NotebookNode:
+    import nbformat.v4
+
+    return nbformat.v4.new_code_cell(**fields)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _new_output(output_type: str, **fields: Any) -> NotebookNode:
+    import nbformat.v4
+
+    return nbformat.v4.new_output(output_type, **fields)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _from_dict(data: dict[str, Any]) -> NotebookNode:
+    import nbformat
+
+    return nbformat.from_dict(data)  # type: ignore[no-untyped-call,no-any-return]
 
 _EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 _KNOWN_TYPES = {"stdout", "stderr", "display", "result", "update_display", "clear_output",

@@ -33,10 +33,15 @@ class StateLock:
     @classmethod
     def acquire(cls, state_dir: Path) -> StateLock:
         """Lock ``state_dir`` (made if missing) for this process, or :class:`StartRefused`."""
-        state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(state_dir, 0o700)
         path = state_dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(state_dir, 0o700)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StartRefused(
+                f"cannot use the state directory {state_dir} ({exc.strerror or exc}); set "
+                "REPLGATE_STATE_DIR to a directory this user may write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -92,6 +97,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         sock.close()
+        if isinstance(exc, socket.gaierror):  # not an address
+            raise StartRefused(f"cannot listen on {host}:{port} ({exc.strerror or exc}); set "
+                               "--host or REPLGATE_HOST to an address of this machine") from None
         raise StartRefused(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); stop what uses that port, "
             "or choose another with --port or REPLGATE_PORT") from None

@@ -23,6 +23,7 @@ from kernel_pool._egress import SOCKET_NAME, EgressProxy
 from kernel_pool._network import PROXY_ENV, NetworkPolicy, NetworkRules, profile_bound
 from kernel_pool.backends.base import Sandbox
 from kernel_pool.config import Profile
+from kernel_pool.exceptions import KernelStartError
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,9 @@ class Kernel(KernelChannels):
             self.interrupt()
         try:
             await self._wait_ready("control" if attached else "shell")
+        except KernelStartError as exc:
+            await self._disconnect()
+            raise await self._with_start_errors(exc) from None
         except BaseException:
             await self._disconnect()
             raise
@@ -159,6 +163,16 @@ class Kernel(KernelChannels):
         if self.env:
             await self.set_env(self.env)
         self.state = KernelState.READY
+
+    async def _with_start_errors(self, exc: KernelStartError) -> KernelStartError:
+        """``exc`` with the last lines of the kernel's standard error, when it wrote any."""
+        written = await self.sandbox.start_errors()
+        if not written:
+            return exc
+        logger.warning("kernel %s did not start (%s); its standard error ends:\n%s",
+                       self.id, exc.reason, written)
+        return KernelStartError(exc.sandbox_id,
+                                f"{exc.reason}; its standard error ends:\n{written}")
 
     async def _watch(self) -> None:
         code = await self.sandbox.wait()

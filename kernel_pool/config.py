@@ -206,19 +206,24 @@ class BundleSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BundleSettings:
-        if self.store is None:
-            return self
-        # checked by the same functions the stores use, without their libraries (obstore,
-        # cryptography): settings are read where no bundle is ever opened
-        store_folder(self.store)
-        if self.key is not None:
-            decode_bundle_key(self.key.get_secret_value())
-        elif self.store.startswith("s3://"):
-            raise ValueError("REPLGATE_BUNDLE_STORE is s3:// but REPLGATE_BUNDLE_KEY is unset: "
-                             "bundles hold sessions' memory and are encrypted at rest; make a "
-                             "key with: python -c 'import base64, os; "
-                             "print(base64.b64encode(os.urandom(32)).decode())'")
+        if self.store is not None:
+            check_bundle_store(self.store, self.key)
         return self
+
+
+def check_bundle_store(store: str, key: SecretStr | None) -> None:
+    """ValueError, naming the setting, for a bundle store URL or key that cannot work.
+
+    Checked by the same functions the stores use, without their libraries (obstore,
+    cryptography): settings are read where no bundle is ever opened."""
+    store_folder(store)
+    if key is not None:
+        decode_bundle_key(key.get_secret_value())
+    elif store.startswith("s3://"):
+        raise ValueError("REPLGATE_BUNDLE_STORE is s3:// but REPLGATE_BUNDLE_KEY is unset: "
+                         "bundles hold sessions' memory and are encrypted at rest; make a "
+                         "key with: python -c 'import base64, os; "
+                         "print(base64.b64encode(os.urandom(32)).decode())'")
 
 
 BUNDLE_KEY_MIN_BYTES = 32
@@ -230,7 +235,7 @@ def store_folder(url: str) -> Path | None:
     parts = urlsplit(url)
     if parts.scheme == "s3":
         if not parts.netloc:
-            raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+            raise ValueError(f"REPLGATE_BUNDLE_STORE must be s3://bucket/prefix, not {url!r}")
         return None
     if parts.scheme == "file" and parts.netloc in {"", "localhost"} and parts.path.startswith("/"):
         return Path(unquote(parts.path))
@@ -254,8 +259,9 @@ def decode_bundle_key(value: str) -> bytes:
 def check_bundle_key(master: bytes) -> None:
     """ValueError if ``master`` is too short to be a bundle master key."""
     if len(master) < BUNDLE_KEY_MIN_BYTES:
-        raise ValueError(f"the bundle key must be at least {BUNDLE_KEY_MIN_BYTES} bytes, "
-                         f"not {len(master)}")
+        raise ValueError(f"REPLGATE_BUNDLE_KEY must hold at least {BUNDLE_KEY_MIN_BYTES} "
+                         f"bytes, not {len(master)} (make one with: python -c 'import base64, "
+                         "os; print(base64.b64encode(os.urandom(32)).decode())')")
 
 
 def default_max_kernels(memory_bytes: int | None = None) -> int:

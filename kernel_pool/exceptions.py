@@ -81,6 +81,7 @@ class CapacityError(KernelPoolError):
 class KernelStartError(KernelPoolError):
     def __init__(self, sandbox_id: str, reason: str) -> None:
         self.sandbox_id = sandbox_id
+        self.reason = reason
         super().__init__(f"kernel in sandbox {sandbox_id} did not start: {reason}")
 
 

@@ -20,16 +20,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio.to_thread
-import uvicorn
 from fastapi import FastAPI
 
+from common.database import DatabaseError
 from common.policy import load_policy
 from common.settings import Settings
+from common.startup import StartupRefused, serve_guarded
 from common.store import RecordNotFound, Store
 from common.tracing import setup_tracing
 from kernel_pool import KernelPool, SessionPort
 from kernel_pool.bundles import Bundles
 from kernel_pool.config import BundleSettings
+from kernel_pool.exceptions import BackendError
 from node.bundles import BundleKeeper
 from node.registry import Fenced, NodeIdTaken, Registry
 from node.restore import MOVED
@@ -158,30 +160,20 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     pool_settings = policy.pool_settings(settings.model_copy(
         update={"pool": limits, "keep_sessions_on_stop": False}).pool_settings())
 
-    refused: list[NodeIdTaken] = []
-
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(
             lambda: settings.state_dir.mkdir(parents=True, exist_ok=True))
         async with Store.open(settings.database) as store:
             registry = Registry(store.database, heartbeat_timeout_s=settings.node_timeout_s)
-            try:  # before any container starts
-                await registry.check_free(node_id, advertise)
-            except NodeIdTaken as taken:
-                refused.append(taken)
-                raise
+            await registry.check_free(node_id, advertise)  # before any container starts
             await pool.start()  # what a previous life left here is removed: it was placed anew
             await pool.remove_leftovers()  # (and what its paused sessions left without a container)
             keeper = app.state.bundles = (
                 BundleKeeper(node_id, pool, bundles, store) if bundles is not None else None)
             agent = NodeAgent(node_id, advertise, pool, store, registry,
                               beat_s=settings.node_timeout_s / 3, keeper=keeper)
-            try:
-                await agent.register()
-            except NodeIdTaken as taken:
-                refused.append(taken)
-                raise
+            await agent.register()
             beating = asyncio.create_task(agent.beat())
             try:
                 yield
@@ -201,14 +193,13 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan,
                           tracing=tracing)
     # The channel's messages are executions' code, which the gateway bounds (max_code_bytes).
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=10,
+    # A node id taken, a database that cannot be used, a runtime the engine lacks: said as
+    # the command's own error (status 2), without a traceback in the log.
+    refused = serve_guarded(app, (NodeIdTaken, DatabaseError, BackendError), sock,
+                            log_config=None, timeout_graceful_shutdown=10,
                             ws_max_size=64 * 1024 * 1024, ws_per_message_deflate=False,
                             timeout_keep_alive=settings.http_keep_alive_s,
                             **uvicorn_ssl_options(settings.tls_cert, settings.tls_key,
                                                   settings.tls_ca))
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except SystemExit:  # uvicorn's exit when its start failed
-        if refused:  # said as the command's own error (status 2), not only in the log
-            raise refused[0] from None
-        raise
+    if refused is not None:
+        raise StartupRefused(refused)

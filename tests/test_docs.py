@@ -1,21 +1,26 @@
 """The documentation holds together: the README and the pages it leads to link only files of the
 repository (and headings that exist in them), and docs/api.md names every route the gateway
-serves, and no route it does not serve but in its "Planned" section.
+serves, and no route it does not serve but in its "Planned" section; every REPLGATE_* variable
+they name is one replgate reads, docs/configuration.md names every setting, and every
+`replgate ...` and `./run.sh ...` command they show is one the CLI and run.sh have.
 
 The README's examples are run by tests/test_readme.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fastapi.routing import iter_route_contexts
+from pydantic import BaseModel
 from starlette.routing import Mount, Route, WebSocketRoute
 
-from common.settings import Settings
+from common.settings import ENV_PREFIX, FLAT_NAMES, Settings
 from gateway.app import create_app
 from tests.conftest import REPO
 
@@ -147,3 +152,116 @@ def test_api_reference_names_no_route_that_is_not_served(served: list[Served]) -
 def test_no_command_runs_a_pip_the_virtualenv_lacks(document: Path) -> None:
     """uv makes ``.venv`` without pip: a documented ``.venv/bin/pip`` fails as written."""
     assert ".venv/bin/pip " not in document.read_text()
+
+
+NOT_SETTINGS = {"REPLGATE_URL", "REPLGATE_API_KEY", "REPLGATE_VENV", "REPLGATE_TOOLS",
+                "REPLGATE_DEBIAN_MIRROR", "REPLGATE_IMAGE_VERSION", "REPLGATE_POOL__X",
+                "REPLGATE_LIMITS__X"}
+"""Variables of the clients (the gateway's address and key), of ./run.sh and of the image
+build, and the placeholders of nested names: not the gateway's settings."""
+
+
+def setting_variables() -> set[str]:
+    """Every ``REPLGATE_*`` variable ``Settings`` reads: the flat names, each field's, and
+    each nested field's (``__`` between the levels)."""
+    found = {ENV_PREFIX + flat.upper() for flat in FLAT_NAMES}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            found.add(prefix + name.upper())
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name.upper()}__")
+
+    walk(Settings, ENV_PREFIX)
+    return found
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_variable_named_is_one_replgate_reads(document: Path) -> None:
+    """A misspelt or renamed variable in the docs is one a user sets for nothing."""
+    named = set(re.findall(r"\bREPLGATE_[A-Z0-9_]*[A-Z0-9]\b", document.read_text()))
+    unknown = {name for name in named - setting_variables() - NOT_SETTINGS
+               if not name.startswith("REPLGATE_TEST_")}
+    assert unknown == set()
+
+
+def test_configuration_documents_every_setting() -> None:
+    """Each setting is in docs/configuration.md by one of its names: its variable, its flat
+    name, or (a pool or profile field) its name in the page's list of the nested ones."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    listed = {f"{ENV_PREFIX}{group}__{name}"
+              for group, names in re.findall(r"`REPLGATE_(\w+?)__<NAME>`: [^(]*\(([^)]*)\)", text)
+              for name in re.findall(r"`([A-Z_]+)`", names)}
+    flat = {f"{ENV_PREFIX}{'__'.join(path).upper()}": ENV_PREFIX + name.upper()
+            for name, path in FLAT_NAMES.items()}
+    models = {f"{ENV_PREFIX}POOL", f"{ENV_PREFIX}LIMITS", f"{ENV_PREFIX}LIMITS__CAPS",
+              f"{ENV_PREFIX}LIMITS__NAME"}  # (the models themselves; a profile's own name)
+    missing = sorted(name for name in setting_variables() - models - set(flat.values())
+                     if f"`{name}`" not in text and name not in listed
+                     and f"`{flat.get(name)}`" not in text)
+    assert missing == []
+
+
+COMMAND = re.compile(r"^\s*(?:\$ )?(?:[A-Z_0-9]+=\S+ )*(?:\.venv/bin/)?replgate (?P<args>.+)$",
+                     re.MULTILINE)
+INLINE_COMMAND = re.compile(r"`(?:\.venv/bin/)?replgate (?P<args>[a-z][^`]*)`")
+RUN_SH = re.compile(r"^\s*(?:\$ )?\./run\.sh (?P<sub>[a-z]+)", re.MULTILINE)
+ANY_FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.MULTILINE | re.DOTALL)
+"""A code block, in a list item (indented) too."""
+
+
+def commands_named(pattern: re.Pattern[str], *, fenced: bool) -> list[tuple[Path, str]]:
+    found = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        blocks = ANY_FENCE.findall(text) if fenced else [ANY_FENCE.sub("", text)]
+        found += [(document, match.group(1)) for block in blocks
+                  for match in pattern.finditer(block)]
+    return found
+
+
+def unknown_words(words: list[str]) -> str | None:
+    """What of ``replgate WORDS`` the CLI does not have: a command or an option (values and
+    options' arguments are not checked: a page may name an option without one)."""
+    from gateway.cli import build_parser
+
+    parser = build_parser()
+    for word in words:
+        if word.startswith("-"):
+            if word.split("=")[0] not in parser._option_string_actions:
+                return f"no option {word}"
+            continue
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if commands:
+            if word not in commands[0].choices:
+                return f"no command {word!r}"
+            parser = commands[0].choices[word]
+    return None
+
+
+def test_every_replgate_command_in_the_docs_is_one_it_has() -> None:
+    """Each ``replgate ...`` of a code block or a code span names commands and options the
+    CLI has; a code block's line parses as written."""
+    from gateway.cli import build_parser
+
+    named = commands_named(COMMAND, fenced=True) + commands_named(INLINE_COMMAND, fenced=False)
+    problems = []
+    for document, command in named:
+        words = shlex.split(re.split(r"[|;&]", command.replace("\\", ""))[0], comments=True)
+        problem = unknown_words(words)
+        if problem is None and (document, command) in commands_named(COMMAND, fenced=True):
+            try:
+                build_parser().parse_args(words)
+            except SystemExit:
+                problem = "does not parse"
+        if problem is not None:
+            problems.append(f"{document.name}: replgate {command}: {problem}")
+    assert len(named) > 20 and problems == []
+
+
+def test_every_run_sh_command_in_the_docs_is_one_it_has() -> None:
+    offered = set(re.findall(r"^  ([a-z]+)\)", (REPO / "run.sh").read_text(), re.MULTILINE))
+    named = {(document.name, sub) for document, sub in commands_named(RUN_SH, fenced=True)}
+    assert {"serve", "test"} <= {sub for _, sub in named}
+    assert [f"{name}: ./run.sh {sub}" for name, sub in sorted(named) if sub not in offered] == []
+

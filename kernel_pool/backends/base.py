@@ -144,6 +144,11 @@ class Sandbox(ABC):
         """The host-side connection info of the kernel running now (after ``load``), if any."""
         return None
 
+    async def start_errors(self) -> str | None:
+        """The last lines the kernel last launched wrote to its standard error while it
+        started (bounded), for the error of a start that failed; None when there are none."""
+        return None
+
     @abstractmethod
     async def poll(self) -> int | None:
         """The kernel process's exit code, or None while it runs."""

@@ -210,6 +210,7 @@ def _agent_results(app, max_output_bytes: int) -> None:  # type: ignore[no-untyp
 
 def main() -> None:
     from replgate_kernel import outputs
+    from replgate_kernel.startup import released_stderr
 
     max_output_bytes = outputs.take_option(sys.argv) or MAX_OUTPUT_BYTES
     with _without_unused_modules():
@@ -244,7 +245,7 @@ def main() -> None:
     init_path = IPKernelApp.init_path
     IPKernelApp.init_path = lambda self: None  # type: ignore[method-assign]
     app = IPKernelApp.instance(config=config)
-    with _without_unused_modules():  # the kernel class (and its debugger) is imported here
+    with released_stderr(), _without_unused_modules():  # the kernel class is imported here
         app.initialize(sys.argv[1:])
     # traitlets leaves the logger at DEBUG and filters in its handler: each cell would still
     # build the records of ipykernel's debug messages (the whole reply among them).

@@ -146,7 +146,12 @@ def main() -> None:
                 _drop_pending(self.bashwrapper.child)
             return reply
 
-    IPKernelApp.launch_instance(kernel_class=_Kernel)
+    from replgate_kernel.startup import released_stderr
+
+    app = IPKernelApp.instance(kernel_class=_Kernel)
+    with released_stderr():
+        app.initialize()
+    app.start()
 
 
 if __name__ == "__main__":

@@ -50,6 +50,10 @@ KERNELS = {
 }
 """Each language's kernel command. An image offers the languages whose programs it has (its
 ``io.replgate.languages`` label); a kernel whose program is missing exits at once with 127."""
+STDERR_KEPT = frozenset({"python", "bash"})
+"""The kernels whose standard error goes to ``/kernel/<name>.err`` until they have started
+(``replgate_kernel.startup``), for the host to quote when a start fails; the others' goes to
+``/dev/null`` (none of them would let go of the file, which would fill the folder)."""
 NOT_FOUND = 127
 CANNOT_RUN = 126
 
@@ -92,10 +96,14 @@ def _launch(kernels: dict[int, str]) -> None:
     argv = [part.format(connection_file=os.path.join(KERNEL_DIR, f"{name}.json"),
                         max_output_bytes=max_output) for part in command]
     devnull = os.path.join(os.sep, "dev", "null")
+    files = [(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    errors = _start_errors(name) if language in STDERR_KEPT else None
+    if errors is not None:
+        files[2] = (os.POSIX_SPAWN_DUP2, errors, 2)
     try:
         pid = os.posix_spawnp(
             argv[0], argv, env,
-            file_actions=[(os.POSIX_SPAWN_OPEN, fd, devnull, os.O_RDWR, 0) for fd in (0, 1, 2)],
+            file_actions=files,
             setsid=True,
             setsigmask=(),  # this process blocks the signals it waits for; the kernel must not
         )
@@ -105,8 +113,22 @@ def _launch(kernels: dict[int, str]) -> None:
     except (OSError, ValueError):  # what it could not start with (a NUL in the environment)
         _not_found(name, CANNOT_RUN)
         return
+    finally:
+        if errors is not None:
+            os.close(errors)
     kernels[pid] = name
     _write(f"{name}.pid", str(pid))
+
+
+def _start_errors(name: str) -> int | None:
+    """A new ``/kernel/<name>.err`` open for writing, or None (a full folder: ``/dev/null``)."""
+    path = os.path.join(KERNEL_DIR, f"{name}.err")
+    with contextlib.suppress(OSError):
+        os.unlink(path)  # whatever was planted there (a link is removed, not followed)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
 
 
 def _not_found(name: str, code: int = NOT_FOUND) -> None:

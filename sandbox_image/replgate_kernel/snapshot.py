@@ -371,8 +371,11 @@ def save(path: str) -> str:
     try:
         writer = _Writer(fd)
         while True:
-            pickler = _Pickler(writer, protocol=5, buffer_callback=writer.buffer,
-                               recurse=True)
+            # Not dill's ``recurse``: it gives each function defined in the session a dict
+            # of its own holding the globals it names, as they were at the pause, so that
+            # after a resume the function never saw a global rebound again. Without it a
+            # function's globals are the namespace itself (``__main__``, by reference).
+            pickler = _Pickler(writer, protocol=5, buffer_callback=writer.buffer)
             name = ""
             try:
                 for name in names:

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args, get_origin
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from common.settings import FLAT_NAMES, Settings
+from common.settings import FLAT_NAMES, Settings, SettingsError, load_settings
 from kernel_pool import NetworkPolicy, OutputCaps, PoolLimits, Profile
 
 SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
@@ -136,6 +136,43 @@ def test_raised_output_cap_raises_the_total_with_it(monkeypatch: pytest.MonkeyPa
 
     assert (caps.display_bytes, caps.display_total_bytes) == (32 * 2**20, 64 * 2**20)
     assert OutputCaps().display_total_bytes == 16 * 2**20
+
+
+@pytest.mark.parametrize(("variables", "line"), [
+    ({"REPLGATE_MEMORY": "lots"}, "REPLGATE_MEMORY='lots': 'lots' is not a size"),
+    ({"REPLGATE_LIMITS__MEMORY": "lots"}, "REPLGATE_LIMITS__MEMORY='lots': 'lots' is not a size"),
+    ({"REPLGATE_PAUSE_WITH": "disk"},
+     "REPLGATE_PAUSE_WITH='disk': should be 'auto', 'variables' or 'memory'"),
+    ({"REPLGATE_RUNTIME": "kata", "REPLGATE_PORT": "x"}, "REPLGATE_PORT='x': should be a valid "
+     "integer, unable to parse string as an integer; REPLGATE_RUNTIME='kata': should be"),
+    ({"REPLGATE_DATABASE_URL": "mysql://me:hunter2@db/x"},
+     "REPLGATE_DATABASE_URL must be postgresql://"),
+    ({"REPLGATE_DATABASE_URL": "postgresql://me:hunter2@db:port/x"},
+     "REPLGATE_DATABASE_URL is not a database URL"),
+    ({"REPLGATE_BUNDLE_STORE": "/srv/bundles"}, "REPLGATE_BUNDLE_STORE must be s3://bucket/"),
+    ({"REPLGATE_BUNDLE_KEY": "aHVudGVyMg=="}, "REPLGATE_BUNDLE_KEY must hold at least 32"),
+    ({"REPLGATE_ALLOWED_ORIGINS": "x"}, "REPLGATE_ALLOWED_ORIGINS (or a"),
+    ({"REPLGATE_LOG_LEVEL": "loud"}, "REPLGATE_LOG_LEVEL='loud': must be one of debug"),
+])
+def test_what_cannot_work_is_one_line_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], line: str) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+
+    said = str(refused.value)
+    assert line in said and "\n" not in said
+    assert "hunter2" not in said and "aHVudGVyMg" not in said  # secrets are not repeated
+
+
+@pytest.mark.parametrize(("url", "local"), [
+    (None, True), ("sqlite:////srv/replgate/state.db", True),
+    ("postgresql://replgate:secret@db:5432/replgate", False)])
+def test_sessions_run_here_unless_the_database_is_shared(url: str | None, local: bool) -> None:
+    assert Settings(database_url=url).hosts_sessions is local
+    assert Settings(database_url=url, local_node=not local).hosts_sessions is not local
 
 
 def test_the_database_and_bundle_store_hosts_are_guarded(monkeypatch: pytest.MonkeyPatch,

@@ -85,6 +85,27 @@ def test_a_context_is_made_restarted_and_removed(client: httpx.Client, sid: str)
     assert client.delete(f"/v1/sessions/{sid}/contexts/python").status_code == 400
 
 
+def test_a_kernel_that_fails_to_start_quotes_its_stderr(client: httpx.Client) -> None:
+    """The session's variables reach its contexts' kernels as they start: one that breaks
+    Python's start (no standard library under ``PYTHONHOME``) makes the Bash kernel (a Python
+    program) die at once, and the answer quotes the end of what it wrote to stderr."""
+    answer = client.post("/v1/sessions", json={"env": {"PYTHONHOME": "/nonexistent"}})
+    assert answer.status_code == 201, answer.text
+    broken = answer.json()["id"]
+    try:
+        result = run(client, broken, "echo hi", language="bash")
+        assert result["status"] == "error", result
+        reason = result["reason"]
+        assert "the Bash kernel did not start" in reason, reason
+        assert "its standard error ends:" in reason, reason
+        assert "No module named 'encodings'" in reason, reason  # Python's own words
+        quoted = reason.split("its standard error ends:\n", 1)[1]
+        assert len(quoted.splitlines()) <= 20 and len(quoted.encode()) <= 4096, quoted
+        assert run(client, broken, "print(6 * 7)")["stdout"] == "42\n"  # Python's is fine
+    finally:
+        client.delete(f"/v1/sessions/{broken}")
+
+
 def test_websocket_streams_javascript(polyglot_gateway: GatewayProcess, sid: str) -> None:
     url = polyglot_gateway.url.replace("http", "ws", 1) + f"/v1/sessions/{sid}/ws"
     with connect(url, additional_headers=polyglot_gateway.headers()) as ws:

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import threading
 from pathlib import Path
 
 import docker
 import docker.errors
-from kp_support import OWNER, SESSION_ENV, is_mounted, run_ok, sandbox_gone
+import pytest
+from kp_support import OWNER, SESSION_ENV, is_mounted, make_settings, run_ok, sandbox_gone
 
 from kernel_pool import BackendError, KernelPool, Session
-from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX
+from kernel_pool.backends.base import SandboxSpec
+from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX, DockerBackend
 from kernel_pool.backends.docker._docker import read_connection_file
+from kernel_pool.config import Profile
 
 
 async def observe(session: Session, code: str) -> dict[str, object]:
@@ -259,3 +263,27 @@ async def test_connection_file_replaced_by_a_fifo_is_refused_without_blocking(
         await asyncio.to_thread(reader.join, 10)
     assert not blocked, "reading the planted FIFO blocked"
     assert len(outcome) == 1 and isinstance(outcome[0], BackendError), outcome
+
+
+@pytest.mark.parametrize("runtime", ["runc", "gvisor"])
+async def test_a_kernel_that_dies_at_start_leaves_the_end_of_its_stderr(
+        state_root: Path, runtime: str) -> None:
+    """Started by PID 1 (runc) or by ``docker exec`` (gVisor), a kernel whose Python cannot
+    start (no standard library under ``PYTHONHOME``) exits at once; what it wrote to stderr
+    is there for the error, its last lines only."""
+    profile = Profile(name="broken", runtime=runtime, min_idle=0)
+    backend = DockerBackend(make_settings(state_root / f"broken-{runtime}",
+                                          profiles={"broken": profile}))
+    sandbox = await backend.create(SandboxSpec(
+        sandbox_id=f"err{secrets.token_hex(4)}", profile=profile,
+        env={"PYTHONHOME": "/nonexistent"}))
+    try:
+        await sandbox.launch_kernel()
+        assert await asyncio.wait_for(sandbox.wait(), 60) == 1
+        written = await sandbox.start_errors()
+        assert written is not None and "No module named 'encodings'" in written, written
+        assert len(written.splitlines()) <= 20 and "Fatal Python error" in written, written
+    finally:
+        await sandbox.kill()
+        await sandbox.cleanup()
+        await backend.close()

@@ -67,6 +67,8 @@ def test_missing_runtime_names_missing_arguments(runtimes: dict[str, Any]) -> No
     bare = dict(runtimes, runsc={"path": "/usr/local/bin/runsc"})
     sentence = missing_runtime(bare, [Profile(name="hostile", runtime="gvisor")])
     assert sentence is not None and "without --host-uds=create --network=none" in sentence
+    default = missing_runtime(bare, [Profile(name="default", runtime="gvisor")])
+    assert default is not None and "profile default (REPLGATE_RUNTIME) asks" in default
 
 
 def test_strays_of_spares_init_engine_started_and_kernel_children() -> None:

@@ -22,7 +22,7 @@ from kp_support import OWNER
 from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import Runsc, strays_of
-from kernel_pool.backends.docker._strays import find_strays, kill_strays
+from kernel_pool.backends.docker._strays import find_strays, kill_strays, kill_tree
 from kernel_pool.config import Profile
 
 PIDS = 128
@@ -167,3 +167,41 @@ def test_freezer_is_refused_for_a_pid_of_another_cgroup(runc_box: Any) -> None:
     assert Freezer.for_pid(init, runc_box.id) is not None
     assert Freezer.for_pid(init, "0" * 64) is None
     assert Freezer.for_pid(os.getpid(), runc_box.id) is None
+
+
+
+TREE_BOMB = """
+import os, time
+time.sleep(0.05)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        time.sleep(0.01)  # at the pids limit: none exits, so the whole bomb stays one tree
+"""
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["freezer", "sigstop"])
+def test_kill_tree_reaps_a_fork_bomb_caught_mid_growth(runc_box: Any, frozen: bool) -> None:
+    """A context's hard stop kills its kernel's tree while a bomb there still doubles: some
+    of its processes are inside ``fork`` at the walk. A child born after the last list was
+    read outlived its killed parent, re-parented out of the tree (4 bombs in 20 survived, and
+    grew to the limit, before a SIGSTOP pass waited for its processes to stop)."""
+    init = int(runc_box.attrs["State"]["Pid"])
+    procs = _procs(runc_box)
+    freezer = Freezer.for_pid(init, runc_box.id) if frozen else None
+    for grow_s in (0.0, 0.005, 0.01, 0.02, 0.05) * 3:
+        runc_box.exec_run(["python", "-c", TREE_BOMB], user="1000:1000", detach=True)
+        deadline = time.monotonic() + 10
+        while len(found := find_strays(procs, init, 0, False)) < 1:
+            assert time.monotonic() < deadline, "the bomb's root did not start"
+            time.sleep(0.001)
+        root = min(found, key=lambda pid: found[pid][2])  # the first started: exec'd
+        while len(find_strays(procs, init, 0, False)) < 2:
+            assert time.monotonic() < deadline, "the bomb did not start"
+            time.sleep(0.001)
+        time.sleep(grow_s)
+        assert kill_tree(procs, root, 0, freezer) >= 2
+        assert find_strays(procs, init, 0, False) == {}, grow_s
+        time.sleep(0.05)
+        assert find_strays(procs, init, 0, False) == {}, grow_s  # nothing came back

@@ -239,6 +239,31 @@ def test_park_gives_back_all_but_the_files_and_unpark_reserves_again(tmp_path: P
         workspace.destroy()
 
 
+def test_a_parked_workspace_whose_mount_another_namespace_holds_is_read_and_unparked(
+        tmp_path: Path) -> None:
+    """A process that made a mount namespace of its own while the workspace was mounted
+    (``unshare -m``, ``ip netns exec``) holds a copy of the mount: the image's file system
+    stays live after the park, and a read-only mount of it was refused (EBUSY) as long as that
+    process lived: every read of the paused session's files, and its resume, failed."""
+    workspace = Workspace.create(tmp_path / "ws", 64 * 2**20)
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    try:
+        workspace.write_bytes("kept.txt", b"kept")
+        time.sleep(0.5)  # the namespace is made, with its copy of the mount
+        workspace.park()
+        assert workspace.image is not None and loop_devices_of(workspace.image)
+        assert workspace.read_bytes("kept.txt", 100) == b"kept"
+        assert not os.path.ismount(workspace.root)
+        assert [f.path for f in workspace.list_files()] == ["kept.txt"]
+        workspace.unpark()
+        workspace.write_bytes("more.txt", b"more")
+        assert (workspace.root / "kept.txt").read_bytes() == b"kept"
+    finally:
+        holder.kill()
+        holder.wait()
+        workspace.destroy()
+
+
 def test_readers_and_writers_of_a_parked_workspace_at_once_all_succeed(tmp_path: Path) -> None:
     workspace = Workspace.create(tmp_path / "ws", 64 * 2**20)
     try:

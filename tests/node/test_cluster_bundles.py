@@ -25,6 +25,7 @@ from cluster_support import (
     running_cluster,
 )
 
+from bench.cycles import SCRATCH, CycledSession, fork_chain
 from tests.conftest import GatewayProcess
 from tests.kernel_pool.bundles.seaweed_support import BUCKET, running_seaweedfs
 
@@ -214,6 +215,50 @@ async def test_a_snapshot_taken_on_one_node_makes_sessions_on_the_other(
                 await first.delete(f"/v1/sessions/{sid}")
 
 
+CYCLES = int(os.environ.get("REPLGATE_TEST_CYCLES", "2"))
+"""Pause/resume cycles across the nodes (the issue's 100 by hand: tests/gateway/test_cycles.py)."""
+FORK_CHAIN = int(os.environ.get("REPLGATE_TEST_FORK_CHAIN", "2"))
+
+
+async def test_cycles_across_the_nodes_keep_everything_every_time(cluster: Cluster) -> None:
+    """Cycles of ``bench/cycles.py``'s checks, each pause resumed on the other node (its node
+    drained while it is paused): the variables and every workspace file, open or not, as
+    they were; a memory pause's image stays on its node, and the other node resumes the
+    variables, saying so (``not_kept``): the file in /tmp comes back empty. Then a chain of
+    forks of forks, each checked against its parent."""
+    one, two = cluster.gateways
+    async with gateway_client(one) as first, _operator(two) as ops:
+        created = await first.post("/v1/sessions", json={})
+        assert created.status_code == 201, created.text
+        session = CycledSession(first, created.json()["id"])
+        node = created.json()["node"]
+
+        async def drain(_: CycledSession) -> None:
+            drained = await ops.post(f"/v1/nodes/{node}/drain")
+            assert drained.status_code == 202, drained.text
+
+        try:
+            await session.setup()
+            for i in range(CYCLES):
+                memory = i % 2 == 1
+                try:
+                    done = await session.cycle(i, memory, move=drain)
+                finally:
+                    await ops.post(f"/v1/nodes/{node}/undrain")
+                assert done.node not in (None, node), done
+                if memory:
+                    assert {"memory image", SCRATCH} <= set(done.not_kept), done
+                else:
+                    assert done.not_kept == [], done
+                node = done.node
+            await session.step(CYCLES, memory=False)
+            await fork_chain(session, FORK_CHAIN, CYCLES + 1,
+                             lambda sid: first.delete(f"/v1/sessions/{sid}"))
+            await session.check()
+        finally:
+            await first.delete(f"/v1/sessions/{session.sid}")
+
+
 LOSS_ROUNDS = int(os.environ.get("REPLGATE_TEST_LOSS_ROUNDS", "6"))
 """Rounds of node loss (each about 35 s here: a kill, its detection, two restores, the node's
 restart); the issue's 20 by hand with ``REPLGATE_TEST_LOSS_ROUNDS=20``. Before notices on
@@ -260,3 +305,4 @@ async def test_the_first_request_after_a_node_is_down_never_goes_to_it(cluster: 
                     await first.delete(f"/v1/sessions/{sid}")
                 lost.start()
                 lost.wait_registered(cluster.database_url)
+

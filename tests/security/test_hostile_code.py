@@ -168,6 +168,29 @@ def test_shell_fork_bomb_ten_times_in_one_session_is_reaped_each_time(
     assert hostile.ok(sid, "print(kept)") == "42\n"
 
 
+def test_shell_fork_bomb_caught_mid_growth_is_reaped_each_time(
+        hostile: Hostile, sid: str) -> None:
+    """A bomb still doubling when the execution ends (no relauncher: caught before it reaches
+    the pids limit, or just at it): its processes fork while the reaper walks them. Each time,
+    nothing of it is left afterwards and the session keeps its kernel."""
+    hostile.ok(sid, "kept = 42")
+    for attempt, grow_s in enumerate((0.005, 0.02, 0.05, 0.1, 0.2)):
+        result = hostile.run(sid, "import subprocess, time\n"
+                             "subprocess.Popen(['sh', '-c', 'b(){ b|b& }; b'], "
+                             "stderr=subprocess.DEVNULL)\n"
+                             f"time.sleep({grow_s})", timeout_s=30)
+        assert result["status"] == "ok" and not result["restarted"], (attempt, brief(result))
+        assert bomb_processes(hostile, sid) == [], attempt
+        # A process listed may be gone before its command line is read (gVisor's listing
+        # says so in a line of its own): read again, briefly. A bomb left would only grow.
+        deadline = time.monotonic() + 2
+        while len(running := running_processes(hostile, sid)) != 2:
+            assert time.monotonic() < deadline, (attempt, running)
+            time.sleep(0.1)
+    assert bomb_processes(hostile, sid) == []  # nothing came back
+    assert hostile.ok(sid, "print(kept)") == "42\n"
+
+
 def test_thread_bomb_is_bounded(hostile: Hostile, sid: str) -> None:
     found = hostile.json_of(sid, """
 import threading, time, json

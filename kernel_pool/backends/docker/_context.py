@@ -35,7 +35,8 @@ from kernel_pool._sandbox_image import context_dir
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxInfo
 from kernel_pool.backends.docker._docker import KERNEL_DIR, in_thread, kernel_connection
-from kernel_pool.backends.docker._init_kernel import exit_code, write_for_sandbox
+from kernel_pool.backends.docker._freezer import Freezer
+from kernel_pool.backends.docker._init_kernel import exit_code, start_errors, write_for_sandbox
 from kernel_pool.backends.docker._strays import kill_tree
 from kernel_pool.exceptions import BackendError
 
@@ -69,6 +70,10 @@ class ContextParent(Protocol):
     @property
     def procs_file(self) -> Path | None:
         """The container's cgroup list of processes, once it runs under runc."""
+
+    @property
+    def freezer(self) -> Freezer | None:
+        """The container's cgroup freezer, where the host lets it be written."""
 
     async def start_by_init(self, name: str, language: str,
                             env: dict[str, str]) -> tuple[int | None, int | None]:
@@ -154,6 +159,11 @@ class DockerContextSandbox(Sandbox):
             self._exit_code = -1  # gone already
         return {**config, "ip": str(self._socket_dir / name)}
 
+    async def start_errors(self) -> str | None:
+        if not self.info.kernel_name:
+            return None
+        return await in_thread(start_errors, self._socket_dir, self.info.kernel_name)
+
     def _hold(self, pid: int) -> bool:
         """Watch host process ``pid`` as this face's kernel (a pidfd for its exit, spared by
         the parent's clean-up); False if it is gone already."""
@@ -224,7 +234,7 @@ class DockerContextSandbox(Sandbox):
         """Kill the kernel, its group and every descendant (nothing else of the sandbox)."""
         procs = self._parent.procs_file
         if self._pid and procs is not None:
-            await in_thread(kill_tree, procs, self._pid, 0)
+            await in_thread(kill_tree, procs, self._pid, 0, self._parent.freezer)
         elif self._pidfd is not None and not self._exited():
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -254,7 +264,7 @@ class DockerContextSandbox(Sandbox):
         procs = self._parent.procs_file
         if not keep_kernel_children and self._pid and procs is not None:
             killed = await in_thread(kill_tree, procs, self._pid,
-                                    self._kernel_levels)
+                                    self._kernel_levels, self._parent.freezer)
         return killed + await self._parent.kill_strays(keep_kernel_children=True)
 
     async def reserve(self) -> None:

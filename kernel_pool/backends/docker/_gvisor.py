@@ -84,7 +84,10 @@ def missing_runtime(runtimes: Mapping[str, Any], profiles: Iterable[Profile]) ->
         return None
     problem = ("has no runtime named runsc" if registered is None else
                f"runs runsc without {' '.join(sorted(set(GVISOR_ARGS) - arguments))}")
-    return (f"profile {', '.join(wanting)} asks for runtime gvisor but the Docker engine "
+    # the default profile's runtime is a setting, the others' are the policy file's
+    named = ", ".join(f"{name} (REPLGATE_RUNTIME)" if name == "default" else name
+                      for name in wanting)
+    return (f"profile {named} asks for runtime gvisor but the Docker engine "
             f"{problem}: add {DAEMON_JSON} to /etc/docker/daemon.json (runsc from Debian's "
             "package; ./run.sh installs it and does this when it starts the engine) and reload "
             "the engine with `kill -HUP $(pidof dockerd)`")

@@ -79,6 +79,36 @@ def read_untrusted(path: Path, limit: int) -> bytes | None:
         os.close(fd)
 
 
+START_ERRORS_BYTES = 4096
+START_ERRORS_LINES = 20
+
+
+def start_errors(socket_dir: Path, name: str) -> str | None:
+    """The last lines (at most :data:`START_ERRORS_LINES`, :data:`START_ERRORS_BYTES`) of
+    kernel ``name``'s standard error while it started (``/kernel/<name>.err``, which the
+    kernel lets go of once it has: ``replgate_kernel.startup``), read as untrusted; None
+    when the file is missing or holds only blanks (blocking)."""
+    try:
+        fd = os.open(socket_dir / f"{name}.err", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None  # a FIFO or device planted there: never read
+        os.lseek(fd, max(0, info.st_size - START_ERRORS_BYTES), os.SEEK_SET)
+        raw = os.read(fd, START_ERRORS_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lines = raw.decode(errors="replace").splitlines()
+    if len(raw) == START_ERRORS_BYTES and info.st_size > START_ERRORS_BYTES:
+        lines = lines[1:]  # the first was cut
+    text = "\n".join(lines[-START_ERRORS_LINES:]).strip()
+    return text or None
+
+
 def read_record(path: Path) -> int | None:
     """The integer PID 1 wrote at ``path``, or None when it is missing or malformed."""
     raw = read_untrusted(path, 32)

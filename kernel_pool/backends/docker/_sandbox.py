@@ -23,6 +23,7 @@ from kernel_pool.backends.docker._commands import WATCHER, DockerCommand
 from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
 from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
+from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._fsop import start_file_op
 from kernel_pool.backends.docker._gvisor import OOM_POLL_S
 from kernel_pool.backends.docker._init_kernel import exit_code
@@ -265,6 +266,11 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
     def procs_file(self) -> Path | None:
         """The container's cgroup list of processes (host pids), once it runs under runc."""
         return self._cgroup.procs_file if self._cgroup is not None else None
+
+    @property
+    def freezer(self) -> Freezer | None:
+        """The container's cgroup freezer (runc, and a host that lets it be written)."""
+        return self._freezer
 
     async def add_kernel(self, language: str, name: str, env: dict[str, str], *,
                          restored: bool = False) -> Sandbox:

@@ -27,6 +27,7 @@ from kernel_pool.backends.docker._init_kernel import (
     find_kernel,
     request_adoption,
     request_kernel,
+    start_errors,
     write_for_sandbox,
 )
 from kernel_pool.backends.docker._sandbox_base import DockerSandboxBase
@@ -155,9 +156,12 @@ class SandboxLaunch(DockerSandboxBase):
     async def _launch_by_exec(self, name: str) -> None:
         for attempt in range(3):
             try:
+                # Its standard error while it starts in /kernel/<name>.err, as PID 1 gives
+                # it under runc (``exec``: the shell's pid is the kernel's).
                 exec_id = (await call_engine(
                     self._api.exec_create, self.info.container_id,
-                    [*KERNEL_COMMAND[:-1],
+                    ["/bin/sh", "-c", 'exec "$@" 2>"$0"', f"{KERNEL_DIR}/{name}.err",
+                     *KERNEL_COMMAND[:-1],
                      f"--max-output-bytes={self.profile.caps.display_bytes}",
                      KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
                     user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=SANDBOX_PATH,
@@ -174,6 +178,11 @@ class SandboxLaunch(DockerSandboxBase):
             if self._runsc is not None and self._cgroup is not None else None)
         await self._watch(exec_id)
 
+    async def start_errors(self) -> str | None:
+        if not self.info.kernel_name:
+            return None
+        return await in_thread(start_errors, self._socket_dir, self.info.kernel_name)
+
     async def connection_info(self) -> dict[str, Any] | None:
         if not self.info.kernel_name or await self.poll() is not None:
             return None
@@ -188,7 +197,7 @@ class SandboxLaunch(DockerSandboxBase):
                 stale.unlink(missing_ok=True)
         # PID 1's records of earlier kernels (one may land after the glob above: it records
         # a kernel's end once it reaps it), so they never fill the small folder.
-        for pattern in ("k*.pid", "k*.exit"):
+        for pattern in ("k*.pid", "k*.exit", "k*.err"):
             for stale in self._socket_dir.glob(pattern):
                 stale.unlink(missing_ok=True)
         # The folder is writable by the sandbox, which may have planted a link at any name:

@@ -34,6 +34,12 @@ STOP_ROUNDS = 50
 GONE_WAIT_S = 5.0
 """How long a hard stop waits for the processes it killed to be gone, their memory and ports
 released, before the next kernel starts in the same sandbox."""
+STOP_WAIT_S = 1.0
+"""How long the SIGSTOP passes of a kill wait, in all, for their processes to stop. One in an
+uninterruptible sleep (disk I/O) stops only once it wakes; until then it cannot fork either,
+and what it forks afterwards the next pass finds."""
+DEAD_STATES = ("Z", "X")
+STOPPED_STATES = ("T", "t", *DEAD_STATES)
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -105,6 +111,12 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
     def find() -> dict[int, tuple[str, int, int]]:
         return find_strays(procs_file, init_pid, kernel_pid, keep_kernel_children, spared)
 
+    return _reap(find, freezer)
+
+
+def _reap(find: Callable[[], dict[int, tuple[str, int, int]]], freezer: Freezer | None) -> int:
+    """Pass after pass, stop everything, kill what ``find`` finds, let it go and wait for its
+    end, until a pass finds nothing (within :data:`KILL_WITHIN_S`); how many were killed."""
     killed: set[tuple[int, int]] = set()
     deadline = time.monotonic() + KILL_WITHIN_S
     while time.monotonic() < deadline:
@@ -112,8 +124,7 @@ def kill_strays(procs_file: Path, init_pid: int, kernel_pid: int,
         if frozen is None:
             break  # frozen by someone else (a pause): nothing runs, the next execution's turn
         try:
-            strays = find() if frozen else _stopped(find)
-            victims = _signal(strays, signal.SIGKILL)
+            victims = _signal(find() if frozen else _stopped(find), signal.SIGKILL)
         finally:
             if frozen and freezer is not None:
                 freezer.thaw()
@@ -128,15 +139,33 @@ def _stopped(find: Callable[[], dict[int, tuple[str, int, int]]],
              ) -> dict[int, tuple[str, int, int]]:
     """SIGSTOP to what ``find`` finds, pass after pass until a pass finds none it has not
     stopped: a stopped process forks no more and keeps its pid (its slot under the pids
-    limit), so each pass finds fewer. What was found, stopped."""
-    stopped: set[tuple[int, int]] = set()
+    limit), so each pass finds fewer. What was found, stopped, with every process stopped on
+    the way (one may have left what ``find`` looks at since: a tree's, when its parent died).
+
+    A pass counts only once the processes it signalled have stopped: the signal is delivered
+    on their way back from the kernel, so one caught inside ``fork`` stops only once its child
+    exists; a list read before that lacked the child, which then outlived the kill (out of a
+    killed tree, re-parented to PID 1), the race a growing bomb won."""
+    stopped: dict[int, tuple[str, int, int]] = {}
+    found: dict[int, tuple[str, int, int]] = {}
+    settled = True
+    wait_until = time.monotonic() + STOP_WAIT_S
     for _ in range(STOP_ROUNDS):
         found = find()
-        running = {pid: info for pid, info in found.items() if (pid, info[2]) not in stopped}
-        if not running:
-            return found
-        stopped |= _signal(running, signal.SIGSTOP)
-    return find()
+        running = {pid: info for pid, info in found.items()
+                   if stopped.get(pid, ("", 0, -1))[2] != info[2]}
+        if not running and settled:
+            break
+        signalled = _signal(running, signal.SIGSTOP)
+        stopped.update((pid, running[pid]) for pid, _ in signalled)
+        # The whole list again, not only the new: one slow to stop (a loaded host) is waited
+        # for by the next pass, within the one budget.
+        listed = signalled | {(pid, info[2]) for pid, info in found.items()}
+        settled = _wait_state(listed, STOPPED_STATES, max(0.0, wait_until - time.monotonic()))
+        settled = settled or time.monotonic() >= wait_until
+    else:
+        found = find()
+    return {**stopped, **found}
 
 
 def _signal(processes: dict[int, tuple[str, int, int]], signum: int) -> set[tuple[int, int]]:
@@ -163,12 +192,19 @@ def _signal(processes: dict[int, tuple[str, int, int]], signum: int) -> set[tupl
 def _wait_dead(processes: Collection[tuple[int, int]], timeout_s: float = GONE_WAIT_S) -> bool:
     """Wait until none of ``processes`` (pid, start time) runs (gone, or a zombie its parent
     has yet to reap); False when some still do at ``timeout_s``."""
+    return _wait_state(processes, DEAD_STATES, timeout_s)
+
+
+def _wait_state(processes: Collection[tuple[int, int]], states: Collection[str],
+                timeout_s: float = STOP_WAIT_S) -> bool:
+    """Wait until each of ``processes`` (pid, start time) is in one of ``states`` or gone;
+    False when some are not at ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     left = list(processes)
     while True:
         left = [(pid, start) for pid, start in left
                 if (info := _stat(pid)) is not None and info[2] == start
-                and info[0] not in ("Z", "X")]
+                and info[0] not in states]
         if not left:
             return True
         if time.monotonic() >= deadline:
@@ -188,21 +224,14 @@ def wait_gone(procs_file: Path, init_pid: int, timeout_s: float = GONE_WAIT_S) -
     return True
 
 
-def kill_tree(procs_file: Path, root_pid: int, spared_levels: int) -> int:
+def kill_tree(procs_file: Path, root_pid: int, spared_levels: int,
+              freezer: Freezer | None = None) -> int:
     """Kill ``root_pid``'s tree but its top ``spared_levels`` levels (0: the whole tree, the
     root too; 1: its descendants) and wait until they are gone; how many were killed. Each
-    pass stops them first (SIGSTOP until none runs), so that a fork bomb forks no more and
-    no child is re-parented out of the tree between finding it and killing it."""
-    killed: set[tuple[int, int]] = set()
-    deadline = time.monotonic() + KILL_WITHIN_S
-    while time.monotonic() < deadline:
-        tree = _stopped(lambda: _tree(procs_file, root_pid, spared_levels))
-        victims = _signal(tree, signal.SIGKILL)
-        if not victims:
-            break
-        killed |= victims
-        _wait_dead(victims)
-    return len(killed)
+    pass stops everything first, as :func:`kill_strays` does (the container's freezer, else
+    SIGSTOP until none of the tree runs), so that a fork bomb forks no more and no child is
+    re-parented out of the tree between finding it and killing it."""
+    return _reap(lambda: _tree(procs_file, root_pid, spared_levels), freezer)
 
 
 def _tree(procs_file: Path, root_pid: int, spared_levels: int,
