@@ -15,10 +15,12 @@ environment at import time: ``Settings()`` does, when the CLI builds the app.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -30,7 +32,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError as SourceError
 
 from common.paths import default_state_dir
-from kernel_pool import PoolLimits, PoolSettings, Profile, parse_size
+from kernel_pool import NetworkPolicy, PoolLimits, PoolSettings, Profile, parse_size
 from kernel_pool.config import check_bundle_store, decode_bundle_key
 
 ENV_PREFIX = "REPLGATE_"
@@ -339,9 +341,23 @@ class Settings(BaseSettings):
 
     def pool_settings(self) -> PoolSettings:
         profile = self.limits.model_copy(update={"name": "default"})
+        pool = self.pool.model_dump()
+        pool["egress_guarded"] = [*pool["egress_guarded"], *self._own_hosts()]
         return PoolSettings(state_dir=self.state_dir, profiles={"default": profile},
-                            keep_sessions_on_close=self.keep_sessions_on_stop,
-                            **self.pool.model_dump())
+                            keep_sessions_on_close=self.keep_sessions_on_stop, **pool)
+
+    def _own_hosts(self) -> list[str]:
+        """The hosts of the cluster's database and bundle store: no session policy reaches
+        them (kernel_pool's ``egress_guarded``)."""
+        urls = [self.database_url or "", os.environ.get("AWS_ENDPOINT_URL", "")
+                if (self.bundle_store or "").startswith("s3://") else ""]
+        hosts = []
+        for url in urls:
+            with contextlib.suppress(ValueError):  # one a policy entry cannot name: none
+                host = urlsplit(url).hostname if "://" in url else None
+                if host and NetworkPolicy(deny=[host]):
+                    hosts.append(host)
+        return hosts
 
 
 class SettingsError(ValueError):

@@ -363,13 +363,23 @@ class KernelChannels:
 
     async def set_env(self, env: dict[str, str]) -> None:
         """Set environment variables in the kernel process (for the session's ``env``)."""
-        code = f"import os as _o; _o.environ.update({json.dumps(env)}); del _o"
-        msg_id, route = self.request("execute_request", {
-            "code": code, "silent": True, "store_history": False, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": False})
+        msg_id, route = self.request("execute_request", _env_request(env))
         try:
             async with asyncio.timeout(self._start_timeout_s):
                 while (await route.get())[0] != "shell":
                     pass
         finally:
             self.forget(msg_id)
+
+    def post_env(self, env: dict[str, str]) -> None:
+        """:meth:`set_env` without waiting for the kernel's answer (a round trip less on a
+        claim): the kernel runs its requests in order, so the next execution sees them."""
+        msg_id, _route = self.request("execute_request", _env_request(env))
+        self.forget(msg_id)
+
+
+def _env_request(env: dict[str, str]) -> dict[str, Any]:
+    """A silent execution that sets ``env`` in the kernel process."""
+    code = f"import os as _o; _o.environ.update({json.dumps(env)}); del _o"
+    return {"code": code, "silent": True, "store_history": False, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": False}

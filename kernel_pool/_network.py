@@ -269,8 +269,8 @@ class NetworkRules:
 
     def _decide_address(self, name: str | None, address: IPAddress,
                         port: int) -> tuple[str | None, str]:
-        if any(address.version == net.version and address in net for net in self._guarded) \
-                or address in own_addresses():
+        if any(address.version == net.version and address in net
+               for net in (*self._guarded, *_cluster)) or address in own_addresses():
             return None, (f"{address} is guarded (metadata, loopback, link-local, multicast, "
                           "or this host's or cluster's own): no policy reaches it")
         allowed, reason = self._policy.decide(name, address, port)
@@ -293,6 +293,26 @@ def _address(text: str) -> IPAddress | None:
 
 
 _own: tuple[float, frozenset[IPAddress]] = (0.0, frozenset())
+_cluster: set[IPNetwork] = set()
+"""The cluster's own addresses (:func:`guard`), guarded in every policy of this process."""
+
+
+async def guard(entries: Iterable[str]) -> None:
+    """Guard these addresses, networks and hosts (names resolved now) from every policy of
+    this process; a name that does not resolve is skipped (logged by the caller's start)."""
+    loop = asyncio.get_running_loop()
+    for text in entries:
+        entry = parse_entry(text)
+        if entry.network is not None:
+            _cluster.add(entry.network)
+            continue
+        assert entry.name is not None
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                infos = await loop.getaddrinfo(entry.name.removeprefix("*."), None)
+            for info in infos:
+                if (address := _address(str(info[4][0]))) is not None:
+                    _cluster.add(ipaddress.ip_network(address))
 
 
 def own_addresses() -> frozenset[IPAddress]:

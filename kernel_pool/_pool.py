@@ -19,6 +19,7 @@ import anyio.to_thread
 from kernel_pool._adoption import Adoption
 from kernel_pool._channels import KernelState
 from kernel_pool._handle import utcnow
+from kernel_pool._network import guard
 from kernel_pool._session import Session
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.exceptions import (
@@ -46,6 +47,7 @@ class KernelPool(Adoption):
         Returns the infos of the sandboxes kept, for the caller to re-adopt.
         """
         await self.backend.check(list(self.settings.profiles.values()))
+        await guard(self.settings.egress_guarded)  # the cluster's own: no policy reaches them
         await anyio.to_thread.run_sync(self.snapshots.remove_partials)
         kept = []
         for info in await self.backend.list_sandboxes():

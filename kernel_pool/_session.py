@@ -153,7 +153,8 @@ class Session(SessionContexts, SessionSandboxFs):
         try:
             context = self._contexts.get(handle.context_id)
             if not context.default:
-                await self._contexts.start(context, self.kernel.sandbox, self.env, self.kernel,
+                await self._contexts.start(context, self.kernel.sandbox,
+                                           {**self.kernel.proxy_env(), **self.env}, self.kernel,
                                            self._settings.kernel_start_timeout_s)
             return context
         except KernelPoolError as exc:

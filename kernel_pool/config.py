@@ -161,11 +161,25 @@ class PoolLimits(BaseModel):
         None, description="PEM certificates the egress broker trusts, besides the system's, "
         "for the hosts it connects to on a sandbox's behalf (a private API behind an "
         "internal CA; docs/secrets.md)")
+    egress_guarded: list[str] = Field(
+        default_factory=list, description="the cluster's own addresses, which no session's "
+        "network policy reaches (IPs, CIDR networks, host names resolved at the start): say, "
+        "the nodes' subnet. The host's own addresses, metadata, loopback and link-local ones "
+        "are guarded always, and so are the database's and the bundle store's hosts")
 
     @field_validator("snapshot_budget")
     @classmethod
     def _budget(cls, value: str) -> str:
         parse_size(value)
+        return value
+
+    @field_validator("egress_guarded")
+    @classmethod
+    def _guarded(cls, value: list[str]) -> list[str]:
+        from kernel_pool._network import parse_entry
+
+        for entry in value:
+            parse_entry(entry)
         return value
 
 

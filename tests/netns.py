@@ -2,20 +2,24 @@
 
 A sandbox's policy never reaches loopback or the host's own addresses, so the host a test lets
 a sandbox reach lives in a namespace of its own, joined to this one by a veth pair
-(``10.243.N.1`` here, ``10.243.N.2`` there): an address that is neither the host's nor
-loopback, which the gateway (in this namespace) reaches like any other host. Each port
-answers ``hello <port> <path>``. Needs root (the test machine's runner is).
+(``10.244.N.1`` here, ``10.244.N.2`` there): an address that is neither the host's nor
+loopback, which the gateway (in this namespace) reaches like any other host. ``N`` is one no
+other namespace of this machine uses (chosen and taken under a lock file: tests of parallel
+runs make these too, and two namespaces with one subnet would take each other's traffic).
+Each port answers ``hello <port> <path>``. Needs root (the test machine's runner is).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 SERVER = """
 import sys, threading
@@ -40,6 +44,9 @@ servers[0].serve_forever()
 """
 
 
+LOCK = Path("/tmp/replgate-netns.lock")
+
+
 @dataclass(frozen=True)
 class NetnsHost:
     address: str
@@ -56,19 +63,29 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+def _free_octet() -> int:
+    """A ``10.244.N.0/30`` no interface of this machine has an address in."""
+    used = subprocess.run(["ip", "-4", "-o", "addr"], check=True, capture_output=True,
+                          text=True, timeout=30).stdout
+    free = [n for n in range(1, 255) if f" 10.244.{n}." not in used]
+    return secrets.choice(free)
+
+
 @contextlib.contextmanager
 def netns_host(ports: tuple[int, ...] = (18080, 18081)) -> Iterator[NetnsHost]:
     """HTTP servers on ``ports`` in a new network namespace, removed on exit."""
     tag = secrets.token_hex(3)
     name, outer, inner = f"rgnp-{tag}", f"rgnp{tag}a", f"rgnp{tag}b"
-    octet = secrets.randbelow(250) + 1
-    near, far = f"10.243.{octet}.1", f"10.243.{octet}.2"
     _ip("netns", "add", name)
     server: subprocess.Popen[str] | None = None
     try:
         _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
         _ip("link", "set", inner, "netns", name)
-        _ip("addr", "add", f"{near}/30", "dev", outer)
+        with open(LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            octet = _free_octet()
+            near, far = f"10.244.{octet}.1", f"10.244.{octet}.2"
+            _ip("addr", "add", f"{near}/30", "dev", outer)
         _ip("link", "set", outer, "up")
         _ip("-n", name, "addr", "add", f"{far}/30", "dev", inner)
         _ip("-n", name, "link", "set", inner, "up")

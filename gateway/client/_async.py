@@ -10,6 +10,7 @@ import httpx
 
 from gateway.wire import CommandResult, Execution, FileInfo
 from gateway.wire import SessionOut as SessionInfo
+from kernel_pool import NetworkPolicy
 
 from ._commands import AsyncCommands
 from ._errors import NotFoundError
@@ -194,6 +195,11 @@ class AsyncSandbox:
         notebook: dict[str, Any] = response.json()
         return notebook
 
+    async def network(self) -> NetworkPolicy:
+        """The network policy the sandbox runs under (its own, else its profile's)."""
+        response = await self._transport.request("GET", f"{self._path}/network")
+        return NetworkPolicy.model_validate(response.json())
+
     async def close(self) -> None:
         """Delete the session (its kernel and workspace) and close the connections.
 
@@ -256,3 +262,6 @@ class ToolSessionOf:
 
     async def fork(self, count: int) -> list[str]:
         return [info.id for info in await self._sandbox.fork(count)]
+
+    async def network(self) -> NetworkPolicy:
+        return await self._sandbox.network()

@@ -92,6 +92,10 @@ class ForkSessionArgs(_Arguments):
     count: ForkCount = 1
 
 
+class NetworkPolicyArgs(_Arguments):
+    pass
+
+
 # -- descriptions ----------------------------------------------------------------------------
 
 
@@ -159,7 +163,7 @@ def _languages_text(languages: tuple[str, ...] | None) -> str:
 
 
 def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
-    """The eight tools, described with ``limits``."""
+    """The tools, described with ``limits``."""
     lim = limits or ToolLimits()
     execute = (
         "Run Python code in a persistent, sandboxed Python (IPython) session and get back what "
@@ -235,6 +239,11 @@ def tool_specs(limits: ToolLimits | None = None) -> list[ToolSpec]:
             "directory's files, and this session goes on unchanged. Returns the new sessions' "
             "ids, to drive through replgate's HTTP API or client (this connection stays on "
             "this session). Threads and open connections are not copied."), ForkSessionArgs),
+        ToolSpec("network_policy", (
+            "Show what this session's sandbox may reach on the network: nothing (the "
+            "default), or the hosts its network policy allows or denies, reached through an "
+            "HTTP(S) proxy. Read it before code that downloads, installs packages or calls "
+            "an API."), NetworkPolicyArgs),
     ]
 
 

@@ -1,6 +1,6 @@
 """replgate as tools for a model: a tool call turned into a result.
 
-The same eight tools serve MCP (``replgate mcp``) and function calling; their arguments are
+The same tools serve MCP (``replgate mcp``) and function calling; their arguments are
 pydantic models and their descriptions are written for a model (both in ``_tool_specs``), and
 :class:`SandboxTools` implements them once over :class:`ToolSession`, the few operations a
 session offers.
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from gateway.wire import CommandResult, Execution, FileInfo
+from kernel_pool import NetworkPolicy
 
 from ._errors import InvalidRequestError, NotFoundError
 from ._render import ImagePart, TextPart, ToolResult, cut, render_command, render_execution
@@ -66,13 +67,17 @@ class ToolSession(Protocol):
         """Copies of the session (variables and files); their ids."""
         ...
 
+    async def network(self) -> NetworkPolicy:
+        """The network policy the session's sandbox runs under."""
+        ...
+
 
 _IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 _IMAGE_BYTES = 5 * 2**20
 
 
 class SandboxTools:
-    """The eight tools over one session, for a model's tool calls.
+    """The tools over one session, for a model's tool calls.
 
     :meth:`call` runs a call by name with its arguments (a dict, or the JSON text OpenAI
     sends) and returns a :class:`ToolResult`. A mistake of the model (an unknown tool, bad
@@ -220,6 +225,24 @@ class SandboxTools:
         return ToolResult([TextPart(
             f"Forked this session into {len(ids)} new session(s), each with this session's "
             f"variables and files; their ids:\n{listed}")], extra={"session_ids": ids})
+
+    async def network_policy(self) -> ToolResult:
+        """What the session's sandbox may reach."""
+        policy = await self._session.network()
+        if policy.default == "deny" and not policy.allow:
+            text = ("This session has no network: every connection is refused (code that needs "
+                    "data must work with files uploaded to the working directory).")
+        else:
+            opened = ("every host but those denied" if policy.default == "allow"
+                      else "only the hosts allowed")
+            text = (f"This session's network: {opened}, through an HTTP(S) proxy (its "
+                    "HTTP_PROXY/HTTPS_PROXY variables; raw sockets have no route).\n"
+                    f"allowed: {', '.join(policy.allow) or '-'}\n"
+                    f"denied: {', '.join(policy.deny) or '-'}\n"
+                    "An entry without a port means ports 80 and 443 when allowed, every port "
+                    "when denied. Metadata, loopback and the host's own addresses are never "
+                    "reachable.")
+        return ToolResult([TextPart(text)], extra={"network": policy.model_dump()})
 
     async def export_notebook(self, path: str | None = None) -> ToolResult:
         """The session's history as a notebook: returned, or saved at ``path``."""

@@ -127,6 +127,9 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
     async def fork_session(ctx: Context, count: ForkCount = 1) -> CallToolResult:
         return await run(ctx, lambda tools: tools.fork_session(count))
 
+    async def network_policy(ctx: Context) -> CallToolResult:
+        return await run(ctx, lambda tools: tools.network_policy())
+
     hints: dict[Callable[..., Awaitable[CallToolResult]], ToolAnnotations] = {
         execute_python: ToolAnnotations(title="Run Python", destructive_hint=False,
                                         open_world_hint=False),
@@ -146,6 +149,8 @@ def build_server(resolve: Resolver, limits: ToolLimits | None = None) -> MCPServ
                                    open_world_hint=False),
         fork_session: ToolAnnotations(title="Fork the session", destructive_hint=False,
                                       open_world_hint=False),
+        network_policy: ToolAnnotations(title="Show the session's network", read_only_hint=True,
+                                        open_world_hint=False),
     }
     for function, hint in hints.items():
         name = function.__name__

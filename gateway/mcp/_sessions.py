@@ -23,6 +23,7 @@ from gateway.client import (
     ToolSession,
     ToolSessionOf,
 )
+from kernel_pool import NetworkPolicy
 
 T = TypeVar("T")
 
@@ -107,6 +108,9 @@ class LazySession:
 
     async def fork(self, count: int) -> list[str]:
         return await self._run(lambda backend: backend.fork(count))
+
+    async def network(self) -> NetworkPolicy:
+        return await self._run(lambda backend: backend.network())
 
     async def close(self) -> None:
         """Delete the replgate session, if one was started; later calls are refused."""

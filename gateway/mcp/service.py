@@ -16,9 +16,10 @@ from common.settings import Settings
 from gateway.client import CommandResult, Execution, FileInfo, ReplgateError, ToolLimits
 from gateway.client._errors import error_for_status
 from gateway.errors import DOMAIN_ERRORS, detail_for, status_for
+from gateway.network import network_of
 from gateway.service import Gateway
 from gateway.wire import CommandRequest, ForkRequest, SessionCreate
-from kernel_pool import KernelPoolError, SessionClosed, SessionNotFound
+from kernel_pool import KernelPoolError, NetworkPolicy, SessionClosed, SessionNotFound
 
 from ._http import McpEndpoint
 from ._sessions import Backend, BackendFactory
@@ -93,6 +94,12 @@ class ServiceBackend:
                 self._tenant, session, CommandRequest(cmd=cmd, timeout_s=timeout_s))
 
         return await self._call(run)
+
+    async def network(self) -> NetworkPolicy:
+        async def read() -> NetworkPolicy:
+            return network_of(await self._gateway.session(self._tenant, self.session_id))
+
+        return await self._call(read)
 
     async def fork(self, count: int) -> list[str]:
         children = await self._call(lambda: self._gateway.fork(

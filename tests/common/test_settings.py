@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from common.settings import FLAT_NAMES, Settings, SettingsError, load_settings
-from kernel_pool import OutputCaps, PoolLimits, Profile
+from kernel_pool import NetworkPolicy, OutputCaps, PoolLimits, Profile
 
 SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
 
@@ -31,6 +31,8 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
         return '["example.com"]', ["example.com"]
     if Path in get_args(annotation):  # a folder, unset by default
         return "/srv/other-value", Path("/srv/other-value")
+    if NetworkPolicy in get_args(annotation):  # a profile's network bound, unset by default
+        return '{"default": "allow"}', NetworkPolicy(default="allow")
     return "other-value", "other-value"
 
 
@@ -171,3 +173,13 @@ def test_what_cannot_work_is_one_line_naming_the_variable(
 def test_sessions_run_here_unless_the_database_is_shared(url: str | None, local: bool) -> None:
     assert Settings(database_url=url).hosts_sessions is local
     assert Settings(database_url=url, local_node=not local).hosts_sessions is not local
+
+
+def test_the_database_and_bundle_store_hosts_are_guarded(monkeypatch: pytest.MonkeyPatch,
+                                                         ) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://store.internal:8333")
+    settings = Settings(database_url="postgresql://u:p@db.internal:5432/x",
+                        bundle_store="s3://bucket/prefix", bundle_key="A" * 44,
+                        pool={"egress_guarded": ["10.9.0.0/16"]})
+    assert settings.pool_settings().egress_guarded == ["10.9.0.0/16", "db.internal",
+                                                       "store.internal"]

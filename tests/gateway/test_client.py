@@ -304,7 +304,8 @@ def test_tools_define_openai_and_anthropic_shapes(sandbox: AsyncSandbox) -> None
     anthropic = sandbox.tools.anthropic()
 
     names = ["execute_python", "execute_code", "upload_file", "read_file", "list_files",
-             "restart_kernel", "export_notebook", "run_shell", "fork_session"]
+             "restart_kernel", "export_notebook", "run_shell", "fork_session",
+             "network_policy"]
     assert [tool["function"]["name"] for tool in openai] == names
     assert [tool["name"] for tool in anthropic] == names
     execute = openai[0]

@@ -34,7 +34,8 @@ from tests.conftest import GatewayProcess
 REPLGATE = Path(sys.executable).with_name("replgate")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOOLS = ["execute_python", "execute_code", "upload_file", "read_file", "list_files",
-         "restart_kernel", "export_notebook", "run_shell", "fork_session"]
+         "restart_kernel", "export_notebook", "run_shell", "fork_session",
+         "network_policy"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream",
                "Content-Type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -435,3 +436,10 @@ async def test_fork_session_returns_new_session_ids(mcp: Client, gateway: Gatewa
             answer = await http.post(f"/v1/sessions/{sid}/execute", json={"code": "forked_var"})
             assert answer.json()["outputs"][0]["data"]["text/plain"] == "'from the parent'"
             assert (await http.delete(f"/v1/sessions/{sid}")).status_code == 204
+
+
+async def test_network_policy_shows_the_sessions_network(mcp: Client) -> None:
+    shown = await mcp.call_tool("network_policy", {})
+
+    assert not shown.is_error, texts(shown)
+    assert texts(shown).startswith("This session has no network: every connection is refused")

@@ -61,7 +61,7 @@ def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
 
 @pytest.fixture(scope="module")
 def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=60) as c:
+    with httpx.Client(base_url=gateway.url, headers=gateway.headers("alpha"), timeout=120) as c:
         yield c
 
 
@@ -77,7 +77,7 @@ def create(client: httpx.Client, **body: object) -> str:
 
 def fetch(client: httpx.Client, sid: str, *urls: str) -> list[str]:
     answer = client.post(f"/v1/sessions/{sid}/execute",
-                         json={"code": GET.format(urls=list(urls)), "timeout_s": 40})
+                         json={"code": GET.format(urls=list(urls)), "timeout_s": 90})
     assert answer.status_code == 200, answer.text
     return str(answer.json()["stdout"]).strip().split("\n")
 

@@ -68,8 +68,8 @@ async def pool(docker_client: docker.DockerClient) -> AsyncIterator[KernelPool]:
 
 
 async def run(session: Session, code: str) -> list[str]:
-    result = await session.execute(code, 30)
-    assert result.status == "ok", (result.status, result.error, result.stderr)
+    result = await session.execute(code, 60)  # a kernel start took 18 s on a loaded machine
+    assert result.status == "ok", (result.status, result.error, result.stdout, result.stderr)
     return result.stdout.strip().split("\n")
 
 

@@ -9,6 +9,7 @@ from kernel_pool import Profile
 from kernel_pool._network import (
     NetworkPolicy,
     NetworkRules,
+    guard,
     parse_entry,
     policy_beyond,
     profile_bound,
@@ -73,3 +74,13 @@ async def test_guarded_addresses_are_refused_even_when_listed(target: str) -> No
                          NetworkPolicy(default="allow"))
     address, reason = await rules.decide(target, 80)
     assert address is None and "guarded" in reason
+
+
+async def test_the_clusters_own_addresses_are_guarded_once_named() -> None:
+    rules = NetworkRules(NetworkPolicy(default="allow"), NetworkPolicy(default="allow"))
+    assert (await rules.decide("198.18.7.7", 443))[0] == "198.18.7.7"
+    await guard(["198.18.7.0/24"])
+    address, reason = await rules.decide("198.18.7.7", 443)
+    assert address is None and "guarded" in reason
+    assert (await rules.decide("198.18.8.1", 443))[0] == "198.18.8.1"
+

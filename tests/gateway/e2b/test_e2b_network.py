@@ -48,7 +48,7 @@ def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
 
 
 def fetch(sandbox: Sandbox, url: str) -> str:
-    return sandbox.commands.run(FETCH + url, timeout=30).stdout.strip()
+    return sandbox.commands.run(FETCH + url, timeout=90).stdout.strip()
 
 
 def test_deny_all_with_allow_out_reaches_only_the_allowed_host(host: NetnsHost) -> None:
