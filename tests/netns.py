@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SERVER = """
 import sys, threading
@@ -71,13 +72,31 @@ def _free_octet() -> int:
     return secrets.choice(free)
 
 
+@dataclass(frozen=True)
+class Namespace:
+    """A network namespace joined to this one by a veth pair."""
+
+    name: str
+    near: str
+    """This namespace's end: one of the host's own addresses."""
+    far: str
+    """The other end's address, inside the namespace."""
+
+    def run(self, command: list[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start ``command`` in the namespace's network only (``nsenter --net``): unlike
+        ``ip netns exec`` it gets no copy of this host's mounts, which would hold every
+        loop-mounted workspace busy for as long as it runs (a paused one then cannot be
+        mounted again)."""
+        return subprocess.Popen(["nsenter", f"--net=/run/netns/{self.name}", *command],
+                                **popen)
+
+
 @contextlib.contextmanager
-def netns_host(ports: tuple[int, ...] = (18080, 18081)) -> Iterator[NetnsHost]:
-    """HTTP servers on ``ports`` in a new network namespace, removed on exit."""
+def veth_namespace(prefix: str) -> Iterator[Namespace]:
+    """A new network namespace on a ``10.244.N.0/30`` of its own, removed on exit."""
     tag = secrets.token_hex(3)
-    name, outer, inner = f"rgnp-{tag}", f"rgnp{tag}a", f"rgnp{tag}b"
+    name, outer, inner = f"{prefix}-{tag}", f"{prefix}{tag}a", f"{prefix}{tag}b"
     _ip("netns", "add", name)
-    server: subprocess.Popen[str] | None = None
     try:
         _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
         _ip("link", "set", inner, "netns", name)
@@ -90,19 +109,26 @@ def netns_host(ports: tuple[int, ...] = (18080, 18081)) -> Iterator[NetnsHost]:
         _ip("-n", name, "addr", "add", f"{far}/30", "dev", inner)
         _ip("-n", name, "link", "set", inner, "up")
         _ip("-n", name, "link", "set", "lo", "up")
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-c", SERVER, far,
-             *map(str, ports)], stdout=subprocess.PIPE, text=True)
-        assert server.stdout is not None
-        assert server.stdout.readline().strip() == "ready"
-        time.sleep(0.1)
-        yield NetnsHost(address=far, near=near, ports=ports)
+        yield Namespace(name=name, near=near, far=far)
     finally:
-        if server is not None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            _ip("link", "del", outer)
+        _ip("netns", "del", name)
+
+
+@contextlib.contextmanager
+def netns_host(ports: tuple[int, ...] = (18080, 18081)) -> Iterator[NetnsHost]:
+    """HTTP servers on ``ports`` in a new network namespace, removed on exit."""
+    with veth_namespace("rgnp") as namespace:
+        server = namespace.run([sys.executable, "-c", SERVER, namespace.far,
+                                *map(str, ports)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            assert server.stdout.readline().strip() == "ready"
+            time.sleep(0.1)
+            yield NetnsHost(address=namespace.far, near=namespace.near, ports=ports)
+        finally:
             server.kill()
             server.wait(10)
             if server.stdout is not None:
                 server.stdout.close()
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _ip("link", "del", outer)
-        _ip("netns", "del", name)

@@ -1,9 +1,10 @@
 """A real HTTPS server off this host's loopback, for egress tests: in a network namespace made
 for the test, reached over a veth pair, with its own test CA.
 
-``upstream_server()`` (root) makes the namespace ``rgup-<hex>``, a veth pair with
-``10.243.N.1/30`` on the host side and ``10.243.N.2/30`` inside, a CA and a certificate for
-``10.243.N.2`` (and the name ``upstream.test``), and runs this module inside the namespace as
+``upstream_server()`` (root) makes the namespace ``rgup-<hex>`` (:func:`tests.netns.veth_namespace`:
+a veth pair on a ``10.244.N.0/30`` no other namespace of the machine has), a CA and a
+certificate for the inner address (and the name ``upstream.test``), and runs this module inside
+the namespace as
 the server: every request it receives is appended to a JSON-lines log (method, path, headers,
 body) that the test reads with :meth:`Upstream.requests`; it answers ``200 ok <n>`` without
 echoing anything it received (so the sandbox never sees an injected header). A request with
@@ -20,8 +21,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import random
-import secrets
 import socket
 import ssl
 import subprocess
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.netns import veth_namespace
 
 PORT = 8443
 REPO = Path(__file__).resolve().parent.parent
@@ -94,53 +95,38 @@ def _certificates(folder: Path, address: str) -> tuple[Path, Path, Path]:
     return ca_file, cert_file, key_file
 
 
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], check=check, capture_output=True)
-
-
 @contextmanager
 def upstream_server() -> Iterator[Upstream]:
     """The HTTPS server in its own network namespace (needs root)."""
-    tag = secrets.token_hex(3)
-    namespace, host_end, inner_end = f"rgup-{tag}", f"rgu{tag}h", f"rgu{tag}n"
-    net = random.randrange(0, 63) * 4
-    host_address, address = f"10.243.{net}.1", f"10.243.{net}.2"
     folder = Path(tempfile.mkdtemp(prefix="rg-upstream-"))
-    ca_file, cert_file, key_file = _certificates(folder, address)
     log = folder / "requests.jsonl"
-    process: subprocess.Popen[bytes] | None = None
-    _ip("netns", "add", namespace)
     try:
-        _ip("link", "add", host_end, "type", "veth", "peer", "name", inner_end)
-        _ip("link", "set", inner_end, "netns", namespace)
-        _ip("addr", "add", f"{host_address}/30", "dev", host_end)
-        _ip("link", "set", host_end, "up")
-        _ip("-n", namespace, "addr", "add", f"{address}/30", "dev", inner_end)
-        _ip("-n", namespace, "link", "set", inner_end, "up")
-        _ip("-n", namespace, "link", "set", "lo", "up")
-        with open(folder / "server.err", "wb") as errors:
-            process = subprocess.Popen(
-                ["ip", "netns", "exec", namespace, sys.executable, "-m", "tests.upstream",
-                 address, str(PORT), str(cert_file), str(key_file), str(log)],
-                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                stdout=subprocess.DEVNULL, stderr=errors)
-        deadline = time.monotonic() + 20
-        while True:
+        with veth_namespace("rgup") as namespace:
+            address = namespace.far
+            ca_file, cert_file, key_file = _certificates(folder, address)
+            with open(folder / "server.err", "wb") as errors:
+                process = namespace.run(
+                    [sys.executable, "-m", "tests.upstream", address, str(PORT),
+                     str(cert_file), str(key_file), str(log)],
+                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                    stdout=subprocess.DEVNULL, stderr=errors)
             try:
-                socket.create_connection((address, PORT), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("upstream test server did not start: "
-                                       + (folder / "server.err").read_text()[-2000:]) from None
-                time.sleep(0.1)
-        yield Upstream(address=address, port=PORT, ca_file=ca_file, log=log)
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        socket.create_connection((address, PORT), timeout=1).close()
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline or process.poll() is not None:
+                            raise RuntimeError(
+                                "upstream test server did not start: "
+                                + (folder / "server.err").read_text()[-2000:]) from None
+                        time.sleep(0.1)
+                yield Upstream(address=address, port=PORT, ca_file=ca_file, log=log)
+            finally:
+                process.kill()
+                process.wait()
     finally:
-        if process is not None:
-            process.kill()
-            process.wait()
-        _ip("link", "del", host_end, check=False)
-        _ip("netns", "del", namespace, check=False)
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()
