@@ -150,7 +150,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (CommandNotFound, 404),
     (CommandInputClosed, 409),
     (TooManyWatches, 429),
-    (CapacityError, 503),
+    # a limit (REPLGATE_MAX_KERNELS) reached after a wait for room: try again later
+    (CapacityError, 429),
     (KernelStartError, 503),
     (KernelUnavailable, 503),
     (BackendError, 503),
