@@ -16,6 +16,7 @@ from typing import Any
 
 from bench import _figures as figures
 from bench import _runtimes
+from bench._bursts import bursts
 from bench._e2b import e2b_vs_client
 from bench._lifecycle import held, lifecycle, pause_with
 from bench._measure import load_average, machine, wait_quiet
@@ -25,7 +26,7 @@ from bench._sizes import pause_sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
-           "throughput", "density", "runtimes", "e2b")
+           "throughput", "density", "runtimes", "e2b", "bursts")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
 ON_REQUEST = ("held", "pause_with", "pause_sizes")
@@ -57,6 +58,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
         await _e2b_only(sizes, results)
+        return _finish(results, started)
+    if wanted == {"bursts"}:  # gateways of ours at a default install's pool, nothing else
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        await _loaded(results, "bursts", "bursts", bursts(args.quick, args.burst_warm, log))
         return _finish(results, started)
     if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
@@ -136,6 +142,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await measure("density", "density", figures.density(contenders, sizes))
         if "runtimes" in wanted:
             await measure("runc against gVisor", "runtimes", _runtimes.runtimes(sizes, log))
+        if "bursts" in wanted:  # its own gateways (the others idle meanwhile)
+            await measure("bursts", "bursts", bursts(args.quick, args.burst_warm, log))
         log("stopping the contenders")
     return _finish(results, started)
 
@@ -220,6 +228,9 @@ def main() -> None:
     parser.add_argument("--held-sample", type=int, default=8,
                         help="held sessions resumed (spread over the lot)")
     parser.add_argument("--sessions", help="throughput session counts, e.g. 1,8,32")
+    parser.add_argument("--burst-warm", type=int, default=None,
+                        help="warm kernels of the bursts' gateway (default: a default "
+                        "install's, REPLGATE_MIN_IDLE)")
     parser.add_argument("--wait-quiet", action="store_true",
                         help="first wait for the load average to drop (see --quiet-load)")
     parser.add_argument("--quiet-load", type=float, default=1.5)
