@@ -172,6 +172,7 @@ def table(results: dict[str, Any]) -> str:
     lines += _runtime_lines(results.get("runtimes"))
     lines += _held_lines(results.get("held"))
     lines += burst_lines(results.get("bursts"))
+    lines += burst_lines(results.get("bursts_cluster"))
     fl = results.get("flood")
     if fl and "error" not in fl:
         lines.append(f"flood (100 MB printed): gateway RSS {fl['before_mib']:.0f} -> peak "

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import _figures as figures
 from bench import _runtimes
-from bench._bursts import bursts
+from bench._bursts import bursts, cluster_bursts
 from bench._e2b import e2b_vs_client
 from bench._lifecycle import held, lifecycle, pause_with
 from bench._measure import load_average, machine, wait_quiet
@@ -29,10 +29,11 @@ FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", 
            "throughput", "density", "runtimes", "e2b", "bursts")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
-ON_REQUEST = ("held", "pause_with", "pause_sizes")
+ON_REQUEST = ("held", "pause_with", "pause_sizes", "bursts_cluster")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
 workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU;
-``pause_sizes`` holds gigabytes of memory and writes them to disk)."""
+``pause_sizes`` holds gigabytes of memory and writes them to disk; ``bursts_cluster`` needs
+the PostgreSQL of ``REPLGATE_TEST_POSTGRES``)."""
 
 
 def log(message: str) -> None:
@@ -59,10 +60,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             figures.sandbox_image, log)
         await _e2b_only(sizes, results)
         return _finish(results, started)
-    if wanted == {"bursts"}:  # gateways of ours at a default install's pool, nothing else
+    if wanted <= {"bursts", "bursts_cluster"}:  # ours at a default install's pool, alone
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
             figures.sandbox_image, log)
-        await _loaded(results, "bursts", "bursts", bursts(args.quick, args.burst_warm, log))
+        if "bursts" in wanted:
+            await _loaded(results, "bursts", "bursts", bursts(args.quick, args.burst_warm, log))
+        if "bursts_cluster" in wanted:
+            await _loaded(results, "bursts, cluster", "bursts_cluster", cluster_bursts(log))
         return _finish(results, started)
     if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
