@@ -260,6 +260,9 @@ class _Node(Protocol):
 class NoNodeAvailable(KernelPoolError):
     """No node can take a new session: all full, draining, down or silent."""
 
+    full = False
+    """Every node that could take it holds its most (a limit, not a failure: 429)."""
+
     def __init__(self, nodes: Sequence[_Node], exclude: Collection[str] = ()) -> None:
         self.nodes = list(nodes)
         if not nodes:
@@ -276,6 +279,7 @@ class NoNodeAvailable(KernelPoolError):
                 else:
                     reason = "silent (heartbeat late)"
                 counts[reason] = counts.get(reason, 0) + 1
+            self.full = "full" in counts and set(counts) <= {"full", "excluded"}
             states = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
             why = (f"all {len(nodes)} nodes are busy or away ({states}); delete idle sessions, "
                    "start another node, raise a node's REPLGATE_MAX_KERNELS or undrain one")
