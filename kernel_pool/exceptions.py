@@ -279,7 +279,10 @@ class NoNodeAvailable(KernelPoolError):
                 else:
                     reason = "silent (heartbeat late)"
                 counts[reason] = counts.get(reason, 0) + 1
-            self.full = "full" in counts and set(counts) <= {"full", "excluded"}
+            # Every node it could go to is up: each was full at the claim (one may have given
+            # a slot back since); one down or draining is a failure or an operator's doing.
+            candidates = [node for node in nodes if node.id not in exclude]
+            self.full = bool(candidates) and all(node.state == "up" for node in candidates)
             states = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
             why = (f"all {len(nodes)} nodes are busy or away ({states}); delete idle sessions, "
                    "start another node, raise a node's REPLGATE_MAX_KERNELS or undrain one")
