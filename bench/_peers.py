@@ -74,12 +74,13 @@ class Replgate:
     image = "replgate-sandbox:latest"
     """The sandbox image every instance runs (the bench sets it to this checkout's build)."""
 
-    def __init__(self, min_idle: int, max_kernels: int, root: Path = ROOT,
+    def __init__(self, min_idle: int | None, max_kernels: int | None, root: Path = ROOT,
                  image: str | None = None, runtime: str = "runc",
                  settings: dict[str, str] | None = None) -> None:
         """``root`` and ``image``: another checkout's code and sandbox image (say, to compare
         with an earlier version in the same run); ``runtime``: runc or gvisor; ``settings``:
-        more ``REPLGATE_*`` variables, over the benchmark's."""
+        more ``REPLGATE_*`` variables, over the benchmark's. ``min_idle``, ``max_kernels``:
+        None leaves them at a default install's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -88,7 +89,6 @@ class Replgate:
         self.state = Path(tempfile.mkdtemp(prefix="rg-bench-", dir="/tmp"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("REPLGATE_")}
         env.update({"REPLGATE_STATE_DIR": str(self.state), "REPLGATE_API_KEYS": f"b:{self.key}",
-                    "REPLGATE_MIN_IDLE": str(min_idle), "REPLGATE_MAX_KERNELS": str(max_kernels),
                     "REPLGATE_OWNER": self.owner, "REPLGATE_WORKSPACE_SIZE": "256m",
                     "REPLGATE_IMAGE": image or self.image,
                     "REPLGATE_MAX_SESSIONS_PER_TENANT": "256",
@@ -96,6 +96,9 @@ class Replgate:
                     "REPLGATE_LOG_LEVEL": "warning", "REPLGATE_RUNTIME": runtime,
                     # A stopped contender leaves nothing running (its sessions are deleted).
                     "REPLGATE_KEEP_SESSIONS_ON_STOP": "false"})
+        for name, value in (("MIN_IDLE", min_idle), ("MAX_KERNELS", max_kernels)):
+            if value is not None:
+                env[f"REPLGATE_{name}"] = str(value)
         env.update(settings or {})
         self.log = self.state.with_suffix(".log")
         """The gateway's own log (warnings and errors), kept after the run."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench._bursts import burst_lines, burst_targets
 from bench.cycles import cycle_targets
 
 
@@ -120,6 +121,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     added = _get(results, "e2b.run_code_added_p50_ms")
     add("E2B SDK run_code over replgate's client, p50 (ms)", added, "<= 2",
         None if added is None else added <= 2)
+    for name, value, goal, met in burst_targets(results):
+        add(name, value, goal, met)
     peak = _get(results, "flood.peak_mib")
     add("gateway RSS during a 100 MB flood (MiB)", peak, "< 250 MB (238 MiB)",
         None if peak is None else peak * 2**20 < 250e6)
@@ -171,6 +174,8 @@ def table(results: dict[str, Any]) -> str:
                       f" fit in {dens['memory_available_gib']} GiB available"]
     lines += _runtime_lines(results.get("runtimes"))
     lines += _held_lines(results.get("held"))
+    lines += burst_lines(results.get("bursts"))
+    lines += burst_lines(results.get("bursts_cluster"))
     fl = results.get("flood")
     if fl and "error" not in fl:
         lines.append(f"flood (100 MB printed): gateway RSS {fl['before_mib']:.0f} -> peak "

@@ -16,6 +16,7 @@ from typing import Any
 
 from bench import _figures as figures
 from bench import _runtimes
+from bench._bursts import bursts, cluster_bursts
 from bench._e2b import e2b_vs_client
 from bench._lifecycle import held, lifecycle, pause_with
 from bench._measure import load_average, machine, wait_quiet
@@ -26,14 +27,15 @@ from bench.cycles import cycles
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
-           "throughput", "density", "runtimes", "e2b")
+           "throughput", "density", "runtimes", "e2b", "bursts")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
-ON_REQUEST = ("held", "pause_with", "pause_sizes", "cycles")
+ON_REQUEST = ("held", "pause_with", "pause_sizes", "cycles", "bursts_cluster")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
 workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU;
 ``pause_sizes`` holds gigabytes of memory and writes them to disk; ``cycles``: a hundred
-pause/resume cycles on one session, memory pauses among them)."""
+pause/resume cycles on one session, memory pauses among them; ``bursts_cluster`` needs the
+PostgreSQL of ``REPLGATE_TEST_POSTGRES``)."""
 
 
 def log(message: str) -> None:
@@ -66,6 +68,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         count = 20 if args.quick else args.cycles
         log(f"{count} pause/resume cycles, a chain of {args.fork_chain} forks")
         await _loaded(results, "cycles", "cycles", cycles(count, args.fork_chain, log))
+        return _finish(results, started)
+    if wanted <= {"bursts", "bursts_cluster"}:  # ours at a default install's pool, alone
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        if "bursts" in wanted:
+            await _loaded(results, "bursts", "bursts", bursts(args.quick, args.burst_warm, log))
+        if "bursts_cluster" in wanted:
+            await _loaded(results, "bursts, cluster", "bursts_cluster", cluster_bursts(log))
         return _finish(results, started)
     if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
@@ -145,6 +155,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await measure("density", "density", figures.density(contenders, sizes))
         if "runtimes" in wanted:
             await measure("runc against gVisor", "runtimes", _runtimes.runtimes(sizes, log))
+        if "bursts" in wanted:  # its own gateways (the others idle meanwhile)
+            await measure("bursts", "bursts", bursts(args.quick, args.burst_warm, log))
         log("stopping the contenders")
     return _finish(results, started)
 
@@ -240,6 +252,9 @@ def main() -> None:
     parser.add_argument("--fork-chain", type=int, default=10,
                         help="forks of forks of --only cycles")
     parser.add_argument("--sessions", help="throughput session counts, e.g. 1,8,32")
+    parser.add_argument("--burst-warm", type=int, default=None,
+                        help="warm kernels of the bursts' gateway (default: a default "
+                        "install's, REPLGATE_MIN_IDLE)")
     parser.add_argument("--wait-quiet", action="store_true",
                         help="first wait for the load average to drop (see --quiet-load)")
     parser.add_argument("--quiet-load", type=float, default=1.5)

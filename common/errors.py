@@ -150,7 +150,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
     (CommandNotFound, 404),
     (CommandInputClosed, 409),
     (TooManyWatches, 429),
-    (CapacityError, 503),
+    # a limit (REPLGATE_MAX_KERNELS) reached after a wait for room: try again later
+    (CapacityError, 429),
     (KernelStartError, 503),
     (KernelUnavailable, 503),
     (BackendError, 503),
@@ -180,6 +181,8 @@ STATUS_BY_ERROR: Sequence[tuple[type[Exception], int]] = (
 
 def status_for(exc: BaseException) -> int:
     """The HTTP status of a domain error; 500 for anything else."""
+    if isinstance(exc, NoNodeAvailable) and exc.full:
+        return 429  # every node at its REPLGATE_MAX_KERNELS: a limit, as one machine's pool
     for kind, status in STATUS_BY_ERROR:
         if isinstance(exc, kind):
             return status

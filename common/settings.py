@@ -51,6 +51,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "stream_chars": ("limits", "caps", "stream_chars"),
     "max_output_bytes": ("limits", "caps", "display_bytes"),
     "max_kernels": ("pool", "max_kernels"),
+    "capacity_wait_s": ("pool", "capacity_wait_s"),
     "interrupt_grace_s": ("pool", "interrupt_grace_s"),
     "max_queued_executions": ("pool", "max_queued_executions"),
     "max_commands": ("pool", "max_commands"),

@@ -20,6 +20,7 @@ from common.metrics import Metrics
 from common.settings import Settings
 from common.store import SessionRecord
 from common.tracing import Tracing
+from gateway.admission import Admissions, Ticket
 from gateway.audit import AuditLog
 from gateway.audit_records import AuditRecord
 from gateway.errors import (
@@ -88,6 +89,7 @@ class Gateway:
         nothing here touches OpenTelemetry)."""
         self.usage = UsageMeter()
         self._tenant_of: dict[str, str] = {}
+        self._creating = Admissions()
         """The sessions this gateway recorded or found, with their tenants (the host decides
         whose a session is: this is what the per-tenant limits count)."""
         self.recorder = Recorder(store, audit, metrics, self.governance, tracing,
@@ -143,9 +145,10 @@ class Gateway:
             self._tenant_of[session.id] = tenant
         return found
 
-    async def _admit(self, tenant: str) -> None:
-        """Refuse a new session to a tenant that holds its most."""
-        if await self.pool.count_sessions(tenant) >= self.settings.max_sessions_per_tenant:
+    async def _admit(self, tenant: str, ticket: Ticket) -> None:
+        """Refuse a new session to a tenant that holds its most (with its creates before it)."""
+        ahead = ticket.ahead()  # first: one made meanwhile is counted twice, never not at all
+        if await self.pool.count_sessions(tenant) + ahead >= self.settings.max_sessions_per_tenant:
             raise TooManyRequests(
                 f"tenant {tenant!r} already has {self.settings.max_sessions_per_tenant} sessions; "
                 "delete some or raise REPLGATE_MAX_SESSIONS_PER_TENANT")
@@ -185,12 +188,14 @@ class Gateway:
         started = loop.time()
         # The tenant's sessions are counted beside the host's own work (on nodes: while a
         # node's slot is claimed in the shared database): a round trip less in every create.
-        admitted = asyncio.ensure_future(self._admit(tenant))
+        ticket = self._creating.enter(tenant)
+        admitted = asyncio.ensure_future(self._admit(tenant, ticket))
         try:
             session = await self.pool.create_session(
                 profile.name, env=request.env, metadata=request.metadata,
                 session_id=session_id, tenant=tenant, admitted=admitted)
         finally:
+            ticket.done()
             if not admitted.done():
                 admitted.cancel()
             elif not admitted.cancelled():

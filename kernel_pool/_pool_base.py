@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import uuid
 import weakref
 from collections import deque
@@ -39,6 +40,11 @@ from kernel_pool.port import ClosedListener, SessionPort
 
 logger = logging.getLogger(__name__)
 
+START_TURNS = max(2, 2 * (os.cpu_count() or 1))
+"""Kernels started at once, at most; the others wait their turn, in the order they were asked
+for. A burst of a hundred creates started a hundred sandboxes together: on two cores each then
+took as long as all of them (the engine's and CRIU's work shares the CPU), so the first
+session was served when the last one was, seconds later; no more were made per second."""
 START_ATTEMPTS = 2
 """A kernel that does not come up gets one more try in a fresh sandbox before the session's
 request fails: a rare stuck start should not cost an agent its session."""
@@ -94,6 +100,8 @@ class PoolBase:
         """Sandboxes being made, not yet a kernel's (:meth:`remove_leftovers` spares them)."""
         self._unremoved: dict[str, SandboxInfo] = {}
         """Sandboxes whose removal failed, to be tried again (:meth:`_remove`)."""
+        self._start_turns = asyncio.Semaphore(START_TURNS)
+        """Kernel starts under way (:data:`START_TURNS`)."""
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -150,30 +158,34 @@ class PoolBase:
         """Start one kernel (a second try in a fresh sandbox if the first does not come up);
         the caller has reserved a ``_starting`` slot for it."""
         try:
-            attempt = 1
-            while True:
-                spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
-                with self._being_made(spec):
-                    kernel = self._new_kernel(await self.backend.create(spec), profile)
-                try:
-                    await kernel.start()
-                except KernelStartError as exc:
-                    await asyncio.shield(kernel.close())
-                    if attempt == START_ATTEMPTS or self._closing:
-                        raise
-                    attempt += 1
-                    logger.warning("%s; trying again in a fresh sandbox", exc)
-                    continue
-                except BaseException:
-                    await asyncio.shield(kernel.close())
-                    raise
-                self._failures[profile.name] = 0
-                return kernel
+            async with self._start_turns:
+                return await self._start_attempts(profile)
         except Exception:
             self._failures[profile.name] += 1
             raise
         finally:
             self._starting[profile.name] -= 1
+
+    async def _start_attempts(self, profile: Profile) -> Kernel:
+        attempt = 1
+        while True:
+            spec = SandboxSpec(sandbox_id=uuid.uuid4().hex[:12], profile=profile)
+            with self._being_made(spec):
+                kernel = self._new_kernel(await self.backend.create(spec), profile)
+            try:
+                await kernel.start()
+            except KernelStartError as exc:
+                await asyncio.shield(kernel.close())
+                if attempt == START_ATTEMPTS or self._closing:
+                    raise
+                attempt += 1
+                logger.warning("%s; trying again in a fresh sandbox", exc)
+                continue
+            except BaseException:
+                await asyncio.shield(kernel.close())
+                raise
+            self._failures[profile.name] = 0
+            return kernel
 
     def _wake(self, profile_name: str, kernel: Kernel | None, every: bool = False) -> bool:
         """Give ``kernel`` (None: nothing is coming) to the first resume still waiting in

@@ -24,6 +24,14 @@ from kernel_pool.state import SessionStatus
 
 logger = logging.getLogger(__name__)
 
+ROOM_POLL_S = 0.05
+"""How often a kernel request waiting at ``max_kernels`` looks for room again."""
+ROOM_GRACE_S = 0.5
+"""How long a session must have been idle to be paused for a new session's kernel: one just
+made (or just done with an execution) is about to be used, by a client whose next request
+is on its way; paused, it would take a slot back at once to resume (in a burst of creates,
+each would pause the one made before it)."""
+
 
 class Slots(WarmPool):
     """Acquire kernels, make room, and keep the books of the sessions holding them."""
@@ -55,13 +63,19 @@ class Slots(WarmPool):
                 kernel = self._take(profile.name)
                 break
             except CapacityError:
-                if self._starting[profile.name]:
+                if self._warming[profile.name]:
                     # A warm kernel of this profile is on its way: wait for it rather than
                     # pause a session for a slot that is about to serve.
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(ROOM_POLL_S)
                     continue
-                if not await self._make_room(None, tried):
+                if await self._make_room(None, tried, ROOM_GRACE_S):
+                    continue
+                # Every slot is held by a session at work (or one just made, whose first
+                # request is on its way: in a burst, the sessions made before this one):
+                # wait for one to be idle and paused, or to end, rather than refuse at once.
+                if loop.time() - started >= self.settings.capacity_wait_s:
                     raise
+                await asyncio.sleep(ROOM_POLL_S)
         if kernel is None:
             task = asyncio.create_task(self._start_kernel(profile))
             self._tasks.add(task)
@@ -146,9 +160,10 @@ class Slots(WarmPool):
             except Exception:
                 logger.exception("on_session_resumed callback failed")
 
-    async def _make_room(self, exclude: Session | None, tried: set[str]) -> bool:
-        """Free one slot: a warm kernel, else pause the least recently used idle session.
-        False when nothing can go."""
+    async def _make_room(self, exclude: Session | None, tried: set[str],
+                         grace_s: float = 0.0) -> bool:
+        """Free one slot: a warm kernel, else pause the least recently used session idle for
+        at least ``grace_s``. False when nothing can go."""
         for queue in self._idle.values():
             if queue:
                 kernel = queue.popleft()
@@ -157,7 +172,8 @@ class Slots(WarmPool):
         candidates = [s for s in self._sessions.values()
                       if s is not exclude and s.id not in tried and s.id not in self._held
                       and s.status is SessionStatus.IDLE and s.lifecycle is not None
-                      and not s.commands]  # a pause would stop its shell commands
+                      and not s.commands  # a pause would stop its shell commands
+                      and s.idle_for() >= grace_s]
         while candidates:
             victim = max(candidates, key=lambda s: s.idle_for())
             candidates.remove(victim)

@@ -129,6 +129,14 @@ class PoolLimits(BaseModel):
     kernel_start_timeout_s: float = Field(
         60.0, gt=0, description="how long a launched kernel has to answer; one that does not "
         "is tried once more in a fresh sandbox before the request fails")
+    capacity_wait_s: float = Field(
+        30.0, ge=0, description="how long a new session's request for a kernel waits, with "
+        "max_kernels running and none idle long enough to be paused, for a session to go idle "
+        "or end (a burst of creates: the sessions made before it are still at their first "
+        "execution); past it the request is refused (429, naming REPLGATE_MAX_KERNELS). Half "
+        "the 60 s replgate's client and E2B's SDK wait for an answer: the other half is for "
+        "the kernel's start once there is room, so a client hears the 429 rather than its "
+        "own timeout")
     interrupt_grace_s: float = Field(2.0, gt=0, description="wait after an interrupt before a kill")
     max_queued_executions: int = Field(16, ge=1)
     max_commands: int = Field(4, ge=1, description="shell commands running at once per session")

@@ -261,6 +261,9 @@ class _Node(Protocol):
 class NoNodeAvailable(KernelPoolError):
     """No node can take a new session: all full, draining, down or silent."""
 
+    full = False
+    """Every node that could take it holds its most (a limit, not a failure: 429)."""
+
     def __init__(self, nodes: Sequence[_Node], exclude: Collection[str] = ()) -> None:
         self.nodes = list(nodes)
         if not nodes:
@@ -277,6 +280,10 @@ class NoNodeAvailable(KernelPoolError):
                 else:
                     reason = "silent (heartbeat late)"
                 counts[reason] = counts.get(reason, 0) + 1
+            # Every node it could go to is up: each was full at the claim (one may have given
+            # a slot back since); one down or draining is a failure or an operator's doing.
+            candidates = [node for node in nodes if node.id not in exclude]
+            self.full = bool(candidates) and all(node.state == "up" for node in candidates)
             states = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
             why = (f"all {len(nodes)} nodes are busy or away ({states}); delete idle sessions, "
                    "start another node, raise a node's REPLGATE_MAX_KERNELS or undrain one")

@@ -32,6 +32,7 @@ from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import RowMapping, String, TextClause, bindparam, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.database import Database
@@ -41,6 +42,13 @@ from kernel_pool.state import NodeState
 __all__ = ["NODES_CHANNEL", "Fenced", "NodeIdTaken", "Registry"]
 
 _COLUMNS = "id, address, state, kernels, max_kernels, sessions, heartbeat_at"
+DEADLOCK = "40P01"
+DEADLOCK_ATTEMPTS = 5
+"""Tries of a statement PostgreSQL ends as a deadlock (each is committed alone, so it is
+simply sent again). A slot's claim that waits (``FOR UPDATE`` on a row
+drawn at random) and finds its row changed moves on to another and keeps the first locked: in
+a burst of a hundred creates two such claims took each other's rows in turn (one of them
+answered 503)."""
 NODES_CHANNEL = "replgate_nodes"
 """PostgreSQL's channel on which a change of a node's state is told (``"ID STATE"``), so that
 every gateway stops sending a lost node requests as soon as one declared it down."""
@@ -295,8 +303,16 @@ class Registry:
     @staticmethod
     async def _first(connection: AsyncConnection, statement: TextClause,
                      params: dict[str, Any]) -> RowMapping | None:
-        result = await connection.execute(statement, params)
-        return result.mappings().first()
+        attempt = 1
+        while True:
+            try:
+                result = await connection.execute(statement, params)
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != DEADLOCK or attempt == DEADLOCK_ATTEMPTS:
+                    raise
+                attempt += 1  # the other claim went through: this statement alone was undone
+                continue
+            return result.mappings().first()
 
 
 def _postgres_times() -> tuple[str, str]:

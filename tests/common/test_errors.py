@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import re
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ import gateway
 from common import errors
 from common.database import StoreError
 from common.errors import GatewayError, status_for
-from gateway.errors import close_code_for
-from kernel_pool import KernelPoolError
+from gateway.errors import close_code_for, headers_for
+from kernel_pool import KernelPoolError, NodeRecord, NoNodeAvailable
 
 GATEWAY_DIR = Path(gateway.__file__).parent
 
@@ -113,3 +114,16 @@ def test_no_status_code_at_raise_sites() -> None:
                  for number, line in enumerate(path.read_text().splitlines(), 1)
                  if raise_with_status.search(line)]
     assert offenders == []
+
+
+def test_no_node_available_is_429_when_every_node_is_full_else_503() -> None:
+    def node(node_id: str, state: str, sessions: int) -> NodeRecord:
+        return NodeRecord(id=node_id, address="a:1", state=state, kernels=0, max_kernels=2,
+                          sessions=sessions, heartbeat_at=datetime.now(UTC).isoformat())
+
+    full = NoNodeAvailable([node("a", "up", 2), node("b", "up", 2)])
+    assert status_for(full) == 429
+    assert headers_for(status_for(full)) == {"Retry-After": "5"}
+    assert "2 full" in str(full) and "REPLGATE_MAX_KERNELS" in str(full)
+    assert status_for(NoNodeAvailable([node("a", "up", 2), node("b", "down", 0)])) == 503
+    assert status_for(NoNodeAvailable([])) == 503

@@ -366,7 +366,7 @@ def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
                 assert c.delete(f"/v1/sessions/{sid}").status_code == 204
 
 
-def test_resume_gets_503_only_when_nothing_can_be_paused(
+def test_resume_gets_429_only_when_nothing_can_be_paused(
         docker_client: docker.DockerClient) -> None:
     with gateway_client(docker_client, max_kernels="1", min_idle="1") as client:
         first = new_session(client)
@@ -382,7 +382,8 @@ def test_resume_gets_503_only_when_nothing_can_be_paused(
             time.sleep(2)
             answer = client.post(f"/v1/sessions/{first}/resume")
             running.join()
-        assert answer.status_code == 503, answer.text
+        assert answer.status_code == 429, answer.text
+        assert answer.headers["retry-after"] == "5"
         assert "REPLGATE_MAX_KERNELS" in answer.json()["detail"]
         assert client.get(f"/v1/sessions/{first}").json()["status"] == "paused"
         # Once the other is idle it is paused to make room, and the first resumes.

@@ -112,7 +112,8 @@ async def test_idle_kernel_replaced_when_it_dies(pool: KernelPool,
 
 
 async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -> None:
-    pool = own_pool("cap", max_kernels=1, profiles=one_profile(min_idle=1))
+    # No wait for room: the one kernel is held by no session that could go idle and be paused.
+    pool = own_pool("cap", max_kernels=1, capacity_wait_s=0, profiles=one_profile(min_idle=1))
     await pool.start()
     await pool.wait_ready()
     kernel = await pool.acquire()
