@@ -81,7 +81,7 @@ def _claimed(state_dir: Path, host: str, port: int, *,
 
 def _settings(**overrides: Any) -> Settings:
     """The settings, or the command's end with one line naming what to change (status 2)."""
-    from common.settings import SettingsError, load_settings
+    from common.settings_load import SettingsError, load_settings
 
     try:
         return load_settings(**overrides)

@@ -8,7 +8,8 @@ from typing import Any, Literal, get_args, get_origin
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from common.settings import FLAT_NAMES, Settings, SettingsError, load_settings
+from common.settings import FLAT_NAMES, Settings
+from common.settings_load import SettingsError, load_settings
 from kernel_pool import NetworkPolicy, OutputCaps, PoolLimits, Profile
 
 SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
