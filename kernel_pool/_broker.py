@@ -281,11 +281,13 @@ class _Relay:
             self.writer.write(leftover_down)
         if leftover_up:
             self.up_writer.write(leftover_up)
-        await asyncio.gather(_copy(self.reader, self.up_writer),
-                             _copy(self.up_reader, self.writer))
+        await asyncio.gather(copy_stream(self.reader, self.up_writer),
+                             copy_stream(self.up_reader, self.writer))
 
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def copy_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until the end of ``reader`` (then end ``writer`` too), an error, or a silence of
+    :data:`IDLE_TIMEOUT_S`, which closes ``writer``."""
     try:
         while True:
             async with asyncio.timeout(IDLE_TIMEOUT_S):

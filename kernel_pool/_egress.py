@@ -32,7 +32,7 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from kernel_pool._allowlist import EgressRules, parse_port, split_host_port
-from kernel_pool._broker import Broker, SecretLookup
+from kernel_pool._broker import Broker, SecretLookup, copy_stream
 from kernel_pool._broker_rules import SecretRule
 from kernel_pool._network import NetworkRules
 from kernel_pool._sandbox_ca import SandboxCA
@@ -303,24 +303,9 @@ def _origin_head(method: str, path: str, version: str, header_lines: list[str], 
     return "\r\n".join(lines).encode("latin-1")
 
 
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                data = await reader.read(CHUNK)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (OSError, TimeoutError):
-        writer.close()
-
-
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
-    await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
+    await asyncio.gather(copy_stream(reader, up_writer), copy_stream(up_reader, writer))
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
