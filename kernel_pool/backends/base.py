@@ -224,7 +224,8 @@ class Sandbox(ABC):
     async def pack_checkpoint(self, dump: Path, stem: Path) -> Path:
         """Pack the dump into one private file named ``stem`` plus a suffix of the backend's,
         then remove the dump; that file. On failure (:class:`BackendError`) or cancellation
-        no file is left and the dump stays (restorable, or for :meth:`discard_checkpoint`)."""
+        no file is left and the dump stays (restorable, or for :meth:`discard_checkpoint`);
+        a cancellation once the file is whole no longer stops it (the file is returned)."""
         raise BackendError(f"the {self.info.backend} backend cannot checkpoint a sandbox")
 
     async def discard_checkpoint(self, dump: Path) -> None:

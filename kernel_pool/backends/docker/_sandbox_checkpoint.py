@@ -196,7 +196,17 @@ class SandboxCheckpoints(DockerSandboxBase):
             raise
         except (CheckpointError, OSError) as exc:
             raise checkpoint_failure(exc) from exc
-        await in_thread(discard, dump)
+        # The archive is whole: the packing is done, and a cancellation now (a resume) must
+        # not undo it. Its caller would keep the dump, removed meanwhile, as the image to
+        # restore from; the dump's removal is waited for, then the archive is the image.
+        removing = asyncio.ensure_future(in_thread(discard, dump))
+        try:
+            await asyncio.shield(removing)
+        except asyncio.CancelledError:
+            await asyncio.wait([removing])
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
         return image
 
     async def discard_checkpoint(self, dump: Path) -> None:
