@@ -107,21 +107,19 @@ def _mount(image: Path, root: Path, read_only: bool) -> None:
 
 
 def _mount_live(image: Path, root: Path) -> bool:
-    """Mount read-only an image whose file system is live elsewhere (else False): a host
-    process that made a mount namespace while it was mounted (``unshare -m``, ``ip netns
-    exec``) holds a copy of the mount, so its writable superblock outlives our unmount, and
-    the kernel refuses it a read-only mount (EBUSY). Mounted as it is, the same superblock
-    (never a second one over the same blocks), then read-only for this mount alone."""
-    try:
-        _run(["mount", "-o", "loop,nosuid,nodev,noinit_itable", str(image), str(root)])
-    except WorkspaceError:
+    """Mount read-only an image live in another mount namespace (``ip netns exec``, made while
+    it was mounted), whose writable superblock refuses a read-only mount (EBUSY): through its
+    own loop device (that superblock, never a second one), read-only for this mount; or False."""
+    found = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+    device = found.stdout.partition(":")[0].strip()
+    mount = ["mount", "-o", "nosuid,nodev,noexec", device, str(root)]
+    if not device.startswith("/dev/loop") or subprocess.run(mount, capture_output=True).returncode:
         return False
     try:
         _run(["mount", "-o", "remount,bind,ro,nosuid,nodev,noexec", str(root)])
     except WorkspaceError:
         detach(root)
         raise
-    logger.info("workspace image %s is live in another mount namespace: reused", image)
     return True
 
 
@@ -144,10 +142,12 @@ _FIEMAP_EXTENT = struct.Struct("=QQQQQL12x")
 
 
 def _trim(root: Path) -> None:
-    """Discard the free blocks of the file system mounted at ``root``: its loop device punches
+    """Write back (an unmount does not where another namespace holds it: :func:`_mount_live`)
+    and discard the free blocks of the file system mounted at ``root``: its loop device punches
     them out of the image. A host that cannot (no discard) keeps them, which costs disk only."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        _libc.syncfs(fd)
         fcntl.ioctl(fd, FITRIM, struct.pack("=QQQ", 0, 2**64 - 1, 0))
     except OSError as exc:
         logger.debug("cannot trim %s: %s", root, exc)
