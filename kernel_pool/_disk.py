@@ -97,34 +97,28 @@ def _mount(image: Path, root: Path, read_only: bool) -> None:
         except WorkspaceError as exc:
             # The loop device of the image's last mount is let go after its unmount returns
             # (autoclear): until then mount takes the image for one still mounted.
-            if "already mounted or mount point busy" not in str(exc):
+            if "already mounted or mount point busy" not in str(exc) or \
+                    time.monotonic() > deadline:
                 raise
             if read_only and _mount_live(image, root):
                 return
-            if time.monotonic() > deadline:
-                raise
             time.sleep(0.05)
 
 
 def _mount_live(image: Path, root: Path) -> bool:
-    """Mount read-only an image whose file system is still live elsewhere, or say False.
-
-    A process of the host that made a mount namespace of its own while the image was mounted
-    (``unshare -m``, ``ip netns exec``) holds a copy of that mount until it ends: the image's
-    loop device and its writable superblock stay after our unmount, and the kernel refuses a
-    read-only mount of a writable superblock (EBUSY). Mounted as it is, the same superblock
-    (never a second one over the same blocks), then made read-only for this mount alone."""
-    try:
-        _run(["mount", "-o", "loop,nosuid,nodev,noinit_itable", str(image), str(root)])
-    except WorkspaceError:
+    """Mount read-only an image live in another mount namespace (``ip netns exec``, made while
+    it was mounted), whose writable superblock refuses a read-only mount (EBUSY): through its
+    own loop device (that superblock, never a second one), read-only for this mount; or False."""
+    found = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+    device = found.stdout.partition(":")[0].strip()
+    mount = ["mount", "-o", "nosuid,nodev,noexec", device, str(root)]
+    if not device.startswith("/dev/loop") or subprocess.run(mount, capture_output=True).returncode:
         return False
     try:
         _run(["mount", "-o", "remount,bind,ro,nosuid,nodev,noexec", str(root)])
     except WorkspaceError:
         detach(root)
         raise
-    logger.info("workspace image %s is still mounted in another mount namespace: mounted "
-                "read-only over its live file system", image)
     return True
 
 

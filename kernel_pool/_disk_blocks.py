@@ -28,10 +28,13 @@ _FIEMAP_EXTENT = struct.Struct("=QQQQQL12x")
 
 
 def trim(root: Path) -> None:
-    """Discard the free blocks of the file system mounted at ``root``: its loop device punches
-    them out of the image. A host that cannot (no discard) keeps them, which costs disk only."""
+    """Write back (an unmount does not where another namespace holds it:
+    :func:`kernel_pool._disk._mount_live`) and discard the free blocks of the file system
+    mounted at ``root``: its loop device punches them out of the image. A host that cannot (no
+    discard) keeps them, which costs disk only."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        _libc.syncfs(fd)
         fcntl.ioctl(fd, FITRIM, struct.pack("=QQQ", 0, 2**64 - 1, 0))
     except OSError as exc:
         logger.debug("cannot trim %s: %s", root, exc)

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import stat
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,10 +28,12 @@ from kp_support import (
 
 from kernel_pool import KernelPool, Session
 from kernel_pool._channels import KernelState
+from kernel_pool.backends.docker import _sandbox_checkpoint as sandbox_checkpoint
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     checkpoint_failure,
     criu_log_named,
+    discard,
     remove_staged_copies,
     without_host_paths,
 )
@@ -338,6 +341,36 @@ async def test_resume_during_packing_restores_from_the_dump(
         assert await run_ok(session, "print(handle.tell(), x)") == "4 41\n"
         assert left_of(memory_pool, docker_client, session, key) == []
         assert memory_pool.snapshots.info(session.id) is None
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_resume_as_the_packing_removes_the_dump_restores_from_the_archive(
+        memory_pool: KernelPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume that comes once the archive is whole, while the dump is being removed: it
+    used to cancel the packing there, the session kept the removed dump as its image, and
+    the restore fell back to the variables (the cycles bench lost a /tmp file so at its 19th
+    cycle). The removal is slowed here to widen that moment."""
+    removing = threading.Event()
+
+    def slow_discard(dump: Path) -> None:
+        removing.set()
+        time.sleep(1.0)
+        discard(dump)
+
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, SETUP)
+        info = await session.pause()
+        assert info.paused_with == "memory", session.reason
+        monkeypatch.setattr(sandbox_checkpoint, "discard", slow_discard)
+        await eventually(removing.is_set)
+
+        await session.resume()
+
+        assert session.reason is None, session.reason
+        assert await run_ok(session, "print(next(letters), open('/tmp/scratch.txt').read())") \
+            == "b kept in tmp\n"
     finally:
         await memory_pool.delete_session(session.id)
 
