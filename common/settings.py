@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     def _bundle_store(self) -> Settings:
         # (a bare path, a URL of another scheme or a bad key would fail at the first pause)
         if self.bundle_store:
-            check_bundle_store(self.bundle_store, self.bundle_key)
+            check_bundle_store(self.bundle_store, self.bundle_key, need_key=self.hosts_sessions)
         elif self.bundle_key is not None:
             decode_bundle_key(self.bundle_key.get_secret_value())
         return self

@@ -223,15 +223,17 @@ class BundleSettings(BaseModel):
         return self
 
 
-def check_bundle_store(store: str, key: SecretStr | None) -> None:
-    """ValueError, naming the setting, for a bundle store URL or key that cannot work.
+def check_bundle_store(store: str, key: SecretStr | None, *, need_key: bool = True) -> None:
+    """ValueError, naming the setting, for a bundle store URL or key that cannot work;
+    ``need_key``: whether this process seals bundles (a gateway whose sessions run on nodes
+    only names the store, and holds no key).
 
     Checked by the same functions the stores use, without their libraries (obstore,
     cryptography): settings are read where no bundle is ever opened."""
     store_folder(store)
     if key is not None:
         decode_bundle_key(key.get_secret_value())
-    elif store.startswith("s3://"):
+    elif need_key and store.startswith("s3://"):
         raise ValueError("REPLGATE_BUNDLE_STORE is s3:// but REPLGATE_BUNDLE_KEY is unset: "
                          "bundles hold sessions' memory and are encrypted at rest; make a "
                          "key with: python -c 'import base64, os; "

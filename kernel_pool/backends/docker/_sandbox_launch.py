@@ -157,10 +157,11 @@ class SandboxLaunch(DockerSandboxBase):
         for attempt in range(3):
             try:
                 # Its standard error while it starts in /kernel/<name>.err, as PID 1 gives
-                # it under runc (``exec``: the shell's pid is the kernel's).
+                # it under runc (``exec``: the shell's pid is the kernel's; the shell's own
+                # PWD is not the kernel's environment).
                 exec_id = (await call_engine(
                     self._api.exec_create, self.info.container_id,
-                    ["/bin/sh", "-c", 'exec "$@" 2>"$0"', f"{KERNEL_DIR}/{name}.err",
+                    ["/bin/sh", "-c", 'unset PWD; exec "$@" 2>"$0"', f"{KERNEL_DIR}/{name}.err",
                      *KERNEL_COMMAND[:-1],
                      f"--max-output-bytes={self.profile.caps.display_bytes}",
                      KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
