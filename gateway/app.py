@@ -21,7 +21,7 @@ from common.policy import Policy, load_policy
 from common.settings import Settings
 from common.store import SessionRecord
 from common.tracing import setup_tracing
-from gateway import __version__, bodies, e2b, errors
+from gateway import __version__, bodies, draining, e2b, errors
 from gateway.adoption import take_back
 from gateway.audit import AuditLog
 from gateway.governance import Governance
@@ -189,6 +189,7 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
                   description="A hardened, persistent Python REPL for AI agents.")
     errors.install(app)
     bodies.install(app)
+    draining.install(app)
     mcp = mcp_endpoint(settings)
     app.router.routes.append(Route("/mcp", mcp))  # MCP over streamable HTTP, same API keys
     for module in (health, sessions, contexts, files, ws, watch, jupyter, nodes, ui):

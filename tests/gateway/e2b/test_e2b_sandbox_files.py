@@ -96,3 +96,11 @@ def test_files_over_the_limits_are_refused(sandbox: Sandbox) -> None:
     assert not sandbox.files.exists("/tmp/huge.bin")  # nothing half-written is left
     with pytest.raises(SandboxException, match=r"(?i)upload"):
         sandbox.files.write("/tmp/huge.txt", "x" * (LIMIT + 1))
+
+
+def test_an_upload_refused_before_its_body_is_read_is_told_every_time(sandbox: Sandbox) -> None:
+    # Refused from its Content-Length, the body unread: the connection closed under a client
+    # still sending it was reset, and the SDK raised a ReadError, about 1 upload in 20 here.
+    for _ in range(60):
+        with pytest.raises(SandboxException, match=r"(?i)upload"):
+            sandbox.files.write("/tmp/huge.txt", "x" * (LIMIT + 1))
