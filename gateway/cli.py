@@ -147,7 +147,7 @@ def _run_gateway(settings: Settings, policy: Policy, sock: socket.socket) -> int
     from common.tracing import TracingConfigError
     from gateway.app import create_app
     from gateway.statelock import StartRefused, socket_url
-    from kernel_pool.exceptions import BackendError
+    from kernel_pool import BackendError
 
     configure_logging(settings)
     _return_large_buffers()

@@ -371,12 +371,6 @@ class KernelChannels:
         finally:
             self.forget(msg_id)
 
-    def post_env(self, env: dict[str, str]) -> None:
-        """:meth:`set_env` without waiting for the kernel's answer (a round trip less on a
-        claim): the kernel runs its requests in order, so the next execution sees them."""
-        msg_id, _route = self.request("execute_request", _env_request(env))
-        self.forget(msg_id)
-
 
 def _env_request(env: dict[str, str]) -> dict[str, Any]:
     """A silent execution that sets ``env`` in the kernel process."""

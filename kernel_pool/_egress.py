@@ -169,9 +169,13 @@ class EgressProxy:
 
     async def close(self) -> None:
         """Stop listening and drop every open connection."""
-        await self._stop_server()
+        if self._server is not None:
+            self._server.close()
+        # Dropped before the server's wait: that waits for its connections to end, and one
+        # the sandbox keeps alive (the broker's keep-alive) would hold a close for minutes.
         for task in list(self._handlers):
             task.cancel()
+        await self._stop_server()
         for task in list(self._handlers):
             with contextlib.suppress(BaseException):
                 await task

@@ -81,7 +81,7 @@ class KernelNetwork(KernelChannels):
         if self.egress is not None:
             self.egress.session_id = session_id
             await self._broker_rules(rules, tenant)
-            self.post_env(self.proxy_env())
+            await self.set_env(self.proxy_env())
 
     async def _broker_rules(self, rules: list[SecretRule], tenant: str) -> None:
         if self.egress is None or (not rules and self.egress.broker is None):
