@@ -139,7 +139,8 @@ async def test_a_network_policy_moves_with_its_session_and_the_new_node_applies_
             result = await execute(first, sid, fetch)  # resumed on the other node
             assert (await first.get(f"/v1/sessions/{sid}")).json()["node"] not in (None, node)
             assert result["stdout"].startswith("replgate egress refused 198.51.100.7:80"), result
-            assert (await first.get(f"/v1/sessions/{sid}/network")).json() == policy
+            assert (await first.get(f"/v1/sessions/{sid}/network")).json() == {
+                **policy, "rules": []}  # (a policy's answer names its secret rules, none here)
             log = (await first.get(f"/v1/sessions/{sid}/egress")).json()
             assert "denied by '198.51.100.0/24'" in log[-1]["reason"], log
         finally:
