@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 import pytest
+import requests.exceptions
 from kp_support import OWNER
 
 from kernel_pool.backends.docker import LABEL_OWNER
@@ -52,7 +54,24 @@ def runc_box(docker_client: docker.DockerClient) -> Iterator[Any]:
     try:
         yield container
     finally:
-        container.remove(force=True)
+        _remove(container)
+
+
+def _remove(container: Any) -> None:
+    """Force-remove, waiting past the engine client's 60 s timeout: under gVisor, a sandbox left
+    with a fork bomb's hundred processes can take the engine over a minute (CI met it)."""
+    for _ in range(5):
+        try:
+            container.remove(force=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: its removal is under way
+                raise
+            time.sleep(1)
+        except requests.exceptions.ReadTimeout:
+            continue
 
 
 def _bomb(container: Any) -> None:
@@ -128,7 +147,7 @@ def gvisor_box(docker_client: docker.DockerClient) -> Iterator[Runsc]:
         assert runsc is not None
         yield runsc
     finally:
-        container.remove(force=True)
+        _remove(container)
 
 
 def _gvisor_exec(runsc: Runsc, *command: str) -> None:
