@@ -79,6 +79,10 @@ class Broker:
             await relay.run()
         except h11.ProtocolError as exc:  # a request or an answer h11 cannot relay
             note("TLS", name, port, False, f"not relayed: {exc}")
+        except asyncio.CancelledError:
+            # The proxy is closing: TLS's goodbye would wait up to 30 s for the host's.
+            relay.abort_upstream()
+            raise
         finally:
             await relay.close_upstream()
 
@@ -171,6 +175,11 @@ class _Relay:
             return False
         self.upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         return True
+
+    def abort_upstream(self) -> None:
+        writer, self.up_reader, self.up_writer = self.up_writer, None, None
+        if writer is not None:
+            writer.transport.abort()
 
     async def close_upstream(self) -> None:
         writer, self.up_reader, self.up_writer = self.up_writer, None, None
