@@ -24,6 +24,7 @@ from pathlib import Path
 
 import h11
 
+from kernel_pool._allowlist import normal_host
 from kernel_pool._broker_rules import PLACEHOLDER, SecretRule, matching_rules, secret_names
 from kernel_pool._sandbox_ca import SandboxCA
 
@@ -66,13 +67,13 @@ class Broker:
 
     def covers(self, host: str, port: int) -> bool:
         """Whether HTTPS to ``host:port`` is terminated (a rule may match its requests)."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         return any(rule.covers(name, port) for rule in self.rules)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     host: str, port: int, address: str, note: Note) -> None:
         """Serve one ``CONNECT`` the proxy allowed and answered 200 to."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         await writer.start_tls(self.ca.server_context(name))
         relay = _Relay(self, name, port, address, note, reader, writer)
         try:
