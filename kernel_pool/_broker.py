@@ -5,8 +5,10 @@ requests the rules match (docs/secrets.md).
 rule covers its host and port. The broker answers the sandbox's TLS with a certificate from
 the sandbox's own CA (:mod:`kernel_pool._sandbox_ca`), connects to the host with real TLS
 verification (the system's CAs and ``upstream_cafile``), and relays HTTP/1.1 (h11) request by
-request: a request a rule matches gets the rule's headers, and the placeholders of the secrets
-the rule names are replaced in its headers; the others go unchanged. A secret a request needs
+request (a client that chose HTTP/2 in its TLS hello: :mod:`kernel_pool._broker_h2`, each
+stream decided the same way and relayed to the host over HTTP/1.1): a request a rule matches
+gets the rule's headers, and the placeholders of the secrets the rule names are replaced in its
+headers; the others go unchanged. A secret a request needs
 but that does not exist (deleted) refuses the request with 403 and a sentence, before anything
 is sent. An accepted WebSocket upgrade (101) turns the connection into a byte pipe. Values are
 asked of ``lookup`` at each request (a replaced secret applies to the next one) and never
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import h11
 
+from kernel_pool._broker_h2 import H2Relay
 from kernel_pool._broker_rules import PLACEHOLDER, SecretRule, matching_rules, secret_names
 from kernel_pool._sandbox_ca import SandboxCA
 
@@ -74,6 +77,10 @@ class Broker:
         """Serve one ``CONNECT`` the proxy allowed and answered 200 to."""
         name = host.strip().lower().rstrip(".").strip("[]")
         await writer.start_tls(self.ca.server_context(name))
+        tls = writer.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() == "h2":
+            await H2Relay(self, name, port, address, note, reader, writer).run()
+            return
         relay = _Relay(self, name, port, address, note, reader, writer)
         try:
             await relay.run()
