@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import h2.config
 import h2.connection
@@ -24,9 +24,6 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h11
-
-if TYPE_CHECKING:
-    from kernel_pool._broker import Broker
 
 __all__ = ["H2Relay"]
 
@@ -38,6 +35,17 @@ MAX_IDLE_UPSTREAMS = 8
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                   b"upgrade", b"te", b"host"})
 _Upstream = tuple[asyncio.StreamReader, asyncio.StreamWriter, h11.Connection]
+
+
+class Broker(Protocol):
+    """What a stream asks of :class:`kernel_pool._broker.Broker` (no import: it imports us)."""
+
+    async def rewrite(self, host: str, port: int, method: str, target: str,
+                      headers: list[tuple[bytes, bytes]],
+                      ) -> tuple[list[tuple[bytes, bytes]], str | None, str]: ...
+
+    async def connect(self, host: str, port: int, address: str,
+                      ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
 
 
 class _Stream:
