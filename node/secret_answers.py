@@ -12,10 +12,14 @@ and the session, never the value, in anything but the answer itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from common.store import Store
 from node.wire import SecretAnswer, SecretAsk
+
+if TYPE_CHECKING:
+    from node.client import NodeClient
 
 __all__ = ["SecretAnswers"]
 
@@ -35,6 +39,13 @@ class SecretAnswers:
 
     def __repr__(self) -> str:
         return f"<SecretAnswers {'enabled' if self.source else 'disabled'}>"
+
+    def keep_open(self, clients: Iterable[NodeClient]) -> None:
+        """With secrets, keep a channel open to each of these nodes (those up): a node then
+        always has a gateway to ask, even while no execution runs on it."""
+        if self.source is not None:
+            for client in clients:
+                client.keep_channel()
 
     async def answer(self, node_id: str, ask: SecretAsk) -> SecretAnswer:
         """The value of ``ask.name`` for ``ask.session_id`` if ``node_id`` runs that session
