@@ -96,6 +96,15 @@ class KernelNetwork(KernelChannels):
         and those that make its clients trust its CA when the proxy brokers secrets."""
         return {**PROXY_ENV, **self.trust_env()} if self.egress is not None else {}
 
+    def launcher_env(self) -> dict[str, str]:
+        """The proxy variables the sandbox's launcher sets when the proxy serves as the kernel
+        boots (it unsets ``NO_PROXY``): what a kernel restored from a template, which started
+        without them, is given at its start."""
+        if self.egress is None:
+            return {}
+        return {name: value for name, value in PROXY_ENV.items()
+                if name.lower() != "no_proxy"}
+
     def trust_env(self) -> dict[str, str]:
         """The CA variables (:data:`~kernel_pool._sandbox_ca.TRUST_ENV`) while the sandbox's
         proxy brokers secrets, else none."""
