@@ -173,9 +173,10 @@ class Secrets:
             return None
         return self._require_box().open(tenant, name, sealed)
 
-    def lookup_for(self, tenant: str) -> SecretLookup:
+    def lookup_for(self, tenant: str, session_id: str | None = None) -> SecretLookup:
         """What a session's egress broker asks for a secret's value: read at each request, so
-        a replaced value applies to the next request and a deleted one is refused."""
+        a replaced value applies to the next request and a deleted one is refused. (The
+        session's rules already bound which names its broker asks for.)"""
 
         async def lookup(name: str) -> str | None:
             return await self.value(tenant, name)

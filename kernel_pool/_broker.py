@@ -12,7 +12,8 @@ headers; the others go unchanged. A secret a request needs
 but that does not exist (deleted) refuses the request with 403 and a sentence, before anything
 is sent. An accepted WebSocket upgrade (101) turns the connection into a byte pipe. Values are
 asked of ``lookup`` at each request (a replaced secret applies to the next one) and never
-logged: log lines and attempts name the secrets, not their values.
+logged: log lines and attempts name the secrets, not their values. A lookup that fails (on a
+node: no gateway answered) refuses the request with 503: a value is never guessed nor kept.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import h11
 
@@ -32,10 +34,13 @@ from kernel_pool._sandbox_ca import SandboxCA
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Broker", "SecretLookup", "no_secrets"]
+__all__ = ["Broker", "Refusal", "SecretLookup", "SecretSource", "no_secrets"]
 
 SecretLookup = Callable[[str], Awaitable[str | None]]
-"""A secret's value by name, or None when there is none."""
+"""A secret's value by name, or None when there is none; raises when it cannot be had now."""
+SecretSource = Callable[[str, str | None], SecretLookup]
+"""The lookup of a session's secrets, by (tenant, session id): the gateway's reads its
+tenant's secrets, a node's asks a gateway for those the session's rules name."""
 
 CHUNK = 64 * 1024
 IDLE_TIMEOUT_S = 300.0
@@ -44,6 +49,13 @@ MAX_HEAD = 64 * 1024
 
 Note = Callable[[str, str, int, bool, str], None]
 """How the broker reports a request to the proxy's log: (method, host, port, allowed, why)."""
+
+
+class Refusal(NamedTuple):
+    """A request the broker does not send: the status and sentence the sandbox gets."""
+
+    status: int
+    sentence: str
 
 
 async def no_secrets(name: str) -> str | None:
@@ -98,7 +110,7 @@ class Broker:
 
     async def rewrite(self, host: str, port: int, method: str, target: str,
                       headers: list[tuple[bytes, bytes]],
-                      ) -> tuple[list[tuple[bytes, bytes]], str | None, str]:
+                      ) -> tuple[list[tuple[bytes, bytes]], Refusal | None, str]:
         """(headers to send, refusal or None, what was done) for one request."""
         rules = matching_rules(self.rules, host, port, method, target)
         if not rules:
@@ -107,11 +119,18 @@ class Broker:
         values: dict[str, str] = {}
         used: set[str] = set()
 
-        async def value(secret: str) -> str | None:
+        async def value(secret: str) -> str | Refusal:
             if secret not in values:
-                found = await self.lookup(secret)
+                try:
+                    found = await self.lookup(secret)
+                except Exception as exc:  # (names the secret, never a value)
+                    logger.warning("secret %s for %s:%d could not be had: %s", secret, host,
+                                   port, exc)
+                    return Refusal(503, f"replgate egress refused the request: the secret "
+                                        f"{secret!r} could not be had ({str(exc)[:300]}); "
+                                        "nothing was sent")
                 if found is None:
-                    return None
+                    return Refusal(403, _missing(secret))
                 values[secret] = found
             used.add(secret)
             return values[secret]
@@ -124,8 +143,8 @@ class Broker:
             text = raw.decode("latin-1")
             for secret in {s for s in PLACEHOLDER.findall(text) if s in allowed}:
                 found = await value(secret)
-                if found is None:
-                    return headers, _missing(secret), f"secret {secret} is not set"
+                if isinstance(found, Refusal):
+                    return headers, found, _not_had(secret, found)
                 text = text.replace(f"{{secret:{secret}}}", found)
             out.append((key, text.encode("latin-1")))
         for rule in rules:
@@ -133,14 +152,19 @@ class Broker:
                 text = template
                 for secret in set(PLACEHOLDER.findall(template)):
                     found = await value(secret)
-                    if found is None:
-                        return headers, _missing(secret), f"secret {secret} is not set"
+                    if isinstance(found, Refusal):
+                        return headers, found, _not_had(secret, found)
                     text = text.replace(f"{{secret:{secret}}}", found)
                 out = [(k, v) for k, v in out if k != header.lower().encode()]
                 out.append((header.encode(), text.encode("latin-1")))
         done = (f"rule for {rules[0].host} matched"
                 + (f": secrets {', '.join(sorted(used))} put in" if used else ": no secret used"))
         return out, None, done
+
+
+def _not_had(secret: str, refusal: Refusal) -> str:
+    return (f"secret {secret} is not set" if refusal.status == 403
+            else f"secret {secret} could not be had")
 
 
 def _missing(secret: str) -> str:
@@ -198,7 +222,7 @@ class _Relay:
             self.note(method, self.host, self.port, refusal is None,
                       f"{target.split('?', 1)[0][:200]}: {done}")
             if refusal is not None:
-                await _refuse(self.writer, 403, refusal, self.client)
+                await _refuse(self.writer, refusal.status, refusal.sentence, self.client)
                 return
             if not await self._upstream_ready():
                 return

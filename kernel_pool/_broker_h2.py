@@ -2,13 +2,13 @@
 
 A sandbox client that offers ``h2`` in its TLS hello (curl, httpx with ``http2=True``, gRPC's
 and Go's clients) gets it: each stream is a request the broker's rules decide as an HTTP/1.1
-one is (:meth:`Broker.rewrite`: headers set, placeholders replaced, a missing secret answered
-403 before anything is sent), relayed to the host over HTTP/1.1 with verified TLS on a
-connection of this sandbox connection's own small pool, and the answer streamed back on the
-stream. Flow control is honoured both ways: the sandbox's window is only opened again for data
-the host took, and an answer waits for the sandbox's window. Extended CONNECT (WebSocket over
-HTTP/2, RFC 8441) is not offered, so clients make their WebSockets over HTTP/1.1, which the
-broker relays as before.
+one is (:meth:`Broker.rewrite`: headers set, placeholders replaced, a secret missing or not to
+be had answered 403 or 503 on its stream before anything is sent), relayed to the host over
+HTTP/1.1 with verified TLS on a connection of this sandbox connection's own small pool, and the
+answer streamed back on the stream. Flow control is honoured both ways: the sandbox's window is
+only opened again for data the host took, and an answer waits for the sandbox's window.
+Extended CONNECT (WebSocket over HTTP/2, RFC 8441) is not offered, so clients make their
+WebSockets over HTTP/1.1, which the broker relays as before.
 """
 
 from __future__ import annotations
@@ -37,12 +37,22 @@ _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-
 _Upstream = tuple[asyncio.StreamReader, asyncio.StreamWriter, h11.Connection]
 
 
+class Refusal(Protocol):
+    """What :class:`kernel_pool._broker.Refusal` carries (its shape, not an import)."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def sentence(self) -> str: ...
+
+
 class Broker(Protocol):
     """What a stream asks of :class:`kernel_pool._broker.Broker` (no import: it imports us)."""
 
     async def rewrite(self, host: str, port: int, method: str, target: str,
                       headers: list[tuple[bytes, bytes]],
-                      ) -> tuple[list[tuple[bytes, bytes]], str | None, str]: ...
+                      ) -> tuple[list[tuple[bytes, bytes]], Refusal | None, str]: ...
 
     async def connect(self, host: str, port: int, address: str,
                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
@@ -149,7 +159,7 @@ class H2Relay:
             self.note(method, self.host, self.port, refusal is None,
                       f"{target.split('?', 1)[0][:200]}: {done} (HTTP/2)")
             if refusal is not None:
-                await self._answer(stream_id, 403, refusal)
+                await self._answer(stream_id, refusal.status, refusal.sentence)
                 return
             upstream = await self._upstream(stream_id)
             if upstream is None:

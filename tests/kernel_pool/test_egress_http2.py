@@ -131,7 +131,18 @@ async def test_a_missing_secret_is_refused_on_its_stream_alone(
                                "'TOKEN'"), lines
     assert not _headers(upstream, "/h2/refused")
     assert lines[-1].startswith("ok") and lines[-1].endswith(" 2"), lines
+    broker.lookup = _fail  # a value that cannot be had now (on a node: no gateway answered)
+    try:
+        lines = await curl(session, f"-X POST {upstream.url('/h2/unhad')}")
+    finally:
+        broker.lookup = original
+    assert "the secret 'TOKEN' could not be had (no gateway answered)" in lines[0], lines
+    assert not _headers(upstream, "/h2/unhad")
 
 
 async def _none() -> str | None:
     return None
+
+
+async def _fail(name: str) -> str | None:
+    raise RuntimeError("no gateway answered")
