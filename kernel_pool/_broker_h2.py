@@ -120,8 +120,11 @@ class H2Relay:
                 self._serve(event.stream_id, list(event.headers), ended))
         elif isinstance(event, h2.events.DataReceived):
             assert event.stream_id is not None and event.data is not None
+            counted = event.flow_controlled_length or 0
             if (stream := self.streams.get(event.stream_id)) is not None:
-                stream.body.put_nowait((event.data, event.flow_controlled_length or 0))
+                stream.body.put_nowait((event.data, counted))
+            else:  # a stream already answered: its data is dropped, its window given back
+                self._give_back(counted, event.stream_id)
         elif isinstance(event, h2.events.StreamEnded):
             if event.stream_id is not None and (s := self.streams.get(event.stream_id)):
                 s.body.put_nowait(None)
@@ -132,6 +135,13 @@ class H2Relay:
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._window.set()
             self._window = asyncio.Event()
+
+    def _give_back(self, counted: int, stream_id: int) -> None:
+        """Open the sandbox's windows again for ``counted`` bytes it sent (sent at the next
+        flush)."""
+        if counted:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.acknowledge_received_data(counted, stream_id)
 
     async def _flush(self) -> None:
         data = self.conn.data_to_send()
@@ -172,9 +182,13 @@ class H2Relay:
                 self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
             await self._flush()
         finally:
-            self.streams.pop(stream_id, None)
+            left = self.streams.pop(stream_id, None)
+            while left is not None and not left.body.empty():  # a body not relayed (refused)
+                if (item := left.body.get_nowait()) is not None:
+                    self._give_back(item[1], stream_id)
             if upstream is not None:
                 upstream[1].close()
+            await self._flush()
 
     async def _upstream(self, stream_id: int) -> _Upstream | None:
         """An idle connection to the host, else a new one; None (the stream answered 502)
@@ -216,10 +230,8 @@ class H2Relay:
             data, counted = item
             writer.write(connection.send(h11.Data(data=data)) or b"")
             await writer.drain()
-            if counted:  # the sandbox may send more once the host took this
-                with contextlib.suppress(h2.exceptions.ProtocolError):
-                    self.conn.acknowledge_received_data(counted, stream_id)
-                await self._flush()
+            self._give_back(counted, stream_id)  # the host took it: the sandbox may send more
+            await self._flush()
         writer.write(connection.send(h11.EndOfMessage()) or b"")
         await writer.drain()
         while True:

@@ -121,16 +121,19 @@ async def test_a_missing_secret_is_refused_on_its_stream_alone(
     assert session.kernel.egress is not None and session.kernel.egress.broker is not None
     broker = session.kernel.egress.broker
     original = broker.lookup
+    await session.execute("open('/tmp/refused-body', 'w').write('y' * 300_000)", 30)
     broker.lookup = lambda name: _none()
-    try:
-        lines = await curl(session, f"-X POST {upstream.url('/h2/refused')} "
-                                    f"{upstream.url('/free')}")
+    try:  # the refused stream's body is dropped, and the connection's window given back
+        lines = await curl(session, f"--data-binary @/tmp/refused-body "
+                                    f"{upstream.url('/h2/refused')} {upstream.url('/free')}")
     finally:
         broker.lookup = original
     assert lines[0].startswith("replgate egress refused the request: it needs the secret "
                                "'TOKEN'"), lines
     assert not _headers(upstream, "/h2/refused")
     assert lines[-1].startswith("ok") and lines[-1].endswith(" 2"), lines
+    (free,) = [r for r in upstream.requests() if r["path"] == "/free"]
+    assert len(free["body"]) == 300_000
     broker.lookup = _fail  # a value that cannot be had now (on a node: no gateway answered)
     try:
         lines = await curl(session, f"-X POST {upstream.url('/h2/unhad')}")
