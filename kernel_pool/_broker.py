@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import h11
 
+from kernel_pool._allowlist import normal_host
 from kernel_pool._broker_h2 import H2Relay
 from kernel_pool._broker_rules import PLACEHOLDER, SecretRule, matching_rules, secret_names
 from kernel_pool._sandbox_ca import SandboxCA
@@ -81,13 +82,13 @@ class Broker:
 
     def covers(self, host: str, port: int) -> bool:
         """Whether HTTPS to ``host:port`` is terminated (a rule may match its requests)."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         return any(rule.covers(name, port) for rule in self.rules)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     host: str, port: int, address: str, note: Note) -> None:
         """Serve one ``CONNECT`` the proxy allowed and answered 200 to."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         await writer.start_tls(self.ca.server_context(name))
         tls = writer.get_extra_info("ssl_object")
         if tls is not None and tls.selected_alpn_protocol() == "h2":
@@ -98,6 +99,10 @@ class Broker:
             await relay.run()
         except h11.ProtocolError as exc:  # a request or an answer h11 cannot relay
             note("TLS", name, port, False, f"not relayed: {exc}")
+        except asyncio.CancelledError:
+            # The proxy is closing: TLS's goodbye would wait up to 30 s for the host's.
+            relay.abort_upstream()
+            raise
         finally:
             await relay.close_upstream()
 
@@ -202,6 +207,11 @@ class _Relay:
             return False
         self.upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         return True
+
+    def abort_upstream(self) -> None:
+        writer, self.up_reader, self.up_writer = self.up_writer, None, None
+        if writer is not None:
+            writer.transport.abort()
 
     async def close_upstream(self) -> None:
         writer, self.up_reader, self.up_writer = self.up_writer, None, None
