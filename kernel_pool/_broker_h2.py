@@ -62,6 +62,8 @@ class _Stream:
     def __init__(self) -> None:
         self.body: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        self.ended = False
+        """Whether the sandbox has sent all of the request."""
 
 
 class H2Relay:
@@ -113,7 +115,7 @@ class H2Relay:
         if isinstance(event, h2.events.RequestReceived):
             assert event.stream_id is not None and event.headers is not None
             made = self.streams[event.stream_id] = _Stream()
-            ended = event.stream_ended is not None
+            ended = made.ended = event.stream_ended is not None
             if ended:
                 made.body.put_nowait(None)
             made.task = asyncio.create_task(
@@ -127,6 +129,7 @@ class H2Relay:
                 self._give_back(counted, event.stream_id)
         elif isinstance(event, h2.events.StreamEnded):
             if event.stream_id is not None and (s := self.streams.get(event.stream_id)):
+                s.ended = True
                 s.body.put_nowait(None)
         elif isinstance(event, h2.events.StreamReset):
             stream_gone = self.streams.pop(event.stream_id or 0, None)
@@ -268,6 +271,8 @@ class H2Relay:
             await self._flush()
 
     async def _answer(self, stream_id: int, status: int, reason: str) -> None:
+        """A refusal on the stream; a request still being sent is then told to stop, without
+        error (RFC 9113, 8.1), so the rest of its body is not sent for nothing."""
         body = (reason + "\n").encode("utf-8", "replace")
         self.conn.send_headers(stream_id, [
             (b":status", str(status).encode()),
@@ -275,6 +280,9 @@ class H2Relay:
             (b"content-length", str(len(body)).encode()), (b"x-replgate-egress", b"refused")])
         await self._send(stream_id, body)
         self.conn.end_stream(stream_id)
+        stream = self.streams.get(stream_id)
+        if stream is not None and not stream.ended:
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
         await self._flush()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,10 +15,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from kernel_pool import KernelPool, PoolSettings, Profile, Session
+from kernel_pool import PoolSettings, Session
 from kernel_pool._broker_rules import SecretRule
 from kernel_pool._sandbox_ca import TRUST_ENV
-from tests.conftest import containers_of
+from tests.pools import small_profile, started_pool
 from tests.upstream import Upstream, upstream_server
 
 OWNER = f"h2test-{secrets.token_hex(4)}"
@@ -40,14 +39,10 @@ async def _lookup(name: str) -> str | None:
 async def session(docker_client: docker.DockerClient,
                   upstream: Upstream) -> AsyncIterator[Session]:
     state = Path(tempfile.mkdtemp(prefix="rg-h2-", dir="/tmp"))
-    profile = Profile.model_validate({
-        "name": "egress", "min_idle": 0, "memory": "1g", "workspace_size": "64m",
-        "tmp_size": "32m", "pids": 128, "default_timeout_s": 30, "max_timeout_s": 60,
-        "egress_allow": [f"{upstream.address}:{upstream.port}"]})
-    pool = KernelPool(PoolSettings(state_dir=state, owner=OWNER, max_kernels=1,
-                                   profiles={"egress": profile}))
-    try:
-        await pool.start()
+    settings = PoolSettings(state_dir=state, owner=OWNER, max_kernels=1, profiles={
+        "egress": small_profile("egress",
+                                egress_allow=[f"{upstream.address}:{upstream.port}"])})
+    async with started_pool(docker_client, settings) as pool:
         session = await pool.create_session("egress", env=dict(TRUST_ENV))
         assert session.kernel.egress is not None
         await session.kernel.egress.set_broker(
@@ -55,13 +50,6 @@ async def session(docker_client: docker.DockerClient,
                         paths=["/h2/*"], headers={"Authorization": "Bearer {secret:TOKEN}"})],
             _lookup, upstream_cafile=upstream.ca_file)
         yield session
-    finally:
-        await pool.close()
-        left = containers_of(docker_client, OWNER)
-        for container_id in left:
-            docker_client.api.remove_container(container_id, force=True, v=True)
-        shutil.rmtree(state, ignore_errors=True)
-        assert not left, f"h2 tests left containers behind: {left}"
 
 
 async def curl(session: Session, arguments: str) -> list[str]:
