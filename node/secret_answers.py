@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from common.store import Store
 from node.wire import SecretAnswer, SecretAsk
-
-if TYPE_CHECKING:
-    from node.client import NodeClient
 
 __all__ = ["SecretAnswers"]
 
@@ -27,6 +24,13 @@ logger = logging.getLogger(__name__)
 
 Source = Callable[[str, str | None], Callable[[str], Awaitable[str | None]]]
 """A session's secrets by (tenant, session id): the gateway's ``Secrets.lookup_for``."""
+
+
+class KeptChannel(Protocol):
+    """A node's connection whose channel can be kept open (``NodeClient``, which holds a
+    :class:`SecretAnswers`: named here by what it does, not imported)."""
+
+    def keep_channel(self) -> None: ...
 
 
 class SecretAnswers:
@@ -40,7 +44,7 @@ class SecretAnswers:
     def __repr__(self) -> str:
         return f"<SecretAnswers {'enabled' if self.source else 'disabled'}>"
 
-    def keep_open(self, clients: Iterable[NodeClient]) -> None:
+    def keep_open(self, clients: Iterable[KeptChannel]) -> None:
         """With secrets, keep a channel open to each of these nodes (those up): a node then
         always has a gateway to ask, even while no execution runs on it."""
         if self.source is not None:
