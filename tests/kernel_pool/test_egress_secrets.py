@@ -32,9 +32,13 @@ class Vault:
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
         self.asked: list[str] = []
+        self.failing: str | None = None
+        """Set: the lookup raises (a node whose gateways do not answer)."""
 
     async def lookup(self, name: str) -> str | None:
         self.asked.append(name)
+        if self.failing is not None:
+            raise ConnectionError(self.failing)
         return self.values.get(name)
 
 
@@ -326,3 +330,22 @@ async def test_no_process_of_the_sandbox_holds_the_secret_in_its_memory(
     # The check can find what it looks for: the kernel holds the placeholder it was given.
     assert any(_memory_holds(pid, b"{secret:TOKEN}") for pid in pids)
     assert not [pid for pid in pids if _memory_holds(pid, value.encode())]
+
+
+async def test_a_secret_that_cannot_be_had_refuses_the_request_with_503(
+        session: Session, upstream: Upstream, vault: Vault) -> None:
+    """(On a node: no gateway answered.) Nothing is sent, neither without the secret nor with
+    an older value."""
+    vault.values["TOKEN"] = f"sk-{secrets.token_hex(16)}"
+    vault.failing = "no gateway answered in 10 s"
+    try:
+        out = await run(session, REQUEST.format(method="POST", url=upstream.url("/v1/away"),
+                                                headers="{}"))
+    finally:
+        vault.failing = None
+    assert out.startswith("503 replgate egress refused the request: the secret 'TOKEN' could "
+                          "not be had (no gateway answered in 10 s); nothing was sent"), out
+    assert not [r for r in upstream.requests() if r["path"] == "/v1/away"]
+    attempt = session.kernel.egress.attempts[-1] if session.kernel.egress else None
+    assert attempt is not None and not attempt.allowed
+    assert "secret TOKEN could not be had" in attempt.reason
