@@ -91,7 +91,7 @@ class Slots(WarmPool):
                 raise
             self._in_use.add(kernel)
         if refill:
-            self._fill(profile.name)
+            self._fill_soon(profile.name)
         self.acquire_seconds.append(loop.time() - started)
         del self.acquire_seconds[:-1000]
         return kernel
@@ -125,6 +125,9 @@ class Slots(WarmPool):
         if kernel is not None:
             self._fill(name)
             return kernel
+        if name in self._fill_handles:  # a claim's refill is due: it may serve this resume
+            self._fill_handles.pop(name).cancel()
+            self._fill(name)
         waiters = self._waiters[name]
         if self._warming[name] <= len(waiters) or self._closing:
             return None
