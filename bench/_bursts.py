@@ -74,16 +74,14 @@ async def _create_and_run(rg: Target, sent: float) -> dict[str, Any]:
     return {"status": 201, "id": sid, "created_s": created, "first_s": first, "ran": ok}
 
 
-async def _refilled(rg: Target, warm: int) -> tuple[float | None, int]:
-    """Seconds until the pool holds ``warm`` idle kernels again (None: not within the wait),
-    and how many it held when the wait began."""
-    start = time.perf_counter()
-    before = (await rg.pool())["idle"]
+async def _refilled(rg: Target, warm: int, start: float) -> float | None:
+    """Seconds from ``start`` until the pool holds ``warm`` idle kernels again (None: not
+    within the wait)."""
     while time.perf_counter() - start < REFILL_WAIT_S:
         if (await rg.pool())["idle"] >= warm:
-            return time.perf_counter() - start, before
+            return time.perf_counter() - start
         await asyncio.sleep(0.05)
-    return None, before
+    return None
 
 
 async def _clear(rg: Target, ids: list[str]) -> None:
@@ -101,9 +99,12 @@ async def _burst(rg: Target, n: int, warm: int, drained: bool,
     answers = await asyncio.gather(*(_create_and_run(rg, sent) for _ in range(n)))
     burst_s = time.perf_counter() - sent
     made = [a for a in answers if a["status"] == 201]
-    # The refill is timed from the sessions' end: until then their kernels hold the slots.
+    # The refill is timed from the sessions' end (their deletes, which it runs beside): until
+    # then their kernels hold the slots.
+    low = (await rg.pool())["idle"]
+    ended = time.perf_counter()
     await _clear(rg, [a["id"] for a in made] + taken)
-    refill_s, low = await _refilled(rg, warm) if warm and refill else (None, warm)
+    refill_s = await _refilled(rg, warm, ended) if warm and refill else None
     refused = Counter(f"{a['status']} retry-after={a['retry_after']}: {a['detail']}"
                       for a in answers if a["status"] != 201)
     out: dict[str, Any] = {
