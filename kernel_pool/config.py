@@ -133,7 +133,8 @@ class PoolLimits(BaseModel):
         60.0, gt=0, description="how long a launched kernel has to answer; one that does not "
         "is tried once more in a fresh sandbox before the request fails")
     capacity_wait_s: float = Field(
-        30.0, ge=0, description="how long a new session's request for a kernel waits, with "
+        30.0, ge=0, description="how long a new session's request for a kernel (or a paused "
+        "session's, to resume) waits, with "
         "max_kernels running and none idle long enough to be paused, for a session to go idle "
         "or end (a burst of creates: the sessions made before it are still at their first "
         "execution); past it the request is refused (429, naming REPLGATE_MAX_KERNELS). Half "
