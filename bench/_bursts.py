@@ -71,7 +71,8 @@ async def _create_and_run(rg: Target, sent: float) -> dict[str, Any]:
     ran = await rg.http.post(f"/v1/sessions/{sid}/execute", json={"code": "1+1"})
     first = time.perf_counter() - sent
     ok = ran.status_code == 200 and ran.json().get("status") == "ok"
-    return {"status": 201, "id": sid, "created_s": created, "first_s": first, "ran": ok}
+    return {"status": 201, "id": sid, "created_s": created, "first_s": first, "ran": ok,
+            "failed": None if ok else f"{ran.status_code}: {ran.text[:200]}"}
 
 
 async def _refilled(rg: Target, warm: int, start: float) -> float | None:
@@ -107,9 +108,10 @@ async def _burst(rg: Target, n: int, warm: int, drained: bool,
     refill_s = await _refilled(rg, warm, ended) if warm and refill else None
     refused = Counter(f"{a['status']} retry-after={a['retry_after']}: {a['detail']}"
                       for a in answers if a["status"] != 201)
+    failed = Counter(a["failed"] for a in made if a["failed"])
     out: dict[str, Any] = {
         "sessions": n, "made": len(made), "ran": sum(a["ran"] for a in made),
-        "refused": dict(refused), "seconds": round(burst_s, 2),
+        "refused": dict(refused), "failed": dict(failed), "seconds": round(burst_s, 2),
         "create": _ms([a["created_s"] for a in answers]),
         "first_result": _ms([a["first_s"] for a in made]) if made else None,
         "created_per_s": round(len(made) / max(a["created_s"] for a in made), 2) if made else 0,
@@ -306,6 +308,8 @@ def burst_lines(found: dict[str, Any] | None) -> list[str]:
                          f"  {refill:>13}")
             for refusal, count in b["refused"].items():
                 lines.append(f"      refused {count}: {refusal}")
+            for failure, count in b.get("failed", {}).items():
+                lines.append(f"      made, then 1+1 failed {count}: {failure}")
     restore = found.get("restore")
     if restore is None:
         return lines
