@@ -27,11 +27,6 @@ class Turns:
         return (f"<Turns {self._held}/{self.size} held, {len(self._urgent)} urgent and "
                 f"{len(self._later)} later waiting>")
 
-    @property
-    def urgent_waiting(self) -> int:
-        """Urgent askers waiting for a turn."""
-        return sum(not f.done() for f in self._urgent)
-
     @contextlib.asynccontextmanager
     async def turn(self, urgent: bool) -> AsyncIterator[None]:
         """Hold a turn for the block; ``urgent``: a session's own start (else a refill's)."""
