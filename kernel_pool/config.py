@@ -68,7 +68,10 @@ class Profile(BaseModel):
     nofile: int = Field(1024, ge=64, le=65536, description="open files per process")
     tmp_size: str = Field("256m", description="size of the tmpfs mounted at /tmp")
     workspace_size: str = Field("1g", description="size cap of the session's workspace")
-    min_idle: int = Field(1, ge=0, le=64, description="warm kernels kept ready")
+    min_idle: int | None = Field(
+        None, ge=0, le=256, description="warm kernels kept ready, frozen while they wait "
+        "(no CPU; thawed in about a millisecond when a session takes one); unset: the "
+        "machine's, see default_min_idle (shared among the profiles that leave it unset)")
     default_timeout_s: float = Field(60.0, gt=0)
     max_timeout_s: float = Field(3600.0, gt=0)
     caps: OutputCaps = Field(default_factory=OutputCaps)
@@ -130,7 +133,8 @@ class PoolLimits(BaseModel):
         60.0, gt=0, description="how long a launched kernel has to answer; one that does not "
         "is tried once more in a fresh sandbox before the request fails")
     capacity_wait_s: float = Field(
-        30.0, ge=0, description="how long a new session's request for a kernel waits, with "
+        30.0, ge=0, description="how long a new session's request for a kernel (or a paused "
+        "session's, to resume) waits, with "
         "max_kernels running and none idle long enough to be paused, for a session to go idle "
         "or end (a burst of creates: the sessions made before it are still at their first "
         "execution); past it the request is refused (429, naming REPLGATE_MAX_KERNELS). Half "
@@ -290,6 +294,20 @@ def default_max_kernels(memory_bytes: int | None = None) -> int:
         except (ValueError, OSError):
             memory_bytes = 4 * 1024**3
     return max(2, min(256, int(memory_bytes * 0.8) // (512 * 1024**2)))
+
+
+WARM_PER_CORE = 10
+"""Warm kernels per core a default install keeps: a claimed one answers its first execution
+after about 25 ms of the host's CPU (thaw, session record, ``1+1``), so two cores hand out
+about twenty within half a second; a burst beyond that waits for kernel restores anyway."""
+
+
+def default_min_idle(max_kernels: int, cpus: int | None = None) -> int:
+    """The warm kernels a default install keeps: :data:`WARM_PER_CORE` per core, at most two
+    thirds of ``max_kernels`` (the rest is for sessions; a session needing room at the limit
+    takes a warm kernel's slot anyway), at least one."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(1, min(WARM_PER_CORE * cpus, max_kernels * 2 // 3))
 
 
 def parse_size(value: str) -> int:

@@ -254,6 +254,17 @@ class Sandbox(ABC):
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()
 
+    def freeze_warm(self) -> bool:
+        """Stop every process of the sandbox where it stands, a warm kernel's waiting to be
+        claimed (no CPU while it waits): at once, with no engine call, so the pool decides
+        it in its I/O-free step. Whether it froze (False: this sandbox cannot, and runs on);
+        :meth:`thaw_warm` ends it."""
+        return False
+
+    def thaw_warm(self) -> None:
+        """End :meth:`freeze_warm`'s freeze, at once (nothing if it did not freeze)."""
+        return None
+
     async def release(self) -> None:
         """Nothing runs in the sandbox any more (a paused session's, its container gone):
         give back what it holds on the host, its workspace's unused blocks and its mounts.

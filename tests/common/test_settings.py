@@ -34,6 +34,8 @@ def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
         return "/srv/other-value", Path("/srv/other-value")
     if NetworkPolicy in get_args(annotation):  # a profile's network bound, unset by default
         return '{"default": "allow"}', NetworkPolicy(default="allow")
+    if int in get_args(annotation):  # a number unset by default (the machine's): min_idle
+        return "3", 3
     return "other-value", "other-value"
 
 

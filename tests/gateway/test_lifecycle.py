@@ -368,7 +368,9 @@ def test_sessions_survive_a_stop_and_a_kill_of_the_gateway(
 
 def test_resume_gets_429_only_when_nothing_can_be_paused(
         docker_client: docker.DockerClient) -> None:
-    with gateway_client(docker_client, max_kernels="1", min_idle="1") as client:
+    # No wait for room (REPLGATE_CAPACITY_WAIT_S=0): the next test waits.
+    with gateway_client(docker_client, max_kernels="1", min_idle="1",
+                        capacity_wait_s="0") as client:
         first = new_session(client)
         run(client, first, "mine = 'first'")
         assert client.post(f"/v1/sessions/{first}/pause").status_code == 200
@@ -388,6 +390,28 @@ def test_resume_gets_429_only_when_nothing_can_be_paused(
         assert client.get(f"/v1/sessions/{first}").json()["status"] == "paused"
         # Once the other is idle it is paused to make room, and the first resumes.
         assert value(client, first, "mine") == "'first'"
+        assert client.get(f"/v1/sessions/{second}").json()["status"] == "paused"
+
+
+def test_resume_at_the_limit_waits_for_a_session_to_be_idle(
+        docker_client: docker.DockerClient) -> None:
+    # The only kernel is busy for three seconds: the resume waits (REPLGATE_CAPACITY_WAIT_S),
+    # then the other session is paused for it, as a new session's kernel would wait.
+    with gateway_client(docker_client, max_kernels="1", min_idle="1") as client:
+        first = new_session(client)
+        run(client, first, "mine = 'first'")
+        assert client.post(f"/v1/sessions/{first}/pause").status_code == 200
+        second = new_session(client)
+        busy = httpx.Client(base_url=client.base_url, headers=client.headers, timeout=120)
+        with busy:
+            running = threading.Thread(target=lambda: busy.post(
+                f"/v1/sessions/{second}/execute", json={"code": "import time; time.sleep(3)"}))
+            running.start()
+            time.sleep(1)
+            answer = client.post(f"/v1/sessions/{first}/execute", json={"code": "mine"})
+            running.join()
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][-1]["data"]["text/plain"] == "'first'"
         assert client.get(f"/v1/sessions/{second}").json()["status"] == "paused"
 
 

@@ -89,8 +89,10 @@ async def test_acquire_hands_off_a_warm_kernel(pool: KernelPool) -> None:
         assert kernel is warm
         assert elapsed < 0.05, f"a hand-off took {elapsed * 1000:.1f} ms"
         assert pool.stats()["in_use"] == before["in_use"] + 1
-        # The refill has started at once, and brings the idle count back to min_idle.
-        assert pool.stats()["starting"] >= 1
+        # The refill starts shortly after the claim (REFILL_AFTER_CLAIM_S: not among a
+        # burst's claims), and brings the idle count back to min_idle.
+        assert "default" in pool._fill_handles
+        await eventually(lambda: pool.stats()["starting"] >= 1, 2)
         await pool.wait_ready(timeout_s=60)
         assert pool.stats()["idle"] == 1
     finally:
@@ -324,7 +326,9 @@ async def test_resume_while_the_pool_refills_takes_the_refilled_kernel(
     await run_ok(session, "kept = 7")
     first = session.kernel.id
     await session.pause()
-    assert pool.stats()["starting"] == 1 and pool.stats()["idle"] == 0
+    # The claim's refill is under way, or due (REFILL_AFTER_CLAIM_S): the resume starts it.
+    assert pool.stats()["idle"] == 0
+    assert pool.stats()["starting"] == 1 or "default" in pool._fill_handles
     await session.resume()
     result = await session.execute("kept * 6")
     assert result.outputs[-1].data["text/plain"] == "42"

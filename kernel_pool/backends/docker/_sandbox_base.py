@@ -79,6 +79,8 @@ class DockerSandboxBase(Sandbox):
         """Under gVisor: the sandbox's processes are reached through runsc, not the cgroup."""
         self._freezer: Freezer | None = None
         """Under runc: stops every process of the container while strays are killed."""
+        self._warm_frozen = False
+        """Frozen by :meth:`freeze_warm` (a warm kernel waiting to be claimed)."""
         self._oom_watch: OutOfMemoryWatch | None = None
         """Under gVisor: the running kernel's watch for a stuck out-of-memory kill."""
         self._sandbox_oom_kills: int | None = None

@@ -1,0 +1,134 @@
+"""The warm pool's size, its kernels frozen while they wait, and turns to start kernels.
+
+Pools of their own, as in ``test_pool.py``: each with its own owner label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from kp_support import OWNER, make_settings, owned_containers, run_ok
+
+from kernel_pool import KernelPool, PoolSettings, Profile
+from kernel_pool._pool_base import warm_sizes
+from kernel_pool._turns import Turns
+from kernel_pool.config import default_min_idle
+
+PoolFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def own_pool(state_root: Path, docker_client: docker.DockerClient,
+                   ) -> AsyncIterator[PoolFactory]:
+    made: list[KernelPool] = []
+
+    def make(suffix: str, **overrides: Any) -> KernelPool:
+        pool = KernelPool(make_settings(state_root / suffix, owner=f"{OWNER}-{suffix}",
+                                        **overrides))
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        await pool.close()
+        assert owned_containers(docker_client, pool.settings.owner) == []
+
+
+def _profile(name: str, **values: Any) -> Profile:
+    return Profile(name=name, workspace_size="64m", tmp_size="32m", **values)
+
+
+def test_default_warm_size_follows_the_machine() -> None:
+    # Ten per core, at most two thirds of the running-kernel cap, at least one.
+    assert default_min_idle(37, cpus=2) == 20
+    assert default_min_idle(12, cpus=2) == 8
+    assert default_min_idle(256, cpus=64) == 170
+    assert default_min_idle(2, cpus=1) == 1
+    # Profiles that leave min_idle unset share it; a profile's own min_idle is kept.
+    settings = PoolSettings(state_dir=Path("/tmp/unused"), max_kernels=37, profiles={
+        "a": _profile("a"), "b": _profile("b"), "c": _profile("c", min_idle=3)})
+    share = default_min_idle(37) // 2
+    assert warm_sizes(settings) == {"a": max(1, share), "b": max(1, share), "c": 3}
+    assert warm_sizes(PoolSettings(state_dir=Path("/tmp/unused"), max_kernels=2)) == {
+        "default": 1}
+
+
+def _freezer_state(kernel: Any) -> str:
+    freezer = kernel.sandbox.freezer
+    assert freezer is not None, "the host cannot write the container's freezer"
+    return Path(freezer._state).read_text().strip()
+
+
+async def test_warm_kernels_wait_frozen_and_run_when_taken(own_pool: PoolFactory) -> None:
+    pool = own_pool("frozen", max_kernels=4, profiles={"default": _profile("default",
+                                                                           min_idle=2)})
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    warm = list(pool._idle["default"])
+    assert len(warm) == 2
+    for kernel in warm:
+        assert _freezer_state(kernel) in ("FROZEN", "FREEZING")
+    before = [(await k.sandbox.usage()).cpu_ns for k in warm]
+    await asyncio.sleep(1.0)
+    assert [(await k.sandbox.usage()).cpu_ns for k in warm] == before, "a frozen kernel ran"
+    started = time.perf_counter()
+    session = await pool.create_session()
+    await run_ok(session, "x = 1 + 1")
+    took = time.perf_counter() - started
+    assert session.kernel in warm
+    assert _freezer_state(session.kernel) == "THAWED"
+    assert took < 5, f"a warm kernel took {took:.2f} s to answer"
+    await pool.delete_session(session.id)
+
+
+async def test_a_session_at_the_limit_takes_a_warm_kernels_slot(own_pool: PoolFactory) -> None:
+    # Every slot holds a frozen warm kernel of another profile: the session's kernel takes
+    # one's slot at once (no wait for room: capacity_wait_s is 0).
+    pool = own_pool("reclaim", max_kernels=2, capacity_wait_s=0,
+                    profiles={"default": _profile("default", min_idle=0),
+                              "other": _profile("other", min_idle=2)})
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    assert len(pool._idle["other"]) == 2
+    session = await pool.create_session("default")
+    await run_ok(session, "1")
+    assert len(pool._idle["other"]) == 1 and pool.stats()["in_use"] == 1
+    await pool.delete_session(session.id)
+
+
+async def test_a_sessions_start_takes_the_next_turn_before_refills() -> None:
+    turns = Turns(1)
+    order: list[str] = []
+
+    async def start(name: str, urgent: bool) -> None:
+        async with turns.turn(urgent):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    async with turns.turn(urgent=False):  # a refill's start under way
+        refills = [asyncio.create_task(start(f"refill {i}", False)) for i in range(3)]
+        await asyncio.sleep(0)
+        session = asyncio.create_task(start("session", True))
+        await asyncio.sleep(0)
+        assert repr(turns) == "<Turns 1/1 held, 1 urgent and 3 later waiting>"
+    await asyncio.gather(session, *refills)
+    assert order == ["session", "refill 0", "refill 1", "refill 2"]
+
+
+async def test_a_cancelled_wait_for_a_turn_passes_it_on() -> None:
+    turns = Turns(1)
+    async with turns.turn(urgent=True):
+        waiting = asyncio.create_task(turns._take(urgent=True))
+        later = asyncio.create_task(turns._take(urgent=False))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.sleep(0)
+    await asyncio.wait_for(later, 1)  # the turn went to the one still waiting
+    turns._give()
+    assert repr(turns) == "<Turns 0/1 held, 0 urgent and 0 later waiting>"
