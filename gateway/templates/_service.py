@@ -330,7 +330,7 @@ class Templates:
         """A session of the profile is being made: keep one warm kernel of it for a while."""
         self._used[name] = asyncio.get_running_loop().time()
         current = self.host.settings.profiles.get(name)
-        if current is not None and current.min_idle == 0:
+        if current is not None and current.min_idle == 0 and self.settings.template_warm_s > 0:
             self.host.set_profile(current.model_copy(update={"min_idle": 1}))
 
     async def _shrink_loop(self) -> None:
