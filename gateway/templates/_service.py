@@ -66,7 +66,7 @@ class Templates:
         self._uncached: set[str] = set()
         """Templates whose next build skips the cache (a purge since)."""
         self._warm_task: asyncio.Task[None] | None = None
-        gateway.profile_for = self.profile_for
+        gateway.templates = self
 
     def __repr__(self) -> str:
         return f"<Templates {sum(self._building.values())} building>"
@@ -325,6 +325,12 @@ class Templates:
             else info.profile
         self._warm(profile)
         return profile
+
+    async def profiles_of(self, tenant: str) -> set[str]:
+        """The template profiles the tenant may start sessions of: each of its own and the
+        published templates' current build, once ready."""
+        return {info.profile for info in await self.store.list_templates(tenant)
+                if info.image is not None}
 
     def _warm(self, name: str) -> None:
         """A session of the profile is being made: keep one warm kernel of it for a while."""

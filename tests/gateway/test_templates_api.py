@@ -1,7 +1,7 @@
 """Custom templates through the native API (``/v1/templates``, docs/templates.md), on the real
 engine: a template FROM the sandbox image that adds a PyPI package and a file of its context,
 built, followed (log and WebSocket), and used by sessions (a warm kernel of it after the
-first); a failing step named by its line; a base without Python refused at build, never at a
+first) and by Jupyter's kernelspecs; a failing step named by its line; a base without Python refused at build, never at a
 session's start; bad input a clear 4xx; another tenant's template absent until an operator
 publishes it."""
 
@@ -127,6 +127,12 @@ def test_a_template_adds_a_package_and_a_file_that_its_sessions_find(
     by_id = alpha.post("/v1/sessions", json={"profile": template["id"]})
     assert by_id.status_code == 201, by_id.text
     alpha.delete(f"/v1/sessions/{by_id.json()['id']}")
+    # Jupyter: the template's kernelspecs (its current build's), and a kernel of one.
+    specs = alpha.get("/api/kernelspecs").json()["kernelspecs"]
+    assert template["profile"] in specs and "bash" in specs
+    kernel = alpha.post("/api/kernels", json={"name": template["profile"]})
+    assert kernel.status_code == 201, kernel.text
+    alpha.delete(f"/api/kernels/{kernel.json()['id']}")
 
 
 def test_a_builds_log_is_read_and_streamed(gateway: GatewayProcess, alpha: httpx.Client,
@@ -203,6 +209,8 @@ def test_another_tenant_cannot_use_it_until_an_operator_publishes_it(
         refused = beta.post("/v1/sessions", json={"profile": name})
         assert refused.status_code == 404, refused.text
     assert beta.post("/v1/sessions", json={"profile": "with-tomli"}).status_code == 400
+    assert template["profile"] not in beta.get("/api/kernelspecs").json()["kernelspecs"]
+    assert beta.post("/api/kernels", json={"name": template["profile"]}).status_code == 404
     path = f"/v1/templates/{template['id']}/publish"
     assert alpha.post(path, json={"public": True}).status_code == 403  # a tenant's key
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
