@@ -148,6 +148,30 @@ def test_a_template_adds_a_package_and_a_file_that_its_sessions_find(
     alpha.delete(f"/api/kernels/{kernel.json()['id']}")
 
 
+def test_a_template_session_pauses_resumes_and_forks_on_its_image(
+        alpha: httpx.Client, template: dict[str, Any]) -> None:
+    made = alpha.post("/v1/sessions", json={"profile": "with-tomli"})
+    assert made.status_code == 201, made.text
+    sid = made.json()["id"]
+    children: list[dict[str, Any]] = []
+    try:
+        _run(alpha, sid, f"import {PACKAGE}; x = {PACKAGE}.dumps({{'k': 2}})")
+        paused = alpha.post(f"/v1/sessions/{sid}/pause")
+        assert paused.status_code == 200, paused.text
+        assert _run(alpha, sid, "print(x.strip())")["stdout"] == "k = 2\n"  # resumed
+        forked = alpha.post(f"/v1/sessions/{sid}/fork", json={"count": 1})
+        assert forked.status_code in (200, 201), forked.text
+        children = forked.json()
+        assert children[0]["profile"] == template["profile"]
+        result = _run(alpha, children[0]["id"],
+                      f"import {PACKAGE}; print(x.strip(), open('/opt/data/hello.txt').read())")
+        assert result["stdout"] == "k = 2 from the context\n", result
+    finally:
+        for child in children:
+            alpha.delete(f"/v1/sessions/{child['id']}")
+        alpha.delete(f"/v1/sessions/{sid}")
+
+
 def test_a_builds_log_is_read_and_streamed(gateway: GatewayProcess, alpha: httpx.Client,
                                            template: dict[str, Any]) -> None:
     lines = alpha.get(f"/v1/templates/{template['id']}/logs").json()
