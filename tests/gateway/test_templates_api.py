@@ -18,7 +18,11 @@ from typing import Any
 import docker
 import docker.errors
 import httpx
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import TextContent
 from websockets.sync.client import connect
 
 from kernel_pool.backends.docker import current_image
@@ -170,6 +174,18 @@ def test_a_template_session_pauses_resumes_and_forks_on_its_image(
         for child in children:
             alpha.delete(f"/v1/sessions/{child['id']}")
         alpha.delete(f"/v1/sessions/{sid}")
+
+
+async def test_an_mcp_connection_runs_on_the_template_it_names(
+        gateway: GatewayProcess, template: dict[str, Any]) -> None:
+    http = httpx2.AsyncClient(headers=gateway.headers("alpha"),
+                              timeout=httpx2.Timeout(30, read=300))
+    url = f"{gateway.url}/mcp?profile=with-tomli"
+    async with http, Client(streamable_http_client(url, http_client=http)) as client:
+        result = await client.call_tool("execute_python", {
+            "code": f"import {PACKAGE}; print(open('/opt/data/hello.txt').read())"})
+    text = "".join(part.text for part in result.content if isinstance(part, TextContent))
+    assert "from the context" in text and not result.is_error, text
 
 
 def test_a_builds_log_is_read_and_streamed(gateway: GatewayProcess, alpha: httpx.Client,
