@@ -70,6 +70,9 @@ class Templates:
         self._uncached: set[str] = set()
         """Templates whose next build skips the cache (a purge since)."""
         self._warm_task: asyncio.Task[None] | None = None
+        self._resolved: dict[tuple[str, str], str] = {}
+        """(tenant, name asked) -> profile, forgotten at each change of a template here (a
+        create is a dictionary lookup, as for any profile)."""
         self._removing: set[asyncio.Task[None]] = set()
         """Deleted templates' images waiting for their last container to go."""
         gateway.templates = self
@@ -150,6 +153,7 @@ class Templates:
                     start_cmd=spec.start_cmd, ready_cmd=spec.ready_cmd)
                 await self.store.add_template(info)
             await self.store.add_build(build_id, info, now)
+            self._resolved.clear()
             run = self._runs[info.id] = BuildRun(build_id)
             self._building[tenant] += 1
             run.task = asyncio.create_task(self._build(info, spec, run),
@@ -175,6 +179,7 @@ class Templates:
             try:
                 if self._runs.get(info.id) is run:
                     await self.store.update_template(ended)
+                    self._resolved.clear()  # after the write: a lookup meanwhile read the old
                 await self.store.end_build(run.build_id, ended, run.lines, _now())
             finally:
                 run.end()
@@ -283,6 +288,7 @@ class Templates:
             with contextlib.suppress(BaseException):
                 await run.task
         await self.store.delete_template_record(info.id)
+        self._resolved.clear()
         for number in range(1, info.builds + 1):
             self.host.remove_profile(f"{info.id}-{number}")
         tags = [f"{IMAGE_REPOSITORY}:{info.id}-{number}" for number in range(1, info.builds + 1)]
@@ -315,6 +321,7 @@ class Templates:
             raise NotFound(f"no template {template_id!r}")
         info = info.model_copy(update={"public": public, "updated_at": _now()})
         await self.store.update_template(info)
+        self._resolved.clear()
         return info
 
     async def purge_cache(self, tenant: str | None = None) -> builtins.list[str]:
@@ -340,6 +347,10 @@ class Templates:
         profile) if the tenant may use it, else ``name`` itself (an operator's profile)."""
         if name in self.host.settings.profiles and not name.startswith(ID_PREFIX):
             return name
+        known = self._resolved.get((tenant, name))
+        if known is not None and known in self.host.settings.profiles:
+            self._warm(known)
+            return known
         key = name.rsplit("-", 1)[0] if name.startswith(ID_PREFIX) else name
         info = await self.store.find_template(tenant, key)
         if info is None:
@@ -350,6 +361,7 @@ class Templates:
             raise Conflict(f"template {info.name!r} is {info.status.value}, not ready")
         profile = name if name.startswith(ID_PREFIX) and name in self.host.settings.profiles \
             else info.profile
+        self._resolved[(tenant, name)] = profile
         self._warm(profile)
         return profile
 
