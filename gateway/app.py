@@ -103,6 +103,8 @@ async def _session_host(settings: Settings, policy: Policy, store: Store,
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
                            check_hostname=settings.tls_check_node_names),
             SessionRecords(store), bundles=settings.bundle_store is not None)
+        if secrets.enabled:  # its nodes' sessions' brokers ask this gateway for them
+            nodes.secret_answers.source = secrets.lookup_for
         followers = [asyncio.create_task(nodes.watch(settings.node_timeout_s / 2)),
                      asyncio.create_task(nodes.records.listen())]
         try:

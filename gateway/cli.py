@@ -39,7 +39,7 @@ class _JsonFormatter(logging.Formatter):
 
 
 def configure_logging(settings: Settings) -> None:
-    from gateway.redaction import RedactSecrets
+    from gateway.redaction import DropFrames, RedactSecrets
 
     ids = None
     if settings.log_json:
@@ -48,6 +48,7 @@ def configure_logging(settings: Settings) -> None:
         ids = log_ids if tracing_asked(os.environ) else None
     handler = logging.StreamHandler()
     handler.addFilter(RedactSecrets())
+    handler.addFilter(DropFrames())  # (a node channel's frames carry secrets' values)
     handler.setFormatter(_JsonFormatter(ids) if settings.log_json else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

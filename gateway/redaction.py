@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["RedactSecrets", "redact"]
+__all__ = ["DropFrames", "RedactSecrets", "redact"]
 
 _REDACTED = "[REDACTED]"
 _SECRET_CHARS = r"[A-Za-z0-9+/=_\-.~]"
@@ -74,3 +74,18 @@ class RedactSecrets(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         return True
+
+
+class DropFrames(logging.Filter):
+    """A logging filter that drops the debug lines of WebSocket frames.
+
+    ``websockets`` logs every frame at DEBUG (for uvicorn's server, under ``uvicorn.error``),
+    showing the start and end of its text: a node channel's frames carry executions' code,
+    their outputs and the secrets a node asks a gateway for (docs/secrets.md), none of which
+    belongs in a log, whatever ``REPLGATE_LOG_LEVEL`` says. Attach it to handlers.
+    """
+
+    FRAME_LINES = frozenset({"< %s", "> %s"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.DEBUG and record.msg in self.FRAME_LINES)

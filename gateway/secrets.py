@@ -125,6 +125,37 @@ class Secrets:
         check_value(value)
         await self._store.put_secret(tenant, name, self._require_box().seal(tenant, name, value))
 
+    async def create(self, tenant: str, name: str, value: str,
+                     metadata: dict[str, str]) -> SecretRecord:
+        """Store a new secret (version 1); Conflict if the tenant has one of that name."""
+        check_name(name)
+        check_value(value)
+        sealed = self._require_box().seal(tenant, name, value)
+        if not await self._store.add_secret(tenant, name, sealed, metadata):
+            raise Conflict(f"a secret named {name!r} exists: update it, or delete it first")
+        return await self._record(tenant, name)
+
+    async def update(self, tenant: str, name: str, value: str,
+                     metadata: dict[str, str] | None) -> SecretRecord:
+        """Replace an existing secret's value (one more version) and, unless None, its
+        metadata; NotFound if there is none of that name."""
+        check_name(name)
+        check_value(value)
+        sealed = self._require_box().seal(tenant, name, value)
+        if not await self._store.replace_secret(tenant, name, sealed, metadata):
+            raise NotFound(f"no secret named {name!r}")
+        return await self._record(tenant, name)
+
+    async def info(self, tenant: str, name: str) -> SecretRecord | None:
+        """The tenant's secret of that name (never its value), or None."""
+        return await self._store.secret_record(tenant, name)
+
+    async def _record(self, tenant: str, name: str) -> SecretRecord:
+        record = await self._store.secret_record(tenant, name)
+        if record is None:  # deleted meanwhile, by another request
+            raise NotFound(f"no secret named {name!r}")
+        return record
+
     async def list(self, tenant: str) -> list[SecretRecord]:
         """The tenant's secrets' names and times."""
         return await self._store.list_secrets(tenant)
@@ -142,9 +173,10 @@ class Secrets:
             return None
         return self._require_box().open(tenant, name, sealed)
 
-    def lookup_for(self, tenant: str) -> SecretLookup:
+    def lookup_for(self, tenant: str, session_id: str | None = None) -> SecretLookup:
         """What a session's egress broker asks for a secret's value: read at each request, so
-        a replaced value applies to the next request and a deleted one is refused."""
+        a replaced value applies to the next request and a deleted one is refused. (The
+        session's rules already bound which names its broker asks for.)"""
 
         async def lookup(name: str) -> str | None:
             return await self.value(tenant, name)

@@ -51,6 +51,12 @@ class AllowEntry:
 
 
 
+def normal_host(host: str) -> str:
+    """A host as rules compare it: lower case, no trailing dot, no IPv6 literal's brackets."""
+    name = host.strip().lower().rstrip(".")
+    return name[1:-1] if name.startswith("[") and name.endswith("]") else name
+
+
 def _ip(text: str) -> IPAddress | None:
     try:
         address = ipaddress.ip_address(text)
@@ -117,9 +123,7 @@ class EgressRules:
 
     async def decide(self, host: str, port: int) -> tuple[str | None, str]:
         """``(address, why allowed)`` or ``(None, why refused)``."""
-        name = host.strip().lower().rstrip(".")
-        if name.startswith("[") and name.endswith("]"):
-            name = name[1:-1]
+        name = normal_host(host)
         if not 1 <= port <= 65535:
             return None, f"port {port} is not valid"
         address = _ip(name)

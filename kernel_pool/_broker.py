@@ -5,12 +5,15 @@ requests the rules match (docs/secrets.md).
 rule covers its host and port. The broker answers the sandbox's TLS with a certificate from
 the sandbox's own CA (:mod:`kernel_pool._sandbox_ca`), connects to the host with real TLS
 verification (the system's CAs and ``upstream_cafile``), and relays HTTP/1.1 (h11) request by
-request: a request a rule matches gets the rule's headers, and the placeholders of the secrets
-the rule names are replaced in its headers; the others go unchanged. A secret a request needs
+request (a client that chose HTTP/2 in its TLS hello: :mod:`kernel_pool._broker_h2`, each
+stream decided the same way and relayed to the host over HTTP/1.1): a request a rule matches
+gets the rule's headers, and the placeholders of the secrets the rule names are replaced in its
+headers; the others go unchanged. A secret a request needs
 but that does not exist (deleted) refuses the request with 403 and a sentence, before anything
 is sent. An accepted WebSocket upgrade (101) turns the connection into a byte pipe. Values are
 asked of ``lookup`` at each request (a replaced secret applies to the next one) and never
-logged: log lines and attempts name the secrets, not their values.
+logged: log lines and attempts name the secrets, not their values. A lookup that fails (on a
+node: no gateway answered) refuses the request with 503: a value is never guessed nor kept.
 """
 
 from __future__ import annotations
@@ -21,18 +24,24 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import h11
 
+from kernel_pool._allowlist import normal_host
+from kernel_pool._broker_h2 import H2Relay
 from kernel_pool._broker_rules import PLACEHOLDER, SecretRule, matching_rules, secret_names
 from kernel_pool._sandbox_ca import SandboxCA
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Broker", "SecretLookup", "no_secrets"]
+__all__ = ["Broker", "Refusal", "SecretLookup", "SecretSource", "no_secrets"]
 
 SecretLookup = Callable[[str], Awaitable[str | None]]
-"""A secret's value by name, or None when there is none."""
+"""A secret's value by name, or None when there is none; raises when it cannot be had now."""
+SecretSource = Callable[[str, str | None], SecretLookup]
+"""The lookup of a session's secrets, by (tenant, session id): the gateway's reads its
+tenant's secrets, a node's asks a gateway for those the session's rules name."""
 
 CHUNK = 64 * 1024
 IDLE_TIMEOUT_S = 300.0
@@ -41,6 +50,13 @@ MAX_HEAD = 64 * 1024
 
 Note = Callable[[str, str, int, bool, str], None]
 """How the broker reports a request to the proxy's log: (method, host, port, allowed, why)."""
+
+
+class Refusal(NamedTuple):
+    """A request the broker does not send: the status and sentence the sandbox gets."""
+
+    status: int
+    sentence: str
 
 
 async def no_secrets(name: str) -> str | None:
@@ -66,19 +82,27 @@ class Broker:
 
     def covers(self, host: str, port: int) -> bool:
         """Whether HTTPS to ``host:port`` is terminated (a rule may match its requests)."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         return any(rule.covers(name, port) for rule in self.rules)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     host: str, port: int, address: str, note: Note) -> None:
         """Serve one ``CONNECT`` the proxy allowed and answered 200 to."""
-        name = host.strip().lower().rstrip(".").strip("[]")
+        name = normal_host(host)
         await writer.start_tls(self.ca.server_context(name))
+        tls = writer.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() == "h2":
+            await H2Relay(self, name, port, address, note, reader, writer).run()
+            return
         relay = _Relay(self, name, port, address, note, reader, writer)
         try:
             await relay.run()
         except h11.ProtocolError as exc:  # a request or an answer h11 cannot relay
             note("TLS", name, port, False, f"not relayed: {exc}")
+        except asyncio.CancelledError:
+            # The proxy is closing: TLS's goodbye would wait up to 30 s for the host's.
+            relay.abort_upstream()
+            raise
         finally:
             await relay.close_upstream()
 
@@ -91,7 +115,7 @@ class Broker:
 
     async def rewrite(self, host: str, port: int, method: str, target: str,
                       headers: list[tuple[bytes, bytes]],
-                      ) -> tuple[list[tuple[bytes, bytes]], str | None, str]:
+                      ) -> tuple[list[tuple[bytes, bytes]], Refusal | None, str]:
         """(headers to send, refusal or None, what was done) for one request."""
         rules = matching_rules(self.rules, host, port, method, target)
         if not rules:
@@ -100,11 +124,18 @@ class Broker:
         values: dict[str, str] = {}
         used: set[str] = set()
 
-        async def value(secret: str) -> str | None:
+        async def value(secret: str) -> str | Refusal:
             if secret not in values:
-                found = await self.lookup(secret)
+                try:
+                    found = await self.lookup(secret)
+                except Exception as exc:  # (names the secret, never a value)
+                    logger.warning("secret %s for %s:%d could not be had: %s", secret, host,
+                                   port, exc)
+                    return Refusal(503, f"replgate egress refused the request: the secret "
+                                        f"{secret!r} could not be had ({str(exc)[:300]}); "
+                                        "nothing was sent")
                 if found is None:
-                    return None
+                    return Refusal(403, _missing(secret))
                 values[secret] = found
             used.add(secret)
             return values[secret]
@@ -117,8 +148,8 @@ class Broker:
             text = raw.decode("latin-1")
             for secret in {s for s in PLACEHOLDER.findall(text) if s in allowed}:
                 found = await value(secret)
-                if found is None:
-                    return headers, _missing(secret), f"secret {secret} is not set"
+                if isinstance(found, Refusal):
+                    return headers, found, _not_had(secret, found)
                 text = text.replace(f"{{secret:{secret}}}", found)
             out.append((key, text.encode("latin-1")))
         for rule in rules:
@@ -126,14 +157,19 @@ class Broker:
                 text = template
                 for secret in set(PLACEHOLDER.findall(template)):
                     found = await value(secret)
-                    if found is None:
-                        return headers, _missing(secret), f"secret {secret} is not set"
+                    if isinstance(found, Refusal):
+                        return headers, found, _not_had(secret, found)
                     text = text.replace(f"{{secret:{secret}}}", found)
                 out = [(k, v) for k, v in out if k != header.lower().encode()]
                 out.append((header.encode(), text.encode("latin-1")))
         done = (f"rule for {rules[0].host} matched"
                 + (f": secrets {', '.join(sorted(used))} put in" if used else ": no secret used"))
         return out, None, done
+
+
+def _not_had(secret: str, refusal: Refusal) -> str:
+    return (f"secret {secret} is not set" if refusal.status == 403
+            else f"secret {secret} could not be had")
 
 
 def _missing(secret: str) -> str:
@@ -172,6 +208,11 @@ class _Relay:
         self.upstream = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         return True
 
+    def abort_upstream(self) -> None:
+        writer, self.up_reader, self.up_writer = self.up_writer, None, None
+        if writer is not None:
+            writer.transport.abort()
+
     async def close_upstream(self) -> None:
         writer, self.up_reader, self.up_writer = self.up_writer, None, None
         if writer is not None:
@@ -191,7 +232,7 @@ class _Relay:
             self.note(method, self.host, self.port, refusal is None,
                       f"{target.split('?', 1)[0][:200]}: {done}")
             if refusal is not None:
-                await _refuse(self.writer, 403, refusal, self.client)
+                await _refuse(self.writer, refusal.status, refusal.sentence, self.client)
                 return
             if not await self._upstream_ready():
                 return

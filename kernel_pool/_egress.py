@@ -160,22 +160,22 @@ class EgressProxy:
         logger.info("egress proxy for sandbox %s on %s: %s", self.sandbox_id, self.socket_path,
                     self.rules)
 
-    async def _stop_server(self) -> None:
+    async def _stop_server(self, drop_connections: bool = False) -> None:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        if drop_connections:
+            # Before the server's wait: that waits for its connections to end, and one the
+            # sandbox keeps alive (the broker's keep-alive) would hold a close for minutes.
+            for task in list(self._handlers):
+                task.cancel()
+        if server is not None:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
 
     async def close(self) -> None:
         """Stop listening and drop every open connection."""
-        if self._server is not None:
-            self._server.close()
-        # Dropped before the server's wait: that waits for its connections to end, and one
-        # the sandbox keeps alive (the broker's keep-alive) would hold a close for minutes.
-        for task in list(self._handlers):
-            task.cancel()
-        await self._stop_server()
+        await self._stop_server(drop_connections=True)
         for task in list(self._handlers):
             with contextlib.suppress(BaseException):
                 await task
@@ -200,6 +200,11 @@ class EgressProxy:
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Closing: a TLS connection the broker terminated would otherwise wait up to 30 s
+            # for the sandbox's goodbye, which a client holding it open never sends.
+            writer.transport.abort()
+            raise
         finally:
             self._handlers.discard(task)
             writer.close()

@@ -153,7 +153,9 @@ class Kernel(KernelNetwork):
         finally:
             step("waiting for its first answer")
         self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
-        env = {**self.env, **self.trust_env()}
+        # The proxy's variables too: a kernel restored from a template started without them
+        # (a booted one has them from its launcher already, and the session's env after).
+        env = {**self.launcher_env(), **self.env, **self.trust_env()}
         if env:
             await self.set_env(env)
         self.state = KernelState.READY

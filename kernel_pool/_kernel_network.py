@@ -3,11 +3,10 @@ policy (or the profile's ``egress_allow``) and brokering the policy's secret rul
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from kernel_pool._allowlist import EgressRules
-from kernel_pool._broker import SecretLookup, no_secrets
+from kernel_pool._broker import SecretSource, no_secrets
 from kernel_pool._broker_rules import SecretRule
 from kernel_pool._channels import KernelChannels, KernelState
 from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID
@@ -34,8 +33,8 @@ class KernelNetwork(KernelChannels):
         :meth:`set_network` and at every start."""
         self.egress_ca_file: Path | None = None
         """Certificates the egress broker trusts besides the system's (the pool's setting)."""
-        self.secret_source: Callable[[str], SecretLookup] | None = None
-        """A tenant's secrets, for the broker of a policy's ``rules`` (the pool's)."""
+        self.secret_source: SecretSource | None = None
+        """A session's secrets, for the broker of a policy's ``rules`` (the pool's)."""
 
     async def _ensure_egress(self) -> None:
         """Serve the egress proxy (of the session's policy, else of the profile's
@@ -65,35 +64,46 @@ class KernelNetwork(KernelChannels):
         proxy is served (or stopped) at once; a stopped one's at its next start. The kernel's
         environment gets the proxy's variables when it has a proxy (its launcher set them
         only if the proxy was there when it started). The policy's secret ``rules`` are
-        brokered with ``tenant``'s secrets (docs/secrets.md)."""
+        brokered with ``tenant``'s secrets, as the session's source gives them (on a node: asked
+        of a gateway, for this session, at each request; docs/secrets.md)."""
         rules = policy.rules if policy is not None else []
         if rules and self.secret_source is None:
             raise InvalidRequest("secret rules need the gateway's secrets "
-                                 "(REPLGATE_SECRETS_KEY) beside the session; sessions on "
-                                 "nodes do not take them yet")
+                                 "(REPLGATE_SECRETS_KEY)")
         self.network = policy
         if self.state is not KernelState.READY:
             if self.egress is not None and (policy is not None or self.profile.egress_allow):
                 self.egress.rules = self._egress_rules()  # the start under way serves it
-                await self._broker_rules(rules, tenant)
+                await self._broker_rules(rules, tenant, session_id)
             return
         await self._ensure_egress()
         if self.egress is not None:
             self.egress.session_id = session_id
-            await self._broker_rules(rules, tenant)
+            await self._broker_rules(rules, tenant, session_id)
             await self.set_env(self.proxy_env())
 
-    async def _broker_rules(self, rules: list[SecretRule], tenant: str) -> None:
+    async def _broker_rules(self, rules: list[SecretRule], tenant: str,
+                            session_id: str | None) -> None:
         if self.egress is None or (not rules and self.egress.broker is None):
             return
         source = self.secret_source
-        await self.egress.set_broker(rules, source(tenant) if source is not None else no_secrets,
+        lookup = source(tenant, session_id) if source is not None else no_secrets
+        await self.egress.set_broker(rules, lookup,
                                      upstream_cafile=self.egress_ca_file)
 
     def proxy_env(self) -> dict[str, str]:
         """The variables that route HTTP(S) through the sandbox's proxy (none without one),
         and those that make its clients trust its CA when the proxy brokers secrets."""
         return {**PROXY_ENV, **self.trust_env()} if self.egress is not None else {}
+
+    def launcher_env(self) -> dict[str, str]:
+        """The proxy variables the sandbox's launcher sets when the proxy serves as the kernel
+        boots (it unsets ``NO_PROXY``): what a kernel restored from a template, which started
+        without them, is given at its start."""
+        if self.egress is None:
+            return {}
+        return {name: value for name, value in PROXY_ENV.items()
+                if name.lower() != "no_proxy"}
 
     def trust_env(self) -> dict[str, str]:
         """The CA variables (:data:`~kernel_pool._sandbox_ca.TRUST_ENV`) while the sandbox's

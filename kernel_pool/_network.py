@@ -39,6 +39,7 @@ from kernel_pool._allowlist import (
     DEFAULT_PORTS,
     RESOLVE_TIMEOUT_S,
     IPAddress,
+    normal_host,
     parse_port,
     split_host_port,
 )
@@ -234,9 +235,7 @@ class NetworkRules:
 
     async def decide(self, host: str, port: int) -> tuple[str | None, str]:
         """``(address, why allowed)`` or ``(None, why refused)``."""
-        name = host.strip().lower().rstrip(".")
-        if name.startswith("[") and name.endswith("]"):
-            name = name[1:-1]
+        name = normal_host(host)
         if not 1 <= port <= 65535:
             return None, f"port {port} is not valid"
         literal = _address(name)

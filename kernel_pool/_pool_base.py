@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from kernel_pool._broker import SecretLookup
+from kernel_pool._broker import SecretSource
 from kernel_pool._kernel import Kernel
 from kernel_pool._messages import make_context
 from kernel_pool._session import Session
@@ -59,9 +59,10 @@ class PoolBase:
         self.address = address
         """``HOST:PORT`` where this process is reached, as :meth:`nodes` shows it."""
         self.backend = backend or load_backend("docker", settings)
-        self.secret_source: Callable[[str], SecretLookup] | None = None
-        """A tenant's secrets for the egress broker (the gateway's, when it has
-        ``REPLGATE_SECRETS_KEY``); None: secret rules are refused."""
+        self.secret_source: SecretSource | None = None
+        """Sessions' secrets for the egress broker (the gateway's, when it has
+        ``REPLGATE_SECRETS_KEY``; a node's asks its gateways); None: secret rules are
+        refused."""
         self._context = make_context()
         self._idle: dict[str, deque[Kernel]] = {name: deque() for name in settings.profiles}
         self._starting: dict[str, int] = dict.fromkeys(settings.profiles, 0)

@@ -143,8 +143,8 @@ class SandboxCA:
             context.load_cert_chain(path)
         finally:
             os.unlink(path)
-        # HTTP/1.1 only on the terminated side: clients that offer h2 fall back to it.
-        context.set_alpn_protocols(["http/1.1"])
+        # h2 for the clients that offer it (kernel_pool/_broker_h2.py), else HTTP/1.1.
+        context.set_alpn_protocols(["h2", "http/1.1"])
         return context
 
     def close(self) -> None:

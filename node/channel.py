@@ -6,6 +6,11 @@ Each execution sent to a node, and each session made there, is a
 those of the others in flight. One connection per gateway and node, made on
 first use and again after it broke; a break ends every stream on it with
 :class:`NodeUnreachable`, as a broken HTTP stream did.
+
+The node asks on it too: the secrets its sessions' egress brokers need
+(:class:`~node.wire.SecretAsk`), answered by ``answers`` (:mod:`node.secret_answers`). So
+that a node always has a gateway to ask, a gateway with secrets keeps the channel open to each
+node that is up (:meth:`NodeChannel.keep_open`), not only while executions run.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import websockets
 from pydantic import ValidationError
@@ -29,6 +35,8 @@ from node.wire import (
     CreateSession,
     ErrorOut,
     Frame,
+    SecretAnswer,
+    SecretAsk,
     Submit,
     stream_of,
 )
@@ -38,12 +46,18 @@ __all__ = ["NodeChannel"]
 logger = logging.getLogger(__name__)
 
 
+Answers = Callable[[SecretAsk], Awaitable[SecretAnswer]]
+"""How a gateway answers a node's question for a secret (:mod:`node.secret_answers`)."""
+
+
 class _Connection:
     """One WebSocket to the node and the streams in flight on it."""
 
-    def __init__(self, ws: ClientConnection) -> None:
+    def __init__(self, ws: ClientConnection, answers: Answers | None = None) -> None:
         self.ws = ws
+        self.answers = answers
         self.streams: dict[int, asyncio.Queue[ChannelFrame | None]] = {}
+        self._answering: set[asyncio.Task[Any]] = set()
         self.reader = asyncio.create_task(self._read(), name="node-channel-reader")
 
     @property
@@ -58,6 +72,11 @@ class _Connection:
                 except ValidationError as exc:
                     self._bad_frame(raw, exc)
                     continue
+                if message.ask is not None:
+                    task = asyncio.create_task(self._answer(message.ask))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+                    continue
                 queue = self.streams.get(message.stream)
                 if queue is not None:
                     queue.put_nowait(message)
@@ -66,6 +85,17 @@ class _Connection:
         finally:
             for queue in self.streams.values():
                 queue.put_nowait(None)
+            for task in self._answering:
+                task.cancel()
+
+    async def _answer(self, ask: SecretAsk) -> None:
+        """A node's question for a secret, answered on the channel (refused by a gateway
+        that answers none)."""
+        answer = (SecretAnswer(ask=ask.ask, refused="this gateway answers no secrets")
+                  if self.answers is None else await self.answers(ask))
+        with contextlib.suppress(ConnectionClosed):  # (the node asks again elsewhere)
+            await self.ws.send(ChannelRequest(stream=0, answer=answer).model_dump_json(
+                include={"stream", "answer"}))
 
     def _bad_frame(self, raw: str | bytes, exc: ValidationError) -> None:
         """A frame that is not one (a node of another version?) ends its own stream with an
@@ -85,10 +115,12 @@ class _Connection:
 class NodeChannel:
     """Executions to one node (see the module's docstring)."""
 
-    def __init__(self, node_id: str, url: str, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, node_id: str, url: str, tls: ssl.SSLContext | None, *,
+                 answers: Answers | None = None) -> None:
         self.node_id = node_id
         self._url = url
         self._tls = tls
+        self._answers = answers
         self._current: _Connection | None = None
         self._connecting = asyncio.Lock()
         self._numbers = itertools.count(1)
@@ -104,8 +136,15 @@ class NodeChannel:
                 except (OSError, TimeoutError, WebSocketException) as exc:
                     raise NodeUnreachable(session_id, f"its node {self.node_id} did not answer "
                                           f"({exc!r})") from None
-                current = self._current = _Connection(ws)
+                current = self._current = _Connection(ws, self._answers)
             return current
+
+    async def keep_open(self) -> None:
+        """Open the channel if it is not (a node away is tried again at the next call)."""
+        try:
+            await self._connection("-")
+        except NodeUnreachable as exc:
+            logger.debug("channel to node %s not opened: %s", self.node_id, exc)
 
     @contextlib.asynccontextmanager
     async def stream(self, session_id: str, *, submit: Submit | None = None,

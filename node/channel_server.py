@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from common.tracing import Tracing
 from kernel_pool import DoneEvent, InvalidRequest, KernelPool, KernelPoolError
+from node.secret_asks import SecretAsks
 from node.wire import (
     PREFIX,
     ChannelFrame,
@@ -45,6 +46,10 @@ async def channel(websocket: WebSocket) -> None:
     An execution runs to its end whatever the gateway does meanwhile: a gateway that goes
     away does not stop code another gateway's watcher may follow. A session being made is
     made (the gateway's claim on this node's slot stands until the heartbeat counts it).
+
+    The other way, the node asks the gateway for the secrets its sessions' egress brokers need
+    (:mod:`node.secret_asks`): a :class:`~node.wire.SecretAsk` frame, answered by a request
+    carrying only ``answer``.
     """
     await websocket.accept()
     # Unbounded: what is queued is what the executions' handles hold anyway, and the gateway
@@ -57,6 +62,9 @@ async def channel(websocket: WebSocket) -> None:
             await websocket.send_text(await outbox.get())
 
     sender = asyncio.create_task(send_all())
+    asks: SecretAsks = websocket.app.state.secret_asks
+    send = outbox.put_nowait
+    asks.opened(send)
     try:
         while True:
             raw = await websocket.receive_text()
@@ -66,12 +74,16 @@ async def channel(websocket: WebSocket) -> None:
                 # Answered on its stream, when it names one; the others in flight go on.
                 _refuse(raw, exc, outbox.put_nowait)
                 continue
+            if request.answer is not None:
+                asks.answered(request.answer)
+                continue
             task = asyncio.create_task(_stream(websocket.app, request, outbox.put_nowait))
             streams.add(task)
             task.add_done_callback(streams.discard)
     except WebSocketDisconnect:
         pass
     finally:
+        asks.closed(send)
         for task in (sender, *streams):
             task.cancel()
 

@@ -8,7 +8,9 @@ channel's WebSocket for the hot paths. Errors come back as the node raised them
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -21,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 from common.tracing import setup_tracing
 from kernel_pool import KernelPoolError, NodeUnreachable, SessionState
 from node.channel import NodeChannel
+from node.secret_answers import SecretAnswers
 from node.wire import (
     PREFIX,
     CreateSession,
@@ -40,17 +43,22 @@ class NodeClient:
     """Requests to one node's port; the connection is kept between them."""
 
     def __init__(self, node_id: str, address: str, tls: ssl.SSLContext | None, *,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, secrets: SecretAnswers | None = None) -> None:
         self.node_id = node_id
         self.address = address
+        self.secrets = secrets
+        """How this gateway answers the node's questions for secrets (None: it answers none,
+        and refuses secret rules for the node's sessions)."""
         scheme = "https" if tls is not None else "http"
         base = address if "://" in address else f"{scheme}://{address}"
         self._http = httpx.AsyncClient(
             base_url=base + PREFIX, verify=tls if tls is not None else True,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=60))
-        self._channel = NodeChannel(node_id, base.replace("http", "ws", 1) + PREFIX + "/channel",
-                                    tls)
+        self._channel = NodeChannel(
+            node_id, base.replace("http", "ws", 1) + PREFIX + "/channel", tls,
+            answers=None if secrets is None else functools.partial(secrets.answer, node_id))
+        self._keeping: asyncio.Task[None] | None = None
         tracing = setup_tracing()
         self._tracer = None if tracing is None else tracing.tracer
 
@@ -58,6 +66,8 @@ class NodeClient:
         return f"<NodeClient {self.node_id} {self.address}>"
 
     async def close(self) -> None:
+        if self._keeping is not None:
+            self._keeping.cancel()
         await self._channel.close()
         await self._http.aclose()
 
@@ -130,6 +140,17 @@ class NodeClient:
             propagate.inject(carrier, context=trace.set_span_in_context(span))
             async with self._channel.stream(session_id, submit=submit, trace=carrier) as frames:
                 yield frames
+
+    @property
+    def brokers_secrets(self) -> bool:
+        """Whether the node's sessions may have secret rules (this gateway has secrets)."""
+        return self.secrets is not None and self.secrets.source is not None
+
+    def keep_channel(self) -> None:
+        """Open the channel in the background if it is not: the node asks for secrets on it.
+        (A node out of reach costs the caller nothing: its attempt times out on its own.)"""
+        if self._keeping is None or self._keeping.done():
+            self._keeping = asyncio.get_running_loop().create_task(self._channel.keep_open())
 
     async def info(self) -> NodeInfo:
         info: NodeInfo = await self.call("GET", "/info", NodeInfo)

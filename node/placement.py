@@ -37,6 +37,7 @@ from node.records import SessionRecords
 from node.registry import Registry
 from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
+from node.secret_answers import SecretAnswers
 from node.snapshots import FromSnapshot, SaveSnapshot, delete_on, make_on, save_on
 from node.wire import CreateSession, ForkSession
 
@@ -74,6 +75,7 @@ class RemoteNodes:
         self._draining: set[str] = set()
         """The nodes drained, as of the last look or this gateway's own drain."""
         records.on_node_state = self._node_state
+        self.secret_answers = SecretAnswers(records.store, None)  # (source: the gateway's)
         self.on_session_closed: list[ClosedListener] = []
         self.on_session_paused: list[Callable[[SessionPort], None]] = []
         self.on_session_resumed: list[Callable[[SessionPort], None]] = []
@@ -116,7 +118,7 @@ class RemoteNodes:
     def _client_for(self, record: NodeRecord) -> NodeClient:
         client = self._clients.get(record.id)
         if client is None or client.address != record.address:
-            client = NodeClient(record.id, record.address, self._tls)
+            client = NodeClient(record.id, record.address, self._tls, secrets=self.secret_answers)
             self._clients[record.id] = client
         return client
 
@@ -384,6 +386,7 @@ class RemoteNodes:
                 self._down = {n.id for n in nodes if n.state == "down"}
                 self._draining = {n.id for n in nodes if n.state == "draining"}
                 self._serving = sum(n.state == "up" for n in nodes)
+                self.secret_answers.keep_open(self._client_for(n) for n in nodes if n.state == "up")
             except Exception as exc:  # the database away for a moment: look again later
                 logger.warning("could not look for lost nodes: %s", exc)
             await asyncio.sleep(every_s)

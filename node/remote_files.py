@@ -24,6 +24,7 @@ from kernel_pool import (
     EgressAttempt,
     Entry,
     FileInfo,
+    InvalidRequest,
     NetworkPolicy,
     NodeUnreachable,
     PtySize,
@@ -195,6 +196,10 @@ class SessionRequests:
         return self._state.network
 
     async def set_network(self, policy: NetworkPolicy | None) -> None:
+        if policy is not None and policy.rules and not self.client.brokers_secrets:
+            # (its node would ask this gateway for the secrets, and get none)
+            raise InvalidRequest("secret rules need the gateway's secrets "
+                                 "(REPLGATE_SECRETS_KEY)")
         state: SessionState = await self._call(
             "PUT", f"/sessions/{self.id}/network", SessionState, session_id=self.id,
             json=SetNetwork(policy=policy).model_dump(mode="json"))

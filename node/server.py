@@ -41,6 +41,7 @@ from node.command_input import router as command_input_router
 from node.files_server import router as files_router
 from node.restore import router as restore_router
 from node.sandbox_fs import router as sandbox_fs_router
+from node.secret_asks import SecretAsks
 from node.snapshots import router as snapshots_router
 from node.watch_server import router as watch_router
 from node.wire import (
@@ -326,6 +327,10 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.state.image = image
     app.state.origins = weakref.WeakKeyDictionary()
     app.state.tracing = tracing
+    # Its sessions' brokers ask the gateways' channels for secrets (before any kernel is made:
+    # warm ones broker too); the node keeps none.
+    app.state.secret_asks = SecretAsks()
+    pool.secret_source = app.state.secret_asks.source
     if tracing is not None:
         tracing.instrument_app(app)
 

@@ -180,6 +180,25 @@ def error_from(out: ErrorOut) -> KernelPoolError:
 Frame.model_rebuild()
 
 
+class SecretAsk(BaseModel):
+    """The node's egress broker needs a secret for one request of ``session_id``: asked of a
+    gateway on its channel (docs/secrets.md), which answers for sessions placed on that node
+    whose rules name the secret, and for no other."""
+
+    ask: int
+    session_id: str
+    name: str
+
+
+class SecretAnswer(BaseModel):
+    """A gateway's answer to :class:`SecretAsk` ``ask``: the value (None: no such secret), or
+    why it is not given. The value is used for the one request and kept nowhere."""
+
+    ask: int
+    value: str | None = Field(None, repr=False)
+    refused: str | None = None
+
+
 class ChannelRequest(BaseModel):
     """What a gateway sends on a node's channel (one kept WebSocket per gateway and node): an
     execution to queue in ``session_id`` (``submit``) or a session to make (``create``), the
@@ -191,6 +210,8 @@ class ChannelRequest(BaseModel):
     create: CreateSession | None = None
     trace: dict[str, str] = {}
     """The W3C trace context of the gateway's span for the hop (``traceparent``), if any."""
+    answer: SecretAnswer | None = None
+    """The answer to a node's :class:`SecretAsk` (alone in its message; ``stream`` 0)."""
 
 
 def stream_of(raw: str | bytes) -> int | None:
@@ -210,6 +231,8 @@ class ChannelFrame(BaseModel):
     stream: int
     frame: Frame | None = None
     end: bool = False
+    ask: SecretAsk | None = None
+    """A node's question to the gateway (alone in its message; ``stream`` 0)."""
 
 
 class SetNetwork(BaseModel):

@@ -96,8 +96,8 @@ def _certificates(folder: Path, address: str) -> tuple[Path, Path, Path]:
 
 
 @contextmanager
-def upstream_server() -> Iterator[Upstream]:
-    """The HTTPS server in its own network namespace (needs root)."""
+def upstream_server(port: int = PORT) -> Iterator[Upstream]:
+    """The HTTPS server in its own network namespace (needs root), on ``port``."""
     folder = Path(tempfile.mkdtemp(prefix="rg-upstream-"))
     log = folder / "requests.jsonl"
     try:
@@ -106,7 +106,7 @@ def upstream_server() -> Iterator[Upstream]:
             ca_file, cert_file, key_file = _certificates(folder, address)
             with open(folder / "server.err", "wb") as errors:
                 process = namespace.run(
-                    [sys.executable, "-m", "tests.upstream", address, str(PORT),
+                    [sys.executable, "-m", "tests.upstream", address, str(port),
                      str(cert_file), str(key_file), str(log)],
                     cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                     stdout=subprocess.DEVNULL, stderr=errors)
@@ -114,7 +114,7 @@ def upstream_server() -> Iterator[Upstream]:
                 deadline = time.monotonic() + 20
                 while True:
                     try:
-                        socket.create_connection((address, PORT), timeout=1).close()
+                        socket.create_connection((address, port), timeout=1).close()
                         break
                     except OSError:
                         if time.monotonic() > deadline or process.poll() is not None:
@@ -122,7 +122,7 @@ def upstream_server() -> Iterator[Upstream]:
                                 "upstream test server did not start: "
                                 + (folder / "server.err").read_text()[-2000:]) from None
                         time.sleep(0.1)
-                yield Upstream(address=address, port=PORT, ca_file=ca_file, log=log)
+                yield Upstream(address=address, port=port, ca_file=ca_file, log=log)
             finally:
                 process.kill()
                 process.wait()
@@ -134,6 +134,9 @@ def upstream_server() -> Iterator[Upstream]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # The head and the body are two writes: with Nagle's algorithm the body waits for the
+    # client's delayed ACK of the head (40 ms), which a bench of requests would measure.
+    disable_nagle_algorithm = True
 
     def _record(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

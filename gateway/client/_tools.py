@@ -242,6 +242,18 @@ class SandboxTools:
                     "An entry without a port means ports 80 and 443 when allowed, every port "
                     "when denied. Metadata, loopback and the host's own addresses are never "
                     "reachable.")
+        if policy.rules:
+            text += ("\nSecret rules (the egress proxy puts the tenant's secrets into matching "
+                     "HTTPS requests; their values never enter the sandbox, so send requests "
+                     "without the key, or with the {secret:NAME} placeholder where a rule "
+                     "replaces it):")
+            for rule in policy.rules:
+                sets = ", ".join(f"{name}: {value}" for name, value in rule.headers.items())
+                text += (f"\n- https://{rule.host}:{rule.port}, "
+                         f"{'/'.join(rule.methods) or 'any method'}, "
+                         f"{' '.join(rule.paths) or 'any path'}"
+                         + (f": sets {sets}" if sets else "")
+                         + (f"; replaces {', '.join(rule.secrets)}" if rule.secrets else ""))
         return ToolResult([TextPart(text)], extra={"network": policy.model_dump()})
 
     async def export_notebook(self, path: str | None = None) -> ToolResult:

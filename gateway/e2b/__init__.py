@@ -15,7 +15,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.routing import Mount, Route
 
-from gateway.e2b import _control, _envd, _interpreter, _network, _snapshots
+from gateway.e2b import _control, _envd, _interpreter, _network, _secrets, _snapshots
 from gateway.e2b._connect import SandboxRpc
 from gateway.e2b._filesystem import SERVICE as FILESYSTEM
 from gateway.e2b._filesystem import filesystem_service
@@ -44,6 +44,7 @@ def install(app: FastAPI, domain: str | None = None) -> None:
     app.include_router(_envd.router)
     app.include_router(_snapshots.router)  # before the control plane's catch-all
     app.include_router(_network.router)  # (the same)
+    app.include_router(_secrets.router)  # (the same)
     app.include_router(_control.router)
 
 

@@ -92,7 +92,7 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     policy = lifecycle_asked(body, timeout)
     asked = body.network or NetworkRequest()
     network = policy_for(gateway.pool.profile(profile), asked.allow_out, asked.deny_out,
-                         body.allow_internet_access)
+                         body.allow_internet_access, asked.rules.get("rules"))
     session = await gateway.create_session(tenant, SessionCreate(
         profile=profile, env=body.env_vars, metadata=dict(body.metadata), network=network))
     await sandboxes.set_lifecycle(tenant, session, policy)
@@ -276,5 +276,4 @@ async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                   include_in_schema=False)
 async def not_offered(path: str, request: Request, tenant: TenantDep) -> Response:
     raise E2BError(404, f"replgate's E2B-compatible API does not offer {request.method} /{path} "
-                        "(custom templates, volumes, secrets, logs and network rules are "
-                        "not available)")
+                        "(custom templates, volumes and logs are not available)")

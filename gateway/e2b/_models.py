@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 ENVD_VERSION = "0.6.4"
 """The envd version replgate answers as: octet-stream uploads (0.5.7), the default user
@@ -114,6 +121,16 @@ class SandboxNetwork(BaseModel):
     gateway's filtering proxy)."""
     denyOut: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])
     """Its deny entries, with everything else (``0.0.0.0/0``) when its default is deny."""
+    rules: dict[str, list[dict[str, Any]]] | None = None
+    """Its header rules in E2B's shape (host: ``[{"transform": {"headers": ...}}]``, secrets as
+    ``${e2b.secrets.NAME}`` placeholders, never a value); left out when it has none."""
+
+    @model_serializer(mode="wrap")
+    def _rules_when_some(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("rules"):
+            data.pop("rules", None)
+        return data
 
 
 class SandboxLifecycle(BaseModel):

@@ -41,7 +41,8 @@ INSTRUCTIONS = (
     "JavaScript/TypeScript, bash), each in a persistent session of its own, on the same "
     "files. Upload data with upload_file, inspect results with read_file and "
     "list_files, run shell commands with run_shell, and export the work as a notebook with "
-    "export_notebook. The sandbox has no network access.")
+    "export_notebook. The sandbox has no network unless its policy opens some: "
+    "network_policy says what it may reach, and which requests get a secret.")
 
 
 def to_call_result(result: ToolResult) -> CallToolResult:

@@ -32,6 +32,7 @@ ASSETS = {
     "approver.js": "text/javascript; charset=utf-8",
     "cells.js": "text/javascript; charset=utf-8",
     "files.js": "text/javascript; charset=utf-8",
+    "network.js": "text/javascript; charset=utf-8",
     "output.js": "text/javascript; charset=utf-8",
     "page.js": "text/javascript; charset=utf-8",
     "sessions.js": "text/javascript; charset=utf-8",

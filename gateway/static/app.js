@@ -25,6 +25,7 @@ import { killTerminal, newTerminal } from "./terminal.js";
 import { setPlaceholder } from "./cells.js";
 import { tickExpiries } from "./approvals.js";
 import { onFrameMessage } from "./output.js";
+import { showNetwork } from "./network.js";
 
 async function start() {
   hooks.signOut = signOut;
@@ -71,6 +72,7 @@ function bindUi() {
   $("upload-input").addEventListener("change", uploadFiles);
   $("terminal-kill").addEventListener("click", killTerminal);
   $("terminal-new").addEventListener("click", newTerminal);
+  $("network-refresh").addEventListener("click", showNetwork);
   $("approver-toggle").addEventListener("click", () => {
     if ($("approver-panel").hidden) openApproverPanel(); else closeApproverPanel();
   });

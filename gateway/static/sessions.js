@@ -174,14 +174,15 @@ async function deleteSession(id, label) {
 
 export function openFromHash() {
   if (!state.key) return;
-  // `#/s/<id>` opens a session's notebook, `#/s/<id>/terminal` its terminal.
-  const match = /^#\/s\/([A-Za-z0-9_-]+)(\/terminal)?$/.exec(location.hash);
+  // `#/s/<id>` opens a session's notebook, `#/s/<id>/terminal` its terminal, `/network` its
+  // network policy.
+  const match = /^#\/s\/([A-Za-z0-9_-]+)(?:\/(terminal|network))?$/.exec(location.hash);
   const id = match ? match[1] : null;
   if (id !== state.current) {
     closeSession();
     if (id) openSession(id);
   }
-  if (id) showTab(match[2] ? "terminal" : "notebook");
+  if (id) showTab(match[2] || "notebook");
 }
 
 function openSession(id) {

@@ -10,6 +10,7 @@
 
 import { $, hooks, state } from "./page.js";
 import { sessionPath, socketUrl } from "./api.js";
+import { showNetwork } from "./network.js";
 
 const STORAGE_PREFIX = "replgate.terminal.";
 const THEME = {
@@ -26,20 +27,22 @@ function loadXterm() {
 
 // -- tabs --------------------------------------------------------------------------------
 
-/** Show the open session's `notebook` or `terminal` view (the hash names it). */
+/** Show the open session's `notebook`, `terminal` or `network` view (the hash names it). */
 export function showTab(tab) {
-  const terminal = tab === "terminal";
-  $("notebook-view").hidden = terminal;
-  $("terminal-view").hidden = !terminal;
-  $("tab-notebook").setAttribute("aria-selected", String(!terminal));
-  $("tab-terminal").setAttribute("aria-selected", String(terminal));
-  if (terminal) openTerminal(); else $("code").focus();
+  for (const name of ["notebook", "terminal", "network"]) {
+    $(`${name}-view`).hidden = name !== tab;
+    $(`tab-${name}`).setAttribute("aria-selected", String(name === tab));
+  }
+  if (tab === "terminal") openTerminal();
+  else if (tab === "network") showNetwork();
+  else $("code").focus();
 }
 
-/** Point the tabs at the session's two views. */
+/** Point the tabs at the session's views. */
 export function setTabLinks(id) {
   $("tab-notebook").href = `#/s/${id}`;
   $("tab-terminal").href = `#/s/${id}/terminal`;
+  $("tab-network").href = `#/s/${id}/network`;
 }
 
 // -- the terminal ------------------------------------------------------------------------

@@ -3,7 +3,9 @@ or the node, whose proxy then decides), kept in the session's state, inherited b
 
 from __future__ import annotations
 
-from kernel_pool import NetworkPolicy, SessionHost, SessionPort
+import pytest
+
+from kernel_pool import InvalidRequest, NetworkPolicy, SessionHost, SessionPort
 
 FETCH = """
 import requests
@@ -31,4 +33,18 @@ async def test_a_policy_is_applied_by_the_proxy_where_the_sandbox_runs(
     finally:
         await host.delete_session(child.id)
     await session.set_network(None)
+    assert session.network is None
+
+
+async def test_secret_rules_are_refused_where_the_host_has_no_secrets(
+        session: SessionPort) -> None:
+    """Without the gateway's secrets (REPLGATE_SECRETS_KEY), a rule's secret could never be
+    had: refused at once, in this process and for a session on a node (whose node would ask
+    this gateway for it), and the session keeps the policy it had."""
+    ruled = NetworkPolicy.model_validate({
+        "default": "deny", "allow": ["api.example.com"],
+        "rules": [{"host": "api.example.com", "headers": {"X-Key": "{secret:KEY}"}}]})
+    with pytest.raises(InvalidRequest, match=r"secret rules need the gateway's secrets "
+                                             r"\(REPLGATE_SECRETS_KEY\)"):
+        await session.set_network(ruled)
     assert session.network is None

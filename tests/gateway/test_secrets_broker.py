@@ -19,10 +19,10 @@ from pydantic import SecretStr
 
 from gateway.secrets import Secrets
 from gateway.store import Store
-from kernel_pool import KernelPool, NetworkPolicy, PoolSettings, Profile, Session
+from kernel_pool import NetworkPolicy, PoolSettings, Session
 from kernel_pool._broker_rules import SecretRule, check_rules
 from kernel_pool._sandbox_ca import TRUST_ENV
-from tests.conftest import containers_of
+from tests.pools import small_profile, started_pool
 from tests.upstream import Upstream, upstream_server
 
 OWNER = f"sbtest-{secrets.token_hex(4)}"
@@ -56,15 +56,11 @@ def vault(store: Store) -> Secrets:
 async def session(docker_client: docker.DockerClient, upstream: Upstream,
                   vault: Secrets) -> AsyncIterator[Session]:
     state = Path(tempfile.mkdtemp(prefix="rg-sb-", dir="/tmp"))
-    fields = {"min_idle": 0, "memory": "1g", "workspace_size": "64m", "tmp_size": "32m",
-              "pids": 128, "default_timeout_s": 30, "max_timeout_s": 60}
-    pool = KernelPool(PoolSettings(
+    settings = PoolSettings(
         state_dir=state, owner=OWNER, max_kernels=2, egress_ca_file=upstream.ca_file,
-        profiles={"default": Profile(name="default", **fields), "egress": Profile(
-            name="egress", egress_allow=[f"{upstream.address}:{upstream.port}"], **fields)}))
-    pool.secret_source = vault.lookup_for
-    try:
-        await pool.start()
+        profiles={"default": small_profile("default"), "egress": small_profile(
+            "egress", egress_allow=[f"{upstream.address}:{upstream.port}"])})
+    async with started_pool(docker_client, settings, secret_source=vault.lookup_for) as pool:
         session = await pool.create_session("egress", tenant="alpha",
                                             env={"API_KEY": "{secret:TOKEN}"})
         # the upstream's CA is trusted through the pool's egress_ca_file
@@ -73,13 +69,6 @@ async def session(docker_client: docker.DockerClient, upstream: Upstream,
             rules=[SecretRule(host=upstream.address, port=upstream.port, secrets=["TOKEN"])]))
         assert session.kernel.proxy_env().items() >= TRUST_ENV.items()
         yield session
-    finally:
-        await pool.close()
-        left = containers_of(docker_client, OWNER)
-        for container_id in left:
-            docker_client.api.remove_container(container_id, force=True, v=True)
-        shutil.rmtree(state, ignore_errors=True)
-        assert not left, f"left containers behind: {left}"
 
 
 async def _post(session: Session, upstream: Upstream, path: str) -> tuple[str, str | None]:

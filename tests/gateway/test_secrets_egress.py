@@ -9,6 +9,7 @@ import base64
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,21 @@ def test_rules_hold_across_pause_resume_fork_and_a_gateway_restart(
         for session_id in (sid, child):
             if session_id is not None:
                 alpha.delete(f"/v1/sessions/{session_id}")
+
+
+def test_a_session_holding_a_brokered_connection_open_is_deleted_at_once(
+        alpha: httpx.Client, upstream: Upstream) -> None:
+    # A keep-alive the sandbox holds to the broker (a requests.Session left open) once made a
+    # DELETE wait 30 s for the connection's end.
+    assert alpha.put("/v1/secrets/HELD", json={"value": "sk-held"}).status_code == 204
+    created = alpha.post("/v1/sessions", json={"profile": "open", "network": _network(
+        upstream, headers={"Authorization": "Bearer {secret:HELD}"})})
+    assert created.status_code == 201, created.text
+    sid = created.json()["id"]
+    out = _run(alpha, sid, "import requests\nheld = requests.Session()\n"
+                           f"print(held.get({upstream.url('/held')!r}, timeout=15).status_code)")
+    assert out.strip() == "200", out
+    started = time.monotonic()
+    assert alpha.delete(f"/v1/sessions/{sid}").status_code == 204
+    took = time.monotonic() - started
+    assert took < 10, f"DELETE took {took:.1f} s"

@@ -8,7 +8,6 @@ doing, not an absent server. Only loopback and the link-local metadata address a
 from __future__ import annotations
 
 import secrets
-import shutil
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from kernel_pool import KernelPool, PoolSettings, Profile, Session
 from kernel_pool._allowlist import EgressRules, parse_allow
-from tests.conftest import containers_of
+from tests.pools import small_profile, started_pool
 
 OWNER = f"egtest-{secrets.token_hex(4)}"
 
@@ -56,31 +55,16 @@ def other_port() -> Iterator[int]:
     yield from _serve()
 
 
-def _profile(name: str, **fields: object) -> Profile:
-    return Profile.model_validate({
-        "name": name, "min_idle": 0, "memory": "1g", "workspace_size": "64m",
-        "tmp_size": "32m", "pids": 128, "default_timeout_s": 30, "max_timeout_s": 60, **fields})
-
-
 @pytest.fixture(scope="module")
 async def egress_pool(docker_client: docker.DockerClient,
                       allowed_port: int) -> AsyncIterator[KernelPool]:
     state = Path(tempfile.mkdtemp(prefix="rg-eg-", dir="/tmp"))
     settings = PoolSettings(
         state_dir=state, owner=OWNER, max_kernels=4, interrupt_grace_s=1.0,
-        profiles={"default": _profile("default"),
-                  "egress": _profile("egress", egress_allow=[f"127.0.0.1:{allowed_port}"])})
-    pool = KernelPool(settings)
-    try:
-        await pool.start()
+        profiles={"default": small_profile("default"),
+                  "egress": small_profile("egress", egress_allow=[f"127.0.0.1:{allowed_port}"])})
+    async with started_pool(docker_client, settings) as pool:
         yield pool
-    finally:
-        await pool.close()
-        left = containers_of(docker_client, OWNER)
-        for container_id in left:
-            docker_client.api.remove_container(container_id, force=True, v=True)
-        shutil.rmtree(state, ignore_errors=True)
-        assert not left, f"egress tests left containers behind: {left}"
 
 
 @pytest.fixture(scope="module")

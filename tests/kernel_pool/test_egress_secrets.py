@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,10 +17,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from kernel_pool import KernelPool, PoolSettings, Profile, Session
+from kernel_pool import KernelPool, PoolSettings, Session
 from kernel_pool._broker_rules import SecretRule
 from kernel_pool._sandbox_ca import TRUST_ENV
-from tests.conftest import containers_of
+from tests.pools import small_profile, started_pool
 from tests.upstream import Upstream, upstream_server
 
 OWNER = f"brtest-{secrets.token_hex(4)}"
@@ -33,9 +32,13 @@ class Vault:
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
         self.asked: list[str] = []
+        self.failing: str | None = None
+        """Set: the lookup raises (a node whose gateways do not answer)."""
 
     async def lookup(self, name: str) -> str | None:
         self.asked.append(name)
+        if self.failing is not None:
+            raise ConnectionError(self.failing)
         return self.values.get(name)
 
 
@@ -45,31 +48,16 @@ def upstream() -> Iterator[Upstream]:
         yield server
 
 
-def _profile(name: str, **fields: object) -> Profile:
-    return Profile.model_validate({
-        "name": name, "min_idle": 0, "memory": "1g", "workspace_size": "64m",
-        "tmp_size": "32m", "pids": 128, "default_timeout_s": 30, "max_timeout_s": 60, **fields})
-
-
 @pytest.fixture(scope="module")
 async def pool(docker_client: docker.DockerClient,
                upstream: Upstream) -> AsyncIterator[KernelPool]:
     state = Path(tempfile.mkdtemp(prefix="rg-br-", dir="/tmp"))
     settings = PoolSettings(
         state_dir=state, owner=OWNER, max_kernels=2, interrupt_grace_s=1.0,
-        profiles={"default": _profile("default"), "egress": _profile(
+        profiles={"default": small_profile("default"), "egress": small_profile(
             "egress", egress_allow=[f"{upstream.address}:{upstream.port}"])})
-    pool = KernelPool(settings)
-    try:
-        await pool.start()
+    async with started_pool(docker_client, settings) as pool:
         yield pool
-    finally:
-        await pool.close()
-        left = containers_of(docker_client, OWNER)
-        for container_id in left:
-            docker_client.api.remove_container(container_id, force=True, v=True)
-        shutil.rmtree(state, ignore_errors=True)
-        assert not left, f"broker tests left containers behind: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -342,3 +330,22 @@ async def test_no_process_of_the_sandbox_holds_the_secret_in_its_memory(
     # The check can find what it looks for: the kernel holds the placeholder it was given.
     assert any(_memory_holds(pid, b"{secret:TOKEN}") for pid in pids)
     assert not [pid for pid in pids if _memory_holds(pid, value.encode())]
+
+
+async def test_a_secret_that_cannot_be_had_refuses_the_request_with_503(
+        session: Session, upstream: Upstream, vault: Vault) -> None:
+    """(On a node: no gateway answered.) Nothing is sent, neither without the secret nor with
+    an older value."""
+    vault.values["TOKEN"] = f"sk-{secrets.token_hex(16)}"
+    vault.failing = "no gateway answered in 10 s"
+    try:
+        out = await run(session, REQUEST.format(method="POST", url=upstream.url("/v1/away"),
+                                                headers="{}"))
+    finally:
+        vault.failing = None
+    assert out.startswith("503 replgate egress refused the request: the secret 'TOKEN' could "
+                          "not be had (no gateway answered in 10 s); nothing was sent"), out
+    assert not [r for r in upstream.requests() if r["path"] == "/v1/away"]
+    attempt = session.kernel.egress.attempts[-1] if session.kernel.egress else None
+    assert attempt is not None and not attempt.allowed
+    assert "secret TOKEN could not be had" in attempt.reason

@@ -7,7 +7,6 @@ The host the sandbox may reach is a real HTTP server in a network namespace made
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -16,9 +15,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from kernel_pool import KernelPool, NetworkPolicy, PoolSettings, Profile, Session
-from tests.conftest import containers_of
+from kernel_pool import KernelPool, NetworkPolicy, PoolSettings, Session
 from tests.netns import NetnsHost, netns_host
+from tests.pools import small_profile, started_pool
 
 OWNER = "nptest"
 ALLOWED, OTHER = 18080, 18081
@@ -34,12 +33,6 @@ for url in {urls!r}:
 """
 
 
-def _profile(name: str, **fields: object) -> Profile:
-    return Profile.model_validate({
-        "name": name, "min_idle": 1, "memory": "1g", "workspace_size": "64m",
-        "tmp_size": "32m", "pids": 128, "default_timeout_s": 30, "max_timeout_s": 60, **fields})
-
-
 @pytest.fixture(scope="module")
 def host() -> Iterator[NetnsHost]:
     with netns_host((ALLOWED, OTHER)) as made:
@@ -52,19 +45,10 @@ async def pool(docker_client: docker.DockerClient) -> AsyncIterator[KernelPool]:
     settings = PoolSettings(
         state_dir=state, owner=f"{OWNER}-{state.name[-6:]}", max_kernels=5,
         interrupt_grace_s=1.0,
-        profiles={"default": _profile("default", min_idle=0),
-                  "open": _profile("open", network_max={"default": "allow"})})
-    made = KernelPool(settings)
-    try:
-        await made.start()
+        profiles={"default": small_profile("default"),
+                  "open": small_profile("open", min_idle=1, network_max={"default": "allow"})})
+    async with started_pool(docker_client, settings) as made:
         yield made
-    finally:
-        await made.close()
-        left = containers_of(docker_client, settings.owner)
-        for container_id in left:
-            docker_client.api.remove_container(container_id, force=True, v=True)
-        shutil.rmtree(state, ignore_errors=True)
-        assert not left, f"network policy tests left containers behind: {left}"
 
 
 async def run(session: Session, code: str) -> list[str]:

@@ -15,7 +15,7 @@ import docker
 import pytest
 from kp_support import own_session, pausing_pool, run_ok
 
-from kernel_pool import KernelPool, NetworkPolicy, Session
+from kernel_pool import KernelPool, NetworkPolicy, Profile, Session
 from kernel_pool.backends.docker import DockerBackend, DockerSandbox
 from kernel_pool.backends.docker._template import (
     TEMPLATE_PID,
@@ -164,6 +164,33 @@ async def test_a_policy_attached_at_claim_reaches_the_proxy_from_a_restored_kern
                        "print(requests.get('http://198.51.100.7/', timeout=10).text)")
     assert out.startswith("replgate egress refused 198.51.100.7:80"), out
     assert sandbox_of(session).from_template  # no restart, no boot
+
+
+async def test_a_profile_with_egress_hands_out_warm_kernels_restored_from_its_template(
+        state_root: Path, docker_client: docker.DockerClient) -> None:
+    """A profile's ``egress_allow`` is attached to its kernels as a session's policy is (the
+    proxy beside the sandbox, its variables set in the kernel), not baked into a boot: its
+    warm kernels come from its template like any other profile's."""
+    egress = Profile(name="default", workspace_size="64m", tmp_size="32m", min_idle=1,
+                     egress_allow=["192.0.2.1:9"])
+    async with pausing_pool(state_root, docker_client, "templates-egress",
+                            profiles={"default": egress},
+                            template_dir=state_root / "templates-egress-own") as pool:
+        await template_of(pool)
+        booted = await pool.create_session()  # the warm kernel started before the template
+        await pool.delete_session(booted.id)
+        await pool.wait_ready(timeout_s=TEMPLATE_WAIT_S)  # its replacement, restored
+        session = await pool.create_session()
+        try:
+            assert sandbox_of(session).from_template
+            out = await run_ok(session, "import os, requests\nprint(os.environ['HTTPS_PROXY'])\n"
+                               "print(requests.get('http://198.51.100.7/', timeout=10).text)")
+            assert out.startswith("http://127.0.0.1:3128\nreplgate egress refused "
+                                  "198.51.100.7:80"), out
+            command = await session.run_command("echo $HTTPS_PROXY", timeout_s=30)
+            assert command.stdout == "http://127.0.0.1:3128\n", command
+        finally:
+            await pool.delete_session(session.id)
 
 
 async def test_a_template_that_fails_to_restore_is_dropped_and_kernels_boot(

@@ -57,8 +57,10 @@ class DockerTemplates(DockerContainers):
         """The template a new kernel of ``profile`` may be restored from, if one is ready;
         the first call for an eligible profile starts making it (in the background: kernels
         boot meanwhile)."""
-        if not self.templates or profile.runtime != "runc" or profile.egress_allow:
-            return None  # gVisor is not checkpointed with CRIU; egress runs a proxy beside
+        # (A profile's egress_allow is no reason to boot: its proxy is served beside the
+        # sandbox and its variables set in the restored kernel, as a session's policy is.)
+        if not self.templates or profile.runtime != "runc":
+            return None  # gVisor is not checkpointed with CRIU
         ready = self._templates.get(profile.name)
         if ready is not None or profile.name in self._template_tasks:
             return ready
