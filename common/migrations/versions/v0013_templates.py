@@ -7,8 +7,8 @@ builds (a rebuild is a new build of the same template) with their logs.
 build ends: a build under way is followed in the memory of the gateway running it). Times are
 ISO 8601 UTC.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-11-29
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
