@@ -209,6 +209,7 @@ class Templates:
                                ready_cmd=spec.ready_cmd, log=run)
         except BaseException:
             self.host.remove_profile(profile.name)
+            self._remove_later([tag])  # an image no kernel runs in is of no use
             raise
         run.add(f"replgate: template {info.name} is ready ({built.size} bytes; profile "
                 f"{profile.name})")
@@ -291,8 +292,11 @@ class Templates:
         self._resolved.clear()
         for number in range(1, info.builds + 1):
             self.host.remove_profile(f"{info.id}-{number}")
-        tags = [f"{IMAGE_REPOSITORY}:{info.id}-{number}" for number in range(1, info.builds + 1)]
-        task = asyncio.create_task(self._remove_images(tags), name=f"images of {info.id}")
+        self._remove_later([f"{IMAGE_REPOSITORY}:{info.id}-{number}"
+                            for number in range(1, info.builds + 1)])
+
+    def _remove_later(self, tags: builtins.list[str]) -> None:
+        task = asyncio.create_task(self._remove_images(tags), name=f"removing {tags[0]}")
         self._removing.add(task)
         task.add_done_callback(self._removing.discard)
 
