@@ -25,7 +25,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -44,8 +44,9 @@ TENANT_KEY = "replgate.tenant"
 """Where the endpoint puts the caller's tenant in the ASGI scope for the tools."""
 
 SESSION_HEADER = "mcp-session-id"
-BackendsFor = Callable[["Gateway", str], BackendFactory]
-"""How to start a session for a tenant on the gateway."""
+BackendsFor = Callable[["Gateway", str, str], BackendFactory]
+"""How to start a session for a tenant on the gateway, of a profile (``/mcp?profile=``: one of
+the gateway's, or a custom template's; default ``default``)."""
 
 
 @dataclass
@@ -149,7 +150,8 @@ class McpEndpoint:
                 opened = Headers(raw=message.get("headers", [])).get(SESSION_HEADER)
                 if session_id is None and opened and status < 400:
                     # Bound before the client can learn the id, so no call can outrun it.
-                    self._bind(opened, tenant, gateway)
+                    profile = QueryParams(scope.get("query_string", b"")).get("profile")
+                    self._bind(opened, tenant, gateway, profile or "default")
             await send(message)
 
         await self._manager.handle_request(scope, receive, watch)
@@ -160,8 +162,9 @@ class McpEndpoint:
 
     # -- connections -------------------------------------------------------------------------
 
-    def _bind(self, session_id: str, tenant: str, gateway: Gateway) -> _Connection:
-        session = LazySession(self._backends(gateway, tenant))
+    def _bind(self, session_id: str, tenant: str, gateway: Gateway,
+              profile: str = "default") -> _Connection:
+        session = LazySession(self._backends(gateway, tenant, profile))
         connection = _Connection(tenant=tenant, session=session,
                                  tools=SandboxTools(session, self._limits),
                                  last_seen=time.monotonic())

@@ -46,13 +46,14 @@ class ServiceBackend:
         self.session_id = session_id
 
     @classmethod
-    def factory(cls, gateway: Gateway, tenant: str) -> BackendFactory:
-        """Make each session as ``POST /v1/sessions`` would, for ``tenant``."""
+    def factory(cls, gateway: Gateway, tenant: str, profile: str = "default") -> BackendFactory:
+        """Make each session as ``POST /v1/sessions`` would, for ``tenant``, of ``profile``
+        (a custom template's too)."""
 
         async def create() -> Backend:
             async with _translated():
                 session = await gateway.create_session(
-                    tenant, SessionCreate(metadata={"client": "mcp"}))
+                    tenant, SessionCreate(profile=profile, metadata={"client": "mcp"}))
             return cls(gateway, tenant, session.id)
 
         return create
