@@ -391,5 +391,5 @@ class Templates:
                     continue
                 del self._used[name]
                 current = self.host.settings.profiles.get(name)
-                if current is not None and current.min_idle > 0:
+                if current is not None and current.min_idle:  # a template's profile sets it, 0 or 1
                     self.host.set_profile(current.model_copy(update={"min_idle": 0}))
