@@ -33,6 +33,7 @@ from gateway.e2b._models import (
 from gateway.e2b._network import policy_for, refuse_unmappable
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
+from gateway.e2b._templates_state import template_profile
 from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
@@ -78,16 +79,19 @@ def _refuse_unsupported(body: NewSandbox) -> None:
 @router.post("/sandboxes", status_code=status.HTTP_201_CREATED)
 @router.post("/v2/sandboxes", status_code=status.HTTP_201_CREATED)
 async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
-                 sandboxes: SandboxesDep, snapshots: SnapshotsDep) -> SandboxOut:
-    """A new sandbox: a replgate session of the key's tenant, on the template's profile (or
-    made from the snapshot the template names: :mod:`._snapshots`)."""
+                 sandboxes: SandboxesDep, snapshots: SnapshotsDep,
+                 request: Request) -> SandboxOut:
+    """A new sandbox: a replgate session of the key's tenant, on the template's profile (a
+    custom template's: :mod:`._templates_state`; or made from the snapshot the template names:
+    :mod:`._snapshots`)."""
     _refuse_unsupported(body)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     snapshot = await snapshot_for(snapshots, tenant, body.template_id)
     if snapshot is not None:
         return await sandbox_from_snapshot(snapshot, body, tenant, timeout, snapshots,
                                            sandboxes)
-    profile = _profile(gateway, body.template_id)
+    profile = (await template_profile(request, tenant, body.template_id)
+               or _profile(gateway, body.template_id))
     sandboxes.check_timeout(timeout)
     policy = lifecycle_asked(body, timeout)
     asked = body.network or NetworkRequest()
@@ -276,5 +280,4 @@ async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                   include_in_schema=False)
 async def not_offered(path: str, request: Request, tenant: TenantDep) -> Response:
     raise E2BError(404, f"replgate's E2B-compatible API does not offer {request.method} /{path} "
-                        "(custom templates, volumes, secrets, logs and network rules are "
-                        "not available)")
+                        "(volumes, secrets, logs and network rules are not available)")
