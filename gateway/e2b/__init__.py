@@ -52,11 +52,11 @@ def install(app: FastAPI, domain: str | None = None) -> None:
         app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))
     app.include_router(_interpreter.router)
     app.include_router(_envd.router)
+    app.include_router(_templates.router)  # before the control plane's catch-all
+    app.include_router(_templates.uploads_router)  # (the same)
+    app.include_router(_templates_catalog.router)  # (the same, and before the snapshots')
     app.include_router(_snapshots.router)  # before the control plane's catch-all
     app.include_router(_network.router)  # (the same)
-    app.include_router(_templates.router)  # (the same)
-    app.include_router(_templates.uploads_router)
-    app.include_router(_templates_catalog.router)
     app.include_router(_control.router)
 
 

@@ -5,6 +5,8 @@ listing, one template with its builds, its deletion, and tags (``assign_tags``, 
 A tenant sees its own templates and the published ones; another tenant's is E2B's 404, as one
 that does not exist (its name tells nothing). E2B's default templates (``base``, the code
 interpreter's) exist for every tenant. Publishing (E2B's ``public``) is an operator's here.
+These routes go before :mod:`._snapshots`' (whose ``DELETE /templates/{id}`` this one falls
+back to).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from fastapi import APIRouter, Response, status
 from common.errors import NotFound
 from gateway.e2b._errors import E2BError, E2BRoute
 from gateway.e2b._models import DEFAULT_TEMPLATES
+from gateway.e2b._snapshots import SnapshotsDep, delete_snapshot
 from gateway.e2b._templates import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
@@ -89,19 +92,6 @@ async def get_template(template_id: str, tenant: TenantDep, builds: BuildsDep,
     return _out(await templates.get(tenant, template_id), builds, True)
 
 
-@router.delete("/templates/{template_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_template(template_id: str, tenant: TenantDep, builds: BuildsDep,
-                          templates: TemplatesDep) -> Response:
-    """The template is deleted, its images with it; sessions of it go on."""
-    info = await templates.get(tenant, template_id)
-    if info.tenant != tenant:
-        raise E2BError(403, f"template {template_id!r} is published by an operator; only an "
-                            "operator deletes it")
-    await templates.delete(tenant, template_id)
-    builds.forget(tenant, info.name)
-    return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
 @router.patch("/templates/{template_id}")
 @router.patch("/v2/templates/{template_id}")
 async def update_template(template_id: str, body: TemplateUpdate, tenant: TenantDep,
@@ -156,3 +146,21 @@ async def get_tags(template_id: str, tenant: TenantDep, builds: BuildsDep,
     return [TagOut(tag=tag, buildID=held.build_id, createdAt=held.created_at)
             for tag, held in sorted(builds.tags(tenant, alias).items(),
                                     key=lambda item: item[1].created_at)]
+
+
+@router.delete("/templates/{template_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_template(template_id: str, tenant: TenantDep, builds: BuildsDep,
+                          templates: TemplatesDep, snapshots: SnapshotsDep) -> Response:
+    """The template is deleted, its images with it; sessions of it go on. Not a template of
+    the tenant's: a snapshot's deletion (E2B keeps snapshots as templates; :mod:`._snapshots`).
+    (After the tag routes: ``/templates/tags`` is theirs.)"""
+    try:
+        info = await templates.get(tenant, template_id)
+    except NotFound:
+        return await delete_snapshot(template_id, tenant, snapshots)
+    if info.tenant != tenant:
+        raise E2BError(403, f"template {template_id!r} is published by an operator; only an "
+                            "operator deletes it")
+    await templates.delete(tenant, template_id)
+    builds.forget(tenant, info.name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
