@@ -173,6 +173,28 @@ class Settings(BaseSettings):
     def _snapshot_bytes(cls, value: str) -> str:
         parse_size(value)
         return value
+
+    # custom templates (docs/templates.md)
+    max_templates_per_tenant: int = Field(
+        32, ge=0, description="custom templates a tenant may keep; one more gives 429")
+    max_template_builds_per_tenant: int = Field(
+        2, ge=1, description="template builds a tenant may run at once on a gateway; one more "
+        "gives 429")
+    max_template_image_bytes: str = Field(
+        "8g", description="largest image a template's build may make (the base's layers "
+        "included); a larger one fails its build and is removed")
+    template_step_timeout_s: float = Field(
+        600.0, gt=0, le=3600, description="how long one step of a template's build may take, "
+        "unless the build asks for less or more; a step past it fails the build")
+    template_warm_s: float = Field(
+        600.0, ge=0, description="a template's profile keeps a warm kernel this long after its "
+        "last session's create, then none (a template nobody uses holds no kernel)")
+
+    @field_validator("max_template_image_bytes")
+    @classmethod
+    def _template_bytes(cls, value: str) -> str:
+        parse_size(value)
+        return value
     max_unrecorded_executions: int = Field(
         256, ge=1, description="executions answered before their history and audit records "
                                "are written, at most: past it an execution over HTTP is "

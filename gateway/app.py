@@ -33,12 +33,14 @@ from gateway.routers import governance as governance_routes
 from gateway.routers import network as network_routes
 from gateway.routers import secrets as secret_routes
 from gateway.routers import snapshots as snapshot_routes
+from gateway.routers import templates as template_routes
 from gateway.routers import terminals as terminal_routes
 from gateway.secrets import Secrets
 from gateway.service import Gateway
 from gateway.snapshots import Snapshots
 from gateway.statelock import StartRefused
 from gateway.store import Store
+from gateway.templates import Templates
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
 from node.placement import RemoteNodes
 from node.records import SessionRecords
@@ -170,6 +172,8 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
                 app.state.gateway = gateway
                 app.state.snapshots = Snapshots(gateway)
                 app.state.secrets = secrets
+                app.state.templates = templates = Templates(gateway)
+                await templates.open()  # the ready templates' profiles, before any request
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session
@@ -179,6 +183,7 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
                     async with mcp.run(languages):  # MCP sessions end (and their sessions go) first
                         yield
                 finally:
+                    await templates.close()
                     await gateway.drain()
                     await app.state.e2b.close()
                     await governance.close()
@@ -198,6 +203,7 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
     app.include_router(network_routes.router)  # /v1/sessions/{id}/network
     app.include_router(snapshot_routes.router)  # /v1/snapshots, /v1/sessions/{id}/snapshots
     app.include_router(secret_routes.router)  # /v1/secrets: write-only, never read back
+    app.include_router(template_routes.router)  # /v1/templates: custom templates, built here
     app.include_router(terminal_routes.router)  # /v1/sessions/{id}/terminal, command input
     app.include_router(folder_watch.router)  # /v1/sessions/{id}/files/watch
     e2b.install(app, settings.e2b_domain)  # /e2b and /e2b/sandbox: E2B's SDKs, unmodified

@@ -1,6 +1,8 @@
 """``replgate doctor`` and ``replgate image build``: the gateway's one adapter onto Docker.
 
-``diagnose`` says whether this machine can run the configured profiles, one line per check.
+It also lends :mod:`gateway.templates` the Docker backend's builder of custom templates'
+images (``build_template_image``). ``diagnose`` says whether this machine can run the
+configured profiles, one line per check.
 It reads the same settings and policy file as ``replgate serve`` and asks the Docker engine
 what it offers: that the engine answers, that each profile's image is there, that each
 profile's runtime is registered as replgate needs it (for gVisor, the exact daemon.json line),
@@ -20,15 +22,26 @@ import docker.errors
 from common.policy import PolicyError, load_policy
 from common.settings import Settings
 from kernel_pool.backends.docker import (
+    BuiltImage,
     CheckpointSupport,
     ImageInfo,
+    TemplateBuild,
     build_image,
+    build_template_image,
+    check_context,
     checkpoint_support,
     current_image,
     missing_runtime,
+    remove_template_image,
     slim_image,
     templates_refusal,
 )
+
+__all__ = ["BuiltImage", "TemplateBuild", "build_sandbox_images", "build_template_image",
+           "check_context", "diagnose", "kernel_templates", "memory_pauses",
+           "remove_template_image", "snapshot_compression"]
+"""The builders of custom templates' images (:mod:`gateway.templates`) reach the engine through
+this adapter too."""
 
 
 def diagnose(settings: Settings) -> list[tuple[bool, str]]:

@@ -19,12 +19,14 @@ from gateway.records.sandbox_ends import SandboxEndRecords
 from gateway.records.sandbox_lifecycles import SandboxLifecycleRecords
 from gateway.records.secrets import SecretRecords
 from gateway.records.snapshots import SnapshotRecords
+from gateway.records.templates import TemplateRecords
 from gateway.records.usage import UsageRecords
 
 __all__ = ["Store"]
 
 
 class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords,
-            SandboxLifecycleRecords, SnapshotRecords, SecretRecords):
+            SandboxLifecycleRecords, SnapshotRecords, SecretRecords, TemplateRecords):
     """Sessions, history, keys, approvals, budgets' use, sandboxes' ends and lifecycles,
-    saved snapshots and tenants' sealed secrets. Make one with :meth:`open`."""
+    saved snapshots, tenants' sealed secrets and custom templates. Make one with
+    :meth:`open`."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
+from typing import ClassVar
 
 from kernel_pool._channels import KernelState
 from kernel_pool._kernel import Kernel
@@ -19,6 +21,35 @@ REFILL_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 class WarmPool(PoolBase):
     """Fill, park, hand out and release warm kernels."""
+
+    adds_profiles: ClassVar[bool] = True
+
+    def set_profile(self, profile: Profile) -> None:
+        """Add a profile while the pool runs, or replace the one of its name: its idle kernels
+        of another image are removed, and it fills to its ``min_idle`` (a custom template's
+        profile, sized by its use)."""
+        name = profile.name
+        old = self.settings.profiles.get(name)
+        self.settings.profiles[name] = profile
+        for books in (self._starting, self._warming, self._failures):
+            books.setdefault(name, 0)
+        self._refill_at.setdefault(name, 0.0)
+        self._idle.setdefault(name, deque())
+        self._waiters.setdefault(name, deque())
+        if old is not None and (old.image != profile.image or profile.min_idle == 0):
+            self._drop_idle(name)
+        self._fill(name)
+
+    def remove_profile(self, name: str) -> None:
+        """Forget a profile :meth:`set_profile` added; its sessions run on to their end."""
+        if self.settings.profiles.pop(name, None) is not None:
+            self._drop_idle(name)
+
+    def _drop_idle(self, name: str) -> None:
+        idle = self._idle.get(name, deque())
+        while idle:
+            kernel = idle.popleft()
+            self._spawn(self._remove(kernel), f"removing idle kernel {kernel.id} of {name}")
 
     def _pop_warm(self, profile: str) -> Kernel | None:
         """I/O-free: a ready idle kernel, now in use, or None; dead ones are removed."""
@@ -35,7 +66,9 @@ class WarmPool(PoolBase):
         """Start warm kernels in the background up to ``min_idle`` (within the cap)."""
         if self._closing:
             return
-        profile = self.settings.profiles[profile_name]
+        profile = self.settings.profiles.get(profile_name)
+        if profile is None:  # removed while it ran (a deleted template's)
+            return
         loop = asyncio.get_running_loop()
         if loop.time() < self._refill_at[profile_name]:
             return
@@ -68,6 +101,11 @@ class WarmPool(PoolBase):
     def _park(self, kernel: Kernel) -> None:
         """Hand a started kernel to a resume waiting for one, else make it idle; should it
         die there, it is replaced at once."""
+        current = self.settings.profiles.get(kernel.profile.name)
+        if current is None or current.image != kernel.profile.image:  # removed or rebuilt
+            self._in_use.add(kernel)
+            self._spawn(self.release(kernel), f"removing kernel {kernel.id} of an old profile")
+            return
         if self._wake(kernel.profile.name, kernel):
             self._in_use.add(kernel)
             self._fill(kernel.profile.name)

@@ -2,6 +2,7 @@
 
     KernelPoolError
     ├── ImageError             the sandbox image cannot be built or found
+    │   └── TemplateBuildFailed     a custom template's build failed: its step (line) and why
     ├── BackendError           the container engine failed or is unreachable
     ├── ProfileNotFound        no profile of that name
     ├── CapacityError          the pool is at max_kernels
@@ -56,6 +57,17 @@ class KernelPoolError(Exception):
 
 class ImageError(KernelPoolError):
     """The sandbox image could not be built or is missing."""
+
+
+class TemplateBuildFailed(ImageError):
+    """A custom template's image could not be built: which step failed (the 1-based line of
+    the user's Dockerfile where it starts; None for replgate's own steps) and why."""
+
+    def __init__(self, reason: str, *, step: int | None = None, line: int | None = None) -> None:
+        self.reason = reason
+        self.step = step
+        self.line = line
+        super().__init__(reason)
 
 
 class BackendError(KernelPoolError):

@@ -303,3 +303,18 @@ class SessionHost(Protocol):
 
     @property
     def sessions(self) -> Mapping[str, SessionPort]: ...
+
+    # -- profiles added while it runs (custom templates) ---------------------------------------
+
+    adds_profiles: ClassVar[bool]
+    """Whether :meth:`set_profile` works here (this machine's pool; not yet on nodes, whose
+    pools would need the template's image first)."""
+
+    def set_profile(self, profile: Profile) -> None:
+        """Add a profile while the host runs, or replace the one of its name (its ``min_idle``
+        changed): it fills to its ``min_idle``, its idle kernels of another image are
+        removed. :class:`~kernel_pool.InvalidRequest` where :attr:`adds_profiles` is False."""
+
+    def remove_profile(self, name: str) -> None:
+        """Forget a profile :meth:`set_profile` added: its idle kernels are removed, its
+        sessions run on to their end."""

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from kernel_pool import (
     ClosedListener,
+    InvalidRequest,
     KernelPoolError,
     NodeRecord,
     NodeUnreachable,
@@ -91,6 +92,16 @@ class RemoteNodes:
             return self.settings.profiles[name]
         except KeyError:
             raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
+
+    adds_profiles: ClassVar[bool] = False
+
+    def set_profile(self, profile: Profile) -> None:
+        """Not yet on nodes: each node's pool would need the template's image first."""
+        raise InvalidRequest("custom templates run on a gateway whose sessions run on its own "
+                             "machine; a gateway of nodes cannot add a template's profile yet")
+
+    def remove_profile(self, name: str) -> None:
+        """Nothing to forget: :meth:`set_profile` adds none here."""
 
     async def client(self, node_id: str) -> NodeClient:
         """The connection to a node, made on first use from its registered address."""

@@ -1,48 +1,346 @@
-"""Custom templates, the use cases: a tenant's build started, followed, listed and deleted.
+"""Custom templates, the use cases: a tenant's build started, followed, listed and deleted; a
+ready template made a profile of the host, which its tenant's sessions name.
 
-Skeleton (the interface agreed with the E2B face); the bodies come next.
+A build runs on the engine in a task of this gateway (:func:`gateway.doctor.build_template_image`:
+the user's Dockerfile, then replgate's sandbox layer), then a real session of the new profile
+checks that a kernel starts (:func:`check_kernel`); only then is the template ready. The
+database keeps each template and build (:mod:`gateway.records.templates`); the log of a build
+under way is this gateway's (:class:`BuildRun`), written to the database when it ends.
+
+Each build has its own profile, ``<template id>-<build number>``: a rebuild's kernels (warm, or
+restored from its kernel template) never mix with the last build's. A profile keeps one warm
+kernel for ``REPLGATE_TEMPLATE_WARM_S`` after a session of it is created, else none.
 """
 
 from __future__ import annotations
 
+import asyncio
+import builtins
+import contextlib
+import logging
+import secrets
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
+from common.errors import Conflict, Forbidden, InvalidInput, NotFound, TooManyRequests
+from gateway.doctor import (
+    TemplateBuild,
+    build_template_image,
+    check_context,
+    remove_template_image,
+)
 from gateway.service import Gateway
-from gateway.templates._models import BuildSpec, LogLine, TemplateInfo
+from gateway.templates._models import ID_PREFIX, BuildSpec
+from gateway.templates._runs import BuildRun, check_kernel
+from gateway.wire import LogLine, TemplateInfo, TemplateStatus
+from kernel_pool import ImageError, KernelPoolError, Profile, TemplateBuildFailed, parse_size
+
+logger = logging.getLogger(__name__)
+
+IMAGE_REPOSITORY = "replgate-template"
+WARM_CHECK_S = 30.0
+"""How often profiles unused for ``REPLGATE_TEMPLATE_WARM_S`` are shrunk to no warm kernel."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Templates:
-    """The tenants' custom templates: their builds on the engine and their records."""
+    """The tenants' custom templates: their builds on the engine, their records, their
+    profiles on the host."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.store = gateway.store
+        self.host = gateway.pool
+        self.settings = gateway.settings
+        self._runs: dict[str, BuildRun] = {}
+        """The latest build of each template built by this gateway since it started."""
+        self._building: Counter[str] = Counter()
+        """Builds under way per tenant (``REPLGATE_MAX_TEMPLATE_BUILDS_PER_TENANT``)."""
+        self._starting: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._used: dict[str, float] = {}
+        """When a session of each template profile was last created (the loop's clock)."""
+        self._uncached: set[str] = set()
+        """Templates whose next build skips the cache (a purge since)."""
+        self._warm_task: asyncio.Task[None] | None = None
+        gateway.profile_for = self.profile_for
+
+    def __repr__(self) -> str:
+        return f"<Templates {sum(self._building.values())} building>"
+
+    # -- the gateway's life ------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Make the ready templates' profiles again (a restarted gateway), end the builds a
+        stopped one left as failed, and start shrinking unused profiles."""
+        for build_id in await self.store.unfinished_builds():
+            logger.warning("template build %s was under way when a gateway stopped", build_id)
+        for info in await self.store.list_templates():
+            if info.status is TemplateStatus.BUILDING and info.id not in self._runs:
+                info = info.model_copy(update={
+                    "status": TemplateStatus.FAILED, "updated_at": _now(),
+                    "error": "the gateway running the build stopped; build it again"})
+                await self.store.update_template(info)
+            if info.image is not None and self.host.adds_profiles:
+                self.host.set_profile(self._profile(info.profile, info.image, 0))
+        self._warm_task = asyncio.create_task(self._shrink_loop(), name="template profiles")
+
+    async def close(self) -> None:
+        """End the builds under way (each recorded as failed) and the shrinking."""
+        tasks = [run.task for run in self._runs.values() if run.task is not None]
+        if self._warm_task is not None:
+            tasks.append(self._warm_task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- builds ------------------------------------------------------------------------------
 
     async def start(self, tenant: str, spec: BuildSpec) -> TemplateInfo:
         """Start a build (a new template, or a rebuild of the tenant's template of that name)
-        and return at once with status ``building``; TooManyRequests past the quota."""
-        raise NotImplementedError
+        and return at once with status ``building``; TooManyRequests past the quotas."""
+        if not self.host.adds_profiles:
+            raise InvalidInput("custom templates need a gateway whose sessions run on its own "
+                               "machine; on nodes they are not available yet")
+        if spec.context:
+            try:
+                await asyncio.to_thread(check_context, spec.context)
+            except ImageError as exc:
+                raise InvalidInput(str(exc)) from exc
+        async with self._starting[tenant]:
+            if self._building[tenant] >= self.settings.max_template_builds_per_tenant:
+                raise TooManyRequests(
+                    f"tenant {tenant!r} has {self._building[tenant]} template builds under "
+                    "way, the most at once; wait for one or raise "
+                    "REPLGATE_MAX_TEMPLATE_BUILDS_PER_TENANT")
+            now, build_id = _now(), "bld_" + secrets.token_hex(10)
+            found = await self.store.find_template(tenant, spec.name)
+            if found is not None and found.tenant == tenant and found.name == spec.name:
+                if found.status is TemplateStatus.BUILDING:
+                    raise Conflict(f"template {spec.name!r} has a build under way; wait for it")
+                info = found.model_copy(update={
+                    "status": TemplateStatus.BUILDING, "error": None, "failed_line": None,
+                    "build_id": build_id, "builds": found.builds + 1, "updated_at": now,
+                    "start_cmd": spec.start_cmd, "ready_cmd": spec.ready_cmd})
+                await self.store.update_template(info)
+            else:
+                if await self.store.count_templates(tenant) >= \
+                        self.settings.max_templates_per_tenant:
+                    raise TooManyRequests(
+                        f"tenant {tenant!r} has {self.settings.max_templates_per_tenant} "
+                        "templates, the most it may keep; delete some or raise "
+                        "REPLGATE_MAX_TEMPLATES_PER_TENANT")
+                template_id = ID_PREFIX + secrets.token_hex(10)
+                info = TemplateInfo(
+                    id=template_id, name=spec.name, tenant=tenant,
+                    status=TemplateStatus.BUILDING, created_at=now, updated_at=now,
+                    build_id=build_id, builds=1, profile=f"{template_id}-1",
+                    start_cmd=spec.start_cmd, ready_cmd=spec.ready_cmd)
+                await self.store.add_template(info)
+            await self.store.add_build(build_id, info, now)
+            run = self._runs[info.id] = BuildRun(build_id)
+            self._building[tenant] += 1
+            run.task = asyncio.create_task(self._build(info, spec, run),
+                                           name=f"template build {build_id}")
+        return info
+
+    async def _build(self, info: TemplateInfo, spec: BuildSpec, run: BuildRun) -> None:
+        ended = info
+        try:
+            ended = await self._built(info, spec, run)
+        except TemplateBuildFailed as exc:
+            ended = self._failed(info, exc.reason, exc.line)
+        except (ImageError, KernelPoolError) as exc:
+            ended = self._failed(info, str(exc), None)
+        except asyncio.CancelledError:
+            ended = self._failed(info, "the build was ended (its template deleted, or the "
+                                 "gateway stopped)", None)
+            raise
+        finally:
+            if ended.error is not None:
+                run.add(f"error: {ended.error}", error=True)
+            self._building[info.tenant] -= 1
+            try:
+                if self._runs.get(info.id) is run:
+                    await self.store.update_template(ended)
+                await self.store.end_build(run.build_id, ended, run.lines, _now())
+            finally:
+                run.end()
+
+    async def _built(self, info: TemplateInfo, spec: BuildSpec, run: BuildRun) -> TemplateInfo:
+        tag = f"{IMAGE_REPOSITORY}:{info.id}-{info.builds}"
+        nocache = spec.skip_cache or info.id in self._uncached
+        self._uncached.discard(info.id)
+        build = TemplateBuild(
+            dockerfile=spec.dockerfile, tag=tag, nocache=nocache,
+            step_timeout_s=spec.step_timeout_s or self.settings.template_step_timeout_s,
+            labels={"io.replgate.template": info.id, "io.replgate.tenant": info.tenant})
+        run.add(f"replgate: building {info.name} ({info.id}, build {info.builds})"
+                + (" without the layer cache" if nocache else ""))
+        built = await build_template_image(build, spec.context, run.add)
+        most = parse_size(self.settings.max_template_image_bytes)
+        if built.size > most:
+            with contextlib.suppress(ImageError):
+                await remove_template_image(tag)
+            raise TemplateBuildFailed(
+                f"the image takes {built.size} bytes, more than REPLGATE_MAX_TEMPLATE_IMAGE_BYTES "
+                f"({self.settings.max_template_image_bytes})")
+        profile = self._profile(f"{info.id}-{info.builds}", tag, 0)
+        self.host.set_profile(profile)
+        try:
+            await check_kernel(self.host, profile, tenant=info.tenant, start_cmd=spec.start_cmd,
+                               ready_cmd=spec.ready_cmd, log=run)
+        except BaseException:
+            self.host.remove_profile(profile.name)
+            raise
+        run.add(f"replgate: template {info.name} is ready ({built.size} bytes; profile "
+                f"{profile.name})")
+        return info.model_copy(update={
+            "status": TemplateStatus.READY, "image": tag, "image_size": built.size,
+            "profile": profile.name, "languages": built.languages, "lacks": built.lacks,
+            "updated_at": _now()})
+
+    def _failed(self, info: TemplateInfo, error: str, line: int | None) -> TemplateInfo:
+        return info.model_copy(update={"status": TemplateStatus.FAILED, "error": error,
+                                       "failed_line": line, "updated_at": _now()})
+
+    def _profile(self, name: str, image: str, min_idle: int) -> Profile:
+        """A template's profile: the default profile's limits, its own image."""
+        return self.settings.limits.model_copy(
+            update={"name": name, "image": image, "min_idle": min_idle})
+
+    # -- reading -----------------------------------------------------------------------------
 
     async def get(self, tenant: str, id_or_name: str) -> TemplateInfo:
         """The tenant's template (or a published one) by id or name; NotFound otherwise."""
-        raise NotImplementedError
+        info = await self.store.find_template(tenant, id_or_name)
+        if info is None:
+            raise NotFound(f"no template {id_or_name!r}; GET /v1/templates lists yours")
+        return info
 
     async def list(self, tenant: str) -> list[TemplateInfo]:
         """The tenant's templates and the published ones, newest first."""
-        raise NotImplementedError
+        return await self.store.list_templates(tenant)
 
     async def logs(self, tenant: str, id_or_name: str, *, offset: int = 0,
-                   build_id: str | None = None) -> list[LogLine]:
+                   build_id: str | None = None) -> builtins.list[LogLine]:
         """The lines of a build's log from ``offset`` (default: the latest build)."""
-        raise NotImplementedError
+        info = await self.get(tenant, id_or_name)
+        wanted = build_id or info.build_id
+        run = self._runs.get(info.id)
+        if run is not None and run.build_id == wanted:
+            return run.lines[offset:]
+        lines = await self.store.build_log(wanted)
+        if lines is None or not wanted.startswith("bld_"):
+            raise NotFound(f"no build {wanted!r} of template {info.name!r}")
+        return lines[offset:]
 
-    def follow(self, tenant: str, id_or_name: str, *, offset: int = 0) -> AsyncIterator[LogLine]:
+    async def follow(self, tenant: str, id_or_name: str, *,
+                     offset: int = 0) -> AsyncIterator[LogLine]:
         """The latest build's lines from ``offset`` as they come, ending with the build."""
-        raise NotImplementedError
+        info = await self.get(tenant, id_or_name)
+        run = self._runs.get(info.id)
+        if run is not None and run.build_id == info.build_id:
+            async for line in run.follow(offset):
+                yield line
+            return
+        for line in await self.logs(tenant, id_or_name, offset=offset):
+            yield line
 
-    async def wait(self, tenant: str, id_or_name: str, timeout: float) -> TemplateInfo:
-        """The template once its latest build has ended (or as it is after ``timeout``)."""
-        raise NotImplementedError
+    async def wait(self, tenant: str, id_or_name: str, within_s: float) -> TemplateInfo:
+        """The template once its latest build has ended (or as it is after ``within_s``)."""
+        info = await self.get(tenant, id_or_name)
+        run = self._runs.get(info.id)
+        if run is not None and run.task is not None and not run.ended:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(run.task), within_s)
+        return await self.get(tenant, info.id)
+
+    # -- deleting, publishing, purging -------------------------------------------------------
 
     async def delete(self, tenant: str, id_or_name: str) -> None:
-        """Forget the tenant's template and remove its images (a build under way is ended)."""
-        raise NotImplementedError
+        """Forget the tenant's template and remove its images (a build under way is ended);
+        sessions of it run on to their end."""
+        info = await self.get(tenant, id_or_name)
+        if info.tenant != tenant:
+            raise Forbidden(f"template {info.name!r} is published by an operator; only its "
+                            "tenant deletes it")
+        run = self._runs.pop(info.id, None)
+        if run is not None and run.task is not None and not run.ended:
+            run.task.cancel()
+            with contextlib.suppress(BaseException):
+                await run.task
+        await self.store.delete_template_record(info.id)
+        for number in range(1, info.builds + 1):
+            self.host.remove_profile(f"{info.id}-{number}")
+            with contextlib.suppress(ImageError):  # absent (failed) or in use: left
+                await remove_template_image(f"{IMAGE_REPOSITORY}:{info.id}-{number}")
+
+    async def publish(self, template_id: str, public: bool) -> TemplateInfo:
+        """An operator's: let every tenant start sessions of the template (or its own alone)."""
+        info = await self.store.template_by_id(template_id)
+        if info is None:
+            raise NotFound(f"no template {template_id!r}")
+        info = info.model_copy(update={"public": public, "updated_at": _now()})
+        await self.store.update_template(info)
+        return info
+
+    async def purge_cache(self, tenant: str | None = None) -> builtins.list[str]:
+        """An operator's: remove the images of the templates' earlier builds (their cached
+        layers go with them) and build each template's next build without the layer cache;
+        the templates of ``tenant`` (None: all). The ids of the images removed."""
+        removed = []
+        for info in await self.store.list_templates(tenant):
+            if tenant is not None and info.tenant != tenant:
+                continue
+            self._uncached.add(info.id)
+            for number in range(1, info.builds):
+                tag = f"{IMAGE_REPOSITORY}:{info.id}-{number}"
+                with contextlib.suppress(ImageError):
+                    await remove_template_image(tag)
+                    removed.append(tag)
+        return removed
+
+    # -- profiles ----------------------------------------------------------------------------
+
+    async def profile_for(self, tenant: str, name: str) -> str:
+        """The profile a session asking for ``name`` runs on: a template's (by its name, id or
+        profile) if the tenant may use it, else ``name`` itself (an operator's profile)."""
+        if name in self.host.settings.profiles and not name.startswith(ID_PREFIX):
+            return name
+        key = name.rsplit("-", 1)[0] if name.startswith(ID_PREFIX) else name
+        info = await self.store.find_template(tenant, key)
+        if info is None:
+            if name.startswith(ID_PREFIX):
+                raise NotFound(f"no template {name!r}; GET /v1/templates lists yours")
+            return name
+        if info.status is not TemplateStatus.READY and info.image is None:
+            raise Conflict(f"template {info.name!r} is {info.status.value}, not ready")
+        profile = name if name.startswith(ID_PREFIX) and name in self.host.settings.profiles \
+            else info.profile
+        self._warm(profile)
+        return profile
+
+    def _warm(self, name: str) -> None:
+        """A session of the profile is being made: keep one warm kernel of it for a while."""
+        self._used[name] = asyncio.get_running_loop().time()
+        current = self.host.settings.profiles.get(name)
+        if current is not None and current.min_idle == 0:
+            self.host.set_profile(current.model_copy(update={"min_idle": 1}))
+
+    async def _shrink_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(WARM_CHECK_S)
+            for name, used in list(self._used.items()):
+                if loop.time() - used < self.settings.template_warm_s:
+                    continue
+                del self._used[name]
+                current = self.host.settings.profiles.get(name)
+                if current is not None and current.min_idle > 0:
+                    self.host.set_profile(current.model_copy(update={"min_idle": 0}))

@@ -72,6 +72,7 @@ from ._sessions import (
 from ._sessions import ForkRequest as ForkRequest
 from ._sessions import TransferOut as TransferOut
 from ._snapshots import SnapshotCreate, SnapshotOut, SnapshotSessionCreate
+from ._templates import LogLine, TemplateCreate, TemplateInfo, TemplatePublish, TemplateStatus
 from ._terminals import (
     CommandInput,
     TerminalClientMessage,
@@ -129,6 +130,7 @@ __all__ = [
     "KernelModel",
     "KillOut",
     "LaggedFrame",
+    "LogLine",
     "Output",
     "OutputEvent",
     "PendingApprovalEvent",
@@ -143,6 +145,10 @@ __all__ = [
     "SnapshotOut",
     "SnapshotSessionCreate",
     "StreamEvent",
+    "TemplateCreate",
+    "TemplateInfo",
+    "TemplatePublish",
+    "TemplateStatus",
     "TerminalClientMessage",
     "TerminalExit",
     "TerminalInput",

@@ -27,7 +27,7 @@ EXPORTED = [
     "SandboxFsRequest", "SandboxInfo", "SandboxUsage", "Session", "SessionClosed",
     "SessionHost", "SessionNotFound", "SessionPort", "SessionState",
     "SessionStatus", "SnapshotBudgetExceeded", "SnapshotError", "SnapshotNotFound",
-    "SnapshotSaved", "StateDirFull", "StreamEvent",
+    "SnapshotSaved", "StateDirFull", "StreamEvent", "TemplateBuildFailed",
     "TooManyCommands", "TooManyWatches", "Transfer", "TransferListener", "UnknownLanguage",
     "UnknownNode",
     "UpdateDisplayEvent", "WatchEvent",

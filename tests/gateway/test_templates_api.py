@@ -1,0 +1,218 @@
+"""Custom templates through the native API (``/v1/templates``, docs/templates.md), on the real
+engine: a template FROM the sandbox image that adds a PyPI package and a file of its context,
+built, followed (log and WebSocket), and used by sessions (a warm kernel of it after the
+first); a failing step named by its line; a base without Python refused at build, never at a
+session's start; bad input a clear 4xx; another tenant's template absent until an operator
+publishes it."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from kernel_pool.backends.docker import current_image
+from tests.conftest import GatewayProcess, running_gateway
+
+ADMIN_KEY = "rg_admin_templates_test"
+PACKAGE = "tomli_w"
+"""A small pure-Python package on PyPI that the sandbox image does not have."""
+
+
+@pytest.fixture(scope="module")
+def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
+    """A gateway of its own, with an operator's key (publishing is theirs)."""
+    with running_gateway(docker_client, admin_keys=ADMIN_KEY) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def alpha(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=120, headers=gateway.headers("alpha")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def beta(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=120, headers=gateway.headers("beta")) as c:
+        yield c
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _build(client: httpx.Client, name: str, dockerfile: str,
+           context: bytes | None = None, **fields: str) -> dict[str, Any]:
+    files: dict[str, Any] = {"dockerfile": ("Dockerfile", dockerfile.encode())}
+    if context is not None:
+        files["context"] = ("context.tar.gz", context, "application/gzip")
+    answer = client.post("/v1/templates", data={"name": name, **fields}, files=files)
+    assert answer.status_code == 202, answer.text
+    info: dict[str, Any] = answer.json()
+    assert info["status"] == "building" and info["name"] == name
+    return info
+
+
+def _ended(client: httpx.Client, template_id: str, within_s: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        info: dict[str, Any] = client.get(f"/v1/templates/{template_id}").json()
+        if info["status"] != "building":
+            return info
+        time.sleep(1)
+    raise AssertionError(f"template {template_id} still building after {within_s} s")
+
+
+def _run(client: httpx.Client, session_id: str, code: str) -> dict[str, Any]:
+    answer = client.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+@pytest.fixture(scope="module")
+def template(alpha: httpx.Client) -> Iterator[dict[str, Any]]:
+    dockerfile = (f"FROM {current_image()}\n"
+                  "USER root\n"
+                  f"RUN pip install --no-cache-dir --disable-pip-version-check {PACKAGE}==1.0.0\n"
+                  "COPY data/hello.txt /opt/data/hello.txt\n")
+    info = _build(alpha, "with-tomli", dockerfile, _tar({"data/hello.txt": b"from the context"}))
+    ended = _ended(alpha, info["id"])
+    assert ended["status"] == "ready", ended["error"]
+    yield ended
+    assert alpha.delete(f"/v1/templates/{info['id']}").status_code == 204
+
+
+def test_a_template_adds_a_package_and_a_file_that_its_sessions_find(
+        alpha: httpx.Client, template: dict[str, Any]) -> None:
+    assert template["id"].startswith("tpl_") and template["image_size"] > 0
+    assert template["profile"] == f"{template['id']}-1" and template["builds"] == 1
+    assert "python" in template["languages"] and template["lacks"] == []
+    code = (f"import {PACKAGE}, pathlib; print({PACKAGE}.dumps({{'a': 1}}).strip(), "
+            "pathlib.Path('/opt/data/hello.txt').read_text())")
+    started = []
+    for _ in range(2):  # the second from the warm kernel the first one's create asked for
+        begun = time.monotonic()
+        answer = alpha.post("/v1/sessions", json={"profile": "with-tomli"})
+        started.append(time.monotonic() - begun)
+        assert answer.status_code == 201, answer.text
+        session = answer.json()
+        try:
+            assert session["profile"] == template["profile"]
+            result = _run(alpha, session["id"], code)
+            assert result["error"] is None, result["error"]
+            assert result["stdout"].strip() == "a = 1 from the context"
+            # No network in the sandbox: PyPI was reachable during the build only.
+            offline = _run(alpha, session["id"], "import urllib.request as u\n"
+                           "u.urlopen('https://pypi.org', timeout=5)")
+            assert offline["error"] is not None
+        finally:
+            alpha.delete(f"/v1/sessions/{session['id']}")
+        time.sleep(3)  # time for the warm kernel to come up
+    by_id = alpha.post("/v1/sessions", json={"profile": template["id"]})
+    assert by_id.status_code == 201, by_id.text
+    alpha.delete(f"/v1/sessions/{by_id.json()['id']}")
+
+
+def test_a_builds_log_is_read_and_streamed(gateway: GatewayProcess, alpha: httpx.Client,
+                                           template: dict[str, Any]) -> None:
+    lines = alpha.get(f"/v1/templates/{template['id']}/logs").json()
+    assert [line["offset"] for line in lines] == list(range(len(lines)))
+    text = "\n".join(line["text"] for line in lines)
+    assert "Step 4/5 : RUN pip install" in text and "kernel runs Python 3.11" in text
+    tail = alpha.get(f"/v1/templates/{template['id']}/logs", params={"offset": 2}).json()
+    assert tail == lines[2:]
+    ws_url = gateway.url.replace("http", "ws") + f"/v1/templates/{template['id']}/logs/ws"
+    with connect(ws_url, additional_headers=gateway.headers("alpha")) as ws:
+        frames = [json.loads(frame) for frame in ws]
+    assert [f["text"] for f in frames[:-1]] == [line["text"] for line in lines]
+    assert frames[-1] == {"type": "end", "status": "ready", "error": None}
+
+
+def test_a_failing_step_names_its_line_and_why(alpha: httpx.Client) -> None:
+    dockerfile = (f"FROM {current_image()}\n"
+                  "# a comment, not a step\n"
+                  "RUN echo preparing && \\\n"
+                  "    ls /no/such/folder\n"
+                  "RUN echo never\n")
+    info = _build(alpha, "broken", dockerfile)
+    try:
+        ended = _ended(alpha, info["id"])
+        assert ended["status"] == "failed" and ended["failed_line"] == 3
+        assert ended["error"].startswith("line 3 (RUN echo preparing && ) failed: The command")
+        assert "No such file or directory" in ended["error"]  # its last output
+        log = alpha.get(f"/v1/templates/{info['id']}/logs").json()
+        assert log[-1]["error"] is True and "line 3" in log[-1]["text"]
+        refused = alpha.post("/v1/sessions", json={"profile": "broken"})
+        assert refused.status_code == 409, refused.text
+    finally:
+        assert alpha.delete(f"/v1/templates/{info['id']}").status_code == 204
+
+
+def test_a_base_without_python_fails_its_build_with_the_reason(alpha: httpx.Client) -> None:
+    dockerfile = (f"FROM {current_image()}\n"
+                  "USER root\n"
+                  "RUN rm -rf /opt/venv /usr/local/bin/python3* /usr/bin/python3*\n")
+    info = _build(alpha, "no-python", dockerfile)
+    try:
+        ended = _ended(alpha, info["id"])
+        assert ended["status"] == "failed" and ended["failed_line"] is None
+        assert "replgate's sandbox layer failed" in ended["error"]
+        assert "the image has no python3" in ended["error"]
+    finally:
+        alpha.delete(f"/v1/templates/{info['id']}")
+
+
+def test_bad_input_is_a_clear_4xx(alpha: httpx.Client) -> None:
+    bad = [({"name": "Upper Case", "dockerfile": "FROM x"}, "name"),
+           ({"name": "ok", "dockerfile": ""}, "dockerfile"),
+           ({"name": "ok", "dockerfile": "FROM x", "context": "not base64!"}, "unreadable"),
+           ({"name": "ok", "dockerfile": "FROM x", "context": "bm90IGEgdGFy"}, "not a usable tar"),
+           ({"name": "ok", "dockerfile": "FROM x", "extra": 1}, "extra")]
+    for body, said in bad:
+        answer = alpha.post("/v1/templates", json=body)
+        assert answer.status_code == 400, (body, answer.text)
+        assert said in answer.json()["detail"], (body, answer.text)
+    form = alpha.post("/v1/templates", data={"name": "ok"})
+    assert form.status_code == 400 and "'dockerfile'" in form.json()["detail"]
+    assert alpha.get("/v1/templates/tpl_nope").status_code == 404
+    assert alpha.get("/v1/templates/tpl_nope/logs").status_code == 404
+
+
+def test_another_tenant_cannot_use_it_until_an_operator_publishes_it(
+        gateway: GatewayProcess, alpha: httpx.Client, beta: httpx.Client,
+        template: dict[str, Any]) -> None:
+    assert beta.get(f"/v1/templates/{template['id']}").status_code == 404
+    assert template["id"] not in [t["id"] for t in beta.get("/v1/templates").json()]
+    for name in (template["id"], template["profile"]):
+        refused = beta.post("/v1/sessions", json={"profile": name})
+        assert refused.status_code == 404, refused.text
+    assert beta.post("/v1/sessions", json={"profile": "with-tomli"}).status_code == 400
+    path = f"/v1/templates/{template['id']}/publish"
+    assert alpha.post(path, json={"public": True}).status_code == 403  # a tenant's key
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    published = httpx.post(gateway.url + path, json={"public": True}, headers=admin)
+    assert published.status_code == 200 and published.json()["public"] is True
+    try:
+        made = beta.post("/v1/sessions", json={"profile": template["id"]})
+        assert made.status_code == 201, made.text
+        beta.delete(f"/v1/sessions/{made.json()['id']}")
+        assert beta.delete(f"/v1/templates/{template['id']}").status_code == 403
+    finally:
+        httpx.post(gateway.url + path, json={"public": False}, headers=admin)
+    assert beta.post("/v1/sessions", json={"profile": template["id"]}).status_code == 404
