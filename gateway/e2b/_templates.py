@@ -80,7 +80,8 @@ async def request_build(body: BuildRequest, tenant: TenantDep,
                           aliases=[alias])
 
 
-@router.get("/templates/{template_id}/files/{files_hash}", status_code=status.HTTP_201_CREATED)
+@router.get("/templates/{template_id}/files/{files_hash}", status_code=status.HTTP_201_CREATED,
+            response_model_exclude_none=True)
 async def file_upload_link(template_id: str, files_hash: str, request: Request,
                            tenant: TenantDep, builds: BuildsDep,
                            templates: TemplatesDep) -> FileUpload:
@@ -176,7 +177,7 @@ async def _started(build: Build, tenant: str,
     return info, STATUS[info.status]
 
 
-@router.get("/templates/{template_id}/builds/{build_id}/status")
+@router.get("/templates/{template_id}/builds/{build_id}/status", response_model_exclude_none=True)
 async def build_status(
         template_id: str, build_id: str, tenant: TenantDep, builds: BuildsDep,
         templates: TemplatesDep,
@@ -202,7 +203,7 @@ async def build_status(
                      logEntries=entries, reason=reason)
 
 
-@router.get("/templates/{template_id}/builds/{build_id}/logs")
+@router.get("/templates/{template_id}/builds/{build_id}/logs", response_model_exclude_none=True)
 async def build_logs(
         template_id: str, build_id: str, tenant: TenantDep, builds: BuildsDep,
         templates: TemplatesDep, cursor: Annotated[int | None, Query(ge=0)] = None,

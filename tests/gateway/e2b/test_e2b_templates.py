@@ -16,6 +16,7 @@ from e2b import BuildException, Sandbox, Template, TemplateException
 from e2b.exceptions import SandboxException
 from e2b.template.logger import LogEntry
 from e2b.template.types import BuildInfo, TemplateBuildStatus
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from tests.conftest import GatewayProcess
 
@@ -63,7 +64,7 @@ def built(e2b_env: dict[str, str], context_dir: Path) -> Iterator[tuple[str, Bui
 def test_build_in_background_answers_at_once_then_its_status_and_logs(
         built: tuple[str, BuildInfo]) -> None:
     alias, info = built
-    assert (info.alias, info.tags) == (alias, ["v1"])
+    assert (info.template_id, info.tags) == (alias, ["v1"])
     first = Template.get_build_status(info)
     assert first.status in (TemplateBuildStatus.BUILDING, TemplateBuildStatus.WAITING)
     logs: list[LogEntry] = list(first.log_entries)
@@ -85,12 +86,15 @@ def test_a_sandbox_of_the_template_has_its_package_files_and_env(
             "echo $TEMPLATE_GREETING")
         assert out.stdout.splitlines() == [
             PACKAGE, "hello from the template's context", "a second file", "hi there"]
-        code = sandbox.run_code(f"import {PACKAGE}; {PACKAGE}.__name__")
-        assert code.text == repr(PACKAGE), code
     finally:
         sandbox.kill()
-    tagged = Sandbox.create(template=f"{alias}:v1")
-    tagged.kill()
+    kernel = CodeSandbox.create(template=f"{alias}:v1")  # the kernel itself, by a tag
+    try:
+        code = kernel.run_code(f"import {PACKAGE}, os; {PACKAGE}.__name__, os.environ["
+                               "'TEMPLATE_GREETING']")
+        assert code.text == repr((PACKAGE, "hi there")), code
+    finally:
+        kernel.kill()
 
 
 def test_exists_aliases_and_tags(built: tuple[str, BuildInfo]) -> None:
