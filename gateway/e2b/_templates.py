@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 from gateway.deps import GatewayDep
 from gateway.e2b._errors import E2BError, E2BRoute, unsupported
 from gateway.e2b._models import DEFAULT_TEMPLATES
-from gateway.e2b._templates_dockerfile import SANDBOX_USER, context, translate
+from gateway.e2b._templates_dockerfile import SANDBOX_USER, context, outward_links, translate
 from gateway.e2b._templates_files import check_hash
 from gateway.e2b._templates_models import (
     BuildInfo,
@@ -139,11 +139,15 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, tenant:
         raise E2BError(409, f"build {build_id} has started already")
     image, user = await _base(body, tenant, templates,
                               gateway.pool.profile("default").image)
-    translation = translate(body, image, user, build_id)
-    missing = [h for h in translation.hashes if not await builds.uploads.present(tenant, h)]
+    hashes = list(dict.fromkeys(check_hash(step.files_hash) for step in body.steps
+                                if step.type.upper() == "COPY" and step.files_hash))
+    missing = [h for h in hashes if not await builds.uploads.present(tenant, h)]
     if missing:
         raise E2BError(400, f"the files of {len(missing)} copy step(s) were not uploaded "
                             f"(hash {missing[0]}): upload them first")
+    links = await anyio.to_thread.run_sync(
+        outward_links, hashes, lambda h: builds.uploads.path(tenant, h))
+    translation = translate(body, image, user, build_id, links)
     tar = (await anyio.to_thread.run_sync(
         context, translation.copies, lambda h: builds.uploads.path(tenant, h))
         if translation.copies else None)

@@ -97,9 +97,25 @@ def _relative(src: str) -> str:
     return str(path)
 
 
-def translate(start: BuildStart, base_image: str, base_user: str, build_id: str) -> Translation:
+Links = dict[str, list[tuple[str, str]]]
+"""Per files hash, the symbolic links of its archive that lead out of it: (name, target)."""
+
+
+def _as(out: Translation, step: str, user: str | None, current: str, line: str) -> None:
+    """``line`` as ``user`` (the build's current user after it)."""
+    if user is not None and user != current:
+        out.add(step, f"USER {user}")
+    out.add(step, line)
+    if user is not None and user != current:
+        out.add(step, f"USER {current}")
+
+
+def translate(start: BuildStart, base_image: str, base_user: str, build_id: str,
+              links: Links | None = None) -> Translation:
     """The Dockerfile of ``start``'s steps on ``base_image`` (whose configured user is
-    ``base_user``); ``build_id`` is written into the cache-busting label of a forced step."""
+    ``base_user``); ``build_id`` is written into the cache-busting label of a forced step.
+    ``links`` (:func:`outward_links`) are made by a RUN after their copy: the context cannot
+    hold them (the build refuses a context whose links lead out of it), E2B copies them."""
     out = Translation()
     out.add(BASE_STEP, f"FROM {_one_line(base_image, 'an image name')}")
     current = base_user or "root"
@@ -113,13 +129,13 @@ def translate(start: BuildStart, base_image: str, base_user: str, build_id: str)
         args = step.args
         if kind == "RUN" and args:
             user = _user(args[1]) if len(args) > 1 and args[1] else None
-            if user is not None and user != current:
-                out.add(name, f"USER {user}")
-            out.add(name, "RUN " + json.dumps(["/bin/bash", "-c", args[0]]))
-            if user is not None and user != current:
-                out.add(name, f"USER {current}")
+            _as(out, name, user, current, "RUN " + json.dumps(["/bin/bash", "-c", args[0]]))
         elif kind == "COPY" and len(args) >= 2:
             out.add(name, _copy(index, step, current, out))
+            for path, target in _links_of(step, (links or {}).get(step.files_hash or "", [])):
+                _as(out, name, "root", current, "RUN " + json.dumps([
+                    "/bin/sh", "-c", 'mkdir -p "$(dirname "$1")" && ln -sfn "$0" "$1"',
+                    target, path]))
         elif kind == "ENV" and args and len(args) % 2 == 0:
             pairs = (f"{_one_line(k, 'a variable name')}={_env_value(v)}"
                      for k, v in zip(args[::2], args[1::2], strict=True))
@@ -160,6 +176,48 @@ def _copy(index: int, step: Step, current: str, out: Translation) -> str:
     return f"COPY {chown}" + json.dumps([source, _one_line(dest, "a destination")])
 
 
+def _links_of(step: Step, links: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Where each of ``links`` lands in the image by the copy ``step``: (path, target)."""
+    src, dest = _relative(step.args[0]), step.args[1]
+    landed = []
+    for name, target in links:
+        if _GLOB.search(src):
+            below = _matched(PurePosixPath(name), PurePosixPath(src))
+            if below is not None:
+                landed.append((f"{dest.rstrip('/')}/{below}", target))
+        elif name == src:
+            base = PurePosixPath(name).name
+            landed.append((f"{dest}{base}" if dest.endswith("/") else dest, target))
+        elif name.startswith(src + "/"):
+            landed.append((f"{dest.rstrip('/')}/{name.removeprefix(src + '/')}", target))
+    return landed
+
+
+def _outward(member: tarfile.TarInfo) -> bool:
+    """Whether a symbolic link leads out of its archive (absolute, or up past its top)."""
+    if not member.issym():
+        return False
+    target = PurePosixPath(member.linkname)
+    if target.is_absolute():
+        return True
+    depth = len(PurePosixPath(member.name).parts) - 1
+    for part in target.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 0:
+            return True
+    return False
+
+
+def outward_links(hashes: Iterable[str], path_of: Callable[[str], Path]) -> Links:
+    """The links of each uploaded archive that lead out of it (run in a thread)."""
+    found: Links = {}
+    for files_hash in hashes:
+        with tarfile.open(path_of(files_hash), mode="r:*") as part:
+            found[files_hash] = [(m.name, m.linkname) for m in part.getmembers()
+                                 if _outward(m)]
+    return found
+
+
 def _matched(name: PurePosixPath, glob: PurePosixPath) -> PurePosixPath | None:
     """The part of ``name`` below what ``glob`` matched (``.`` for the match itself), or None
     when it is not a match nor below one (``*`` does not cross ``/``, as in a Dockerfile)."""
@@ -189,6 +247,8 @@ def context(copies: Iterable[tuple[str, str, str | None]],
                     if name.is_absolute() or ".." in name.parts:
                         raise E2BError(400, f"the upload {files_hash} holds {member.name!r}, "
                                             "outside its folder")
+                    if _outward(member):
+                        continue  # made by a RUN after its copy (translate)
                     if member.islnk():
                         raise E2BError(400, f"the upload {files_hash} holds a hard link "
                                             f"({member.name!r}): not accepted")

@@ -13,7 +13,7 @@ from e2b import Template, wait_for_timeout
 from e2b.template.utils import tar_file_stream
 
 from gateway.e2b._errors import E2BError
-from gateway.e2b._templates_dockerfile import Translation, context, translate
+from gateway.e2b._templates_dockerfile import Translation, context, outward_links, translate
 from gateway.e2b._templates_models import BuildStart
 
 
@@ -65,21 +65,28 @@ def test_a_forced_step_busts_the_cache_from_there_on() -> None:
 def test_a_globs_matches_are_laid_out_and_links_stay_links(folder: Path) -> None:
     template = (Template(file_context_path=str(folder)).from_base_image()
                 .copy("folder/*", "here").copy("folder", "/there"))
-    out = translate(_start(template), "img", "root", "b")
-    whole_hash = out.copies[1][1]
-    assert out.lines[1:] == ['COPY ["e2b/s1/", "here/"]',
-                             f'COPY ["e2b/{whole_hash}/folder", "/there"]']
+    start = _start(template)
+    hashes = [step.files_hash or "" for step in start.steps]
     archives = {}
-    for src, (_, files_hash, _) in zip(("folder/*", "folder"), out.copies, strict=True):
+    for src, files_hash in zip(("folder/*", "folder"), hashes, strict=True):
         archives[files_hash] = folder / f"{files_hash}.tar"
         with tar_file_stream(src, str(folder), [], False, True) as stream:
             archives[files_hash].write_bytes(stream.read())
+    links = outward_links(hashes, archives.__getitem__)
+    assert links == {h: [("folder/gone.txt", "/nowhere/at/all")] for h in hashes}
+    out = translate(start, "img", "1000:1000", "b", links)
+    made = '"/bin/sh", "-c", "mkdir -p \\"$(dirname \\"$1\\")\\" && ln -sfn \\"$0\\" \\"$1\\""'
+    assert out.lines[1:] == [
+        'COPY --chown=1000:1000 ["e2b/s1/", "here/"]',
+        "USER root", f'RUN [{made}, "/nowhere/at/all", "here/gone.txt"]', "USER 1000:1000",
+        f'COPY --chown=1000:1000 ["e2b/{hashes[1]}/folder", "/there"]',
+        "USER root", f'RUN [{made}, "/nowhere/at/all", "/there/gone.txt"]', "USER 1000:1000"]
     with tarfile.open(fileobj=io.BytesIO(context(out.copies, archives.__getitem__))) as tar:
         members = {m.name: m for m in tar.getmembers()}
-    assert {"e2b/s1/test.txt", "e2b/s1/link.txt", "e2b/s1/gone.txt",
-            f"e2b/{whole_hash}/folder/test.txt"} <= set(members)
-    assert members["e2b/s1/gone.txt"].issym()
-    assert members["e2b/s1/gone.txt"].linkname == "/nowhere/at/all"
+    assert set(members) == {"e2b/s1/test.txt", "e2b/s1/link.txt", f"e2b/{hashes[1]}/folder",
+                            f"e2b/{hashes[1]}/folder/test.txt",
+                            f"e2b/{hashes[1]}/folder/link.txt"}
+    assert members["e2b/s1/link.txt"].issym() and members["e2b/s1/link.txt"].linkname == "test.txt"
 
 
 def test_an_upload_leaving_its_folder_is_refused(tmp_path: Path) -> None:

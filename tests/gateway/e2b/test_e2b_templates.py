@@ -45,6 +45,8 @@ def context_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "data").mkdir()
     (root / "data" / "hello.txt").write_text("hello from the template's context")
     (root / "data" / "also.txt").write_text("a second file")
+    (root / "data" / "near.txt").symlink_to("hello.txt")
+    (root / "data" / "far.txt").symlink_to("/etc/hostname")  # out of the context: made by a RUN
     return root
 
 
@@ -83,9 +85,10 @@ def test_a_sandbox_of_the_template_has_its_package_files_and_env(
         out = sandbox.commands.run(
             f"python -c 'import {PACKAGE}; print({PACKAGE}.__name__)' && "
             "cat /opt/e2b-data/hello.txt && echo && cat /opt/e2b-data/also.txt && echo && "
-            "echo $TEMPLATE_GREETING")
+            "echo $TEMPLATE_GREETING && readlink /opt/e2b-data/near.txt /opt/e2b-data/far.txt")
         assert out.stdout.splitlines() == [
-            PACKAGE, "hello from the template's context", "a second file", "hi there"]
+            PACKAGE, "hello from the template's context", "a second file", "hi there",
+            "hello.txt", "/etc/hostname"]
     finally:
         sandbox.kill()
     kernel = CodeSandbox.create(template=f"{alias}:v1")  # the kernel itself, by a tag
