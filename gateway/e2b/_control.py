@@ -33,7 +33,7 @@ from gateway.e2b._models import (
 from gateway.e2b._network import policy_for, refuse_unmappable
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
-from gateway.e2b._templates_state import template_profile
+from gateway.e2b._templates_state import builds_of_app, custom_template
 from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
 from gateway.wire import ForkRequest, SessionCreate
@@ -90,8 +90,8 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
     if snapshot is not None:
         return await sandbox_from_snapshot(snapshot, body, tenant, timeout, snapshots,
                                            sandboxes)
-    profile = (await template_profile(request, tenant, body.template_id)
-               or _profile(gateway, body.template_id))
+    template = await custom_template(request, tenant, body.template_id)
+    profile = template.profile if template else _profile(gateway, body.template_id)
     sandboxes.check_timeout(timeout)
     policy = lifecycle_asked(body, timeout)
     asked = body.network or NetworkRequest()
@@ -101,6 +101,8 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
         profile=profile, env=body.env_vars, metadata=dict(body.metadata), network=network))
     await sandboxes.set_lifecycle(tenant, session, policy)
     await sandboxes.set_timeout(tenant, session, timeout)
+    if template is not None:
+        builds_of_app(request).start_command(gateway, tenant, session, template)
     return sandboxes.created(session)
 
 

@@ -9,6 +9,8 @@ name replgate's templates are found by; sessions run on the template's profile.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -21,7 +23,12 @@ from gateway.e2b._errors import E2BError
 from gateway.e2b._models import DEFAULT_TEMPLATES
 from gateway.e2b._templates_dockerfile import Translation
 from gateway.e2b._templates_files import Uploads
+from gateway.service import Gateway
 from gateway.templates import TemplateInfo, Templates, TemplateStatus
+from gateway.wire import CommandRequest
+from kernel_pool import SessionPort
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TAG = "default"
 """E2B's tag of a build asked without one."""
@@ -74,6 +81,31 @@ class TemplateBuilds:
         self.uploads = uploads
         self._builds: dict[tuple[str, str], Build] = {}
         self._tags: dict[tuple[str, str], dict[str, Tag]] = {}
+        self._started: set[asyncio.Task[None]] = set()
+
+    def start_command(self, gateway: Gateway, tenant: str, session: SessionPort,
+                      info: TemplateInfo) -> None:
+        """Start the template's start command (E2B's ``set_start_cmd``) in a new sandbox of
+        it, as a command of the sandbox running up to the profile's longest timeout (a process
+        left behind by a command would be ended: docs/commands.md). E2B's sandbox starts from
+        a snapshot taken once the command was ready; here the build checked that it gets
+        ready, and each sandbox starts it again, without waiting for its ready command (that
+        would hold every create as long)."""
+        if not info.start_cmd:
+            return
+        task = asyncio.create_task(self._run_start(gateway, tenant, session, info.start_cmd),
+                                   name=f"e2b-start-cmd-{session.id}")
+        self._started.add(task)
+        task.add_done_callback(self._started.discard)
+
+    @staticmethod
+    async def _run_start(gateway: Gateway, tenant: str, session: SessionPort,
+                         command: str) -> None:
+        try:
+            await gateway.run_command(tenant, session, CommandRequest(
+                cmd=command, timeout_s=session.profile.max_timeout_s))
+        except Exception as exc:  # the sandbox ended, or the command could not run: logged
+            logger.info("the start command of sandbox %s ended: %r", session.id, exc)
 
     def ask(self, tenant: str, alias: str, tags: list[str], cpu_count: int,
             memory_mb: int) -> Build:
@@ -144,10 +176,10 @@ def builds_of_app(request: Request) -> TemplateBuilds:
     return builds
 
 
-async def template_profile(request: Request, tenant: str, template: str) -> str | None:
-    """The profile a sandbox of E2B's template ``template`` (``alias`` or ``alias:tag``) runs
-    on, when it is one of the tenant's (or a published) replgate templates; None when it is no
-    template (a profile's name, or a default template). E2B's 400 when it is not ready."""
+async def custom_template(request: Request, tenant: str, template: str) -> TemplateInfo | None:
+    """The tenant's (or a published) replgate template E2B's ``template`` (``alias`` or
+    ``alias:tag``) names, ready; None when it names none (a profile's name, or a default
+    template). E2B's 400 when it is not ready."""
     alias = template.partition(":")[0]
     templates: Templates | None = getattr(request.app.state, "templates", None)
     if templates is None or alias in DEFAULT_TEMPLATES or not _NAME.fullmatch(alias):
@@ -159,4 +191,4 @@ async def template_profile(request: Request, tenant: str, template: str) -> str 
     if info.status is not TemplateStatus.READY:
         raise E2BError(400, f"template {alias!r} is not ready: its build is {info.status.value}"
                             + (f" ({info.error})" if info.error else ""))
-    return info.profile
+    return info

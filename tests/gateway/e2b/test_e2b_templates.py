@@ -8,6 +8,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -34,6 +35,8 @@ def _wait(info: BuildInfo, logs: list[LogEntry]) -> TemplateBuildStatus:
         got = Template.get_build_status(info, logs_offset=len(logs))
         logs.extend(got.log_entries)
         if got.status not in (TemplateBuildStatus.BUILDING, TemplateBuildStatus.WAITING):
+            if got.reason is not None:
+                logs.append(LogEntry(datetime.now(UTC), "error", f"reason: {got.reason}"))
             return got.status
         assert time.monotonic() < deadline, "the build did not end"
         time.sleep(0.5)
@@ -56,7 +59,8 @@ def built(e2b_env: dict[str, str], context_dir: Path) -> Iterator[tuple[str, Bui
     alias = f"e2b-tpl-{uuid.uuid4().hex[:8]}"
     template = (Template(file_context_path=str(context_dir)).from_base_image()
                 .pip_install([PACKAGE]).copy("data/*", "/opt/e2b-data")
-                .set_envs({"TEMPLATE_GREETING": "hi there"}))
+                .set_envs({"TEMPLATE_GREETING": "hi there"})
+                .set_start_cmd("echo started > /tmp/started.txt && exec sleep 1000", "true"))
     info = Template.build_in_background(template, f"{alias}:v1")
     yield alias, info
     httpx.delete(f"{e2b_env['E2B_API_URL']}/templates/{alias}",
@@ -70,13 +74,13 @@ def test_build_in_background_answers_at_once_then_its_status_and_logs(
     first = Template.get_build_status(info)
     assert first.status in (TemplateBuildStatus.BUILDING, TemplateBuildStatus.WAITING)
     logs: list[LogEntry] = list(first.log_entries)
-    assert _wait(info, logs) is TemplateBuildStatus.READY
+    assert _wait(info, logs) is TemplateBuildStatus.READY, logs[-3:]
     assert any(PACKAGE in entry.message for entry in logs), [e.message for e in logs]
     offsets = Template.get_build_status(info, logs_offset=len(logs))
     assert offsets.log_entries == [] and offsets.status is TemplateBuildStatus.READY
 
 
-def test_a_sandbox_of_the_template_has_its_package_files_and_env(
+def test_a_sandbox_of_the_template_has_its_package_files_env_and_start_command(
         built: tuple[str, BuildInfo]) -> None:
     alias, info = built
     assert _wait(info, []) is TemplateBuildStatus.READY
@@ -89,6 +93,11 @@ def test_a_sandbox_of_the_template_has_its_package_files_and_env(
         assert out.stdout.splitlines() == [
             PACKAGE, "hello from the template's context", "a second file", "hi there",
             "hello.txt", "/etc/hostname"]
+        started = sandbox.commands.run(
+            "for i in $(seq 50); do [ -f /tmp/started.txt ] && break; sleep 0.1; done; "
+            "cat /tmp/started.txt && for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline; echo; "
+            "done 2>/dev/null | grep -q '^sleep 1000' && echo running")
+        assert started.stdout.split() == ["started", "running"]  # its start command runs
     finally:
         sandbox.kill()
     kernel = CodeSandbox.create(template=f"{alias}:v1")  # the kernel itself, by a tag
