@@ -24,18 +24,19 @@ from bench._peers import Floor, KernelGateway, Replgate
 from bench._report import table, targets
 from bench._sizes import pause_sizes
 from bench.cycles import cycles
+from bench.templates import templates
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIGURES = ("session_start", "round_trip", "cpu", "streaming", "chart", "flood", "lifecycle",
            "throughput", "density", "runtimes", "e2b", "bursts")
 BOOTED = {"REPLGATE_KERNEL_TEMPLATES": "false"}
 """A gateway whose kernels all boot: the baseline of the cold starts from a template."""
-ON_REQUEST = ("held", "pause_with", "pause_sizes", "cycles", "bursts_cluster")
+ON_REQUEST = ("held", "pause_with", "pause_sizes", "cycles", "bursts_cluster", "templates")
 """Figures run only when named in ``--only`` (``held`` reserves disk for hundreds of
 workspaces; ``pause_with`` needs the engine's checkpoint: experimental mode and CRIU;
 ``pause_sizes`` holds gigabytes of memory and writes them to disk; ``cycles``: a hundred
 pause/resume cycles on one session, memory pauses among them; ``bursts_cluster`` needs the
-PostgreSQL of ``REPLGATE_TEST_POSTGRES``)."""
+PostgreSQL of ``REPLGATE_TEST_POSTGRES``; ``templates`` builds a custom template twice)."""
 
 
 def log(message: str) -> None:
@@ -68,6 +69,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         count = 20 if args.quick else args.cycles
         log(f"{count} pause/resume cycles, a chain of {args.fork_chain} forks")
         await _loaded(results, "cycles", "cycles", cycles(count, args.fork_chain, log))
+        return _finish(results, started)
+    if wanted == {"templates"}:  # custom templates' builds and starts, two gateways of its own
+        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+            figures.sandbox_image, log)
+        await _loaded(results, "custom templates", "templates", templates(args.quick, log))
+        for line in results["templates"]["verdicts"]:
+            log(line)
         return _finish(results, started)
     if wanted <= {"bursts", "bursts_cluster"}:  # ours at a default install's pool, alone
         Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(

@@ -188,7 +188,8 @@ class Settings(BaseSettings):
         "unless the build asks for less or more; a step past it fails the build")
     template_warm_s: float = Field(
         600.0, ge=0, description="a template's profile keeps a warm kernel this long after its "
-        "last session's create, then none (a template nobody uses holds no kernel)")
+        "last session's create, then none (a template nobody uses holds no kernel); 0: never a "
+        "warm kernel (each session of a template starts from its kernel template)")
 
     @field_validator("max_template_image_bytes")
     @classmethod

@@ -167,13 +167,13 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
             async with _session_host(settings, policy, store, secrets) as (pool, leftovers):
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
                                   tracing)
+                app.state.templates = templates = Templates(gateway)
+                await templates.open()  # the templates' profiles, before sessions of them
                 if leftovers is not None:
                     await take_back(gateway, *leftovers)
                 app.state.gateway = gateway
                 app.state.snapshots = Snapshots(gateway)
                 app.state.secrets = secrets
-                app.state.templates = templates = Templates(gateway)
-                await templates.open()  # the ready templates' profiles, before any request
                 await e2b.start(app, gateway)
                 logger.info("replgate ready: %r, %r", pool, governance)
                 # A gateway of nodes cannot tell their image's languages before a session

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -32,6 +32,7 @@ from gateway.errors import (
 from gateway.governance import Governance
 from gateway.network import attach, check_network
 from gateway.notebook import NotebookCell, build_notebook
+from gateway.profiles import TemplateProfiles
 from gateway.recording import UNRECORDED_REFUSED, Recorder
 from gateway.records.executions import ExecutionRecord
 from gateway.store import Store
@@ -88,7 +89,7 @@ class Gateway:
         """Spans for executions and lifecycle requests; None when no exporter is set up (then
         nothing here touches OpenTelemetry)."""
         self.usage = UsageMeter()
-        self.profile_for: Callable[[str, str], Awaitable[str]] | None = None
+        self.templates: TemplateProfiles | None = None
         """Set by :mod:`gateway.templates`: the profile a tenant's name stands for, or refused."""
         self._tenant_of: dict[str, str] = {}
         self._creating = Admissions()
@@ -180,8 +181,8 @@ class Gateway:
     async def create_session(self, tenant: str, request: SessionCreate,
                              session_id: str | None = None) -> SessionPort:
         self.check_disk()
-        profile = self.pool.profile(request.profile if self.profile_for is None
-                                    else await self.profile_for(tenant, request.profile))
+        profile = self.pool.profile(request.profile if self.templates is None
+                                    else await self.templates.profile_for(tenant, request.profile))
         if request.network is not None:
             check_network(profile, request.network)  # a 403 before any kernel is claimed
         if request.timeout_s is not None and request.timeout_s > profile.max_timeout_s:

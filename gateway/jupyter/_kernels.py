@@ -39,6 +39,7 @@ from gateway.jupyter._languages import (
 )
 from gateway.jupyter._passes import PASS_TTL_S, channel_passes, peer
 from gateway.jupyter.protocol import V1_SUBPROTOCOL
+from gateway.profiles import TEMPLATE_PREFIX
 from gateway.service import Gateway
 from gateway.wire import KernelModel
 from kernel_pool import Profile, SessionPort, SessionStatus
@@ -112,16 +113,26 @@ async def profile_languages(gateway: Gateway, profile: Profile) -> list[str]:
     return ["python", *(name for name in offered if name in LANGUAGE_SPECS)]
 
 
-async def kernelspecs(gateway: Gateway) -> dict[str, Any]:
-    specs = [kernelspec(profile, language) for profile in gateway.profiles()
+async def tenant_profiles(gateway: Gateway, tenant: str) -> list[Profile]:
+    """The profiles a tenant's kernelspecs name: the operator's, and the current build of each
+    custom template the tenant may use (not another tenant's, nor an earlier build)."""
+    if gateway.templates is None:
+        return gateway.profiles()
+    usable = await gateway.templates.profiles_of(tenant)
+    return [profile for profile in gateway.profiles()
+            if not profile.name.startswith(TEMPLATE_PREFIX) or profile.name in usable]
+
+
+async def kernelspecs(gateway: Gateway, tenant: str) -> dict[str, Any]:
+    specs = [kernelspec(profile, language) for profile in await tenant_profiles(gateway, tenant)
              for language in await profile_languages(gateway, profile)]
     return {"default": DEFAULT_KERNEL, "kernelspecs": {spec["name"]: spec for spec in specs}}
 
 
-async def find_kernelspec(gateway: Gateway, name: str) -> tuple[Profile, str]:
+async def find_kernelspec(gateway: Gateway, name: str, tenant: str) -> tuple[Profile, str]:
     """The profile and language a kernelspec name stands for; :class:`NotFound` for an
     unknown one."""
-    for profile in gateway.profiles():
+    for profile in await tenant_profiles(gateway, tenant):
         for language in await profile_languages(gateway, profile):
             if kernel_name(profile.name, language) == name:
                 return profile, language

@@ -45,12 +45,12 @@ async def api_version(tenant: TenantDep) -> dict[str, str]:
 
 @router.get("/api/kernelspecs")
 async def list_kernelspecs(tenant: TenantDep, gateway: GatewayDep) -> dict[str, Any]:
-    return await kernelspecs(gateway)
+    return await kernelspecs(gateway, tenant)
 
 
 @router.get("/api/kernelspecs/{name}")
 async def get_kernelspec(name: str, tenant: TenantDep, gateway: GatewayDep) -> dict[str, Any]:
-    return kernelspec(*await find_kernelspec(gateway, name))
+    return kernelspec(*await find_kernelspec(gateway, name, tenant))
 
 
 @router.get("/api/kernels")
@@ -65,7 +65,7 @@ async def start_kernel(request: Request, response: Response, tenant: TenantDep,
     """A new session on a warm kernel; ``env`` reaches the kernel as given. Another
     language's kernelspec gives a session whose executions run in that language's context."""
     body = body or KernelCreate()
-    profile, language = await find_kernelspec(gateway, body.name or DEFAULT_KERNEL)
+    profile, language = await find_kernelspec(gateway, body.name or DEFAULT_KERNEL, tenant)
     metadata = {} if language == "python" else {KERNEL_LANGUAGE_KEY: language}
     session = await gateway.create_session(
         tenant, SessionCreate(profile=profile.name, env=body.env, metadata=metadata),

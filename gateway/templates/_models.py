@@ -7,14 +7,16 @@ import re
 
 from pydantic import BaseModel, Field, field_validator
 
+from gateway.profiles import TEMPLATE_PREFIX
+
 __all__ = ["ID_PREFIX", "BuildSpec"]
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 """A template's name: lower-case letters, digits, ``.``, ``_``, ``-``; at most 63 characters
 (E2B's aliases are so; a name is unique per tenant)."""
-ID_PREFIX = "tpl_"
-"""A template's id starts so; it is also the name of its profile (tenants' names may clash,
-ids never do)."""
+ID_PREFIX = TEMPLATE_PREFIX
+"""A template's id starts so, and its builds' profiles (``<id>-<build>``: tenants' names may
+clash, ids never do)."""
 MAX_DOCKERFILE = 64 * 1024
 
 

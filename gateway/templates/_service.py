@@ -39,6 +39,10 @@ from kernel_pool import ImageError, KernelPoolError, Profile, TemplateBuildFaile
 logger = logging.getLogger(__name__)
 
 IMAGE_REPOSITORY = "replgate-template"
+REMOVE_WITHIN_S = 3600.0
+"""How long a deleted template's images are tried again while sessions run on them (a purge
+removes what is left)."""
+REMOVE_RETRY_S = 2.0
 WARM_CHECK_S = 30.0
 """How often profiles unused for ``REPLGATE_TEMPLATE_WARM_S`` are shrunk to no warm kernel."""
 
@@ -66,7 +70,9 @@ class Templates:
         self._uncached: set[str] = set()
         """Templates whose next build skips the cache (a purge since)."""
         self._warm_task: asyncio.Task[None] | None = None
-        gateway.profile_for = self.profile_for
+        self._removing: set[asyncio.Task[None]] = set()
+        """Deleted templates' images waiting for their last container to go."""
+        gateway.templates = self
 
     def __repr__(self) -> str:
         return f"<Templates {sum(self._building.values())} building>"
@@ -82,7 +88,7 @@ class Templates:
             if info.status is TemplateStatus.BUILDING and info.id not in self._runs:
                 info = info.model_copy(update={
                     "status": TemplateStatus.FAILED, "updated_at": _now(),
-                    "error": "the gateway running the build stopped; build it again"})
+                    "error": "the gateway stopped during the build; build it again"})
                 await self.store.update_template(info)
             if info.image is not None and self.host.adds_profiles:
                 self.host.set_profile(self._profile(info.profile, info.image, 0))
@@ -91,6 +97,7 @@ class Templates:
     async def close(self) -> None:
         """End the builds under way (each recorded as failed) and the shrinking."""
         tasks = [run.task for run in self._runs.values() if run.task is not None]
+        tasks += self._removing
         if self._warm_task is not None:
             tasks.append(self._warm_task)
         for task in tasks:
@@ -158,8 +165,8 @@ class Templates:
         except (ImageError, KernelPoolError) as exc:
             ended = self._failed(info, str(exc), None)
         except asyncio.CancelledError:
-            ended = self._failed(info, "the build was ended (its template deleted, or the "
-                                 "gateway stopped)", None)
+            ended = self._failed(info, "the build was ended: its template was deleted, or the "
+                                 "gateway stopped during the build", None)
             raise
         finally:
             if ended.error is not None:
@@ -278,8 +285,28 @@ class Templates:
         await self.store.delete_template_record(info.id)
         for number in range(1, info.builds + 1):
             self.host.remove_profile(f"{info.id}-{number}")
-            with contextlib.suppress(ImageError):  # absent (failed) or in use: left
-                await remove_template_image(f"{IMAGE_REPOSITORY}:{info.id}-{number}")
+        tags = [f"{IMAGE_REPOSITORY}:{info.id}-{number}" for number in range(1, info.builds + 1)]
+        task = asyncio.create_task(self._remove_images(tags), name=f"images of {info.id}")
+        self._removing.add(task)
+        task.add_done_callback(self._removing.discard)
+
+    async def _remove_images(self, tags: builtins.list[str]) -> None:
+        """Remove a deleted template's images once nothing runs on them: its idle kernels and
+        a kernel template being made go in the background, and sessions of it run on."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REMOVE_WITHIN_S
+        while tags and loop.time() < deadline:
+            for tag in list(tags):
+                try:
+                    await remove_template_image(tag)
+                    tags.remove(tag)
+                except ImageError as exc:
+                    if "No such image" in str(exc):
+                        tags.remove(tag)
+            if tags:
+                await asyncio.sleep(REMOVE_RETRY_S)
+        if tags:
+            logger.info("images of a deleted template still in use, left: %s", ", ".join(tags))
 
     async def publish(self, template_id: str, public: bool) -> TemplateInfo:
         """An operator's: let every tenant start sessions of the template (or its own alone)."""
@@ -326,11 +353,17 @@ class Templates:
         self._warm(profile)
         return profile
 
+    async def profiles_of(self, tenant: str) -> set[str]:
+        """The template profiles the tenant may start sessions of: each of its own and the
+        published templates' current build, once ready."""
+        return {info.profile for info in await self.store.list_templates(tenant)
+                if info.image is not None}
+
     def _warm(self, name: str) -> None:
         """A session of the profile is being made: keep one warm kernel of it for a while."""
         self._used[name] = asyncio.get_running_loop().time()
         current = self.host.settings.profiles.get(name)
-        if current is not None and current.min_idle == 0:
+        if current is not None and current.min_idle == 0 and self.settings.template_warm_s > 0:
             self.host.set_profile(current.model_copy(update={"min_idle": 1}))
 
     async def _shrink_loop(self) -> None:

@@ -1,9 +1,10 @@
 """Custom templates through the native API (``/v1/templates``, docs/templates.md), on the real
 engine: a template FROM the sandbox image that adds a PyPI package and a file of its context,
 built, followed (log and WebSocket), and used by sessions (a warm kernel of it after the
-first); a failing step named by its line; a base without Python refused at build, never at a
-session's start; bad input a clear 4xx; another tenant's template absent until an operator
-publishes it."""
+first) and by Jupyter's kernelspecs, its images removed with it; a failing step named by its
+line, a step past its timeout too; builds at once counted per tenant; a base without Python
+refused at build, never at a session's start; bad input a clear 4xx; another tenant's template
+absent until an operator publishes it; a restarted gateway keeps its templates."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import docker
+import docker.errors
 import httpx
 import pytest
 from websockets.sync.client import connect
@@ -30,7 +32,8 @@ PACKAGE = "tomli_w"
 @pytest.fixture(scope="module")
 def gateway(docker_client: docker.DockerClient) -> Iterator[GatewayProcess]:
     """A gateway of its own, with an operator's key (publishing is theirs)."""
-    with running_gateway(docker_client, admin_keys=ADMIN_KEY) as process:
+    with running_gateway(docker_client, admin_keys=ADMIN_KEY,
+                         max_template_builds_per_tenant="1") as process:
         yield process
 
 
@@ -86,7 +89,8 @@ def _run(client: httpx.Client, session_id: str, code: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def template(alpha: httpx.Client) -> Iterator[dict[str, Any]]:
+def template(alpha: httpx.Client,
+             docker_client: docker.DockerClient) -> Iterator[dict[str, Any]]:
     dockerfile = (f"FROM {current_image()}\n"
                   "USER root\n"
                   f"RUN pip install --no-cache-dir --disable-pip-version-check {PACKAGE}==1.0.0\n"
@@ -96,6 +100,15 @@ def template(alpha: httpx.Client) -> Iterator[dict[str, Any]]:
     assert ended["status"] == "ready", ended["error"]
     yield ended
     assert alpha.delete(f"/v1/templates/{info['id']}").status_code == 204
+    # Its images go once its last container has (its warm kernel, its kernel template's).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            docker_client.images.get(str(ended["image"]))
+        except docker.errors.ImageNotFound:
+            return
+        time.sleep(1)
+    raise AssertionError(f"{ended['image']} still there 120 s after its template was deleted")
 
 
 def test_a_template_adds_a_package_and_a_file_that_its_sessions_find(
@@ -127,6 +140,12 @@ def test_a_template_adds_a_package_and_a_file_that_its_sessions_find(
     by_id = alpha.post("/v1/sessions", json={"profile": template["id"]})
     assert by_id.status_code == 201, by_id.text
     alpha.delete(f"/v1/sessions/{by_id.json()['id']}")
+    # Jupyter: the template's kernelspecs (its current build's), and a kernel of one.
+    specs = alpha.get("/api/kernelspecs").json()["kernelspecs"]
+    assert template["profile"] in specs and "bash" in specs
+    kernel = alpha.post("/api/kernels", json={"name": template["profile"]})
+    assert kernel.status_code == 201, kernel.text
+    alpha.delete(f"/api/kernels/{kernel.json()['id']}")
 
 
 def test_a_builds_log_is_read_and_streamed(gateway: GatewayProcess, alpha: httpx.Client,
@@ -178,6 +197,28 @@ def test_a_base_without_python_fails_its_build_with_the_reason(alpha: httpx.Clie
         alpha.delete(f"/v1/templates/{info['id']}")
 
 
+def test_a_step_past_its_timeout_fails_and_builds_are_counted_per_tenant(
+        alpha: httpx.Client, beta: httpx.Client) -> None:
+    dockerfile = f"FROM {current_image()}\nRUN echo waiting && sleep 60\n"
+    info = _build(alpha, "slow", dockerfile, step_timeout_s="2")
+    try:
+        second = alpha.post("/v1/templates", json={"name": "other", "dockerfile": dockerfile})
+        assert second.status_code == 429, second.text
+        assert "REPLGATE_MAX_TEMPLATE_BUILDS_PER_TENANT" in second.json()["detail"]
+        again = alpha.post("/v1/templates", json={"name": "slow", "dockerfile": dockerfile})
+        assert again.status_code == 429, again.text  # the quota first, then the conflict
+        other = _build(beta, "elsewhere", f"FROM {current_image()}\n")  # beta's own quota
+        ended = _ended(alpha, info["id"], within_s=120)
+        assert ended["status"] == "failed" and ended["failed_line"] == 2
+        assert ended["error"].startswith("line 2 (RUN echo waiting && sleep 60) failed: ran "
+                                         "past its timeout of 2 s")
+        assert ended["error"].endswith("its last output:\nwaiting")
+        assert _ended(beta, other["id"])["status"] == "ready"
+        beta.delete(f"/v1/templates/{other['id']}")
+    finally:
+        alpha.delete(f"/v1/templates/{info['id']}")
+
+
 def test_bad_input_is_a_clear_4xx(alpha: httpx.Client) -> None:
     bad = [({"name": "Upper Case", "dockerfile": "FROM x"}, "name"),
            ({"name": "ok", "dockerfile": ""}, "dockerfile"),
@@ -203,6 +244,8 @@ def test_another_tenant_cannot_use_it_until_an_operator_publishes_it(
         refused = beta.post("/v1/sessions", json={"profile": name})
         assert refused.status_code == 404, refused.text
     assert beta.post("/v1/sessions", json={"profile": "with-tomli"}).status_code == 400
+    assert template["profile"] not in beta.get("/api/kernelspecs").json()["kernelspecs"]
+    assert beta.post("/api/kernels", json={"name": template["profile"]}).status_code == 404
     path = f"/v1/templates/{template['id']}/publish"
     assert alpha.post(path, json={"public": True}).status_code == 403  # a tenant's key
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -216,3 +259,23 @@ def test_another_tenant_cannot_use_it_until_an_operator_publishes_it(
     finally:
         httpx.post(gateway.url + path, json={"public": False}, headers=admin)
     assert beta.post("/v1/sessions", json={"profile": template["id"]}).status_code == 404
+
+
+def test_a_restarted_gateway_keeps_its_templates_and_ends_a_build_under_way(
+        gateway: GatewayProcess, alpha: httpx.Client, template: dict[str, Any]) -> None:
+    under_way = _build(alpha, "interrupted", f"FROM {current_image()}\nRUN sleep 120\n")
+    time.sleep(2)
+    gateway.stop()
+    gateway.start()
+    try:
+        ended = alpha.get(f"/v1/templates/{under_way['id']}").json()
+        assert ended["status"] == "failed", ended
+        assert "gateway stopped during the build" in ended["error"]
+        assert alpha.get(f"/v1/templates/{template['id']}").json()["status"] == "ready"
+        made = alpha.post("/v1/sessions", json={"profile": "with-tomli"})
+        assert made.status_code == 201, made.text
+        result = _run(alpha, made.json()["id"], f"import {PACKAGE}; print('ok')")
+        assert result["stdout"] == "ok\n"
+        alpha.delete(f"/v1/sessions/{made.json()['id']}")
+    finally:
+        alpha.delete(f"/v1/templates/{under_way['id']}")

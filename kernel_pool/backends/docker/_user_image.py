@@ -58,8 +58,8 @@ _NOISE = (" ---> ", "Removing intermediate container", "Sending build context",
 SANDBOX_LAYER = r"""ARG BASE
 FROM ${BASE}
 USER root
-COPY requirements.txt host-ca.crt /tmp/build/
-RUN set -eu; rm -f /etc/pip.conf /etc/replgate-build-ca.crt; \
+COPY layer/ /tmp/replgate-layer/
+RUN set -eu; rm -f /etc/pip.conf /etc/replgate-build-ca.crt; b=/tmp/replgate-layer; \
     if ! /opt/venv/bin/python -c "import ipykernel" 2>/dev/null; then \
       py=$(command -v python3.11 || command -v python3 || true); \
       if [ -z "$py" ]; then echo "replgate: the image has no python3; a template's base needs \
@@ -69,11 +69,10 @@ Python 3.11 (Debian bookworm's python3 and python3-venv)"; exit 1; fi; \
         exit 1; fi; \
       if ! "$py" -m venv /opt/venv; then echo "replgate: $py cannot make a venv: install \
 python3-venv"; exit 1; fi; \
-      if [ -s /tmp/build/host-ca.crt ]; then export PIP_CERT=/tmp/build/host-ca.crt; fi; \
+      if [ -s $b/host-ca.crt ]; then export PIP_CERT=$b/host-ca.crt; fi; \
       /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet \
-        --require-hashes --no-deps -r /tmp/build/requirements.txt; \
+        --require-hashes --no-deps -r $b/requirements.txt; \
     fi; \
-    rm -rf /tmp/build; \
     getent passwd 1000 >/dev/null || useradd --uid 1000 --user-group --no-create-home \
         --home-dir /tmp --shell /usr/sbin/nologin sandbox; \
     mkdir -p /home/user /kernel /opt/replgate/mplconfig; \
@@ -81,29 +80,27 @@ python3-venv"; exit 1; fi; \
     [ -e /workspace ] || ln -s /home/user /workspace; \
     [ -n "$(ls -A /opt/replgate/mplconfig)" ] || \
         MPLCONFIGDIR=/opt/replgate/mplconfig /opt/venv/bin/python -c "import matplotlib.pyplot"; \
-    find / -xdev -type f -perm /6000 -exec chmod ug-s {} + 2>/dev/null || true; \
-    chmod 755 /root
-ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
-    HOME=/tmp \
-    LANG=C.UTF-8 \
-    PYTHONPATH=/opt/replgate \
-    PYTHONDONTWRITEBYTECODE=1 \
-    MPLCONFIGDIR=/tmp/.matplotlib \
-    MPLBACKEND=module://matplotlib_inline.backend_inline \
-    IPYTHONDIR=/tmp/.ipython \
-    OPENBLAS_NUM_THREADS=1 \
-    OMP_NUM_THREADS=1
-WORKDIR /home/user
-COPY replgate_kernel /opt/replgate/replgate_kernel
-RUN /opt/venv/bin/python -m compileall -q /opt/replgate && chmod -R a+rX /opt/replgate
-ENTRYPOINT ["/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/init.py"]
-CMD []
-ARG LANGUAGES="python bash"
-LABEL io.replgate.image="template" io.replgate.languages="${LANGUAGES}"
-USER 1000:1000
+    rm -rf /opt/replgate/replgate_kernel; mv $b/replgate_kernel /opt/replgate/; rm -rf $b; \
+    /opt/venv/bin/python -m compileall -q /opt/replgate/replgate_kernel; \
+    chmod -R a+rX /opt/replgate; chmod 755 /root; \
+    find / -xdev -type f -perm /6000 -exec chmod ug-s {} + 2>/dev/null || true
 """
 """What makes an image a sandbox, after the user's steps: the default image's ``python`` and
-``slim`` stages' work (sandbox_image/Dockerfile), each part skipped where the base has it."""
+``slim`` stages' work (sandbox_image/Dockerfile), each part skipped where the base has it. Its
+configuration (:data:`SANDBOX_CONFIG`) is set by one commit, not a build step each: on the
+classic builder every step is a container made and committed."""
+
+SANDBOX_CONFIG = (
+    "ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 "
+    "PYTHONPATH=/opt/replgate PYTHONDONTWRITEBYTECODE=1 MPLCONFIGDIR=/tmp/.matplotlib "
+    "MPLBACKEND=module://matplotlib_inline.backend_inline IPYTHONDIR=/tmp/.ipython "
+    "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1",
+    "WORKDIR /home/user",
+    'ENTRYPOINT ["/opt/venv/bin/python", "-I", "-S", "/opt/replgate/replgate_kernel/init.py"]',
+    "CMD []",
+    "USER 1000:1000",
+)
+"""The default image's environment, folder, entry point and user (sandbox_image/Dockerfile)."""
 
 
 class TemplateBuild(BaseModel):
@@ -161,12 +158,12 @@ def _prepare(build: TemplateBuild, context: bytes | None, root: Path) -> list[In
             steps.append(Instruction(keyword="COPY", text=f"COPY {BUILD_FILES}/ /"))
     escape = escape_of(build.dockerfile)
     (root / "Dockerfile").write_text(render_dockerfile(steps, escape))
-    layer = root / "layer"
+    layer = root / "layer" / "layer"
     shutil.copytree(context_dir() / "replgate_kernel", layer / "replgate_kernel",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(context_dir() / "requirements.txt", layer / "requirements.txt")
     (layer / "host-ca.crt").write_bytes(Path(ca).read_bytes() if ca else b"")
-    (layer / "Dockerfile").write_text(SANDBOX_LAYER)
+    (root / "layer" / "Dockerfile").write_text(SANDBOX_LAYER)
     return steps
 
 
@@ -175,7 +172,7 @@ async def build_template_image(build: TemplateBuild, context: bytes | None,
     """Build the user's Dockerfile, then the sandbox layer on it, as ``build.tag``; each
     line of both builds goes to ``log``. Raises TemplateBuildFailed naming the step."""
     root = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="replgate-template-"))
-    stage = f"{build.tag}-stage"
+    stage, layered = f"{build.tag}-stage", f"{build.tag}-layer"
     try:
         steps = await asyncio.to_thread(_prepare, build, context, root)
         args = ["-f", str(root / "Dockerfile"), "-t", stage]
@@ -183,18 +180,32 @@ async def build_template_image(build: TemplateBuild, context: bytes | None,
         labels = await _labels(stage)
         languages = (labels.get("io.replgate.languages") or "python bash").split()
         log("replgate: adding the sandbox layer (kernel launcher, user 1000, hardening)")
-        layer_args = ["-t", build.tag, "--build-arg", f"BASE={stage}",
-                      "--build-arg", f"LANGUAGES={' '.join(languages)}"]
-        for key, value in sorted(build.labels.items()):
-            layer_args += ["--label", f"{key}={value}"]
-        await _docker_build(layer_args, root / "layer", build, None, log)
+        await _docker_build(["-t", layered, "--build-arg", f"BASE={stage}"], root / "layer",
+                            build, None, log)
+        labels = {**build.labels, "io.replgate.image": "template",
+                  "io.replgate.languages": " ".join(languages)}
+        await _configure(layered, build.tag, labels)
         found = await _inspect(build.tag)
         return BuiltImage(tag=build.tag, id=found["Id"], size=int(found.get("Size") or 0),
                           languages=languages)
     finally:
-        with contextlib.suppress(ImageError):
-            await _docker("rmi", "--no-prune", stage)  # untagged; a parent of the image stays
+        for tag in (stage, layered):  # untagged; as parents of the image they stay
+            with contextlib.suppress(ImageError):
+                await _docker("rmi", "--no-prune", tag)
         await asyncio.to_thread(shutil.rmtree, root, True)
+
+
+async def _configure(source: str, tag: str, labels: dict[str, str]) -> None:
+    """``tag``: ``source`` with the sandbox's configuration and ``labels``, in one commit of a
+    container made (never started) from it."""
+    changes = [*SANDBOX_CONFIG, *(f"LABEL {json.dumps(k)}={json.dumps(v)}"
+                                  for k, v in sorted(labels.items()))]
+    container = (await _docker("create", "--entrypoint", "/bin/true", source)).strip()
+    try:
+        args = [arg for change in changes for arg in ("--change", change)]
+        await _docker("commit", *args, container, tag)
+    finally:
+        await _docker("rm", container)
 
 
 async def remove_template_image(tag: str) -> None:
