@@ -36,6 +36,7 @@ from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot
 from gateway.e2b._templates_state import builds_of_app, custom_template
 from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
+from gateway.templates._models import ID_PREFIX as TEMPLATE_ID_PREFIX
 from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import SessionPort, SessionStatus
 
@@ -54,7 +55,9 @@ SandboxesDep = Annotated[Sandboxes, Depends(get_sandboxes)]
 
 
 def _profile(gateway: Gateway, template: str) -> str:
-    profiles = [profile.name for profile in gateway.profiles()]
+    # a custom template's profiles are its tenant's: found by custom_template, never here
+    profiles = [profile.name for profile in gateway.profiles()
+                if not profile.name.startswith(TEMPLATE_ID_PREFIX)]
     if template in profiles:
         return template
     if template in DEFAULT_TEMPLATES and "default" in profiles:

@@ -131,17 +131,23 @@ def test_another_tenant_is_refused(built: tuple[str, BuildInfo], gateway: Gatewa
     assert _wait(info, []) is TemplateBuildStatus.READY
     theirs = {"api_key": gateway.keys["beta"]}
     assert Template.exists(alias, **theirs) is False
-    with pytest.raises(SandboxException, match="404"):
-        Sandbox.create(template=alias, **theirs)
+    mine = Sandbox.create(template=alias)
+    profile = mine.get_info().template_id  # the template's profile (tpl_...)
+    mine.kill()
+    for name in (alias, profile):
+        with pytest.raises(SandboxException, match="404") as refused:
+            Sandbox.create(template=name, **theirs)
+        listed = str(refused.value).partition("the profiles are")[2]
+        assert listed and profile not in listed  # nor is it among the profiles named
     with pytest.raises(BuildException, match="404"):
         Template.get_build_status(info, **theirs)
     with pytest.raises(TemplateException):
         Template.get_tags(alias, **theirs)
     api = e2b_env["E2B_API_URL"]
-    mine = httpx.get(f"{api}/templates/{alias}/files/{'a' * 64}",
+    link = httpx.get(f"{api}/templates/{alias}/files/{'a' * 64}",
                      headers={"X-API-Key": e2b_env["E2B_API_KEY"]})
-    assert mine.status_code == 201, mine.text
-    url = mine.json()["url"]
+    assert link.status_code == 201, link.text
+    url = link.json()["url"]
     assert httpx.get(f"{api}/templates/{alias}/files/{'a' * 64}",
                      headers={"X-API-Key": gateway.keys["beta"]}).status_code == 404
     forged = url.replace("tenant=alpha", "tenant=beta")
