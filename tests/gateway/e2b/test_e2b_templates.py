@@ -109,8 +109,16 @@ def test_a_sandbox_of_the_template_has_its_package_files_env_and_start_command(
         kernel.kill()
 
 
-def test_exists_aliases_and_tags(built: tuple[str, BuildInfo]) -> None:
+def test_exists_aliases_listing_and_tags(built: tuple[str, BuildInfo],
+                                         e2b_env: dict[str, str]) -> None:
     alias, info = built
+    assert _wait(info, []) is TemplateBuildStatus.READY
+    key = {"X-API-Key": e2b_env["E2B_API_KEY"]}
+    listed = httpx.get(f"{e2b_env['E2B_API_URL']}/v2/templates", headers=key).json()
+    assert [(t["templateID"], t["buildStatus"]) for t in listed
+            if t["templateID"] == alias] == [(alias, "ready")]
+    one = httpx.get(f"{e2b_env['E2B_API_URL']}/templates/{alias}", headers=key).json()
+    assert [b["buildID"] for b in one["builds"]] == [info.build_id]
     assert Template.exists(alias) is True
     assert Template.exists("base") is True
     assert Template.exists(f"nonexistent-{uuid.uuid4().hex}") is False
