@@ -107,13 +107,10 @@ async def upload(files_hash: str, request: Request, builds: BuildsDep,
 async def _base(start: BuildStart, tenant: str, templates: Templates,
                 default_image: str) -> tuple[str, str]:
     """The image the build starts FROM, and its user (E2B's base: the default profile's)."""
-    if start.from_image_registry and start.from_image_registry.get("type") not in (None, "",
-                                                                                   "registry"):
-        raise unsupported(f"pulling from {start.from_image_registry.get('type')}'s registry",
-                          "the engine builds from the images it has")
-    if start.from_image_registry and start.from_image_registry.get("username"):
-        raise unsupported("a registry's credentials", "the engine builds from the images it "
-                                                      "has or can pull without them")
+    if start.from_image_registry:
+        kind = start.from_image_registry.get("type") or "registry"
+        raise unsupported(f"a registry's credentials (fromImageRegistry of type {kind!r})",
+                          "the engine builds from the images it has or can pull without them")
     if start.from_template is not None:
         if start.from_template in DEFAULT_TEMPLATES:
             return default_image, SANDBOX_USER
