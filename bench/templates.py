@@ -89,6 +89,20 @@ async def _session(rg: Replgate, profile: str) -> str:
     return str(answer.json()["id"])
 
 
+async def _delete(rg: Replgate, template: dict[str, Any], timeout_s: float = 120) -> None:
+    """Delete the template and wait until its images are gone (they go once no container of
+    them is left), so a run leaves none behind."""
+    await rg.http.delete(f"/v1/templates/{template['id']}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        proc = await asyncio.create_subprocess_exec(
+            "docker", "image", "inspect", template["image"], stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+        if await proc.wait() != 0:
+            return
+        await asyncio.sleep(1)
+
+
 def _summary(values: list[float]) -> dict[str, float]:
     return {"p50": round(statistics.median(values), 1), "p90": round(pct(values, 90), 1),
             "n": len(values)}
@@ -126,6 +140,7 @@ async def templates(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
 
         template_cold = await _starts(cold, built["profile"], repeats, nothing)
         default_cold = await _starts(cold, "default", repeats, nothing)
+        await asyncio.gather(_delete(warm, again), _delete(cold, built))
     finally:
         await asyncio.gather(warm.stop(), cold.stop())
     result = {

@@ -4,12 +4,19 @@ readers, and the check that a kernel starts in the image it made."""
 from __future__ import annotations
 
 import asyncio
-import shlex
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from gateway.wire import LogLine
-from kernel_pool import KernelPoolError, Profile, SessionHost, SessionPort, TemplateBuildFailed
+from kernel_pool import (
+    CommandResult,
+    KernelPoolError,
+    Profile,
+    SessionHost,
+    SessionPort,
+    TemplateBuildFailed,
+)
 
 __all__ = ["BuildRun", "check_kernel"]
 
@@ -73,27 +80,42 @@ async def check_kernel(host: SessionHost, profile: Profile, *, tenant: str,
                 f"the kernel started but cannot run Python: {execution.error.ename}: "
                 f"{execution.error.evalue}")
         log.add(f"replgate: the kernel runs Python {execution.stdout.strip()}")
-        if start_cmd:
-            started = await session.run_command(
-                f"nohup sh -c {shlex.quote(start_cmd)} >/tmp/start_cmd.log 2>&1 &", timeout_s=10)
-            if started.exit_code != 0:
-                raise TemplateBuildFailed(f"start_cmd could not start: {started.stderr.strip()}")
-            log.add(f"replgate: start_cmd started: {start_cmd}")
-        if ready_cmd:
-            await _until_ready(session, ready_cmd, log)
+        # start_cmd runs as a command of its own, not awaited (a background job of a command
+        # would end with it): it runs while ready_cmd is polled, and goes with the session.
+        starter = None if not start_cmd else asyncio.ensure_future(
+            session.run_command(start_cmd, timeout_s=READY_WITHIN_S + 30))
+        try:
+            if start_cmd:
+                log.add(f"replgate: start_cmd started: {start_cmd}")
+            if ready_cmd:
+                await _until_ready(session, ready_cmd, starter, log)
+        finally:
+            if starter is not None:
+                starter.cancel()
+                with contextlib.suppress(BaseException):
+                    await starter
     finally:
         await host.delete_session(session.id)
 
 
-async def _until_ready(session: SessionPort, ready_cmd: str, log: BuildRun) -> None:
+async def _until_ready(session: SessionPort, ready_cmd: str,
+                       starter: asyncio.Future[CommandResult] | None, log: BuildRun) -> None:
+    """Run ``ready_cmd`` until it exits 0, each attempt given the time left; fail at once if
+    ``start_cmd`` (``starter``) ended unsuccessfully first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READY_WITHIN_S
     last = None
-    while loop.time() < deadline:
-        last = await session.run_command(ready_cmd, timeout_s=10)
+    while (left := deadline - loop.time()) > 0:
+        last = await session.run_command(ready_cmd, timeout_s=left)
         if last.exit_code == 0:
             log.add("replgate: ready_cmd exited 0")
             return
+        if starter is not None and starter.done() and not starter.cancelled() \
+                and starter.exception() is None and starter.result().exit_code != 0:
+            ended = starter.result()
+            said = (ended.stderr or ended.stdout).strip()[-300:]
+            raise TemplateBuildFailed(f"start_cmd exited with {ended.exit_code} before "
+                                      "ready_cmd exited 0" + (f": {said}" if said else ""))
         await asyncio.sleep(0.5)
     said = (last.stderr or last.stdout).strip()[-300:] if last is not None else ""
     raise TemplateBuildFailed(f"ready_cmd never exited 0 within {READY_WITHIN_S:g} s"

@@ -219,6 +219,29 @@ def test_a_step_past_its_timeout_fails_and_builds_are_counted_per_tenant(
         alpha.delete(f"/v1/templates/{info['id']}")
 
 
+def test_start_cmd_runs_while_ready_cmd_is_polled_during_the_check(
+        alpha: httpx.Client) -> None:
+    served = _build(alpha, "served", f"FROM {current_image()}\n",
+                    start_cmd="sleep 1 && python -m http.server 8765 --bind 127.0.0.1",
+                    ready_cmd="python -c \"import urllib.request as u; "
+                              "u.urlopen('http://127.0.0.1:8765')\"")
+    dead = None
+    try:
+        ended = _ended(alpha, served["id"], within_s=300)
+        assert ended["status"] == "ready", ended["error"]
+        text = [line["text"] for line in alpha.get(f"/v1/templates/{served['id']}/logs").json()]
+        assert "replgate: ready_cmd exited 0" in text
+        dead = _build(alpha, "dead-start", f"FROM {current_image()}\n",
+                      start_cmd="echo giving up >&2; exit 3", ready_cmd="false")
+        failed = _ended(alpha, dead["id"], within_s=300)
+        assert failed["status"] == "failed"
+        assert failed["error"] == "start_cmd exited with 3 before ready_cmd exited 0: giving up"
+    finally:
+        for made in (served, dead):
+            if made is not None:
+                alpha.delete(f"/v1/templates/{made['id']}")
+
+
 def test_bad_input_is_a_clear_4xx(alpha: httpx.Client) -> None:
     bad = [({"name": "Upper Case", "dockerfile": "FROM x"}, "name"),
            ({"name": "ok", "dockerfile": ""}, "dockerfile"),

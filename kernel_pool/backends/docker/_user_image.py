@@ -60,7 +60,7 @@ FROM ${BASE}
 USER root
 COPY layer/ /tmp/replgate-layer/
 RUN set -eu; rm -f /etc/pip.conf /etc/replgate-build-ca.crt; b=/tmp/replgate-layer; \
-    if ! /opt/venv/bin/python -c "import ipykernel" 2>/dev/null; then \
+    if ! ls /opt/venv/lib/python3*/site-packages/ipykernel/kernelapp.py >/dev/null 2>&1; then \
       py=$(command -v python3.11 || command -v python3 || true); \
       if [ -z "$py" ]; then echo "replgate: the image has no python3; a template's base needs \
 Python 3.11 (Debian bookworm's python3 and python3-venv)"; exit 1; fi; \
@@ -73,6 +73,7 @@ python3-venv"; exit 1; fi; \
       /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check --quiet \
         --require-hashes --no-deps -r $b/requirements.txt; \
     fi; \
+    { find / -xdev -type f -perm /6000 -exec chmod ug-s {} + 2>/dev/null || true; } & \
     getent passwd 1000 >/dev/null || useradd --uid 1000 --user-group --no-create-home \
         --home-dir /tmp --shell /usr/sbin/nologin sandbox; \
     mkdir -p /home/user /kernel /opt/replgate/mplconfig; \
@@ -83,10 +84,11 @@ python3-venv"; exit 1; fi; \
     rm -rf /opt/replgate/replgate_kernel; mv $b/replgate_kernel /opt/replgate/; rm -rf $b; \
     /opt/venv/bin/python -m compileall -q /opt/replgate/replgate_kernel; \
     chmod -R a+rX /opt/replgate; chmod 755 /root; \
-    find / -xdev -type f -perm /6000 -exec chmod ug-s {} + 2>/dev/null || true
+    wait
 """
 """What makes an image a sandbox, after the user's steps: the default image's ``python`` and
-``slim`` stages' work (sandbox_image/Dockerfile), each part skipped where the base has it. Its
+``slim`` stages' work (sandbox_image/Dockerfile), each part skipped where the base has it (the
+setuid sweep runs beside the rest: a second of a rebuild on a loaded machine). Its
 configuration (:data:`SANDBOX_CONFIG`) is set by one commit, not a build step each: on the
 classic builder every step is a container made and committed."""
 
@@ -240,9 +242,11 @@ async def _docker_build(args: list[str], context: Path, build: TemplateBuild,
     command = ["docker", "build", "--rm", "--force-rm", *args]
     if build.nocache:
         command.append("--no-cache")
+    # Its own session: a signal to the gateway's process group (a stop) is the gateway's to
+    # act on; the build ends when the gateway ends it (its task cancelled: killed below).
     proc = await asyncio.create_subprocess_exec(
         *command, str(context), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env=env, limit=1 << 20)
+        stderr=asyncio.subprocess.STDOUT, env=env, limit=1 << 20, start_new_session=True)
     assert proc.stdout is not None
     step: int | None = None
     step_started = time.monotonic()
