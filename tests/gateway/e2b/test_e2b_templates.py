@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import BuildException, Sandbox, Template, TemplateException
+from e2b import BuildException, Sandbox, Template, TemplateException, wait_for_file
 from e2b.exceptions import SandboxException
 from e2b.template.logger import LogEntry
 from e2b.template.types import BuildInfo, TemplateBuildStatus
@@ -60,7 +60,8 @@ def built(e2b_env: dict[str, str], context_dir: Path) -> Iterator[tuple[str, Bui
     template = (Template(file_context_path=str(context_dir)).from_base_image()
                 .pip_install([PACKAGE]).copy("data/*", "/opt/e2b-data")
                 .set_envs({"TEMPLATE_GREETING": "hi there"})
-                .set_start_cmd("echo started > /tmp/started.txt && exec sleep 1000", "true"))
+                .set_start_cmd("echo started > /tmp/started.txt && exec sleep 1000",
+                               wait_for_file("/tmp/started.txt")))
     info = Template.build_in_background(template, f"{alias}:v1")
     yield alias, info
     httpx.delete(f"{e2b_env['E2B_API_URL']}/templates/{alias}",
