@@ -15,13 +15,24 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.routing import Mount, Route
 
-from gateway.e2b import _control, _envd, _interpreter, _network, _secrets, _snapshots
+from gateway.e2b import (
+    _control,
+    _envd,
+    _interpreter,
+    _network,
+    _secrets,
+    _snapshots,
+    _templates,
+    _templates_catalog,
+)
 from gateway.e2b._connect import SandboxRpc
 from gateway.e2b._filesystem import SERVICE as FILESYSTEM
 from gateway.e2b._filesystem import filesystem_service
 from gateway.e2b._hosts import E2BHosts
 from gateway.e2b._process import process_service
 from gateway.e2b._sandboxes import Sandboxes
+from gateway.e2b._templates_files import Uploads
+from gateway.e2b._templates_state import TemplateBuilds
 from gateway.e2b._watch import watch_endpoints
 from gateway.service import Gateway
 
@@ -42,6 +53,9 @@ def install(app: FastAPI, domain: str | None = None) -> None:
         app.router.routes.append(Mount(f"/e2b/sandbox/{name}", app=rpc))
     app.include_router(_interpreter.router)
     app.include_router(_envd.router)
+    app.include_router(_templates.router)  # before the control plane's catch-all
+    app.include_router(_templates.uploads_router)  # (the same)
+    app.include_router(_templates_catalog.router)  # (the same, and before the snapshots')
     app.include_router(_snapshots.router)  # before the control plane's catch-all
     app.include_router(_network.router)  # (the same)
     app.include_router(_secrets.router)  # (the same)
@@ -53,3 +67,5 @@ async def start(app: FastAPI, gateway: Gateway) -> None:
     sandboxes = Sandboxes(gateway)
     await sandboxes.start()
     app.state.e2b = sandboxes
+    app.state.e2b_templates = TemplateBuilds(
+        Uploads(gateway.settings.state_dir / "e2b-uploads", sandboxes.sign))

@@ -33,8 +33,10 @@ from gateway.e2b._models import (
 from gateway.e2b._network import policy_for, refuse_unmappable
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
+from gateway.e2b._templates_state import builds_of_app, custom_template
 from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
+from gateway.templates._models import ID_PREFIX as TEMPLATE_ID_PREFIX
 from gateway.wire import ForkRequest, SessionCreate
 from kernel_pool import SessionPort, SessionStatus
 
@@ -53,7 +55,9 @@ SandboxesDep = Annotated[Sandboxes, Depends(get_sandboxes)]
 
 
 def _profile(gateway: Gateway, template: str) -> str:
-    profiles = [profile.name for profile in gateway.profiles()]
+    # a custom template's profiles are its tenant's: found by custom_template, never here
+    profiles = [profile.name for profile in gateway.profiles()
+                if not profile.name.startswith(TEMPLATE_ID_PREFIX)]
     if template in profiles:
         return template
     if template in DEFAULT_TEMPLATES and "default" in profiles:
@@ -78,16 +82,19 @@ def _refuse_unsupported(body: NewSandbox) -> None:
 @router.post("/sandboxes", status_code=status.HTTP_201_CREATED)
 @router.post("/v2/sandboxes", status_code=status.HTTP_201_CREATED)
 async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
-                 sandboxes: SandboxesDep, snapshots: SnapshotsDep) -> SandboxOut:
-    """A new sandbox: a replgate session of the key's tenant, on the template's profile (or
-    made from the snapshot the template names: :mod:`._snapshots`)."""
+                 sandboxes: SandboxesDep, snapshots: SnapshotsDep,
+                 request: Request) -> SandboxOut:
+    """A new sandbox: a replgate session of the key's tenant, on the template's profile (a
+    custom template's: :mod:`._templates_state`; or made from the snapshot the template names:
+    :mod:`._snapshots`)."""
     _refuse_unsupported(body)
     timeout = DEFAULT_TIMEOUT_S if body.timeout is None else body.timeout
     snapshot = await snapshot_for(snapshots, tenant, body.template_id)
     if snapshot is not None:
         return await sandbox_from_snapshot(snapshot, body, tenant, timeout, snapshots,
                                            sandboxes)
-    profile = _profile(gateway, body.template_id)
+    template = await custom_template(request, tenant, body.template_id)
+    profile = template.profile if template else _profile(gateway, body.template_id)
     sandboxes.check_timeout(timeout)
     policy = lifecycle_asked(body, timeout)
     asked = body.network or NetworkRequest()
@@ -97,6 +104,8 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
         profile=profile, env=body.env_vars, metadata=dict(body.metadata), network=network))
     await sandboxes.set_lifecycle(tenant, session, policy)
     await sandboxes.set_timeout(tenant, session, timeout)
+    if template is not None:
+        builds_of_app(request).start_command(gateway, tenant, session, template)
     return sandboxes.created(session)
 
 
@@ -276,4 +285,4 @@ async def metrics(sandbox_id: str, tenant: TenantDep, gateway: GatewayDep,
                   include_in_schema=False)
 async def not_offered(path: str, request: Request, tenant: TenantDep) -> Response:
     raise E2BError(404, f"replgate's E2B-compatible API does not offer {request.method} /{path} "
-                        "(custom templates, volumes and logs are not available)")
+                        "(volumes and logs are not available)")

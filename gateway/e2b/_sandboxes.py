@@ -95,6 +95,10 @@ class Sandboxes:
         digest = hmac.new(self._key, session_id.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
+    def sign(self, text: str) -> str:
+        """A MAC of ``text`` with the E2B face's key (template upload URLs)."""
+        return self._mac(text)
+
     @staticmethod
     def named_by(token: str | None) -> str | None:
         """The sandbox id a token names (unchecked: :meth:`owner` checks it)."""

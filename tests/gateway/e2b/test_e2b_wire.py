@@ -127,9 +127,9 @@ def test_unknown_template_is_404_naming_the_profiles(api: httpx.Client) -> None:
 
 
 def test_paths_not_offered_are_404_with_a_sentence(api: httpx.Client) -> None:
-    answer = api.get("/templates")
+    answer = api.get("/volumes")
     assert answer.status_code == 404
-    assert "does not offer GET /templates" in answer.json()["message"]
+    assert "does not offer GET /volumes" in answer.json()["message"]
 
 
 def test_other_tenants_sandbox_is_404(gateway: GatewayProcess,

@@ -1,0 +1,194 @@
+"""What the E2B face keeps of its template builds: the builds asked and not yet started, which
+replgate build each of E2B's build ids is, the Dockerfile's steps (to name a failed step as
+E2B's), and tags. Kept in the gateway's memory: after a restart, a template's builds are
+replgate's (``gateway.templates``) and its tags are gone.
+
+E2B's template id is the template's name here (E2B's alias: ``name`` before any ``:tag``), the
+name replgate's templates are found by; sessions run on the template's profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from fastapi import Request
+
+from common.errors import NotFound
+from gateway.e2b._errors import E2BError
+from gateway.e2b._models import DEFAULT_TEMPLATES
+from gateway.e2b._templates_dockerfile import Translation
+from gateway.e2b._templates_files import Uploads
+from gateway.service import Gateway
+from gateway.templates import TemplateInfo, Templates, TemplateStatus
+from gateway.wire import CommandRequest
+from kernel_pool import SessionPort
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TAG = "default"
+"""E2B's tag of a build asked without one."""
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+@dataclass
+class Build:
+    """One of E2B's builds: asked (``core`` None) or started as replgate's build ``core``."""
+
+    tenant: str
+    alias: str
+    build_id: str
+    cpu_count: int
+    memory_mb: int
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    core: str | None = None
+    translation: Translation | None = None
+
+
+@dataclass
+class Tag:
+    build_id: str
+    created_at: datetime
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """E2B's ``alias:tag`` as (alias, tag); E2B's 400 for a malformed one."""
+    alias, colon, tag = name.partition(":")
+    if not _NAME.fullmatch(alias):
+        raise E2BError(400, f"a template's name is 1 to 63 lower-case letters, digits, '.', "
+                            f"'_' or '-', starting with a letter or digit, not {alias!r}")
+    if colon:
+        check_tag(tag)
+    return alias, tag if colon else None
+
+
+def check_tag(tag: str) -> str:
+    if not _TAG.fullmatch(tag):
+        raise E2BError(400, f"a tag is 1 to 128 letters, digits, '.', '_' or '-', starting with "
+                            f"a letter or digit, not {tag!r}")
+    return tag
+
+
+class TemplateBuilds:
+    """E2B's builds and tags of every tenant, over replgate's templates."""
+
+    def __init__(self, uploads: Uploads) -> None:
+        self.uploads = uploads
+        self._builds: dict[tuple[str, str], Build] = {}
+        self._tags: dict[tuple[str, str], dict[str, Tag]] = {}
+        self._started: set[asyncio.Task[None]] = set()
+
+    def start_command(self, gateway: Gateway, tenant: str, session: SessionPort,
+                      info: TemplateInfo) -> None:
+        """Start the template's start command (E2B's ``set_start_cmd``) in a new sandbox of
+        it, as a command of the sandbox running up to the profile's longest timeout (a process
+        left behind by a command would be ended: docs/commands.md). E2B's sandbox starts from
+        a snapshot taken once the command was ready; here the build checked that it gets
+        ready, and each sandbox starts it again, without waiting for its ready command (that
+        would hold every create as long)."""
+        if not info.start_cmd:
+            return
+        task = asyncio.create_task(self._run_start(gateway, tenant, session, info.start_cmd),
+                                   name=f"e2b-start-cmd-{session.id}")
+        self._started.add(task)
+        task.add_done_callback(self._started.discard)
+
+    @staticmethod
+    async def _run_start(gateway: Gateway, tenant: str, session: SessionPort,
+                         command: str) -> None:
+        try:
+            await gateway.run_command(tenant, session, CommandRequest(
+                cmd=command, timeout_s=session.profile.max_timeout_s))
+        except Exception as exc:  # the sandbox ended, or the command could not run: logged
+            logger.info("the start command of sandbox %s ended: %r", session.id, exc)
+
+    def ask(self, tenant: str, alias: str, tags: list[str], cpu_count: int,
+            memory_mb: int) -> Build:
+        """A new build of ``alias``, tagged ``tags``, waiting for its steps."""
+        build = Build(tenant, alias, str(uuid.uuid4()), cpu_count, memory_mb)
+        self._builds[(tenant, build.build_id)] = build
+        self.tag(tenant, alias, build.build_id, tags)
+        return build
+
+    def build(self, tenant: str, alias: str, build_id: str) -> Build:
+        build = self._builds.get((tenant, build_id))
+        if build is None or build.alias != alias:
+            raise E2BError(404, f"build {build_id} of template {alias!r} not found")
+        return build
+
+    def asked(self, tenant: str, alias: str) -> bool:
+        """Whether a build of ``alias`` was asked (it may not have started yet)."""
+        return any(b.tenant == tenant and b.alias == alias for b in self._builds.values())
+
+    def builds_of(self, tenant: str, alias: str) -> list[Build]:
+        return [b for b in self._builds.values() if b.tenant == tenant and b.alias == alias]
+
+    def forget(self, tenant: str, alias: str) -> None:
+        for build in self.builds_of(tenant, alias):
+            del self._builds[(tenant, build.build_id)]
+        self._tags.pop((tenant, alias), None)
+
+    # -- tags ------------------------------------------------------------------------------
+
+    def tag(self, tenant: str, alias: str, build_id: str, tags: list[str]) -> None:
+        held = self._tags.setdefault((tenant, alias), {})
+        for tag in tags:
+            held[check_tag(tag)] = Tag(build_id, datetime.now(UTC))
+
+    def tags(self, tenant: str, alias: str) -> dict[str, Tag]:
+        return dict(self._tags.get((tenant, alias), {}))
+
+    def untag(self, tenant: str, alias: str, tags: list[str]) -> None:
+        held = self._tags.get((tenant, alias), {})
+        missing = [tag for tag in tags if tag not in held]
+        if missing:
+            raise E2BError(404, f"template {alias!r} has no tag {', '.join(missing)}")
+        for tag in tags:
+            del held[tag]
+
+    def tagged(self, tenant: str, alias: str, tag: str | None) -> str:
+        """The build id ``alias:tag`` names (no tag: the latest build asked)."""
+        if tag is None:
+            builds = self.builds_of(tenant, alias)
+            if not builds:
+                raise E2BError(404, f"template {alias!r} not found")
+            return max(builds, key=lambda b: b.created_at).build_id
+        found = self._tags.get((tenant, alias), {}).get(tag)
+        if found is None:
+            raise E2BError(404, f"template {alias!r} has no tag {tag!r}")
+        return found.build_id
+
+
+def core_templates(request: Request) -> Templates:
+    templates: Templates | None = getattr(request.app.state, "templates", None)
+    if templates is None:
+        raise E2BError(503, "this gateway builds no templates (it was started without them)")
+    return templates
+
+
+def builds_of_app(request: Request) -> TemplateBuilds:
+    builds: TemplateBuilds = request.app.state.e2b_templates
+    return builds
+
+
+async def custom_template(request: Request, tenant: str, template: str) -> TemplateInfo | None:
+    """The tenant's (or a published) replgate template E2B's ``template`` (``alias`` or
+    ``alias:tag``) names, ready; None when it names none (a profile's name, or a default
+    template). E2B's 400 when it is not ready."""
+    alias = template.partition(":")[0]
+    templates: Templates | None = getattr(request.app.state, "templates", None)
+    if templates is None or alias in DEFAULT_TEMPLATES or not _NAME.fullmatch(alias):
+        return None
+    try:
+        info: TemplateInfo = await templates.get(tenant, alias)
+    except NotFound:  # then it may be a profile's name
+        return None
+    if info.status is not TemplateStatus.READY:
+        raise E2BError(400, f"template {alias!r} is not ready: its build is {info.status.value}"
+                            + (f" ({info.error})" if info.error else ""))
+    return info
