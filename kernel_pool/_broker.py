@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -64,6 +65,18 @@ async def no_secrets(name: str) -> str | None:
     return None
 
 
+@functools.cache
+def upstream_context(cafile: Path | None) -> ssl.SSLContext:
+    """The TLS client context of the broker's own connections to the hosts (the system's CAs,
+    and ``cafile``'s): made once per file, since loading the system's CAs takes milliseconds
+    and a claim with secret rules would otherwise pay them."""
+    context = ssl.create_default_context()
+    if cafile is not None:
+        context.load_verify_locations(cafile=str(cafile))
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
 class Broker:
     """A sandbox's rules, its CA, and how to get a secret's value."""
 
@@ -72,10 +85,7 @@ class Broker:
         self.rules = list(rules)
         self.lookup = lookup
         self.ca = ca
-        self._upstream = ssl.create_default_context()
-        if upstream_cafile is not None:
-            self._upstream.load_verify_locations(cafile=str(upstream_cafile))
-        self._upstream.set_alpn_protocols(["http/1.1"])
+        self._upstream = upstream_context(upstream_cafile)
 
     def __repr__(self) -> str:
         return f"<Broker {len(self.rules)} rules, secrets {sorted(secret_names(self.rules))}>"

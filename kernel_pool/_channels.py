@@ -44,6 +44,9 @@ have the wait forget each request just before its answer came, for its whole sta
 UNANSWERED_BEFORE_RECONNECT = 3
 """A start's kernel_info requests the kernel ran (their status came on iopub) with no reply on
 the channel asked, after which that channel's socket is made again."""
+ENV_FILE = "env.json"
+"""The session's variables, written by the gateway in the sandbox's socket folder
+(``/kernel/env.json``) for the kernel to take before its next execution."""
 IOPUB_HWM = 64
 """Output messages ZMQ queues on the host. Past that the backlog stays in the sandbox (its
 memory, under its limit) and, in a flood the host cannot keep up with, the kernel drops output:
@@ -100,6 +103,10 @@ class KernelChannels:
         self._iopub_tasks: list[asyncio.Task[None]] = []
         self._recovering: asyncio.Task[None] | None = None
         self._channel_failed: str | None = None
+        self.takes_env_file = False
+        """Whether the kernel takes its session's variables from :data:`ENV_FILE` before each
+        execution, as its ``kernel_info`` reply says (an older image's kernel does not: it is
+        sent them by :meth:`set_env`); see replgate_kernel/session_env.py."""
 
     @property
     def id(self) -> str:
@@ -189,7 +196,9 @@ class KernelChannels:
                                 raise KernelStartError(self.id, f"kernel exited{code}")
                             if getter not in done:
                                 break
-                            source, _msg = getter.result()
+                            source, msg = getter.result()
+                            if source == channel:
+                                self._note_kernel_info(msg)
                             got_reply |= source == channel
                             got_iopub |= source == "iopub"
                         replied |= got_reply
@@ -208,6 +217,11 @@ class KernelChannels:
                 self.id, f"no answer within {self._start_timeout_s}s ({seen})") from None
         finally:
             died.cancel()
+
+    def _note_kernel_info(self, msg: Any) -> None:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        ours = content.get("replgate") if isinstance(content, dict) else None
+        self.takes_env_file = isinstance(ours, dict) and ours.get("env_file") == ENV_FILE
 
     async def _read(self, channel: str, socket: zmq.asyncio.Socket) -> None:
         assert self._session is not None

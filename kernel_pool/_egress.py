@@ -102,13 +102,17 @@ class EgressProxy:
         return list(self._attempts)
 
     async def set_broker(self, rules: Sequence[SecretRule], lookup: SecretLookup, *,
-                         upstream_cafile: Path | None = None) -> None:
+                         upstream_cafile: Path | None = None,
+                         ca: SandboxCA | None = None) -> None:
         """Put secrets into the requests ``rules`` match (none: stop); the sandbox's CA is made
         on first use and its bundle placed beside the socket (``/kernel/egress-ca.pem``, the
-        file :data:`kernel_pool._sandbox_ca.TRUST_ENV` names). Applies to new connections."""
+        file :data:`kernel_pool._sandbox_ca.TRUST_ENV` names), unless ``ca`` was made and
+        its bundle placed ahead. Applies to new connections."""
         if not rules:
             self.broker = None
             return
+        if self._ca is None and ca is not None:
+            self._ca = ca
         if self._ca is None:
             ca = await asyncio.to_thread(SandboxCA, self.sandbox_id)
             await asyncio.to_thread(ca.write_bundle, self.socket_path.parent, self._owner)

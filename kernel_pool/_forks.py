@@ -57,7 +57,7 @@ class Forks(Slots):
         try:
             if env:
                 kernel.env = dict(env)
-                await kernel.set_env(kernel.env)
+                await kernel.publish_env()
         except BaseException:
             await self.release(kernel)
             raise

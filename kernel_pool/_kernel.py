@@ -135,6 +135,7 @@ class Kernel(KernelNetwork):
         if connection is None:
             connection = await self.sandbox.launch_kernel()
         step("restoring" if image is not None else "launching")
+        making_ca = self._ca_ahead()  # beside the kernel's boot
         usage = await self.sandbox.usage()
         self._oom_kills = usage.oom_kills or 0
         self._connect(connection)
@@ -158,6 +159,8 @@ class Kernel(KernelNetwork):
         env = {**self.launcher_env(), **self.env, **self.trust_env()}
         if env:
             await self.set_env(env)
+        if making_ca is not None:
+            await making_ca
         self.state = KernelState.READY
 
     async def _with_start_errors(self, exc: KernelStartError) -> KernelStartError:

@@ -175,7 +175,7 @@ class SessionResuming(SessionPausing):
                                            warm.sandbox.workspace)
             if self.env:
                 warm.env = dict(self.env)
-                await warm.set_env(warm.env)
+                await warm.publish_env()
             await self._transferring("resume", load_variables(
                 warm, store, self.id, reseed, progress=self._progress))
         except BaseException:

@@ -198,7 +198,8 @@ def _without_unused_modules() -> Iterator[None]:
 def _agent_results(app, max_output_bytes: int) -> None:  # type: ignore[no-untyped-def]
     """What agents read beside the outputs: charts, frames and lists as data (display
     bundles), PIL images saved or shown as outputs, and the files each execution touched
-    (the execute_reply's metadata); and what a pause would lose."""
+    (the execute_reply's metadata); what a pause would lose; and the session's environment,
+    taken from the gateway's file before each execution (session_env.py)."""
     from replgate_kernel import charts, data, files, images, snapshot
 
     charts.install(app.shell)
@@ -206,6 +207,10 @@ def _agent_results(app, max_output_bytes: int) -> None:  # type: ignore[no-untyp
     images.install()
     files.install(app.kernel, os.getcwd())
     snapshot.install(app.shell)
+    if "-f" in sys.argv[1:-1]:
+        from replgate_kernel import session_env
+
+        session_env.install(app.kernel, os.path.dirname(sys.argv[sys.argv.index("-f") + 1]))
 
 
 def main() -> None:
