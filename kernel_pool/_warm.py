@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from kernel_pool._channels import KernelState
 from kernel_pool._kernel import Kernel
-from kernel_pool._pool_base import PoolBase
+from kernel_pool._pool_base import PoolBase, warm_sizes
 from kernel_pool.config import Profile
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class WarmPool(PoolBase):
         name = profile.name
         old = self.settings.profiles.get(name)
         self.settings.profiles[name] = profile
+        self.warm_size = warm_sizes(self.settings)  # (the machine's share may change too)
         for books in (self._starting, self._warming, self._failures):
             books.setdefault(name, 0)
         self._refill_at.setdefault(name, 0.0)
@@ -48,6 +49,7 @@ class WarmPool(PoolBase):
     def remove_profile(self, name: str) -> None:
         """Forget a profile :meth:`set_profile` added; its sessions run on to their end."""
         if self.settings.profiles.pop(name, None) is not None:
+            self.warm_size = warm_sizes(self.settings)
             self._drop_idle(name)
 
     def _drop_idle(self, name: str) -> None:
