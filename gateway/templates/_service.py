@@ -296,15 +296,8 @@ class Templates(ResolvedProfiles):
         self._resolved.clear()
         for number in range(1, info.builds + 1):
             self.host.remove_profile(f"{info.id}-{number}")
-        tags = [f"{IMAGE_REPOSITORY}:{info.id}-{number}" for number in range(1, info.builds + 1)]
-        self._remove_later(tags)
-        if self.images is not None:  # (the nodes keep what they loaded: docs/templates.md)
-            for tag in tags:
-                try:
-                    await self.images.delete(image_key(tag))
-                except BundleStoreError as exc:
-                    logger.warning("template %s: its image %s stays in the bundle store: %s",
-                                   info.id, tag, exc)
+        self._remove_later([f"{IMAGE_REPOSITORY}:{info.id}-{number}"
+                            for number in range(1, info.builds + 1)])
 
     def _remove_later(self, tags: builtins.list[str]) -> None:
         task = asyncio.create_task(self._remove_images(tags), name=f"removing {tags[0]}")
@@ -314,6 +307,12 @@ class Templates(ResolvedProfiles):
     async def _remove_images(self, tags: builtins.list[str]) -> None:
         """Remove a deleted template's images once nothing runs on them: its idle kernels and
         a kernel template being made go in the background, and sessions of it run on."""
+        if self.images is not None:  # (the nodes keep what they loaded)
+            for tag in tags:
+                try:
+                    await self.images.delete(image_key(tag))
+                except BundleStoreError as exc:
+                    logger.warning("image %s stays in the bundle store: %s", tag, exc)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REMOVE_WITHIN_S
         while tags and loop.time() < deadline:
