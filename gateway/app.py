@@ -42,6 +42,7 @@ from gateway.statelock import StartRefused
 from gateway.store import Store
 from gateway.templates import Templates
 from kernel_pool import KernelPool, SandboxInfo, SessionHost
+from kernel_pool.bundles import open_store
 from node.placement import RemoteNodes
 from node.records import SessionRecords
 from node.registry import Registry
@@ -102,7 +103,8 @@ async def _session_host(settings: Settings, policy: Policy, store: Store,
             store.database, heartbeat_timeout_s=settings.node_timeout_s),
             client_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
                            check_hostname=settings.tls_check_node_names),
-            SessionRecords(store), bundles=settings.bundle_store is not None)
+            SessionRecords(store), bundles=settings.bundle_store is not None,
+            images=open_store(settings.bundle_store) if settings.bundle_store else None)
         if secrets.enabled:  # its nodes' sessions' brokers ask this gateway for them
             nodes.secret_answers.source = secrets.lookup_for
         followers = [asyncio.create_task(nodes.watch(settings.node_timeout_s / 2)),
@@ -169,7 +171,9 @@ def create_app(settings: Settings, policy: Policy | None = None) -> FastAPI:
             async with _session_host(settings, policy, store, secrets) as (pool, leftovers):
                 gateway = Gateway(settings, pool, store, audit, Metrics(pool), governance,
                                   tracing)
-                app.state.templates = templates = Templates(gateway)
+                app.state.templates = templates = Templates(  # (images: for nodes, other gateways)
+                    gateway, images=open_store(settings.bundle_store) if settings.bundle_store
+                    else None)
                 await templates.open()  # the templates' profiles, before sessions of them
                 if leftovers is not None:
                     await take_back(gateway, *leftovers)

@@ -31,6 +31,9 @@ from kernel_pool.backends.docker import (
     check_context,
     checkpoint_support,
     current_image,
+    ensure_image,
+    export_image,
+    image_key,
     missing_runtime,
     remove_template_image,
     slim_image,
@@ -38,8 +41,8 @@ from kernel_pool.backends.docker import (
 )
 
 __all__ = ["BuiltImage", "TemplateBuild", "build_sandbox_images", "build_template_image",
-           "check_context", "diagnose", "kernel_templates", "memory_pauses",
-           "remove_template_image", "snapshot_compression"]
+           "check_context", "diagnose", "ensure_image", "export_image", "image_key",
+           "kernel_templates", "memory_pauses", "remove_template_image", "snapshot_compression"]
 """The builders of custom templates' images (:mod:`gateway.templates`) reach the engine through
 this adapter too."""
 

@@ -13,6 +13,7 @@ The audit log (:mod:`gateway.audit`) keeps its own tables in the same database, 
 from __future__ import annotations
 
 from gateway.records.approvals import ApprovalRecords
+from gateway.records.e2b_templates import E2BTemplateRecords
 from gateway.records.executions import ExecutionRecords
 from gateway.records.keys import KeyRecords
 from gateway.records.sandbox_ends import SandboxEndRecords
@@ -26,7 +27,9 @@ __all__ = ["Store"]
 
 
 class Store(ExecutionRecords, KeyRecords, ApprovalRecords, UsageRecords, SandboxEndRecords,
-            SandboxLifecycleRecords, SnapshotRecords, SecretRecords, TemplateRecords):
+            SandboxLifecycleRecords, SnapshotRecords, SecretRecords, TemplateRecords,
+            E2BTemplateRecords):
     """Sessions, history, keys, approvals, budgets' use, sandboxes' ends and lifecycles,
-    saved snapshots, tenants' sealed secrets and custom templates. Make one with
+    saved snapshots, tenants' sealed secrets and custom templates (with E2B's builds and
+    tags of them). Make one with
     :meth:`open`."""

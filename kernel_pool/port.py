@@ -306,9 +306,10 @@ class SessionHost(Protocol):
 
     # -- profiles added while it runs (custom templates) ---------------------------------------
 
-    adds_profiles: ClassVar[bool]
-    """Whether :meth:`set_profile` works here (this machine's pool; not yet on nodes, whose
-    pools would need the template's image first)."""
+    @property
+    def adds_profiles(self) -> bool:
+        """Whether :meth:`set_profile` works here (this machine's pool; nodes with a bundle
+        store, which carries a template's image to them)."""
 
     def set_profile(self, profile: Profile) -> None:
         """Add a profile while the host runs, or replace the one of its name (its ``min_idle``

@@ -191,7 +191,7 @@ def run_node(settings: Settings, *, node_id: str, advertise: str, sock: socket.s
     # traceparent): an execution's trace shows the hop and the node's side of it.
     tracing = setup_tracing()
     app = create_node_app(pool, node_id, settings.limits.image, lifespan=lifespan,
-                          tracing=tracing)
+                          tracing=tracing, images=bundles.store if bundles is not None else None)
     # The channel's messages are executions' code, which the gateway bounds (max_code_bytes).
     # A node id taken, a database that cannot be used, a runtime the engine lacks: said as
     # the command's own error (status 2), without a traceback in the log.

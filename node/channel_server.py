@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from common.tracing import Tracing
 from kernel_pool import DoneEvent, InvalidRequest, KernelPool, KernelPoolError
 from node.secret_asks import SecretAsks
+from node.templates import add_template
 from node.wire import (
     PREFIX,
     ChannelFrame,
@@ -148,6 +149,8 @@ async def _create(app: FastAPI, create: CreateSession, frame: _FrameSender) -> N
     """A session made: ``created``. Made even if the gateway goes away meanwhile (its claim
     on this node's slot stands until the heartbeat counts it)."""
     pool: KernelPool = app.state.pool
+    if create.template is not None:
+        await add_template(pool, create.template, app.state.images)
     made = await asyncio.shield(pool.create_session(
         create.profile, env=create.env, metadata=create.metadata,
         session_id=create.session_id, lost=create.lost))

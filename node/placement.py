@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 from kernel_pool import (
     ClosedListener,
-    InvalidRequest,
     KernelPoolError,
     NodeRecord,
     NodeUnreachable,
@@ -31,6 +30,7 @@ from kernel_pool import (
     SnapshotSaved,
     UnknownNode,
 )
+from kernel_pool.bundles import BundleStore
 from node import recovery
 from node.client import NodeClient
 from node.records import SessionRecords
@@ -39,6 +39,7 @@ from node.remote import RemoteSession
 from node.restore import NotRestored, RestoreSession, restore_on
 from node.secret_answers import SecretAnswers
 from node.snapshots import FromSnapshot, SaveSnapshot, delete_on, make_on, save_on
+from node.templates import TemplateProfiles
 from node.wire import CreateSession, ForkSession
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class RemoteNodes:
 
     def __init__(self, settings: PoolSettings, registry: Registry,
                  tls: ssl.SSLContext | None, records: SessionRecords, *,
-                 bundles: bool = False) -> None:
+                 bundles: bool = False, images: BundleStore | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.records = records
@@ -62,6 +63,7 @@ class RemoteNodes:
         self.bundles = bundles
         """Whether the nodes keep paused sessions in a bundle store: then a session moves
         off a drained node, and one of a lost node resumes elsewhere from its last pause."""
+        self.templates = TemplateProfiles(images)  # (``images``: where their images are)
         self._pausing: set[asyncio.Task[None]] = set()
         """Drains pausing their node's sessions."""
         self._tls = tls
@@ -95,15 +97,16 @@ class RemoteNodes:
         except KeyError:
             raise ProfileNotFound(name, sorted(self.settings.profiles)) from None
 
-    adds_profiles: ClassVar[bool] = False
+    @property
+    def adds_profiles(self) -> bool:
+        """With a bundle store only: custom templates' images reach the nodes through it."""
+        return self.templates.store is not None
 
     def set_profile(self, profile: Profile) -> None:
-        """Not yet on nodes: each node's pool would need the template's image first."""
-        raise InvalidRequest("custom templates run on a gateway whose sessions run on its own "
-                             "machine; a gateway of nodes cannot add a template's profile yet")
+        self.templates.add(self.settings.profiles, profile)
 
     def remove_profile(self, name: str) -> None:
-        """Nothing to forget: :meth:`set_profile` adds none here."""
+        self.templates.remove(self.settings.profiles, name)
 
     async def client(self, node_id: str) -> NodeClient:
         """The connection to a node, made on first use from its registered address."""
@@ -140,14 +143,13 @@ class RemoteNodes:
         try:
             if admitted is not None:
                 await admitted
-            client = self._client_for(node)
-            state = await client.create(CreateSession(profile=profile, env=env or {},
-                                                      metadata=metadata or {},
-                                                      session_id=session_id, lost=lost))
+            state = await self._client_for(node).create(CreateSession(
+                profile=profile, env=env or {}, metadata=metadata or {}, session_id=session_id,
+                lost=lost, template=self.templates.sent_with(profile)))
         except BaseException:
             await self.registry.release(node.id)
             raise
-        session = self._session(client, state, tenant)
+        session = self._session(self._client_for(node), state, tenant)
         self._sessions[session.id] = session
         return session
 

@@ -35,6 +35,7 @@ from kernel_pool import (
     StreamEvent,
     Transfer,
 )
+from kernel_pool.bundles import BundleStore
 from node.channel_server import error_out, set_fields
 from node.channel_server import router as channel_router
 from node.command_input import router as command_input_router
@@ -317,9 +318,10 @@ def _line(frame: Frame) -> bytes:
 
 def create_node_app(pool: KernelPool, node_id: str, image: str, *,
                     lifespan: Callable[[FastAPI], Any] | None = None,
-                    tracing: Tracing | None = None) -> FastAPI:
+                    tracing: Tracing | None = None, images: BundleStore | None = None) -> FastAPI:
     """The port over ``pool``'s sessions, as an ASGI app (the pool is started by the caller);
-    with ``tracing``, a span per request, and each execution's run drawn under its request's."""
+    with ``tracing``, a span per request, and each execution's run drawn under its request's;
+    ``images``: where custom templates' images are loaded from (:mod:`node.templates`)."""
     app = FastAPI(title="replgate node", lifespan=lifespan, openapi_url=None, docs_url=None,
                   redoc_url=None)
     app.state.pool = pool
@@ -327,6 +329,7 @@ def create_node_app(pool: KernelPool, node_id: str, image: str, *,
     app.state.image = image
     app.state.origins = weakref.WeakKeyDictionary()
     app.state.tracing = tracing
+    app.state.images = images
     # Its sessions' brokers ask the gateways' channels for secrets (before any kernel is made:
     # warm ones broker too); the node keeps none.
     app.state.secret_asks = SecretAsks()

@@ -33,6 +33,15 @@ PREFIX = "/port/v1"
 """Where a node serves the port (its other path is ``/healthz``)."""
 
 
+class TemplateImage(BaseModel):
+    """A custom template's profile, as the gateway that placed a session of it knows it: a
+    node that lacks the profile adds it, and loads its image from the bundle store's ``key``
+    first if its engine lacks it."""
+
+    profile: Profile
+    key: str
+
+
 class CreateSession(BaseModel):
     profile: str = "default"
     env: dict[str, str] = Field(default_factory=dict)
@@ -40,6 +49,8 @@ class CreateSession(BaseModel):
     session_id: str | None = None
     lost: str | None = None
     """Why a session known before starts again here on a fresh kernel (its node was lost)."""
+    template: TemplateImage | None = None
+    """Set when ``profile`` is a custom template's (added to the gateway while it runs)."""
 
 
 class ForkSession(BaseModel):

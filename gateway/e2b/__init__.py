@@ -35,6 +35,7 @@ from gateway.e2b._templates_files import Uploads
 from gateway.e2b._templates_state import TemplateBuilds
 from gateway.e2b._watch import watch_endpoints
 from gateway.service import Gateway
+from kernel_pool.bundles import open_store
 
 __all__ = ["Sandboxes", "install", "start"]
 
@@ -68,4 +69,6 @@ async def start(app: FastAPI, gateway: Gateway) -> None:
     await sandboxes.start()
     app.state.e2b = sandboxes
     app.state.e2b_templates = TemplateBuilds(
-        Uploads(gateway.settings.state_dir / "e2b-uploads", sandboxes.sign))
+        Uploads(gateway.settings.state_dir / "e2b-uploads", sandboxes.sign,
+                open_store(gateway.settings.bundle_store) if gateway.settings.bundle_store
+                else None), gateway.store)

@@ -74,7 +74,7 @@ async def request_build(body: BuildRequest, tenant: TenantDep,
         raise E2BError(400, "a build names its template: name (alias:tag)")
     alias, tag = split_name(name)
     tags = list(dict.fromkeys([*([tag] if tag else []), *(body.tags or [])])) or [DEFAULT_TAG]
-    build = builds.ask(tenant, alias, tags, body.cpu_count or DEFAULT_CPUS,
+    build = await builds.ask(tenant, alias, tags, body.cpu_count or DEFAULT_CPUS,
                        body.memory_mb or DEFAULT_MEMORY_MB)
     return BuildRequested(templateID=alias, buildID=build.build_id, names=[alias], tags=tags,
                           aliases=[alias])
@@ -88,7 +88,7 @@ async def file_upload_link(template_id: str, files_hash: str, request: Request,
     """Whether the files of ``files_hash`` are here for the tenant, and a URL that puts them
     (also when present: the SDK's ``force_upload`` puts them again)."""
     check_hash(files_hash)
-    if not builds.asked(tenant, template_id):
+    if not await builds.asked(tenant, template_id):
         await templates.get(tenant, template_id)  # NotFound: not the tenant's
     return FileUpload(present=await builds.uploads.present(tenant, files_hash),
                       url=builds.uploads.url(request, tenant, files_hash))
@@ -131,7 +131,7 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, tenant:
                       builds: BuildsDep, templates: TemplatesDep,
                       gateway: GatewayDep) -> Response:
     """The steps of an asked build: translated to a Dockerfile, built by replgate."""
-    build = builds.build(tenant, template_id, build_id)
+    build = await builds.build(tenant, template_id, build_id)
     if build.core is not None:
         raise E2BError(409, f"build {build_id} has started already")
     image, user = await _base(body, tenant, templates,
@@ -142,6 +142,8 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, tenant:
     if missing:
         raise E2BError(400, f"the files of {len(missing)} copy step(s) were not uploaded "
                             f"(hash {missing[0]}): upload them first")
+    for files_hash in hashes:  # (uploaded to another gateway: in the bundle store)
+        await builds.uploads.fetch(tenant, files_hash)
     links = await anyio.to_thread.run_sync(
         outward_links, hashes, lambda h: builds.uploads.path(tenant, h))
     translation = translate(body, image, user, build_id, links)
@@ -151,8 +153,7 @@ async def start_build(template_id: str, build_id: str, body: BuildStart, tenant:
     info = await templates.start(tenant, BuildSpec(
         name=template_id, dockerfile=translation.dockerfile, context=tar,
         skip_cache=body.force, start_cmd=body.start_cmd, ready_cmd=body.ready_cmd))
-    build.core = info.build_id
-    build.translation = translation
+    await builds.started(build, info.build_id, translation)
     return Response(status_code=status.HTTP_202_ACCEPTED)
 
 
@@ -187,7 +188,7 @@ async def build_status(
         level: LogLevel | None = None) -> BuildInfo:
     """``get_build_status``: the build's status and its log lines from ``logsOffset``; a
     failed build's reason names its step."""
-    build = builds.build(tenant, template_id, build_id)
+    build = await builds.build(tenant, template_id, build_id)
     info, state = await _started(build, tenant, templates)
     if build.core is None:
         return BuildInfo(templateID=template_id, buildID=build_id, status=state)
@@ -213,7 +214,7 @@ async def build_logs(
         level: LogLevel | None = None) -> BuildLogs:
     """A build's log lines: from ``cursor`` (a Unix time in milliseconds) forward, or before
     it backward, at most ``limit``."""
-    build = builds.build(tenant, template_id, build_id)
+    build = await builds.build(tenant, template_id, build_id)
     if build.core is None:
         return BuildLogs(logs=[])
     lines = _wanted(await templates.logs(tenant, template_id, build_id=build.core), level)

@@ -48,7 +48,7 @@ async def alias_exists(alias: str, tenant: TenantDep, builds: BuildsDep,
     and for E2B's default templates; 404 otherwise."""
     if alias in DEFAULT_TEMPLATES:
         return AliasFound(templateID=alias, public=True)
-    if builds.asked(tenant, alias):
+    if await builds.asked(tenant, alias):
         return AliasFound(templateID=alias, public=False)
     try:
         info = await templates.get(tenant, alias)
@@ -57,8 +57,8 @@ async def alias_exists(alias: str, tenant: TenantDep, builds: BuildsDep,
     return AliasFound(templateID=info.name, public=info.public)
 
 
-def _out(info: TemplateInfo, builds: TemplateBuilds, with_builds: bool) -> TemplateOut:
-    asked = builds.builds_of(info.tenant, info.name)
+async def _out(info: TemplateInfo, builds: TemplateBuilds, with_builds: bool) -> TemplateOut:
+    asked = await builds.builds_of(info.tenant, info.name)
     latest = max(asked, key=lambda b: b.created_at) if asked else None
     out = TemplateOut(
         templateID=info.name, buildID=latest.build_id if latest else info.build_id,
@@ -82,14 +82,14 @@ def _out(info: TemplateInfo, builds: TemplateBuilds, with_builds: bool) -> Templ
 async def list_templates(tenant: TenantDep, builds: BuildsDep,
                          templates: TemplatesDep) -> list[TemplateOut]:
     """The tenant's templates and the published ones, newest first."""
-    return [_out(info, builds, False) for info in await templates.list(tenant)]
+    return [await _out(info, builds, False) for info in await templates.list(tenant)]
 
 
 @router.get("/templates/{template_id}")
 async def get_template(template_id: str, tenant: TenantDep, builds: BuildsDep,
                        templates: TemplatesDep) -> TemplateOut:
-    """One template with its builds (those asked through this gateway since it started)."""
-    return _out(await templates.get(tenant, template_id), builds, True)
+    """One template with its builds (those asked through E2B's API)."""
+    return await _out(await templates.get(tenant, template_id), builds, True)
 
 
 @router.patch("/templates/{template_id}")
@@ -119,12 +119,12 @@ async def assign_tags(body: TagsAssign, tenant: TenantDep, builds: BuildsDep,
     """``assign_tags``: the build ``target`` (``alias:tag``, or ``alias``: its latest) is
     given ``tags`` as well."""
     alias, tag = split_name(body.target)
-    if not builds.asked(tenant, alias):
+    if not await builds.asked(tenant, alias):
         await _owned(templates, tenant, alias)
-        raise E2BError(404, f"template {alias!r} has no builds made through E2B's API since the "
-                            "gateway started, so none to tag")
-    build_id = builds.tagged(tenant, alias, tag)
-    builds.tag(tenant, alias, build_id, body.tags)
+        raise E2BError(404, f"template {alias!r} has no builds made through E2B's API, so "
+                            "none to tag")
+    build_id = await builds.tagged(tenant, alias, tag)
+    await builds.tag(tenant, alias, build_id, body.tags)
     return TagsAssigned(tags=body.tags, buildID=build_id)
 
 
@@ -132,7 +132,7 @@ async def assign_tags(body: TagsAssign, tenant: TenantDep, builds: BuildsDep,
 async def remove_tags(body: TagsRemove, tenant: TenantDep, builds: BuildsDep) -> Response:
     """``remove_tags``: the template ``name`` loses ``tags``."""
     alias, _ = split_name(body.name)
-    builds.untag(tenant, alias, body.tags)
+    await builds.untag(tenant, alias, body.tags)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -141,10 +141,10 @@ async def get_tags(template_id: str, tenant: TenantDep, builds: BuildsDep,
                    templates: TemplatesDep) -> list[TagOut]:
     """``get_tags``: the template's tags and the build each names."""
     alias, _ = split_name(template_id)
-    if not builds.asked(tenant, alias):
+    if not await builds.asked(tenant, alias):
         await templates.get(tenant, alias)  # NotFound: not the tenant's
     return [TagOut(tag=tag, buildID=held.build_id, createdAt=held.created_at)
-            for tag, held in sorted(builds.tags(tenant, alias).items(),
+            for tag, held in sorted((await builds.tags(tenant, alias)).items(),
                                     key=lambda item: item[1].created_at)]
 
 
@@ -162,5 +162,5 @@ async def delete_template(template_id: str, tenant: TenantDep, builds: BuildsDep
         raise E2BError(403, f"template {template_id!r} is published by an operator; only an "
                             "operator deletes it")
     await templates.delete(tenant, template_id)
-    builds.forget(tenant, info.name)
+    await builds.forget(tenant, info.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,7 +1,7 @@
 """What the E2B face keeps of its template builds: the builds asked and not yet started, which
 replgate build each of E2B's build ids is, the Dockerfile's steps (to name a failed step as
-E2B's), and tags. Kept in the gateway's memory: after a restart, a template's builds are
-replgate's (``gateway.templates``) and its tags are gone.
+E2B's), and tags. Kept in the database (:mod:`gateway.records.e2b_templates`): another gateway,
+or this one restarted, answers a build's status and a template's tags as this one would.
 
 E2B's template id is the template's name here (E2B's alias: ``name`` before any ``:tag``), the
 name replgate's templates are found by; sessions run on the template's profile.
@@ -23,7 +23,9 @@ from gateway.e2b._errors import E2BError
 from gateway.e2b._models import DEFAULT_TEMPLATES
 from gateway.e2b._templates_dockerfile import Translation
 from gateway.e2b._templates_files import Uploads
+from gateway.records.e2b_templates import E2BBuildRecord
 from gateway.service import Gateway
+from gateway.store import Store
 from gateway.templates import TemplateInfo, Templates, TemplateStatus
 from gateway.wire import CommandRequest
 from kernel_pool import SessionPort
@@ -77,10 +79,11 @@ def check_tag(tag: str) -> str:
 class TemplateBuilds:
     """E2B's builds and tags of every tenant, over replgate's templates."""
 
-    def __init__(self, uploads: Uploads) -> None:
+    def __init__(self, uploads: Uploads, store: Store) -> None:
         self.uploads = uploads
-        self._builds: dict[tuple[str, str], Build] = {}
-        self._tags: dict[tuple[str, str], dict[str, Tag]] = {}
+        self.store = store
+        """Where the builds and tags are kept (every gateway, and a restarted one, reads
+        them)."""
         self._started: set[asyncio.Task[None]] = set()
 
     def start_command(self, gateway: Gateway, tenant: str, session: SessionPort,
@@ -107,61 +110,73 @@ class TemplateBuilds:
         except Exception as exc:  # the sandbox ended, or the command could not run: logged
             logger.info("the start command of sandbox %s ended: %r", session.id, exc)
 
-    def ask(self, tenant: str, alias: str, tags: list[str], cpu_count: int,
-            memory_mb: int) -> Build:
+    async def ask(self, tenant: str, alias: str, tags: list[str], cpu_count: int,
+                  memory_mb: int) -> Build:
         """A new build of ``alias``, tagged ``tags``, waiting for its steps."""
+        for tag in tags:
+            check_tag(tag)
         build = Build(tenant, alias, str(uuid.uuid4()), cpu_count, memory_mb)
-        self._builds[(tenant, build.build_id)] = build
-        self.tag(tenant, alias, build.build_id, tags)
+        await self.store.add_e2b_build(E2BBuildRecord(
+            build_id=build.build_id, tenant=tenant, alias=alias, cpu_count=cpu_count,
+            memory_mb=memory_mb, created_at=build.created_at))
+        await self.tag(tenant, alias, build.build_id, tags)
         return build
 
-    def build(self, tenant: str, alias: str, build_id: str) -> Build:
-        build = self._builds.get((tenant, build_id))
-        if build is None or build.alias != alias:
+    async def build(self, tenant: str, alias: str, build_id: str) -> Build:
+        found = await self.store.e2b_build(tenant, build_id)
+        if found is None or found.alias != alias:
             raise E2BError(404, f"build {build_id} of template {alias!r} not found")
-        return build
+        return _of(found)
 
-    def asked(self, tenant: str, alias: str) -> bool:
+    async def started(self, build: Build, core: str, translation: Translation) -> None:
+        """Record that ``build`` started as replgate's build ``core``."""
+        await self.store.start_e2b_build(build.build_id, core, translation.steps)
+        build.core, build.translation = core, translation
+
+    async def asked(self, tenant: str, alias: str) -> bool:
         """Whether a build of ``alias`` was asked (it may not have started yet)."""
-        return any(b.tenant == tenant and b.alias == alias for b in self._builds.values())
+        return bool(await self.store.e2b_builds_of(tenant, alias))
 
-    def builds_of(self, tenant: str, alias: str) -> list[Build]:
-        return [b for b in self._builds.values() if b.tenant == tenant and b.alias == alias]
+    async def builds_of(self, tenant: str, alias: str) -> list[Build]:
+        return [_of(found) for found in await self.store.e2b_builds_of(tenant, alias)]
 
-    def forget(self, tenant: str, alias: str) -> None:
-        for build in self.builds_of(tenant, alias):
-            del self._builds[(tenant, build.build_id)]
-        self._tags.pop((tenant, alias), None)
+    async def forget(self, tenant: str, alias: str) -> None:
+        await self.store.forget_e2b_template(tenant, alias)
 
     # -- tags ------------------------------------------------------------------------------
 
-    def tag(self, tenant: str, alias: str, build_id: str, tags: list[str]) -> None:
-        held = self._tags.setdefault((tenant, alias), {})
-        for tag in tags:
-            held[check_tag(tag)] = Tag(build_id, datetime.now(UTC))
+    async def tag(self, tenant: str, alias: str, build_id: str, tags: list[str]) -> None:
+        await self.store.set_e2b_tags(tenant, alias, build_id, [check_tag(t) for t in tags],
+                                      datetime.now(UTC))
 
-    def tags(self, tenant: str, alias: str) -> dict[str, Tag]:
-        return dict(self._tags.get((tenant, alias), {}))
+    async def tags(self, tenant: str, alias: str) -> dict[str, Tag]:
+        return {tag: Tag(build_id, at)
+                for tag, (build_id, at) in (await self.store.e2b_tags(tenant, alias)).items()}
 
-    def untag(self, tenant: str, alias: str, tags: list[str]) -> None:
-        held = self._tags.get((tenant, alias), {})
+    async def untag(self, tenant: str, alias: str, tags: list[str]) -> None:
+        held = await self.store.e2b_tags(tenant, alias)
         missing = [tag for tag in tags if tag not in held]
         if missing:
             raise E2BError(404, f"template {alias!r} has no tag {', '.join(missing)}")
-        for tag in tags:
-            del held[tag]
+        await self.store.remove_e2b_tags(tenant, alias, tags)
 
-    def tagged(self, tenant: str, alias: str, tag: str | None) -> str:
+    async def tagged(self, tenant: str, alias: str, tag: str | None) -> str:
         """The build id ``alias:tag`` names (no tag: the latest build asked)."""
         if tag is None:
-            builds = self.builds_of(tenant, alias)
+            builds = await self.store.e2b_builds_of(tenant, alias)
             if not builds:
                 raise E2BError(404, f"template {alias!r} not found")
-            return max(builds, key=lambda b: b.created_at).build_id
-        found = self._tags.get((tenant, alias), {}).get(tag)
+            return builds[-1].build_id
+        found = (await self.store.e2b_tags(tenant, alias)).get(tag)
         if found is None:
             raise E2BError(404, f"template {alias!r} has no tag {tag!r}")
-        return found.build_id
+        return found[0]
+
+
+def _of(found: E2BBuildRecord) -> Build:
+    return Build(found.tenant, found.alias, found.build_id, found.cpu_count, found.memory_mb,
+                 found.created_at, found.core,
+                 None if found.steps is None else Translation(steps=found.steps))
 
 
 def core_templates(request: Request) -> Templates:

@@ -28,13 +28,17 @@ from gateway.doctor import (
     TemplateBuild,
     build_template_image,
     check_context,
+    export_image,
+    image_key,
     remove_template_image,
 )
 from gateway.service import Gateway
 from gateway.templates._models import ID_PREFIX, BuildSpec
+from gateway.templates._profiles import ResolvedProfiles
 from gateway.templates._runs import BuildRun, check_kernel
 from gateway.wire import LogLine, TemplateInfo, TemplateStatus
-from kernel_pool import ImageError, KernelPoolError, Profile, TemplateBuildFailed, parse_size
+from kernel_pool import ImageError, KernelPoolError, TemplateBuildFailed, parse_size
+from kernel_pool.bundles import BundleStore, BundleStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -43,20 +47,21 @@ REMOVE_WITHIN_S = 3600.0
 """How long a deleted template's images are tried again while sessions run on them (a purge
 removes what is left)."""
 REMOVE_RETRY_S = 2.0
-WARM_CHECK_S = 30.0
-"""How often profiles unused for ``REPLGATE_TEMPLATE_WARM_S`` are shrunk to no warm kernel."""
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class Templates:
+class Templates(ResolvedProfiles):
     """The tenants' custom templates: their builds on the engine, their records, their
     profiles on the host."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, *, images: BundleStore | None = None) -> None:
         self.gateway = gateway
+        self.images = images
+        """Where each build's image is saved (the bundle store, if any), for the nodes and the
+        gateways on other machines."""
         self.store = gateway.store
         self.host = gateway.pool
         self.settings = gateway.settings
@@ -70,9 +75,10 @@ class Templates:
         self._uncached: set[str] = set()
         """Templates whose next build skips the cache (a purge since)."""
         self._warm_task: asyncio.Task[None] | None = None
-        self._resolved: dict[tuple[str, str], str] = {}
-        """(tenant, name asked) -> profile, forgotten at each change of a template here (a
-        create is a dictionary lookup, as for any profile)."""
+        self._resolved: dict[tuple[str, str], tuple[str, float]] = {}
+        """(tenant, name asked) -> (profile, when resolved), forgotten at each change of a
+        template here and after ``RESOLVED_FOR_S`` (another gateway's change), so a create is
+        a dictionary lookup, as for any profile, most of the time."""
         self._removing: set[asyncio.Task[None]] = set()
         """Deleted templates' images waiting for their last container to go."""
         gateway.templates = self
@@ -115,8 +121,8 @@ class Templates:
         """Start a build (a new template, or a rebuild of the tenant's template of that name)
         and return at once with status ``building``; TooManyRequests past the quotas."""
         if not self.host.adds_profiles:
-            raise InvalidInput("custom templates need a gateway whose sessions run on its own "
-                               "machine; on nodes they are not available yet")
+            raise InvalidInput("custom templates on nodes need a bundle store "
+                               "(REPLGATE_BUNDLE_STORE) that carries their images to the nodes")
         if spec.context:
             try:
                 await asyncio.to_thread(check_context, spec.context)
@@ -202,6 +208,9 @@ class Templates:
             raise TemplateBuildFailed(
                 f"the image takes {built.size} bytes, more than REPLGATE_MAX_TEMPLATE_IMAGE_BYTES "
                 f"({self.settings.max_template_image_bytes})")
+        if self.images is not None:  # before a node is asked for a session of it (the check)
+            run.add("replgate: saving the image into the bundle store")
+            await export_image(tag, self.images)
         profile = self._profile(f"{info.id}-{info.builds}", tag, 0)
         self.host.set_profile(profile)
         try:
@@ -221,11 +230,6 @@ class Templates:
     def _failed(self, info: TemplateInfo, error: str, line: int | None) -> TemplateInfo:
         return info.model_copy(update={"status": TemplateStatus.FAILED, "error": error,
                                        "failed_line": line, "updated_at": _now()})
-
-    def _profile(self, name: str, image: str, min_idle: int) -> Profile:
-        """A template's profile: the default profile's limits, its own image."""
-        return self.settings.limits.model_copy(
-            update={"name": name, "image": image, "min_idle": min_idle})
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -303,6 +307,12 @@ class Templates:
     async def _remove_images(self, tags: builtins.list[str]) -> None:
         """Remove a deleted template's images once nothing runs on them: its idle kernels and
         a kernel template being made go in the background, and sessions of it run on."""
+        if self.images is not None:  # (the nodes keep what they loaded)
+            for tag in tags:
+                try:
+                    await self.images.delete(image_key(tag))
+                except BundleStoreError as exc:
+                    logger.warning("image %s stays in the bundle store: %s", tag, exc)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REMOVE_WITHIN_S
         while tags and loop.time() < deadline:
@@ -343,53 +353,3 @@ class Templates:
                     await remove_template_image(tag)
                     removed.append(tag)
         return removed
-
-    # -- profiles ----------------------------------------------------------------------------
-
-    async def profile_for(self, tenant: str, name: str) -> str:
-        """The profile a session asking for ``name`` runs on: a template's (by its name, id or
-        profile) if the tenant may use it, else ``name`` itself (an operator's profile)."""
-        if name in self.host.settings.profiles and not name.startswith(ID_PREFIX):
-            return name
-        known = self._resolved.get((tenant, name))
-        if known is not None and known in self.host.settings.profiles:
-            self._warm(known)
-            return known
-        key = name.rsplit("-", 1)[0] if name.startswith(ID_PREFIX) else name
-        info = await self.store.find_template(tenant, key)
-        if info is None:
-            if name.startswith(ID_PREFIX):
-                raise NotFound(f"no template {name!r}; GET /v1/templates lists yours")
-            return name
-        if info.status is not TemplateStatus.READY and info.image is None:
-            raise Conflict(f"template {info.name!r} is {info.status.value}, not ready")
-        profile = name if name.startswith(ID_PREFIX) and name in self.host.settings.profiles \
-            else info.profile
-        self._resolved[(tenant, name)] = profile
-        self._warm(profile)
-        return profile
-
-    async def profiles_of(self, tenant: str) -> set[str]:
-        """The template profiles the tenant may start sessions of: each of its own and the
-        published templates' current build, once ready."""
-        return {info.profile for info in await self.store.list_templates(tenant)
-                if info.image is not None}
-
-    def _warm(self, name: str) -> None:
-        """A session of the profile is being made: keep one warm kernel of it for a while."""
-        self._used[name] = asyncio.get_running_loop().time()
-        current = self.host.settings.profiles.get(name)
-        if current is not None and current.min_idle == 0 and self.settings.template_warm_s > 0:
-            self.host.set_profile(current.model_copy(update={"min_idle": 1}))
-
-    async def _shrink_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(WARM_CHECK_S)
-            for name, used in list(self._used.items()):
-                if loop.time() - used < self.settings.template_warm_s:
-                    continue
-                del self._used[name]
-                current = self.host.settings.profiles.get(name)
-                if current is not None and current.min_idle:  # a template's profile sets it, 0 or 1
-                    self.host.set_profile(current.model_copy(update={"min_idle": 0}))

@@ -61,7 +61,7 @@ async def test_legacy_state_dir_migrates_with_nothing_lost(tmp_path: Path) -> No
     with sqlite3.connect(state / "replgate.db") as raw:
         (revision,) = raw.execute("SELECT version_num FROM alembic_version").fetchone()
     raw.close()
-    assert revision == "0013"
+    assert revision == "0014"
     # and the command line agrees, on the migrated folder
     env = {"REPLGATE_STATE_DIR": str(state), "PATH": "/usr/bin:/bin"}
     verify = await asyncio.to_thread(

@@ -1,6 +1,6 @@
 """A profile added while the host runs (a custom template's): on one machine it serves sessions
-at once and is forgotten when removed; a host of nodes refuses to add one (each node would
-need the template's image first), and says so."""
+at once and is forgotten when removed; a host of nodes without a bundle store refuses to add
+one (nothing would carry the template's image to its nodes), and says so."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ async def test_a_profile_is_added_and_removed_while_running_or_refused(
         host: SessionHost) -> None:
     added = host.profile("default").model_copy(update={"name": "added-1", "min_idle": 0})
     if not host.adds_profiles:
-        with pytest.raises(InvalidRequest, match="cannot add a template's profile yet"):
+        with pytest.raises(InvalidRequest, match="need a bundle store"):
             host.set_profile(added)
         host.remove_profile("added-1")  # nothing to forget
         with pytest.raises(ProfileNotFound):

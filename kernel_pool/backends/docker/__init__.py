@@ -23,6 +23,7 @@ from kernel_pool.backends.docker._image import (
     build_image,
     read_image_info,
 )
+from kernel_pool.backends.docker._image_transfer import ensure_image, export_image, image_key
 from kernel_pool.backends.docker._sandbox import DockerSandbox
 from kernel_pool.backends.docker._template import refusal as templates_refusal
 from kernel_pool.backends.docker._user_image import (
@@ -51,6 +52,9 @@ __all__ = [
     "checkpoint_support",
     "container_name",
     "current_image",
+    "ensure_image",
+    "export_image",
+    "image_key",
     "missing_runtime",
     "read_image_info",
     "remove_template_image",

@@ -201,3 +201,18 @@ def test_what_cannot_be_mapped_is_refused_with_a_sentence() -> None:
     template = Template().from_image("ubuntu:22.04", username="u", password="p")
     with pytest.raises(BuildException, match="registry's credentials"):
         Template.build(template, f"e2b-creds-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_restarted_gateway_still_answers_the_tags_and_the_build_status(
+        built: tuple[str, BuildInfo], gateway: GatewayProcess) -> None:
+    alias, info = built
+    assert _wait(info, []) is TemplateBuildStatus.READY
+    Template.assign_tags(f"{alias}:v1", ["kept"])
+    tags = {(t.tag, t.build_id) for t in Template.get_tags(alias)}
+    assert ("kept", info.build_id) in tags
+    gateway.stop()
+    gateway.start()
+    assert {(t.tag, t.build_id) for t in Template.get_tags(alias)} == tags
+    status = Template.get_build_status(info)
+    assert status.status is TemplateBuildStatus.READY and status.build_id == info.build_id
+    assert Template.assign_tags(f"{alias}:kept", ["again"]).build_id == info.build_id
