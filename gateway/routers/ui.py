@@ -38,6 +38,7 @@ ASSETS = {
     "sessions.js": "text/javascript; charset=utf-8",
     "signin.js": "text/javascript; charset=utf-8",
     "status.js": "text/javascript; charset=utf-8",
+    "templates.js": "text/javascript; charset=utf-8",
     "terminal.js": "text/javascript; charset=utf-8",
     "text.js": "text/javascript; charset=utf-8",
     "watch.js": "text/javascript; charset=utf-8",

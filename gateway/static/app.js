@@ -26,6 +26,7 @@ import { setPlaceholder } from "./cells.js";
 import { tickExpiries } from "./approvals.js";
 import { onFrameMessage } from "./output.js";
 import { showNetwork } from "./network.js";
+import { refreshTemplates } from "./templates.js";
 
 async function start() {
   hooks.signOut = signOut;
@@ -73,6 +74,7 @@ function bindUi() {
   $("terminal-kill").addEventListener("click", killTerminal);
   $("terminal-new").addEventListener("click", newTerminal);
   $("network-refresh").addEventListener("click", showNetwork);
+  $("templates-refresh").addEventListener("click", refreshTemplates);
   $("approver-toggle").addEventListener("click", () => {
     if ($("approver-panel").hidden) openApproverPanel(); else closeApproverPanel();
   });

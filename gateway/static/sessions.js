@@ -9,6 +9,7 @@ import { filesSessionSeen, refreshFiles, unwatchFiles, watchFiles } from "./file
 import { closeTerminal, setTabLinks, showTab } from "./terminal.js";
 import { loadLanguages } from "./cells.js";
 import { refreshApprovals } from "./approvals.js";
+import { profileLabel, templateOf } from "./templates.js";
 
 // -- sessions ----------------------------------------------------------------------------
 
@@ -82,6 +83,10 @@ function showSessionTitle(id, session) {
   title.textContent = name || `Session ${shortId(id)}`;
   title.classList.toggle("named", Boolean(name));
   title.title = id;
+  // Which template (or profile) the sandbox runs: a template's profile is its id and build.
+  const profile = session ? session.profile : null;
+  $("session-profile").textContent = profile ? profileLabel(profile) : "";
+  $("session-profile").title = profile || "";
 }
 
 function sessionItem(session) {
@@ -111,7 +116,8 @@ function sessionItem(session) {
         : `${state.waiting.get(session.id)} need approval`,
     }) : null),
   el("div", { class: "session-sub muted" },
-    `${session.profile} · ${runs} · ${ago(session.created_at)}`),
+    `${templateOf(session.profile)?.name || session.profile} · ${runs} · ${
+      ago(session.created_at)}`),
   // A named session's id (its prefix) goes here, with the rest of its metadata.
   name || metadata.length ? el("div", { class: "session-meta muted", title: metadata.join("\n") || null },
     name ? el("span", { class: "mono", text: shortId(session.id) }) : null,
@@ -149,7 +155,9 @@ export async function createSession() {
   const button = $("new-session");
   button.disabled = true;
   try {
-    const session = await api("POST", "/v1/sessions", { json: {} });
+    // A ready template's name chosen in the picker, else the default profile.
+    const profile = $("new-profile").value;
+    const session = await api("POST", "/v1/sessions", { json: profile ? { profile } : {} });
     await refreshSessions();
     location.hash = `#/s/${session.id}`;
   } catch (error) {

@@ -3,6 +3,7 @@
 import { $, state } from "./page.js";
 import { closeApproverPanel, setApproverKey, showApproverToggle } from "./approver.js";
 import { closeSession, openFromHash, refreshSessions, renderSessions } from "./sessions.js";
+import { closeTemplates, refreshTemplates } from "./templates.js";
 
 export const KEY_STORAGE = "replgate.apiKey";
 // -- sign in -----------------------------------------------------------------------------
@@ -21,6 +22,7 @@ export function showApp() {
   state.pollTimer = setInterval(() => {
     if (document.visibilityState === "visible") refreshSessions().catch(() => {});
   }, 5000);
+  refreshTemplates();
   openFromHash();
 }
 
@@ -62,6 +64,7 @@ export function signOut(message) {
   if (message === undefined) setApproverKey(null);  // signing out on purpose forgets both
   closeApproverPanel();
   closeSession();
+  closeTemplates();
   showApproverToggle();
   clearInterval(state.pollTimer);
   renderSessions([]);
