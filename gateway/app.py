@@ -41,8 +41,7 @@ from gateway.snapshots import Snapshots
 from gateway.statelock import StartRefused
 from gateway.store import Store
 from gateway.templates import Templates
-from kernel_pool import KernelPool, SandboxInfo, SessionHost
-from kernel_pool.bundles import open_store
+from kernel_pool import KernelPool, SandboxInfo, SessionHost, open_store
 from node.placement import RemoteNodes
 from node.records import SessionRecords
 from node.registry import Registry

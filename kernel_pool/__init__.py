@@ -39,6 +39,13 @@ if TYPE_CHECKING:
     from kernel_pool._usage import SandboxUsage
     from kernel_pool._watch import DirWatch, WatchEvent
     from kernel_pool.backends.base import SandboxInfo
+    from kernel_pool.bundles import (
+        PART_SIZE,
+        BundleNotFound,
+        BundleStore,
+        BundleStoreError,
+        open_store,
+    )
     from kernel_pool.config import OutputCaps, PoolLimits, PoolSettings, Profile, parse_size
     from kernel_pool.events import (
         CHART_MIME,
@@ -124,8 +131,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CHART_MIME",
     "DEFAULT_CONTEXT",
+    "PART_SIZE",
     "ApprovalEvent",
     "BackendError",
+    "BundleNotFound",
+    "BundleStore",
+    "BundleStoreError",
     "CapacityError",
     "ClearOutputEvent",
     "ClosedListener",
@@ -222,6 +233,7 @@ __all__ = [
     "check_language",
     "env_code",
     "normalize_language",
+    "open_store",
     "parse_size",
     "policy_beyond",
     "profile_bound",
@@ -333,6 +345,11 @@ _HOMES = {
     "WorkspaceError": "kernel_pool.exceptions",
     "WorkspaceFull": "kernel_pool.exceptions",
     "parse_size": "kernel_pool.config",
+    "PART_SIZE": "kernel_pool.bundles",
+    "BundleNotFound": "kernel_pool.bundles",
+    "BundleStore": "kernel_pool.bundles",
+    "BundleStoreError": "kernel_pool.bundles",
+    "open_store": "kernel_pool.bundles",
 }
 
 

@@ -35,7 +35,7 @@ from gateway.e2b._templates_files import Uploads
 from gateway.e2b._templates_state import TemplateBuilds
 from gateway.e2b._watch import watch_endpoints
 from gateway.service import Gateway
-from kernel_pool.bundles import open_store
+from kernel_pool import open_store
 
 __all__ = ["Sandboxes", "install", "start"]
 

@@ -30,7 +30,7 @@ from anyio import AsyncFile
 from fastapi import Request
 
 from gateway.e2b._errors import E2BError
-from kernel_pool.bundles import PART_SIZE, BundleStore
+from kernel_pool import PART_SIZE, BundleStore
 
 UPLOAD_MAX = 256 << 20
 """The largest archive one ``copy`` step may upload (bytes)."""

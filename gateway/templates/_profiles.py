@@ -12,8 +12,7 @@ from gateway.doctor import ensure_image, image_key
 from gateway.store import Store
 from gateway.templates._models import ID_PREFIX
 from gateway.wire import TemplateInfo, TemplateStatus
-from kernel_pool import Profile, SessionHost
-from kernel_pool.bundles import BundleNotFound, BundleStore
+from kernel_pool import BundleNotFound, BundleStore, Profile, SessionHost
 
 RESOLVED_FOR_S = 5.0
 """How long a name resolved to a profile is taken as it is: another gateway's rebuild, delete

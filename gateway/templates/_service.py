@@ -37,8 +37,14 @@ from gateway.templates._models import ID_PREFIX, BuildSpec
 from gateway.templates._profiles import ResolvedProfiles
 from gateway.templates._runs import BuildRun, check_kernel
 from gateway.wire import LogLine, TemplateInfo, TemplateStatus
-from kernel_pool import ImageError, KernelPoolError, TemplateBuildFailed, parse_size
-from kernel_pool.bundles import BundleStore, BundleStoreError
+from kernel_pool import (
+    BundleStore,
+    BundleStoreError,
+    ImageError,
+    KernelPoolError,
+    TemplateBuildFailed,
+    parse_size,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,8 @@ EXPORTED = [
     # the kernel's language):
     "CommandEmit", "DEFAULT_CONTEXT", "check_env", "check_language", "env_code",
     "normalize_language", "refused_at_gate",
+    # The bundle store, which the gateway opens for custom templates' images and uploads:
+    "PART_SIZE", "BundleNotFound", "BundleStore", "BundleStoreError", "open_store",
 ]
 PUBLIC_MODULES = {"__init__.py", "config.py", "events.py", "exceptions.py", "port.py",
                   "state.py"}
