@@ -70,7 +70,7 @@ async def test_templates_are_listed_followed_and_used_for_a_new_session(ui: Ui) 
         await page.wait_for_function(
             "name => document.getElementById('session-profile').textContent === name",
             arg=f"template {good}")
-        sub = page.locator(f".session-item[data-session-id={made.pop()}] .session-sub")
+        sub = page.locator(f".session-item[data-session-id=\"{made.pop()}\"] .session-sub")
         assert (await sub.text_content() or "").startswith(f"{good} · ")
         cell = await ui.run(page, "print(open('/opt/marker').read().strip())")
         assert (await cell.locator(".output.stdout").inner_text()).strip() == "hi"
