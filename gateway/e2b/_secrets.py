@@ -61,19 +61,6 @@ def _metadata(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
-class NewSecret(Lenient):
-    """E2B's ``NewSecret``."""
-
-    name: str
-    value: str = Field(repr=False)
-    metadata: dict[str, str] | None = None
-
-    @field_validator("metadata")
-    @classmethod
-    def _limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        return _metadata(value)
-
-
 class SecretUpdate(Lenient):
     """E2B's ``SecretUpdate``: a new value and, when given, new metadata."""
 
@@ -84,6 +71,12 @@ class SecretUpdate(Lenient):
     @classmethod
     def _limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         return _metadata(value)
+
+
+class NewSecret(SecretUpdate):
+    """E2B's ``NewSecret``: a name, with what an update gives."""
+
+    name: str
 
 
 class SecretInfo(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import docker
@@ -39,24 +40,15 @@ async def export_image(tag: str, store: BundleStore) -> str:
     key = image_key(tag)
     if await store.exists(key):
         return key
-    proc = await asyncio.create_subprocess_exec(
-        "docker", "save", tag, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    try:
+    async with _docker("save", tag, stdout=asyncio.subprocess.PIPE) as (proc, errors):
+        assert proc.stdout is not None
         # The object is committed only if the writer's block ends cleanly: a failed save
         # raises inside it, and leaves nothing under the key.
         async with store.writer(key) as out:
             while chunk := await proc.stdout.read(READ_SIZE):
                 await out.write(chunk)
-            err = await proc.stderr.read()
             if await proc.wait() != 0:
-                raise ImageError(f"docker save {tag} failed: "
-                                 f"{err.decode(errors='replace').strip()}")
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+                raise ImageError(f"docker save {tag} failed: {await errors}")
     return key
 
 
@@ -68,28 +60,44 @@ async def ensure_image(tag: str, key: str, store: BundleStore) -> bool:
     async with _loading[tag]:
         if await _present(tag):
             return False
-        proc = await asyncio.create_subprocess_exec(
-            "docker", "load", "--quiet", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        assert proc.stdin is not None and proc.stderr is not None
-        try:
+        async with _docker("load", "--quiet", stdin=asyncio.subprocess.PIPE) as (proc, errors):
+            assert proc.stdin is not None
             async with aclosing(store.reader(key)) as chunks:
                 async for chunk in chunks:
                     proc.stdin.write(chunk)
                     await proc.stdin.drain()
             proc.stdin.close()
-            err = await proc.stderr.read()
             if await proc.wait() != 0:
-                raise ImageError(f"docker load of {tag} failed: "
-                                 f"{err.decode(errors='replace').strip()}")
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+                raise ImageError(f"docker load of {tag} failed: {await errors}")
     if not await _present(tag):
         raise ImageError(f"the store's {key} did not hold the image {tag}")
     return True
+
+
+@contextlib.asynccontextmanager
+async def _docker(*args: str, stdin: int | None = None, stdout: int | None = None
+                  ) -> AsyncIterator[tuple[asyncio.subprocess.Process, asyncio.Task[str]]]:
+    """``docker *args`` as a subprocess, with a task reading its stderr all along (read only
+    at the end, a chatty stderr would fill its pipe and stall the stream); killed and
+    waited for if the block leaves it running."""
+    proc = await asyncio.create_subprocess_exec(
+        "docker", *args, stdin=stdin, stdout=stdout or asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    stderr = proc.stderr
+
+    async def read_errors() -> str:
+        return (await stderr.read()).decode(errors="replace").strip()
+
+    errors = asyncio.ensure_future(read_errors())
+    try:
+        yield proc, errors
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        errors.cancel()  # done already unless the block left early
 
 
 async def _present(tag: str) -> bool:
