@@ -22,8 +22,10 @@ async def _build(ui: Ui, name: str, dockerfile: str) -> str:
 async def test_templates_are_listed_followed_and_used_for_a_new_session(ui: Ui) -> None:
     suffix = secrets.token_hex(3)
     good, bad = f"marker-{suffix}", f"broken-{suffix}"
+    # The step names the run (no layer of an earlier run to reuse) and lasts long enough
+    # that the page, signed in, finds the build still under way.
     good_id = await _build(ui, good, f"FROM {current_image()}\nUSER root\n"
-                                     "RUN echo hi > /opt/marker\n")
+                                     f"RUN echo hi > /opt/marker && echo {suffix} && sleep 8\n")
     bad_id = await _build(ui, bad, f"FROM {current_image()}\nRUN ls /no/such/folder\n")
     try:
         page = await ui.signed_in_page()
