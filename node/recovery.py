@@ -84,6 +84,8 @@ async def find(nodes: Nodes, session_id: str, tenant: str | None) -> RemoteSessi
     except (SessionNotFound, NodeUnreachable) as exc:
         session = await _lost(nodes, record, exc)  # (which reads it again)
     else:
+        if session.closing:  # being deleted here: as absent as its node may already say
+            raise SessionNotFound(session_id)
         if nodes.bundles and await nodes.is_draining(record.node):
             await session.refresh()  # paused as of now, not as of this gateway's last look
             fresh = await nodes.records.store.get_session(session_id)  # its count, its epoch

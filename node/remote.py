@@ -157,6 +157,10 @@ class RemoteSession(SessionRequests, RemoteSandboxFs):
     def closed(self) -> bool:
         return self._closed
 
+    closing = False
+    """Set while its deletion is under way: its node may already answer without it, and so
+    does this gateway (:func:`node.recovery.find`)."""
+
     @property
     def current(self) -> ExecutionHandle | None:
         return self._queue.current
@@ -298,9 +302,13 @@ class RemoteSession(SessionRequests, RemoteSandboxFs):
     async def close(self) -> None:
         if self._closed:
             return
-        # Gone already: the node culled it, or another gateway deleted it.
-        with contextlib.suppress(SessionNotFound, SessionClosed):
-            await self.client.call("DELETE", f"/sessions/{self.id}", session_id=self.id)
+        self.closing = True
+        try:
+            # Gone already: the node culled it, or another gateway deleted it.
+            with contextlib.suppress(SessionNotFound, SessionClosed):
+                await self.client.call("DELETE", f"/sessions/{self.id}", session_id=self.id)
+        finally:
+            self.closing = False  # closed, or not (a node not answering): nothing changed
         self.abandon()
 
     def abandon(self) -> None:

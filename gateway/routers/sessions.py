@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Response, status
@@ -20,6 +21,7 @@ from gateway.wire import (
     SessionMetricsOut,
     SessionOut,
 )
+from kernel_pool import SessionNotFound
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -33,7 +35,13 @@ async def create_session(tenant: TenantDep, gateway: GatewayDep,
 
 @router.get("")
 async def list_sessions(tenant: TenantDep, gateway: GatewayDep) -> list[SessionOut]:
-    return [gateway.describe(await gateway.refresh(s)) for s in await gateway.sessions(tenant)]
+    """The tenant's sessions as their nodes have them now; one whose node no longer has it
+    (another gateway deleting it) is left out, not the whole list a 404."""
+    listed = []
+    for session in await gateway.sessions(tenant):
+        with contextlib.suppress(SessionNotFound):
+            listed.append(gateway.describe(await gateway.refresh(session)))
+    return listed
 
 
 @router.get("/{session_id}")

@@ -386,11 +386,37 @@ async def test_execute_over_v1_subprotocol_speaks_binary(gateway: GatewayProcess
     assert of_type(messages, "execute_reply")[0]["content"]["status"] == "ok"
 
 
+def held_until_released(marker: str, then: str) -> str:
+    """A cell that runs ``then`` once the file ``marker`` is in the workspace (a TimeoutError
+    if it never comes)."""
+    return (f"import os, time\n"
+            f"deadline = time.monotonic() + 60\n"
+            f"while not os.path.exists({f'/home/user/{marker}'!r}):\n"
+            f"    if time.monotonic() > deadline:\n"
+            f"        raise TimeoutError('never released')\n"
+            f"    time.sleep(0.01)\n"
+            f"{then}\n")
+
+
+async def release(gateway: GatewayProcess, api: httpx.AsyncClient, kernel_id: str,
+                  marker: str) -> None:
+    answer = await api.put(f"/v1/sessions/{kernel_id}/files/{marker}", content=b"",
+                           headers={"Authorization": f"Bearer {gateway.keys['alpha']}"})
+    assert answer.status_code == 201, answer.text
+
+
 async def test_execute_error_aborts_queued_requests(gateway: GatewayProcess,
+                                                    api: httpx.AsyncClient,
                                                     kernel_id: str) -> None:
+    """The queued cell reached the gateway before the error (see the next test for why the
+    failing cell waits for that)."""
+    marker = f"release-{uuid.uuid4().hex}"
     async with channels(gateway, kernel_id) as ch:
-        failing = await ch.send("execute_request", {"code": "1/0", "stop_on_error": True})
+        failing = await ch.send("execute_request", {
+            "code": held_until_released(marker, "1/0"), "stop_on_error": True})
         queued = await ch.send("execute_request", {"code": "print('never')"})
+        await ch.collect(await ch.send("kernel_info_request", {}))
+        await release(gateway, api, kernel_id, marker)
         failed, aborted = await ch.collect(failing), await ch.collect(queued)
         after = await ch.execute("print('runs again')")
     (error,) = of_type(failed, "error")
@@ -417,20 +443,36 @@ def autogen_execute(code: str) -> tuple[str, str]:
 
 
 async def test_a_cell_sent_once_the_error_is_seen_runs(gateway: GatewayProcess,
+                                                       api: httpx.AsyncClient,
                                                        kernel_id: str) -> None:
     """AutoGen's DockerJupyterCodeExecutor (autogen-ext, not installed here: its autogen-core
     pins protobuf 5 where the lock has 7) returns on a cell's ``error`` message and sends its
     next cell at once, reading no execute_reply; replgate answered that cell ``aborted`` 9 times
-    in 10, so the agent read an empty success. Its pattern, repeated: a cell sent in the same
-    breath as the failing one is still aborted, as a Jupyter kernel does, and the one sent after
-    the error was seen runs."""
+    in 10, so the agent read an empty success. Its pattern, repeated: a cell that reached the
+    gateway before the error was written is still aborted, as a Jupyter kernel aborts what
+    reached it before its error reply, and the one sent after the error was seen runs.
+
+    Sending two frames back to back does not make the second reach the gateway before the first
+    one's error: a client descheduled between its two sends (2 loaded cores) sends it after,
+    and then neither ipykernel (``stop_on_error_timeout`` 0) nor the gateway can tell it from a
+    reaction to the error. So the failing cell waits until a ``kernel_info_request`` sent after
+    the queued cell is answered (the gateway reads a connection's frames in order) and the
+    test then releases it."""
     async with channels(gateway, kernel_id) as ch:
         for attempt in range(20):
-            failing, frame = autogen_execute(f"raise ValueError({attempt})")
+            marker = f"release-{uuid.uuid4().hex}"
+            failing, frame = autogen_execute(
+                held_until_released(marker, f"raise ValueError('{attempt}')"))
             queued, queued_frame = autogen_execute("print('never')")
             await ch.ws.send(frame)
             await ch.ws.send(queued_frame)
-            seen: dict[str, list[dict[str, Any]]] = {failing: [], queued: []}
+            info = await ch.send("kernel_info_request", {})
+            seen: dict[str, list[dict[str, Any]]] = {failing: [], queued: [], info: []}
+            while not of_type(seen[info], "kernel_info_reply"):
+                message = await ch.receive()
+                seen.setdefault(message["parent_header"].get("msg_id"), []).append(message)
+            assert not of_type(seen[failing], "error"), f"attempt {attempt}: not held"
+            await release(gateway, api, kernel_id, marker)
             while not of_type(seen[failing], "error"):
                 message = await ch.receive()
                 seen.setdefault(message["parent_header"].get("msg_id"), []).append(message)

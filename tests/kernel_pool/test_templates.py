@@ -244,6 +244,31 @@ async def test_without_templates_kernels_boot(state_root: Path,
     shutil.rmtree(state_root / "no-templates", ignore_errors=True)
 
 
+@pytest.mark.parametrize("stage", ["launch_kernel", "kill"])
+async def test_a_pool_closed_while_its_template_is_made_leaves_nothing(
+        stage: str, state_root: Path, docker_client: docker.DockerClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed while the template's kernel boots, or while its sandbox is being removed after
+    the dump (that removal was cut short: the container went, its workspace stayed mounted):
+    no container or mount is left (``pausing_pool`` checks), nor an unfinished dump."""
+    reached = asyncio.Event()
+    step = getattr(DockerSandbox, stage)
+
+    async def observed(sandbox: DockerSandbox, *args: object, **kwargs: object) -> object:
+        if sandbox.info.sandbox_id.startswith("template-"):
+            reached.set()
+        return await step(sandbox, *args, **kwargs)
+
+    monkeypatch.setattr(DockerSandbox, stage, observed)  # only watched: the step runs
+    name = f"template-closed-{stage}"
+    async with pausing_pool(state_root, docker_client, name) as pool:
+        assert backend_of(pool).templates, backend_of(pool).templates_refusal
+        assert backend_of(pool).template_for(pool.settings.profiles["default"]) is None
+        await asyncio.wait_for(reached.wait(), TEMPLATE_WAIT_S)
+    assert list((state_root / name).glob("templates/*.part")) == []
+    shutil.rmtree(state_root / name, ignore_errors=True)
+
+
 def _fake_template(root: Path, name: str, boot_id: str | None = None) -> Path:
     folder = root / name
     folder.mkdir(parents=True)

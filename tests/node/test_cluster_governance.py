@@ -191,3 +191,29 @@ async def test_an_e2b_sandbox_ends_on_time_after_its_gateway_is_killed(
                     if s.sandbox_id == sandbox.sandbox_id]
     finally:
         one.start()  # back for the cluster's teardown
+
+
+async def test_a_sandbox_said_gone_is_in_no_later_list_while_its_deletion_ends(
+        cluster: Cluster) -> None:
+    """A node forgets a session as its deletion starts, before that deletion returns; the
+    gateway deleting it used to go on listing it from its own copy meanwhile (the test above
+    saw ``Sandbox.list`` show a sandbox the gateway had just answered 404 for), and the other
+    gateway's ``GET /v1/sessions`` answered 404 for the whole list, its copy's refresh failing."""
+    one, two = cluster.gateways
+    async with gateway_client(one) as client, gateway_client(two, key_of=one) as other:
+        sid = (await create_session(client))["id"]
+        assert (await other.get(f"/v1/sessions/{sid}")).status_code == 200  # a copy there
+        deleting = asyncio.ensure_future(client.delete(f"/v1/sessions/{sid}"))
+        said_gone = listed_after = 0
+        other_lists: set[int] = set()
+        deadline = time.monotonic() + 60
+        while (not deleting.done() or said_gone < 5) and time.monotonic() < deadline:
+            other_lists.add((await other.get("/v1/sessions")).status_code)
+            if (await client.get(f"/v1/sessions/{sid}")).status_code == 404:
+                said_gone += 1
+                listed = await client.get("/e2b/sandboxes")
+                assert listed.status_code == 200, listed.text
+                listed_after += sid in {s["sandboxID"] for s in listed.json()}
+        assert (await deleting).status_code == 204
+        assert said_gone >= 5 and listed_after == 0, (said_gone, listed_after)
+        assert other_lists == {200}

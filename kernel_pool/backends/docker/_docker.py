@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -40,7 +40,13 @@ async def in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> 
     Cancelling a task does not stop its thread: without the wait, the clean-up after a
     cancelled ``create`` could run before the container being made exists, and miss it.
     """
-    call = asyncio.ensure_future(anyio.to_thread.run_sync(partial(func, *args, **kwargs)))
+    return await to_its_end(anyio.to_thread.run_sync(partial(func, *args, **kwargs)))
+
+
+async def to_its_end(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable``; a cancellation of the caller meanwhile is raised only once it
+    ended (a removal cut half way would leave its mounts, a thread runs on anyway)."""
+    call = asyncio.ensure_future(awaitable)
     try:
         return await asyncio.shield(call)
     except asyncio.CancelledError:

@@ -10,9 +10,9 @@ import secrets
 import shutil
 from functools import partial
 
-from kernel_pool.backends.base import SandboxSpec
+from kernel_pool.backends.base import Sandbox, SandboxSpec
 from kernel_pool.backends.docker._containers import DockerContainers
-from kernel_pool.backends.docker._docker import in_thread
+from kernel_pool.backends.docker._docker import in_thread, to_its_end
 from kernel_pool.backends.docker._init_kernel import container_pid
 from kernel_pool.backends.docker._sandbox import DockerSandbox
 from kernel_pool.backends.docker._template import (
@@ -119,9 +119,7 @@ class DockerTemplates(DockerContainers):
             sandbox = await asyncio.shield(creating)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                made = await creating
-                await made.kill()
-                await made.cleanup()
+                await self._remove_sandbox(await creating)
             raise
         assert isinstance(sandbox, DockerSandbox)
         try:
@@ -138,5 +136,13 @@ class DockerTemplates(DockerContainers):
                                    pid, self._template_root, stem,
                                    sandbox.info.kernel_name or "", str(connection["key"]))
         finally:
+            # a close of the pool cancels this task at any point, its clean-up included
+            await to_its_end(self._remove_sandbox(sandbox))
+
+    @staticmethod
+    async def _remove_sandbox(sandbox: Sandbox) -> None:
+        """Remove a template's sandbox: its container, then its workspace and mounts."""
+        try:
             await sandbox.kill()
+        finally:
             await sandbox.cleanup()
