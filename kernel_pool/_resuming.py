@@ -62,6 +62,8 @@ class SessionResuming(SessionPausing):
             return
         store = self.lifecycle.snapshots
         memory = self.pause_info is not None and self.pause_info.paused_with == "memory"
+        if (boot := self._kept_boot()) is not None:
+            await self.kernel.sandbox.resume_boot(boot)
         try:
             # A memory image that cannot be restored leaves the variables snapshot, untouched.
             fallback = await self._restore() if memory else None
@@ -171,6 +173,8 @@ class SessionResuming(SessionPausing):
         workspaces only), which beats starting a container and a kernel."""
         assert self.lifecycle is not None
         try:
+            if (boot := self._kept_boot()) is not None:
+                await warm.sandbox.resume_boot(boot)
             await anyio.to_thread.run_sync(copy_workspace, self.workspace,
                                            warm.sandbox.workspace)
             if self.env:
@@ -190,6 +194,12 @@ class SessionResuming(SessionPausing):
             if warm.egress is not None:
                 warm.egress.session_id = self.id
             self.lifecycle.give_back(old)  # its container is gone; this removes its workspace
+
+    def _kept_boot(self) -> str | None:
+        """The boot id the resume keeps: the sandbox's as it paused (a fork's copy that
+        never ran boots with its own)."""
+        info = self.pause_info
+        return info.boot_id if info is not None and not info.reseed else None
 
     async def _resume_failed(self, handle: ExecutionHandle) -> bool:
         """Resume a paused session for an execution; if it cannot, end the execution (an

@@ -306,6 +306,7 @@ async def save_variables(kernel: Kernel, store: SnapshotStore, key: str,
     writer = await anyio.to_thread.run_sync(store.open_write, key)
     try:
         info, suffix = await save_stream(kernel, writer, progress)
+        info = info.model_copy(update={"boot_id": kernel.sandbox.boot_id})
         committed: PauseInfo = await anyio.to_thread.run_sync(store.commit, key, writer, info,
                                                               suffix)
     except BaseException:

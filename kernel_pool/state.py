@@ -64,6 +64,9 @@ class PauseInfo(BaseModel):
     paused_at: str = ""
     reseed: bool = False
     """A fork's copy that never ran: its random generators start afresh when it resumes."""
+    boot_id: str | None = None
+    """The sandbox's boot id as it paused (``Sandbox.boot_id``): its resume keeps it (a fork's
+    copy, ``reseed``, boots with its own). None where the sandbox had none of its own."""
 
     def without_memory(self) -> PauseInfo:
         """What the variables snapshot alone keeps of a memory pause (its image lost, or

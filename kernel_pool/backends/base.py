@@ -98,6 +98,11 @@ class Sandbox(ABC):
     workspace: Workspace
     languages: tuple[str, ...] = ("python",)
     """The languages its image offers (``kernel_pool._languages.offered``)."""
+    boot_id: str | None = None
+    """The boot id its own ``/proc/sys/kernel/random/boot_id`` shows, where the backend gives
+    each sandbox one of its own: new at each boot (the sandbox made, its kernel restarted),
+    kept across a pause (:meth:`resume_boot`). None where it does not set one (the id is
+    then its host's, or its runtime kernel's, new at each start of that)."""
 
     @property
     def checkpoint_refusal(self) -> str | None:
@@ -250,6 +255,13 @@ class Sandbox(ABC):
         host-side connection info, as :meth:`launch_kernel` gives. On failure
         (:class:`BackendError`) nothing runs and the file is untouched."""
         raise BackendError(f"the {self.info.backend} backend cannot restore a sandbox")
+
+    async def resume_boot(self, boot_id: str) -> None:
+        """This sandbox goes on as the machine whose :attr:`boot_id` was ``boot_id`` (a
+        paused session resuming in it): it shows that id from now on, and after its next
+        start (a resume's ``launch_kernel`` or :meth:`restore`) rather than a new one.
+        Nothing where the backend gives no boot id of its own."""
+        return None
 
     def get_info(self) -> SandboxInfo:
         return self.info.model_copy()

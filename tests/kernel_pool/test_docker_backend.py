@@ -107,11 +107,16 @@ print(json.dumps({m[1]: [m[2], m[3]] for m in mounts}))
     assert tmp_type == "tmpfs" and "size=32768k" in tmp_options
     assert seen["/"][0] == "overlay" and seen["/"][1].startswith("ro,")  # type: ignore[index]
     # Beside the image's own root, /tmp, Docker's kernel filesystems (/proc, /sys, /dev) and its
-    # resolv.conf, hostname and hosts files: only the session's workspace and socket folder.
+    # resolv.conf, hostname and hosts files: only the session's workspace and socket folder
+    # (and under runc its own boot id, read-only, also over /proc's: docs/security.md).
     standard = {"/", "/tmp", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}
     extra = {path for path in seen
              if path not in standard and not path.startswith(("/proc", "/sys", "/dev"))}
-    assert extra == {"/home/user", "/kernel"}
+    boot_ids = (set() if shared_session.profile.runtime == "gvisor"
+                else {"/run/replgate/boot_id", "/proc/sys/kernel/random/boot_id"})
+    assert extra == {"/home/user", "/kernel"} | (boot_ids - {"/proc/sys/kernel/random/boot_id"})
+    read_only = {path for path in boot_ids if seen[path][1].startswith("ro,")}  # type: ignore[index]
+    assert read_only == boot_ids
 
 
 async def test_environment_has_only_image_and_session_variables(

@@ -269,9 +269,12 @@ def test_no_docker_socket_no_leaked_descriptors_no_writes_outside(
         assert target.startswith(("pipe:", "socket:", "anon_inode:", "/dev/null", "/dev/pts",
                                   "/home/user", "/tmp", "/kernel", "/opt/", "/usr/",
                                   "unreadable", "FileNotFoundError", "host:[")), (fd, target)
-    # From the host: the container mounts only its workspace and socket folder.
+    # From the host: the container mounts only its workspace and socket folder (and, under
+    # runc, its own boot id, read-only).
     mounts = hostile.container(sid).attrs["Mounts"]
-    assert sorted(m["Destination"] for m in mounts) == ["/home/user", "/kernel"]
+    own_boot_id = [] if hostile.runtime(sid) == "runsc" else ["/run/replgate/boot_id"]
+    assert sorted(m["Destination"] for m in mounts) == ["/home/user", "/kernel", *own_boot_id]
+    assert not any(m["RW"] for m in mounts if m["Destination"] in own_boot_id)
     assert not any("docker.sock" in (m.get("Source") or "") for m in mounts)
 
 

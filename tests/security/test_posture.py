@@ -43,9 +43,12 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     # 5.3 capabilities: all dropped, none added. 5.4 not privileged.
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], name
     assert host["Privileged"] is False, name
-    # 5.5 no sensitive host folder; only the session's workspace and its socket folder.
+    # 5.5 no sensitive host folder; only the session's workspace and its socket folder (and,
+    # under runc, its own boot id, read-only: docs/security.md).
     binds = sorted((m["Destination"], m["Source"], m["Type"], m["RW"]) for m in config["Mounts"])
-    assert [b[0] for b in binds] == ["/home/user", "/kernel"], binds
+    own_boot_id = [] if host["Runtime"] == "runsc" else ["/run/replgate/boot_id"]
+    assert [b[0] for b in binds] == ["/home/user", "/kernel", *own_boot_id], binds
+    assert all(not rw for destination, _, _, rw in binds if destination in own_boot_id)
     for _destination, source, kind, _rw in binds:
         assert kind == "bind" and source.startswith(str(gateway.state_dir) + "/"), source
         assert source not in SENSITIVE and "docker.sock" not in source

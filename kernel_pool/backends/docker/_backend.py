@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import Sandbox, SandboxInfo, SandboxSpec
+from kernel_pool.backends.docker._boot_id import new_boot_id, offered, read_boot_id
 from kernel_pool.backends.docker._checkpoint import CONTAINERD_STAGING, remove_staged_copies
 from kernel_pool.backends.docker._criu import checkpoint_support, dumps_file_locks
 from kernel_pool.backends.docker._docker import (
@@ -76,9 +77,10 @@ class DockerBackend(DockerTemplates):
             except WorkspaceError as exc:  # no room on the host: the engine side's failure
                 raise BackendError(f"cannot make the sandbox's workspace: {exc}") from exc
             container_id = container_name(spec.sandbox_id)
+            boot = new_boot_id() if start and offered(spec.profile.runtime) else None
             if start:
                 container_id = await call_engine(self.run_container, spec.sandbox_id, spec.profile,
-                                                 workspace.root, socket_dir, spec.env)
+                                                 workspace.root, socket_dir, spec.env, boot)
         except BaseException:
             # Failed or cancelled half-way: remove whatever was made (the container by name).
             await in_thread(self._discard, spec.sandbox_id, workspace_dir, socket_dir)
@@ -88,6 +90,7 @@ class DockerBackend(DockerTemplates):
                            workspace=str(workspace.root), socket_dir=str(socket_dir))
         sandbox = DockerSandbox(self, info, spec.profile, workspace, spec.env)
         sandbox.fresh = start
+        sandbox.boot_id = boot
         sandbox.languages = await self.image_languages(spec.profile.image)
         return sandbox
 
@@ -99,6 +102,8 @@ class DockerBackend(DockerTemplates):
                    if "=" in item)
         sandbox = DockerSandbox(self, info, profile, workspace, env)
         sandbox.languages = await self.image_languages(profile.image)
+        if offered(profile.runtime):
+            sandbox.boot_id = await in_thread(read_boot_id, Path(info.socket_dir))
         info.kernel_name, info.kernel_ref = None, None
         if sandbox._through_init:
             state = details.get("State") or {}

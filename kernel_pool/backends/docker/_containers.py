@@ -21,6 +21,7 @@ from kernel_pool._disk import SANDBOX_GID, SANDBOX_UID, detach
 from kernel_pool._languages import offered
 from kernel_pool._workspace import SANDBOX_PATH, Workspace
 from kernel_pool.backends.base import SandboxBackend, SandboxInfo
+from kernel_pool.backends.docker._boot_id import IN_SANDBOX, host_file, write_boot_id
 from kernel_pool.backends.docker._docker import (
     KERNEL_DIR,
     LABEL_OWNER,
@@ -83,14 +84,23 @@ class DockerContainers(SandboxBackend):
                 "io.replgate.sockets": str(socket_dir)}
 
     def run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
-                      socket_dir: Path, env: dict[str, str]) -> str:
-        """Start the hardened container (blocking; called in a worker thread)."""
+                      socket_dir: Path, env: dict[str, str], boot_id: str | None = None) -> str:
+        """Start the hardened container (blocking; called in a worker thread); with
+        ``boot_id``, the sandbox's own (:mod:`._boot_id`), mounted for it to show."""
         memory = parse_size(profile.memory)
+        mounts = [Mount(SANDBOX_PATH, str(workspace), type="bind"),
+                  Mount(KERNEL_DIR, str(socket_dir), type="bind")]
+        if boot_id is not None:
+            write_boot_id(socket_dir, boot_id)
+            mounts.append(Mount(IN_SANDBOX, str(host_file(socket_dir)), type="bind",
+                                read_only=True))
         with self._lifecycle:
-            return self._run_container(sandbox_id, profile, workspace, socket_dir, env, memory)
+            return self._run_container(sandbox_id, profile, workspace, socket_dir, env, memory,
+                                       mounts)
 
     def _run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
-                       socket_dir: Path, env: dict[str, str], memory: int) -> str:
+                       socket_dir: Path, env: dict[str, str], memory: int,
+                       mounts: list[Mount]) -> str:
         gvisor = profile.runtime == "gvisor"
         ulimits = [Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
                    Ulimit(name="core", soft=0, hard=0)]
@@ -122,8 +132,7 @@ class DockerContainers(SandboxBackend):
             ulimits=ulimits,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={parse_size(profile.tmp_size)},mode=1777"},
             shm_size="64m",
-            mounts=[Mount(SANDBOX_PATH, str(workspace), type="bind"),
-                    Mount(KERNEL_DIR, str(socket_dir), type="bind")],
+            mounts=mounts,
             oom_score_adj=500,
         )
         return str(container.id)

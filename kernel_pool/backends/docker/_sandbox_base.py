@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,6 +14,12 @@ import docker.errors
 
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import Sandbox, SandboxInfo
+from kernel_pool.backends.docker._boot_id import (
+    bind_boot_id,
+    new_boot_id,
+    offered,
+    write_boot_id,
+)
 from kernel_pool.backends.docker._cgroup import CgroupReader
 from kernel_pool.backends.docker._context import DockerContextSandbox
 from kernel_pool.backends.docker._docker import call_engine, in_thread
@@ -23,6 +30,8 @@ from kernel_pool.backends.docker._strays import process_alive
 from kernel_pool.backends.docker._template import Template
 from kernel_pool.config import Profile
 from kernel_pool.exceptions import BackendError
+
+logger = logging.getLogger(__name__)
 
 
 class SandboxEngine(Protocol):
@@ -37,8 +46,8 @@ class SandboxEngine(Protocol):
     data_root: Path
 
     def run_container(self, sandbox_id: str, profile: Profile, workspace: Path,
-                      socket_dir: Path, env: dict[str, str]) -> str:
-        """Start the hardened container (blocking)."""
+                      socket_dir: Path, env: dict[str, str], boot_id: str | None = None) -> str:
+        """Start the hardened container (blocking), showing ``boot_id`` if given."""
 
     def remove_container(self, container_id: str) -> None:
         """Remove a container (blocking)."""
@@ -106,6 +115,8 @@ class DockerSandboxBase(Sandbox):
         first kernel may come from a template."""
         self.from_template = False
         """Whether the running kernel was restored from a template (not booted)."""
+        self._kept_boot: str | None = None
+        """The boot id the next start keeps (:meth:`resume_boot`), rather than a new one."""
         self.memory_path: str | None = None
         """How the last memory pause dumped, or resume restored, the sandbox: ``"kernel
         tree"`` (CRIU inside the container, :mod:`._tree`) or ``"engine"`` (the whole
@@ -133,13 +144,38 @@ class DockerSandboxBase(Sandbox):
     async def _ensure_running(self) -> None:
         if not await self._running():
             await call_engine(self._backend.remove_container, self.info.container_id)
+            boot = self._next_boot()
             self.info.container_id = await call_engine(
                 self._backend.run_container, self.info.sandbox_id, self.profile,
-                self.workspace.root, self._socket_dir, self._env)
+                self.workspace.root, self._socket_dir, self._env, boot)
+            self.boot_id = boot
             self._cgroup = None
             self.fresh = True
         if self._cgroup is None:
             await self._find_init()
+
+    def _next_boot(self) -> str | None:
+        """The boot id of the container about to start: the one a resume keeps, else new
+        (None where sandboxes get none of their own)."""
+        kept, self._kept_boot = self._kept_boot, None
+        return (kept or new_boot_id()) if offered(self.profile.runtime) else None
+
+    async def resume_boot(self, boot_id: str) -> None:
+        if not offered(self.profile.runtime):
+            return
+        self.boot_id = boot_id
+        if self._pidfd is not None:
+            # Its kernel runs (a warm kernel's, the session's now): shown at once.
+            await in_thread(write_boot_id, self._socket_dir, boot_id)
+        else:  # stopped (paused), or its container going: the next start shows it
+            self._kept_boot = boot_id
+
+    async def _new_boot(self) -> None:
+        """A boot in the running container (its kernel restarted, every process ended): a
+        new boot id, shown at once."""
+        if self.boot_id is not None:
+            self.boot_id = new_boot_id()
+            await in_thread(write_boot_id, self._socket_dir, self.boot_id)
 
     async def _find_init(self) -> None:
         """The host pid of the (new or restored) container's PID 1, and its cgroup."""
@@ -151,6 +187,19 @@ class DockerSandboxBase(Sandbox):
         # Under gVisor the cgroup holds the sentry, whose freeze would stop the whole sandbox.
         self._freezer = (None if gvisor
                          else Freezer.for_pid(self._init_pid, self.info.container_id))
+        if self.boot_id is not None:
+            await in_thread(self._show_boot_id, self._init_pid)
+
+    def _show_boot_id(self, init_pid: int) -> None:
+        """Show the sandbox's boot id in its (just started) container, whose PID 1 is host
+        pid ``init_pid``, before any kernel or command runs there (blocking). One that cannot
+        be bound (a container an older gateway made without its mount) shows its host's:
+        said in the log, not an error."""
+        try:
+            bind_boot_id(init_pid, self.info.container_id)
+        except OSError as exc:
+            logger.warning("sandbox %s: its boot id could not be bound (%s); it shows its "
+                           "host's", self.info.sandbox_id, exc)
 
     @property
     def _through_init(self) -> bool:

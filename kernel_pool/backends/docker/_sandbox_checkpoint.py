@@ -17,6 +17,7 @@ import docker
 import docker.errors
 
 from kernel_pool._languages import KERNEL_LANGUAGES
+from kernel_pool.backends.docker._boot_id import write_boot_id
 from kernel_pool.backends.docker._checkpoint import (
     TREE_KEY,
     checkpoint_dir,
@@ -165,6 +166,8 @@ class SandboxCheckpoints(DockerSandboxBase):
         started = time.monotonic()
         init_pid = int(self._api.inspect_container(self.info.container_id)["State"]["Pid"])
         work = self._backend.template_work / self.info.sandbox_id
+        if self.boot_id is not None:
+            self._show_boot_id(init_pid)
         try:
             restore_tree(init_pid, self.info.container_id, self._checkpoint_dir, work)
         except TemplateError as exc:
@@ -226,6 +229,11 @@ class SandboxCheckpoints(DockerSandboxBase):
                 "contexts": self._context_records()}
 
     async def restore(self, image: Path) -> dict[str, Any]:
+        # Before the start: the engine's restore mounts the file (its bind over /proc, which
+        # the image holds, with it); a tree's restore binds it in the started container.
+        self.boot_id = self._next_boot()
+        if self.boot_id is not None:
+            await in_thread(write_boot_id, self._socket_dir, self.boot_id)
         try:
             about = await call_engine(restore_checkpoint, self._api, self.info.container_id,
                                       self._checkpoint_dir, image, _TreeRestore(self))

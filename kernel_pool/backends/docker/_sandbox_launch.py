@@ -54,6 +54,8 @@ class SandboxLaunch(DockerSandboxBase):
         await self._ensure_running()
         self._close_pidfd()
         fresh, self.fresh, self.from_template = self.fresh, False, False
+        if not fresh:  # a restart in the running container: every process of it ended
+            await self._new_boot()
         self._exit_code, self._sandbox_oom_kills = None, None
         # A session's own environment reaches a restored kernel as it reaches a warm one: the
         # kernel layer sets it in the process once the kernel answers (``Kernel.set_env``).
