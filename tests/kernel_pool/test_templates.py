@@ -261,7 +261,10 @@ async def test_a_pool_closed_while_its_template_is_made_leaves_nothing(
 
     monkeypatch.setattr(DockerSandbox, stage, observed)  # only watched: the step runs
     name = f"template-closed-{stage}"
-    async with pausing_pool(state_root, docker_client, name) as pool:
+    # A template folder of its own: in the run's shared one, another test's template of the
+    # same profile would be found, and none made.
+    async with pausing_pool(state_root, docker_client, name,
+                            template_dir=state_root / name / "templates") as pool:
         assert backend_of(pool).templates, backend_of(pool).templates_refusal
         assert backend_of(pool).template_for(pool.settings.profiles["default"]) is None
         await asyncio.wait_for(reached.wait(), TEMPLATE_WAIT_S)
