@@ -264,7 +264,8 @@ def _gone(docker_client: docker.DockerClient, image: str, within_s: float = 120)
     raise AssertionError(f"{image} still there after {within_s} s")
 
 
-SERVE = "python3 -m http.server 8080"
+SERVE = "sleep 2; exec python3 -m http.server 8080"
+"""Slow to listen: a session handed out before it is ready would find no server."""
 SERVED = ("import os, pathlib, urllib.request as u\n"
           "status = u.urlopen('http://127.0.0.1:8080', timeout=5).status\n"
           "servers = sum(p.read_bytes().startswith(b'python3\\0-m\\0http.server')\n"
