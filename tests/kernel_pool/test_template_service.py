@@ -4,7 +4,7 @@ booted kernel, a warm one and one restored from the kernel template (a listening
 through CRIU's dump and restore), running once; spared by the clean-up after an execution cut
 short, started again after a restart; a service that never gets ready fails the kernel's start
 with both commands' output. What the service wrote in /tmp as it started is in a restored
-sandbox's /tmp too."""
+sandbox's /tmp too. Under gVisor (no kernel template) each kernel boots with it, spared as well."""
 
 from __future__ import annotations
 
@@ -167,3 +167,24 @@ async def test_a_paused_session_resumes_with_its_service_running_once(pool: Kern
         assert await servers(session) == 1
     finally:
         await pool.delete_session(session.id)
+
+
+async def test_a_gvisor_sandbox_boots_its_service_and_spares_it(
+        state_root: Path, docker_client: docker.DockerClient) -> None:
+    """gVisor has no kernel template: each kernel boots (by exec) with its service ready; the
+    clean-up after a timeout (gVisor's process table, no sessions in it) spares it too."""
+    async with pausing_pool(state_root, docker_client, "service-gvisor",
+                            profiles={"default": served(runtime="gvisor", min_idle=0)}) as pool:
+        session = await pool.create_session()
+        try:
+            assert await run_ok(session, GET) == "200\n"
+            cut = await session.execute("import subprocess, time\n"
+                                        "subprocess.Popen(['sleep', '600'])\ntime.sleep(30)",
+                                        timeout_s=2)
+            assert cut.status != "ok"
+            listed = await processes(session)
+            assert not [cmd for _, state, cmd in listed if cmd == "sleep 600" and state != "Z"]
+            assert await run_ok(session, GET) == "200\n"
+            assert await servers(session) == 1
+        finally:
+            await pool.delete_session(session.id)
