@@ -92,13 +92,17 @@ class Service:
         self._hand_over()
 
     def _hand_over(self) -> None:
-        """Stop reading the output here: ``cat`` reads it on, into /dev/null."""
+        """Stop reading the output here: ``cat`` reads it on, into /dev/null (in an image
+        without ``cat``, this process's reader thread does)."""
         if self._reader is None:
+            return
+        try:
+            subprocess.Popen(["cat"], stdin=self._read, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
             return
         self._stop.set()
         self._reader.join()
-        subprocess.Popen(["cat"], stdin=self._read, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
         os.close(self._read)
 
     def _fail(self, why: str, last: "subprocess.CompletedProcess[bytes] | None") -> None:
