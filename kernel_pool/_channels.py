@@ -41,6 +41,12 @@ reply and a status on iopub (a subscriber that connected after the status was se
 each wait twice the last, up to the second. Backing off matters: each request sent is answered
 in turn, and a kernel slower to answer than a fixed wait (a restart on a loaded machine) would
 have the wait forget each request just before its answer came, for its whole start timeout."""
+STATUS_AFTER_REPLY_S = 0.02
+"""How long, once a start's ``kernel_info`` reply came, its status may lag it on iopub before
+the request is sent again: the kernel publishes it as it replies, so one that does not follow
+was published before the subscription reached the kernel (ZMQ drops it), and the next request,
+answered at once, brings one. Waiting the whole first :data:`KERNEL_INFO_AGAIN_S` instead cost
+a quarter of a second in a fair share of starts from a kernel template on a busy host."""
 UNANSWERED_BEFORE_RECONNECT = 3
 """A start's kernel_info requests the kernel ran (their status came on iopub) with no reply on
 the channel asked, after which that channel's socket is made again."""
@@ -186,7 +192,8 @@ class KernelChannels:
                         while not (got_reply and got_iopub):
                             getter = asyncio.ensure_future(route.get())
                             try:
-                                done, _ = await asyncio.wait({getter, died}, timeout=again,
+                                wait = STATUS_AFTER_REPLY_S if got_reply else again
+                                done, _ = await asyncio.wait({getter, died}, timeout=wait,
                                                              return_when=asyncio.FIRST_COMPLETED)
                             finally:  # also when cancelled or timed out: no orphan task
                                 if not getter.done():

@@ -43,7 +43,7 @@ class Kernel(KernelNetwork):
         self._state = KernelState.STARTING
         self.env: dict[str, str] = {}
         """Variables set in the kernel at hand-off and after every restart."""
-        self._start_timeout_s = start_timeout_s
+        self._start_timeout_s = profile.start_timeout(start_timeout_s)
         self._oom_kills = 0
         self._expect_exit = False
         self._closing: asyncio.Future[None] | None = None
@@ -153,6 +153,7 @@ class Kernel(KernelNetwork):
             raise
         finally:
             step("waiting for its first answer")
+        await self.sandbox.started()
         self._tasks.append(asyncio.create_task(self._watch(), name=f"watch-{self.id}"))
         # The proxy's variables too: a kernel restored from a template started without them
         # (a booted one has them from its launcher already, and the session's env after).

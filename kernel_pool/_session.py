@@ -190,11 +190,12 @@ class Session(SessionContexts, SessionSandboxFs):
         if self.paused:  # a request that needs the kernel resumes the session
             await self.resume()
         try:
-            async with asyncio.timeout(self._settings.kernel_start_timeout_s):
+            async with asyncio.timeout(within := self.profile.start_timeout(
+                    self._settings.kernel_start_timeout_s)):
                 await self.kernel.settled.wait()
         except TimeoutError:
-            raise KernelUnavailable(self.id, "it did not come back within "
-                                    f"{self._settings.kernel_start_timeout_s:g}s") from None
+            raise KernelUnavailable(self.id, f"it did not come back within {within:g}s"
+                                    ) from None
         if self._closed:
             raise SessionClosed(self.id)
         if self.kernel.state is not KernelState.READY:

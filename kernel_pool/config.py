@@ -81,6 +81,18 @@ class Profile(BaseModel):
     network_max: NetworkPolicy | None = Field(
         None, description="the widest network policy a session of this profile may ask for "
         "(kernel_pool._network); unset: the egress_allow hosts, which a session may narrow")
+    start_cmd: str | None = Field(
+        None, description="a command each kernel's sandbox starts before the kernel answers "
+        "(a custom template's, E2B's set_start_cmd): as the sandbox's user, in a session of "
+        "its own, spared when what an execution left behind is killed; a kernel template is "
+        "checkpointed with it running")
+    ready_cmd: str | None = Field(
+        None, description="run after start_cmd until it exits 0 (each try once the last "
+        "ended); the kernel answers only then, and its start fails with both commands' "
+        "output if it never does within ready_timeout_s")
+    ready_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="how long ready_cmd has to exit 0 (the kernel's "
+        "start may take this long on top of kernel_start_timeout_s)")
 
     @field_validator("memory", "tmp_size", "workspace_size")
     @classmethod
@@ -107,6 +119,12 @@ class Profile(BaseModel):
             raise ValueError(f"default_timeout_s ({self.default_timeout_s:g}) cannot exceed "
                              f"max_timeout_s ({self.max_timeout_s:g})")
         return self
+
+    def start_timeout(self, kernel_start_timeout_s: float) -> float:
+        """How long a kernel of this profile may take to answer first: the pool's
+        ``kernel_start_timeout_s``, and ``ready_timeout_s`` more when it has a service."""
+        service = bool(self.start_cmd or self.ready_cmd)
+        return kernel_start_timeout_s + (self.ready_timeout_s if service else 0.0)
 
     def timeout_for(self, timeout_s: float | None) -> float:
         """The timeout an execution asking for ``timeout_s`` gets (None: the default), or

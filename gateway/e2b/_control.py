@@ -33,7 +33,7 @@ from gateway.e2b._models import (
 from gateway.e2b._network import policy_for, refuse_unmappable
 from gateway.e2b._sandboxes import Sandboxes
 from gateway.e2b._snapshots import SnapshotsDep, sandbox_from_snapshot, snapshot_for
-from gateway.e2b._templates_state import builds_of_app, custom_template
+from gateway.e2b._templates_state import custom_template
 from gateway.e2b._tenant import TenantDep
 from gateway.service import Gateway
 from gateway.templates._models import ID_PREFIX as TEMPLATE_ID_PREFIX
@@ -104,8 +104,6 @@ async def create(body: NewSandbox, tenant: TenantDep, gateway: GatewayDep,
         profile=profile, env=body.env_vars, metadata=dict(body.metadata), network=network))
     await sandboxes.set_lifecycle(tenant, session, policy)
     await sandboxes.set_timeout(tenant, session, timeout)
-    if template is not None:
-        builds_of_app(request).start_command(gateway, tenant, session, template)
     return sandboxes.created(session)
 
 

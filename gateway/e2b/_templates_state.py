@@ -9,8 +9,6 @@ name replgate's templates are found by; sessions run on the template's profile.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -24,13 +22,8 @@ from gateway.e2b._models import DEFAULT_TEMPLATES
 from gateway.e2b._templates_dockerfile import Translation
 from gateway.e2b._templates_files import Uploads
 from gateway.records.e2b_templates import E2BBuildRecord
-from gateway.service import Gateway
 from gateway.store import Store
 from gateway.templates import TemplateInfo, Templates, TemplateStatus
-from gateway.wire import CommandRequest
-from kernel_pool import SessionPort
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_TAG = "default"
 """E2B's tag of a build asked without one."""
@@ -84,31 +77,6 @@ class TemplateBuilds:
         self.store = store
         """Where the builds and tags are kept (every gateway, and a restarted one, reads
         them)."""
-        self._started: set[asyncio.Task[None]] = set()
-
-    def start_command(self, gateway: Gateway, tenant: str, session: SessionPort,
-                      info: TemplateInfo) -> None:
-        """Start the template's start command (E2B's ``set_start_cmd``) in a new sandbox of
-        it, as a command of the sandbox running up to the profile's longest timeout (a process
-        left behind by a command would be ended: docs/commands.md). E2B's sandbox starts from
-        a snapshot taken once the command was ready; here the build checked that it gets
-        ready, and each sandbox starts it again, without waiting for its ready command (that
-        would hold every create as long)."""
-        if not info.start_cmd:
-            return
-        task = asyncio.create_task(self._run_start(gateway, tenant, session, info.start_cmd),
-                                   name=f"e2b-start-cmd-{session.id}")
-        self._started.add(task)
-        task.add_done_callback(self._started.discard)
-
-    @staticmethod
-    async def _run_start(gateway: Gateway, tenant: str, session: SessionPort,
-                         command: str) -> None:
-        try:
-            await gateway.run_command(tenant, session, CommandRequest(
-                cmd=command, timeout_s=session.profile.max_timeout_s))
-        except Exception as exc:  # the sandbox ended, or the command could not run: logged
-            logger.info("the start command of sandbox %s ended: %r", session.id, exc)
 
     async def ask(self, tenant: str, alias: str, tags: list[str], cpu_count: int,
                   memory_mb: int) -> Build:

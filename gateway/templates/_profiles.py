@@ -31,10 +31,13 @@ class ResolvedProfiles:
     _resolved: dict[tuple[str, str], tuple[str, float]]
     _used: dict[str, float]
 
-    def _profile(self, name: str, image: str, min_idle: int) -> Profile:
-        """A template's profile: the default profile's limits, its own image."""
-        return self.settings.limits.model_copy(
-            update={"name": name, "image": image, "min_idle": min_idle})
+    def _profile(self, name: str, image: str, min_idle: int, *, start_cmd: str | None,
+                 ready_cmd: str | None) -> Profile:
+        """A template's profile: the default profile's limits, its own image, and its start
+        and ready commands (each kernel's sandbox runs them before the kernel answers)."""
+        return self.settings.limits.model_copy(update={
+            "name": name, "image": image, "min_idle": min_idle, "start_cmd": start_cmd,
+            "ready_cmd": ready_cmd})
 
     async def profile_for(self, tenant: str, name: str) -> str:
         """The profile a session asking for ``name`` runs on: a template's (by its name, id or
@@ -81,7 +84,8 @@ class ResolvedProfiles:
             except BundleNotFound as exc:
                 raise Conflict(f"template {info.name!r} was built on another machine and its "
                                "image is not in the bundle store") from exc
-        self.host.set_profile(self._profile(info.profile, info.image, 0))
+        self.host.set_profile(self._profile(info.profile, info.image, 0,
+                                            start_cmd=info.start_cmd, ready_cmd=info.ready_cmd))
 
     def _warm(self, name: str) -> None:
         """A session of the profile is being made: keep one warm kernel of it for a while."""

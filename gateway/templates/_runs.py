@@ -4,25 +4,15 @@ readers, and the check that a kernel starts in the image it made."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from gateway.wire import LogLine
-from kernel_pool import (
-    CommandResult,
-    KernelPoolError,
-    Profile,
-    SessionHost,
-    SessionPort,
-    TemplateBuildFailed,
-)
+from kernel_pool import KernelPoolError, Profile, SessionHost, TemplateBuildFailed
 
 __all__ = ["BuildRun", "check_kernel"]
 
 CHECK_CODE = "import sys, ipykernel; print(sys.version.split()[0])"
-READY_WITHIN_S = 60.0
-"""How long a template's ``ready_cmd`` may take to exit 0 after its ``start_cmd`` started."""
 
 
 class BuildRun:
@@ -64,59 +54,29 @@ class BuildRun:
 
 
 async def check_kernel(host: SessionHost, profile: Profile, *, tenant: str,
-                       start_cmd: str | None, ready_cmd: str | None, log: BuildRun) -> None:
-    """Start a session of ``profile`` (a real sandbox, no network), run Python in it, start
-    ``start_cmd`` and wait for ``ready_cmd``; TemplateBuildFailed with the reason otherwise,
-    so a template that cannot run a kernel fails its build, never a session's start."""
-    log.add(f"replgate: checking that a kernel starts in {profile.image} (no network)")
+                       log: BuildRun) -> None:
+    """Start a session of ``profile`` (a real sandbox, no network) and run Python in it;
+    TemplateBuildFailed with the reason otherwise, so a template that cannot run a kernel
+    fails its build, never a session's start. The profile's ``start_cmd`` and ``ready_cmd``
+    run as in every sandbox of it: the kernel answers once ready_cmd exited 0, and its start
+    fails with both commands' output if it never does."""
+    log.add(f"replgate: checking that a kernel starts in {profile.image} (no network)"
+            + (f", with start_cmd {profile.start_cmd!r}" if profile.start_cmd else "")
+            + (f", ready once {profile.ready_cmd!r} exits 0" if profile.ready_cmd else ""))
     try:
         session = await host.create_session(profile.name, tenant=tenant)
     except KernelPoolError as exc:
-        raise TemplateBuildFailed(f"a kernel does not start in the image: {exc}") from exc
+        what = "the template's service" if profile.start_cmd or profile.ready_cmd \
+            else "a kernel"
+        raise TemplateBuildFailed(f"{what} does not start in the image: {exc}") from exc
     try:
+        if profile.ready_cmd:
+            log.add("replgate: ready_cmd exited 0")
         execution = await session.submit(CHECK_CODE, timeout_s=60).result()
         if execution.error is not None:
             raise TemplateBuildFailed(
                 f"the kernel started but cannot run Python: {execution.error.ename}: "
                 f"{execution.error.evalue}")
         log.add(f"replgate: the kernel runs Python {execution.stdout.strip()}")
-        # start_cmd runs as a command of its own, not awaited (a background job of a command
-        # would end with it): it runs while ready_cmd is polled, and goes with the session.
-        starter = None if not start_cmd else asyncio.ensure_future(
-            session.run_command(start_cmd, timeout_s=READY_WITHIN_S + 30))
-        try:
-            if start_cmd:
-                log.add(f"replgate: start_cmd started: {start_cmd}")
-            if ready_cmd:
-                await _until_ready(session, ready_cmd, starter, log)
-        finally:
-            if starter is not None:
-                starter.cancel()
-                with contextlib.suppress(BaseException):
-                    await starter
     finally:
         await host.delete_session(session.id)
-
-
-async def _until_ready(session: SessionPort, ready_cmd: str,
-                       starter: asyncio.Future[CommandResult] | None, log: BuildRun) -> None:
-    """Run ``ready_cmd`` until it exits 0, each attempt given the time left; fail at once if
-    ``start_cmd`` (``starter``) ended unsuccessfully first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + READY_WITHIN_S
-    last = None
-    while (left := deadline - loop.time()) > 0:
-        last = await session.run_command(ready_cmd, timeout_s=left)
-        if last.exit_code == 0:
-            log.add("replgate: ready_cmd exited 0")
-            return
-        if starter is not None and starter.done() and not starter.cancelled() \
-                and starter.exception() is None and starter.result().exit_code != 0:
-            ended = starter.result()
-            said = (ended.stderr or ended.stdout).strip()[-300:]
-            raise TemplateBuildFailed(f"start_cmd exited with {ended.exit_code} before "
-                                      "ready_cmd exited 0" + (f": {said}" if said else ""))
-        await asyncio.sleep(0.5)
-    said = (last.stderr or last.stdout).strip()[-300:] if last is not None else ""
-    raise TemplateBuildFailed(f"ready_cmd never exited 0 within {READY_WITHIN_S:g} s"
-                              + (f": {said}" if said else ""))

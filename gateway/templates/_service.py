@@ -106,7 +106,9 @@ class Templates(ResolvedProfiles):
                     "error": "the gateway stopped during the build; build it again"})
                 await self.store.update_template(info)
             if info.image is not None and self.host.adds_profiles:
-                self.host.set_profile(self._profile(info.profile, info.image, 0))
+                self.host.set_profile(self._profile(
+                    info.profile, info.image, 0, start_cmd=info.start_cmd,
+                    ready_cmd=info.ready_cmd))
         self._warm_task = asyncio.create_task(self._shrink_loop(), name="template profiles")
 
     async def close(self) -> None:
@@ -217,11 +219,11 @@ class Templates(ResolvedProfiles):
         if self.images is not None:  # before a node is asked for a session of it (the check)
             run.add("replgate: saving the image into the bundle store")
             await export_image(tag, self.images)
-        profile = self._profile(f"{info.id}-{info.builds}", tag, 0)
+        profile = self._profile(f"{info.id}-{info.builds}", tag, 0, start_cmd=spec.start_cmd,
+                                ready_cmd=spec.ready_cmd)
         self.host.set_profile(profile)
         try:
-            await check_kernel(self.host, profile, tenant=info.tenant, start_cmd=spec.start_cmd,
-                               ready_cmd=spec.ready_cmd, log=run)
+            await check_kernel(self.host, profile, tenant=info.tenant, log=run)
         except BaseException:
             self.host.remove_profile(profile.name)
             self._remove_later([tag])  # an image no kernel runs in is of no use

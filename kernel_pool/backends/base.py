@@ -149,6 +149,12 @@ class Sandbox(ABC):
         """The host-side connection info of the kernel running now (after ``load``), if any."""
         return None
 
+    async def started(self) -> None:
+        """The kernel last launched (or restored) answered its first request, and nothing
+        else has reached it yet: what its profile's ``start_cmd`` runs beside it runs now,
+        and :meth:`kill_strays` spares it from here on (a backend that cannot tell: nothing)."""
+        return None
+
     async def start_errors(self) -> str | None:
         """The last lines the kernel last launched wrote to its standard error while it
         started (bounded), for the error of a start that failed; None when there are none."""

@@ -214,10 +214,13 @@ def _agent_results(app, max_output_bytes: int) -> None:  # type: ignore[no-untyp
 
 
 def main() -> None:
-    from replgate_kernel import outputs
+    from replgate_kernel import outputs, service
     from replgate_kernel.startup import released_stderr
 
     max_output_bytes = outputs.take_option(sys.argv) or MAX_OUTPUT_BYTES
+    # A template's start command boots beside the kernel's imports; the kernel answers only
+    # once it is ready (service.py).
+    started = service.start(os.environ)
     with _without_unused_modules():
         _start_egress()
         _private_dirs()
@@ -231,6 +234,8 @@ def main() -> None:
         from ipykernel.kernelapp import IPKernelApp
         from traitlets.config import Config
 
+    if started is not None:
+        started.wait_ready()
     config = Config()
     # No SQLite history: it costs time on every cell and nothing here reads it back.
     config.HistoryManager.enabled = False

@@ -3,8 +3,10 @@ engine: a template FROM the sandbox image that adds a PyPI package and a file of
 built, followed (log and WebSocket), and used by sessions (a warm kernel of it after the
 first) and by Jupyter's kernelspecs, its images removed with it; a failing step named by its
 line, a step past its timeout too; builds at once counted per tenant; a base without Python
-refused at build, never at a session's start; bad input a clear 4xx; another tenant's template
-absent until an operator publishes it; a restarted gateway keeps its templates."""
+refused at build, never at a session's start; a start_cmd's server ready at once in every
+session (booted, warm, restored from the kernel template); bad input a clear 4xx; another
+tenant's template absent until an operator publishes it; a restarted gateway keeps its
+templates."""
 
 from __future__ import annotations
 
@@ -262,28 +264,60 @@ def _gone(docker_client: docker.DockerClient, image: str, within_s: float = 120)
     raise AssertionError(f"{image} still there after {within_s} s")
 
 
-def test_start_cmd_runs_while_ready_cmd_is_polled_during_the_check(
+SERVE = "sleep 2; exec python3 -m http.server 8080"
+"""Slow to listen: a session handed out before it is ready would find no server."""
+SERVED = ("import os, pathlib, urllib.request as u\n"
+          "status = u.urlopen('http://127.0.0.1:8080', timeout=5).status\n"
+          "servers = sum(p.read_bytes().startswith(b'python3\\0-m\\0http.server')\n"
+          "              for p in pathlib.Path('/proc').glob('[0-9]*/cmdline'))\n"
+          "print(os.getpid(), status, servers)")
+"""Asked once, at once, in a new session: the kernel's pid (a restored kernel's is the kernel
+template's, 10000), what the template's server answers, and how many servers run."""
+
+
+def test_a_template_with_a_start_cmd_starts_sessions_with_its_server_ready(
         alpha: httpx.Client, docker_client: docker.DockerClient) -> None:
-    served = _build(alpha, "served", f"FROM {current_image()}\n",
-                    start_cmd="sleep 1 && python -m http.server 8765 --bind 127.0.0.1",
-                    ready_cmd="python -c \"import urllib.request as u; "
-                              "u.urlopen('http://127.0.0.1:8765')\"")
+    served = _build(alpha, "served", f"FROM {current_image()}\n", start_cmd=SERVE,
+                    ready_cmd="curl -sf localhost:8080 || python3 -c \"import urllib.request "
+                              "as u; u.urlopen('http://localhost:8080')\"")
     dead = None
     try:
         ended = _ended(alpha, served["id"], within_s=300)
         assert ended["status"] == "ready", ended["error"]
         text = [line["text"] for line in alpha.get(f"/v1/templates/{served['id']}/logs").json()]
         assert "replgate: ready_cmd exited 0" in text
+        # The first from a kernel booted with its server, the next from the warm kernel the
+        # first create asked for, then one restored from the kernel template (made during the
+        # build's check, with the server listening): each answers at once, one server each.
+        restored = False
+        deadline = time.monotonic() + 120
+        while not restored:
+            assert time.monotonic() < deadline, "no session restored from the kernel template"
+            made = alpha.post("/v1/sessions", json={"profile": "served"})
+            assert made.status_code == 201, made.text
+            session = made.json()["id"]
+            try:
+                result = _run(alpha, session, SERVED)
+                assert result["error"] is None, result["error"]
+                pid, status, servers = result["stdout"].split()
+                assert (status, servers) == ("200", "1")
+                restored = pid == "10000"
+            finally:
+                alpha.delete(f"/v1/sessions/{session}")
+            time.sleep(1)  # time for the warm kernel to come up
         dead = _build(alpha, "dead-start", f"FROM {current_image()}\n",
                       start_cmd="echo giving up >&2; exit 3", ready_cmd="false")
         failed = _ended(alpha, dead["id"], within_s=300)
         assert failed["status"] == "failed"
-        assert failed["error"] == "start_cmd exited with 3 before ready_cmd exited 0: giving up"
+        assert failed["error"].startswith("the template's service does not start in the "
+                                          "image: "), failed["error"]
+        assert "start_cmd exited with 3 before ready_cmd exited 0" in failed["error"]
+        assert "giving up" in failed["error"]
         _gone(docker_client, f"replgate-template:{dead['id']}-1")  # its check failed: no use
     finally:
-        for made in (served, dead):
-            if made is not None:
-                alpha.delete(f"/v1/templates/{made['id']}")
+        for made_ in (served, dead):
+            if made_ is not None:
+                alpha.delete(f"/v1/templates/{made_['id']}")
 
 
 def test_bad_input_is_a_clear_4xx(alpha: httpx.Client) -> None:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import docker
@@ -108,15 +109,10 @@ class DockerContainers(SandboxBackend):
             # gVisor counts the sandbox's tasks per user in its own kernel, so RLIMIT_NPROC is
             # the sandbox's process limit there (under runc it would count the host's uid 1000).
             ulimits.append(Ulimit(name="nproc", soft=profile.pids, hard=profile.pids))
-        container = self.client.containers.run(
-            profile.image,
-            name=container_name(sandbox_id),
-            detach=True,
-            labels=self._labels(sandbox_id, profile, workspace, socket_dir),
-            hostname="sandbox",
-            user=f"{SANDBOX_UID}:{SANDBOX_GID}",
-            environment=env,
-            working_dir=SANDBOX_PATH,
+        # The API's create and start, not docker-py's ``containers.run``, which inspects the
+        # container between them to build an object only its id is read of: a request less
+        # (10-25 ms a start from a kernel template on a busy host).
+        host_config = self.client.api.create_host_config(
             network_mode="none",
             read_only=True,
             cap_drop=["ALL"],
@@ -135,7 +131,19 @@ class DockerContainers(SandboxBackend):
             mounts=mounts,
             oom_score_adj=500,
         )
-        return str(container.id)
+        create = partial(
+            self.client.api.create_container, profile.image, name=container_name(sandbox_id),
+            detach=True, labels=self._labels(sandbox_id, profile, workspace, socket_dir),
+            hostname="sandbox", user=f"{SANDBOX_UID}:{SANDBOX_GID}", environment=env,
+            working_dir=SANDBOX_PATH, host_config=host_config)
+        try:
+            created = create()
+        except docker.errors.ImageNotFound:  # pulled, as ``containers.run`` did
+            self.client.images.pull(profile.image)
+            created = create()
+        container_id = str(created["Id"])
+        self.client.api.start(container_id)
+        return container_id
 
     def remove_container(self, container_id: str) -> None:
         """Remove a container (blocking), and wait for a removal already under way (someone

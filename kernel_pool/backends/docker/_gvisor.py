@@ -189,19 +189,21 @@ class Runsc:
                 return False
         return await anyio.to_thread.run_sync(self._call, "resume", self.container_id) is not None
 
-    async def kill_strays(self, keep_kernel_children: bool) -> int | None:
+    async def kill_strays(self, keep_kernel_children: bool,
+                          spared: frozenset[int] = frozenset()) -> int | None:
         """Kill every process but PID 1 and the processes the engine started (parent 0: the
         kernel), and with ``keep_kernel_children`` their descendants, and wait until they are
         gone; how many were killed.
 
         The usual case, nothing to kill, is one look at the process table. Otherwise each pass
         pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. None when
-        the sandbox could not be paused or resumed: the caller replaces it.
+        the sandbox could not be paused or resumed: the caller replaces it. ``spared`` (the
+        profile's service) and their descendants are never killed.
         """
         killed: set[int] = set()
         for _ in range(ROUNDS):
             found = await self.processes()
-            if found is None or not [p for p in strays_of(found, keep_kernel_children)
+            if found is None or not [p for p in strays_of(found, keep_kernel_children, spared)
                                      if p not in killed]:
                 return len(killed)
             if not await self.pause():
@@ -209,7 +211,7 @@ class Runsc:
             try:
                 # Paused: the table read now is complete, and stays so while it is killed.
                 found = await self.processes()
-                for pid in strays_of(found or {}, keep_kernel_children):
+                for pid in strays_of(found or {}, keep_kernel_children, spared):
                     if pid not in killed and await self.kill(pid):
                         killed.add(pid)
             finally:
@@ -277,7 +279,8 @@ class OutOfMemoryWatch:
             usage.memory_bytes >= STUCK_SHARE * self.limit_bytes)
 
 
-def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[int]:
+def strays_of(processes: Mapping[int, int], keep_kernel_children: bool,
+              spared: frozenset[int] = frozenset()) -> list[int]:
     """The pids to kill among ``pid -> parent pid`` (see :meth:`Runsc.kill_strays`)."""
     roots = {pid for pid, parent in processes.items() if parent == 0}
     strays = []
@@ -286,8 +289,18 @@ def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[
             continue
         if keep_kernel_children and _descends(pid, roots, processes):
             continue
+        if spared and (pid in spared or _descends(pid, set(spared), processes)):
+            continue
         strays.append(pid)
     return strays
+
+
+def service_of(processes: Mapping[int, int]) -> list[int]:
+    """The children of the processes the engine started but PID 1, among ``pid -> parent
+    pid``: when a kernel has just answered first, those of its profile's service (gVisor
+    tells no sessions; no command runs yet)."""
+    roots = {pid for pid, parent in processes.items() if parent == 0} - {1}
+    return [pid for pid, parent in processes.items() if parent in roots]
 
 
 def _descends(pid: int, roots: set[int], processes: Mapping[int, int]) -> bool:

@@ -25,7 +25,7 @@ from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
 from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._fsop import start_file_op
-from kernel_pool.backends.docker._gvisor import OOM_POLL_S
+from kernel_pool.backends.docker._gvisor import OOM_POLL_S, service_of
 from kernel_pool.backends.docker._init_kernel import exit_code
 from kernel_pool.backends.docker._sandbox_checkpoint import SandboxCheckpoints
 from kernel_pool.backends.docker._sandbox_launch import SandboxLaunch
@@ -34,6 +34,8 @@ from kernel_pool.backends.docker._strays import (
     find_strays,
     kill_strays,
     process_alive,
+    session_leaders_below,
+    still_running,
     wait_gone,
 )
 from kernel_pool.exceptions import BackendError
@@ -239,11 +241,22 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             return False
         return self._cgroup.reset_peak()
 
+    async def started(self) -> None:
+        self._service = {}
+        if not (self.profile.start_cmd or self.profile.ready_cmd):
+            return
+        if self._runsc is not None:
+            found = await self._runsc.processes() or {}
+            self._service = dict.fromkeys(service_of(found), 0)
+        elif self._pid:
+            # Pseudo-files: read on the loop (microseconds).
+            self._service = session_leaders_below(self._pid)
+
     async def kill_strays(self, keep_kernel_children: bool = True) -> int:
         if self.profile.runtime == "gvisor":
             if self._runsc is None:
                 return 0
-            gone = await self._runsc.kill_strays(keep_kernel_children)
+            gone = await self._runsc.kill_strays(keep_kernel_children, frozenset(self._service))
             if gone is None:  # not paused, or not resumed: the kernel's death is then handled
                 logger.warning("sandbox %s: processes outlived the execution and the sandbox "
                                "could not be paused to kill them; replacing it",
@@ -254,7 +267,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         procs = self._cgroup.procs_file if self._cgroup is not None else None
         if procs is None or not self._pid or not self._init_pid:
             return 0
-        spared = frozenset(self._commands | self.context_pids)
+        spared = frozenset(self._commands | self.context_pids) | still_running(self._service)
         # Pseudo-files again: the usual case, nothing to kill, is found on the loop.
         if not find_strays(procs, self._init_pid, self._pid, keep_kernel_children, spared):
             return 0

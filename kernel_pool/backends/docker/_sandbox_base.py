@@ -101,6 +101,10 @@ class DockerSandboxBase(Sandbox):
         self._commands: set[int] = set()
         """Host pids of the shell commands' wrappers running now."""
         self.context_pids: set[int] = set()
+        self._service: dict[int, int] = {}
+        """The profile's service (``start_cmd``) as the kernel's first answer found it: the
+        kernel's children leading sessions of their own, pid: start time (host pids; gVisor's
+        own, start time 0, under gVisor). Spared, with their descendants, by kill_strays."""
         """Host pids of the code contexts' kernels running now (:meth:`add_kernel`)."""
         self._context_faces: dict[str, DockerContextSandbox] = {}
         """The code contexts' faces by name (:meth:`add_kernel`): a checkpoint records those

@@ -34,7 +34,8 @@ from kernel_pool.backends.docker._sandbox_base import DockerSandboxBase
 from kernel_pool.backends.docker._strays import process_alive
 from kernel_pool.backends.docker._template import Template, TemplateError, rekey
 from kernel_pool.backends.docker._template import restore as restore_template
-from kernel_pool.config import parse_size
+from kernel_pool.backends.docker._tree import load_files
+from kernel_pool.config import Profile, parse_size
 from kernel_pool.exceptions import BackendError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,17 @@ KERNEL_COMMAND = ("python", "-P", "-m", "replgate_kernel", "-f")
 The per-output cap (``--max-output-bytes``) goes before ``-f``, in the command line, where the
 session's code cannot raise it for the host (which applies its own caps anyway)."""
 KERNEL_REKEY_TIMEOUT_S = 10.0
+
+
+def service_env(profile: Profile) -> dict[str, str] | None:
+    """The launch's variables that have the kernel's launcher start the profile's service and
+    wait until it is ready before the kernel answers (``replgate_kernel/service.py``); None
+    when the profile has none. A code context's kernel never gets them."""
+    if not (profile.start_cmd or profile.ready_cmd):
+        return None
+    return {"REPLGATE_START_CMD": profile.start_cmd or "",
+            "REPLGATE_READY_CMD": profile.ready_cmd or "",
+            "REPLGATE_READY_WITHIN_S": f"{profile.ready_timeout_s:g}"}
 
 
 class SandboxLaunch(DockerSandboxBase):
@@ -93,6 +105,8 @@ class SandboxLaunch(DockerSandboxBase):
         config = kernel_connection(secrets.token_hex(32), f"{KERNEL_DIR}/{name}")
         await in_thread(self._write_connection_file, name, config, self.info.kernel_name)
         work = self._backend.template_work / self.info.sandbox_id
+        if template.files is not None:  # CRIU reopens the service's files there by path
+            await in_thread(load_files, self._init_pid, self.info.container_id, template.files)
         took = await in_thread(restore_template, template, self._init_pid,
                                self.info.container_id, work)
         logger.debug("sandbox %s: kernel restored from the template in %.3f s",
@@ -123,7 +137,8 @@ class SandboxLaunch(DockerSandboxBase):
                     await self._ensure_running()
 
         self.info.kernel_name = name
-        self._keep_init_child(*await self._ask_init(name, "python", None, signal_init))
+        self._keep_init_child(*await self._ask_init(name, "python", service_env(self.profile),
+                                                    signal_init))
 
     async def start_by_init(self, name: str, language: str,
                             env: dict[str, str]) -> tuple[int | None, int | None]:
@@ -168,7 +183,7 @@ class SandboxLaunch(DockerSandboxBase):
                      f"--max-output-bytes={self.profile.caps.display_bytes}",
                      KERNEL_COMMAND[-1], f"{KERNEL_DIR}/{name}.json"],
                     user=f"{SANDBOX_UID}:{SANDBOX_GID}", workdir=SANDBOX_PATH,
-                    stdout=False, stderr=False))["Id"]
+                    environment=service_env(self.profile), stdout=False, stderr=False))["Id"]
                 await call_engine(self._api.exec_start, exec_id, detach=True)
                 break
             except BackendError:  # stopped or removed since it was checked: remake it

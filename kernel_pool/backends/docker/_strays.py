@@ -58,6 +58,35 @@ def process_alive(pid: int) -> bool:
     return info is not None and info[0] not in ("Z", "X")
 
 
+def session_leaders_below(pid: int) -> dict[int, int]:
+    """Host process ``pid``'s children that lead a session of their own (a template's
+    service, ``replgate_kernel/service.py``), with their start times."""
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            children += [int(child) for child in read_pseudo_file(
+                Path(f"/proc/{pid}/task/{task}/children")).split()]
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for child in children:
+        try:
+            data = read_pseudo_file(Path(f"/proc/{child}/stat"))
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2 :].split()
+        if int(fields[3]) == child and fields[0] not in (b"Z", b"X"):
+            found[child] = int(fields[19])
+    return found
+
+
+def still_running(processes: dict[int, int]) -> frozenset[int]:
+    """Those of ``processes`` (pid: start time) that run on as the same processes."""
+    return frozenset(pid for pid, start in processes.items()
+                     if (info := _stat(pid)) is not None and info[2] == start
+                     and info[0] not in DEAD_STATES)
+
+
 def _read_pids(procs_file: Path) -> list[int]:
     try:
         return [int(line) for line in read_pseudo_file(procs_file).split()]

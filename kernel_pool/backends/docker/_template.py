@@ -40,7 +40,7 @@ import select
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,9 @@ LIBRARIES = "root/usr/lib/x86_64-linux-gnu"
 TEMPLATE_PID = 10000
 """The first pid of a template's kernel inside its container."""
 RECORDS = "template.json"
+FILES = "files.tar"
+"""A template's ``/tmp`` and ``/dev/shm`` as its kernel's service left them (a profile with a
+``start_cmd``: what the service wrote there as it started is in its sandboxes too)."""
 TIME_NAMESPACE = "timens-0.img"
 CRIU_TIMEOUT_S = 60
 NSENTER_NAMES = {"mnt": "mount", "pid": "pid", "net": "net", "ipc": "ipc", "uts": "uts"}
@@ -83,6 +86,9 @@ class Template:
     """The kernel's pid inside its container, as restored."""
     key: str
     """The template's connection key (each restored copy is re-keyed at once)."""
+    files: Path | None = None
+    """Its container's ``/tmp`` and ``/dev/shm`` (:data:`FILES`), put back before a restore;
+    None when only the kernel's own folders were there (made again after a restore)."""
 
 
 def refusal(support: CheckpointSupport) -> str | None:
@@ -119,8 +125,9 @@ def load(folder: Path) -> Template | None:
         records = json.loads((folder / RECORDS).read_text())
         if not (folder / "inventory.img").is_file() or records.get("boot_id") != _boot_id():
             return None
+        files = folder / FILES
         return Template(folder, str(records["kernel_name"]), int(records["kernel_pid"]),
-                        str(records["key"]))
+                        str(records["key"]), files if files.is_file() else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -137,9 +144,12 @@ def first_pid(init_pid: int, container_id: str, pid: int) -> None:
 
 
 def dump(init_pid: int, container_id: str, kernel_pid: int, root: Path, stem: str,
-         kernel_name: str, key: str) -> Template:
+         kernel_name: str, key: str, keep_files: Callable[[Path], None] | None = None,
+         ) -> Template:
     """Dump the kernel whose pid in its container is ``kernel_pid`` (it ends) into a new
     folder ``stem-<random>`` of ``root``; the template. Nothing may be connected to it.
+    ``keep_files``, given, writes the container's tmpfs folders to the path it is given (once
+    the tree has ended: nothing changes them then).
 
     A template's folder never changes once made: gateways sharing ``root`` may each hold it
     (with its key), and a new template of the same stem is a folder of its own."""
@@ -156,6 +166,12 @@ def dump(init_pid: int, container_id: str, kernel_pid: int, root: Path, stem: st
         shutil.rmtree(partial, ignore_errors=True)
         raise
     shutil.rmtree(work)
+    if keep_files is not None:
+        try:
+            keep_files(partial / FILES)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
     # Without the clocks' values, CRIU restores the kernel in its container's own time
     # namespace; with them it makes one of its own, and the container could then never be
     # checkpointed (CRIU: "Can't dump nested time namespace"). The template's clocks need
@@ -165,7 +181,8 @@ def dump(init_pid: int, container_id: str, kernel_pid: int, root: Path, stem: st
         {"kernel_name": kernel_name, "kernel_pid": kernel_pid, "key": key,
          "boot_id": _boot_id()}))
     os.rename(partial, folder)
-    return Template(folder, kernel_name, kernel_pid, key)
+    return Template(folder, kernel_name, kernel_pid, key,
+                    folder / FILES if keep_files is not None else None)
 
 
 def remove_others(root: Path, profile: str, keep: Path) -> None:

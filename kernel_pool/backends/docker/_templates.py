@@ -26,6 +26,7 @@ from kernel_pool.backends.docker._template import (
 from kernel_pool.backends.docker._template import dump as dump_template
 from kernel_pool.backends.docker._template import find as find_template
 from kernel_pool.backends.docker._template import remove_others as remove_other_templates
+from kernel_pool.backends.docker._tree import save_files
 from kernel_pool.config import PoolSettings, Profile
 
 logger = logging.getLogger(__name__)
@@ -128,13 +129,19 @@ class DockerTemplates(DockerContainers):
                             TEMPLATE_PID)
             sandbox.fresh = False
             connection = await sandbox.launch_kernel()
-            await answered(connection, self.settings.kernel_start_timeout_s)
+            await answered(connection,
+                           profile.start_timeout(self.settings.kernel_start_timeout_s))
             pid = container_pid(sandbox._pid) if sandbox._pid else None
             if pid is None:
                 raise TemplateError("the template's kernel is gone")
-            return await in_thread(dump_template, sandbox._init_pid, sandbox.info.container_id,
-                                   pid, self._template_root, stem,
-                                   sandbox.info.kernel_name or "", str(connection["key"]))
+            init, container = sandbox._init_pid, sandbox.info.container_id
+            # What a service wrote in /tmp as it started is its sandboxes' too (E2B's
+            # snapshot holds it); a kernel alone has only its own folders there.
+            keep = (partial(save_files, init, container)
+                    if profile.start_cmd or profile.ready_cmd else None)
+            return await in_thread(dump_template, init, container, pid, self._template_root,
+                                   stem, sandbox.info.kernel_name or "",
+                                   str(connection["key"]), keep)
         finally:
             # a close of the pool cancels this task at any point, its clean-up included
             await to_its_end(self._remove_sandbox(sandbox))

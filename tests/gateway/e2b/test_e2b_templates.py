@@ -1,6 +1,6 @@
 """E2B's template builder, unmodified from .venv, against a running gateway: builds on the engine
-(``gateway.templates``), sandboxes of them, their status and logs, aliases and tags, and
-another tenant refused."""
+(``gateway.templates``), sandboxes of them (a start command's server listening at once in
+each), their status and logs, aliases and tags, and another tenant refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import BuildException, Sandbox, Template, TemplateException, wait_for_file
+from e2b import (
+    BuildException,
+    Sandbox,
+    Template,
+    TemplateException,
+    wait_for_file,
+    wait_for_url,
+)
 from e2b.exceptions import SandboxException
 from e2b.template.logger import LogEntry
 from e2b.template.types import BuildInfo, TemplateBuildStatus
@@ -201,6 +208,41 @@ def test_what_cannot_be_mapped_is_refused_with_a_sentence() -> None:
     template = Template().from_image("ubuntu:22.04", username="u", password="p")
     with pytest.raises(BuildException, match="registry's credentials"):
         Template.build(template, f"e2b-creds-{uuid.uuid4().hex[:8]}")
+
+
+SERVED = ("curl -s -o /dev/null -w '%{http_code} ' http://localhost:8080; "
+          "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline; echo; done 2>/dev/null "
+          "| grep -c '^python3 -m http.server'; [ -e /proc/10000 ] && echo restored || true")
+"""At once in a new sandbox: the server's answer, how many servers run, and whether the
+kernel was restored from the kernel template (its kernel's pid, 10000, exists)."""
+
+
+def test_sandboxes_start_with_the_start_commands_server_listening(
+        e2b_env: dict[str, str]) -> None:
+    """E2B snapshots a template after its start and ready commands; here the kernel template
+    is checkpointed with the server listening, and every sandbox (booted, warm, restored from
+    it) has it answering at once, one server."""
+    # Slow to listen: a sandbox handed out before it is ready would find no server.
+    template = Template().from_base_image().set_start_cmd(
+        "sleep 2; exec python3 -m http.server 8080", wait_for_url("http://localhost:8080"))
+    alias = f"e2b-srv-{uuid.uuid4().hex[:8]}"
+    Template.build(template, alias)
+    try:
+        restored = False
+        deadline = time.monotonic() + 120
+        while not restored:
+            assert time.monotonic() < deadline, "no sandbox restored from the kernel template"
+            sandbox = Sandbox.create(template=alias)
+            try:
+                said = sandbox.commands.run(SERVED).stdout.split()
+            finally:
+                sandbox.kill()
+            assert said[:2] == ["200", "1"], said
+            restored = said[2:] == ["restored"]
+            time.sleep(1)  # time for the warm sandbox to come up
+    finally:
+        httpx.delete(f"{e2b_env['E2B_API_URL']}/templates/{alias}",
+                     headers={"X-API-Key": e2b_env["E2B_API_KEY"]}, timeout=60)
 
 
 def test_a_restarted_gateway_still_answers_the_tags_and_the_build_status(
