@@ -19,6 +19,7 @@ from e2b import (
     Template,
     TemplateException,
     wait_for_file,
+    wait_for_port,
     wait_for_url,
 )
 from e2b.exceptions import SandboxException
@@ -217,14 +218,17 @@ SERVED = ("curl -s -o /dev/null -w '%{http_code} ' http://localhost:8080; "
 kernel was restored from the kernel template (its kernel's pid, 10000, exists)."""
 
 
+@pytest.mark.parametrize("ready", ["url", "port"])
 def test_sandboxes_start_with_the_start_commands_server_listening(
-        e2b_env: dict[str, str]) -> None:
+        e2b_env: dict[str, str], ready: str) -> None:
     """E2B snapshots a template after its start and ready commands; here the kernel template
     is checkpointed with the server listening, and every sandbox (booted, warm, restored from
-    it) has it answering at once, one server."""
+    it) has it answering at once, one server. E2B's ``wait_for_port`` runs ``ss`` in the
+    sandbox (iproute2, in the image for it)."""
     # Slow to listen: a sandbox handed out before it is ready would find no server.
     template = Template().from_base_image().set_start_cmd(
-        "sleep 2; exec python3 -m http.server 8080", wait_for_url("http://localhost:8080"))
+        "sleep 2; exec python3 -m http.server 8080",
+        wait_for_url("http://localhost:8080") if ready == "url" else wait_for_port(8080))
     alias = f"e2b-srv-{uuid.uuid4().hex[:8]}"
     Template.build(template, alias)
     try:
