@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -169,6 +170,31 @@ async def test_processes_fall_back_to_runsc_without_the_control_socket(
                       control=SandboxControl(str(tmp_path), sandbox.container_id))
     found = await elsewhere.processes()
     assert found is not None and set(found) == _runsc_ps(sandbox)
+
+
+NAMED = "import signal, sys, time\nopen('/proc/self/comm', 'w').write(sys.argv[1])\n" \
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(604)"
+
+
+@pytest.mark.parametrize("through", ["control", "runsc"])
+async def test_signal_exec_reaches_the_process_of_that_name(
+        sandbox: Runsc, tmp_path: Path, through: str) -> None:
+    runsc = sandbox if through == "control" else Runsc(
+        sandbox.binary, sandbox.root, sandbox.container_id,
+        control=SandboxControl(str(tmp_path), sandbox.container_id))
+    name = f"rg-{through}"
+    already = len(_runsc_ps(sandbox))
+    _exec(sandbox, "/opt/venv/bin/python", "-c", NAMED, name)
+    _wait_for(sandbox, already + 1)
+    assert not await runsc.signal_exec("rg-nobody", signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not await runsc.signal_exec(name, signal.SIGTERM):  # once it took its name
+        assert time.monotonic() < deadline, "no process took the name"
+        await asyncio.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while len(_runsc_ps(sandbox)) > already:  # it handled the SIGTERM and exited
+        assert time.monotonic() < deadline, _runsc_ps(sandbox)
+        await asyncio.sleep(0.1)
 
 
 async def test_control_of_a_gone_sandbox_raises_control_error(sandbox: Runsc) -> None:

@@ -20,6 +20,7 @@ so a pid read from the process table and killed a moment later is the same proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -168,6 +169,37 @@ class Runsc:
         result = await anyio.to_thread.run_sync(
             self._call, "kill", "--pid", str(pid), self.container_id, "KILL")
         return result is not None
+
+    def _ps_named(self, name: str) -> list[int] | None:
+        # runsc ps: UID PID PPID C TTY STIME TIME CMD
+        result = self._call("ps", self.container_id)
+        if result is None:
+            return None
+        return [int(fields[1]) for fields in map(str.split, result.stdout.splitlines()[1:])
+                if len(fields) >= 8 and fields[1].isdigit() and fields[2] == "0"
+                and fields[-1] == name]
+
+    async def signal_exec(self, name: str, signum: int) -> bool:
+        """``signum`` to the process the engine started that took the name ``name`` (a
+        terminal command's wrapper: runsc forwards a signal sent to its exec to the terminal's
+        foreground group instead); whether it reached one."""
+        delivered = False
+        if self._control is not None:
+            try:
+                pids = await self._control.execs_named(self.container_id, name)
+            except ControlError:
+                pass  # no socket there: through runsc below
+            else:
+                for pid in pids:
+                    with contextlib.suppress(ControlError):  # ended meanwhile
+                        await self._control.kill(self.container_id, pid, signum)
+                        delivered = True
+                return delivered
+        for pid in await anyio.to_thread.run_sync(self._ps_named, name) or []:
+            delivered |= await anyio.to_thread.run_sync(
+                self._call, "kill", "--pid", str(pid), self.container_id,
+                str(int(signum))) is not None
+        return delivered
 
     async def pause(self) -> bool:
         """Stop every task of the sandbox; whether it did (then :meth:`resume` must follow)."""

@@ -7,7 +7,9 @@ Its kernel's start is :mod:`._sandbox_launch`, its memory image :mod:`._sandbox_
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import secrets
 import select
 import signal
 from pathlib import Path
@@ -322,9 +324,18 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
                             stdin: bool = False,
                             pty: tuple[int, int] | None = None) -> CommandProcess:
         folder = cwd if cwd.startswith("/") else f"{SANDBOX_PATH}/{cwd}".rstrip("/")
+        signal_inside = None
+        if pty is not None and self._runsc is not None:
+            # runsc hands a signal sent to a terminal's exec to the terminal's foreground group
+            # (the shell, which ignores SIGTERM), never to the wrapper, which ends the whole
+            # session: the wrapper takes a name of its own, and is signalled by it.
+            name = f"rg-{secrets.token_hex(6)}"
+            env = {**env, "REPLGATE_NAME": name}
+            signal_inside = functools.partial(self._runsc.signal_exec, name)
         return await DockerCommand.start(
             self._api, call_engine, self.info.container_id, command, env=env,
-            cwd=folder, running=self._commands, stdin=stdin, pty=pty)
+            cwd=folder, running=self._commands, stdin=stdin, pty=pty,
+            signal_inside=signal_inside)
 
     async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
         # gVisor's inotify does not see what the host writes: the watcher rescans as well
