@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import time
@@ -26,6 +27,7 @@ from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._gvisor import (
     GVISOR_ARGS,
+    RUNSC_PATH,
     OutOfMemoryWatch,
     Runsc,
     host_pids_limit,
@@ -200,3 +202,23 @@ async def test_signal_exec_reaches_the_process_of_that_name(
 async def test_control_of_a_gone_sandbox_raises_control_error(sandbox: Runsc) -> None:
     with pytest.raises(ControlError, match="control socket"):
         await SandboxControl(sandbox.root, "0" * 64).processes("0" * 64)
+
+
+async def test_kill_strays_of_an_unreadable_table_asks_for_a_replacement(
+        tmp_path: Path) -> None:
+    # Neither the socket nor runsc answers: what runs there is unknown (a bomb may), so the
+    # reap is not reported done; the caller replaces the sandbox.
+    blind = Runsc(RUNSC_PATH, str(tmp_path), "0" * 64)
+    assert await blind.processes() is None
+    assert await blind.kill_strays(keep_kernel_children=True) is None
+    assert not blind.end_sandbox()  # no sandbox process known: nothing signalled
+
+
+async def test_end_sandbox_signals_only_its_own_sandbox_process(sandbox: Runsc) -> None:
+    # Another process at that pid (here the test's own) is never signalled.
+    stranger = Runsc(sandbox.binary, sandbox.root, sandbox.container_id,
+                     sandbox_pid=os.getpid())
+    assert not stranger.end_sandbox()
+    other = Runsc(sandbox.binary, sandbox.root, "0" * 64, sandbox_pid=sandbox.sandbox_pid)
+    assert not other.end_sandbox()
+    assert await sandbox.processes()  # still running

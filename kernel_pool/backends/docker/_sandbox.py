@@ -183,7 +183,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         logger.warning("sandbox %s: out of memory (limit %s) and stuck; killing its processes",
                        self.info.sandbox_id, self.profile.memory)
         if not await runsc.kill_all_but_init():
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
 
     async def send_signal(self, signum: int) -> None:
         if self._pidfd is not None:
@@ -197,7 +197,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             # The cgroup holds gVisor's own processes, not the sandboxed ones: the hard stop
             # replaces the container (a fresh gVisor kernel; launch_kernel makes it, the
             # workspace stays), which no swarm of processes inside can slow down.
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
             return
         if restart:
             procs = self._cgroup.procs_file if self._cgroup is not None else None
@@ -217,12 +217,14 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             except BackendError:
                 pass  # the container is gone: launch_kernel makes a new one
         else:
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
 
     async def cleanup(self, restart: bool = False) -> None:
         self._close_pidfd()
         if restart:
             return
+        if self._runsc is not None:
+            self._runsc.end_sandbox()  # see _remove_container
         await self._backend.remove(self.info, self.workspace)
 
     # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a
@@ -246,11 +248,11 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             if self._runsc is None:
                 return 0
             gone = await self._runsc.kill_strays(keep_kernel_children)
-            if gone is None:  # not paused, or not resumed: the kernel's death is then handled
-                logger.warning("sandbox %s: processes outlived the execution and the sandbox "
-                               "could not be paused to kill them; replacing it",
-                               self.info.sandbox_id)
-                await call_engine(self._backend.remove_container, self.info.container_id)
+            if gone is None:  # not listed, paused or resumed: the kernel's death is then handled
+                logger.warning("sandbox %s: processes may have outlived the execution and "
+                               "could not be listed, or killed with the sandbox paused; "
+                               "replacing it", self.info.sandbox_id)
+                await self._remove_container()
                 return 0
             return gone
         procs = self._cgroup.procs_file if self._cgroup is not None else None

@@ -130,6 +130,13 @@ class DockerSandboxBase(Sandbox):
         return (bool(state.get("Running")) and state.get("Status") == "running"
                 and process_alive(int(state.get("Pid") or 0)))
 
+    async def _remove_container(self) -> None:
+        """The engine's removal of the container, under gVisor once its kernel was ended from
+        the host (:meth:`Runsc.end_sandbox`): bounded whatever the sandbox does."""
+        if self._runsc is not None:
+            self._runsc.end_sandbox()
+        await call_engine(self._backend.remove_container, self.info.container_id)
+
     async def _ensure_running(self) -> None:
         if not await self._running():
             await call_engine(self._backend.remove_container, self.info.container_id)
