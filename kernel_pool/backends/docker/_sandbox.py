@@ -223,8 +223,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         self._close_pidfd()
         if restart:
             return
-        if self._runsc is not None:
-            self._runsc.end_sandbox()  # see _remove_container
+        await self._end_gvisor()
         await self._backend.remove(self.info, self.workspace)
 
     # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a

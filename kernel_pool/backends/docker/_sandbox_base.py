@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +24,12 @@ from kernel_pool.backends.docker._strays import process_alive
 from kernel_pool.backends.docker._template import Template
 from kernel_pool.config import Profile
 from kernel_pool.exceptions import BackendError
+
+logger = logging.getLogger(__name__)
+
+ENGINE_EXIT_WAIT_S = 10.0
+"""How long a removal waits for the engine to see a killed gVisor sandbox exit (measured: about
+half a second, a fork bomb in it or not)."""
 
 
 class SandboxEngine(Protocol):
@@ -132,10 +139,35 @@ class DockerSandboxBase(Sandbox):
 
     async def _remove_container(self) -> None:
         """The engine's removal of the container, under gVisor once its kernel was ended from
-        the host (:meth:`Runsc.end_sandbox`): bounded whatever the sandbox does."""
-        if self._runsc is not None:
-            self._runsc.end_sandbox()
+        the host: bounded whatever the sandbox does (see :meth:`_end_gvisor`)."""
+        await self._end_gvisor()
         await call_engine(self._backend.remove_container, self.info.container_id)
+
+    async def _end_gvisor(self) -> None:
+        """Under gVisor, before a removal: end the sandbox process (:meth:`Runsc.end_sandbox`),
+        then wait until the engine has seen it exit.
+
+        The engine's removal alone goes through the sandbox (``runsc kill``), which a sandbox
+        swamped by a fork bomb answers late or never. And the wait matters: a removal asked for
+        while the engine's runtime shim is still taking in the exit made the shim deadlock
+        (containerd 1.6's: the exit waits for the lock its kill holds, the kill for the exit
+        to be reaped) until a timeout 85-190 s later; once the engine says the container
+        stopped, its removal has nothing to kill."""
+        if self._runsc is None or not self._runsc.end_sandbox():
+            return
+        deadline = asyncio.get_running_loop().time() + ENGINE_EXIT_WAIT_S
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                state = (await call_engine(self._api.inspect_container,
+                                           self.info.container_id))["State"]
+            except BackendError:
+                return  # gone already
+            if not state.get("Running"):
+                return
+            await asyncio.sleep(0.02)
+        logger.warning("sandbox %s: the engine still says it runs %g s after its gVisor kernel "
+                       "was killed; removing it anyway", self.info.sandbox_id,
+                       ENGINE_EXIT_WAIT_S)
 
     async def _ensure_running(self) -> None:
         if not await self._running():
