@@ -54,6 +54,13 @@ HOST_PIDS_HEADROOM = 128
 RUNSC_TIMEOUT_S = 10.0
 ROUNDS = 3
 """Passes of pause-ps-kill-resume at most: paused, one finds everything (a second, nothing)."""
+SETTLE_S = 0.1
+"""How long the reap waits before it looks again at processes new under the kernel: the tree
+must hold still this long (under gVisor a fork bomb's first shell still ran when a 5 ms
+execution's reap looked, and a double fork's middle process living 40 ms outlasted a 50 ms
+wait in 1 run of 4)."""
+SETTLES = 5
+"""Looks again at most (half a second), for a tree that keeps changing."""
 GONE_WAIT_S = 5.0
 """How long the clean-up waits for the processes it killed to be gone once resumed."""
 OOM_POLL_S = 0.5
@@ -109,6 +116,8 @@ class Runsc:
         self.sandbox_pid = sandbox_pid
         """The host pid of the sandbox process (gVisor's kernel), where known."""
         self._control: SandboxControl | None = control or SandboxControl(root, container_id)
+        self._kept: set[int] = set()
+        """The kernel's descendants the last reap left running (see :meth:`kill_strays`)."""
         """None once runsc answered where the socket did not (it keeps it elsewhere)."""
 
     @classmethod
@@ -255,31 +264,50 @@ class Runsc:
         gone; how many were killed.
 
         The usual case, nothing to kill, is one look at the process table. Otherwise each pass
-        pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. None when
-        the sandbox could not be paused or resumed, or its table read (neither the socket nor
-        runsc answered), or strays were left after the last pass: the caller replaces it.
+        pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. Processes
+        new under the kernel since the last reap are looked at again, :data:`SETTLE_S` later,
+        until the kernel's tree holds still: one of them may have been about to exit (a double
+        fork's middle process, a fork bomb's first shell), its children then re-parented to
+        PID 1, strays the first look could not see. None when the sandbox could not be paused
+        or resumed, or its table read (neither the socket nor runsc answered), or strays were
+        left after the last pass: the caller replaces it.
         """
         killed: set[int] = set()
-        for _ in range(ROUNDS):
+        passes = looks = 0
+        while True:
             found = await self.processes()
             if found is None:
                 return None  # unreadable: what runs there is unknown, and may be a bomb
-            if not [p for p in strays_of(found, keep_kernel_children) if p not in killed]:
+            if [p for p in strays_of(found, keep_kernel_children) if p not in killed]:
+                if passes == ROUNDS or not await self._kill_paused(killed, keep_kernel_children):
+                    return None
+                passes += 1
+                continue
+            kept = kernel_descendants(found) if keep_kernel_children else set()
+            settled = kept <= self._kept or looks == SETTLES
+            self._kept = kept
+            if settled:
                 return len(killed)
-            if not await self.pause():
-                return None
-            try:
-                # Paused: the table read now is complete, and stays so while it is killed.
-                found = await self.processes()
-                for pid in strays_of(found or {}, keep_kernel_children):
-                    if pid not in killed and await self.kill(pid):
-                        killed.add(pid)
-            finally:
-                resumed = await self.resume()
-            if not resumed:
-                return None
-            await self._wait_gone(killed)
-        return None
+            looks += 1
+            await anyio.sleep(SETTLE_S)
+
+    async def _kill_paused(self, killed: set[int], keep_kernel_children: bool) -> bool:
+        """One pass: pause, kill the strays (adding them to ``killed``), resume, wait for them
+        to be gone; False when the sandbox could not be paused or resumed."""
+        if not await self.pause():
+            return False
+        try:
+            # Paused: the table read now is complete, and stays so while it is killed.
+            found = await self.processes()
+            for pid in strays_of(found or {}, keep_kernel_children):
+                if pid not in killed and await self.kill(pid):
+                    killed.add(pid)
+        finally:
+            resumed = await self.resume()
+        if not resumed:
+            return False
+        await self._wait_gone(killed)
+        return True
 
     async def _wait_gone(self, killed: set[int]) -> None:
         """Wait until the killed processes have left the table (reaped), at most
@@ -350,6 +378,14 @@ def strays_of(processes: Mapping[int, int], keep_kernel_children: bool) -> list[
             continue
         strays.append(pid)
     return strays
+
+
+def kernel_descendants(processes: Mapping[int, int]) -> set[int]:
+    """The descendants of the processes the engine started but PID 1 (the kernel's, a
+    command's) among ``pid -> parent pid``."""
+    roots = {pid for pid, parent in processes.items() if parent == 0}
+    return {pid for pid in processes
+            if pid not in roots and _descends(pid, roots, processes)}
 
 
 def _descends(pid: int, roots: set[int], processes: Mapping[int, int]) -> bool:
