@@ -9,10 +9,6 @@
 # which under gVisor reach the kernel through its sockets across gVisor's boundary: HTTP
 # executions, files, restart and timeouts (test_api), streaming (test_ws), notebook export,
 # death and recovery (kernel_pool's test_recovery).
-# Left out under gVisor, and open (issue 42): a fork bomb caught mid-growth. On 2026-11-29 it
-# failed 3 runs of 3 under runsc, at this commit and at be775ef whose CI had passed it: the bomb's
-# processes still listed after the reap, the next execution timing out, or the table unreadable.
-# The runc leg runs it.
 # Left to the runc leg: the output, display and flood attacks and the gateway's own fault tests
 # (the gateway's side does not change with the runtime, and gVisor's slower I/O makes the flood
 # tests' time bounds a test of the machine), pause/resume/fork (test_lifecycle: 3.5 minutes
@@ -27,7 +23,7 @@ gvisor_leg() {  # [pytest args]
     tests/security/test_hostile_code.py tests/kernel_pool/test_recovery.py \
     tests/gateway/test_api.py tests/gateway/test_ws.py tests/gateway/test_notebook.py "$@" \
     -k "not (test_hostile_code and (flood or output or huge or garbage or imitating \
-      or slow_other or mid_growth \
+      or slow_other \
       or (cpu_hog and (long_c_call or regex or without_gil or swallowed))))"
 }
 

@@ -11,8 +11,11 @@ On a terminal (``REPLGATE_PTY=COLSxROWS`` set by the gateway, the exec's stdio a
 this process's controlling terminal) the shell stays in this session, so that the terminal is
 its controlling one too, in a process group of its own that is the terminal's foreground group
 (an interactive shell's job control needs both). Its jobs make groups of their own in the
-session: ending it kills every process of the session. The size is set here first unless the
-gateway's resize came before.
+session: ending it kills every process of the session, and waits until none is left running.
+The size is set here first unless the gateway's resize came before. Under gVisor a signal to a
+terminal's exec goes to the terminal's foreground group (the shell, which ignores SIGTERM), not
+to this process: the gateway then signals this process through gVisor's control, finding it by
+the name it takes here (``REPLGATE_NAME``, its ``/proc/self/comm``).
 
 The exit status is the shell's; killed by a signal N it is 128 + N, as in a shell.
 """
@@ -25,6 +28,10 @@ import struct
 import subprocess
 import sys
 import termios
+import time
+
+SESSION_KILL_S = 5.0
+"""How long a terminal's end may go on killing its session's processes."""
 
 
 def _kill_group(pgid: int) -> None:
@@ -37,9 +44,12 @@ def _kill_group(pgid: int) -> None:
 
 
 def _kill_session() -> None:
-    """Every other process of this session (a terminal shell's jobs, each in its group)."""
+    """Every other process of this session (a terminal shell's jobs, each in its group), killed
+    until none is left but zombies: a killed process runs on for a moment (under gVisor,
+    measurably), and one forking meanwhile adds another."""
     me = os.getpid()
-    for _ in range(5):
+    deadline = time.monotonic() + SESSION_KILL_S
+    while True:
         found = False
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) == me:
@@ -49,12 +59,13 @@ def _kill_session() -> None:
                     fields = stat.read().rsplit(b")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == me:  # its session id
+            if int(fields[3]) == me and fields[0] not in (b"Z", b"X"):  # its session id
                 found = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(name), signal.SIGKILL)
-        if not found:
+        if not found or time.monotonic() > deadline:
             return
+        time.sleep(0.002)
 
 
 def _terminal_size(spec: str) -> None:
@@ -76,6 +87,10 @@ def main() -> int:
     child: subprocess.Popen[bytes] | None = None
     stopped_by = 0
     pty = os.environ.pop("REPLGATE_PTY", "")
+    name = os.environ.pop("REPLGATE_NAME", "")
+    if name:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(name)
 
     def end() -> None:
         if child is not None:

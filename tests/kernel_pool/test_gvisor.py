@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,13 +27,14 @@ from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._gvisor import (
     GVISOR_ARGS,
+    RUNSC_PATH,
     OutOfMemoryWatch,
     Runsc,
     host_pids_limit,
     missing_runtime,
-    strays_of,
 )
 from kernel_pool.backends.docker._gvisor_control import ControlError, SandboxControl
+from kernel_pool.backends.docker._gvisor_table import strays_of
 from kernel_pool.config import Profile
 
 
@@ -171,6 +174,51 @@ async def test_processes_fall_back_to_runsc_without_the_control_socket(
     assert found is not None and set(found) == _runsc_ps(sandbox)
 
 
+NAMED = "import signal, sys, time\nopen('/proc/self/comm', 'w').write(sys.argv[1])\n" \
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(604)"
+
+
+@pytest.mark.parametrize("through", ["control", "runsc"])
+async def test_signal_exec_reaches_the_process_of_that_name(
+        sandbox: Runsc, tmp_path: Path, through: str) -> None:
+    runsc = sandbox if through == "control" else Runsc(
+        sandbox.binary, sandbox.root, sandbox.container_id,
+        control=SandboxControl(str(tmp_path), sandbox.container_id))
+    name = f"rg-{through}"
+    already = len(_runsc_ps(sandbox))
+    _exec(sandbox, "/opt/venv/bin/python", "-c", NAMED, name)
+    _wait_for(sandbox, already + 1)
+    assert not await runsc.signal_exec("rg-nobody", signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not await runsc.signal_exec(name, signal.SIGTERM):  # once it took its name
+        assert time.monotonic() < deadline, "no process took the name"
+        await asyncio.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while len(_runsc_ps(sandbox)) > already:  # it handled the SIGTERM and exited
+        assert time.monotonic() < deadline, _runsc_ps(sandbox)
+        await asyncio.sleep(0.1)
+
+
 async def test_control_of_a_gone_sandbox_raises_control_error(sandbox: Runsc) -> None:
     with pytest.raises(ControlError, match="control socket"):
         await SandboxControl(sandbox.root, "0" * 64).processes("0" * 64)
+
+
+async def test_kill_strays_of_an_unreadable_table_asks_for_a_replacement(
+        tmp_path: Path) -> None:
+    # Neither the socket nor runsc answers: what runs there is unknown (a bomb may), so the
+    # reap is not reported done; the caller replaces the sandbox.
+    blind = Runsc(RUNSC_PATH, str(tmp_path), "0" * 64)
+    assert await blind.processes() is None
+    assert await blind.kill_strays(keep_kernel_children=True) is None
+    assert not blind.end_sandbox()  # no sandbox process known: nothing signalled
+
+
+async def test_end_sandbox_signals_only_its_own_sandbox_process(sandbox: Runsc) -> None:
+    # Another process at that pid (here the test's own) is never signalled.
+    stranger = Runsc(sandbox.binary, sandbox.root, sandbox.container_id,
+                     sandbox_pid=os.getpid())
+    assert not stranger.end_sandbox()
+    other = Runsc(sandbox.binary, sandbox.root, "0" * 64, sandbox_pid=sandbox.sandbox_pid)
+    assert not other.end_sandbox()
+    assert await sandbox.processes()  # still running

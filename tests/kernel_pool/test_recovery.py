@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 
 import docker
+import docker.errors
+import pytest
 from kp_support import eventually, run_ok
 
-from kernel_pool import Session
+from kernel_pool import KernelPool, Session
 from kernel_pool._channels import KernelState
 
 
@@ -67,3 +72,42 @@ async def test_death_between_executions_recovered_before_next(session: Session) 
     assert result.stdout == "fresh\n"
     assert result.execution_count == 1
     assert time.monotonic() - started < 15
+
+
+async def test_delete_ends_a_sandbox_whose_processes_are_stopped(
+        pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    """A delete ends its container in bounded time whatever the sandbox does: here its
+    container's process is stopped from the host (under gVisor that is gVisor's kernel, which
+    then answers neither its control socket nor the engine, whose removal alone outlasted
+    100 s)."""
+    session = await pool.create_session()
+    container_id = session.kernel.sandbox.info.container_id
+    pid = int(docker_client.api.inspect_container(container_id)["State"]["Pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(30):
+            await pool.delete_session(session.id)
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.api.inspect_container(container_id)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a removal left stuck by a failure
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_delete_during_a_fork_bomb_ends_its_container(
+        pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    """Under gVisor the engine's removal of a sandbox swamped by a fork bomb took 85-190 s in 2
+    runs of 4 (its runtime shim deadlocked on the sandbox's exit during its kill): the delete
+    ends gVisor's kernel and waits for the engine to see it exit before removing."""
+    session = await pool.create_session()
+    container_id = session.kernel.sandbox.info.container_id
+    bomb = session.submit("import subprocess, time\nsubprocess.Popen(['sh', '-c', "
+                          "'b(){ b|b& }; b'], stderr=subprocess.DEVNULL)\ntime.sleep(60)",
+                          timeout_s=90)
+    await asyncio.sleep(3)  # at the process limit by now
+    async with asyncio.timeout(30):
+        await pool.delete_session(session.id)
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.api.inspect_container(container_id)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(bomb.result(), 10)

@@ -23,7 +23,8 @@ from kp_support import OWNER
 
 from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._freezer import Freezer
-from kernel_pool.backends.docker._gvisor import Runsc, strays_of
+from kernel_pool.backends.docker._gvisor import SETTLE_S, Runsc
+from kernel_pool.backends.docker._gvisor_table import kernel_descendants, strays_of
 from kernel_pool.backends.docker._strays import find_strays, kill_strays, kill_tree
 from kernel_pool.config import Profile
 
@@ -224,3 +225,21 @@ def test_kill_tree_reaps_a_fork_bomb_caught_mid_growth(runc_box: Any, frozen: bo
         assert find_strays(procs, init, 0, False) == {}, grow_s
         time.sleep(0.05)
         assert find_strays(procs, init, 0, False) == {}, grow_s  # nothing came back
+
+
+async def test_gvisor_kill_strays_waits_out_a_double_fork_under_the_kernel(
+        gvisor_box: Runsc) -> None:
+    # An engine-started shell (as the kernel is) whose child forks a sleep and exits 40 ms
+    # later: at the first look the sleep is the kernel's grandchild (kept), then PID 1's.
+    _gvisor_exec(gvisor_box, "sh", "-c", 'sh -c "sleep 606 & sleep 0.04" & sleep 600')
+    deadline = time.monotonic() + 10
+    while len(kernel_descendants(await gvisor_box.processes() or {})) < 2:
+        assert time.monotonic() < deadline, "the double fork did not start"
+        await asyncio.sleep(0.002)
+    assert await gvisor_box.kill_strays(keep_kernel_children=True) == 1
+    left = await gvisor_box.processes() or {}
+    assert 1 not in left.values(), left  # the orphaned sleep is gone; the root shell runs
+    # What the kernel keeps is looked at again only when it changed: no wait now.
+    started = time.monotonic()
+    assert await gvisor_box.kill_strays(keep_kernel_children=True) == 0
+    assert time.monotonic() - started < SETTLE_S

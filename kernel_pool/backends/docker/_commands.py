@@ -45,14 +45,19 @@ _STREAMS = {1: "stdout", 2: "stderr"}
 
 Run = Callable[..., Awaitable[Any]]
 """The backend's way to call the blocking Docker SDK off the loop."""
+SignalInside = Callable[[int], Awaitable[bool]]
+"""Sends a signal to the wrapper from inside the sandbox's runtime; whether it reached it."""
 
 
 class DockerCommand(CommandProcess):
     """One ``docker exec`` of the command wrapper."""
 
     def __init__(self, api: Any, run: Run, exec_id: str, raw: Any, running: set[int],
-                 tty: bool = False) -> None:
+                 tty: bool = False, signal_inside: SignalInside | None = None) -> None:
         self._api = api
+        self._signal_inside = signal_inside
+        """Where a signal to the exec's host process does not reach the wrapper (gVisor's
+        terminals), the way that does."""
         self._tty = tty
         self._run = run
         self._exec_id = exec_id
@@ -72,8 +77,10 @@ class DockerCommand(CommandProcess):
     async def start(cls, api: Any, run: Run, container_id: str, command: str, *,
                     env: dict[str, str], cwd: str, running: set[int], stdin: bool = False,
                     pty: tuple[int, int] | None = None,
-                    argv: list[str] | None = None) -> DockerCommand:
-        """``sh -c command`` through the wrapper (or ``argv`` as it is, e.g. the watcher)."""
+                    argv: list[str] | None = None,
+                    signal_inside: SignalInside | None = None) -> DockerCommand:
+        """``sh -c command`` through the wrapper (or ``argv`` as it is, e.g. the watcher);
+        ``signal_inside`` stops it when given."""
         tty = pty is not None
         if pty is not None:
             env = {"TERM": "xterm-256color", **env, "REPLGATE_PTY": f"{pty[0]}x{pty[1]}"}
@@ -83,7 +90,7 @@ class DockerCommand(CommandProcess):
                              environment=env, stdout=True, stderr=True,
                              stdin=stdin or tty, tty=tty))["Id"]
         raw = await run(api.exec_start, exec_id, socket=True, tty=tty)
-        process = cls(api, run, exec_id, raw, running, tty)
+        process = cls(api, run, exec_id, raw, running, tty, signal_inside)
         try:
             await process._find_pid()
             if pty is not None and process._pid:
@@ -208,8 +215,9 @@ class DockerCommand(CommandProcess):
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
             return
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+        if self._signal_inside is None or not await self._signal_inside(signal.SIGTERM):
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(self._exited), KILL_GRACE_S)
         except TimeoutError:

@@ -20,8 +20,11 @@ so a pid read from the process table and killed a moment later is the same proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -31,6 +34,7 @@ import anyio.to_thread
 
 from kernel_pool.backends.base import CgroupUsage
 from kernel_pool.backends.docker._gvisor_control import ControlError, SandboxControl
+from kernel_pool.backends.docker._gvisor_table import kernel_descendants, strays_of
 from kernel_pool.config import Profile
 
 logger = logging.getLogger(__name__)
@@ -51,6 +55,13 @@ HOST_PIDS_HEADROOM = 128
 RUNSC_TIMEOUT_S = 10.0
 ROUNDS = 3
 """Passes of pause-ps-kill-resume at most: paused, one finds everything (a second, nothing)."""
+SETTLE_S = 0.1
+"""How long the reap waits before it looks again at processes new under the kernel: the tree
+must hold still this long (under gVisor a fork bomb's first shell still ran when a 5 ms
+execution's reap looked, and a double fork's middle process living 40 ms outlasted a 50 ms
+wait in 1 run of 4)."""
+SETTLES = 5
+"""Looks again at most (half a second), for a tree that keeps changing."""
 GONE_WAIT_S = 5.0
 """How long the clean-up waits for the processes it killed to be gone once resumed."""
 OOM_POLL_S = 0.5
@@ -99,11 +110,15 @@ class Runsc:
     process started per call, 20-50 ms: for a runsc whose socket is elsewhere)."""
 
     def __init__(self, binary: str, root: str, container_id: str,
-                 control: SandboxControl | None = None) -> None:
+                 control: SandboxControl | None = None, sandbox_pid: int = 0) -> None:
         self.binary = binary
         self.root = root
         self.container_id = container_id
+        self.sandbox_pid = sandbox_pid
+        """The host pid of the sandbox process (gVisor's kernel), where known."""
         self._control: SandboxControl | None = control or SandboxControl(root, container_id)
+        self._kept: set[int] = set()
+        """The kernel's descendants the last reap left running (see :meth:`kill_strays`)."""
         """None once runsc answered where the socket did not (it keeps it elsewhere)."""
 
     @classmethod
@@ -118,8 +133,32 @@ class Runsc:
             return None
         for argument in arguments:
             if argument.startswith(b"--root="):
-                return cls(binary.removesuffix(" (deleted)"), argument[7:].decode(), container_id)
+                return cls(binary.removesuffix(" (deleted)"), argument[7:].decode(), container_id,
+                           sandbox_pid=sandbox_pid)
         return None
+
+    def end_sandbox(self) -> bool:
+        """SIGKILL to the sandbox process, gVisor's kernel: every sandboxed process ends with
+        it at once, whatever it does, and the engine's removal that follows has nothing left
+        to stop (a paused sandbox took the engine 10 s to remove, a sandbox of a hundred
+        processes over a minute in CI; 0.3 s once ended). Whether it was signalled."""
+        if not self.sandbox_pid:
+            return False
+        try:
+            pidfd = os.pidfd_open(self.sandbox_pid)
+        except OSError:
+            return False  # ended already
+        try:
+            # Checked once the pidfd holds the process: a pid reused since is not signalled.
+            arguments = Path(f"/proc/{self.sandbox_pid}/cmdline").read_bytes().split(b"\0")
+            if arguments[0] != b"runsc-sandbox" or self.container_id.encode() not in arguments:
+                return False
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(pidfd)
 
     def _call(self, *arguments: str) -> subprocess.CompletedProcess[str] | None:
         """A runsc command's outcome; None when it failed or did not end in time."""
@@ -169,6 +208,37 @@ class Runsc:
             self._call, "kill", "--pid", str(pid), self.container_id, "KILL")
         return result is not None
 
+    def _ps_named(self, name: str) -> list[int] | None:
+        # runsc ps: UID PID PPID C TTY STIME TIME CMD
+        result = self._call("ps", self.container_id)
+        if result is None:
+            return None
+        return [int(fields[1]) for fields in map(str.split, result.stdout.splitlines()[1:])
+                if len(fields) >= 8 and fields[1].isdigit() and fields[2] == "0"
+                and fields[-1] == name]
+
+    async def signal_exec(self, name: str, signum: int) -> bool:
+        """``signum`` to the process the engine started that took the name ``name`` (a
+        terminal command's wrapper: runsc forwards a signal sent to its exec to the terminal's
+        foreground group instead); whether it reached one."""
+        delivered = False
+        if self._control is not None:
+            try:
+                pids = await self._control.execs_named(self.container_id, name)
+            except ControlError:
+                pass  # no socket there: through runsc below
+            else:
+                for pid in pids:
+                    with contextlib.suppress(ControlError):  # ended meanwhile
+                        await self._control.kill(self.container_id, pid, signum)
+                        delivered = True
+                return delivered
+        for pid in await anyio.to_thread.run_sync(self._ps_named, name) or []:
+            delivered |= await anyio.to_thread.run_sync(
+                self._call, "kill", "--pid", str(pid), self.container_id,
+                str(int(signum))) is not None
+        return delivered
+
     async def pause(self) -> bool:
         """Stop every task of the sandbox; whether it did (then :meth:`resume` must follow)."""
         if self._control is not None:
@@ -196,30 +266,53 @@ class Runsc:
         gone; how many were killed.
 
         The usual case, nothing to kill, is one look at the process table. Otherwise each pass
-        pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. None when
-        the sandbox could not be paused or resumed: the caller replaces it. ``spared`` (the
-        profile's service) and their descendants are never killed.
+        pauses the sandbox, so that a fork bomb cannot re-fork while it is killed. Processes
+        new under the kernel since the last reap are looked at again, :data:`SETTLE_S` later,
+        until the kernel's tree holds still: one of them may have been about to exit (a double
+        fork's middle process, a fork bomb's first shell), its children then re-parented to
+        PID 1, strays the first look could not see. None when the sandbox could not be paused
+        or resumed, or its table read (neither the socket nor runsc answered), or strays were
+        left after the last pass: the caller replaces it. ``spared`` (the profile's service) and
+        their descendants are never killed.
         """
         killed: set[int] = set()
-        for _ in range(ROUNDS):
+        passes = looks = 0
+        while True:
             found = await self.processes()
-            if found is None or not [p for p in strays_of(found, keep_kernel_children, spared)
-                                     if p not in killed]:
+            if found is None:
+                return None  # unreadable: what runs there is unknown, and may be a bomb
+            if [p for p in strays_of(found, keep_kernel_children, spared) if p not in killed]:
+                if passes == ROUNDS or not await self._kill_paused(killed, keep_kernel_children,
+                                                                    spared):
+                    return None
+                passes += 1
+                continue
+            kept = kernel_descendants(found) if keep_kernel_children else set()
+            settled = kept <= self._kept or looks == SETTLES
+            self._kept = kept
+            if settled:
                 return len(killed)
-            if not await self.pause():
-                return None
-            try:
-                # Paused: the table read now is complete, and stays so while it is killed.
-                found = await self.processes()
-                for pid in strays_of(found or {}, keep_kernel_children, spared):
-                    if pid not in killed and await self.kill(pid):
-                        killed.add(pid)
-            finally:
-                resumed = await self.resume()
-            if not resumed:
-                return None
-            await self._wait_gone(killed)
-        return None
+            looks += 1
+            await anyio.sleep(SETTLE_S)
+
+    async def _kill_paused(self, killed: set[int], keep_kernel_children: bool,
+                           spared: frozenset[int]) -> bool:
+        """One pass: pause, kill the strays (adding them to ``killed``), resume, wait for them
+        to be gone; False when the sandbox could not be paused or resumed."""
+        if not await self.pause():
+            return False
+        try:
+            # Paused: the table read now is complete, and stays so while it is killed.
+            found = await self.processes()
+            for pid in strays_of(found or {}, keep_kernel_children, spared):
+                if pid not in killed and await self.kill(pid):
+                    killed.add(pid)
+        finally:
+            resumed = await self.resume()
+        if not resumed:
+            return False
+        await self._wait_gone(killed)
+        return True
 
     async def _wait_gone(self, killed: set[int]) -> None:
         """Wait until the killed processes have left the table (reaped), at most
@@ -277,37 +370,3 @@ class OutOfMemoryWatch:
         self._pending = False
         return usage.memory_bytes is not None and (
             usage.memory_bytes >= STUCK_SHARE * self.limit_bytes)
-
-
-def strays_of(processes: Mapping[int, int], keep_kernel_children: bool,
-              spared: frozenset[int] = frozenset()) -> list[int]:
-    """The pids to kill among ``pid -> parent pid`` (see :meth:`Runsc.kill_strays`)."""
-    roots = {pid for pid, parent in processes.items() if parent == 0}
-    strays = []
-    for pid in processes:
-        if pid in roots:
-            continue
-        if keep_kernel_children and _descends(pid, roots, processes):
-            continue
-        if spared and (pid in spared or _descends(pid, set(spared), processes)):
-            continue
-        strays.append(pid)
-    return strays
-
-
-def service_of(processes: Mapping[int, int]) -> list[int]:
-    """The children of the processes the engine started but PID 1, among ``pid -> parent
-    pid``: when a kernel has just answered first, those of its profile's service (gVisor
-    tells no sessions; no command runs yet)."""
-    roots = {pid for pid, parent in processes.items() if parent == 0} - {1}
-    return [pid for pid, parent in processes.items() if parent in roots]
-
-
-def _descends(pid: int, roots: set[int], processes: Mapping[int, int]) -> bool:
-    for _ in range(len(processes) + 1):
-        pid = processes.get(pid, 0)
-        if pid in roots:
-            return pid != 1  # PID 1 adopts orphans: daemons re-parented there are strays
-        if pid == 0:
-            return False
-    return False

@@ -72,13 +72,16 @@ class SandboxControl:
             raise ControlError(f"{method} on sandbox {self.sandbox_id}: {error}")
         return answer.get("result")
 
-    async def processes(self, container_id: str) -> dict[int, int]:
-        """pid -> parent pid of every process in the container, as gVisor numbers them."""
+    async def _table(self, container_id: str) -> list[Any]:
         result = await self.call("containerManager.Processes", container_id)
         if not isinstance(result, list):
             raise ControlError(f"unexpected process table {str(result)[:200]}")
+        return result
+
+    async def processes(self, container_id: str) -> dict[int, int]:
+        """pid -> parent pid of every process in the container, as gVisor numbers them."""
         found = {}
-        for process in result:
+        for process in await self._table(container_id):
             pid = process.get("pid") if isinstance(process, dict) else None
             parent = process.get("ppid") if isinstance(process, dict) else None
             if isinstance(pid, int) and isinstance(parent, int):
@@ -94,10 +97,18 @@ class SandboxControl:
         """End one :meth:`pause` (never call it without one: gVisor's kernel panics)."""
         await self.call("containerManager.Resume", {})
 
-    async def kill(self, container_id: str, pid: int) -> None:
-        """SIGKILL to one process of the container (ControlError when it is gone)."""
+    async def execs_named(self, container_id: str, name: str) -> list[int]:
+        """The pids of the processes the engine started (parent 0) whose name (their
+        ``comm``) is ``name``."""
+        return [process["pid"] for process in await self._table(container_id)
+                if isinstance(process, dict) and process.get("ppid") == 0
+                and process.get("cmd") == name and isinstance(process.get("pid"), int)]
+
+    async def kill(self, container_id: str, pid: int, signum: int = signal.SIGKILL) -> None:
+        """A signal (SIGKILL unless told) to one process of the container (ControlError when
+        it is gone)."""
         await self.call("containerManager.Signal", {
-            "CID": container_id, "Signo": int(signal.SIGKILL), "PID": pid,
+            "CID": container_id, "Signo": int(signum), "PID": pid,
             "Mode": 0})  # 0: deliver to that process only (runsc kill --pid)
 
 

@@ -7,7 +7,9 @@ Its kernel's start is :mod:`._sandbox_launch`, its memory image :mod:`._sandbox_
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import secrets
 import select
 import signal
 from pathlib import Path
@@ -25,7 +27,8 @@ from kernel_pool.backends.docker._criu import RUNC_CRIU_CONFIG
 from kernel_pool.backends.docker._docker import KERNEL_DIR, call_engine, in_thread
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._fsop import start_file_op
-from kernel_pool.backends.docker._gvisor import OOM_POLL_S, service_of
+from kernel_pool.backends.docker._gvisor import OOM_POLL_S
+from kernel_pool.backends.docker._gvisor_table import service_of
 from kernel_pool.backends.docker._init_kernel import exit_code
 from kernel_pool.backends.docker._sandbox_checkpoint import SandboxCheckpoints
 from kernel_pool.backends.docker._sandbox_launch import SandboxLaunch
@@ -183,7 +186,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         logger.warning("sandbox %s: out of memory (limit %s) and stuck; killing its processes",
                        self.info.sandbox_id, self.profile.memory)
         if not await runsc.kill_all_but_init():
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
 
     async def send_signal(self, signum: int) -> None:
         if self._pidfd is not None:
@@ -197,7 +200,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             # The cgroup holds gVisor's own processes, not the sandboxed ones: the hard stop
             # replaces the container (a fresh gVisor kernel; launch_kernel makes it, the
             # workspace stays), which no swarm of processes inside can slow down.
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
             return
         if restart:
             procs = self._cgroup.procs_file if self._cgroup is not None else None
@@ -217,12 +220,13 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
             except BackendError:
                 pass  # the container is gone: launch_kernel makes a new one
         else:
-            await call_engine(self._backend.remove_container, self.info.container_id)
+            await self._remove_container()
 
     async def cleanup(self, restart: bool = False) -> None:
         self._close_pidfd()
         if restart:
             return
+        await self._end_gvisor()
         await self._backend.remove(self.info, self.workspace)
 
     # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a
@@ -256,12 +260,13 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         if self.profile.runtime == "gvisor":
             if self._runsc is None:
                 return 0
-            gone = await self._runsc.kill_strays(keep_kernel_children, frozenset(self._service))
-            if gone is None:  # not paused, or not resumed: the kernel's death is then handled
-                logger.warning("sandbox %s: processes outlived the execution and the sandbox "
-                               "could not be paused to kill them; replacing it",
-                               self.info.sandbox_id)
-                await call_engine(self._backend.remove_container, self.info.container_id)
+            gone = await self._runsc.kill_strays(keep_kernel_children,
+                                                 frozenset(self._service))
+            if gone is None:  # not listed, paused or resumed: the kernel's death is then handled
+                logger.warning("sandbox %s: processes may have outlived the execution and "
+                               "could not be listed, or killed with the sandbox paused; "
+                               "replacing it", self.info.sandbox_id)
+                await self._remove_container()
                 return 0
             return gone
         procs = self._cgroup.procs_file if self._cgroup is not None else None
@@ -335,9 +340,18 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
                             stdin: bool = False,
                             pty: tuple[int, int] | None = None) -> CommandProcess:
         folder = cwd if cwd.startswith("/") else f"{SANDBOX_PATH}/{cwd}".rstrip("/")
+        signal_inside = None
+        if pty is not None and self._runsc is not None:
+            # runsc hands a signal sent to a terminal's exec to the terminal's foreground group
+            # (the shell, which ignores SIGTERM), never to the wrapper, which ends the whole
+            # session: the wrapper takes a name of its own, and is signalled by it.
+            name = f"rg-{secrets.token_hex(6)}"
+            env = {**env, "REPLGATE_NAME": name}
+            signal_inside = functools.partial(self._runsc.signal_exec, name)
         return await DockerCommand.start(
             self._api, call_engine, self.info.container_id, command, env=env,
-            cwd=folder, running=self._commands, stdin=stdin, pty=pty)
+            cwd=folder, running=self._commands, stdin=stdin, pty=pty,
+            signal_inside=signal_inside)
 
     async def start_watch(self, folder: str, recursive: bool) -> CommandProcess:
         # gVisor's inotify does not see what the host writes: the watcher rescans as well

@@ -33,6 +33,10 @@ from kernel_pool.exceptions import BackendError
 
 logger = logging.getLogger(__name__)
 
+ENGINE_EXIT_WAIT_S = 10.0
+"""How long a removal waits for the engine to see a killed gVisor sandbox exit (measured: about
+half a second, a fork bomb in it or not)."""
+
 
 class SandboxEngine(Protocol):
     """What a sandbox uses of its backend (a :class:`~kernel_pool.backends.docker.DockerBackend`,
@@ -144,6 +148,38 @@ class DockerSandboxBase(Sandbox):
         # one whose init was just killed until the engine reaps it: ask the host's process table.
         return (bool(state.get("Running")) and state.get("Status") == "running"
                 and process_alive(int(state.get("Pid") or 0)))
+
+    async def _remove_container(self) -> None:
+        """The engine's removal of the container, under gVisor once its kernel was ended from
+        the host: bounded whatever the sandbox does (see :meth:`_end_gvisor`)."""
+        await self._end_gvisor()
+        await call_engine(self._backend.remove_container, self.info.container_id)
+
+    async def _end_gvisor(self) -> None:
+        """Under gVisor, before a removal: end the sandbox process (:meth:`Runsc.end_sandbox`),
+        then wait until the engine has seen it exit.
+
+        The engine's removal alone goes through the sandbox (``runsc kill``), which a sandbox
+        swamped by a fork bomb answers late or never. And the wait matters: a removal asked for
+        while the engine's runtime shim is still taking in the exit made the shim deadlock
+        (containerd 1.6's: the exit waits for the lock its kill holds, the kill for the exit
+        to be reaped) until a timeout 85-190 s later; once the engine says the container
+        stopped, its removal has nothing to kill."""
+        if self._runsc is None or not self._runsc.end_sandbox():
+            return
+        deadline = asyncio.get_running_loop().time() + ENGINE_EXIT_WAIT_S
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                state = (await call_engine(self._api.inspect_container,
+                                           self.info.container_id))["State"]
+            except BackendError:
+                return  # gone already
+            if not state.get("Running"):
+                return
+            await asyncio.sleep(0.02)
+        logger.warning("sandbox %s: the engine still says it runs %g s after its gVisor kernel "
+                       "was killed; removing it anyway", self.info.sandbox_id,
+                       ENGINE_EXIT_WAIT_S)
 
     async def _ensure_running(self) -> None:
         if not await self._running():
