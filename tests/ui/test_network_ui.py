@@ -96,4 +96,6 @@ async def test_network_tab_shows_the_policy_rules_and_attempts_never_a_secret(
     # And the tab is where a link to it leads, after a reload too.
     await page.reload()
     await page.locator("#network-view:not([hidden])").wait_for()
+    # The tab shows at once; its policy once fetched (the badge's class is set with its text).
+    await page.locator("#network-default.open, #network-default.closed").wait_for()
     assert await page.text_content("#network-default") == "open by default"
