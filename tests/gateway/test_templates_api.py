@@ -313,7 +313,9 @@ def test_a_template_with_a_start_cmd_starts_sessions_with_its_server_ready(
                                           "image: "), failed["error"]
         assert "start_cmd exited with 3 before ready_cmd exited 0" in failed["error"]
         assert "giving up" in failed["error"]
-        _gone(docker_client, f"replgate-template:{dead['id']}-1")  # its check failed: no use
+        # Its check failed: the image is of no use, and goes as soon as nothing holds it
+        # (a kernel template being made of it ends with its launcher, not at its timeout).
+        _gone(docker_client, f"replgate-template:{dead['id']}-1", within_s=30)
     finally:
         for made_ in (served, dead):
             if made_ is not None:
