@@ -49,6 +49,13 @@ SANDBOX_CPU_SHARES = 512
 """Half the default CPU weight (CIS Docker Benchmark 5.11): where each container is a cgroup of
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
 gateway that serves every session. Sandboxes stay equal among themselves."""
+ENGINE_CALLS = 3
+"""Containers made (created and started) or removed at once. Docker 20.10's libnetwork can
+deadlock the whole engine on many endpoints (even ``none`` ones) created or deleted at once
+(seen here: 50 sessions deleted together), so there is a bound; but one at a time left the
+engine idle half of each start (runc, the shim) and halved the rate a burst of creates gets
+(this 2-core machine: 4.3 containers a second one at a time, 8.2 three at a time, no more with
+eight)."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 
@@ -70,10 +77,8 @@ class DockerContainers(SandboxBackend):
             raise BackendError(
                 f"cannot reach the Docker engine ({exc}); start it (./run.sh serve does) "
                 "or set DOCKER_HOST") from exc
-        self._lifecycle = threading.Lock()
-        """Containers are made and removed one at a time: Docker 20.10's libnetwork can
-        deadlock the whole engine on many endpoints (even ``none`` ones) created or deleted at
-        once (seen here: 50 sessions deleted together). Kernel start-up is not serialized."""
+        self._lifecycle = threading.BoundedSemaphore(ENGINE_CALLS)
+        """At most :data:`ENGINE_CALLS` containers made or removed at once."""
         self._run_dir = settings.state_dir / "run"
         self._workspaces = settings.state_dir / "workspaces"
         self._languages: dict[str, tuple[str, ...]] = {}
