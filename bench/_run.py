@@ -43,6 +43,24 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+GROUPS = (frozenset({"runtimes"}), frozenset({"e2b"}), frozenset({"cycles"}),
+          frozenset({"templates"}), frozenset({"bursts", "bursts_cluster"}),
+          frozenset({"lifecycle", "held", "pause_with", "pause_sizes"}))
+"""Figures measured on gateways of their own when ``--only`` names nothing else: the on-request
+ones are measured only that way (a mix runs each group of them in turn, after the others)."""
+
+
+def parts(wanted: set[str]) -> list[set[str]]:
+    """The runs one invocation makes for the figures ``wanted``, in order: all of them in one
+    when they fit one group of :data:`GROUPS` (or none is on request), else the figures the
+    contenders share first, then each group's on-request figures."""
+    if any(wanted <= group for group in GROUPS):
+        return [wanted]
+    shared = wanted - set(ON_REQUEST)
+    asked = [set(wanted & group & set(ON_REQUEST)) for group in GROUPS]
+    return [part for part in (shared, *asked) if part]
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     wanted = set(args.only.split(",")) if args.only else set(FIGURES)
     sizes = figures.Sizes.make(args.quick)
@@ -53,48 +71,44 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["machine"]["load_average_when_started"] = await wait_quiet(
             args.quiet_load, args.quiet_wait_s, log)
     started = time.monotonic()
+    Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
+        figures.sandbox_image, log)
+    for part in parts(wanted):
+        await _measure_part(part, sizes, args, results)
+    return _finish(results, started)
+
+
+async def _measure_part(wanted: set[str], sizes: figures.Sizes, args: argparse.Namespace,
+                        results: dict[str, Any]) -> None:
+    """Measure the figures ``wanted`` (one of :func:`parts`) into ``results``."""
     if wanted == {"runtimes"}:  # runc against gVisor alone: none of the other contenders
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         results["runtimes"] = await _runtimes.runtimes(sizes, log)
-        return _finish(results, started)
+        return
     if wanted == {"e2b"}:  # E2B's SDK and replgate's client on one gateway: nothing else
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         await _e2b_only(sizes, results)
-        return _finish(results, started)
+        return
     if wanted == {"cycles"}:  # pause/resume cycles and a fork chain on one gateway of its own
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         count = 20 if args.quick else args.cycles
         log(f"{count} pause/resume cycles, a chain of {args.fork_chain} forks")
         await _loaded(results, "cycles", "cycles", cycles(count, args.fork_chain, log))
-        return _finish(results, started)
+        return
     if wanted == {"templates"}:  # custom templates' builds and starts, two gateways of its own
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         await _loaded(results, "custom templates", "templates", templates(args.quick, log))
         for line in results["templates"]["verdicts"]:
             log(line)
-        return _finish(results, started)
+        return
     if wanted <= {"bursts", "bursts_cluster"}:  # ours at a default install's pool, alone
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         if "bursts" in wanted:
             await _loaded(results, "bursts", "bursts", bursts(args.quick, args.burst_warm, log))
         if "bursts_cluster" in wanted:
             await _loaded(results, "bursts, cluster", "bursts_cluster", cluster_bursts(log))
-        return _finish(results, started)
+        return
     if wanted <= {"lifecycle", "held", "pause_with", "pause_sizes"}:  # ours alone, no others
-        Replgate.image = results["machine"]["sandbox_image"] = await asyncio.to_thread(
-            figures.sandbox_image, log)
         await _lifecycle_only(wanted, sizes, args, results)
-        return _finish(results, started)
+        return
     stack = contextlib.AsyncExitStack()
     async with stack:
-        image = await asyncio.to_thread(figures.sandbox_image, log)
-        Replgate.image = results["machine"]["sandbox_image"] = image
-        log(f"starting the contenders (sandbox image {image})")
+        log(f"starting the contenders (sandbox image {Replgate.image})")
         replgate = Replgate(min_idle=2, max_kernels=40)
         stack.push_async_callback(replgate.stop)
         cold = Replgate(min_idle=0, max_kernels=4)
@@ -106,7 +120,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.push_async_callback(kg_nodelay.stop)
         floor = await Floor.start()
         stack.push_async_callback(floor.stop)
-        pool = await figures.in_process_pool(image)
+        pool = await figures.in_process_pool(Replgate.image)
         stack.push_async_callback(pool.close)
         await asyncio.gather(replgate.wait_idle(2), kernel_gateway.wait(), kg_nodelay.wait(),
                              replgate.wait_template(), cold.wait_template(),
@@ -166,7 +180,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if "bursts" in wanted:  # its own gateways (the others idle meanwhile)
             await measure("bursts", "bursts", bursts(args.quick, args.burst_warm, log))
         log("stopping the contenders")
-    return _finish(results, started)
 
 
 async def _loaded(results: dict[str, Any], name: str, key: str, figure: Awaitable[Any]) -> None:
@@ -269,6 +282,9 @@ def main() -> None:
     parser.add_argument("--quiet-wait-s", type=float, default=600)
     parser.add_argument("--output", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args()
+    unknown = set(args.only.split(",")) - set(FIGURES + ON_REQUEST) if args.only else set()
+    if unknown:
+        parser.error(f"--only names no figure {', '.join(sorted(unknown))}")
     results = asyncio.run(run(args))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")

@@ -14,21 +14,16 @@ can widen anything: code that skips the proxy has no route at all.
 """
 
 import contextlib
-import errno
 import os
 import selectors
 import socket
 import sys
 import threading
-import time
 
 PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PORT}"
 SOCKET_NAME = "egress.sock"
 CHUNK = 64 * 1024
-BIND_TRIES = 100
-BIND_AGAIN_S = 0.05
-"""A port still held (by the ended kernel's forwarder, after a restart) is tried again for 5 s."""
 
 
 NO_NETWORK = (b"HTTP/1.1 403 No network for this sandbox\r\nContent-Type: text/plain\r\n"
@@ -41,19 +36,14 @@ def start(kernel_dir: str) -> bool:
     socket exists now (True then)."""
     path = os.path.join(kernel_dir, SOCKET_NAME)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # After a restart the ended kernel's forwarder may hold the port a moment longer.
-    for attempt in range(BIND_TRIES):
-        try:
-            listener.bind(("127.0.0.1", PORT))
-            listener.listen(64)
-            break
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or attempt == BIND_TRIES - 1:
-                listener.close()
-                print(f"replgate: egress forwarder not started: {exc}", file=sys.stderr)
-                return False
-            time.sleep(BIND_AGAIN_S)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", PORT))
+        listener.listen(64)
+    except OSError as exc:
+        listener.close()
+        print(f"replgate: egress forwarder not started: {exc}", file=sys.stderr)
+        return False
     threading.Thread(target=_accept, args=(listener, path), name="replgate-egress",
                      daemon=True).start()
     if not os.path.exists(path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import pausing_pool, run_ok
+from kp_support import own_session, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Session
 from kernel_pool.backends.docker import DockerSandbox
@@ -34,10 +34,8 @@ async def boot_pool(state_root: Path, docker_client: docker.DockerClient,
 
 @pytest.fixture
 async def session(boot_pool: KernelPool) -> AsyncIterator[Session]:
-    own = await boot_pool.create_session()
-    yield own
-    if not own.closed:
-        await boot_pool.delete_session(own.id)
+    async with own_session(boot_pool) as own:
+        yield own
 
 
 async def boot_id(session: Session) -> str:
@@ -140,8 +138,7 @@ async def test_a_paused_sessions_fork_boots_with_its_own(boot_pool: KernelPool,
 
 
 async def test_a_resume_onto_a_warm_kernel_keeps_the_boot_id(pool: KernelPool) -> None:
-    session = await pool.create_session()
-    try:
+    async with own_session(pool) as session:
         before = await boot_id(session)
         kernel = session.kernel
         await session.pause()
@@ -151,5 +148,3 @@ async def test_a_resume_onto_a_warm_kernel_keeps_the_boot_id(pool: KernelPool) -
 
         assert session.kernel is not kernel  # the warm one, in its own container
         assert await boot_id(session) == before
-    finally:
-        await pool.delete_session(session.id)

@@ -25,7 +25,7 @@ from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import SETTLE_S, Runsc
 from kernel_pool.backends.docker._gvisor_table import kernel_descendants, strays_of
-from kernel_pool.backends.docker._strays import find_strays, kill_strays, kill_tree
+from kernel_pool.backends.docker._strays import find_strays, kill_strays, kill_tree, wait_gone
 from kernel_pool.config import Profile
 
 PIDS = 128
@@ -136,6 +136,48 @@ def test_kill_strays_leaves_a_paused_container_to_its_pause(runc_box: Any) -> No
     finally:
         runc_box.unpause()
     assert kill_strays(procs, init, 0, False, (), freezer) == 1
+
+
+LINGERER = """
+import ctypes, socket, threading, time
+listener = socket.socket()
+listener.bind(('127.0.0.1', 4000))
+listener.listen()
+threading.Thread(target=time.sleep, args=(600,)).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+"""A process whose leader exits (a zombie) while a thread of it runs on, holding its files."""
+
+
+def _listening(init: int, port: int) -> bool:
+    """Whether a socket listens on ``port`` in the network namespace of host pid ``init``."""
+    lines = Path(f"/proc/{init}/net/tcp").read_text().splitlines()[1:]
+    return any(f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, lines))
+
+
+def _zombie_leaders(procs: Path, init: int) -> list[int]:
+    listed = [int(pid) for pid in procs.read_text().split() if int(pid) != init]
+    return [pid for pid in listed
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"]
+
+
+def test_a_process_whose_leader_exited_is_killed_and_waited_for(runc_box: Any) -> None:
+    """Its leader a zombie, a thread of it running on: alive, so it is found, killed, and a
+    restart's wait lasts until that thread is gone too (it held a listening port: a killed
+    kernel's last threads, still exiting, held the egress forwarder's, and the next kernel
+    met it bound)."""
+    init = int(runc_box.attrs["State"]["Pid"])
+    procs = _procs(runc_box)
+    runc_box.exec_run(["python", "-c", LINGERER], user="1000:1000", detach=True)
+    deadline = time.monotonic() + 10
+    while not (_listening(init, 4000) and _zombie_leaders(procs, init)):
+        assert time.monotonic() < deadline, "the lingerer's leader did not exit"
+        time.sleep(0.05)
+    assert len(find_strays(procs, init, 0, False)) == 1
+    assert not wait_gone(procs, init, 0.3)
+    assert kill_strays(procs, init, 0, False) == 1
+    assert wait_gone(procs, init, 0.3)
+    assert not _listening(init, 4000)
 
 
 @pytest.fixture

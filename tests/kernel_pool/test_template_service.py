@@ -14,7 +14,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from kp_support import pausing_pool, processes, run_ok
+from kp_support import own_session, pausing_pool, processes, run_ok
 
 from kernel_pool import KernelPool, KernelStartError, Profile, Session
 from kernel_pool.backends.docker import DockerBackend, DockerSandbox
@@ -68,37 +68,61 @@ async def template_ready(pool: KernelPool) -> None:
     raise AssertionError(f"no kernel template after {TEMPLATE_WAIT_S} s")
 
 
-async def test_a_booted_kernel_answers_once_its_service_is_ready(pool: KernelPool) -> None:
-    session = await pool.create_session()  # the first: boots (its template is made meanwhile)
-    try:
-        assert not sandbox_of(session).from_template
-        assert await run_ok(session, GET) == "200\n"
-        assert await servers(session) == 1
-        # Not the kernel's: the user code's environment has no trace of the launch's request.
-        assert await run_ok(session, "import os\nprint(sorted(k for k in os.environ "
-                                     "if k.startswith('REPLGATE_START')))") == "[]\n"
-    finally:
-        await pool.delete_session(session.id)
+KINDS = {
+    "booted": ({"min_idle": 0}, "start_new_session=True"),
+    "warm": ({"min_idle": 1}, "start_new_session=True"),
+    "gvisor": ({"runtime": "gvisor", "min_idle": 0}, ""),
+}
+"""How a kernel of the parametrized test starts (a boot, under runc; handed out warm; a boot
+by exec under gVisor, which has no kernel template), and the options of the child an
+execution cut short leaves (under runc a session of its own, as the service leads one; gVisor
+tells the service apart by its process table, which has no sessions)."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_kernel_answers_once_its_service_is_ready_and_a_cut_spares_it(
+        state_root: Path, docker_client: docker.DockerClient, kind: str) -> None:
+    """Booted, warm, or under gVisor: the kernel answers with its service ready, running
+    once, and the clean-up after a timeout (which kills what the kernel's children left,
+    keep_kernel_children=False) spares the service but not a child of the execution."""
+    fields, child_options = KINDS[kind]
+    async with pausing_pool(state_root, docker_client, f"service-{kind}",
+                            profiles={"default": served(**fields)},
+                            kernel_templates=False) as pool:
+        if kind == "warm":
+            await pool.wait_ready(timeout_s=TEMPLATE_WAIT_S)
+        async with own_session(pool) as session:
+            assert not sandbox_of(session).from_template
+            assert await run_ok(session, GET) == "200\n"
+            assert await servers(session) == 1
+            # Not the kernel's: the user code's environment has no trace of the launch's
+            # request.
+            assert await run_ok(session, "import os\nprint(sorted(k for k in os.environ "
+                                         "if k.startswith('REPLGATE_START')))") == "[]\n"
+            cut = await session.execute("import subprocess, time\n"
+                                        f"subprocess.Popen(['sleep', '600'], {child_options})\n"
+                                        "time.sleep(30)", timeout_s=2)
+            assert cut.status != "ok"
+            listed = await processes(session)
+            assert not [cmd for _, state, cmd in listed if cmd == "sleep 600" and state != "Z"]
+            assert await run_ok(session, GET) == "200\n"
+            assert await servers(session) == 1
 
 
 async def test_a_kernel_restored_from_the_template_has_its_service_listening(
         pool: KernelPool) -> None:
     await template_ready(pool)
-    session = await pool.create_session()
-    try:
+    async with own_session(pool) as session:
         assert sandbox_of(session).from_template
         assert await run_ok(session, GET) == "200\n"
         assert await servers(session) == 1
         # What it wrote in /tmp as it started is there too (E2B's snapshot holds it).
         assert await run_ok(session, "print(open('/tmp/started.txt').read())") == "started\n\n"
-    finally:
-        await pool.delete_session(session.id)
 
 
 async def test_the_service_outlives_an_execution_cut_short_and_comes_back_after_a_restart(
         pool: KernelPool) -> None:
-    session = await pool.create_session()
-    try:
+    async with own_session(pool) as session:
         # A timeout kills what the kernel's children left (keep_kernel_children=False): the
         # service is spared, a child the execution started in a session of its own is not.
         cut = await session.execute("import subprocess, time\n"
@@ -111,22 +135,6 @@ async def test_the_service_outlives_an_execution_cut_short_and_comes_back_after_
         await session.restart()
         assert await run_ok(session, GET) == "200\n"
         assert await servers(session) == 1
-    finally:
-        await pool.delete_session(session.id)
-
-
-async def test_a_warm_kernel_hands_out_its_service_ready(
-        state_root: Path, docker_client: docker.DockerClient) -> None:
-    async with pausing_pool(state_root, docker_client, "service-warm",
-                            profiles={"default": served(min_idle=1)},
-                            kernel_templates=False) as pool:
-        await pool.wait_ready(timeout_s=TEMPLATE_WAIT_S)
-        session = await pool.create_session()
-        try:
-            assert await run_ok(session, GET) == "200\n"
-            assert await servers(session) == 1
-        finally:
-            await pool.delete_session(session.id)
 
 
 async def test_a_service_that_never_gets_ready_fails_the_start_with_its_output(
@@ -149,8 +157,7 @@ async def test_a_service_that_never_gets_ready_fails_the_start_with_its_output(
 
 
 async def test_a_paused_session_resumes_with_its_service_running_once(pool: KernelPool) -> None:
-    session = await pool.create_session()
-    try:
+    async with own_session(pool) as session:
         await run_ok(session, "x = 41")
         info = await session.pause()
         # Whatever the pause kept (the memory, or the variables and a kernel booted again),
@@ -165,26 +172,3 @@ async def test_a_paused_session_resumes_with_its_service_running_once(pool: Kern
         assert info.paused_with == "memory", session.reason
         assert await run_ok(session, GET) == "200\n"
         assert await servers(session) == 1
-    finally:
-        await pool.delete_session(session.id)
-
-
-async def test_a_gvisor_sandbox_boots_its_service_and_spares_it(
-        state_root: Path, docker_client: docker.DockerClient) -> None:
-    """gVisor has no kernel template: each kernel boots (by exec) with its service ready; the
-    clean-up after a timeout (gVisor's process table, no sessions in it) spares it too."""
-    async with pausing_pool(state_root, docker_client, "service-gvisor",
-                            profiles={"default": served(runtime="gvisor", min_idle=0)}) as pool:
-        session = await pool.create_session()
-        try:
-            assert await run_ok(session, GET) == "200\n"
-            cut = await session.execute("import subprocess, time\n"
-                                        "subprocess.Popen(['sleep', '600'])\ntime.sleep(30)",
-                                        timeout_s=2)
-            assert cut.status != "ok"
-            listed = await processes(session)
-            assert not [cmd for _, state, cmd in listed if cmd == "sleep 600" and state != "Z"]
-            assert await run_ok(session, GET) == "200\n"
-            assert await servers(session) == 1
-        finally:
-            await pool.delete_session(session.id)

@@ -210,8 +210,12 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
                 await in_thread(kill_strays, procs, self._init_pid, 0, False, (),
                                 self._freezer)
                 if not await in_thread(wait_gone, procs, self._init_pid):
+                    # The next kernel must not meet them (their memory, their ports): it
+                    # starts in a fresh container (launch_kernel makes it), as under gVisor.
                     logger.warning("sandbox %s: processes killed for a restart still run "
-                                   "after %g s", self.info.sandbox_id, GONE_WAIT_S)
+                                   "after %g s; replacing its container",
+                                   self.info.sandbox_id, GONE_WAIT_S)
+                    await self._remove_container()
                 return
             try:
                 exec_id = (await call_engine(self._api.exec_create, self.info.container_id,

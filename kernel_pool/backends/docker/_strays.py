@@ -43,13 +43,43 @@ STOPPED_STATES = ("T", "t", *DEAD_STATES)
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time) of a host process, or None when it is gone."""
+    """(state, parent pid, start time) of a host process, or None when it is gone.
+
+    The state is its leader's, unless the leader has exited (a zombie) while other threads of
+    the process run on: then it is the state of one of those. Such a process is alive (a
+    daemon whose main thread called ``pthread_exit``, or a killed one whose last threads are
+    still exiting), and its threads hold its files, listening sockets included."""
     try:
         data = read_pseudo_file(Path(f"/proc/{pid}/stat"))
     except OSError:
         return None
     fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1]), int(fields[19])
+    state = fields[0].decode()
+    if state in DEAD_STATES:
+        state = _thread_state(pid) or state
+    return state, int(fields[1]), int(fields[19])
+
+
+def _thread_state(pid: int) -> str | None:
+    """The state of a thread of process ``pid`` other than its leader that has not exited,
+    if there is one."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in threads:
+        if tid != str(pid) and (state := _task_state(int(tid))) not in (None, *DEAD_STATES):
+            return state
+    return None
+
+
+def _task_state(tid: int) -> str | None:
+    """The state of one task (a thread), or None when it is gone."""
+    try:
+        data = read_pseudo_file(Path(f"/proc/{tid}/stat"))
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2 :].split()[0].decode()
 
 
 def process_alive(pid: int) -> bool:
@@ -242,15 +272,39 @@ def _wait_state(processes: Collection[tuple[int, int]], states: Collection[str],
 
 
 def wait_gone(procs_file: Path, init_pid: int, timeout_s: float = GONE_WAIT_S) -> bool:
-    """Wait until no process but PID 1 (and zombies) is left in the container; False when
+    """Wait until no thread but PID 1's is left in the container (zombies aside); False when
     some still run at ``timeout_s`` (one stuck in the kernel, say). A killed kernel holds its
-    memory and its listening ports until it has exited: the next one would meet both."""
+    memory and its listening ports until it has exited: the next one would meet both.
+
+    Threads, not processes: a killed process leaves the cgroup's list of processes once its
+    leader has exited and its other threads are on their way out, but the last of those
+    frees the memory and only then closes the files (the egress forwarder's listening
+    ``127.0.0.1:3128`` among them: a restarted kernel met it still bound). The list of
+    threads (``tasks``, ``cgroup.threads`` under cgroup v2) shows each until it is past both.
+    """
+    threads_file = _threads_file(procs_file)
     deadline = time.monotonic() + timeout_s
-    while find_strays(procs_file, init_pid, 0, False):
+    while _others_left(threads_file, init_pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
     return True
+
+
+def _threads_file(procs_file: Path) -> Path:
+    """The list of threads beside a cgroup's list of processes (v2's name, else v1's)."""
+    threads = procs_file.with_name("cgroup.threads")
+    return threads if threads.exists() else procs_file.with_name("tasks")
+
+
+def _others_left(threads_file: Path, init_pid: int) -> bool:
+    """Whether a thread in the list is neither PID 1's nor exited."""
+    for tid in _read_pids(threads_file):
+        if (os.path.exists(f"/proc/{init_pid}/task/{tid}")
+                or _task_state(tid) in (None, *DEAD_STATES)):
+            continue
+        return True
+    return False
 
 
 def kill_tree(procs_file: Path, root_pid: int, spared_levels: int,

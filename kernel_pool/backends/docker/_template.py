@@ -43,13 +43,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from kernel_pool.backends.docker._cgroup import procs_files
 from kernel_pool.backends.docker._checkpoint import criu_log_errors, without_host_paths
 from kernel_pool.backends.docker._criu import CheckpointSupport
+
+if TYPE_CHECKING:
+    from kernel_pool.backends.base import Sandbox
 
 CRIU_HOME = Path("/opt/replgate/criu")
 """The private CRIU root ``./run.sh`` installs (``root/``, and ``rlimit_shim.so`` beside it)."""
@@ -236,9 +239,30 @@ def _shell_client(connection: dict[str, Any]) -> AsyncKernelClient:
     return client
 
 
-async def answered(connection: dict[str, Any], timeout_s: float) -> None:
-    """Wait until the kernel answers a ``kernel_info`` request (its imports are done by then:
-    it imports before it serves)."""
+async def answered(sandbox: Sandbox, connection: dict[str, Any], timeout_s: float) -> None:
+    """Wait until ``sandbox``'s kernel (reached by ``connection``) answers a ``kernel_info``
+    request (its imports are done by then: it imports before it serves). :class:`TemplateError`
+    when it did not within ``timeout_s``, or as soon as the kernel exits first: a profile's
+    service that fails ends the launcher at once, and waiting out the whole start timeout
+    would hold the sandbox and its image that long."""
+    asking = asyncio.ensure_future(_first_answer(connection, timeout_s))
+    ending = asyncio.ensure_future(sandbox.wait())
+    try:
+        await asyncio.wait({asking, ending}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (asking, ending):
+            task.cancel()
+        await asyncio.gather(asking, ending, return_exceptions=True)
+    if asking.done() and not asking.cancelled():
+        asking.result()  # its TemplateError when it timed out
+        return
+    said = await sandbox.start_errors()
+    raise TemplateError(f"the template's kernel exited with {ending.result()} before it "
+                        "answered" + (f": {said}" if said else ""))
+
+
+async def _first_answer(connection: dict[str, Any], timeout_s: float) -> None:
+    """Ask for ``kernel_info`` until the kernel answers; TemplateError after ``timeout_s``."""
     client = _shell_client(connection)
     try:
         async with asyncio.timeout(timeout_s):

@@ -9,7 +9,6 @@ import logging
 import secrets
 import shutil
 from functools import partial
-from typing import Any
 
 from kernel_pool.backends.base import Sandbox, SandboxSpec
 from kernel_pool.backends.docker._containers import DockerContainers
@@ -130,8 +129,8 @@ class DockerTemplates(DockerContainers):
                             TEMPLATE_PID)
             sandbox.fresh = False
             connection = await sandbox.launch_kernel()
-            await self._answered_or_ended(
-                sandbox, connection, profile.start_timeout(self.settings.kernel_start_timeout_s))
+            await answered(sandbox, connection,
+                           profile.start_timeout(self.settings.kernel_start_timeout_s))
             pid = container_pid(sandbox._pid) if sandbox._pid else None
             if pid is None:
                 raise TemplateError("the template's kernel is gone")
@@ -146,27 +145,6 @@ class DockerTemplates(DockerContainers):
         finally:
             # a close of the pool cancels this task at any point, its clean-up included
             await to_its_end(self._remove_sandbox(sandbox))
-
-    @staticmethod
-    async def _answered_or_ended(sandbox: Sandbox, connection: dict[str, Any],
-                                 timeout_s: float) -> None:
-        """Wait for the template's kernel to answer, or TemplateError as soon as it ends
-        first (a profile's service that fails ends the launcher at once: waiting out the
-        whole start timeout would hold its sandbox and image that long)."""
-        answering = asyncio.ensure_future(answered(connection, timeout_s))
-        ending = asyncio.ensure_future(sandbox.wait())
-        try:
-            await asyncio.wait({answering, ending}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (answering, ending):
-                task.cancel()
-            await asyncio.gather(answering, ending, return_exceptions=True)
-        if answering.done() and not answering.cancelled():
-            answering.result()  # its TemplateError when it timed out
-            return
-        said = await sandbox.start_errors()
-        raise TemplateError(f"the template's kernel exited with {ending.result()} before it "
-                            "answered" + (f": {said}" if said else ""))
 
     @staticmethod
     async def _remove_sandbox(sandbox: Sandbox) -> None:
