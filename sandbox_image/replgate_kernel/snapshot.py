@@ -27,6 +27,7 @@ import io
 import json
 import os
 import pickle
+import queue
 import random
 import struct
 import sys
@@ -49,6 +50,8 @@ MAGIC = b"RGSNAP2\n"
 HEADER = struct.Struct(">cQ")
 CHUNK = 1 << 20
 """Pickle bytes are gathered up to this size before they are written."""
+QUEUED_RECORDS = 8
+"""Records the pickler may be ahead of the stream's writing by."""
 MIN_FREE_BYTES = 16 << 20
 """The memory a snapshot leaves free in the sandbox at least, or it stops."""
 CGROUP_FILES = (  # (usage, limit, stat, the stat's reclaimable line): v2, then v1
@@ -161,25 +164,62 @@ def _write_all(fd: int, data: memoryview) -> None:
 
 
 class _Writer:
-    """The stream's writing end: what the pickler writes, and its out-of-band buffers."""
+    """The stream's writing end: what the pickler writes, and its out-of-band buffers.
+
+    The records are written by a thread of their own, in order, while the pickler goes on:
+    the pickling of the next values (a million strings take a fifth of a second) then runs
+    while a large array's bytes go down the pipe, not after them. At most
+    :data:`QUEUED_RECORDS` wait: each is a view of a value's own memory, a copy of at most
+    :data:`CHUNK` bytes, or a plain array's pickle (see ``plain``, which counts the memory
+    taken when it makes one).
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.pending = bytearray()
         self.written = 0
-        _write_all(fd, memoryview(MAGIC))
+        self._queue: queue.Queue[tuple[bytes, Any, pickle.PickleBuffer | None] | None] = \
+            queue.Queue(QUEUED_RECORDS)
+        self._failure: Exception | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._drain, name="replgate-snapshot",
+                                        daemon=True)
+        self._thread.start()
+        self._put(b"", memoryview(MAGIC))
 
-    def _record(self, kind: bytes, data: memoryview) -> None:
-        _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
-        _write_all(self.fd, data)
-        self.written += data.nbytes
+    def _drain(self) -> None:
+        while (item := self._queue.get()) is not None:
+            kind, data, buffer = item
+            try:
+                if self._failure is None and not self._stopped:
+                    if kind:
+                        _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
+                    _write_all(self.fd, data)
+            except Exception as exc:  # the reader gone (EPIPE), most likely
+                self._failure = exc  # the next record put, or the end, raises it
+            finally:
+                if buffer is not None:
+                    # The pickler's memo keeps the reduce tuple holding this buffer to the
+                    # dump's end: released, it no longer keeps its object (a plain array's
+                    # pickle) alive that long.
+                    data.release()
+                    buffer.release()
+
+    def _put(self, kind: bytes, data: Any, buffer: pickle.PickleBuffer | None = None) -> None:
+        """Queue a record (``kind`` empty: bytes without a header), or raise what the
+        writing thread met."""
+        if self._failure is not None:
+            raise self._failure
+        self._queue.put((kind, data, buffer))
+        if kind:
+            self.written += data.nbytes
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if view.nbytes >= CHUNK:  # a large bytes value: straight from its own memory
             self.flush()
             _check_memory()
-            self._record(b"P", view)
+            self._put(b"P", view)
         else:
             self.pending += view
             if len(self.pending) >= CHUNK:
@@ -189,28 +229,40 @@ class _Writer:
     def flush(self) -> None:
         if self.pending:
             _check_memory()
-            self._record(b"P", memoryview(self.pending))
-            self.pending.clear()
+            pending, self.pending = self.pending, bytearray()
+            self._put(b"P", memoryview(pending))
 
     def buffer(self, buffer: pickle.PickleBuffer) -> bool:
         """The pickler's ``buffer_callback``: the buffer goes out of band (False)."""
         self.flush()
         _check_memory()
-        with buffer.raw() as view:
-            self._record(b"B", view)
-        # The pickler's memo keeps the reduce tuple holding this buffer to the dump's end:
-        # released, it no longer keeps its object (a plain array's pickle) alive that long.
-        buffer.release()
+        self._put(b"B", buffer.raw(), buffer)
         return False
 
     def void(self) -> None:
         """What was written so far is void: the dump starts again."""
         self.pending.clear()
-        _write_all(self.fd, memoryview(HEADER.pack(b"R", 0)))
+        self._put(b"R", memoryview(b""))
 
     def end(self) -> None:
+        """Write the end and wait until every record is written."""
         self.flush()
-        _write_all(self.fd, memoryview(HEADER.pack(b"E", 0)))
+        self._put(b"E", memoryview(b""))
+        self.close()
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        """Stop the writing thread (what is still queued is not written) and wait for it:
+        a record under way is written to its end (or fails, the reader gone)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def abandon(self) -> None:
+        """The dump failed: drop what is queued, and stop the thread."""
+        self._stopped = True
+        self.close()
 
 
 class _Restart(Exception):
@@ -377,6 +429,7 @@ def save(path: str) -> str:
     lost: dict[str, str] = {}
     _check_memory()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    writer: _Writer | None = None
     try:
         writer = _Writer(fd)
         while True:
@@ -403,6 +456,8 @@ def save(path: str) -> str:
                 writer.void()
         writer.end()
     finally:
+        if writer is not None:  # its thread is done with the descriptor before it closes
+            writer.abandon()
         os.close(fd)
     return json.dumps({"kept": sorted(n for n in names if n not in lost),
                        "not_kept": {**lost, **_process_not_kept()}, "bytes": writer.written})
