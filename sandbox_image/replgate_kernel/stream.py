@@ -122,8 +122,9 @@ class Writer:
             raise self._failure
 
     def close(self) -> None:
-        """Stop the writing thread (what is still queued is not written) and wait for it:
-        a record under way is written to its end (or fails, the reader gone)."""
+        """Stop the writing thread once it has written what is queued (dropped instead
+        after :meth:`abandon`), and wait for it: a record under way is written to its end
+        (or fails, the reader gone)."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
