@@ -265,9 +265,9 @@ def main() -> None:
     parser.add_argument("--held-sample", type=int, default=8,
                         help="held sessions resumed (spread over the lot)")
     parser.add_argument("--pause-sizes", default="200,1024",
-                        help="MiB the variables pauses of --only pause_sizes hold, e.g. 200")
+                        help="MiB the pauses of --only pause_sizes hold, e.g. 200")
     parser.add_argument("--no-memory-pause", action="store_true",
-                        help="--only pause_sizes without its 200 MiB memory pause")
+                        help="--only pause_sizes without its memory pauses")
     parser.add_argument("--cycles", type=int, default=100,
                         help="pause/resume cycles of --only cycles (--quick: 20)")
     parser.add_argument("--fork-chain", type=int, default=10,

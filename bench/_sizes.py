@@ -1,6 +1,6 @@
 """Pause and resume at real sizes (issues 26 and 42): sessions holding 200 MiB and 1 GiB of an
-analyst's data, paused with their variables and (200 MiB, a file open in ``/tmp``) with their
-memory, side by side with what the machine's own disk does with the same bytes in the same run,
+analyst's data, paused with their variables and (a file open in ``/tmp``) with their memory,
+side by side with what the machine's own disk does with the same bytes in the same run,
 and the gateway's memory during each pause and each resume.
 
 The data: a 1,000,000-row pandas DataFrame (floats, ints, a string column, a categorical and
@@ -223,8 +223,8 @@ def _verdicts(name: str, figures: dict[str, Any]) -> list[str]:
 
 async def pause_sizes(sizes: tuple[int, ...] = SIZES_MIB,
                       memory_pause: bool = True) -> dict[str, Any]:
-    """The size sweep: variables pauses of each of ``sizes`` (MiB), then a memory pause of
-    200 MiB (a file open in ``/tmp``; where the engine can checkpoint); each against the disk's
+    """The size sweep: variables pauses of each of ``sizes`` (MiB), then memory pauses of
+    each (a file open in ``/tmp``; where the engine can checkpoint); each against the disk's
     own time and the targets, in one run (medians of :data:`ROUNDS`). ``verdicts``: each
     figure against its target, as lines."""
     results: dict[str, Any] = {}
@@ -241,12 +241,14 @@ async def pause_sizes(sizes: tuple[int, ...] = SIZES_MIB,
         await variables.stop()
     if memory_pause:
         memory = Replgate(min_idle=1, max_kernels=4, settings={
-            "REPLGATE_PAUSE_WITH": "memory", "REPLGATE_MEMORY": "1g",
+            "REPLGATE_PAUSE_WITH": "memory", "REPLGATE_MEMORY": "3g",
             "REPLGATE_SNAPSHOT_BUDGET": "20g", "REPLGATE_MAX_TIMEOUT_S": "600"})
         try:
             await memory.wait_idle(1)
             sweep = PeakRss([memory.pid])
-            results["memory_200_mib"] = await _rounds(memory, 200, holding(200, memory=True))
+            for mib in sizes:
+                results[f"memory_{mib}_mib"] = await _rounds(memory, mib,
+                                                             holding(mib, memory=True))
             results["memory_sweep_gateway_rss_rise_mib"] = sweep.stop()
         finally:
             await memory.stop()

@@ -10,45 +10,33 @@ buffer a value exposes (numpy arrays, and pandas frames through them) goes out o
 written to the stream straight from the value's own memory, and read back into one buffer
 that the loaded value then uses as its memory (an array of plain Python values, a string
 column, is the exception: pickled whole by the C pickler, those bytes go out of band, one
-array at a time; see :mod:`replgate_kernel.plain`). The stream (:data:`MAGIC`, then records):
-
-- ``P`` + length + pickle bytes;
-- ``B`` + length + one out-of-band buffer, always before the pickle bytes that use it;
-- ``R``: what came before is void (a value could not be pickled; the dump starts again
-  without it);
-- ``E``: the end.
-
-A stream without :data:`MAGIC` is a plain dill pickle (snapshots of earlier versions).
-While it writes, the snapshot watches the sandbox's memory: one that would leave less than
-:data:`MIN_FREE_BYTES` free stops (:class:`SnapshotRefused`) and the kernel goes on unchanged.
+array at a time; see :mod:`replgate_kernel.plain`). The stream's records are
+:mod:`replgate_kernel.stream`'s; a stream without its magic is a plain dill pickle (snapshots
+of earlier versions). While it writes, the snapshot watches the sandbox's memory: one that
+would leave less than :data:`MIN_FREE_BYTES` free stops (:class:`SnapshotRefused`) and the
+kernel goes on unchanged.
 """
 
 import io
 import json
 import os
-import pickle
 import random
-import struct
 import sys
 import tempfile
 import threading
-from collections import deque
 from typing import Any
 
 import dill
 from IPython import get_ipython
 
 from replgate_kernel import plain
+from replgate_kernel.stream import MAGIC, Reader, Restart, Writer
 
 MAX_REASON = 200
 # The kernel's own folders in /tmp (made at its start, see __main__): not the user's files.
 KERNEL_TMP_PREFIXES = (".ipythondir-", ".mplconfigdir-")
 # /tmp entries named one by one in what a snapshot did not keep; past that, a count.
 MAX_TMP_LISTED = 10
-MAGIC = b"RGSNAP2\n"
-HEADER = struct.Struct(">cQ")
-CHUNK = 1 << 20
-"""Pickle bytes are gathered up to this size before they are written."""
 MIN_FREE_BYTES = 16 << 20
 """The memory a snapshot leaves free in the sandbox at least, or it stops."""
 CGROUP_FILES = (  # (usage, limit, stat, the stat's reclaimable line): v2, then v1
@@ -153,162 +141,6 @@ def _check_memory() -> None:
             "or raise the profile's memory limit")
 
 
-# -- the stream --------------------------------------------------------------------------------
-
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
-class _Writer:
-    """The stream's writing end: what the pickler writes, and its out-of-band buffers."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.pending = bytearray()
-        self.written = 0
-        _write_all(fd, memoryview(MAGIC))
-
-    def _record(self, kind: bytes, data: memoryview) -> None:
-        _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
-        _write_all(self.fd, data)
-        self.written += data.nbytes
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if view.nbytes >= CHUNK:  # a large bytes value: straight from its own memory
-            self.flush()
-            _check_memory()
-            self._record(b"P", view)
-        else:
-            self.pending += view
-            if len(self.pending) >= CHUNK:
-                self.flush()
-        return view.nbytes
-
-    def flush(self) -> None:
-        if self.pending:
-            _check_memory()
-            self._record(b"P", memoryview(self.pending))
-            self.pending.clear()
-
-    def buffer(self, buffer: pickle.PickleBuffer) -> bool:
-        """The pickler's ``buffer_callback``: the buffer goes out of band (False)."""
-        self.flush()
-        _check_memory()
-        with buffer.raw() as view:
-            self._record(b"B", view)
-        # The pickler's memo keeps the reduce tuple holding this buffer to the dump's end:
-        # released, it no longer keeps its object (a plain array's pickle) alive that long.
-        buffer.release()
-        return False
-
-    def void(self) -> None:
-        """What was written so far is void: the dump starts again."""
-        self.pending.clear()
-        _write_all(self.fd, memoryview(HEADER.pack(b"R", 0)))
-
-    def end(self) -> None:
-        self.flush()
-        _write_all(self.fd, memoryview(HEADER.pack(b"E", 0)))
-
-
-class _Restart(Exception):
-    """The stream says what came before is void (an ``R`` record)."""
-
-
-class _Reader:
-    """The stream's reading end, as a file for the unpickler; out-of-band buffers are read
-    into memory of their own as they come (:meth:`buffers` hands them over in order)."""
-
-    def __init__(self, f: Any) -> None:
-        self.f = f
-        self.left = 0  # of the current pickle record
-        self.queued: deque[bytearray] = deque()
-        self.ended = False
-
-    def _exact(self, size: int) -> bytes:
-        data = self.f.read(size)
-        if len(data) != size:
-            raise EOFError("the snapshot ends early")
-        return bytes(data)
-
-    def _next_record(self) -> None:
-        """Read records until pickle bytes come (or the end); buffers are queued."""
-        while self.left == 0 and not self.ended:
-            kind, size = HEADER.unpack(self._exact(HEADER.size))
-            if kind == b"P":
-                self.left = size
-            elif kind == b"B":
-                buffer = bytearray(size)
-                view, got = memoryview(buffer), 0
-                while got < size:
-                    n = self.f.readinto(view[got:])
-                    if not n:
-                        raise EOFError("the snapshot ends early")
-                    got += n
-                self.queued.append(buffer)
-            elif kind == b"R":
-                self.queued.clear()
-                raise _Restart
-            elif kind == b"E":
-                self.ended = True
-            else:
-                raise ValueError(f"the snapshot is corrupt (record {kind!r})")
-
-    def read(self, size: int = -1) -> bytes:
-        out = bytearray()
-        while size < 0 or len(out) < size:
-            self._next_record()
-            if self.left == 0:
-                break
-            want = self.left if size < 0 else min(self.left, size - len(out))
-            out += self._exact(want)
-            self.left -= want
-        return bytes(out)
-
-    def readinto(self, target: Any) -> int:
-        view = memoryview(target).cast("B")
-        done = 0
-        while done < view.nbytes:
-            self._next_record()
-            if self.left == 0:
-                break
-            want = min(self.left, view.nbytes - done)
-            n = self.f.readinto(view[done:done + want])
-            if not n:
-                raise EOFError("the snapshot ends early")
-            done += n
-            self.left -= n
-        return done
-
-    def readline(self) -> bytes:
-        out = bytearray()
-        while not out.endswith(b"\n"):
-            piece = self.read(1)
-            if not piece:
-                break
-            out += piece
-        return bytes(out)
-
-    def at_end(self) -> bool:
-        """Whether the stream's end came (not within a pickle: between two)."""
-        self._next_record()
-        return self.ended
-
-    def buffers(self) -> Any:
-        while True:
-            while not self.queued:  # never expected: a buffer comes before its use
-                if self.ended:
-                    raise ValueError("the snapshot is corrupt (a buffer is missing)")
-                pending = self.left
-                self.left = 0
-                if pending:
-                    raise ValueError("the snapshot is corrupt (a buffer comes late)")
-                self._next_record()
-            yield self.queued.popleft()
-
-
 def _closed_file(name: str, mode: str, buffered: bool) -> io.IOBase:
     """A closed file object named ``name``, as the one pickled was: made on the null device,
     so that the file of that name is not opened (a ``'w'`` mode would truncate it)."""
@@ -377,8 +209,9 @@ def save(path: str) -> str:
     lost: dict[str, str] = {}
     _check_memory()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    writer: Writer | None = None
     try:
-        writer = _Writer(fd)
+        writer = Writer(fd, _check_memory)
         while True:
             # Not dill's ``recurse``: it gives each function defined in the session a dict
             # of its own holding the globals it names, as they were at the pause, so that
@@ -403,6 +236,8 @@ def save(path: str) -> str:
                 writer.void()
         writer.end()
     finally:
+        if writer is not None:  # its thread is done with the descriptor before it closes
+            writer.abandon()
         os.close(fd)
     return json.dumps({"kept": sorted(n for n in names if n not in lost),
                        "not_kept": {**lost, **_process_not_kept()}, "bytes": writer.written})
@@ -469,7 +304,7 @@ def _load_stream(f: Any) -> dict[str, object]:
     if head != MAGIC:
         values: dict[str, object] = dill.load(_Prefixed(head, f))
         return values
-    reader = _Reader(f)
+    reader = Reader(f)
     while True:  # once per dump: an ``R`` record voids the one under way
         values = {}
         unpickler = dill.Unpickler(reader, buffers=reader.buffers())
@@ -478,5 +313,5 @@ def _load_stream(f: Any) -> dict[str, object]:
                 name, value = unpickler.load()
                 values[name] = value
             return values
-        except _Restart:
+        except Restart:
             continue

@@ -138,6 +138,45 @@ print(calls[0] < 5_000, calls[0] > 0)
 """, timeout_s=120) == "True True\n"
 
 
+async def test_the_next_values_are_pickled_while_a_large_arrays_bytes_are_still_written(
+        session: Session) -> None:
+    # At 1 GiB the pickling of a DataFrame's strings (a fifth of a second) came after the
+    # array's bytes had gone down the pipe, and added to the pause. Here the reader takes
+    # the stream's first MiB, then waits for the next value's pickling to begin: a writer
+    # that pickles only once its writes are done would never let it begin.
+    assert await run_ok(session, """
+import os, tempfile, threading
+import numpy as np, pandas as pd
+import replgate_kernel.snapshot as snap
+big = np.ones(64 * 2**20 // 8)
+after = pd.DataFrame({"x": [1, 2, 3]})  # a frame goes last
+began = threading.Event()
+class Watching(snap._Pickler):
+    def reducer_override(self, obj):
+        if obj is after:
+            began.set()
+        return super().reducer_override(obj)
+fifo = os.path.join(tempfile.mkdtemp(), "stream")
+os.mkfifo(fifo)
+seen = []
+def read():
+    with open(fifo, "rb", buffering=0) as f:
+        f.read(2**20)
+        seen.append(began.wait(10))
+        while f.read(2**20):
+            pass
+reader = threading.Thread(target=read)
+reader.start()
+original, snap._Pickler = snap._Pickler, Watching
+try:
+    snap.save(fifo)
+finally:
+    snap._Pickler = original
+    reader.join()
+print(seen)
+""", timeout_s=120) == "[True]\n"
+
+
 async def test_a_pause_that_would_run_the_sandbox_out_of_memory_is_refused_unchanged(
         session: Session) -> None:
     # Filled to within a few MiB of its limit, the sandbox has no room for a snapshot: the
