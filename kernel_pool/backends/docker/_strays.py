@@ -49,11 +49,9 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     the process run on: then it is the state of one of those. Such a process is alive (a
     daemon whose main thread called ``pthread_exit``, or a killed one whose last threads are
     still exiting), and its threads hold its files, listening sockets included."""
-    try:
-        data = read_pseudo_file(Path(f"/proc/{pid}/stat"))
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    fields = data[data.rindex(b")") + 2 :].split()
     state = fields[0].decode()
     if state in DEAD_STATES:
         state = _thread_state(pid) or state
@@ -75,11 +73,18 @@ def _thread_state(pid: int) -> str | None:
 
 def _task_state(tid: int) -> str | None:
     """The state of one task (a thread), or None when it is gone."""
+    fields = _stat_fields(tid)
+    return None if fields is None else fields[0].decode()
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (the state first), or None
+    when the task is gone."""
     try:
-        data = read_pseudo_file(Path(f"/proc/{tid}/stat"))
+        data = read_pseudo_file(Path(f"/proc/{pid}/stat"))
     except OSError:
         return None
-    return data[data.rindex(b")") + 2 :].split()[0].decode()
+    return data[data.rindex(b")") + 2 :].split()
 
 
 def process_alive(pid: int) -> bool:
