@@ -89,16 +89,22 @@ def _refill(image: Path) -> None:
 
 def _mount(image: Path, root: Path, read_only: bool) -> None:
     options = "loop,nosuid,nodev,noinit_itable" + (",ro,noexec" if read_only else "")
+    # -w: a writable mount or none. Without it, mount reuses the read-only loop device a
+    # reader's mount left (let go only after its unmount returns), warns "write-protected,
+    # mounted read-only" and succeeds: the sandbox then started on a read-only workspace.
+    mode = "-r" if read_only else "-w"
     deadline = time.monotonic() + MOUNT_SETTLE_S
     while True:
         try:
-            _run(["mount", "-o", options, str(image), str(root)])
+            _run(["mount", mode, "-o", options, str(image), str(root)])
             return
         except WorkspaceError as exc:
             # The loop device of the image's last mount is let go after its unmount returns
-            # (autoclear): until then mount takes the image for one still mounted.
-            if "already mounted or mount point busy" not in str(exc) or \
-                    time.monotonic() > deadline:
+            # (autoclear): until then mount takes the image for one still mounted, or (a
+            # reader's) for a write-protected one.
+            settling = any(words in str(exc) for words in (
+                "already mounted or mount point busy", "Read-only file system"))
+            if not settling or time.monotonic() > deadline:
                 raise
             if read_only and _mount_live(image, root):
                 return

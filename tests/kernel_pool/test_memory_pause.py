@@ -32,6 +32,7 @@ from kernel_pool.backends.docker import _sandbox_checkpoint as sandbox_checkpoin
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
     checkpoint_failure,
+    criu_log_errors,
     criu_log_named,
     discard,
     remove_staged_copies,
@@ -184,6 +185,27 @@ def test_criu_log_named_takes_a_log_of_the_containers_own_state_only(tmp_path: P
                           roots) is None
     assert criu_log_named(said.format(log), "c2", roots) is None
     assert criu_log_named(said.format(tmp_path / "task/c1/shadow"), "c1", roots) is None
+
+
+def test_criu_log_errors_says_the_first_error_the_cause(tmp_path: Path) -> None:
+    """A failed restore's log, as CRIU 4.2 wrote it (the noise of every run first). The
+    cause is its first error; the last three alone said only "Unable to open fd=53"."""
+    log = tmp_path / "restore.log"
+    log.write_text(
+        "Error (criu/tun.c:85): tun: Unable to create tun: No such file or directory\n"
+        " 10000: Error (criu/files-reg.c:2353): Can't open file home/user/held/open.bin on "
+        "restore: Read-only file system\n"
+        " 10000: Error (criu/files-reg.c:2267): Can't open file home/user/held/open.bin: "
+        "Read-only file system\n"
+        " 10000: Error (criu/files.c:1221): Unable to open fd=53 id=0xac\n"
+        "Error (criu/cr-restore.c:2331): Restoring FAILED.\n")
+    said = criu_log_errors(log)
+    assert said.startswith(" (CRIU: 10000: Error (criu/files-reg.c:2353): Can't open file "
+                           "home/user/held/open.bin on restore: Read-only file system | ... |")
+    assert said.endswith("Unable to open fd=53 id=0xac | Error (criu/cr-restore.c:2331): "
+                         "Restoring FAILED.)")
+    assert "tun" not in said
+    assert criu_log_errors(tmp_path / "missing.log") == ""
 
 
 def test_without_host_paths_keeps_the_words_and_last_parts_only() -> None:

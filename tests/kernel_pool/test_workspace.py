@@ -264,6 +264,44 @@ def test_a_parked_workspace_whose_mount_another_namespace_holds_is_read_and_unpa
         workspace.destroy()
 
 
+def test_unpark_while_a_readers_loop_device_lingers_mounts_writable(tmp_path: Path) -> None:
+    """A reader's read-only mount leaves its loop device (read-only) attached for a moment
+    after its unmount returns. A resume that mounted the workspace then was given that device:
+    mount warned "write-protected, mounted read-only" and succeeded, the sandbox started on a
+    read-only workspace, and the memory image's restore failed on the file its kernel held
+    open for writing (the session came back from its variables, its /tmp files lost). Here the
+    lingering device is attached by hand, and let go 0.3 s into the unpark."""
+    workspace = Workspace.create(tmp_path / "ws", 64 * 2**20)
+    try:
+        workspace.write_bytes("kept.txt", b"kept")
+        workspace.park()
+        assert workspace.image is not None
+        deadline = time.monotonic() + 10
+        while loop_devices_of(workspace.image):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        lingering = subprocess.run(
+            ["losetup", "--read-only", "--find", "--show", str(workspace.image)],
+            capture_output=True, text=True, check=True).stdout.strip()
+
+        def let_go() -> None:
+            time.sleep(0.3)
+            subprocess.run(["losetup", "-d", lingering], check=True)
+
+        with ThreadPoolExecutor(1) as pool:
+            released = pool.submit(let_go)
+            workspace.unpark()
+            released.result()
+        options = next(line.split()[3].split(",") for line in
+                       Path("/proc/self/mounts").read_text().splitlines()
+                       if line.split()[1] == str(workspace.root))
+        assert "rw" in options, options
+        (workspace.root / "new.txt").write_bytes(b"written")
+        assert (workspace.root / "kept.txt").read_bytes() == b"kept"
+    finally:
+        workspace.destroy()
+
+
 def test_readers_and_writers_of_a_parked_workspace_at_once_all_succeed(tmp_path: Path) -> None:
     workspace = Workspace.create(tmp_path / "ws", 64 * 2**20)
     try:

@@ -126,15 +126,18 @@ _HOST_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:'\"(),]+){2,}")
 
 
 def criu_log_errors(log_path: Path) -> str:
-    """The last three errors of a CRIU log, host paths cut, as `` (CRIU: a | b | c)``; ""
-    when there are none (or no log)."""
+    """The first error of a CRIU log (the cause: later ones are its consequences, such as
+    "Restoring FAILED") and its last two, host paths cut, as `` (CRIU: a | ... | b | c)``;
+    "" when there are none (or no log)."""
     try:
         with open(log_path, "rb") as log:
             lines = log.read()[-(1 << 16):].decode(errors="replace").splitlines()
     except OSError:
         return ""
     errors = [without_host_paths(line.strip()) for line in lines
-              if "Error (" in line and not any(noise in line for noise in CRIU_LOG_NOISE)][-3:]
+              if "Error (" in line and not any(noise in line for noise in CRIU_LOG_NOISE)]
+    if len(errors) > 3:
+        errors = [errors[0], "...", *errors[-2:]]
     return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
 
 
