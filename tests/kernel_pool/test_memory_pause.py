@@ -107,9 +107,11 @@ def engine_events(docker_client: docker.DockerClient, container_id: str,
 async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
         paused: Session, memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
     container_id = paused.sandbox_info().container_id
+    # The pause answers with the dumped tree stopped; the container ends as the sandbox is
+    # released, after the answer: the engine then records it as exited, as after its own
+    # checkpoint.
+    await paused.kernel.settle()
     state = docker_client.api.inspect_container(container_id)["State"]
-    # runc's dump ends the processes: the engine records the container as exited, as after
-    # its own checkpoint.
     assert (state["Status"], state["Restarting"]) == ("exited", False)
     # The dump is runc's own, not the engine's checkpoint API (seconds slower).
     assert engine_events(docker_client, container_id, "checkpoint") == []
@@ -354,8 +356,6 @@ async def test_resume_during_packing_restores_from_the_dump(
         memory_pool: KernelPool, docker_client: docker.DockerClient) -> None:
     session, key = await pause_now(memory_pool)
     try:
-        assert not container_running(docker_client, session)
-
         await session.resume()
 
         assert session.reason is None
@@ -363,6 +363,35 @@ async def test_resume_during_packing_restores_from_the_dump(
         assert await run_ok(session, "print(handle.tell(), x)") == "4 41\n"
         assert left_of(memory_pool, docker_client, session, key) == []
         assert memory_pool.snapshots.info(session.id) is None
+    finally:
+        await memory_pool.delete_session(session.id)
+
+
+async def test_a_dumped_trees_container_never_ended_is_ended_by_the_restore(
+        memory_pool: KernelPool, docker_client: docker.DockerClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container of a kernel-tree dump ends after the pause answers. A gateway stopped in
+    between leaves it running, its dumped kernel stopped in it and holding the pids the
+    restore needs: the restore ends it first, and everything comes back."""
+
+    async def never(self: sandbox_checkpoint.SandboxCheckpoints) -> None:
+        return None  # as if the gateway had stopped before ending it
+
+    monkeypatch.setattr(sandbox_checkpoint.SandboxCheckpoints, "end_dumped_tree", never)
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, SETUP)
+        info = await session.pause()
+        assert info.paused_with == "memory", session.reason
+        assert getattr(session.kernel.sandbox, "memory_path", None) == "kernel tree"
+        await session.kernel.settle()
+        assert container_running(docker_client, session)
+
+        await session.resume()
+
+        assert session.reason is None, session.reason
+        assert await run_ok(session, "print(next(letters), handle.tell(), x)") == "b 4 41\n"
+        assert await run_ok(session, "print(open('/tmp/scratch.txt').read())") == "kept in tmp\n"
     finally:
         await memory_pool.delete_session(session.id)
 

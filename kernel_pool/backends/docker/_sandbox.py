@@ -329,6 +329,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
     async def release(self) -> None:
         """The workspace is parked, and the socket folder's tmpfs unmounted (lazily: a
         listening egress socket may hold it until its proxy closes); ``reserve`` makes it."""
+        await self.end_dumped_tree()  # before the workspace's park: no container holds it
         await super().release()
         await in_thread(self._backend.unmount_socket_dir, self._socket_dir)
 

@@ -129,6 +129,9 @@ class DockerSandboxBase(Sandbox):
         """How the last memory pause dumped, or resume restored, the sandbox: ``"kernel
         tree"`` (CRIU inside the container, :mod:`._tree`) or ``"engine"`` (the whole
         container, runc's dump and the engine's ``start --checkpoint``)."""
+        self._tree_dumped = False
+        """A memory pause dumped the kernel's tree and left it stopped in its running
+        container, which :meth:`end_dumped_tree` ends."""
 
     @property
     def _api(self) -> docker.APIClient:
