@@ -10,7 +10,9 @@ directory's file system in 1 MiB pieces and fsyncs them (what a pause must do be
 answers), then reads them back with their pages dropped from the cache first (what a resume
 after a while reads). The gateway's resident memory is sampled every 10 ms during each pause
 and each resume (its peak above where that operation started), and over each gateway's whole
-sweep.
+sweep. Each round resumes twice: at once after the pause (the dump, not yet packed, is read
+as it is) and, paused again, :data:`LATER_S` later (its archive unpacked first, as for any
+resume that comes later).
 
 Targets (issue 42): 200 MiB paused in 1 s at most and resumed (+ ``1+1``) in 1 s at most, by
 variables and by memory; the gateway's peak within 64 MiB of its start; 1 GiB paused and
@@ -19,6 +21,7 @@ resumed each within 2x the disk's write and read of 1 GiB.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import threading
@@ -41,6 +44,10 @@ TARGET_DISK_RATIO = 2.0
 """The most a 1 GiB pause (resume) may take, in multiples of the disk's write (read)."""
 TARGET_RSS_MIB = 64
 """The most the gateway's resident memory may rise during a pause or a resume."""
+LATER_S = 10.0
+"""How long after its pause the second resume of each round comes: past a 1 GiB memory
+dump's packing here (2-3 s), so that resume unpacks the archive, as one much later would; the
+first resume comes at once, while the dump is still there (and the sandbox's release)."""
 
 T = TypeVar("T")
 
@@ -156,8 +163,9 @@ async def _execute(rg: Replgate, sid: str, code: str) -> dict[str, Any]:
 
 
 async def _one(rg: Replgate, code: str) -> dict[str, Any]:
-    """Pause a session that ran ``code``, then time its resume + ``1+1``; what it held must
-    come back equal."""
+    """Pause a session that ran ``code``, then time its resume + ``1+1`` at once; pause it
+    again, and time a resume :data:`LATER_S` later; what it held must come back equal each
+    time."""
     sid = await rg.create_session()
     try:
         await _execute(rg, sid, code)
@@ -165,11 +173,16 @@ async def _one(rg: Replgate, code: str) -> dict[str, Any]:
             [rg.pid], _post(rg, f"/v1/sessions/{sid}/pause"))
         _, resume_s, resume_rss = await _watched([rg.pid], _execute(rg, sid, "1+1"))
         kept = await _execute(rg, sid, f"print({CHECK})")
+        await _post(rg, f"/v1/sessions/{sid}/pause")
+        await asyncio.sleep(LATER_S)
+        _, later_s, later_rss = await _watched([rg.pid], _execute(rg, sid, "1+1"))
+        kept_later = await _execute(rg, sid, f"print({CHECK})")
         return {"pause_s": pause_s, "resume_1plus1_s": resume_s,
-                "pause_rss_mib": pause_rss, "resume_rss_mib": resume_rss,
+                "resume_later_1plus1_s": later_s,
+                "pause_rss_mib": pause_rss, "resume_rss_mib": max(resume_rss, later_rss),
                 "paused_with": paused.get("paused_with"),
                 "snapshot_mib": round((paused.get("snapshot_bytes") or 0) / MiB, 1),
-                "kept": kept["stdout"].strip() == "True"}
+                "kept": kept["stdout"].strip() == kept_later["stdout"].strip() == "True"}
     finally:
         await rg.delete_session(sid)
 
@@ -184,12 +197,14 @@ async def _rounds(rg: Replgate, mib: int, code: str) -> dict[str, Any]:
         runs.append({**await _one(rg, code), "disk": disk})
     pause_s = statistics.median(run["pause_s"] for run in runs)
     resume_s = statistics.median(run["resume_1plus1_s"] for run in runs)
+    later_s = statistics.median(run["resume_later_1plus1_s"] for run in runs)
     write_s = statistics.median(run["disk"]["write_s"] for run in runs)
     read_s = statistics.median(run["disk"]["read_s"] for run in runs)
-    return {"pause_s": pause_s, "resume_1plus1_s": resume_s,
+    return {"pause_s": pause_s, "resume_1plus1_s": resume_s, "resume_later_1plus1_s": later_s,
             "disk": {"write_s": write_s, "read_s": read_s},
             "pause_vs_write": round(pause_s / write_s, 2),
             "resume_vs_read": round(resume_s / read_s, 2),
+            "resume_later_vs_read": round(later_s / read_s, 2),
             "gateway_rss_rise_mib": max(max(run["pause_rss_mib"], run["resume_rss_mib"])
                                         for run in runs),
             "kept": all(run["kept"] for run in runs),
@@ -209,11 +224,15 @@ def _verdicts(name: str, figures: dict[str, Any]) -> list[str]:
     lines = []
     if name.startswith(("variables_200", "memory_200")):
         lines += [line("pause", figures["pause_s"], "s", TARGET_S),
-                  line("resume + 1+1", figures["resume_1plus1_s"], "s", TARGET_S)]
+                  line("resume + 1+1 at once", figures["resume_1plus1_s"], "s", TARGET_S),
+                  line(f"resume + 1+1 {LATER_S:g} s later", figures["resume_later_1plus1_s"],
+                       "s", TARGET_S)]
     else:
         lines += [line("pause / disk write", figures["pause_vs_write"], "x", TARGET_DISK_RATIO),
-                  line("resume + 1+1 / disk read", figures["resume_vs_read"], "x",
-                       TARGET_DISK_RATIO)]
+                  line("resume + 1+1 at once / disk read", figures["resume_vs_read"], "x",
+                       TARGET_DISK_RATIO),
+                  line(f"resume + 1+1 {LATER_S:g} s later / disk read",
+                       figures["resume_later_vs_read"], "x", TARGET_DISK_RATIO)]
     lines.append(line("gateway RSS rise", figures["gateway_rss_rise_mib"], "MiB",
                       TARGET_RSS_MIB))
     lines.append(f"{name}: everything kept: {figures['kept']} "
