@@ -138,7 +138,8 @@ def criu_log_errors(log_path: Path) -> str:
               if "Error (" in line and not any(noise in line for noise in CRIU_LOG_NOISE)]
     if len(errors) > 3:
         errors = [errors[0], "...", *errors[-2:]]
-    return f" (CRIU: {' | '.join(errors)[-600:]})" if errors else ""
+    # Each error cut on its own: cutting the joined text would drop the first, the cause.
+    return f" (CRIU: {' | '.join(error[:200] for error in errors)})" if errors else ""
 
 
 def dump(api: docker.APIClient, container_id: str, folder: Path,
