@@ -11,8 +11,11 @@ async def test_each_cell_runs_in_the_language_picked_for_it(ui: Ui) -> None:
     page = await ui.signed_in_page()
     await ui.open_session(page, session_id)
     picker = page.locator("#language")
-    await page.wait_for_function(  # the options come from the gateway's kernelspecs
-        "document.querySelectorAll('#language option').length > 1")
+    # The options come from the gateway's kernelspecs. A function, not an expression: Playwright
+    # evals an expression on every poll, which the page's CSP (no 'unsafe-eval') refuses once
+    # a poll runs outside DevTools' first evaluation, i.e. whenever the options are late.
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#language option').length > 1")
     assert await picker.locator("option").all_inner_texts() == [
         "Python", "R", "JavaScript", "TypeScript", "Java", "Bash"]
 
