@@ -76,11 +76,15 @@ VALID: dict[str, Valid] = {
     "sqlite-file-gvisor-variables": Valid(
         {"runtime": "gvisor", "pause_with": "variables"}, paused_with="variables",
         store="file", database="sqlite"),
-    # postgresql://, s3:// (SeaweedFS), runc, memory, no kernel templates.
+    # postgresql://, s3:// (SeaweedFS), runc, memory, no kernel templates, huge pages.
     "postgresql-s3-runc-memory": Valid(
         {"runtime": "runc", "pause_with": "memory", "kernel_templates": "false",
-         "bundle_key": BUNDLE_KEY}, paused_with="memory", store="s3", database="postgresql"),
+         "limits__huge_pages": "true", "bundle_key": BUNDLE_KEY}, paused_with="memory",
+        store="s3", database="postgresql"),
 }
+THP_ENABLED = ("print(next(line.split()[1] for line in open('/proc/self/status') "
+               "if line.startswith('THP_enabled:')))")
+"""What the kernel's process says of its transparent huge pages: 0 when turned off for it."""
 GVISOR_RELEASE = "4.4.0"
 """The kernel release gVisor's own kernel reports (the host's is newer)."""
 
@@ -172,10 +176,15 @@ def test_each_documented_value_starts_and_works(name: str, gateways: dict[str, G
         # the runtime asked for is the one the sandbox runs on
         release = _printed(client, sid, "import platform; x = 41; print(platform.release())")
         assert (release == GVISOR_RELEASE) == (valid.settings.get("runtime") == "gvisor"), release
+        huge = "1" if valid.settings.get("limits__huge_pages") else "0"
+        if valid.settings.get("runtime") != "gvisor":  # (its kernel has no such flag to show)
+            assert _printed(client, sid, THP_ENABLED) == huge
         paused = client.post(f"/v1/sessions/{sid}/pause")
         assert paused.status_code == 200, paused.text
         assert paused.json()["paused_with"] == valid.paused_with, paused.json()
         assert _printed(client, sid, "print(x + 1)") == "42"
+        if valid.settings.get("runtime") != "gvisor":  # a memory resume keeps it as it was
+            assert _printed(client, sid, THP_ENABLED) == huge
         if valid.store is not None:
             saved = client.post(f"/v1/sessions/{sid}/snapshots", json={"name": "matrix"})
             assert saved.status_code == 201, saved.text

@@ -31,11 +31,14 @@ from kernel_pool._channels import KernelState
 from kernel_pool.backends.docker import _sandbox_checkpoint as sandbox_checkpoint
 from kernel_pool.backends.docker._checkpoint import (
     CONTAINERD_STAGING,
+    DISCARDED_PREFIX,
     checkpoint_failure,
     criu_log_errors,
     criu_log_named,
     discard,
+    discard_soon,
     remove_staged_copies,
+    whole_dump,
     without_host_paths,
 )
 from kernel_pool.backends.docker._packing import IMAGE_SUFFIX, Packing
@@ -128,6 +131,7 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
 
     assert paused.reason is None
     assert staged_copies_of(paused) == []  # containerd's copy of the image went with it
+    assert engine_checkpoints(docker_client, container_id) == []  # the unpacked image too
     counted = int(await run_ok(paused, "print(counter[0])"))
     await asyncio.sleep(0.2)
     assert int(await run_ok(paused, "print(counter[0])")) > counted  # the thread runs on
@@ -138,6 +142,33 @@ async def test_memory_pause_keeps_thread_generator_open_file_tmp_and_variables(
     # Everything is kept; dill alone would have lost the generator and the open file.
     assert {"x", "letters", "handle"} <= set(at_pause.kept) and not at_pause.not_kept
     assert "letters" in at_pause.variables_not_kept
+
+
+HUGE_PAGES = """
+import numpy as np
+def huge_pages():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    rollup = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup")
+                  if ":" in line and not line[0].isdigit())
+    return status["THP_enabled"].strip(), rollup["AnonHugePages"].strip()
+"""
+
+
+async def test_a_kernel_and_its_memory_resume_use_small_pages(memory_pool: KernelPool) -> None:
+    # A profile leaves huge pages off unless it says otherwise (huge_pages): CRIU restores the
+    # flag before it refills the memory, so the resume fills small pages too.
+    session = await memory_pool.create_session()
+    try:
+        await run_ok(session, HUGE_PAGES + "held = np.ones(64 << 17)\nopen('/tmp/t', 'w')")
+        assert await run_ok(session, "print(*huge_pages())") == "0 0 kB\n"
+        info = await session.pause()
+        assert info.paused_with == "memory", session.reason
+        await session.packed()
+        await session.resume()
+        assert session.reason is None
+        assert await run_ok(session, "print(*huge_pages(), held.sum())") == "0 0 kB 8388608.0\n"
+    finally:
+        await memory_pool.delete_session(session.id)
 
 
 def staged_copies_of(session: Session) -> list[Path]:
@@ -187,6 +218,25 @@ def test_criu_log_named_takes_a_log_of_the_containers_own_state_only(tmp_path: P
                           roots) is None
     assert criu_log_named(said.format(log), "c2", roots) is None
     assert criu_log_named(said.format(tmp_path / "task/c1/shadow"), "c1", roots) is None
+
+
+def test_a_restored_dump_is_moved_aside_at_once_and_removed_after(tmp_path: Path) -> None:
+    container = tmp_path / "containers" / "c1"
+    folder = container / "checkpoints" / "replgate"
+    folder.mkdir(parents=True)
+    (folder / "pages-1.img").write_bytes(b"p" * 4096)
+    discard_soon(folder)
+    assert not folder.exists()  # the next dump or restore finds its place empty
+    deadline = time.monotonic() + 10
+    while list(container.glob(f"{DISCARDED_PREFIX}*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(container.iterdir()) == [container / "checkpoints"]
+    # What a gateway killed during the removal left goes when a gateway takes it back.
+    left = container / f"{DISCARDED_PREFIX}0123abcd"
+    left.mkdir()
+    (left / "pages-1.img").write_bytes(b"p")
+    assert whole_dump(folder) is None
+    assert not left.exists()
 
 
 def test_criu_log_errors_says_the_first_error_the_cause(tmp_path: Path) -> None:
