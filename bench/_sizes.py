@@ -12,7 +12,8 @@ after a while reads). The gateway's resident memory is sampled every 10 ms durin
 and each resume (its peak above where that operation started), and over each gateway's whole
 sweep. Each round resumes twice: at once after the pause (the dump, not yet packed, is read
 as it is) and, paused again, :data:`LATER_S` later (its archive unpacked first, as for any
-resume that comes later).
+resume that comes later). Before the gateways start, the machine's own time to fill that much
+fresh memory as a kernel holds it (:func:`fresh_memory_baseline`), which a restore must do.
 
 Targets (issue 42): 200 MiB paused in 1 s at most and resumed (+ ``1+1``) in 1 s at most, by
 variables and by memory; the gateway's peak within 64 MiB of its start; 1 GiB paused and
@@ -22,6 +23,7 @@ resumed each within 2x the disk's write and read of 1 GiB.
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import statistics
 import threading
@@ -35,6 +37,7 @@ import psutil
 from bench._peers import Replgate
 
 MiB = 1 << 20
+PAGE = mmap.PAGESIZE
 SIZES_MIB = (200, 1024)
 ROUNDS = 3
 """Pauses and resumes per size: the figures are their medians."""
@@ -105,6 +108,25 @@ def disk_baseline(folder: Path, size: int) -> dict[str, float]:
     finally:
         path.unlink(missing_ok=True)
     return {"write_s": round(write_s, 3), "read_s": round(read_s, 3)}
+
+
+def fresh_memory_baseline(size: int) -> dict[str, float]:
+    """Seconds to fill ``size`` bytes of fresh memory held as a kernel's arrays are (anonymous
+    and advised huge pages, as numpy advises for large arrays, which a restore keeps): first
+    as it comes (call it after the machine has been idle), then at once again (the memory just
+    given back), then in small pages. A restore fills that much fresh memory with the image's
+    pages. On a VM whose host takes back the guest's free memory (free page reporting, as this
+    machine's kernel is set up), fresh huge pages cost several times the disk's read."""
+    figures = {}
+    for name, huge in (("huge_pages_s", True), ("huge_pages_again_s", True),
+                       ("small_pages_s", False)):
+        start = time.perf_counter()
+        with mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as memory:
+            memory.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+            for offset in range(0, size, PAGE):
+                memory[offset] = 1
+            figures[name] = round(time.perf_counter() - start, 3)
+    return figures
 
 
 class PeakRss:
@@ -247,6 +269,10 @@ async def pause_sizes(sizes: tuple[int, ...] = SIZES_MIB,
     own time and the targets, in one run (medians of :data:`ROUNDS`). ``verdicts``: each
     figure against its target, as lines."""
     results: dict[str, Any] = {}
+    fresh = {}
+    for mib in sizes:
+        await asyncio.sleep(LATER_S)  # idle first, as the machine is before a later resume
+        fresh[mib] = await asyncio.to_thread(fresh_memory_baseline, mib * MiB)
     variables = Replgate(min_idle=1, max_kernels=4, settings={
         "REPLGATE_PAUSE_WITH": "variables", "REPLGATE_MEMORY": "3g",
         "REPLGATE_SNAPSHOT_BUDGET": "20g", "REPLGATE_MAX_TIMEOUT_S": "600"})
@@ -276,4 +302,10 @@ async def pause_sizes(sizes: tuple[int, ...] = SIZES_MIB,
                                         else [f"{name}: {figures} MiB (over every pause and "
                                               "resume of that gateway, sessions made and "
                                               "deleted included)"])]
+    results["fresh_memory"] = {f"{mib}_mib": figures for mib, figures in fresh.items()}
+    results["verdicts"] += [
+        f"this machine, {mib} MiB of fresh memory filled (what a restore fills): huge pages "
+        f"{figures['huge_pages_s']:g} s after {LATER_S:g} s idle, "
+        f"{figures['huge_pages_again_s']:g} s at once again, small pages "
+        f"{figures['small_pages_s']:g} s" for mib, figures in fresh.items()]
     return results
