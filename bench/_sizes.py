@@ -195,14 +195,19 @@ async def _one(rg: Replgate, code: str) -> dict[str, Any]:
             [rg.pid], _post(rg, f"/v1/sessions/{sid}/pause"))
         _, resume_s, resume_rss = await _watched([rg.pid], _execute(rg, sid, "1+1"))
         kept = await _execute(rg, sid, f"print({CHECK})")
-        await _post(rg, f"/v1/sessions/{sid}/pause")
+        again, again_s, again_rss = await _watched(
+            [rg.pid], _post(rg, f"/v1/sessions/{sid}/pause"))
         await asyncio.sleep(LATER_S)
         _, later_s, later_rss = await _watched([rg.pid], _execute(rg, sid, "1+1"))
         kept_later = await _execute(rg, sid, f"print({CHECK})")
-        return {"pause_s": pause_s, "resume_1plus1_s": resume_s,
+        # The second pause is watched as the first: one that kept less (variables where the
+        # first kept memory) would show only as a faster later resume.
+        return {"pause_s": pause_s, "pause_again_s": again_s, "resume_1plus1_s": resume_s,
                 "resume_later_1plus1_s": later_s,
-                "pause_rss_mib": pause_rss, "resume_rss_mib": max(resume_rss, later_rss),
+                "pause_rss_mib": max(pause_rss, again_rss),
+                "resume_rss_mib": max(resume_rss, later_rss),
                 "paused_with": paused.get("paused_with"),
+                "paused_again_with": again.get("paused_with"),
                 "snapshot_mib": round((paused.get("snapshot_bytes") or 0) / MiB, 1),
                 "kept": kept["stdout"].strip() == kept_later["stdout"].strip() == "True"}
     finally:
@@ -230,7 +235,8 @@ async def _rounds(rg: Replgate, mib: int, code: str) -> dict[str, Any]:
             "gateway_rss_rise_mib": max(max(run["pause_rss_mib"], run["resume_rss_mib"])
                                         for run in runs),
             "kept": all(run["kept"] for run in runs),
-            "paused_with": sorted({run["paused_with"] for run in runs}),
+            "paused_with": sorted({run[key] for run in runs
+                                   for key in ("paused_with", "paused_again_with")}),
             "snapshot_mib": max(run["snapshot_mib"] for run in runs),
             "rounds": [{key: value for key, value in run.items() if key != "disk"}
                        | run["disk"] for run in runs]}
