@@ -115,8 +115,8 @@ def fresh_memory_baseline(size: int) -> dict[str, float]:
     and advised huge pages, as numpy advises for large arrays, which a restore keeps): first
     as it comes (call it after the machine has been idle), then at once again (the memory just
     given back), then in small pages. A restore fills that much fresh memory with the image's
-    pages. On a VM whose host takes back the guest's free memory (free page reporting, as this
-    machine's kernel is set up), fresh huge pages cost several times the disk's read."""
+    pages. On a VM whose kernel reports its free memory to the host (free page reporting, as
+    this machine's kernel is set up), fresh huge pages cost several times the disk's read."""
     figures = {}
     for name, huge in (("huge_pages_s", True), ("huge_pages_again_s", True),
                        ("small_pages_s", False)):

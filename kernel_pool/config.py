@@ -72,8 +72,8 @@ class Profile(BaseModel):
         False, description="let the kernels use transparent huge pages where they ask for "
         "them (numpy does, for large arrays), as the host's setting allows. Off: 4 KiB pages, "
         "so a memory resume and a start from a kernel template fill small pages; on a VM "
-        "whose host takes back free memory (free page reporting: Firecracker, many clouds), "
-        "a fresh huge page costs several times a small one (docs/checkpoint.md)")
+        "whose kernel reports free memory to its host (free page reporting), a fresh huge "
+        "page can cost several times a small one (docs/checkpoint.md)")
     min_idle: int | None = Field(
         None, ge=0, le=256, description="warm kernels kept ready, frozen while they wait "
         "(no CPU; thawed in about a millisecond when a session takes one); unset: the "
