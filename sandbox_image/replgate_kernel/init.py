@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import stat
+import sys
 
 KERNEL_DIR = "/kernel"
 REQUEST = os.path.join(KERNEL_DIR, "launch.json")
@@ -167,11 +168,11 @@ def _reap(kernels: dict[int, str]) -> None:
 
 def _small_pages() -> None:
     """Turn transparent huge pages off for this process and so for every kernel it starts
-    (the flag is inherited and kept across exec) when the host asks (``REPLGATE_HUGE_PAGES=
-    off``: a runc profile without ``huge_pages``). CRIU dumps the flag and restores it before
+    (the flag is inherited and kept across exec) when the host asks (``--small-pages``: a
+    runc profile without ``huge_pages``). CRIU dumps the flag and restores it before
     it refills memory: a memory resume then fills small pages, which on a VM whose host took
     back the free memory cost a fifth of what fresh huge pages do."""
-    if os.environ.pop("REPLGATE_HUGE_PAGES", "") != "off":
+    if "--small-pages" not in sys.argv[1:]:
         return
     import ctypes  # here alone: PID 1 imports as little as it can
 

@@ -56,11 +56,12 @@ deadlock the whole engine on many endpoints (even ``none`` ones) created or dele
 engine idle half of each start (runc, the shim) and halved the rate a burst of creates gets
 (this 2-core machine: 4.3 containers a second one at a time, 8.2 three at a time, no more with
 eight)."""
-HUGE_PAGES = "REPLGATE_HUGE_PAGES"
-"""The variable by which a runc container's PID 1 (``replgate_kernel/init.py``) turns huge
-pages off for itself and so for every kernel it starts (``off``, a profile without
-``huge_pages``). Not set under gVisor, whose kernels start by ``docker exec`` and are not
-restored by CRIU: its PID 1 starts as it did before."""
+SMALL_PAGES = "--small-pages"
+"""The argument by which a runc container's PID 1 (``replgate_kernel/init.py``) turns huge
+pages off for itself and so for every kernel it starts (a profile without ``huge_pages``).
+An argument, not a variable: the sandbox's environment holds nothing of the host's (a
+variable of PID 1 shows in ``/proc/1/environ``). Not given under gVisor, whose kernels start
+by ``docker exec`` and are not restored by CRIU: its PID 1 starts as it did before."""
 SOCKET_DIR_TMPFS = "size=1m,nr_inodes=64,mode=0755,nosuid,nodev,noexec"
 """The file system of a sandbox's socket folder, as root: sockets and a connection file."""
 
@@ -145,7 +146,7 @@ class DockerContainers(SandboxBackend):
             self.client.api.create_container, profile.image, name=container_name(sandbox_id),
             detach=True, labels=self._labels(sandbox_id, profile, workspace, socket_dir),
             hostname="sandbox", user=f"{SANDBOX_UID}:{SANDBOX_GID}",
-            environment=env if profile.huge_pages or gvisor else {**env, HUGE_PAGES: "off"},
+            environment=env, command=[] if profile.huge_pages or gvisor else [SMALL_PAGES],
             working_dir=SANDBOX_PATH, host_config=host_config)
         try:
             created = create()
