@@ -44,7 +44,8 @@ attempt('raw_icmp', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socke
 attempt('packet', lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
 attempt('proxy_env', lambda: [k for k in os.environ if 'proxy' in k.lower()] or 1 / 0)
 with socket.create_server(('127.0.0.1', 0)) as server:
-    found['own_loopback'] = tcp('127.0.0.1', server.getsockname()[1])[0]
+    found['own_loopback'] = tcp('localhost', server.getsockname()[1])[0]
+found['name_servers'] = [line for line in open('/etc/resolv.conf') if 'nameserver' in line]
 report(found)
 """
 
@@ -54,6 +55,8 @@ def test_sandbox_has_no_network(hostile: Hostile, sid: str) -> None:
     found = hostile.json_of(sid, NETWORK.replace("__PORT__", str(port)), timeout_s=60)
     assert found.pop("interfaces") == ["lo"]
     assert found.pop("own_loopback") == "127.0.0.1"  # its own loopback, nothing else
+    # ``localhost`` resolves (the gateway's /etc/hosts); no name server, not even the host's.
+    assert found.pop("name_servers") == []
     connected = {k: v for k, v in found.items() if v.startswith("CONNECTED")}
     assert not connected, connected
     assert "Operation not permitted" in found["raw_icmp"]
@@ -63,7 +66,8 @@ def test_sandbox_has_no_network(hostile: Hostile, sid: str) -> None:
     # From the host: no network at all, no published port.
     config = hostile.container(sid).attrs
     assert config["HostConfig"]["NetworkMode"] == "none"
-    assert list(config["NetworkSettings"]["Networks"]) == ["none"]
+    # Not even the engine's ``none`` endpoint: its networking is disabled for the container.
+    assert not config["NetworkSettings"]["Networks"] and config["Config"]["NetworkDisabled"]
     assert not config["NetworkSettings"]["Ports"]
 
 
@@ -269,12 +273,13 @@ def test_no_docker_socket_no_leaked_descriptors_no_writes_outside(
         assert target.startswith(("pipe:", "socket:", "anon_inode:", "/dev/null", "/dev/pts",
                                   "/home/user", "/tmp", "/kernel", "/opt/", "/usr/",
                                   "unreadable", "FileNotFoundError", "host:[")), (fd, target)
-    # From the host: the container mounts only its workspace and socket folder (and, under
-    # runc, its own boot id, read-only).
+    # From the host: the container mounts only its workspace and socket folder (and,
+    # read-only, the gateway's /etc/hosts and, under runc, its own boot id).
     mounts = hostile.container(sid).attrs["Mounts"]
     own_boot_id = [] if hostile.runtime(sid) == "runsc" else ["/run/replgate/boot_id"]
-    assert sorted(m["Destination"] for m in mounts) == ["/home/user", "/kernel", *own_boot_id]
-    assert not any(m["RW"] for m in mounts if m["Destination"] in own_boot_id)
+    assert sorted(m["Destination"] for m in mounts) == [
+        "/etc/hosts", "/home/user", "/kernel", *own_boot_id]
+    assert not any(m["RW"] for m in mounts if m["Destination"] in ("/etc/hosts", *own_boot_id))
     assert not any("docker.sock" in (m.get("Source") or "") for m in mounts)
 
 

@@ -44,17 +44,21 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], name
     assert host["Privileged"] is False, name
     # 5.5 no sensitive host folder; only the session's workspace and its socket folder (and,
-    # under runc, its own boot id, read-only: docs/security.md).
+    # read-only, the gateway's /etc/hosts and, under runc, its own boot id: docs/security.md).
     binds = sorted((m["Destination"], m["Source"], m["Type"], m["RW"]) for m in config["Mounts"])
     own_boot_id = [] if host["Runtime"] == "runsc" else ["/run/replgate/boot_id"]
-    assert [b[0] for b in binds] == ["/home/user", "/kernel", *own_boot_id], binds
-    assert all(not rw for destination, _, _, rw in binds if destination in own_boot_id)
+    assert [b[0] for b in binds] == ["/etc/hosts", "/home/user", "/kernel", *own_boot_id], binds
+    assert all(not rw for destination, _, _, rw in binds
+               if destination in ("/etc/hosts", *own_boot_id))
     for _destination, source, kind, _rw in binds:
         assert kind == "bind" and source.startswith(str(gateway.state_dir) + "/"), source
         assert source not in SENSITIVE and "docker.sock" not in source
     assert not host.get("Binds") and not host.get("VolumesFrom") and not host.get("Devices")
     # 5.9, 5.15-5.17, 5.20, 5.30, 5.31: no host namespace, no network, no Docker socket.
     assert host["NetworkMode"] == "none"
+    # ... and no network sandbox of the engine's either (_containers.HOSTS says why).
+    assert settings["NetworkDisabled"] is True
+    assert not config["NetworkSettings"]["SandboxKey"] and not config["ResolvConfPath"]
     assert host["PidMode"] in ("", "private") and host["IpcMode"] in ("private", "none")
     assert host["UTSMode"] in ("", "private") and host["UsernsMode"] in ("", "private")
     assert not host.get("PortBindings") and not host.get("PublishAllPorts")
