@@ -44,6 +44,7 @@ from kernel_pool.backends.docker._init_kernel import (
     request_adoption,
     write_for_sandbox,
 )
+from kernel_pool.backends.docker._loopback import bring_loopback_up
 from kernel_pool.backends.docker._packing import CheckpointError, Packing
 from kernel_pool.backends.docker._sandbox_base import DockerSandboxBase
 from kernel_pool.backends.docker._template import TemplateError
@@ -263,6 +264,8 @@ class SandboxCheckpoints(DockerSandboxBase):
                         {**config, "ip": f"{KERNEL_DIR}/{name}"})
         self.info.kernel_name, self._exit_code = name, None
         await self._find_init()
+        if not tree:
+            await in_thread(bring_loopback_up, self._init_pid, self.info.container_id)
         if tree:
             # CRIU, the restored tree's parent, has exited: PID 1 is its parent now, and must
             # know it as its kernel to record its exit.
