@@ -15,6 +15,7 @@ import anyio.to_thread
 from kernel_pool._kernel import Kernel
 from kernel_pool._session import Session
 from kernel_pool._warm import WarmPool
+from kernel_pool.config import Profile
 from kernel_pool.exceptions import (
     BackendError,
     CapacityError,
@@ -77,7 +78,7 @@ class Slots(WarmPool):
                     raise
                 await asyncio.sleep(ROOM_POLL_S)
         if kernel is None:
-            task = asyncio.create_task(self._start_kernel(profile))
+            task = asyncio.create_task(self._start_for_use(profile))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             try:
@@ -89,16 +90,25 @@ class Slots(WarmPool):
                                        ) from None
                 task.add_done_callback(self._adopt_abandoned)
                 raise
-            self._in_use.add(kernel)
         if refill:
             self._fill_soon(profile.name)
         self.acquire_seconds.append(loop.time() - started)
         del self.acquire_seconds[:-1000]
         return kernel
 
+    async def _start_for_use(self, profile: Profile) -> Kernel:
+        """A kernel started for a caller, counted in use as its start's slot is given up
+        (no await in between): the caller wakes a loop turn later, and a slot counted
+        neither starting nor in use meanwhile would let another request start one past
+        ``max_kernels``."""
+        kernel = await self._start_kernel(profile)
+        self._in_use.add(kernel)
+        return kernel
+
     def _adopt_abandoned(self, task: asyncio.Task[Kernel]) -> None:
         if not task.cancelled() and task.exception() is None:
             kernel = task.result()
+            self._in_use.discard(kernel)
             if self._closing:
                 self._spawn(self._remove(kernel), f"removing abandoned kernel {kernel.id}")
             else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,27 @@ async def test_a_session_at_the_limit_takes_a_warm_kernels_slot(own_pool: PoolFa
     session = await pool.create_session("default")
     await run_ok(session, "1")
     assert len(pool._idle["other"]) == 1 and pool.stats()["in_use"] == 1
+    await pool.delete_session(session.id)
+
+
+async def test_a_kernel_started_for_a_session_holds_its_slot_until_handed_over(
+        own_pool: PoolFactory) -> None:
+    # Between the start's end and the session's taking the kernel, the event loop runs
+    # others: were the kernel counted neither starting nor in use then, a second request
+    # would find the slot free and start a kernel past max_kernels (CI saw four of three).
+    pool = own_pool("handover", max_kernels=1, capacity_wait_s=0,
+                    profiles={"default": _profile("default", min_idle=0)})
+    await pool.start()
+    creating = asyncio.create_task(pool.create_session("default"))
+    await eventually(lambda: pool.stats()["starting"] == 1, timeout_s=30)
+    counted = []
+    while not creating.done():
+        stats = pool.stats()
+        counted.append(stats["idle"] + stats["starting"] + stats["in_use"])
+        await asyncio.sleep(0)
+    session = creating.result()
+    assert len(counted) > 10 and set(counted) == {1}, Counter(counted)
+    await run_ok(session, "1")
     await pool.delete_session(session.id)
 
 
