@@ -245,8 +245,12 @@ class SessionPausing(SessionTransfers):
         except (SnapshotError, OSError, BackendError) as exc:
             self.reason = f"paused with variables: the memory image was not kept ({exc})"
             logger.warning("session %s: %s", self.id, self.reason)
-            self.pause_info = info
-            await asyncio.shield(self._forget_memory(store, info))
+            try:
+                await asyncio.shield(self._forget_memory(store, info))
+            finally:
+                # Shown once its record says so: a client that sees the variables pause
+                # and reads the state directory finds it written, not half-way.
+                self.pause_info = info
             with contextlib.suppress(Exception):  # the container goes with the session else
                 await asyncio.shield(self.kernel.stop())
         finally:
