@@ -264,14 +264,14 @@ class SandboxCheckpoints(DockerSandboxBase):
                         {**config, "ip": f"{KERNEL_DIR}/{name}"})
         self.info.kernel_name, self._exit_code = name, None
         await self._find_init()
-        if not tree:
-            await in_thread(bring_loopback_up, self._init_pid, self.info.container_id)
         if tree:
             # CRIU, the restored tree's parent, has exited: PID 1 is its parent now, and must
             # know it as its kernel to record its exit.
             await in_thread(request_adoption, self._socket_dir, name, pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._init_pid, signal.SIGUSR1)
+        else:
+            await in_thread(bring_loopback_up, self._init_pid, self.info.container_id)
         await self._watch_init_child(name, 2.0)
         if self.info.kernel_ref is None:
             raise BackendError("the sandbox was restored without its kernel process")
