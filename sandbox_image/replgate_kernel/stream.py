@@ -8,11 +8,19 @@ records, each a kind and a length (:data:`HEADER`) and its bytes:
 - ``E``: the end.
 """
 
+import array
+import ctypes
+import errno
+import fcntl
 import os
 import pickle
 import queue
+import stat
 import struct
+import sys
+import termios
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +33,69 @@ QUEUED_RECORDS = 8
 """Records the pickler may be ahead of the stream's writing by."""
 
 
+SPLICED_MIN = 1 << 16
+"""Out-of-band buffers at least this large go into a pipe by reference (``vmsplice``):
+the host's ``splice`` then makes the one copy, into its file, at half the time of a write
+here and a splice there (1 GiB: 0.3 s against 0.6 s)."""
+DRAIN_WAIT_S = 60.0
+"""How long the end waits for the host to read what is still in the pipe."""
+
+
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
         data = data[os.write(fd, data):]
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _libc_vmsplice() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).vmsplice
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_size_t, ctypes.c_uint)
+    function.restype = ctypes.c_ssize_t
+    return function
+
+
+_vmsplice = _libc_vmsplice()
+
+
+def _address(data: memoryview) -> int | None:
+    """Where a contiguous buffer's bytes are (numpy reads it, read-only ones too; without
+    numpy loaded, no out-of-band buffer is large anyway)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    return int(numpy.frombuffer(data, numpy.uint8).ctypes.data)
+
+
+def _spliced(fd: int, data: memoryview) -> int:
+    """Put ``data`` into the pipe ``fd`` by reference; how many bytes went (fewer than all
+    when ``vmsplice`` refuses: the caller writes the rest)."""
+    address = _address(data)
+    if address is None or _vmsplice is None:
+        return 0
+    done, vector = 0, _IoVec()
+    while done < data.nbytes:
+        vector.base, vector.len = address + done, data.nbytes - done
+        moved = _vmsplice(fd, ctypes.byref(vector), 1, 0)
+        if moved < 0:
+            error = ctypes.get_errno()
+            if error == errno.EPIPE:  # the reader is gone, as a write would say
+                raise BrokenPipeError(error, os.strerror(error))
+            return done  # not offered here (ENOSYS, EINVAL): written instead
+        done += moved
+    return done
+
+
+def _unread(fd: int) -> int:
+    """Bytes in the pipe ``fd`` that its reader has not taken yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
 
 
 class Writer:
@@ -47,6 +115,11 @@ class Writer:
         self._check = check
         self.pending = bytearray()
         self.written = 0
+        self._pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+        self._sent = 0  # bytes put into ``fd``
+        # Buffers put into the pipe by reference, with where they end in the stream: their
+        # memory must stay as it is (and alive) until the host has read them.
+        self._lent: deque[tuple[int, memoryview, pickle.PickleBuffer]] = deque()
         self._queue: queue.Queue[tuple[bytes, Any, pickle.PickleBuffer | None] | None] = \
             queue.Queue(QUEUED_RECORDS)
         self._failure: Exception | None = None
@@ -59,20 +132,62 @@ class Writer:
     def _drain(self) -> None:
         while (item := self._queue.get()) is not None:
             kind, data, buffer = item
+            lent = False
             try:
                 if self._failure is None and not self._stopped:
                     if kind:
                         _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
-                    _write_all(self.fd, data)
+                        self._sent += HEADER.size
+                    lent = self._lend(data, buffer)
+                    self._sent += data.nbytes
+                    self._give_back(self._sent - _unread(self.fd) if self._lent else 0)
             except Exception as exc:  # the reader gone (EPIPE), most likely
                 self._failure = exc  # the next record put, or the end, raises it
             finally:
-                if buffer is not None:
-                    # The pickler's memo keeps the reduce tuple holding this buffer to the
-                    # dump's end: released, it no longer keeps its object (a plain array's
-                    # pickle) alive that long.
-                    data.release()
-                    buffer.release()
+                if buffer is not None and not lent:
+                    self._release(data, buffer)
+        self._settle()
+
+    def _lend(self, data: memoryview, buffer: pickle.PickleBuffer | None) -> bool:
+        """Write ``data``, by reference into a pipe if it is a large buffer; whether it was
+        lent so (its release waits for the host to read it)."""
+        moved = 0
+        if buffer is not None and self._pipe and data.nbytes >= SPLICED_MIN:
+            moved = _spliced(self.fd, data)
+            if moved:
+                self._lent.append((self._sent + moved, data, buffer))
+        _write_all(self.fd, data[moved:])
+        return moved > 0
+
+    def _give_back(self, read: int) -> None:
+        """Release the lent buffers the host has read (``read``: bytes of the stream)."""
+        while self._lent and self._lent[0][0] <= read:
+            _, data, buffer = self._lent.popleft()
+            self._release(data, buffer)
+
+    def _settle(self) -> None:
+        """At the end: wait for the host to read what it was lent, then release it. If it
+        does not, the dump fails (it is void then, whatever the host reads later)."""
+        deadline = time.monotonic() + DRAIN_WAIT_S
+        try:
+            while self._lent and self._failure is None and not self._stopped:
+                if _unread(self.fd) == 0:
+                    break
+                if time.monotonic() > deadline:
+                    self._failure = TimeoutError("the host did not read the snapshot")
+                    break
+                time.sleep(0.001)
+        except OSError as exc:
+            self._failure = self._failure or exc
+        finally:
+            self._give_back(self._sent)
+
+    @staticmethod
+    def _release(data: memoryview, buffer: pickle.PickleBuffer) -> None:
+        # The pickler's memo keeps the reduce tuple holding this buffer to the dump's end:
+        # released, it no longer keeps its object (a plain array's pickle) alive that long.
+        data.release()
+        buffer.release()
 
     def _put(self, kind: bytes, data: Any, buffer: pickle.PickleBuffer | None = None) -> None:
         """Queue a record (``kind`` empty: bytes without a header), or raise what the
