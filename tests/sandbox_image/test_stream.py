@@ -25,7 +25,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def _record(kind: bytes, data: bytes) -> bytes:
-    return stream.HEADER.pack(kind, len(data)) + data
+    return bytes(stream.HEADER.pack(kind, len(data))) + data
 
 
 def test_a_lent_buffer_stays_alive_until_the_reader_took_it() -> None:
@@ -36,7 +36,7 @@ def test_a_lent_buffer_stays_alive_until_the_reader_took_it() -> None:
     temporary = np.arange(stream.SPLICED_MIN, dtype=np.uint8) * 7
     expected = temporary.tobytes()
     alive = weakref.ref(temporary)
-    writer.buffer(pickle.PickleBuffer(temporary))
+    writer.buffer(pickle.PickleBuffer(temporary.data))
     del temporary
     ending = threading.Thread(target=writer.end)
     ending.start()
@@ -68,7 +68,7 @@ def test_into_a_file_the_buffers_are_written(tmp_path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     writer = stream.Writer(fd, lambda: None)
     values = np.linspace(0, 1, stream.SPLICED_MIN)
-    writer.buffer(pickle.PickleBuffer(values))
+    writer.buffer(pickle.PickleBuffer(values.data))
     writer.end()
     os.close(fd)
     assert path.read_bytes() == (stream.MAGIC + _record(b"B", values.tobytes())
