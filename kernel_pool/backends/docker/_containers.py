@@ -50,9 +50,11 @@ SANDBOX_CPU_SHARES = 512
 its own beside the gateway's (systemd's cgroup driver), busy sandboxes must not starve the
 gateway that serves every session. Sandboxes stay equal among themselves."""
 ENGINE_CALLS = 3
-"""Containers made (created and started) or removed at once. Docker 20.10's libnetwork can
-deadlock the whole engine on many endpoints (even ``none`` ones) created or deleted at once
-(seen here: 50 sessions deleted together), so there is a bound; but one at a time left the
+"""Containers made (created and started) or removed at once. The bound came from Docker
+20.10's libnetwork, which deadlocked the whole engine on many endpoints (even ``none`` ones)
+created or deleted at once (seen here: 50 sessions deleted together); sandboxes have no
+endpoint since they are made with the engine's networking disabled, and the bound stays for
+the CPU: the engine's calls beyond it only take turns on the cores. One at a time left the
 engine idle half of each start (runc, the shim) and halved the rate a burst of creates gets
 (this 2-core machine: 4.3 containers a second one at a time, 8.2 three at a time, no more with
 eight)."""
