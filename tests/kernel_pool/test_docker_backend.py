@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import secrets
+import stat
 import threading
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from kp_support import OWNER, SESSION_ENV, is_mounted, make_settings, run_ok, sa
 from kernel_pool import BackendError, KernelPool, Session
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import LABEL_OWNER, LABEL_SANDBOX, DockerBackend
+from kernel_pool.backends.docker._containers import HOSTS
 from kernel_pool.backends.docker._docker import read_connection_file
 from kernel_pool.config import Profile
 
@@ -292,3 +294,19 @@ async def test_a_kernel_that_dies_at_start_leaves_the_end_of_its_stderr(
         await sandbox.kill()
         await sandbox.cleanup()
         await backend.close()
+
+
+async def test_a_changed_hosts_file_is_written_again_for_the_next_sandbox(
+        pool: KernelPool) -> None:
+    # Sandboxes bind the gateway's /etc/hosts read-only; one changed (or removed) on the host
+    # is written again, whole, before the next sandbox binds it.
+    hosts = pool.settings.state_dir / "hosts"
+    planted = hosts.with_name("planted")
+    planted.write_text("203.0.113.9\tlocalhost\n")
+    os.replace(planted, hosts)
+    session = await pool.create_session("small")  # no warm kernel: a sandbox made now
+    try:
+        assert await run_ok(session, "print(open('/etc/hosts').read(), end='')") == HOSTS
+        assert hosts.read_text() == HOSTS and stat.S_IMODE(hosts.stat().st_mode) == 0o644
+    finally:
+        await pool.delete_session(session.id)
