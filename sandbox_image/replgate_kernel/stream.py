@@ -132,32 +132,31 @@ class Writer:
     def _drain(self) -> None:
         while (item := self._queue.get()) is not None:
             kind, data, buffer = item
-            lent = False
             try:
                 if self._failure is None and not self._stopped:
                     if kind:
                         _write_all(self.fd, memoryview(HEADER.pack(kind, data.nbytes)))
                         self._sent += HEADER.size
-                    lent = self._lend(data, buffer)
+                    self._lend(data, buffer)
                     self._sent += data.nbytes
                     self._give_back(self._sent - _unread(self.fd) if self._lent else 0)
             except Exception as exc:  # the reader gone (EPIPE), most likely
                 self._failure = exc  # the next record put, or the end, raises it
             finally:
-                if buffer is not None and not lent:
+                # One lent (even in part) is released once read, or at the end.
+                if buffer is not None and not (self._lent and self._lent[-1][2] is buffer):
                     self._release(data, buffer)
         self._settle()
 
-    def _lend(self, data: memoryview, buffer: pickle.PickleBuffer | None) -> bool:
-        """Write ``data``, by reference into a pipe if it is a large buffer; whether it was
-        lent so (its release waits for the host to read it)."""
+    def _lend(self, data: memoryview, buffer: pickle.PickleBuffer | None) -> None:
+        """Write ``data``, by reference into a pipe if it is a large buffer (then noted in
+        ``_lent``: its release waits for the host to read it)."""
         moved = 0
         if buffer is not None and self._pipe and data.nbytes >= SPLICED_MIN:
             moved = _spliced(self.fd, data)
             if moved:
                 self._lent.append((self._sent + moved, data, buffer))
         _write_all(self.fd, data[moved:])
-        return moved > 0
 
     def _give_back(self, read: int) -> None:
         """Release the lent buffers the host has read (``read``: bytes of the stream)."""
