@@ -22,7 +22,7 @@ import stat
 import subprocess
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kernel_pool._chunk_files import CHUNK, FileChunkReader, FileChunkWriter
@@ -286,9 +286,15 @@ def worth_compressing(head: bytes) -> bool:
     """
     if len(head) <= SAMPLE_BYTES:
         return True  # small: its size matters more than the milliseconds
-    samples = (head[-SAMPLE_BYTES:], head[len(head) // 2:len(head) // 2 + SAMPLE_BYTES])
+    return shrinks((head[-SAMPLE_BYTES:], head[len(head) // 2:len(head) // 2 + SAMPLE_BYTES]),
+                   0.9)
+
+
+def shrinks(samples: Sequence[bytes], at_most: float) -> bool:
+    """Whether ``samples`` compress to ``at_most`` of their size with zlib's fastest level:
+    the test, on a few pieces of some data, of whether compressing all of it pays."""
     packed = sum(len(zlib.compress(sample, 1)) for sample in samples)
-    return packed <= 0.9 * sum(len(sample) for sample in samples)
+    return packed <= at_most * sum(len(sample) for sample in samples)
 
 
 def _is_pipe(fd: int) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -57,6 +58,18 @@ def make_settings(state_dir: Path, **overrides: Any) -> PoolSettings:
     }
     values.update(overrides)
     return PoolSettings(**values)
+
+
+def engine_actions(docker_client: docker.DockerClient, container_id: str,
+                   since: float) -> list[str]:
+    """What the engine did to the container from ``since`` on, as its event log says: each
+    action's name, a kill's with its signal's number (``kill 9``)."""
+    events = docker_client.api.events(since=int(since), until=int(time.time()) + 1, decode=True,
+                                      filters={"type": "container", "container": container_id})
+    return [" ".join([event["Action"].split(":")[0],
+                      *([event["Actor"]["Attributes"]["signal"]]
+                        if "signal" in event["Actor"].get("Attributes", {}) else [])])
+            for event in events]
 
 
 def owned_containers(client: docker.DockerClient, owner: str = OWNER) -> list[str]:

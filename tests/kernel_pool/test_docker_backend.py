@@ -8,12 +8,21 @@ import os
 import secrets
 import stat
 import threading
+import time
 from pathlib import Path
 
 import docker
 import docker.errors
 import pytest
-from kp_support import OWNER, SESSION_ENV, is_mounted, make_settings, run_ok, sandbox_gone
+from kp_support import (
+    OWNER,
+    SESSION_ENV,
+    engine_actions,
+    is_mounted,
+    make_settings,
+    run_ok,
+    sandbox_gone,
+)
 
 from kernel_pool import BackendError, KernelPool, Session
 from kernel_pool.backends.base import SandboxSpec
@@ -243,6 +252,23 @@ async def test_close_removes_container_and_workspace(
     await pool.delete_session(session.id)
 
     assert await asyncio.to_thread(sandbox_gone, docker_client, info) == []
+
+
+async def test_a_removal_ends_the_container_from_the_host_before_the_engine_removes_it(
+        pool: KernelPool, docker_client: docker.DockerClient) -> None:
+    # Every signal the engine sends is a `runc kill`: one more start of a Go program, for its
+    # stop at a removal and for a kernel's launch (SIGUSR1 to PID 1). Both go from the host:
+    # the engine logs the container's death (die) and its removal (destroy), but no kill.
+    session = await pool.create_session()
+    await run_ok(session, "import subprocess; subprocess.Popen(['sleep', '600'])")
+    container_id = session.kernel.sandbox.info.container_id
+    since = time.time() - 1
+
+    await pool.delete_session(session.id)
+
+    actions = await asyncio.to_thread(engine_actions, docker_client, container_id, since)
+    assert "die" in actions and "destroy" in actions, actions
+    assert not [action for action in actions if action.startswith("kill")], actions
 
 
 async def test_connection_file_replaced_by_a_fifo_is_refused_without_blocking(

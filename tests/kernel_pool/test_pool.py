@@ -23,6 +23,7 @@ import docker.errors
 import pytest
 from kp_support import (
     OWNER,
+    engine_actions,
     eventually,
     make_settings,
     mounts_under,
@@ -152,6 +153,27 @@ async def test_kernel_that_does_not_answer_is_tried_again_then_reported(
     # Both sandboxes are gone, and the pool counts nothing.
     assert owned_containers(docker_client, pool.settings.owner) == []
     assert pool.stats()["starting"] == pool.stats()["in_use"] == 0
+
+
+async def test_a_booted_kernel_is_launched_and_removed_with_no_signal_from_the_engine(
+        own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
+    # Templates off: the kernel boots, PID 1 starting it on SIGUSR1. Each signal the engine
+    # sends is a `runc kill` (one more start of a Go program); the launch's and the removal's
+    # go from the host, and the engine logs no kill at all.
+    pool = own_pool("booted", profiles=one_profile(min_idle=0), kernel_templates=False)
+    await pool.start()
+    since = time.time() - 1
+    session = await pool.create_session()
+    await run_ok(session, "import subprocess; subprocess.Popen(['sleep', '600'])")
+    container_id = session.kernel.sandbox.info.container_id
+    assert not session.kernel.sandbox.from_template
+
+    await pool.delete_session(session.id)
+
+    actions = await asyncio.to_thread(engine_actions, docker_client, container_id, since)
+    assert actions[:2] == ["create", "start"] and "die" in actions and "destroy" in actions, \
+        actions
+    assert not [action for action in actions if action.startswith("kill")], actions
 
 
 async def test_slow_kernel_start_is_logged_with_its_steps(

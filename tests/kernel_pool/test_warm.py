@@ -14,7 +14,14 @@ from typing import Any
 
 import docker
 import pytest
-from kp_support import OWNER, eventually, make_settings, owned_containers, run_ok
+from kp_support import (
+    OWNER,
+    engine_actions,
+    eventually,
+    make_settings,
+    owned_containers,
+    run_ok,
+)
 
 from kernel_pool import KernelPool, PoolSettings, Profile
 from kernel_pool._pool_base import warm_sizes
@@ -87,6 +94,26 @@ async def test_warm_kernels_wait_frozen_and_run_when_taken(own_pool: PoolFactory
     assert _freezer_state(session.kernel) == "THAWED"
     assert took < 5, f"a warm kernel took {took:.2f} s to answer"
     await pool.delete_session(session.id)
+
+
+async def test_a_frozen_warm_kernel_is_ended_from_the_host_and_removed(
+        own_pool: PoolFactory, docker_client: docker.DockerClient) -> None:
+    # A frozen task takes a SIGKILL only once thawed: the removal's kill from the host thaws
+    # after it, or the engine would wait for an exit that never comes and stop it itself.
+    pool = own_pool("frozen-removal", max_kernels=2, profiles={"default": _profile(
+        "default", min_idle=1)})
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    (kernel,) = pool._idle["default"]
+    await eventually(lambda: kernel.sandbox.freezer._frozen() is True, 10)
+    container_id = kernel.sandbox.info.container_id
+    since = time.time() - 1
+
+    await pool.close()
+
+    actions = await asyncio.to_thread(engine_actions, docker_client, container_id, since)
+    assert "die" in actions and "destroy" in actions, actions
+    assert not [action for action in actions if action.startswith("kill")], actions
 
 
 async def test_a_session_at_the_limit_takes_a_warm_kernels_slot(own_pool: PoolFactory) -> None:

@@ -15,9 +15,10 @@ import signal
 import subprocess
 import tarfile
 import threading
-import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from kernel_pool._streams import shrinks
 
 ABOUT_NAME = "replgate.json"
 ZSTD = shutil.which("zstd")
@@ -147,8 +148,7 @@ def worth_compressing(folder: Path) -> bool:
         samples = [os.pread(fd, SAMPLE_BYTES, k * step) for k in range(SAMPLES)]
     finally:
         os.close(fd)
-    packed = sum(len(zlib.compress(sample, 1)) for sample in samples)
-    return packed <= WORTH_AT_MOST * sum(len(sample) for sample in samples)
+    return shrinks(samples, WORTH_AT_MOST)
 
 
 def unpack(image: Path, folder: Path) -> None:

@@ -230,7 +230,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
         self._close_pidfd()
         if restart:
             return
-        await self._end_gvisor()
+        await self._end_before_removal()
         await self._backend.remove(self.info, self.workspace)
 
     # cgroup files are kernel pseudo-files answered from memory in microseconds, never from a

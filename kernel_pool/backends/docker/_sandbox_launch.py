@@ -32,6 +32,7 @@ from kernel_pool.backends.docker._init_kernel import (
 )
 from kernel_pool.backends.docker._sandbox_base import DockerSandboxBase
 from kernel_pool.backends.docker._strays import process_alive
+from kernel_pool.backends.docker._strays import signal_init as signal_init_process
 from kernel_pool.backends.docker._template import Template, TemplateError, rekey
 from kernel_pool.backends.docker._template import restore as restore_template
 from kernel_pool.backends.docker._tree import load_files
@@ -128,6 +129,10 @@ class SandboxLaunch(DockerSandboxBase):
         # would start a second kernel), and a signal without a request does nothing.
         async def signal_init() -> None:
             for attempt in range(3):
+                # From the host where it can (see signal_init_process), else by the engine (a
+                # remote one, a gateway not root).
+                if signal_init_process(self._init_pid, self.info.container_id, signal.SIGUSR1):
+                    return
                 try:
                     await call_engine(self._api.kill, self.info.container_id, "SIGUSR1")
                     return

@@ -93,6 +93,42 @@ def process_alive(pid: int) -> bool:
     return info is not None and info[0] not in ("Z", "X")
 
 
+def signal_init(init_pid: int, container_id: str, signum: int) -> bool:
+    """Send ``signum`` to container ``container_id``'s PID 1, host pid ``init_pid``, from the
+    host, not through the engine (whose every signal is a ``runc kill``, one more start of a
+    Go program): whether it was sent (not: no pid, ended already, not this container's any
+    more, or not ours to signal).
+
+    The pid came from an earlier look at the engine: it is checked to be in the container's
+    cgroup once a pidfd holds the process, so a pid reused since is never hit."""
+    if init_pid <= 1:
+        return False
+    try:
+        pidfd = os.pidfd_open(init_pid)
+    except OSError:
+        return False
+    try:
+        if container_id not in Path(f"/proc/{init_pid}/cgroup").read_text():
+            return False
+        signal.pidfd_send_signal(pidfd, signum)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def end_init(init_pid: int, container_id: str, freezer: Freezer | None) -> bool:
+    """SIGKILL to the container's PID 1 (:func:`signal_init`): its pid namespace ends with it,
+    every process of the container at once. A frozen container (a warm kernel) is thawed
+    after the signal, which a frozen task takes only then."""
+    if not signal_init(init_pid, container_id, signal.SIGKILL):
+        return False
+    if freezer is not None:
+        freezer.thaw()
+    return True
+
+
 def session_leaders_below(pid: int) -> dict[int, int]:
     """Host process ``pid``'s children that lead a session of their own (a template's
     service, ``replgate_kernel/service.py``), with their start times."""
