@@ -21,6 +21,9 @@ from kernel_pool._workspace import Workspace
 from kernel_pool.exceptions import SnapshotBudgetExceeded, SnapshotError
 from kernel_pool.state import PauseInfo
 
+ZSTD_FRAME = b"\x28\xb5\x2f\xfd"
+"""The magic number that begins each zstd frame."""
+
 
 @pytest.fixture
 def workspaces(tmp_path: Path) -> Iterator[tuple[Workspace, Workspace]]:
@@ -101,6 +104,48 @@ def stored_as(store: SnapshotStore, key: str) -> str:
     return suffix
 
 
+def stored_bytes(store: SnapshotStore, key: str) -> bytes:
+    reader, _ = store.open_read(key)
+    try:
+        return b"".join(iter(reader.read, b""))
+    finally:
+        reader.close()
+
+
+def test_a_small_stream_is_compressed_here_and_one_within_its_head_in_one_frame(
+        tmp_path: Path) -> None:
+    # A session holding little is paused a hundred times in a burst: each zstd started for
+    # it (one for the head, one more for an empty rest, one at the resume) costs more than
+    # all its kilobytes. Small, zlib compresses it in the gateway; within the head, one zstd
+    # makes one frame.
+    store = SnapshotStore(tmp_path / "snapshots", 2**30)
+    small = b"a namespace of a few values\n" * 1000  # 28 KB, compressible
+    middle = b"a compressible frame, row after row\n" * (HEAD_BYTES // 72)  # half the head
+
+    save(store, "small", small)
+    save(store, "middle", middle)
+
+    assert stored_as(store, "small") == ".zlib"
+    assert zlib.decompress(stored_bytes(store, "small")) == small
+    assert stored_as(store, "middle") == ".zst"
+    assert stored_bytes(store, "middle").count(ZSTD_FRAME) == 1
+    assert load(store, "small") == small and load(store, "middle") == middle
+
+
+def test_a_small_snapshot_cut_short_or_garbled_is_corrupt(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", 2**20)
+    save(store, "s1", b"pickled" * 1000)
+    image = next(p for p in store.root.iterdir() if not p.name.endswith(".json"))
+    whole = image.read_bytes()
+
+    for damaged in (whole[: len(whole) // 2], b"garbage"):
+        image.write_bytes(damaged)
+        with pytest.raises(SnapshotError, match="corrupt"):
+            load(store, "s1")
+    image.write_bytes(whole)
+    assert load(store, "s1") == b"pickled" * 1000
+
+
 def test_a_stream_that_would_not_shrink_is_stored_as_it_is(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**30)
     floats = os.urandom(2 * HEAD_BYTES + 12345)  # random floats' bytes: zstd saves nothing
@@ -155,7 +200,7 @@ def test_a_deleted_snapshot_makes_room_in_the_budget_at_once(tmp_path: Path) -> 
 
 def test_load_of_a_corrupt_snapshot_says_so_and_keeps_it(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", 2**20)
-    save(store, "s1", b"data")
+    save(store, "s1", b"data" * 50_000)  # zstd's, past the small ones zlib compresses
     image = next(p for p in store.root.iterdir() if not p.name.endswith(".json"))
     image.write_bytes(b"garbage")
 
