@@ -111,23 +111,31 @@ async def test_sandbox_mounts_no_host_path_but_its_own(shared_session: Session) 
     seen = await observe(shared_session, """
 import asyncio
 import json
-mounts = [line.split() for line in open("/proc/self/mounts")]
-print(json.dumps({m[1]: [m[2], m[3]] for m in mounts}))
+mounts = {m[1]: [m[2], m[3]] for m in (line.split() for line in open("/proc/self/mounts"))}
+try:
+    open("/run/criu.kdat", "rb").read()
+    mounts["kdat readable"] = True
+except OSError as exc:
+    mounts["kdat readable"] = type(exc).__name__
+print(json.dumps(mounts))
 """)
     tmp_type, tmp_options = seen["/tmp"]  # type: ignore[misc]
     assert tmp_type == "tmpfs" and "size=32768k" in tmp_options
     assert seen["/"][0] == "overlay" and seen["/"][1].startswith("ro,")  # type: ignore[index]
     # Beside the image's own root, /tmp, Docker's kernel filesystems (/proc, /sys, /dev) and its
     # resolv.conf, hostname and hosts files: only the session's workspace and socket folder
-    # (and under runc its own boot id, read-only, also over /proc's: docs/security.md).
+    # (and under runc, read-only, its own boot id, also over /proc's, and CRIU's cache of the
+    # kernel's features, which its user cannot read: docs/security.md).
     standard = {"/", "/tmp", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts"}
-    extra = {path for path in seen
-             if path not in standard and not path.startswith(("/proc", "/sys", "/dev"))}
-    boot_ids = (set() if shared_session.profile.runtime == "gvisor"
-                else {"/run/replgate/boot_id", "/proc/sys/kernel/random/boot_id"})
-    assert extra == {"/home/user", "/kernel"} | (boot_ids - {"/proc/sys/kernel/random/boot_id"})
-    read_only = {path for path in boot_ids if seen[path][1].startswith("ro,")}  # type: ignore[index]
-    assert read_only == boot_ids
+    gvisor = shared_session.profile.runtime == "gvisor"
+    extra = {path for path in seen if path not in standard and path != "kdat readable"
+             and not path.startswith(("/proc", "/sys", "/dev"))}
+    host_files = (set() if gvisor else {"/run/replgate/boot_id", "/proc/sys/kernel/random/boot_id",
+                                        "/run/criu.kdat"})
+    assert extra == {"/home/user", "/kernel"} | (host_files - {"/proc/sys/kernel/random/boot_id"})
+    read_only = {path for path in host_files if seen[path][1].startswith("ro,")}  # type: ignore[index]
+    assert read_only == host_files
+    assert seen["kdat readable"] == ("FileNotFoundError" if gvisor else "PermissionError")
 
 
 async def test_environment_has_only_image_and_session_variables(

@@ -4,6 +4,7 @@ booting (real engine, CRIU, kernels). Each pool here keeps its templates in a fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from kernel_pool.backends.docker._template import (
     Template,
     TemplateError,
     first_pid,
+    run_criu,
 )
 from kernel_pool.backends.docker._template import find as find_template
 from kernel_pool.backends.docker._template import load as load_template
@@ -112,6 +114,25 @@ async def test_new_kernels_are_restored_and_start_afresh(template_pool: KernelPo
     finally:
         for session in (one, two):
             await template_pool.delete_session(session.id)
+
+
+async def test_criu_in_a_sandbox_loads_the_kernels_features_from_the_gateways_cache(
+        template_pool: KernelPool, tmp_path: Path) -> None:
+    # Without it, each CRIU run in a sandbox probed the kernel anew (a third of a restore's
+    # CPU): its /run is read-only, where CRIU would write the cache itself.
+    backend = backend_of(template_pool)
+    assert backend.kdat_cache is not None and backend.kdat_cache.stat().st_mode & 0o777 == 0o600
+    session = await template_pool.create_session()
+    try:
+        sandbox = sandbox_of(session)
+        (tmp_path / "work").mkdir()
+        with contextlib.suppress(TemplateError):  # its verdict on the sandbox does not matter
+            await asyncio.to_thread(run_criu, sandbox._init_pid, sandbox.info.container_id,
+                                    ["check", "-v4"], tmp_path, tmp_path / "work", "check")
+        log = (tmp_path / "work" / "check.log").read_text()
+        assert "Loaded kdat cache from /run/criu.kdat" in log, log[:2000]
+    finally:
+        await template_pool.delete_session(session.id)
 
 
 async def test_restart_boots_and_a_memory_pause_keeps_a_restored_kernel(

@@ -274,9 +274,11 @@ def test_no_docker_socket_no_leaked_descriptors_no_writes_outside(
                                   "/home/user", "/tmp", "/kernel", "/opt/", "/usr/",
                                   "unreadable", "FileNotFoundError", "host:[")), (fd, target)
     # From the host: the container mounts only its workspace and socket folder (and,
-    # read-only, the gateway's /etc/hosts and, under runc, its own boot id).
+    # read-only, the gateway's /etc/hosts and, under runc, its own boot id and CRIU's cache of
+    # the kernel's features, root's alone).
     mounts = hostile.container(sid).attrs["Mounts"]
-    own_boot_id = [] if hostile.runtime(sid) == "runsc" else ["/run/replgate/boot_id"]
+    own_boot_id = ([] if hostile.runtime(sid) == "runsc"
+                   else ["/run/criu.kdat", "/run/replgate/boot_id"])
     assert sorted(m["Destination"] for m in mounts) == [
         "/etc/hosts", "/home/user", "/kernel", *own_boot_id]
     assert not any(m["RW"] for m in mounts if m["Destination"] in ("/etc/hosts", *own_boot_id))

@@ -44,9 +44,11 @@ def _check(config: dict[str, Any], gateway: GatewayProcess, memory: int) -> None
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"], name
     assert host["Privileged"] is False, name
     # 5.5 no sensitive host folder; only the session's workspace and its socket folder (and,
-    # read-only, the gateway's /etc/hosts and, under runc, its own boot id: docs/security.md).
+    # read-only, the gateway's /etc/hosts and, under runc, its own boot id and CRIU's cache of
+    # the kernel's features, root's alone: docs/security.md).
     binds = sorted((m["Destination"], m["Source"], m["Type"], m["RW"]) for m in config["Mounts"])
-    own_boot_id = [] if host["Runtime"] == "runsc" else ["/run/replgate/boot_id"]
+    own_boot_id = ([] if host["Runtime"] == "runsc"
+                   else ["/run/criu.kdat", "/run/replgate/boot_id"])
     assert [b[0] for b in binds] == ["/etc/hosts", "/home/user", "/kernel", *own_boot_id], binds
     assert all(not rw for destination, _, _, rw in binds
                if destination in ("/etc/hosts", *own_boot_id))

@@ -28,6 +28,8 @@ from kernel_pool.backends.docker._docker import (
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import missing_runtime
 from kernel_pool.backends.docker._init_kernel import latest_kernel
+from kernel_pool.backends.docker._kdat import NAME as KDAT_NAME
+from kernel_pool.backends.docker._kdat import make_cache as make_kdat_cache
 from kernel_pool.backends.docker._sandbox import DockerSandbox
 from kernel_pool.backends.docker._template import refusal as templates_refusal
 from kernel_pool.backends.docker._templates import DockerTemplates
@@ -168,6 +170,9 @@ class DockerBackend(DockerTemplates):
                 if removed:
                     logger.info("removed %d copies of restored memory images containerd "
                                 "left in %s", removed, CONTAINERD_STAGING)
+        if self.templates or self.tree_checkpoints:  # CRIU runs inside sandboxes
+            self.kdat_cache = await in_thread(make_kdat_cache,
+                                              self.settings.state_dir / KDAT_NAME)
 
     async def load_stopped(self, info: SandboxInfo, profile: Profile,
                            env: dict[str, str]) -> Sandbox:

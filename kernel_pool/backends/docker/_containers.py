@@ -34,6 +34,7 @@ from kernel_pool.backends.docker._docker import (
     in_thread,
 )
 from kernel_pool.backends.docker._gvisor import ENGINE_RUNTIMES, host_pids_limit
+from kernel_pool.backends.docker._kdat import IN_SANDBOX as KDAT_IN_SANDBOX
 from kernel_pool.config import PoolSettings, Profile, parse_size
 from kernel_pool.exceptions import BackendError, WorkspaceError
 
@@ -102,6 +103,9 @@ class DockerContainers(SandboxBackend):
         self._workspaces = settings.state_dir / "workspaces"
         self._hosts = settings.state_dir / "hosts"
         self._languages: dict[str, tuple[str, ...]] = {}
+        self.kdat_cache: Path | None = None
+        """CRIU's kernel-feature cache, which runc sandboxes get read-only (see
+        :mod:`._kdat`; made at the pool's start where CRIU runs inside sandboxes)."""
 
     def _labels(self, sandbox_id: str, profile: Profile, workspace: Path,
                 socket_dir: Path) -> dict[str, str]:
@@ -121,6 +125,9 @@ class DockerContainers(SandboxBackend):
             write_boot_id(socket_dir, boot_id)
             mounts.append(Mount(IN_SANDBOX, str(host_file(socket_dir)), type="bind",
                                 read_only=True))
+        kdat = self.kdat_cache
+        if kdat is not None and profile.runtime != "gvisor" and kdat.is_file():
+            mounts.append(Mount(KDAT_IN_SANDBOX, str(kdat), type="bind", read_only=True))
         with self._lifecycle:
             return self._run_container(sandbox_id, profile, workspace, socket_dir, env, memory,
                                        mounts)
