@@ -5,24 +5,26 @@ when it kept less, and nothing is left on disk or counted against the snapshot b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
 import httpx
+import psutil
 
 from tests.conftest import GatewayProcess, fill_disk, make_gateway, running_gateway, small_disk
 from tests.gateway.test_lifecycle import new_session, run, value
 
 HELD_MIB = 160
-"""What the big sessions hold in memory, incompressible: their packing takes a second or more
-(a window the tests act in), and their dump dwarfs a fresh kernel's."""
+"""What the big sessions hold in memory, incompressible: their dump dwarfs a fresh kernel's."""
 
 BIG = f"""
 import os
@@ -53,6 +55,38 @@ def pause(client: httpx.Client, sid: str) -> dict[str, object]:
     assert answer.status_code == 200, answer.text
     about: dict[str, object] = answer.json()
     return about
+
+
+@contextlib.contextmanager
+def packings_held(process: GatewayProcess) -> Iterator[list[psutil.Process]]:
+    """Stop each packing the gateway starts (its ``tar -c``) as it appears, so that the block
+    acts while packings are surely under way: incompressible memory is archived by a plain
+    copy, a fraction of a second, which a test's next request could come after. The list holds
+    them; those left afterwards are continued."""
+    assert process.process is not None
+    gateway = psutil.Process(process.process.pid)
+    held: list[psutil.Process] = []
+    done = threading.Event()
+
+    def hold() -> None:
+        while not done.is_set():
+            with contextlib.suppress(psutil.Error):
+                for child in gateway.children():
+                    if child not in held and child.name() == "tar" and "-cf" in child.cmdline():
+                        child.suspend()
+                        held.append(child)
+            time.sleep(0.002)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        yield held
+    finally:
+        done.set()
+        holder.join()
+        for packer in held:
+            with contextlib.suppress(psutil.Error):
+                packer.resume()
 
 
 def container_of(process: GatewayProcess, sid: str) -> str:
@@ -93,9 +127,14 @@ def test_gateway_killed_while_packing_takes_the_dump_back_or_says_what_was_lost(
     with running_gateway(docker_client, process):
         with client_of(process) as client:
             kept, lost = big_session(client), big_session(client)
-            with ThreadPoolExecutor(2) as pool:  # both packings under way at the kill
-                paused = list(pool.map(lambda sid: pause(client, sid), (kept, lost)))
-            process.stop(signal.SIGKILL)
+            with packings_held(process) as packers:  # both packings under way at the kill
+                with ThreadPoolExecutor(2) as pool:
+                    paused = list(pool.map(lambda sid: pause(client, sid), (kept, lost)))
+                eventually(lambda: len(packers) == 2, "the packings did not start")
+                process.stop(signal.SIGKILL)
+            # Continued, they outlive the gateway (their own sessions), and end with no one to
+            # finish their archives.
+            psutil.wait_procs(packers, timeout=60)
         assert [about["paused_with"] for about in paused] == ["memory", "memory"], paused
         for sid in (kept, lost):  # the kill came during the packing: no archive was made
             assert archive(snapshot_files(process, sid)) is None, snapshot_files(process)
@@ -199,10 +238,12 @@ def test_delete_during_packing_leaves_nothing_and_frees_its_budget(
                          snapshot_budget=str(budget)) as process, client_of(process) as client:
         sid = big_session(client)
         container_id = container_of(process, sid)
-        assert pause(client, sid)["paused_with"] == "memory"
-        assert archive(snapshot_files(process, sid)) is None  # still packing
+        with packings_held(process) as packers:
+            assert pause(client, sid)["paused_with"] == "memory"
+            eventually(lambda: len(packers) == 1, "the packing did not start")
+            assert archive(snapshot_files(process, sid)) is None  # still packing
 
-        assert client.delete(f"/v1/sessions/{sid}").status_code == 204
+            assert client.delete(f"/v1/sessions/{sid}").status_code == 204
 
         eventually(lambda: snapshot_files(process, sid) == {}, "the session's files stayed")
         assert not engine_dump(docker_client, container_id).exists()
