@@ -17,8 +17,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,6 +267,26 @@ def make_gateway(**settings: str) -> GatewayProcess:
     return GatewayProcess(url=f"http://127.0.0.1:{free_port()}", state_dir=state_dir, owner=owner,
                           keys=keys, env=env, log_path=state_dir.with_suffix(".log"),
                           own_database=own_database)
+
+
+@contextmanager
+def repeating(step: Callable[[], object], every_s: float) -> Iterator[None]:
+    """Call ``step`` every ``every_s`` seconds in a thread of its own while the block runs
+    (a sampler, a watcher), and once the block is over wait for the call under way."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            step()
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 @contextmanager

@@ -10,7 +10,6 @@ import json
 import shutil
 import signal
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,14 @@ import docker
 import httpx
 import psutil
 
-from tests.conftest import GatewayProcess, fill_disk, make_gateway, running_gateway, small_disk
+from tests.conftest import (
+    GatewayProcess,
+    fill_disk,
+    make_gateway,
+    repeating,
+    running_gateway,
+    small_disk,
+)
 from tests.gateway.test_lifecycle import new_session, run, value
 
 HELD_MIB = 160
@@ -66,24 +72,18 @@ def packings_held(process: GatewayProcess) -> Iterator[list[psutil.Process]]:
     assert process.process is not None
     gateway = psutil.Process(process.process.pid)
     held: list[psutil.Process] = []
-    done = threading.Event()
 
     def hold() -> None:
-        while not done.is_set():
-            with contextlib.suppress(psutil.Error):
-                for child in gateway.children():
-                    if child not in held and child.name() == "tar" and "-cf" in child.cmdline():
-                        child.suspend()
-                        held.append(child)
-            time.sleep(0.002)
+        with contextlib.suppress(psutil.Error):
+            for child in gateway.children():
+                if child not in held and child.name() == "tar" and "-cf" in child.cmdline():
+                    child.suspend()
+                    held.append(child)
 
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
     try:
-        yield held
+        with repeating(hold, 0.002):
+            yield held
     finally:
-        done.set()
-        holder.join()
         for packer in held:
             with contextlib.suppress(psutil.Error):
                 packer.resume()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import pytest
 from kp_support import eventually, pausing_pool, run_ok
 
 from kernel_pool import KernelPool, Profile, Session, SessionStatus, SnapshotError
+from tests.conftest import repeating
 
 MiB = 1 << 20
 RSS_GROWTH_BOUND = 64 * MiB
@@ -242,20 +242,14 @@ def peak_rss() -> Iterator[dict[str, int]]:
     5 ms), and after."""
     me = psutil.Process()
     figures = {"before": me.memory_info().rss, "peak": 0}
-    stop = threading.Event()
 
     def sample() -> None:
-        while not stop.is_set():
-            figures["peak"] = max(figures["peak"], me.memory_info().rss)
-            stop.wait(0.005)
+        figures["peak"] = max(figures["peak"], me.memory_info().rss)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     try:
-        yield figures
+        with repeating(sample, 0.005):
+            yield figures
     finally:
-        stop.set()
-        sampler.join()
         figures["after"] = me.memory_info().rss
 
 
