@@ -101,7 +101,7 @@ def signal_init(init_pid: int, container_id: str, signum: int) -> bool:
 
     The pid came from an earlier look at the engine: it is checked to be in the container's
     cgroup once a pidfd holds the process, so a pid reused since is never hit."""
-    if init_pid <= 1:
+    if init_pid <= 1 or not container_id:
         return False
     try:
         pidfd = os.pidfd_open(init_pid)
