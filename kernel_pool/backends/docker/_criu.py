@@ -30,6 +30,10 @@ CRIU_TIMEOUT_S = 10.0
 RUNC_CRIU_CONFIG = Path("/etc/criu/runc.conf")
 """The CRIU configuration runc hands CRIU on every dump and restore (``org.criu.config``
 annotations aside, which Docker 20.10 cannot set)."""
+CRIU_HOME = Path("/opt/replgate/criu")
+"""The private CRIU root ``./run.sh`` installs (``root/``, and ``rlimit_shim.so`` beside it),
+which the gateway runs itself inside a sandbox's namespaces (templates, kernel trees)."""
+LIBRARIES = "root/usr/lib/x86_64-linux-gnu"
 
 
 @dataclass(frozen=True)
@@ -125,3 +129,14 @@ def dumps_file_locks(config: Path = RUNC_CRIU_CONFIG) -> bool:
     except OSError:
         return False
     return any(line.split("#", 1)[0].strip() in ("file-locks", "--file-locks") for line in lines)
+
+
+def criu_command(home: str) -> list[str]:
+    """The private CRIU root's ``criu``, run by that root's own loader and libraries, the root
+    reached at ``home`` (:data:`CRIU_HOME`, or a descriptor's path to it from another mount
+    namespace)."""
+    libraries = f"{home}/{LIBRARIES}"
+    preload = (["--preload", f"{home}/rlimit_shim.so"]
+               if (CRIU_HOME / "rlimit_shim.so").is_file() else [])
+    return [f"{libraries}/ld-linux-x86-64.so.2", *preload, "--library-path", libraries,
+            f"{home}/root/usr/sbin/criu"]

@@ -22,7 +22,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kernel_pool.backends.docker._template import CRIU_HOME, LIBRARIES
+from kernel_pool.backends.docker._criu import CRIU_HOME, criu_command
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +42,9 @@ def make_cache(target: Path) -> Path | None:
     """Write CRIU's kernel-feature cache for this kernel to ``target`` (root's, 0600) with the
     private CRIU root ``./run.sh`` installs (blocking); ``target``, or None where it could not
     be made (no such root, not root, CRIU refused): sandboxes then go without, as before."""
-    libraries = CRIU_HOME / LIBRARIES
-    preload = CRIU_HOME / "rlimit_shim.so"
-    criu = [str(libraries / "ld-linux-x86-64.so.2"),
-            *(["--preload", str(preload)] if preload.is_file() else []),
-            "--library-path", str(libraries), str(CRIU_HOME / "root/usr/sbin/criu"), "check"]
     try:
         done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                               WRITE_AND_SHOW, "sh", *criu],
+                               WRITE_AND_SHOW, "sh", *criu_command(str(CRIU_HOME)), "check"],
                               capture_output=True, timeout=CHECK_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.info("CRIU's kernel-feature cache could not be made (%s): each CRIU run in a "

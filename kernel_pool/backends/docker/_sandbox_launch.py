@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import secrets
 import signal
 from collections.abc import Awaitable, Callable
@@ -113,8 +111,8 @@ class SandboxLaunch(DockerSandboxBase):
         logger.debug("sandbox %s: kernel restored from the template in %.3f s",
                      self.info.sandbox_id, took)
         await in_thread(request_adoption, self._socket_dir, name, template.kernel_pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._init_pid, signal.SIGUSR1)
+        # A PID 1 gone meanwhile adopts nothing: the wait below says so.
+        signal_init_process(self._init_pid, self.info.container_id, signal.SIGUSR1)
         self.info.kernel_name = name
         await self._watch_init_child(name, PID_WAIT_S)
         if self.info.kernel_ref is None:
@@ -129,12 +127,8 @@ class SandboxLaunch(DockerSandboxBase):
         # would start a second kernel), and a signal without a request does nothing.
         async def signal_init() -> None:
             for attempt in range(3):
-                # From the host where it can (see signal_init_process), else by the engine (a
-                # remote one, a gateway not root).
-                if signal_init_process(self._init_pid, self.info.container_id, signal.SIGUSR1):
-                    return
                 try:
-                    await call_engine(self._api.kill, self.info.container_id, "SIGUSR1")
+                    await self._wake_init()
                     return
                 except BackendError:  # stopped or removed since it was checked: remake it
                     if attempt == 2 or await self._running():
@@ -153,14 +147,15 @@ class SandboxLaunch(DockerSandboxBase):
         if not process_alive(self._init_pid):
             raise BackendError("the session's container is not running")
 
-        async def signal_init() -> None:
-            try:
-                os.kill(self._init_pid, signal.SIGUSR1)
-            except ProcessLookupError as exc:
-                raise BackendError("the session's container stopped") from exc
-
-        pid, code = await self._ask_init(name, language, env, signal_init)
+        pid, code = await self._ask_init(name, language, env, self._wake_init)
         return (pid, None) if pid is not None else (None, code if code is not None else -1)
+
+    async def _wake_init(self) -> None:
+        """Send PID 1 the SIGUSR1 that has it read its requests: from the host where it can
+        (see signal_init_process), else by the engine (a remote one, a gateway not root),
+        whose refusal (a container stopped or removed) raises BackendError."""
+        if not signal_init_process(self._init_pid, self.info.container_id, signal.SIGUSR1):
+            await call_engine(self._api.kill, self.info.container_id, "SIGUSR1")
 
     async def _ask_init(self, name: str, language: str, env: dict[str, str] | None,
                         signal_init: Callable[[], Awaitable[None]],

@@ -49,14 +49,11 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from kernel_pool.backends.docker._cgroup import procs_files
 from kernel_pool.backends.docker._checkpoint import criu_log_errors, without_host_paths
-from kernel_pool.backends.docker._criu import CheckpointSupport
+from kernel_pool.backends.docker._criu import CRIU_HOME, LIBRARIES, CheckpointSupport, criu_command
 
 if TYPE_CHECKING:
     from kernel_pool.backends.base import Sandbox
 
-CRIU_HOME = Path("/opt/replgate/criu")
-"""The private CRIU root ``./run.sh`` installs (``root/``, and ``rlimit_shim.so`` beside it)."""
-LIBRARIES = "root/usr/lib/x86_64-linux-gnu"
 TEMPLATE_PID = 10000
 """The first pid of a template's kernel inside its container."""
 RECORDS = "template.json"
@@ -356,13 +353,8 @@ def run_criu(init_pid: int, container_id: str, arguments: list[str], images: Pat
         opened = [os.open(path, os.O_RDONLY | os.O_DIRECTORY)
                   for path in (CRIU_HOME, images, work)]
         home, images_fd, work_fd = (f"/proc/self/fd/{fd}" for fd in opened)
-        libraries = f"{home}/{LIBRARIES}"
-        preload = (["--preload", f"{home}/rlimit_shim.so"]
-                   if (CRIU_HOME / "rlimit_shim.so").is_file() else [])
-        command = ["nsenter", *options, "--",
-                   f"{libraries}/ld-linux-x86-64.so.2", *preload, "--library-path", libraries,
-                   f"{home}/root/usr/sbin/criu", *arguments, "-D", images_fd, "-W", work_fd,
-                   "-o", f"{log}.log"]
+        command = ["nsenter", *options, "--", *criu_command(home), *arguments,
+                   "-D", images_fd, "-W", work_fd, "-o", f"{log}.log"]
         if join_cgroups:
             # The shell joins the container's cgroups, then becomes nsenter, whose child
             # (CRIU) and the processes it restores are born there: charged to its limits.
