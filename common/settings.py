@@ -59,6 +59,7 @@ FLAT_NAMES: dict[str, tuple[str, ...]] = {
     "owner": ("pool", "owner"),
     "pause_after_s": ("pool", "pause_after_s"),
     "snapshot_budget": ("pool", "snapshot_budget"),
+    "memory_reserve": ("pool", "memory_reserve"),
     "pause_with": ("pool", "pause_with"),
     "kernel_templates": ("pool", "kernel_templates"),
     "template_dir": ("pool", "template_dir"),

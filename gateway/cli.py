@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import logging
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import local
+from gateway.process_tuning import tune_process
 
 if TYPE_CHECKING:  # imported where used: `replgate --help` needs only the core packages
     from common.policy import Policy
@@ -118,30 +118,6 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-"""glibc's mallopt parameters (malloc.h)."""
-
-
-def _return_large_buffers() -> None:
-    """Have glibc's malloc give buffers of 1 MiB and more back to the system when freed.
-
-    By default it raises its mmap threshold to the size of the largest buffer freed (up to
-    32 MiB): after one large output, every later one of that size comes from the heap, whose
-    freed pages stay in the process and pile up. Measured with a WebSocket client that reads
-    nothing while six executions each display 16 MB: the gateway's RSS rose 320-370 MiB, and
-    160-210 MiB with the threshold fixed (two runs each). Not lower than 1 MiB: asyncio's TLS
-    reads take a 256 KiB buffer each, and mapping it afresh every time cost 100 us per round
-    trip (measured; the node hop's p50 rose by 1-2 ms). Elsewhere than glibc, nothing happens.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, 1024 * 1024)
-    mallopt(M_TRIM_THRESHOLD, 4 * 1024 * 1024)
-
-
 def _run_gateway(settings: Settings, policy: Policy, sock: socket.socket) -> int:
     from common.database import DatabaseError
     from common.startup import serve_guarded
@@ -151,7 +127,7 @@ def _run_gateway(settings: Settings, policy: Policy, sock: socket.socket) -> int
     from kernel_pool import BackendError
 
     configure_logging(settings)
-    _return_large_buffers()
+    tune_process()
     logging.getLogger("replgate").info("starting on %s (pid %d)", socket_url(sock), os.getpid())
     try:
         app = create_app(settings, policy)
@@ -184,7 +160,7 @@ def _node(args: argparse.Namespace) -> int:
                 args.id = default_node_id(settings.state_dir)
 
             configure_logging(settings)
-            _return_large_buffers()
+            tune_process()
             logging.getLogger("replgate").info(
                 "node %s on %s:%d (pid %d), advertised as %s", args.id, host, port,
                 os.getpid(), args.advertise)

@@ -21,6 +21,7 @@ from kernel_pool._channels import KernelState
 from kernel_pool._handle import utcnow
 from kernel_pool._network import guard
 from kernel_pool._session import Session
+from kernel_pool._slots import ROOM_GRACE_S
 from kernel_pool.backends.base import SandboxInfo
 from kernel_pool.exceptions import (
     NotDrainable,
@@ -158,3 +159,11 @@ class KernelPool(Adoption):
                 logger.info("culling session %s: %s", session.id, reason)
                 with contextlib.suppress(Exception):  # logged, and tried again (above)
                     await self._close_session(session, reason)
+            # Sessions grew since they started, or the host's other work did: idle ones go to
+            # disk, the least recently used first, before the OOM killer picks a kernel at
+            # work. Then the warm kernels a shortage held back are started again.
+            tried: set[str] = set()
+            while self._memory_short() and await self._make_room(None, tried, ROOM_GRACE_S):
+                pass
+            for name in list(self.settings.profiles):
+                self._fill(name)

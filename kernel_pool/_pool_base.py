@@ -32,8 +32,15 @@ from kernel_pool.backends.base import (
     SandboxSpec,
     load_backend,
 )
-from kernel_pool.config import PoolSettings, Profile, default_min_idle, parse_size
+from kernel_pool.config import (
+    KERNEL_SLOT_BYTES,
+    PoolSettings,
+    Profile,
+    default_min_idle,
+    parse_size,
+)
 from kernel_pool.exceptions import (
+    CapacityError,
     KernelStartError,
     ProfileNotFound,
 )
@@ -46,6 +53,11 @@ START_TURNS = max(2, 2 * (os.cpu_count() or 1))
 for. A burst of a hundred creates started a hundred sandboxes together: on two cores each then
 took as long as all of them (the engine's and CRIU's work shares the CPU), so the first
 session was served when the last one was, seconds later; no more were made per second."""
+STARTING_BYTES = KERNEL_SLOT_BYTES
+"""The host memory a kernel start asked for is counted to take until it is done and the host's
+available memory shows it (an idle kernel with the data stack: 93-96 MiB, see
+:data:`~kernel_pool.config.KERNEL_SLOT_BYTES`). Every start asked for counts, those waiting
+for their turn too: a burst's are granted together, long before their memory is taken."""
 START_ATTEMPTS = 2
 """A kernel that does not come up gets one more try in a fresh sandbox before the session's
 request fails: a rare stuck start should not cost an agent its session."""
@@ -107,6 +119,8 @@ class PoolBase:
         self._start_turns = Turns(START_TURNS)
         """Kernel starts under way (:data:`START_TURNS`), sessions' before refills'."""
         self.warm_size = warm_sizes(settings)
+        self.memory_reserve = settings.memory_reserve_bytes()
+        """Host memory kept available (``REPLGATE_MEMORY_RESERVE``): see :meth:`_no_room`."""
         """Warm kernels kept per profile: its ``min_idle``, or its share of the machine's."""
 
     def __repr__(self) -> str:
@@ -125,6 +139,24 @@ class PoolBase:
     def _total(self) -> int:
         return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
                 + len(self._in_use))
+
+    def _no_room(self, profile: str) -> CapacityError | None:
+        """I/O-free: why one more kernel may not start now (``max_kernels`` of them counted, or
+        the host's available memory, less :data:`STARTING_BYTES` for each start under way,
+        under the reserve), None when it may."""
+        if self._total() >= self.settings.max_kernels:
+            return CapacityError(profile, self.settings.max_kernels)
+        if self._memory_short():
+            return CapacityError(profile, self.settings.max_kernels, self.memory_reserve)
+        return None
+
+    def _memory_short(self) -> bool:
+        """Whether the host's available memory, less :data:`STARTING_BYTES` for each kernel
+        start under way, is under :attr:`memory_reserve` (never, where the backend cannot
+        tell)."""
+        available = self.backend.memory_available()
+        return (available is not None and available - STARTING_BYTES
+                * sum(self._starting.values()) < self.memory_reserve)
 
     @property
     def checkpoint_refusal(self) -> str | None:

@@ -42,8 +42,9 @@ class Slots(WarmPool):
         kernel = self._pop_warm(profile)
         if kernel is not None:
             return kernel
-        if self._total() >= self.settings.max_kernels:
-            raise CapacityError(profile, self.settings.max_kernels)
+        refusal = self._no_room(profile)
+        if refusal is not None:
+            raise refusal
         self._starting[profile] += 1
         return None
 
@@ -100,10 +101,16 @@ class Slots(WarmPool):
         """A kernel started for a caller, counted in use as its start's slot is given up
         (no await in between): the caller wakes a loop turn later, and a slot counted
         neither starting nor in use meanwhile would let another request start one past
-        ``max_kernels``."""
-        kernel = await self._start_kernel(profile)
-        self._in_use.add(kernel)
-        return kernel
+        ``max_kernels``. The last of the callers' starts under way refills the warm pools,
+        which wait for them (:meth:`_fill`)."""
+        try:
+            kernel = await self._start_kernel(profile)
+            self._in_use.add(kernel)
+            return kernel
+        finally:
+            if sum(self._starting.values()) <= sum(self._warming.values()):
+                for name in list(self.settings.profiles):
+                    self._fill(name)
 
     def _adopt_abandoned(self, task: asyncio.Task[Kernel]) -> None:
         if not task.cancelled() and task.exception() is None:
@@ -122,11 +129,11 @@ class Slots(WarmPool):
         loop = asyncio.get_running_loop()
         started = loop.time()
         tried: set[str] = set()
-        while self._total() >= self.settings.max_kernels:
+        while (refusal := self._no_room(session.profile.name)) is not None:
             if await self._make_room(session, tried):
                 continue
             if loop.time() - started >= self.settings.capacity_wait_s:
-                raise CapacityError(session.profile.name, self.settings.max_kernels)
+                raise refusal
             await asyncio.sleep(ROOM_POLL_S)
         self._in_use.add(session.kernel)
 

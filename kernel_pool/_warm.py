@@ -92,8 +92,12 @@ class WarmPool(PoolBase):
         loop = asyncio.get_running_loop()
         if loop.time() < self._refill_at[profile_name]:
             return
+        if sum(self._starting.values()) > sum(self._warming.values()):
+            # Sessions wait for kernels of their own (a burst past the warm pool): a refill's
+            # start now takes the CPU theirs need. The last of theirs to end fills again.
+            return
         while (len(self._idle[profile_name]) + self._starting[profile_name]
-               < self.warm_size[profile_name] and self._total() < self.settings.max_kernels):
+               < self.warm_size[profile_name] and self._no_room(profile_name) is None):
             self._starting[profile_name] += 1
             self._warming[profile_name] += 1
             self._spawn(self._warm(profile), f"a warm kernel start of profile {profile.name}")

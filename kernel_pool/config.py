@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from kernel_pool._host_memory import machine_memory
 from kernel_pool._network import NetworkPolicy
 from kernel_pool._sandbox_image import current_image, named_image
 
@@ -153,6 +154,12 @@ class PoolLimits(BaseModel):
         description="running kernels of all profiles, warm and in use (default: from the "
         "machine's memory, see default_max_kernels); past it the least recently used idle "
         "session is paused")
+    memory_reserve: str | None = Field(
+        None, description="memory the host keeps available (its MemAvailable, less 128 MiB for "
+        "each kernel starting): below it no kernel starts and no paused session resumes until "
+        "the least recently used idle session is paused to make room, as at max_kernels. "
+        "Default: a tenth of the machine's memory, at least 512 MiB (see "
+        "default_memory_reserve)")
     kernel_start_timeout_s: float = Field(
         60.0, gt=0, description="how long a launched kernel has to answer; one that does not "
         "is tried once more in a fresh sandbox before the request fails")
@@ -208,6 +215,19 @@ class PoolLimits(BaseModel):
     def _budget(cls, value: str) -> str:
         parse_size(value)
         return value
+
+    @field_validator("memory_reserve")
+    @classmethod
+    def _reserve(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
+
+    def memory_reserve_bytes(self) -> int:
+        """:attr:`memory_reserve` in bytes, its default resolved."""
+        if self.memory_reserve is None:
+            return default_memory_reserve()
+        return parse_size(self.memory_reserve)
 
     @field_validator("egress_guarded")
     @classmethod
@@ -306,18 +326,32 @@ def check_bundle_key(master: bytes) -> None:
                          "os; print(base64.b64encode(os.urandom(32)).decode())')")
 
 
-def default_max_kernels(memory_bytes: int | None = None) -> int:
-    """Running kernels this machine holds: one per 512 MiB of 80% of its memory, 2 to 256.
+KERNEL_SLOT_BYTES = 128 * 1024**2
+"""What :func:`default_max_kernels` counts a running kernel at: an idle one with the data stack
+imported takes 93-96 MiB of the host's memory (its container's cgroup, and the fall of the
+host's MemAvailable per session, thirty sessions after ``1+1``), and 128 MiB leaves it a third
+more for its first work. Sessions that grow past it are the memory reserve's business."""
 
-    An idle kernel with the data stack takes 90-150 MiB and a working one a few hundred; the
+
+def default_max_kernels(memory_bytes: int | None = None) -> int:
+    """Running kernels this machine holds: one per :data:`KERNEL_SLOT_BYTES` of 80% of its
+    memory, 2 to 256 (153 on 24 GiB).
+
+    The count bounds the idle kernels; working ones take more, and the host's available memory
+    is kept above :func:`default_memory_reserve` by pausing idle sessions before a start. The
     rest of the sessions wait paused on disk (see ``REPLGATE_PAUSE_AFTER_S``).
     """
     if memory_bytes is None:
-        try:
-            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            memory_bytes = 4 * 1024**3
-    return max(2, min(256, int(memory_bytes * 0.8) // (512 * 1024**2)))
+        memory_bytes = machine_memory()
+    return max(2, min(256, int(memory_bytes * 0.8) // KERNEL_SLOT_BYTES))
+
+
+def default_memory_reserve(memory_bytes: int | None = None) -> int:
+    """The host memory kept available by default: a tenth of it, at least 512 MiB (the
+    engine, the gateway and the page cache of the snapshots it writes and reads)."""
+    if memory_bytes is None:
+        memory_bytes = machine_memory()
+    return max(512 * 1024**2, memory_bytes // 10)
 
 
 WARM_PER_CORE = 10

@@ -81,13 +81,21 @@ class ProfileNotFound(KernelPoolError):
 
 
 class CapacityError(KernelPoolError):
-    def __init__(self, profile: str, limit: int) -> None:
+    """No room for one more running kernel: ``limit`` kernels run, or (``reserve`` given, in
+    bytes) the host's available memory is under that reserve."""
+
+    def __init__(self, profile: str, limit: int, reserve: int | None = None) -> None:
         self.profile = profile
         self.limit = limit
-        super().__init__(
-            f"no kernel available for profile {profile!r}: the pool is at its limit of {limit} "
-            "kernels; delete idle sessions or raise REPLGATE_MAX_KERNELS"
-        )
+        self.reserve = reserve
+        if reserve is None:
+            why = (f"the pool is at its limit of {limit} kernels; delete idle sessions or raise "
+                   "REPLGATE_MAX_KERNELS")
+        else:
+            why = (f"the host's available memory is under the {reserve // 2**20} MiB it keeps "
+                   "(REPLGATE_MEMORY_RESERVE) and no idle session could be paused; delete idle "
+                   "sessions or lower the reserve")
+        super().__init__(f"no kernel available for profile {profile!r}: {why}")
 
 
 class KernelStartError(KernelPoolError):

@@ -314,6 +314,12 @@ class SandboxBackend(ABC):
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings
 
+    def memory_available(self) -> int | None:
+        """Bytes of memory the machine running the sandboxes has available now (Linux's
+        MemAvailable), None where this backend cannot tell: the pool then counts kernels
+        alone. Called on the event loop, so cheap and non-blocking."""
+        return None
+
     @abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """A running container with its workspace; no kernel yet."""

@@ -5,14 +5,16 @@ session created runs its code. (How fast: ``python -m bench --only bursts``.)"""
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
 import httpx
 import pytest
 
-from tests.conftest import CLIENT_TIMEOUT_S, GatewayProcess, running_gateway
+from tests.conftest import CLIENT_TIMEOUT_S, GatewayProcess, make_gateway, running_gateway
 
 BURST = 10
 TENANT_LIMIT = 8
@@ -72,3 +74,27 @@ def test_burst_past_max_kernels_is_created_or_refused_with_retry_after(
         for answer in paused[:2]:
             ran = client.post(f"/v1/sessions/{answer['id']}/execute", json={"code": "x + 2"})
             assert ran.json()["outputs"][-1]["data"]["text/plain"] == "4", ran.text
+
+
+def _open_files_limits(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open-files limit for pid {pid}")
+
+
+def test_a_gateway_started_under_a_soft_limit_of_1024_open_files_raises_it(
+        docker_client: docker.DockerClient) -> None:
+    # Each running kernel holds about ten descriptors in the gateway: the soft limit services
+    # often start with (1024) would refuse the sockets of its hundredth session or so.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard > 1024, "the test needs a hard limit above 1024 to see the raise"
+    process = make_gateway(min_idle="1")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        with running_gateway(docker_client, process):
+            assert process.process is not None
+            assert _open_files_limits(process.process.pid) == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -12,10 +12,18 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
-from kp_support import SESSION_ENV, make_settings, owned_containers
+from kp_support import (
+    OWNER,
+    SESSION_ENV,
+    PoolFactory,
+    make_settings,
+    mounts_under,
+    owned_containers,
+)
 
 from kernel_pool import KernelPool, Session
 from tests.conftest import unmount_all
@@ -71,3 +79,23 @@ async def small_session(pool: KernelPool) -> AsyncIterator[Session]:
     yield own
     if not own.closed:
         await pool.delete_session(own.id)
+
+
+@pytest.fixture
+async def own_pool(state_root: Path, docker_client: docker.DockerClient,
+                   ) -> AsyncIterator[PoolFactory]:
+    """Make pools with their own owner and state; each is closed, and proven empty, after."""
+    made: list[KernelPool] = []
+
+    def make(suffix: str, **overrides: Any) -> KernelPool:
+        owner = f"{OWNER}-{suffix}"
+        settings = make_settings(state_root / suffix, owner=owner, **overrides)
+        pool = KernelPool(settings)
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        await pool.close()
+        assert owned_containers(docker_client, pool.settings.owner) == []
+        assert mounts_under(pool.settings.state_dir) == []

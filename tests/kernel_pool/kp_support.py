@@ -20,6 +20,9 @@ from kernel_pool.backends.docker import LABEL_OWNER
 from tests.conftest import TEMPLATE_DIR
 from tests.conftest import mounts_under as mounts_under
 
+PoolFactory = Callable[..., Any]
+"""The ``own_pool`` fixture: ``own_pool(suffix, **settings)`` makes a pool of its own."""
+
 OWNER = f"kptest-{secrets.token_hex(4)}"
 """The owner label of this run's containers; pools of their own use ``OWNER-<suffix>``."""
 

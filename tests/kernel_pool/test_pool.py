@@ -14,7 +14,6 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,9 @@ import docker
 import docker.errors
 import pytest
 from kp_support import (
-    OWNER,
+    PoolFactory,
     engine_actions,
     eventually,
-    make_settings,
     mounts_under,
     owned_containers,
     run_ok,
@@ -36,28 +34,6 @@ from kernel_pool import CapacityError, KernelPool, KernelStartError, PoolSetting
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import SandboxSpec
 from kernel_pool.backends.docker import DockerBackend
-
-PoolFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def own_pool(state_root: Path, docker_client: docker.DockerClient,
-                   ) -> AsyncIterator[PoolFactory]:
-    """Make pools with their own owner and state; each is closed, and proven empty, after."""
-    made: list[KernelPool] = []
-
-    def make(suffix: str, **overrides: Any) -> KernelPool:
-        owner = f"{OWNER}-{suffix}"
-        settings = make_settings(state_root / suffix, owner=owner, **overrides)
-        pool = KernelPool(settings)
-        made.append(pool)
-        return pool
-
-    yield make
-    for pool in made:
-        await pool.close()
-        assert owned_containers(docker_client, pool.settings.owner) == []
-        assert mounts_under(pool.settings.state_dir) == []
 
 
 def one_profile(**values: Any) -> dict[str, Profile]:

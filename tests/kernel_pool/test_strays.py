@@ -25,7 +25,13 @@ from kernel_pool.backends.docker import LABEL_OWNER
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._gvisor import SETTLE_S, Runsc
 from kernel_pool.backends.docker._gvisor_table import kernel_descendants, strays_of
-from kernel_pool.backends.docker._strays import find_strays, kill_strays, kill_tree, wait_gone
+from kernel_pool.backends.docker._strays import (
+    find_strays,
+    kill_strays,
+    kill_tree,
+    pidfd_exited,
+    wait_gone,
+)
 from kernel_pool.config import Profile
 
 PIDS = 128
@@ -285,3 +291,19 @@ async def test_gvisor_kill_strays_waits_out_a_double_fork_under_the_kernel(
     started = time.monotonic()
     assert await gvisor_box.kill_strays(keep_kernel_children=True) == 0
     assert time.monotonic() - started < SETTLE_S
+
+
+def test_pidfd_exited_takes_descriptors_past_1023() -> None:
+    # A gateway holding a hundred kernels has descriptors past select(2)'s 1023 (which
+    # refused them: "filedescriptor out of range in select()", a 500 for the create).
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    high = os.dup2(pidfd, 1500, inheritable=False)
+    try:
+        assert not pidfd_exited(high)
+        child.kill()
+        child.wait()
+        assert pidfd_exited(high)
+    finally:
+        os.close(high)
+        os.close(pidfd)

@@ -8,44 +8,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 from kp_support import (
-    OWNER,
+    PoolFactory,
     engine_actions,
     eventually,
-    make_settings,
-    owned_containers,
     run_ok,
 )
 
-from kernel_pool import KernelPool, PoolSettings, Profile
+from kernel_pool import PoolSettings, Profile
 from kernel_pool._pool_base import warm_sizes
 from kernel_pool._turns import Turns
 from kernel_pool.config import default_min_idle
-
-PoolFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def own_pool(state_root: Path, docker_client: docker.DockerClient,
-                   ) -> AsyncIterator[PoolFactory]:
-    made: list[KernelPool] = []
-
-    def make(suffix: str, **overrides: Any) -> KernelPool:
-        pool = KernelPool(make_settings(state_root / suffix, owner=f"{OWNER}-{suffix}",
-                                        **overrides))
-        made.append(pool)
-        return pool
-
-    yield make
-    for pool in made:
-        await pool.close()
-        assert owned_containers(docker_client, pool.settings.owner) == []
 
 
 def _profile(name: str, **values: Any) -> Profile:
@@ -182,3 +160,37 @@ async def test_a_cancelled_wait_for_a_turn_passes_it_on() -> None:
     await asyncio.wait_for(later, 1)  # the turn went to the one still waiting
     turns._give()
     assert repr(turns) == "<Turns 0/1 held, 0 urgent and 0 later waiting>"
+
+
+async def test_the_refill_waits_for_the_sessions_starting_their_own_kernels(
+        own_pool: PoolFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both warm kernels taken, a third session starts a kernel of its own: a refill's start
+    # beside it would take the CPU it waits for (in a burst of a hundred, the refill's twenty
+    # restores came as the last sessions' were under way, fewer than the pool's size). It
+    # starts once the session's is done. The claims' refill is due at once here, so that it
+    # falls during the session's start.
+    monkeypatch.setattr("kernel_pool._warm.REFILL_AFTER_CLAIM_S", 0.0)
+    pool = own_pool("refill-waits", max_kernels=6,
+                    profiles={"default": _profile("default", min_idle=2)})
+    await pool.start()
+    await pool.wait_ready(timeout_s=120)
+    seen: list[tuple[int, int]] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append((pool._starting["default"], pool._warming["default"]))
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        sessions = await asyncio.gather(*(pool.create_session() for _ in range(3)))
+    finally:
+        watcher.cancel()
+    # (kernels starting, of them warm ones): never a warm one while a session's is starting.
+    assert any(starting for starting, _ in seen), "no session's start was seen"
+    assert not [(starting, warming) for starting, warming in seen
+                if warming and starting > warming], Counter(seen)
+    await pool.wait_ready(timeout_s=60)  # then the refill came
+    assert len(pool._idle["default"]) == 2
+    for session in sessions:
+        await pool.delete_session(session.id)

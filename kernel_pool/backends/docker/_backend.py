@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from kernel_pool._host_memory import memory_available as host_memory_available
 from kernel_pool._workspace import Workspace
 from kernel_pool.backends.base import Sandbox, SandboxInfo, SandboxSpec
 from kernel_pool.backends.docker._boot_id import new_boot_id, offered, read_boot_id
@@ -54,6 +55,11 @@ class DockerBackend(DockerTemplates):
     data_root = Path(DATA_ROOT)
     """The engine's data root, from ``docker info`` at :meth:`check` (an engine cannot change it
     without a restart; asking again would add 10-50 ms to every pause and resume)."""
+
+    def memory_available(self) -> int | None:
+        """The host's MemAvailable: its containers are this host's (their kernels' sockets are
+        bind-mounted from here, whatever ``DOCKER_HOST`` says)."""
+        return host_memory_available()
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         return await self._create(spec, start=True)

@@ -24,7 +24,6 @@ import functools
 import json
 import os
 import secrets
-import select
 import signal
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from kernel_pool.backends.base import CgroupUsage, Sandbox, SandboxInfo
 from kernel_pool.backends.docker._docker import KERNEL_DIR, in_thread, kernel_connection
 from kernel_pool.backends.docker._freezer import Freezer
 from kernel_pool.backends.docker._init_kernel import exit_code, start_errors, write_for_sandbox
-from kernel_pool.backends.docker._strays import kill_tree
+from kernel_pool.backends.docker._strays import kill_tree, pidfd_exited
 from kernel_pool.exceptions import BackendError
 
 EXIT_RECORD_WAIT_S = 1.0
@@ -189,7 +188,7 @@ class DockerContextSandbox(Sandbox):
         self._pid, self._pidfd, self._exit_code = 0, None, None
 
     def _exited(self) -> bool:
-        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
+        return self._pidfd is None or pidfd_exited(self._pidfd)
 
     async def poll(self) -> int | None:
         if self._exit_code is not None:

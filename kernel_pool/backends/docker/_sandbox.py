@@ -10,7 +10,6 @@ import asyncio
 import functools
 import logging
 import secrets
-import select
 import signal
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from kernel_pool.backends.docker._strays import (
     GONE_WAIT_S,
     find_strays,
     kill_strays,
+    pidfd_exited,
     process_alive,
     session_leaders_below,
     still_running,
@@ -98,8 +98,7 @@ class DockerSandbox(SandboxLaunch, SandboxCheckpoints):
 
     async def _poll_init_child(self) -> int | None:
         if self._pidfd is not None:
-            # A pidfd reads as ready once its process has exited.
-            if not select.select([self._pidfd], [], [], 0)[0]:
+            if not pidfd_exited(self._pidfd):
                 return None
         elif self._pid and process_alive(self._pid):
             return None

@@ -36,7 +36,6 @@ import json
 import os
 import re
 import secrets
-import select
 import shutil
 import subprocess
 import time
@@ -50,6 +49,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from kernel_pool.backends.docker._cgroup import procs_files
 from kernel_pool.backends.docker._checkpoint import criu_log_errors, without_host_paths
 from kernel_pool.backends.docker._criu import CRIU_HOME, LIBRARIES, CheckpointSupport, criu_command
+from kernel_pool.backends.docker._strays import pidfd_exited
 
 if TYPE_CHECKING:
     from kernel_pool.backends.base import Sandbox
@@ -329,7 +329,7 @@ def entered(init_pid: int, container_id: str, kinds: tuple[str, ...],
         except OSError as exc:
             raise TemplateError(f"the container's namespaces cannot be opened: {exc}",
                                 template_at_fault=False) from exc
-        if select.select([pidfd], [], [], 0)[0]:  # a pidfd reads ready once its process ends
+        if pidfd_exited(pidfd):
             raise TemplateError("the container's PID 1 is gone", template_at_fault=False)
         options = [f"--{NSENTER_NAMES[kind]}=/proc/self/fd/{fd}"
                    for kind, fd in zip(kinds, opened, strict=True)]
