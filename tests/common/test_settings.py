@@ -12,7 +12,7 @@ from common.settings import FLAT_NAMES, Settings
 from common.settings_load import SettingsError, load_settings
 from kernel_pool import NetworkPolicy, OutputCaps, PoolLimits, Profile
 
-SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget"}
+SIZES = {"memory", "tmp_size", "workspace_size", "snapshot_budget", "memory_reserve"}
 
 
 def other_value(model: type[BaseModel], name: str) -> tuple[str, Any]:
