@@ -214,7 +214,7 @@ async def cluster_bursts(log: Callable[[str], None]) -> dict[str, Any]:
                                 "REPLGATE_WORKSPACE_SIZE": "256m",
                                 "REPLGATE_LOG_LEVEL": "warning",
                                 "REPLGATE_KEEP_SESSIONS_ON_STOP": "false",
-                                "REPLGATE_MAX_SESSIONS_PER_TENANT": str(max(BURSTS) + 8),
+                                "REPLGATE_MAX_SESSIONS_PER_TENANT": str(2 * max(BURSTS) + 1),
                                 "REPLGATE_MAX_CONCURRENT_EXECUTIONS_PER_TENANT": "256"},
                            name=f"bench-{secrets.token_hex(3)}-")
     out: dict[str, Any] = {"nodes": 2}
