@@ -134,7 +134,9 @@ class PoolBase:
                 "starting": sum(self._starting.values()),
                 "in_use": len(self._in_use), "sessions": len(self._sessions),
                 "paused": sum(s.paused for s in self._sessions.values()),
-                "max": self.settings.max_kernels}
+                "max": self.settings.max_kernels,
+                # 1 while the host's memory is under the reserve (why nothing starts).
+                "memory_short": int(self._memory_short())}
 
     def _total(self) -> int:
         return (sum(len(q) for q in self._idle.values()) + sum(self._starting.values())

@@ -235,7 +235,8 @@ class SessionHost(Protocol):
 
     def stats(self) -> dict[str, int]:
         """Kernels (``idle``, ``starting``, ``in_use``, ``max``) and sessions (``sessions``,
-        ``paused``), as ``/healthz`` and ``/metrics`` show them."""
+        ``paused``), as ``/healthz`` and ``/metrics`` show them; a machine's pool adds
+        ``memory_short`` (1 while its memory is under the reserve), a cluster's ``nodes``."""
 
     def profile(self, name: str) -> Profile: ...
 

@@ -67,8 +67,9 @@ async def test_a_start_short_of_memory_pauses_an_idle_session_then_says_which_li
     await run_ok(first, "kept = 'still here'")
     await asyncio.sleep(0.6)  # idle past the grace a just-made session gets
 
+    assert pool.stats()["memory_short"] == 0
     with memory_taken(HOG_BYTES):
-        assert pool._memory_short()
+        assert pool.stats()["memory_short"] == 1  # what /healthz shows
         with pytest.raises(CapacityError) as caught:
             await pool.create_session()
         # Room was made as at max_kernels (the idle session paused), and it was not enough.

@@ -104,7 +104,7 @@ async def test_acquire_raises_capacity_error_at_the_cap(own_pool: PoolFactory) -
         assert caught.value.limit == 1
         assert "REPLGATE_MAX_KERNELS" in str(caught.value)
         assert pool.stats() == {"idle": 0, "starting": 0, "in_use": 1, "sessions": 0,
-                                "paused": 0, "max": 1}
+                                "paused": 0, "max": 1, "memory_short": 0}
     finally:
         await pool.release(kernel)
     await eventually(lambda: pool.stats()["idle"] == 1)
@@ -182,7 +182,7 @@ async def test_cancelled_acquire_leaves_pool_consistent(
     # The start goes on; the kernel nobody waits for any more joins the idle set.
     await eventually(lambda: pool.stats()["idle"] == 1)
     assert pool.stats() == {"idle": 1, "starting": 0, "in_use": 0, "sessions": 0,
-                            "paused": 0, "max": 2}
+                            "paused": 0, "max": 2, "memory_short": 0}
     assert consistent(pool, docker_client, owner)
     started = time.perf_counter()
     kernel = await pool.acquire()
