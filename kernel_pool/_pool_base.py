@@ -53,11 +53,6 @@ START_TURNS = max(2, 2 * (os.cpu_count() or 1))
 for. A burst of a hundred creates started a hundred sandboxes together: on two cores each then
 took as long as all of them (the engine's and CRIU's work shares the CPU), so the first
 session was served when the last one was, seconds later; no more were made per second."""
-STARTING_BYTES = KERNEL_SLOT_BYTES
-"""The host memory a kernel start asked for is counted to take until it is done and the host's
-available memory shows it (an idle kernel with the data stack: 93-96 MiB, see
-:data:`~kernel_pool.config.KERNEL_SLOT_BYTES`). Every start asked for counts, those waiting
-for their turn too: a burst's are granted together, long before their memory is taken."""
 START_ATTEMPTS = 2
 """A kernel that does not come up gets one more try in a fresh sandbox before the session's
 request fails: a rare stuck start should not cost an agent its session."""
@@ -143,9 +138,9 @@ class PoolBase:
                 + len(self._in_use))
 
     def _no_room(self, profile: str) -> CapacityError | None:
-        """I/O-free: why one more kernel may not start now (``max_kernels`` of them counted, or
-        the host's available memory, less :data:`STARTING_BYTES` for each start under way,
-        under the reserve), None when it may."""
+        """No await (one read of ``/proc/meminfo`` at most): why one more kernel may not start
+        now (``max_kernels`` of them counted, or the host's available memory under the
+        reserve: :meth:`_memory_short`), None when it may."""
         if self._total() >= self.settings.max_kernels:
             return CapacityError(profile, self.settings.max_kernels)
         if self._memory_short():
@@ -153,12 +148,18 @@ class PoolBase:
         return None
 
     def _memory_short(self) -> bool:
-        """Whether the host's available memory, less :data:`STARTING_BYTES` for each kernel
-        start under way, is under :attr:`memory_reserve` (never, where the backend cannot
-        tell)."""
+        """Whether the host's available memory, less an idle kernel's
+        (:data:`~kernel_pool.config.KERNEL_SLOT_BYTES`) for each start asked for and not done,
+        is under :attr:`memory_reserve` (never, where the backend cannot tell). Starts waiting
+        for their turn count too: a burst's are granted together, long before their memory is
+        taken."""
         available = self.backend.memory_available()
-        return (available is not None and available - STARTING_BYTES
+        return (available is not None and available - KERNEL_SLOT_BYTES
                 * sum(self._starting.values()) < self.memory_reserve)
+
+    def _sessions_starting(self) -> int:
+        """Kernel starts under way for sessions (a caller waits), not for the warm pool."""
+        return sum(self._starting.values()) - sum(self._warming.values())
 
     @property
     def checkpoint_refusal(self) -> str | None:

@@ -38,7 +38,7 @@ class Slots(WarmPool):
     """Acquire kernels, make room, and keep the books of the sessions holding them."""
 
     def _take(self, profile: str) -> Kernel | None:
-        """I/O-free: an idle kernel, or None with a start slot reserved, or CapacityError."""
+        """No await: an idle kernel, or None with a start slot reserved, or CapacityError."""
         kernel = self._pop_warm(profile)
         if kernel is not None:
             return kernel
@@ -108,7 +108,7 @@ class Slots(WarmPool):
             self._in_use.add(kernel)
             return kernel
         finally:
-            if sum(self._starting.values()) <= sum(self._warming.values()):
+            if self._sessions_starting() <= 0:
                 for name in list(self.settings.profiles):
                     self._fill(name)
 

@@ -92,7 +92,7 @@ class WarmPool(PoolBase):
         loop = asyncio.get_running_loop()
         if loop.time() < self._refill_at[profile_name]:
             return
-        if sum(self._starting.values()) > sum(self._warming.values()):
+        if self._sessions_starting() > 0:
             # Sessions wait for kernels of their own (a burst past the warm pool): a refill's
             # start now takes the CPU theirs need. The last of theirs to end fills again.
             return
